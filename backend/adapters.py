@@ -1,0 +1,72 @@
+"""The one table of per-architecture knowledge.
+
+Each `ArchSpec` says where a family keeps its decoder layers, the attention output projection (whose
+input `z` is the concatenation of the per-head results, shape `(batch, seq, heads * head_dim)`), how
+that projection's weight is laid out, and which final norm precedes the unembedding.
+Adding a model family means adding one entry to `ARCHS`.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+WeightLayout = Literal["out_in", "in_out"]  # nn.Linear (d_model, H*dh) vs GPT-2 Conv1D (H*dh, d_model)
+NormKind = Literal["layernorm", "rmsnorm", "rmsnorm_plus1"]  # rmsnorm_plus1: Gemma's x/rms * (1 + w)
+
+
+@dataclass(frozen=True)
+class ArchSpec:
+    family: str
+    model_types: tuple[str, ...]
+    layers: str  # dotted path from the CausalLM to the ModuleList of decoder layers
+    o_proj: str  # dotted path from a decoder layer to the attention output projection
+    final_norm: str  # dotted path from the CausalLM to the norm before the unembedding
+    layout: WeightLayout = "out_in"
+    norm: NormKind = "rmsnorm"
+    n_heads_attr: tuple[str, ...] = ("num_attention_heads",)
+    n_kv_heads_attr: tuple[str, ...] = ("num_key_value_heads",)
+    notes: str = ""
+
+
+ARCHS: tuple[ArchSpec, ...] = (
+    ArchSpec("GPT-2", ("gpt2",), "transformer.h", "attn.c_proj", "transformer.ln_f", layout="in_out",
+             norm="layernorm", n_heads_attr=("n_head",), n_kv_heads_attr=("n_head",)),
+    ArchSpec("GPT-NeoX / Pythia", ("gpt_neox",), "gpt_neox.layers", "attention.dense", "gpt_neox.final_layer_norm",
+             norm="layernorm", n_kv_heads_attr=("num_attention_heads",)),
+    ArchSpec("Llama", ("llama",), "model.layers", "self_attn.o_proj", "model.norm"),
+    ArchSpec("Mistral", ("mistral",), "model.layers", "self_attn.o_proj", "model.norm"),
+    ArchSpec("Qwen2", ("qwen2",), "model.layers", "self_attn.o_proj", "model.norm"),
+    ArchSpec("Qwen3", ("qwen3",), "model.layers", "self_attn.o_proj", "model.norm"),
+    ArchSpec("Gemma", ("gemma",), "model.layers", "self_attn.o_proj", "model.norm", norm="rmsnorm_plus1"),
+    ArchSpec("Gemma 2 / 3 (text)", ("gemma2", "gemma3_text"), "model.layers", "self_attn.o_proj", "model.norm",
+             norm="rmsnorm_plus1",
+             notes="a post-attention RMSNorm rescales the summed head writes before the residual add; "
+                   "per-head writes are taken at o_proj, before that norm"),
+)
+
+BY_MODEL_TYPE: dict[str, ArchSpec] = {t: spec for spec in ARCHS for t in spec.model_types}
+
+
+class UnsupportedArchitecture(ValueError):
+    pass
+
+
+def spec_for(model_type: str) -> ArchSpec:
+    """The adapter for a config's `model_type`, or an error that lists the supported ones."""
+    try:
+        return BY_MODEL_TYPE[model_type]
+    except KeyError:
+        supported = ", ".join(f"{s.family} ({'/'.join(s.model_types)})" for s in ARCHS)
+        raise UnsupportedArchitecture(
+            f"model_type {model_type!r} is not supported. Supported architectures: {supported}. "
+            f"Each adapter names the decoder layers, the attention output projection and the final norm "
+            f"(e.g. model.layers[i].self_attn.o_proj, model.norm); add an entry to backend/adapters.py::ARCHS."
+        ) from None
+
+
+def config_attr(config: object, names: tuple[str, ...]) -> int:
+    for n in names:
+        v = getattr(config, n, None)
+        if v is not None:
+            return int(v)
+    raise UnsupportedArchitecture(f"config {type(config).__name__} has none of the attributes {names}")

@@ -1,0 +1,176 @@
+"""Tokenising prompts and running them in sorted, left-padded batches.
+
+Left padding puts every row's last prompt token at position -1; explicit position ids
+(cumsum of the mask) make a padded row compute exactly what it computes alone.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+import torch
+
+from ..models import LoadedModel
+from ..tasks.base import Prompt, Task, TaskError
+
+Progress = Callable[[float, str], None]
+
+
+@dataclass
+class Encoded:
+    """Token ids of the prompts and the first token of each candidate label.
+
+    label_ids[i]: first-token ids of prompt i's labels (same order as `Prompt.labels`); gold[i]: index of
+    the gold label in them. multi_token: label strings that span several tokens (scored by the first).
+    """
+
+    prompts: list[Prompt]
+    ids: list[list[int]]
+    label_ids: list[list[int]]
+    gold: list[int]
+    kind: str
+    multi_token: list[str] = field(default_factory=list)
+
+
+def answer_tokens(lm: LoadedModel, text: str, answer: str) -> list[int]:
+    """Tokens of `answer` as it continues `text`: those of text+answer after those of text.
+
+    Falls back to encoding the answer alone when the boundary merges across (BPE can do that).
+    """
+    tok = lm.tokenizer
+    a = tok(text, add_special_tokens=False)["input_ids"]
+    b = tok(text + answer, add_special_tokens=False)["input_ids"]
+    if b[: len(a)] == a and len(b) > len(a):
+        return b[len(a):]
+    alone = tok(answer, add_special_tokens=False)["input_ids"]
+    if not alone:
+        raise TaskError(f"label {answer!r} encodes to no tokens with this tokenizer")
+    return alone
+
+
+def encode(lm: LoadedModel, prompts: Sequence[Prompt], kind: str) -> Encoded:
+    """Tokenise prompts and labels; reject prompts beyond the context window and classification labels
+    that share a first token."""
+    tok = lm.tokenizer
+    ids = [tok(p.text)["input_ids"] for p in prompts]
+    if lm.max_positions:
+        too_long = [i for i, x in enumerate(ids) if len(x) > lm.max_positions]
+        if too_long:
+            i = too_long[0]
+            raise TaskError(f"{len(too_long)} prompt(s) exceed the model's context window of {lm.max_positions} "
+                            f"tokens (prompt {i + 1} has {len(ids[i])} tokens); use fewer shots or shorter inputs")
+    memo: dict[tuple[str, str], list[int]] = {}
+    label_ids, gold, multi = [], [], set()
+    for p in prompts:
+        firsts = []
+        for lab in p.labels:
+            # how a label tokenises after a prompt depends only on the prompt's last characters
+            key = (p.text[-32:], lab)
+            if key not in memo:
+                memo[key] = answer_tokens(lm, *key)
+            toks = memo[key]
+            if len(toks) > 1:
+                multi.add(lab)
+            firsts.append(toks[0])
+        if kind == "classification" and len(set(firsts)) < len(firsts):
+            seen: dict[int, str] = {}
+            for lab, t in zip(p.labels, firsts):
+                if t in seen:
+                    raise TaskError(f"labels {seen[t]!r} and {lab!r} share their first token "
+                                    f"{tok.convert_ids_to_tokens(t)!r}; classification labels need distinct "
+                                    f"first tokens")
+                seen[t] = lab
+        label_ids.append(firsts)
+        gold.append(p.labels.index(p.gold))
+    return Encoded(list(prompts), ids, label_ids, gold, kind, sorted(multi))
+
+
+def fit_prompts(lm: LoadedModel, task: Task, shots: int, n: int, seed: int) -> tuple[list[Prompt], int, list[str]]:
+    """Build prompts, dropping demonstrations until every prompt fits the context window.
+
+    Returns (prompts, shots actually used, warnings). Even zero-shot not fitting is an error.
+    """
+    warnings: list[str] = []
+    k = shots
+    while True:
+        prompts = task.build_prompts(k, n, seed)
+        if not lm.max_positions:
+            return prompts, k, warnings
+        longest = max(len(lm.tokenizer(p.text)["input_ids"]) for p in prompts)
+        if longest <= lm.max_positions:
+            if k != shots:
+                warnings.append(f"prompts with {shots} demonstrations exceed the context window of "
+                                f"{lm.max_positions} tokens; used {k} demonstrations instead")
+            return prompts, k, warnings
+        if k == 0:
+            raise TaskError(f"even the zero-shot prompts of task {task.name!r} exceed the context window of "
+                            f"{lm.max_positions} tokens (longest: {longest})")
+        k = k // 2 if k > 1 else 0
+
+
+@dataclass
+class Batch:
+    rows: list[int]  # indices into the encoded prompts
+    input_ids: torch.Tensor  # (batch, seq)
+    attention_mask: torch.Tensor  # (batch, seq)
+    position_ids: torch.Tensor  # (batch, seq)
+    last: torch.Tensor | None = None  # (batch,) last real token per row; None = position -1 (left padding)
+
+
+def make_batch(lm: LoadedModel, ids: Sequence[Sequence[int]], rows: list[int], padding: str = "left") -> Batch:
+    """Pad rows of token ids to one width; position ids count real tokens only."""
+    pad = lm.tokenizer.pad_token_id
+    width = max(len(ids[r]) for r in rows)
+    inp = torch.full((len(rows), width), pad, dtype=torch.long)
+    mask = torch.zeros((len(rows), width), dtype=torch.long)
+    for i, r in enumerate(rows):
+        x = ids[r]
+        sl = slice(width - len(x), width) if padding == "left" else slice(0, len(x))
+        inp[i, sl] = torch.tensor(x, dtype=torch.long)
+        mask[i, sl] = 1
+    pos = (mask.cumsum(-1) - 1).clamp(min=0)
+    dev = lm.device
+    last = None if padding == "left" else (mask.sum(-1) - 1).to(dev)
+    return Batch(rows, inp.to(dev), mask.to(dev), pos.to(dev), last)
+
+
+def forward_last_logits(lm: LoadedModel, batch: Batch) -> torch.Tensor:
+    """Logits at the last token of each row, (batch, vocab), in float32."""
+    out = lm.model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, position_ids=batch.position_ids,
+                   use_cache=False, logits_to_keep=1 if batch.last is None else 0)
+    if batch.last is None:
+        return out.logits[:, -1].float()
+    return out.logits[torch.arange(len(batch.rows), device=out.logits.device), batch.last].float()
+
+
+def is_oom(e: BaseException) -> bool:
+    return isinstance(e, torch.OutOfMemoryError) or "out of memory" in str(e).lower()
+
+
+def map_batches(lm: LoadedModel, ids: Sequence[Sequence[int]], batch_size: int,
+                fn: Callable[[Batch], None], progress: Progress | None = None, label: str = "",
+                padding: str = "left") -> int:
+    """Apply `fn` to sorted left-padded batches covering all rows; halve the batch size on CUDA OOM.
+
+    Returns the batch size that finally worked.
+    """
+    order = sorted(range(len(ids)), key=lambda i: -len(ids[i]))
+    done = 0
+    while done < len(order):
+        rows = order[done:done + batch_size]
+        try:
+            fn(make_batch(lm, ids, rows, padding))
+        except (torch.OutOfMemoryError, RuntimeError) as e:
+            if not is_oom(e):
+                raise
+            if lm.device.type == "cuda":
+                torch.cuda.empty_cache()
+            if batch_size == 1:
+                raise MemoryError(f"out of memory even at batch size 1 on {lm.device}: the prompts are too long "
+                                  f"for this model on this device (try fewer shots or a smaller model)") from e
+            batch_size = max(1, batch_size // 2)
+            continue
+        done += len(rows)
+        if progress:
+            progress(done / len(order), label)
+    return batch_size

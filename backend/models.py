@@ -1,0 +1,244 @@
+"""Loading a Hugging Face causal LM and viewing it through its adapter.
+
+`LoadedModel` is the one object every analysis takes: the model, its tokenizer, its `ArchSpec`, and
+the head geometry read from the config and the weights.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from .adapters import ArchSpec, UnsupportedArchitecture, config_attr, spec_for
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+DEFAULT_MODEL_DIR = REPO_ROOT / "models" / "headlens-tiny"
+
+
+class ModelLoadError(RuntimeError):
+    """A model that cannot be loaded, with the reason in words."""
+
+
+def _get(obj: Any, dotted: str) -> Any:
+    for part in dotted.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+@dataclass
+class LoadedModel:
+    """A causal LM with its tokenizer and adapter.
+
+    Shapes: `n_layers` L, `n_heads` H query heads, `n_kv_heads`, `head_dim` dh, `d_model` d.
+    The output projection of layer l takes `z` of shape `(batch, seq, H * dh)`.
+    """
+
+    model: nn.Module
+    tokenizer: Any
+    spec: ArchSpec
+    name: str
+    fingerprint: str
+    n_layers: int = field(init=False)
+    n_heads: int = field(init=False)
+    n_kv_heads: int = field(init=False)
+    head_dim: int = field(init=False)
+    d_model: int = field(init=False)
+    max_positions: int | None = field(init=False)
+    lock: threading.RLock = field(default_factory=threading.RLock, repr=False)
+
+    def __post_init__(self) -> None:
+        cfg = self.model.config
+        self.n_layers = len(self.layers)
+        self.n_heads = config_attr(cfg, self.spec.n_heads_attr)
+        self.n_kv_heads = config_attr(cfg, self.spec.n_kv_heads_attr)
+        proj = self.o_proj(0)
+        in_features = proj.weight.shape[1] if self.spec.layout == "out_in" else proj.weight.shape[0]
+        self.d_model = proj.weight.shape[0] if self.spec.layout == "out_in" else proj.weight.shape[1]
+        head_dim = getattr(cfg, "head_dim", None)
+        self.head_dim = int(head_dim) if head_dim else in_features // self.n_heads
+        if self.head_dim * self.n_heads != in_features:
+            raise UnsupportedArchitecture(
+                f"{self.name}: {self.n_heads} heads x head_dim {self.head_dim} != output projection input "
+                f"width {in_features}")
+        self.max_positions = next((int(v) for k in ("max_position_embeddings", "n_positions")
+                                   if (v := getattr(cfg, k, None))), None)
+
+    # -- modules ---------------------------------------------------------------------------------
+    @property
+    def layers(self) -> nn.ModuleList:
+        return _get(self.model, self.spec.layers)
+
+    def o_proj(self, layer: int) -> nn.Module:
+        return _get(self.layers[layer], self.spec.o_proj)
+
+    @property
+    def final_norm(self) -> nn.Module:
+        return _get(self.model, self.spec.final_norm)
+
+    @property
+    def unembed(self) -> torch.Tensor:
+        """Unembedding matrix W_U, shape (vocab, d_model)."""
+        return self.model.get_output_embeddings().weight
+
+    @property
+    def device(self) -> torch.device:
+        return self.unembed.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.unembed.dtype
+
+    def w_o(self, layer: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """Per-head slices of W_O for one layer, shape (heads, head_dim, d_model): o_h = z_h @ w_o[h]."""
+        w = self.o_proj(layer).weight
+        w = w.t() if self.spec.layout == "out_in" else w  # (H*dh, d)
+        return w.to(dtype).reshape(self.n_heads, self.head_dim, self.d_model)
+
+    def o_bias(self, layer: int) -> torch.Tensor | None:
+        return getattr(self.o_proj(layer), "bias", None)
+
+    def norm_gain(self) -> torch.Tensor:
+        """Effective elementwise gain of the final norm, shape (d_model,)."""
+        norm = self.final_norm
+        w = getattr(norm, "weight", None)
+        if w is None:
+            return torch.ones(self.d_model, device=self.device)
+        w = w.float()
+        return 1.0 + w if self.spec.norm == "rmsnorm_plus1" else w
+
+    @property
+    def norm_eps(self) -> float:
+        n = self.final_norm
+        return float(getattr(n, "eps", None) or getattr(n, "variance_epsilon", None) or 1e-5)
+
+    def info(self) -> dict[str, Any]:
+        return {"name": self.name, "family": self.spec.family, "model_type": self.model.config.model_type,
+                "n_layers": self.n_layers, "n_heads": self.n_heads, "n_kv_heads": self.n_kv_heads,
+                "head_dim": self.head_dim, "d_model": self.d_model, "max_positions": self.max_positions,
+                "device": str(self.device), "dtype": str(self.dtype).replace("torch.", ""),
+                "fingerprint": self.fingerprint}
+
+
+# -- fingerprints ------------------------------------------------------------------------------------
+def _file_digest(path: Path, full_limit: int = 256 << 20, chunk: int = 16 << 20) -> str:
+    """sha256 of a weights file; files over `full_limit` bytes hash their size and first/last chunks."""
+    h = hashlib.sha256()
+    size = path.stat().st_size
+    h.update(str(size).encode())
+    with path.open("rb") as f:
+        if size <= full_limit:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                h.update(block)
+        else:
+            h.update(f.read(chunk))
+            f.seek(size - chunk)
+            h.update(f.read(chunk))
+    return h.hexdigest()
+
+
+def _params_digest(model: nn.Module) -> str:
+    h = hashlib.sha256()
+    for name, p in model.state_dict().items():
+        h.update(name.encode())
+        h.update(p.detach().float().cpu().numpy().tobytes())
+    return h.hexdigest()
+
+
+def fingerprint(model: nn.Module, name: str, folder: Path | None = None) -> str:
+    """Identity of the weights: name, config, and the weight files' hash (local), the hub revision, or
+    the parameters themselves (in-memory models)."""
+    cfg = model.config.to_dict()
+    cfg.pop("_commit_hash", None)
+    parts = [name, json.dumps(cfg, sort_keys=True, default=str)]
+    if folder is not None and folder.is_dir():
+        files = sorted(p for p in folder.iterdir() if p.suffix in (".safetensors", ".bin", ".pt"))
+        parts += [f"{p.name}:{_file_digest(p)}" for p in files]
+    elif getattr(model.config, "_commit_hash", None):
+        parts.append(f"revision:{model.config._commit_hash}")
+    else:
+        parts.append(_params_digest(model))
+    return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:20]
+
+
+# -- loading ---------------------------------------------------------------------------------------------
+def _prepare_tokenizer(tok: Any) -> Any:
+    if tok.pad_token is None:
+        tok.pad_token = tok.eos_token if tok.eos_token is not None else tok.unk_token
+    if tok.pad_token is None:
+        raise ModelLoadError("the tokenizer has no pad, eos or unk token to pad batches with")
+    tok.padding_side = "left"
+    return tok
+
+
+def wrap(model: nn.Module, tokenizer: Any, name: str, folder: Path | None = None) -> LoadedModel:
+    """A `LoadedModel` around an already built model and tokenizer (tests, notebooks)."""
+    spec = spec_for(model.config.model_type)
+    model.eval()
+    for p in model.parameters():
+        p.requires_grad_(False)
+    return LoadedModel(model=model, tokenizer=_prepare_tokenizer(tokenizer), spec=spec, name=name,
+                       fingerprint=fingerprint(model, name, folder))
+
+
+def resolve_name(name_or_path: str) -> tuple[str, Path | None]:
+    """`default` -> the embedded model's folder; an existing folder -> itself; anything else is a hub id."""
+    if name_or_path in ("default", "headlens-tiny"):
+        if not DEFAULT_MODEL_DIR.is_dir():
+            raise ModelLoadError(f"the embedded default model is missing at {DEFAULT_MODEL_DIR}; "
+                                 f"regenerate it with `python -m backend.train_default`")
+        return "default", DEFAULT_MODEL_DIR
+    p = Path(name_or_path).expanduser()
+    if p.exists():
+        if not (p / "config.json").is_file():
+            raise ModelLoadError(f"{p} exists but holds no config.json: not a Hugging Face model folder")
+        return str(p.resolve()), p.resolve()
+    if name_or_path.startswith((".", "/", "~")) or name_or_path.count("/") > 1:
+        raise ModelLoadError(f"model folder {name_or_path!r} does not exist")
+    return name_or_path, None
+
+
+def default_device() -> str:
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def load_model(name_or_path: str = "default", device: str | None = None, dtype: str | torch.dtype | None = None,
+               device_map: str | None = None, trust_remote_code: bool = False) -> LoadedModel:
+    """Load `default`, a local HF folder or a hub id. CUDA + bf16 when present, else CPU + fp32.
+
+    `device_map="auto"` spreads the model over the visible GPUs with accelerate.
+    """
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    name, folder = resolve_name(name_or_path)
+    source = str(folder) if folder is not None else name
+    device = device or default_device()
+    if isinstance(dtype, str):
+        dtype = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp16": torch.float16,
+                 "float16": torch.float16, "fp32": torch.float32, "float32": torch.float32}[dtype]
+    dtype = dtype or (torch.bfloat16 if device.startswith("cuda") else torch.float32)
+    try:
+        config = AutoConfig.from_pretrained(source, trust_remote_code=trust_remote_code)
+    except Exception as e:  # hub unreachable, unknown id, bad folder
+        raise ModelLoadError(
+            f"could not load the config of {name_or_path!r}: {type(e).__name__}: {str(e).splitlines()[0][:300]}. "
+            f"Give `default`, a local folder with config.json, or a Hugging Face id that is cached locally "
+            f"or reachable.") from e
+    spec_for(config.model_type)  # fail early, before any weights are read
+    try:
+        model = AutoModelForCausalLM.from_pretrained(
+            source, dtype=dtype, trust_remote_code=trust_remote_code,
+            **({"device_map": device_map} if device_map else {}))
+        tok = AutoTokenizer.from_pretrained(source, trust_remote_code=trust_remote_code)
+    except Exception as e:
+        raise ModelLoadError(f"could not load {name_or_path!r}: {type(e).__name__}: "
+                             f"{str(e).splitlines()[0][:300]}") from e
+    if not device_map:
+        model.to(device)
+    return wrap(model, tok, name, folder)
