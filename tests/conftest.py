@@ -1,0 +1,42 @@
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+from tiny_models import CONFIGS, GPT2_TOKENIZER, tiny_model  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def _isolated_cache(tmp_path_factory, monkeypatch):
+    """Every test gets its own cache folder, so no test reads another's results."""
+    monkeypatch.setenv("HEADLENS_CACHE_DIR", str(tmp_path_factory.mktemp("cache")))
+
+
+@pytest.fixture(scope="session")
+def gpt2_tokenizer():
+    if not GPT2_TOKENIZER.is_dir():
+        pytest.skip("../shared/gpt2-tokenizer is absent")
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(GPT2_TOKENIZER))
+
+
+_lm_cache: dict = {}
+
+
+@pytest.fixture(params=sorted(CONFIGS))
+def tiny_lm(request, gpt2_tokenizer):
+    """A LoadedModel of each supported family, random weights, real GPT-2 tokenisation."""
+    from backend.models import wrap
+
+    arch = request.param
+    if arch not in _lm_cache:
+        _lm_cache[arch] = wrap(tiny_model(arch), gpt2_tokenizer, f"tiny-{arch}")
+    return _lm_cache[arch]
