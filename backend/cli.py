@@ -1,0 +1,185 @@
+"""Command line: `python -m backend {tasks,scores,icl,...}`.
+
+Results go to `--json OUT` (or stdout), progress bars and errors to stderr. A bad input exits with
+status 2 and a one-line message; nothing prints a traceback at a user.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any, Callable
+
+COMMANDS: dict[str, Callable[[argparse.Namespace], Any]] = {}
+
+
+def command(name: str):
+    def deco(fn):
+        COMMANDS[name] = fn
+        return fn
+    return deco
+
+
+def _emit(obj: Any, out: str | None) -> None:
+    text = json.dumps(obj, indent=1, allow_nan=True)
+    if out and out != "-":
+        Path(out).parent.mkdir(parents=True, exist_ok=True)
+        Path(out).write_text(text)
+        print(f"wrote {out}", file=sys.stderr)
+    else:
+        print(text)
+
+
+class Bar:
+    """A tqdm bar on stderr fed by progress(fraction, message) callbacks."""
+
+    def __init__(self, desc: str):
+        from tqdm import tqdm
+
+        self.bar = tqdm(total=1000, desc=desc, file=sys.stderr, leave=False,
+                        bar_format="{desc}: {percentage:3.0f}%|{bar}| {elapsed}<{remaining} {postfix}")
+
+    def __call__(self, frac: float, msg: str = "") -> None:
+        self.bar.n = int(1000 * min(max(frac, 0.0), 1.0))
+        self.bar.set_postfix_str(msg, refresh=False)
+        self.bar.refresh()
+
+    def close(self) -> None:
+        self.bar.close()
+
+
+def _ints(s: str) -> list[int]:
+    try:
+        return [int(x) for x in s.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {s!r}") from None
+
+
+def _model_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", default="default", help="`default`, a local HF folder, or a Hugging Face id")
+    p.add_argument("--device", default=None, help="cpu, cuda, cuda:1 ... (default: cuda if present)")
+    p.add_argument("--dtype", default=None, choices=["fp32", "bf16", "fp16"], help="default: bf16 on GPU, fp32 on CPU")
+    p.add_argument("--device-map", default=None, help="`auto` spreads the model over GPUs (accelerate)")
+    p.add_argument("--trust-remote-code", action="store_true", help="allow the model repo's own code (off by default)")
+    p.add_argument("--batch-size", type=int, default=16)
+
+
+def _task_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--task", help="a built-in task name or a task file (JSON / JSONL / CSV)")
+    p.add_argument("--kind", choices=["classification", "generation"], help="override the inferred task kind")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json", dest="out", default=None, help="write the result JSON here (default: stdout)")
+
+
+def _load_model(a: argparse.Namespace):
+    from .models import load_model
+
+    return load_model(a.model, device=a.device, dtype=a.dtype, device_map=a.device_map,
+                      trust_remote_code=a.trust_remote_code)
+
+
+def _load_task(a: argparse.Namespace):
+    from .tasks.registry import load_task
+
+    if not a.task:
+        raise SystemExit("error: --task is required (see `python -m backend tasks`)")
+    return load_task(a.task, kind=a.kind)
+
+
+@command("tasks")
+def cmd_tasks(a: argparse.Namespace) -> None:
+    from .tasks.registry import builtin_tasks, task_summary
+
+    rows = [task_summary(t) for t in builtin_tasks().values()]
+    if a.json:
+        print(json.dumps(rows, indent=1))
+        return
+    for r in rows:
+        labels = ", ".join(r["labels"][:6]) + (" ..." if len(r["labels"]) > 6 else "") if r["labels"] else "(open)"
+        print(f"{r['name']:<24} {r['kind']:<15} {r['n_examples']:>5}  models={r['models']:<8} labels: {labels}")
+
+
+@command("scores")
+def cmd_scores(a: argparse.Namespace) -> None:
+    from .analysis.scores import head_scores
+
+    lm = _load_model(a)
+    if a.prompts_file:
+        from .tasks.files import load_prompts_file
+
+        prompts = load_prompts_file(a.prompts_file)
+        task, kind = None, a.kind or "classification"
+    else:
+        prompts, task, kind = None, _load_task(a), None
+    bar = Bar("scores")
+    try:
+        r = head_scores(lm, task, shots=a.shots, n_prompts=a.prompts, seed=a.seed, prompts=prompts, kind=kind,
+                        batch_size=a.batch_size, apply_ln=a.apply_ln, top_pct=a.top_pct, cache=not a.no_cache,
+                        progress=bar)
+    finally:
+        bar.close()
+    for w in r.warnings:
+        print(f"warning: {w}", file=sys.stderr)
+    if r.multi_token_labels:
+        print(f"note: {len(r.multi_token_labels)} label(s) span several tokens and are scored by their first: "
+              f"{r.multi_token_labels[:8]}", file=sys.stderr)
+    _emit(r.to_json(), a.out)
+
+
+@command("icl")
+def cmd_icl(a: argparse.Namespace) -> None:
+    from .analysis.icl import icl_curve
+
+    lm, task = _load_model(a), _load_task(a)
+    bar = Bar("icl")
+    try:
+        r = icl_curve(lm, task, a.shots, a.prompts, a.seed, a.batch_size, cache=not a.no_cache, progress=bar)
+    finally:
+        bar.close()
+    for w in r.get("warnings", []):
+        print(f"warning: {w}", file=sys.stderr)
+    _emit(r, a.out)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m backend", description="headlens: which heads do in-context learning")
+    sub = p.add_subparsers(dest="cmd", required=True)
+
+    t = sub.add_parser("tasks", help="list built-in tasks")
+    t.add_argument("--json", action="store_true", help="print a JSON list")
+
+    s = sub.add_parser("scores", help="per-head TR / TL / DLA / induction maps of a task")
+    _model_args(s)
+    _task_args(s)
+    s.add_argument("--shots", type=int, default=8)
+    s.add_argument("--prompts", type=int, default=50)
+    s.add_argument("--prompts-file", help="JSONL of {prompt, label, labels} records, scored as given")
+    s.add_argument("--apply-ln", action="store_true", help="scale head writes by the final norm's scale")
+    s.add_argument("--top-pct", type=float, default=3.0)
+    s.add_argument("--no-cache", action="store_true")
+
+    i = sub.add_parser("icl", help="accuracy and TR ratio against the number of demonstrations")
+    _model_args(i)
+    _task_args(i)
+    i.add_argument("--shots", type=_ints, default=[0, 1, 2, 4, 8])
+    i.add_argument("--prompts", type=int, default=100)
+    i.add_argument("--no-cache", action="store_true")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    from .adapters import UnsupportedArchitecture
+    from .models import ModelLoadError
+    from .tasks.base import TaskError
+
+    a = build_parser().parse_args(argv)
+    try:
+        COMMANDS[a.cmd](a)
+    except (TaskError, ModelLoadError, UnsupportedArchitecture, MemoryError, FileNotFoundError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    return 0
