@@ -65,7 +65,10 @@ class Template:
         return stripped, head[len(stripped):], tail  # (before answer, answer prefix, after answer)
 
     def demo(self, x: str, y: str) -> str:
-        return self.text.replace("{input}", x).replace("{output}", y)
+        # Fill the slots positionally: an input that itself contains "{output}" must stay verbatim.
+        pre, rest = self.text.split("{input}")
+        mid, post = rest.split("{output}")
+        return pre + x + mid + y + post
 
     def query(self, x: str) -> str:
         return self._parts[0].replace("{input}", x)
@@ -103,6 +106,14 @@ class Task:
             raise TaskError(f"task {self.name!r}: kind must be 'classification' or 'generation', not {self.kind!r}")
         if self.kind == "classification" and self.labels is None:
             self.labels = tuple(sorted({y for _, y in self.examples}))
+        elif self.kind == "classification" and self.builder is None:
+            assert self.labels is not None
+            self.labels = tuple(self.labels)
+            if len(set(self.labels)) != len(self.labels):
+                raise TaskError(f"task {self.name!r}: duplicated labels in {list(self.labels)}")
+            missing = sorted({y for _, y in self.examples} - set(self.labels))
+            if missing:
+                raise TaskError(f"task {self.name!r}: outputs {missing[:5]} are not among the labels {list(self.labels)}")
 
     # -- identity -------------------------------------------------------------------------------
     def content_hash(self) -> str:
