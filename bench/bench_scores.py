@@ -1,0 +1,104 @@
+"""Scoring pass vs plain forward pass on the same batch.
+
+    python bench/bench_scores.py                  # GPT-2-small shape, CPU fp32, batch 16 x 128 tokens
+    python bench/bench_scores.py --shape llama8b  # Llama-3.1-8B shape, bf16 on GPU, batch 32 x 256 tokens
+
+Plain: one forward pass keeping only the last position's logits. Scoring: the same batch through
+`score_encoded` (hooks capture each layer's last-token z, then TR / TL / DLA of every head and the
+predictions). Both are timed alternately, after warm-up; the medians and their ratio are printed.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+import transformers as T
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from backend.analysis.batching import Encoded, forward_last_logits, make_batch  # noqa: E402
+from backend.analysis.scores import score_encoded  # noqa: E402
+from backend.models import wrap  # noqa: E402
+
+SHAPES = {
+    "gpt2-small": dict(cfg=lambda: T.GPT2Config(n_layer=12, n_head=12, n_embd=768, vocab_size=50257, n_positions=1024),
+                       batch=16, seq=128),
+    "llama8b": dict(cfg=lambda: T.LlamaConfig(num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8,
+                                              hidden_size=4096, intermediate_size=14336, vocab_size=128256,
+                                              max_position_embeddings=8192, rope_theta=500000.0),
+                    batch=32, seq=256),
+}
+
+
+class _Tok:
+    """Just enough of a tokenizer for pre-tokenised input."""
+
+    pad_token_id = 0
+    pad_token = "<pad>"
+
+
+def sync(dev: torch.device) -> None:
+    if dev.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--shape", choices=sorted(SHAPES), default="gpt2-small")
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--dtype", default=None, choices=["fp32", "bf16"])
+    ap.add_argument("--reps", type=int, default=7)
+    ap.add_argument("--batch", type=int)
+    ap.add_argument("--seq", type=int)
+    ap.add_argument("--labels", type=int, default=4)
+    ap.add_argument("--json", default=None)
+    a = ap.parse_args()
+    shape = SHAPES[a.shape]
+    batch, seq = a.batch or shape["batch"], a.seq or shape["seq"]
+    dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[a.dtype or ("bf16" if a.device.startswith("cuda") else "fp32")]
+    torch.manual_seed(0)
+    with torch.device(a.device):
+        model = T.AutoModelForCausalLM.from_config(shape["cfg"](), dtype=dtype, attn_implementation="sdpa")
+    lm = wrap(model, _Tok(), f"random-{a.shape}")
+    vocab = model.config.vocab_size
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(1, vocab, (batch, seq), generator=g).tolist()
+    labels = torch.randint(1, vocab, (a.labels,), generator=g).tolist()
+    enc = Encoded(prompts=[], ids=ids, label_ids=[labels] * batch, gold=[i % a.labels for i in range(batch)],
+                  kind="classification")
+    b = make_batch(lm, ids, list(range(batch)))
+
+    def plain() -> None:
+        with torch.inference_mode():
+            forward_last_logits(lm, b)
+
+    def scoring() -> None:
+        score_encoded(lm, enc, batch_size=batch)
+
+    for f in (plain, scoring, plain, scoring):  # warm-up
+        f()
+    times: dict[str, list[float]] = {"plain": [], "scoring": []}
+    for _ in range(a.reps):
+        for name, f in (("plain", plain), ("scoring", scoring)):
+            sync(lm.device)
+            t = time.perf_counter()
+            f()
+            sync(lm.device)
+            times[name].append(time.perf_counter() - t)
+    p, s = statistics.median(times["plain"]), statistics.median(times["scoring"])
+    res = {"shape": a.shape, "device": a.device, "dtype": str(dtype), "batch": batch, "seq": seq,
+           "plain_s": round(p, 4), "scoring_s": round(s, 4), "ratio": round(s / p, 3),
+           "torch_threads": torch.get_num_threads(),
+           "gpu": torch.cuda.get_device_name() if a.device.startswith("cuda") else None}
+    print(json.dumps(res))
+    if a.json:
+        Path(a.json).write_text(json.dumps(res, indent=1))
+
+
+if __name__ == "__main__":
+    main()
