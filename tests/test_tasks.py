@@ -233,6 +233,7 @@ def _error(path: Path, **kw) -> str:
     ("a.json", "", ["empty file"]),
     ("a.json", "[{\"input\": \"x\", ", ["not valid JSON", "line 1"]),
     ("a.json", '{"input": "x", "output": "y"}', ["needs an \"examples\" list"]),
+    ("a.json", '{"input": "x", "output": "y"}\n{"input": "z", "output": "w"}\n', ["line 2", "name the file .jsonl"]),
     ("a.json", '"text"', ["expected a JSON list", "str"]),
     ("a.json", "[]", ["no examples"]),
     ("a.json", '[{"input": "a", "output": "b"}, ["c", "d"]]', ["record 2", "expected an object", "list"]),
@@ -365,3 +366,37 @@ def test_prompt_file_extension_and_size(tmp_path):
     g.write_text(json.dumps({"prompt": "a" * 500, "label": " b", "labels": [" b", " c"]}))
     with pytest.raises(TaskError, match="limit"):
         load_prompts_file(g, max_bytes=100)
+
+
+# -- synthetic tasks hook ---------------------------------------------------------------------------------
+def test_synthetic_tasks_are_merged_and_only_their_absence_is_tolerated(monkeypatch):
+    import types
+
+    from backend.tasks import registry
+
+    fake = types.ModuleType("backend.tasks.synthetic")
+    fake.synthetic_tasks = lambda: {"synth-copy": Task("synth-copy", "generation", [("a", "a"), ("b", "b")],
+                                                       models="default")}
+    monkeypatch.setitem(__import__("sys").modules, "backend.tasks.synthetic", fake)
+    registry.clear_cache()
+    try:
+        tasks = builtin_tasks()
+        assert tasks["synth-copy"].models == "default" and "sentiment" in tasks
+
+        def missing(name):
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+
+        monkeypatch.setattr(registry.importlib, "import_module", missing)
+        registry.clear_cache()
+        assert "synth-copy" not in builtin_tasks()
+
+        def broken(name):
+            raise ModuleNotFoundError("No module named 'somedep'", name="somedep")
+
+        monkeypatch.setattr(registry.importlib, "import_module", broken)
+        registry.clear_cache()
+        with pytest.raises(ModuleNotFoundError, match="somedep"):
+            builtin_tasks()
+    finally:
+        monkeypatch.undo()
+        registry.clear_cache()

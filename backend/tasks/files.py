@@ -124,7 +124,8 @@ def _load_json(text: str, source: str) -> Any:
     try:
         return json.loads(text)
     except json.JSONDecodeError as e:
-        raise TaskError(f"{source}: not valid JSON ({e.msg} at line {e.lineno}, column {e.colno})") from None
+        hint = "; one object per line is JSONL: name the file .jsonl" if e.msg == "Extra data" else ""
+        raise TaskError(f"{source}: not valid JSON ({e.msg} at line {e.lineno}, column {e.colno}){hint}") from None
 
 
 def _csv_records(text: str, source: str, delimiter: str) -> Iterator[tuple[int, int, dict]]:
