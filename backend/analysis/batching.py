@@ -20,8 +20,9 @@ Progress = Callable[[float, str], None]
 class Encoded:
     """Token ids of the prompts and the first token of each candidate label.
 
-    label_ids[i]: first-token ids of prompt i's labels (same order as `Prompt.labels`); gold[i]: index of
-    the gold label in them. multi_token: label strings that span several tokens (scored by the first).
+    label_ids[i]: first-token ids of prompt i's labels (classification: the order of `Prompt.labels`;
+    generation: gold first, then other labels with distinct first tokens); gold[i]: index of the gold
+    label in them. multi_token: label strings that span several tokens (scored by the first).
     """
 
     prompts: list[Prompt]
@@ -80,8 +81,13 @@ def encode(lm: LoadedModel, prompts: Sequence[Prompt], kind: str) -> Encoded:
                                     f"{tok.convert_ids_to_tokens(t)!r}; classification labels need distinct "
                                     f"first tokens")
                 seen[t] = lab
+        g = p.labels.index(p.gold)
+        if kind == "generation":  # open labels: one row per distinct first token, the gold's kept
+            keep = [g] + [i for i, t in enumerate(firsts) if t != firsts[g]]
+            keep = [i for n, i in enumerate(keep) if firsts[i] not in {firsts[j] for j in keep[:n]}]
+            firsts, g = [firsts[i] for i in keep], 0
         label_ids.append(firsts)
-        gold.append(p.labels.index(p.gold))
+        gold.append(g)
     return Encoded(list(prompts), ids, label_ids, gold, kind, sorted(multi))
 
 

@@ -1,0 +1,136 @@
+"""head_scores end to end: caching, prompt fitting, label checks, model loading errors."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from backend.adapters import UnsupportedArchitecture
+from backend.analysis.batching import encode, fit_prompts
+from backend.analysis.scores import ScoreResult, head_scores
+from backend.cache import ResultCache
+from backend.models import ModelLoadError, load_model, wrap
+from backend.tasks.base import Prompt, Task, TaskError
+from tiny_models import tiny_model
+from test_core_invariants import sentiment_task
+
+
+@pytest.fixture(scope="module")
+def lm(gpt2_tokenizer):
+    return wrap(tiny_model("llama"), gpt2_tokenizer, "tiny-llama")
+
+
+def test_result_shapes_and_fields(lm):
+    r = head_scores(lm, sentiment_task(), shots=2, n_prompts=8, seed=0, cache=False)
+    for m in ("tr", "tl", "dla_tr", "dla_tl", "induction"):
+        assert getattr(r, m).shape == (lm.n_layers, lm.n_heads), m
+        assert np.isfinite(getattr(r, m)).all()
+    assert (r.tr >= 0).all()
+    assert len(r.top_tr) == 1 == len(r.top_tl) == len(r.random_heads)  # 3% of 12 heads, at least 1
+    assert r.top_tr[0] == list(np.unravel_index(np.argmax(r.tr), r.tr.shape))
+    assert 0 <= r.icl_accuracy <= 1 and 0 <= r.tr_ratio <= 1 and r.zero_shot_accuracy is not None
+    d = r.to_json()
+    json.dumps(d)  # JSON-able
+    assert ScoreResult.from_json(d).tr.tolist() == r.tr.tolist()
+
+
+def test_cached_result_equals_fresh_and_corrupt_entry_is_recomputed(lm, tmp_path):
+    cache = ResultCache(tmp_path / "c")
+    task = sentiment_task()
+    fresh = head_scores(lm, task, shots=2, n_prompts=6, cache=cache)
+    warm = head_scores(lm, task, shots=2, n_prompts=6, cache=cache)
+    assert not fresh.cache_hit and warm.cache_hit
+    for m in ("tr", "tl", "dla_tr", "dla_tl", "induction", "flagged"):
+        assert np.array_equal(getattr(fresh, m), getattr(warm, m)), m
+    assert fresh.icl_accuracy == warm.icl_accuracy and fresh.top_tr == warm.top_tr
+    # every stored value is JSON bytes, never a pickle
+    keys = list(cache.dc.iterkeys())
+    assert keys and all(isinstance(cache.dc.get(k), bytes) for k in keys)
+    for k in keys:
+        cache.dc.set(k, b"\x80not json")
+    again = head_scores(lm, task, shots=2, n_prompts=6, cache=cache)
+    assert not again.cache_hit and np.array_equal(again.tr, fresh.tr)
+    for k in keys:
+        cache.dc.set(k, 12345)  # a foreign type: also dropped and recomputed
+    assert not head_scores(lm, task, shots=2, n_prompts=6, cache=cache).cache_hit
+
+
+def test_cache_key_separates_parameters(lm, tmp_path):
+    cache = ResultCache(tmp_path / "c")
+    task = sentiment_task()
+    head_scores(lm, task, shots=2, n_prompts=6, cache=cache)
+    assert not head_scores(lm, task, shots=2, n_prompts=6, seed=1, cache=cache).cache_hit
+    assert not head_scores(lm, task, shots=1, n_prompts=6, cache=cache).cache_hit
+    assert not head_scores(lm, task, shots=2, n_prompts=6, apply_ln=True, cache=cache).cache_hit
+
+
+def test_apply_ln_changes_scale_not_shape(lm):
+    a = head_scores(lm, sentiment_task(), shots=2, n_prompts=4, cache=False)
+    b = head_scores(lm, sentiment_task(), shots=2, n_prompts=4, apply_ln=True, cache=False)
+    assert a.tr.shape == b.tr.shape and not np.allclose(a.tr, b.tr)
+
+
+def test_prompts_beyond_context_drop_demonstrations(gpt2_tokenizer):
+    import transformers as T
+
+    cfg = T.LlamaConfig(num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1, hidden_size=16,
+                        intermediate_size=32, vocab_size=50257, max_position_embeddings=40)
+    torch.manual_seed(0)
+    small = wrap(T.AutoModelForCausalLM.from_config(cfg), gpt2_tokenizer, "ctx40")
+    task = sentiment_task()
+    prompts, used, warnings = fit_prompts(small, task, 8, 5, 0)
+    assert used < 8 and warnings and "context window of 40" in warnings[0]
+    assert all(len(gpt2_tokenizer(p.text)["input_ids"]) <= 40 for p in prompts)
+    r = head_scores(small, task, shots=8, n_prompts=5, cache=False)
+    assert r.shots == used and r.warnings == warnings
+    long_task = Task("long", "classification", [(" ".join(["word"] * 60), "a"), (" ".join(["word"] * 61), "b")] * 3)
+    with pytest.raises(TaskError, match="even the zero-shot prompts"):
+        fit_prompts(small, long_task, 2, 2, 0)
+    with pytest.raises(TaskError, match="exceed the model's context window of 40"):
+        encode(small, long_task.build_prompts(0, 2, 0), "classification")
+
+
+def test_label_first_token_collision_and_multi_token_labels(lm):
+    p = Prompt("Q: x\nA:", " unhappy", (" unhappy", " unhappiness"))  # [19283] vs [14274, 42661]: no clash
+    assert encode(lm, [p], "classification").multi_token == [" unhappiness"]
+    p = Prompt("Q: x\nA:", " unhappiness", (" unhappiness", " unhappinesses"))
+    with pytest.raises(TaskError, match="share their first token"):
+        encode(lm, [p], "classification")
+    enc = encode(lm, [Prompt("Q: x\nA:", " unhappiness", (" unhappiness", " Paris"))], "generation")
+    assert enc.label_ids[0] == [14274, 6342]
+
+
+def test_gpt2_tokenizer_leading_space(lm):
+    enc = encode(lm, [Prompt("great film Sentiment:", " positive", (" positive", " negative"))], "classification")
+    assert enc.label_ids[0] == [3967, 4633]
+
+
+def test_load_model_from_folder_and_fingerprints(tmp_path, gpt2_tokenizer):
+    m = tiny_model("gpt2")
+    m.save_pretrained(tmp_path / "m")
+    gpt2_tokenizer.save_pretrained(tmp_path / "m")
+    a = load_model(str(tmp_path / "m"), device="cpu")
+    b = load_model(str(tmp_path / "m"), device="cpu")
+    assert a.fingerprint == b.fingerprint and a.n_heads == 4 and a.tokenizer.padding_side == "left"
+    with torch.no_grad():
+        m.lm_head.weight[0, 0] += 1.0
+    m.save_pretrained(tmp_path / "m")
+    assert load_model(str(tmp_path / "m"), device="cpu").fingerprint != a.fingerprint
+
+
+def test_model_errors_are_specific(tmp_path):
+    with pytest.raises(ModelLoadError, match="does not exist"):
+        load_model(str(tmp_path / "nope"))
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ModelLoadError, match="no config.json"):
+        load_model(str(tmp_path / "empty"))
+    with pytest.raises(ModelLoadError, match="could not load the config of 'no-such-org/no-such-model'"):
+        load_model("no-such-org/no-such-model")
+    import transformers as T
+
+    T.BertConfig(is_decoder=True, num_hidden_layers=1, hidden_size=16, num_attention_heads=2,
+                 intermediate_size=32).save_pretrained(tmp_path / "bert")
+    with pytest.raises(UnsupportedArchitecture, match=r"'bert' is not supported.*Llama.*Gemma"):
+        load_model(str(tmp_path / "bert"))
