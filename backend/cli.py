@@ -142,6 +142,34 @@ def cmd_icl(a: argparse.Namespace) -> None:
     _emit(r, a.out)
 
 
+def _heads(s: str) -> list[tuple[int, int]]:
+    """`3.5,10.2` -> [(3, 5), (10, 2)] (layer.head)."""
+    try:
+        return [(int(x.split(".")[0]), int(x.split(".")[1])) for x in s.split(",") if x.strip()]
+    except (ValueError, IndexError):
+        raise argparse.ArgumentTypeError(f"heads are written layer.head, comma-separated (3.5,10.2), not {s!r}") from None
+
+
+@command("ablate")
+def cmd_ablate(a: argparse.Namespace) -> None:
+    from .analysis.ablation import ablate, ablation_curve
+
+    lm, task = _load_model(a), _load_task(a)
+    bar = Bar("ablate")
+    common = dict(mode=a.mode, shots=a.shots, n_prompts=a.prompts, seed=a.seed, batch_size=a.batch_size,
+                  positions=a.positions, cache=not a.no_cache, progress=bar)
+    try:
+        if a.heads:
+            r = ablate(lm, task, a.heads, **common)
+        else:
+            r = ablation_curve(lm, task, a.by, ks=a.ks, **common)
+    except ValueError as e:
+        raise SystemExit(f"error: {e}")
+    finally:
+        bar.close()
+    _emit(r, a.out)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m backend", description="headlens: which heads do in-context learning")
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -165,6 +193,18 @@ def build_parser() -> argparse.ArgumentParser:
     i.add_argument("--shots", type=_ints, default=[0, 1, 2, 4, 8])
     i.add_argument("--prompts", type=int, default=100)
     i.add_argument("--no-cache", action="store_true")
+
+    b = sub.add_parser("ablate", help="ablation curve over top-k heads, or a given head set")
+    _model_args(b)
+    _task_args(b)
+    b.add_argument("--by", choices=["tr", "tl", "induction", "random"], default="tr")
+    b.add_argument("--ks", type=_ints, default=[0, 1, 2, 4, 8])
+    b.add_argument("--heads", type=_heads, help="ablate this set instead, e.g. 3.5,10.2 (layer.head)")
+    b.add_argument("--mode", choices=["zero", "mean"], default="zero")
+    b.add_argument("--positions", choices=["all", "last"], default="all", help="ablate at every token or the last")
+    b.add_argument("--shots", type=int, default=8)
+    b.add_argument("--prompts", type=int, default=50)
+    b.add_argument("--no-cache", action="store_true")
     return p
 
 
