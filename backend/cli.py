@@ -170,6 +170,13 @@ def cmd_ablate(a: argparse.Namespace) -> None:
     _emit(r, a.out)
 
 
+@command("launch")
+def cmd_launch(a: argparse.Namespace) -> None:
+    from .launch import launch
+
+    launch(a)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m backend", description="headlens: which heads do in-context learning")
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -205,6 +212,13 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--shots", type=int, default=8)
     b.add_argument("--prompts", type=int, default=50)
     b.add_argument("--no-cache", action="store_true")
+
+    la = sub.add_parser("launch", help="start the backend service and the dashboard together, print the URL")
+    la.add_argument("--host", default="127.0.0.1")
+    la.add_argument("--port", type=int, default=8501, help="dashboard port")
+    la.add_argument("--backend-port", type=int, default=8765)
+    la.add_argument("--model", default="default", help="model the dashboard opens on")
+    la.add_argument("--no-browser", action="store_true")
     return p
 
 
