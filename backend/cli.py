@@ -80,10 +80,11 @@ def _load_model(a: argparse.Namespace):
 
 
 def _load_task(a: argparse.Namespace):
+    from .tasks.base import TaskError
     from .tasks.registry import load_task
 
     if not a.task:
-        raise SystemExit("error: --task is required (see `python -m backend tasks`)")
+        raise TaskError("--task is required (see `python -m backend tasks`)")
     return load_task(a.task, kind=a.kind)
 
 
@@ -163,8 +164,6 @@ def cmd_ablate(a: argparse.Namespace) -> None:
             r = ablate(lm, task, a.heads, **common)
         else:
             r = ablation_curve(lm, task, a.by, ks=a.ks, **common)
-    except ValueError as e:
-        raise SystemExit(f"error: {e}")
     finally:
         bar.close()
     _emit(r, a.out)
@@ -230,7 +229,7 @@ def main(argv: list[str] | None = None) -> int:
     a = build_parser().parse_args(argv)
     try:
         COMMANDS[a.cmd](a)
-    except (TaskError, ModelLoadError, UnsupportedArchitecture, MemoryError, FileNotFoundError) as e:
+    except (TaskError, ModelLoadError, UnsupportedArchitecture, MemoryError, FileNotFoundError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

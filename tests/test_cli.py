@@ -1,0 +1,79 @@
+"""The command line, in-process, on a tiny model saved to disk."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from backend.cli import main
+from tiny_models import tiny_model
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory, gpt2_tokenizer):
+    d = tmp_path_factory.mktemp("models") / "tiny-gpt2"
+    tiny_model("gpt2").save_pretrained(d)
+    gpt2_tokenizer.save_pretrained(d)
+    return str(d)
+
+
+def test_tasks_json(capsys):
+    assert main(["tasks", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    by_name = {r["name"]: r for r in rows}
+    assert by_name["sentiment"]["kind"] == "classification" and by_name["sentiment"]["models"] == "any"
+    assert set(by_name["sentiment"]["labels"]) == {"positive", "negative"}
+    assert by_name["antonym"]["kind"] == "generation" and by_name["antonym"]["n_examples"] >= 200
+    assert all({"name", "kind", "n_examples", "labels", "models"} <= set(r) for r in rows)
+
+
+def test_scores_writes_the_documented_json(model_dir, tmp_path, capsys):
+    out = tmp_path / "s.json"
+    args = ["scores", "--model", model_dir, "--task", "sentiment", "--shots", "2", "--prompts", "6", "--json", str(out)]
+    assert main(args) == 0
+    r = json.loads(out.read_text())
+    for key in ("model", "task", "n_layers", "n_heads", "tr", "tl", "dla_tr", "dla_tl", "induction", "icl_accuracy",
+                "zero_shot_accuracy", "tr_ratio", "top_tr", "top_tl", "cache_hit", "seconds"):
+        assert key in r, key
+    assert len(r["tr"]) == r["n_layers"] == 2 and len(r["tr"][0]) == r["n_heads"] == 4
+    assert r["cache_hit"] is False
+    assert main(args) == 0
+    assert json.loads(out.read_text())["cache_hit"] is True
+
+
+def test_scores_from_a_prompts_file(model_dir, tmp_path, capsys):
+    f = tmp_path / "p.jsonl"
+    f.write_text("\n".join(json.dumps({"prompt": f"Q: {w}\nA:", "label": " yes", "labels": [" yes", " no"]})
+                           for w in ("red", "blue", "green")))
+    assert main(["scores", "--model", model_dir, "--prompts-file", str(f), "--json", "-"]) == 0
+    r = json.loads(capsys.readouterr().out)
+    assert r["n_prompts"] == 3 and r["zero_shot_accuracy"] is None
+
+
+def test_icl_and_ablate(model_dir, tmp_path):
+    out = tmp_path / "i.json"
+    assert main(["icl", "--model", model_dir, "--task", "sentiment", "--shots", "0,2", "--prompts", "5",
+                 "--json", str(out)]) == 0
+    r = json.loads(out.read_text())
+    assert r["shots"] == [0, 2] and len(r["accuracy"]) == 2 == len(r["tr_ratio"])
+    assert main(["ablate", "--model", model_dir, "--task", "sentiment", "--by", "tl", "--ks", "0,1,2", "--shots", "2",
+                 "--prompts", "5", "--json", str(out)]) == 0
+    r = json.loads(out.read_text())
+    assert r["ks"] == [0, 1, 2] and len(r["accuracy"]) == 3 and r["by"] == "tl"
+    assert main(["ablate", "--model", model_dir, "--task", "sentiment", "--heads", "0.1,1.3", "--shots", "2",
+                 "--prompts", "5", "--mode", "mean", "--json", str(out)]) == 0
+    r = json.loads(out.read_text())
+    assert r["heads"] == [[0, 1], [1, 3]] and len(r["rows"]) == 5 and "pred_after" in r["rows"][0]
+
+
+@pytest.mark.parametrize("args, message", [
+    (["scores", "--model", "/no/such/dir", "--task", "sentiment"], "does not exist"),
+    (["scores", "--task", "no-such-task", "--model", "MODEL"], "no-such-task"),
+    (["ablate", "--task", "sentiment", "--model", "MODEL", "--heads", "9.9", "--prompts", "2", "--shots", "1"],
+     "outside this model"),
+])
+def test_errors_are_one_line_messages(args, message, model_dir, capsys):
+    args = [model_dir if a == "MODEL" else a for a in args]
+    code = main(args)
+    err = capsys.readouterr().err
+    assert code == 2 and message in err and "Traceback" not in err
