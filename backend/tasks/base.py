@@ -10,7 +10,10 @@ import hashlib
 import json
 import random
 from dataclasses import dataclass, field
-from typing import Callable, Literal, Sequence
+from typing import TYPE_CHECKING, Callable, Literal, Sequence
+
+if TYPE_CHECKING:
+    from .perturb import Perturbation
 
 Kind = Literal["classification", "generation"]
 
@@ -153,10 +156,15 @@ class Task:
             words.append(pool.pop())
         return tuple(dict.fromkeys(t.answer(y) for y in words))
 
-    def build_prompts(self, shots: int, n: int, seed: int = 0) -> list[Prompt]:
-        """`n` prompts of `shots` demonstrations each, seeded; demos come from a pool disjoint from queries."""
+    def build_prompts(self, shots: int, n: int, seed: int = 0, perturb: "Perturbation | None" = None) -> list[Prompt]:
+        """`n` prompts of `shots` demonstrations each, seeded; demos come from a pool disjoint from queries.
+
+        `perturb` (see `tasks.perturb`) changes the demonstrations only, and may rename the classes.
+        """
         if shots < 0 or n <= 0:
             raise TaskError(f"need shots >= 0 and prompts > 0, got shots={shots}, prompts={n}")
+        if perturb is not None:
+            perturb.check(self)
         if self.builder is not None:
             return self.builder(self, shots, n, seed)
         demo_pool, query_pool = self.split(seed)
@@ -164,12 +172,19 @@ class Task:
             raise TaskError(f"task {self.name!r}: {shots} shots asked, but only {len(demo_pool)} examples "
                             f"are in the demonstration pool")
         rng = random.Random(f"prompts-{seed}-{shots}")
+        prng = random.Random(f"perturb-{seed}-{shots}-{perturb.name}") if perturb else None
+        rename = perturb.relabel(self) if perturb and perturb.relabel else None
         t = self.template
         out = []
         for i in range(n):
             x, y = query_pool[i % len(query_pool)]
             demos = rng.sample(demo_pool, shots)
+            labels = self.label_words(y, demos, rng)
+            if perturb is not None:
+                demos = perturb.demos(self, demos, prng)
+            if rename is not None:
+                demos = [(dx, rename[dy]) for dx, dy in demos]
+                y, labels = rename[y], tuple(t.answer(v) for v in rename.values())
             text = "".join(t.demo(dx, dy) for dx, dy in demos) + t.query(x)
-            out.append(Prompt(text=text, gold=t.answer(y), labels=self.label_words(y, demos, rng),
-                              query=x, n_shots=shots))
+            out.append(Prompt(text=text, gold=t.answer(y), labels=labels, query=x, n_shots=shots))
         return out
