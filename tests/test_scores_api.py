@@ -134,3 +134,49 @@ def test_model_errors_are_specific(tmp_path):
                  intermediate_size=32).save_pretrained(tmp_path / "bert")
     with pytest.raises(UnsupportedArchitecture, match=r"'bert' is not supported.*Llama.*Gemma"):
         load_model(str(tmp_path / "bert"))
+
+
+def test_out_of_memory_halves_the_batch(lm, monkeypatch):
+    """A CUDA OOM at large batch sizes is retried at half the size; results do not change."""
+    import backend.analysis.batching as batching
+
+    task = sentiment_task()
+    ref = head_scores(lm, task, shots=2, n_prompts=8, cache=False, batch_size=8)
+    real = batching.forward_last_logits
+    seen = []
+
+    def flaky(lm_, batch):
+        seen.append(len(batch.rows))
+        if len(batch.rows) > 2:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        return real(lm_, batch)
+
+    monkeypatch.setattr("backend.analysis.scores.forward_last_logits", flaky)
+    got = head_scores(lm, task, shots=2, n_prompts=8, cache=False, batch_size=8)
+    assert seen[:3] == [8, 4, 2] and max(seen[3:]) <= 2
+    np.testing.assert_allclose(got.tr, ref.tr, rtol=1e-4, atol=1e-7)
+
+    def always(lm_, batch):
+        raise torch.OutOfMemoryError("CUDA out of memory")
+
+    monkeypatch.setattr("backend.analysis.scores.forward_last_logits", always)
+    with pytest.raises(MemoryError, match="even at batch size 1"):
+        head_scores(lm, task, shots=2, n_prompts=2, cache=False)
+
+
+def test_function_vector_dataset_with_real_tokenizer(gpt2_tokenizer):
+    """A real user task file (function-vectors format) scores end to end; multi-token labels are reported."""
+    from tiny_models import FV_DATASETS
+    from backend.tasks.registry import load_task
+
+    if not FV_DATASETS.is_dir():
+        pytest.skip("../shared/fv_datasets is absent")
+    lm = wrap(tiny_model("gpt2"), gpt2_tokenizer, "tiny-gpt2")
+    task = load_task(str(FV_DATASETS / "antonym.json"))
+    assert task.kind == "generation" and len(task.examples) > 1000
+    r = head_scores(lm, task, shots=4, n_prompts=12, cache=False)
+    assert r.tr.shape == (2, 4) and np.isfinite(r.tl).all()
+    assert r.multi_token_labels, "antonym outputs include words GPT-2 splits into several tokens"
+    sent = load_task(str(FV_DATASETS / "sentiment.json"))
+    assert sent.kind == "classification"
+    assert head_scores(lm, sent, shots=4, n_prompts=6, cache=False).tr_ratio >= 0
