@@ -1,0 +1,38 @@
+"""Errors the service answers with a 4xx status and a one-line message (`{"detail": message}`)."""
+from __future__ import annotations
+
+
+class ServiceError(Exception):
+    """A request the service refuses; `status` is the HTTP status, the message says why and what to do."""
+
+    status: int = 400
+
+    def __init__(self, message: str, status: int | None = None):
+        super().__init__(message)
+        self.message = message
+        if status is not None:
+            self.status = status
+
+
+class BadRequest(ServiceError):
+    status = 422
+
+
+class Unauthorized(ServiceError):
+    status = 401
+
+
+class Forbidden(ServiceError):
+    status = 403
+
+
+class NotFound(ServiceError):
+    status = 404
+
+
+class TooLarge(ServiceError):
+    status = 413
+
+
+class Busy(ServiceError):
+    status = 429

@@ -1,0 +1,281 @@
+"""Job runners: the `JobRunner` interface the routes use, and `LocalJobRunner`, one worker thread.
+
+A runner takes admitted jobs as plain data — (kind, normalized params dict, key) — so a runner that
+ships them elsewhere (Ray, a process pool) can replace `LocalJobRunner` without touching the routes.
+
+`LocalJobRunner`:
+- runs jobs one at a time, in submission order (GPU work is serialized);
+- deduplicates: a request with the key of a queued, running or done job gets that job back;
+- holds a per-key lock (`locks.KeyLocks`) while computing, so runners in other threads or processes
+  that share the cache folder wait and then read the cached result instead of recomputing it;
+- cancels cooperatively: the job's progress callback raises `Cancelled` once the job is cancelled.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import math
+import secrets
+import threading
+import time
+from abc import ABC, abstractmethod
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from .errors import ServiceError
+from .limits import Limits
+from .locks import KeyLocks
+from .registry import Cancelled, JobContext, Progress, get_kind
+from .schemas import ACTIVE_STATES, JobStatus
+
+log = logging.getLogger(__name__)
+
+Executor = Callable[[str, dict[str, Any], Progress], dict[str, Any]]
+
+
+def job_key(kind: str, params: dict[str, Any], **identity: Any) -> str:
+    """Dedupe key of a job: its kind, normalized params, and what identifies its inputs (task content
+    hash, canonical model name)."""
+    blob = json.dumps({"kind": kind, "params": params, **identity}, sort_keys=True, default=str)
+    return f"{kind}:{hashlib.sha256(blob.encode()).hexdigest()[:32]}"
+
+
+def to_jsonable(obj: Any) -> Any:
+    """JSON-safe copy: non-finite floats -> None, tuples -> lists, numpy values -> Python values."""
+    if isinstance(obj, dict):
+        return {str(k): to_jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [to_jsonable(v) for v in obj]
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, (str, int, bool)) or obj is None:
+        return obj
+    if hasattr(obj, "tolist"):  # numpy arrays and scalars, torch tensors
+        return to_jsonable(obj.tolist())
+    return str(obj)
+
+
+def describe_error(e: BaseException) -> str:
+    """A one-line message for a failed job."""
+    name = type(e).__name__
+    if name == "OutOfMemoryError" or isinstance(e, MemoryError):
+        return (f"out of memory ({name}: {str(e).splitlines()[0][:200] if str(e) else 'no details'}); "
+                f"try fewer prompts, fewer shots or a smaller batch_size")
+    if isinstance(e, ServiceError):
+        return e.message
+    from ..adapters import UnsupportedArchitecture
+    from ..models import ModelLoadError
+
+    if isinstance(e, (ValueError, ModelLoadError, UnsupportedArchitecture, FileNotFoundError)):
+        return str(e)
+    if isinstance(e, KeyError):
+        return str(e.args[0]) if e.args else name
+    return f"internal error ({name}): {e}"
+
+
+def make_executor(pool: Any, tasks: Any) -> Executor:
+    """An executor that runs registered job kinds with models from `pool` and tasks from `tasks`."""
+    def execute(kind: str, params: dict[str, Any], progress: Progress) -> dict[str, Any]:
+        spec = get_kind(kind)
+        p = spec.params.model_validate(params)
+        return spec.run(JobContext(params=p, progress=progress, pool=pool, tasks=tasks), p)
+    return execute
+
+
+# -- the interface ------------------------------------------------------------------------------------
+class JobRunner(ABC):
+    """What the routes need from a job queue. Every argument and return value is plain data."""
+
+    @abstractmethod
+    def submit(self, kind: str, params: dict[str, Any], key: str) -> JobStatus:
+        """Queue a job (or return the queued/running/done job with the same key)."""
+
+    @abstractmethod
+    def get(self, job_id: str, include_result: bool = True) -> JobStatus | None:
+        """The job's status, or None for an unknown id."""
+
+    @abstractmethod
+    def cancel(self, job_id: str) -> JobStatus | None:
+        """Cancel a queued or running job (a finished job is returned unchanged); None for an unknown id."""
+
+    @abstractmethod
+    def list(self) -> list[JobStatus]:
+        """Known jobs, newest first, without results."""
+
+    def close(self) -> None:
+        """Stop the workers (jobs still queued are dropped)."""
+
+
+# -- the local runner -------------------------------------------------------------------------------------
+@dataclass
+class _Job:
+    id: str
+    kind: str
+    params: dict[str, Any]
+    key: str
+    created: float = field(default_factory=time.time)
+    status: str = "queued"
+    progress: float = 0.0
+    message: str = "queued"
+    result: dict[str, Any] | None = None
+    error: str | None = None
+    error_type: str | None = None
+    started: float | None = None
+    finished: float | None = None
+    cancel: threading.Event = field(default_factory=threading.Event)
+
+    def snapshot(self, include_result: bool = True) -> JobStatus:
+        hit = self.result.get("cache_hit") if self.result else None
+        return JobStatus(id=self.id, kind=self.kind, status=self.status, progress=self.progress,  # type: ignore[arg-type]
+                         message=self.message, result=self.result if include_result else None, error=self.error,
+                         error_type=self.error_type, params=self.params, created=self.created, started=self.started,
+                         finished=self.finished, cache_hit=hit if isinstance(hit, bool) else None)
+
+
+class LocalJobRunner(JobRunner):
+    """One worker thread, jobs in order; see the module docstring."""
+
+    def __init__(self, execute: Executor, limits: Limits | None = None, locks: KeyLocks | None = None,
+                 keep_finished: int = 500):
+        self._execute = execute
+        self._limits = limits or Limits.from_env()
+        self._locks = locks or KeyLocks()
+        self._keep = keep_finished
+        self._jobs: dict[str, _Job] = {}
+        self._by_key: dict[str, str] = {}
+        self._queue: deque[str] = deque()
+        self._cond = threading.Condition()
+        self._worker: threading.Thread | None = None
+        self._closed = False
+
+    # -- interface ------------------------------------------------------------------------------------
+    def submit(self, kind: str, params: dict[str, Any], key: str) -> JobStatus:
+        with self._cond:
+            if self._closed:
+                raise ServiceError("the job runner is shut down", status=503)
+            same = self._jobs.get(self._by_key.get(key, ""))
+            if same is not None and same.status in (*ACTIVE_STATES, "done") and not same.cancel.is_set():
+                return same.snapshot()
+            self._limits.check_queue(sum(j.status in ACTIVE_STATES for j in self._jobs.values()))
+            job = _Job(id=secrets.token_hex(8), kind=kind, params=params, key=key)
+            self._jobs[job.id] = job
+            self._by_key[key] = job.id
+            self._queue.append(job.id)
+            self._prune()
+            self._start_worker()
+            self._cond.notify_all()
+            return self._snapshot(job)
+
+    def get(self, job_id: str, include_result: bool = True) -> JobStatus | None:
+        with self._cond:
+            job = self._jobs.get(job_id)
+            return self._snapshot(job, include_result) if job else None
+
+    def cancel(self, job_id: str) -> JobStatus | None:
+        with self._cond:
+            job = self._jobs.get(job_id)
+            if job is None:
+                return None
+            if job.status in ACTIVE_STATES:
+                job.cancel.set()
+                if self._by_key.get(job.key) == job.id:
+                    del self._by_key[job.key]
+                if job.status == "queued":
+                    self._queue.remove(job.id)
+                    self._finish(job, "cancelled", "cancelled before it started")
+                else:
+                    job.message = "cancelling"
+            return self._snapshot(job)
+
+    def list(self) -> list[JobStatus]:
+        with self._cond:
+            jobs = sorted(self._jobs.values(), key=lambda j: j.created, reverse=True)
+            return [self._snapshot(j, include_result=False) for j in jobs]
+
+    def close(self, timeout: float = 5.0) -> None:
+        with self._cond:
+            self._closed = True
+            for jid in list(self._queue):
+                self._jobs[jid].cancel.set()
+                self._finish(self._jobs[jid], "cancelled", "the service shut down")
+            self._queue.clear()
+            for job in self._jobs.values():
+                job.cancel.set()
+            self._cond.notify_all()
+        if self._worker is not None:
+            self._worker.join(timeout)
+
+    # -- internals ----------------------------------------------------------------------------------
+    def _snapshot(self, job: _Job, include_result: bool = True) -> JobStatus:
+        if job.status == "queued":
+            ahead = self._queue.index(job.id) if job.id in self._queue else 0
+            job.message = f"queued ({ahead} job{'s' if ahead != 1 else ''} ahead)"
+        return job.snapshot(include_result)
+
+    def _finish(self, job: _Job, status: str, message: str) -> None:
+        job.status, job.message, job.finished = status, message, time.time()
+
+    def _prune(self) -> None:
+        finished = [j for j in self._jobs.values() if j.status not in ACTIVE_STATES]
+        for job in sorted(finished, key=lambda j: j.created)[: max(0, len(finished) - self._keep)]:
+            del self._jobs[job.id]
+            if self._by_key.get(job.key) == job.id:
+                del self._by_key[job.key]
+
+    def _start_worker(self) -> None:
+        if self._worker is None or not self._worker.is_alive():
+            self._worker = threading.Thread(target=self._loop, name="headlens-worker", daemon=True)
+            self._worker.start()
+
+    def _loop(self) -> None:
+        while True:
+            with self._cond:
+                while not self._queue and not self._closed:
+                    self._cond.wait()
+                if self._closed:
+                    return
+                job = self._jobs[self._queue.popleft()]
+                job.status, job.started, job.message = "running", time.time(), "starting"
+            self._run(job)
+
+    def _run(self, job: _Job) -> None:
+        def progress(fraction: float, message: str = "") -> None:
+            if job.cancel.is_set():
+                raise Cancelled()
+            with self._cond:
+                job.progress = min(max(float(fraction), 0.0), 1.0) if math.isfinite(fraction) else job.progress
+                job.message = message or job.message
+
+        try:
+            with self._locks.hold(job.key, job.cancel.is_set):
+                progress(0.0, "running")
+                result = to_jsonable(self._execute(job.kind, job.params, progress))
+        except Cancelled:
+            with self._cond:
+                self._finish(job, "cancelled", "cancelled")
+        except Exception as e:  # a failed job never takes the worker down
+            if describe_error(e).startswith("internal error"):
+                log.exception("job %s (%s) failed", job.id, job.kind)
+            _free_accelerator_memory(e)
+            with self._cond:
+                job.error, job.error_type = describe_error(e), type(e).__name__
+                self._finish(job, "error", "failed")
+                if self._by_key.get(job.key) == job.id:
+                    del self._by_key[job.key]
+        else:
+            with self._cond:
+                job.result, job.progress = result, 1.0
+                self._finish(job, "done", "done")
+
+
+def _free_accelerator_memory(e: BaseException) -> None:
+    if type(e).__name__ != "OutOfMemoryError":
+        return
+    try:
+        import torch
+
+        torch.cuda.empty_cache()
+    except Exception:
+        pass

@@ -1,0 +1,56 @@
+"""The built-in job kinds: scores, icl, ablation_curves, ablate.
+
+Each calls one analysis function with the job's model, task and progress callback; the analyses cache
+their results on disk themselves. Analysis modules are imported inside the functions (torch is heavy).
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from .registry import JobContext, register_job_kind
+from .schemas import AblateParams, AblationCurvesParams, IclParams, ScoresParams
+
+
+@register_job_kind("scores", ScoresParams, "TR, TL, DLA-TR, DLA-TL and induction head maps with accuracy")
+def run_scores(ctx: JobContext, p: ScoresParams) -> dict[str, Any]:
+    from ..analysis.scores import head_scores
+
+    r = head_scores(ctx.lm(), ctx.task(), shots=p.shots, n_prompts=p.prompts, seed=p.seed, batch_size=p.batch_size,
+                    apply_ln=p.apply_ln, top_pct=p.top_pct, cache=True, progress=ctx.progress)
+    return r.to_json()
+
+
+@register_job_kind("icl", IclParams, "accuracy and TR ratio against the number of demonstrations")
+def run_icl(ctx: JobContext, p: IclParams) -> dict[str, Any]:
+    from ..analysis.icl import icl_curve
+
+    return icl_curve(ctx.lm(), ctx.task(), shots=p.shots, n_prompts=p.prompts, seed=p.seed, batch_size=p.batch_size,
+                     cache=True, progress=ctx.progress, examples=p.examples)
+
+
+@register_job_kind("ablation_curves", AblationCurvesParams,
+                   "accuracy and TR ratio against the number of top heads ablated, per order")
+def run_ablation_curves(ctx: JobContext, p: AblationCurvesParams) -> dict[str, Any]:
+    from ..analysis.ablation import ablation_curves
+
+    return ablation_curves(ctx.lm(), ctx.task(), orders=p.orders, ks=p.ks, mode=p.mode, shots=p.shots,
+                           n_prompts=p.prompts, seed=p.seed, random_seeds=p.random_seeds, batch_size=p.batch_size,
+                           positions=p.positions, cache=True, progress=ctx.progress)
+
+
+def _admit_heads(p: AblateParams, task: Any, model: dict[str, Any] | None) -> None:
+    if model is None:
+        return  # checked by the analysis once the model is loaded
+    bad = [(l, h) for l, h in p.heads if l >= model["n_layers"] or h >= model["n_heads"]]
+    if bad:
+        raise ValueError(f"head(s) {bad[:5]} outside the model's {model['n_layers']} layers x "
+                         f"{model['n_heads']} heads")
+
+
+@register_job_kind("ablate", AblateParams, "ablate a head set: accuracy, TR ratio and per-prompt rows before/after",
+                   admit=_admit_heads)
+def run_ablate(ctx: JobContext, p: AblateParams) -> dict[str, Any]:
+    from ..analysis.ablation import ablate
+
+    return ablate(ctx.lm(), ctx.task(), heads=p.heads, mode=p.mode, shots=p.shots, n_prompts=p.prompts, seed=p.seed,
+                  batch_size=p.batch_size, positions=p.positions, cache=True, progress=ctx.progress)

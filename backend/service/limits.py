@@ -1,0 +1,112 @@
+"""Request limits, read from environment variables, and the one place that checks them.
+
+| variable                   | default | what it bounds                                            |
+|----------------------------|---------|-----------------------------------------------------------|
+| HEADLENS_MAX_PROMPTS       | 500     | prompts per job                                           |
+| HEADLENS_MAX_SHOTS         | 32      | demonstrations per prompt                                 |
+| HEADLENS_MAX_TOKENS        | 8192    | estimated tokens of one prompt (~4 UTF-8 bytes per token) |
+| HEADLENS_MAX_UPLOAD_MB     | 5       | size of an uploaded task file                             |
+| HEADLENS_MAX_MODELS        | 2       | models kept resident (LRU)                                |
+| HEADLENS_MAX_QUEUE         | 64      | jobs waiting or running at once                           |
+
+Every violation is a `ServiceError` (422, or 413 for uploads) whose message names the parameter, the
+value, the limit and the variable that raises it.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING, Any
+
+from .errors import BadRequest, Busy, TooLarge
+
+if TYPE_CHECKING:
+    from ..tasks.base import Task
+
+BYTES_PER_TOKEN = 4  # rough UTF-8 bytes per BPE token of natural text; the token limit is an estimate
+
+
+def _env_number(name: str, default: float, minimum: float = 1) -> float:
+    raw = os.environ.get(name)
+    if raw is None or raw.strip() == "":
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ValueError(f"{name} must be a number, not {raw!r}") from None
+    if value < minimum:
+        raise ValueError(f"{name} must be at least {minimum:g}, not {raw!r}")
+    return value
+
+
+@dataclass(frozen=True)
+class Limits:
+    """The service's limits; `Limits.from_env()` reads the HEADLENS_MAX_* variables."""
+
+    max_prompts: int = 500
+    max_shots: int = 32
+    max_tokens: int = 8192
+    max_upload_bytes: int = 5 * 1024 * 1024
+    max_models: int = 2
+    max_queue: int = 64
+
+    @classmethod
+    def from_env(cls) -> "Limits":
+        d = cls()
+        return cls(
+            max_prompts=int(_env_number("HEADLENS_MAX_PROMPTS", d.max_prompts)),
+            max_shots=int(_env_number("HEADLENS_MAX_SHOTS", d.max_shots, minimum=0)),
+            max_tokens=int(_env_number("HEADLENS_MAX_TOKENS", d.max_tokens)),
+            max_upload_bytes=int(_env_number("HEADLENS_MAX_UPLOAD_MB", d.max_upload_bytes / 2**20, 0.001) * 2**20),
+            max_models=int(_env_number("HEADLENS_MAX_MODELS", d.max_models)),
+            max_queue=int(_env_number("HEADLENS_MAX_QUEUE", d.max_queue)),
+        )
+
+    def to_json(self) -> dict[str, int]:
+        return asdict(self)
+
+    # -- checks ------------------------------------------------------------------------------------
+    def check_job(self, params: Any, task: "Task | None" = None) -> None:
+        """Check a job's parameters (any params model with `prompts` and/or `shots`) and, given the task,
+        that its prompts can be built and fit the token limit."""
+        prompts = getattr(params, "prompts", None)
+        if prompts is not None:
+            if prompts < 1:
+                raise BadRequest(f"prompts must be at least 1, got {prompts}")
+            if prompts > self.max_prompts:
+                raise BadRequest(f"prompts={prompts} is over this server's limit of {self.max_prompts} "
+                                 f"(HEADLENS_MAX_PROMPTS)")
+        shots = getattr(params, "shots", None)
+        shot_list = [shots] if isinstance(shots, int) else list(shots or [])
+        for k in shot_list:
+            if k < 0:
+                raise BadRequest(f"shots must be non-negative, got {k}")
+            if k > self.max_shots:
+                raise BadRequest(f"shots={k} is over this server's limit of {self.max_shots} (HEADLENS_MAX_SHOTS)")
+        if task is not None and shot_list:
+            self._check_prompts(task, max(shot_list), prompts or 1, getattr(params, "seed", 0))
+
+    def _check_prompts(self, task: "Task", shots: int, n: int, seed: int) -> None:
+        from ..tasks.base import TaskError
+
+        try:
+            sample = task.build_prompts(shots, min(n, 8), seed)
+        except TaskError as e:
+            raise BadRequest(str(e)) from None
+        longest = max((len(p.text.encode("utf-8")) for p in sample), default=0)
+        estimate = -(-longest // BYTES_PER_TOKEN)
+        if estimate > self.max_tokens:
+            raise BadRequest(f"prompts of task {task.name!r} with {shots} demonstrations run to about {estimate} "
+                             f"tokens, over this server's limit of {self.max_tokens} (HEADLENS_MAX_TOKENS); "
+                             f"use fewer shots")
+
+    def check_upload(self, n_bytes: int) -> None:
+        if n_bytes > self.max_upload_bytes:
+            raise TooLarge(f"the upload is {n_bytes / 2**20:.2f} MB, over this server's limit of "
+                           f"{self.max_upload_bytes / 2**20:.2f} MB (HEADLENS_MAX_UPLOAD_MB)")
+
+    def check_queue(self, active: int) -> None:
+        """Called by a job runner before it queues a new (not deduplicated) job."""
+        if active >= self.max_queue:
+            raise Busy(f"the job queue is full ({active} jobs waiting or running; HEADLENS_MAX_QUEUE="
+                       f"{self.max_queue}); try again when some have finished")
