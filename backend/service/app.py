@@ -1,0 +1,167 @@
+"""The FastAPI app: `create_app()` wires the routes to a job runner, the model pool and the task store.
+
+Routes: GET /health, GET /capabilities, GET /tasks, POST /tasks/upload, POST /jobs, GET /jobs,
+GET /jobs/{id}, DELETE /jobs/{id}. Errors are `{"detail": "<one-line message>"}` with a 4xx status.
+When HEADLENS_TOKEN is set, every route but /health needs `Authorization: Bearer <token>` or
+`X-Headlens-Token: <token>`.
+"""
+from __future__ import annotations
+
+import hmac
+import logging
+import os
+from contextlib import asynccontextmanager
+from typing import Any, AsyncIterator
+
+from fastapi import FastAPI, Request
+from fastapi.concurrency import run_in_threadpool
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from pydantic import ValidationError
+
+from .admit import admit, describe_validation
+from .errors import BadRequest, NotFound, ServiceError
+from .jobs import JobRunner, LocalJobRunner, make_executor
+from .limits import Limits
+from .model_pool import ModelPool
+from .registry import job_kinds
+from .schemas import (Capabilities, ErrorResponse, Health, JobKindInfo, JobRequest, JobStatus, TaskInfo,
+                      UploadRequest, UploadResponse)
+from .task_store import TaskStore, task_info
+
+VERSION = "0.1.0"
+OPEN_PATHS = ("/health",)
+log = logging.getLogger(__name__)
+
+_UPLOAD_DOC = {"requestBody": {"required": True, "content": {
+    "application/json": {"schema": UploadRequest.model_json_schema()},
+    "multipart/form-data": {"schema": {"type": "object", "required": ["file"], "properties": {
+        "file": {"type": "string", "format": "binary"},
+        "kind": {"type": "string", "enum": ["classification", "generation"]}}}}}}}
+_ERRORS: dict[int | str, dict[str, Any]] = {s: {"model": ErrorResponse} for s in (401, 403, 404, 413, 422, 429)}
+
+
+def _token_ok(request: Request, token: str) -> bool:
+    auth = request.headers.get("authorization", "")
+    given = auth[7:].strip() if auth.lower().startswith("bearer ") else request.headers.get("x-headlens-token", "")
+    return bool(given) and hmac.compare_digest(given.encode(), token.encode())
+
+
+def create_app(runner: JobRunner | None = None, *, pool: ModelPool | None = None, tasks: TaskStore | None = None,
+               limits: Limits | None = None, token: str | None = None) -> FastAPI:
+    """The service app. Defaults: limits and token from the environment, a `LocalJobRunner` over `pool`."""
+    limits = limits or Limits.from_env()
+    pool = pool or ModelPool(max_models=limits.max_models)
+    tasks = tasks or TaskStore()
+    runner = runner or LocalJobRunner(make_executor(pool, tasks), limits=limits)
+    token = token if token is not None else os.environ.get("HEADLENS_TOKEN") or ""
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        yield
+        runner.close()
+
+    app = FastAPI(title="headlens", version=VERSION, lifespan=lifespan, responses=_ERRORS,
+                  description="Which attention heads of a language model do in-context learning.")
+    app.state.runner, app.state.pool, app.state.tasks, app.state.limits = runner, pool, tasks, limits
+
+    # -- auth and errors --------------------------------------------------------------------------
+    @app.middleware("http")
+    async def check_token(request: Request, call_next: Any) -> Any:
+        if token and request.url.path not in OPEN_PATHS and not _token_ok(request, token):
+            return JSONResponse({"detail": "this headlens service needs its token: send `Authorization: Bearer "
+                                           "<token>` or `X-Headlens-Token: <token>` (clients read HEADLENS_TOKEN)"},
+                                status_code=401, headers={"WWW-Authenticate": "Bearer"})
+        return await call_next(request)
+
+    @app.exception_handler(ServiceError)
+    async def service_error(_: Request, e: ServiceError) -> JSONResponse:
+        return JSONResponse({"detail": e.message}, status_code=e.status)
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid_request(_: Request, e: RequestValidationError) -> JSONResponse:
+        return JSONResponse({"detail": "invalid request: " + (_describe(e.errors()) or "malformed body")},
+                            status_code=422)
+
+    @app.exception_handler(Exception)
+    async def internal_error(_: Request, e: Exception) -> JSONResponse:
+        log.exception("unhandled error")
+        return JSONResponse({"detail": f"internal error ({type(e).__name__}): {e}"}, status_code=500)
+
+    # -- service --------------------------------------------------------------------------------------
+    @app.get("/health", response_model=Health)
+    def health() -> Health:
+        return Health(version=VERSION)
+
+    @app.get("/capabilities", response_model=Capabilities)
+    def capabilities() -> Capabilities:
+        device, dtype = pool.device_info()
+        kinds = [JobKindInfo(name=k.name, description=k.description, params=k.params.model_json_schema())
+                 for k in job_kinds().values()]
+        return Capabilities(version=VERSION, device=device, dtype=dtype, loaded_models=pool.loaded(),
+                            tasks=tasks.list(), limits=limits.to_json(), job_kinds=kinds,
+                            model_root=str(pool.root) if pool.root else None, allow_hub=pool.allow_hub,
+                            auth_required=bool(token))
+
+    # -- tasks ------------------------------------------------------------------------------------------
+    @app.get("/tasks", response_model=list[TaskInfo])
+    def list_tasks() -> list[TaskInfo]:
+        return tasks.list()
+
+    @app.post("/tasks/upload", response_model=UploadResponse, openapi_extra=_UPLOAD_DOC)
+    async def upload_task(request: Request) -> UploadResponse:
+        declared = int(request.headers.get("content-length") or 0)
+        if declared > 2 * limits.max_upload_bytes + (1 << 16):  # refuse before reading the body
+            limits.check_upload(declared)
+        if request.headers.get("content-type", "").startswith("multipart/form-data"):
+            form = await request.form()
+            f = form.get("file")
+            if f is None or isinstance(f, str):
+                raise BadRequest("a multipart upload needs a `file` field holding the task file")
+            data = await f.read(limits.max_upload_bytes + 1)
+            limits.check_upload(f.size or len(data))
+            filename, kind = f.filename or "", form.get("kind") or None
+        else:
+            try:
+                body = UploadRequest.model_validate_json(await request.body())
+            except ValidationError as e:
+                raise BadRequest("invalid upload: " + describe_validation(e, list(UploadRequest.model_fields))
+                                 + " (send JSON {filename, content, kind?} or a multipart form with `file`)") from None
+            data, filename, kind = body.content.encode("utf-8"), body.filename, body.kind
+        limits.check_upload(len(data))
+        task_id, task = await run_in_threadpool(tasks.add, filename, data, kind)
+        return UploadResponse(id=task_id, summary=task_info(task, task_id, "upload"))
+
+    # -- jobs ---------------------------------------------------------------------------------------------
+    @app.post("/jobs", response_model=JobStatus, status_code=202)
+    def submit_job(req: JobRequest) -> JobStatus:
+        a = admit({"kind": req.kind, **(req.model_extra or {})}, pool, tasks, limits)
+        return runner.submit(a.kind, a.params, a.key)
+
+    @app.get("/jobs", response_model=list[JobStatus])
+    def list_jobs() -> list[JobStatus]:
+        return runner.list()
+
+    @app.get("/jobs/{job_id}", response_model=JobStatus)
+    def get_job(job_id: str) -> JobStatus:
+        return _found(runner.get(job_id), job_id)
+
+    @app.delete("/jobs/{job_id}", response_model=JobStatus)
+    def cancel_job(job_id: str) -> JobStatus:
+        return _found(runner.cancel(job_id), job_id)
+
+    return app
+
+
+def _found(job: JobStatus | None, job_id: str) -> JobStatus:
+    if job is None:
+        raise NotFound(f"no job {job_id!r} on this service (jobs live in memory and are forgotten on restart)")
+    return job
+
+
+def _describe(errors: Any) -> str:
+    parts = []
+    for err in errors:
+        loc = ".".join(str(x) for x in err.get("loc", ()) if x != "body") or "body"
+        parts.append(f"{loc}: {err.get('msg', 'invalid')}")
+    return "; ".join(parts)

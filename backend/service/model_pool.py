@@ -1,0 +1,161 @@
+"""Loaded models, kept resident and reused, at most `max_models` of them (least recently used goes first).
+
+Which names a request may use:
+- `default` (the embedded model) always;
+- a local folder: anywhere, or only under `HEADLENS_MODEL_ROOT` when that is set (a relative name is
+  looked up under the root first); a folder outside the root is a 403;
+- a Hugging Face id, unless `HEADLENS_ALLOW_HUB=0` (403).
+`HEADLENS_DEVICE` (cpu, cuda, cuda:1 ...) and `HEADLENS_DTYPE` (fp32, bf16, fp16) pick where models load.
+"""
+from __future__ import annotations
+
+import gc
+import os
+import threading
+from collections import OrderedDict
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable
+
+from .errors import BadRequest, Forbidden, NotFound
+
+if TYPE_CHECKING:
+    from ..models import LoadedModel
+
+DEFAULT_NAMES = ("default", "headlens-tiny")
+
+
+def _env_flag(name: str, default: bool) -> bool:
+    raw = os.environ.get(name)
+    if raw is None or raw.strip() == "":
+        return default
+    return raw.strip().lower() not in ("0", "false", "no", "off")
+
+
+def _looks_like_path(name: str) -> bool:
+    return name.startswith((".", "/", "~", "\\")) or name.count("/") > 1 or Path(name).is_absolute()
+
+
+class ModelPool:
+    """Resident models by canonical name, LRU-limited; `check` applies the access rules without loading."""
+
+    def __init__(self, max_models: int = 2, root: str | Path | None = None, allow_hub: bool | None = None,
+                 device: str | None = None, dtype: str | None = None,
+                 loader: Callable[..., "LoadedModel"] | None = None):
+        root = root if root is not None else os.environ.get("HEADLENS_MODEL_ROOT") or None
+        self.root = Path(root).expanduser().resolve() if root else None
+        self.allow_hub = _env_flag("HEADLENS_ALLOW_HUB", True) if allow_hub is None else allow_hub
+        self.max_models = max(1, int(max_models))
+        self.device = device or os.environ.get("HEADLENS_DEVICE") or None
+        self.dtype = dtype or os.environ.get("HEADLENS_DTYPE") or None
+        self._loader = loader
+        self._models: OrderedDict[str, "LoadedModel"] = OrderedDict()
+        self._lock = threading.RLock()
+
+    # -- access rules -------------------------------------------------------------------------------
+    def check(self, name: str) -> str:
+        """The canonical name to load `name` by (`default`, an absolute folder, or a hub id).
+
+        Raises Forbidden (403) for a folder outside the root or a hub id when the hub is off, NotFound
+        (404) for a missing folder or a missing embedded model, BadRequest (422) for a folder that is no model.
+        """
+        name = (name or "").strip()
+        if not name:
+            raise BadRequest("model must not be empty; give `default`, a model folder or a Hugging Face id")
+        with self._lock:
+            if name in self._models:  # made resident with put()
+                return name
+        if name in DEFAULT_NAMES:
+            from ..models import DEFAULT_MODEL_DIR
+
+            if not DEFAULT_MODEL_DIR.is_dir():
+                raise NotFound(f"the embedded default model is missing at {DEFAULT_MODEL_DIR}; regenerate it "
+                               f"with `python -m backend.train_default`")
+            return "default"
+        path = Path(name).expanduser()
+        if self.root is not None and not path.is_absolute() and (self.root / path).exists():
+            path = self.root / path
+        if path.exists():
+            resolved = path.resolve()
+            self._check_root(name, resolved)
+            if not (resolved / "config.json").is_file():
+                raise BadRequest(f"{name} holds no config.json: not a Hugging Face model folder")
+            return str(resolved)
+        if _looks_like_path(name):
+            self._check_root(name, path.resolve())
+            raise NotFound(f"model folder {name!r} does not exist on the server")
+        if not self.allow_hub:
+            where = f"a folder under {self.root}" if self.root else "a local model folder"
+            raise Forbidden(f"Hugging Face hub ids such as {name!r} are disabled on this server "
+                            f"(HEADLENS_ALLOW_HUB=0); use `default` or {where}")
+        return name
+
+    def _check_root(self, name: str, resolved: Path) -> None:
+        if self.root is not None and not resolved.is_relative_to(self.root):
+            raise Forbidden(f"model path {name!r} is outside the server's model folder {self.root} "
+                            f"(HEADLENS_MODEL_ROOT); local models must live under it")
+
+    # -- resident models --------------------------------------------------------------------------
+    def get(self, name: str) -> "LoadedModel":
+        """The loaded model for `name`, loading it (and evicting the least recently used) when needed."""
+        key = self.check(name)
+        with self._lock:
+            if key in self._models:
+                self._models.move_to_end(key)
+                return self._models[key]
+            lm = self._load(key)
+            self._models[key] = lm
+            while len(self._models) > self.max_models:
+                _, old = self._models.popitem(last=False)
+                self._free(old)
+            return lm
+
+    def _load(self, key: str) -> "LoadedModel":
+        if self._loader is not None:
+            return self._loader(key)
+        from ..models import load_model
+
+        return load_model(key, device=self.device, dtype=self.dtype)
+
+    @staticmethod
+    def _free(lm: "LoadedModel") -> None:
+        with lm.lock:  # wait for any forward pass on it to finish
+            pass
+        del lm
+        gc.collect()
+        try:
+            import torch
+
+            if torch.cuda.is_available():
+                torch.cuda.empty_cache()
+        except Exception:
+            pass
+
+    def peek(self, name: str) -> "LoadedModel | None":
+        """The resident model for `name`, or None; never loads, never reorders."""
+        try:
+            key = self.check(name)
+        except Exception:
+            return None
+        with self._lock:
+            return self._models.get(key)
+
+    def loaded(self) -> list[dict[str, Any]]:
+        """`info()` of the resident models, most recently used last."""
+        with self._lock:
+            return [lm.info() for lm in self._models.values()]
+
+    def put(self, key: str, lm: "LoadedModel") -> None:
+        """Make an already built model resident under `key` (tests, notebooks)."""
+        with self._lock:
+            self._models[key] = lm
+            self._models.move_to_end(key)
+            while len(self._models) > self.max_models:
+                self._free(self._models.popitem(last=False)[1])
+
+    def device_info(self) -> tuple[str, str]:
+        """(device, dtype) new models load with."""
+        from ..models import default_device
+
+        device = self.device or default_device()
+        dtype = self.dtype or ("bf16" if device.startswith("cuda") else "fp32")
+        return device, dtype
