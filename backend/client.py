@@ -1,0 +1,170 @@
+"""Client of the headlens service: what the Streamlit pages and notebooks call. Never imports torch.
+
+    from backend.client import HeadlensClient
+    c = HeadlensClient()                       # HEADLENS_BACKEND_URL, HEADLENS_TOKEN
+    r = c.run("scores", model="default", task="sentiment", shots=8, prompts=50,
+              on_progress=lambda f, m: print(f, m))
+
+`HEADLENS_BACKEND_URL` defaults to http://127.0.0.1:8765. The special value `inprocess` runs the
+service app inside this process (one shared app per process, through Starlette's TestClient), so tests
+and notebooks need no server; that path imports the service (and, once a job runs, torch).
+"""
+from __future__ import annotations
+
+import os
+import threading
+import time
+from typing import Any, Callable
+
+import httpx
+
+DEFAULT_URL = "http://127.0.0.1:8765"
+INPROCESS = "inprocess"
+OnProgress = Callable[[float, str], None]
+
+_inprocess_app: Any = None
+_inprocess_lock = threading.Lock()
+
+
+class ClientError(RuntimeError):
+    """A request the service refused, a failed job, or an unreachable service; the message is the server's."""
+
+    def __init__(self, message: str, status: int | None = None, job: dict[str, Any] | None = None):
+        super().__init__(message)
+        self.message, self.status, self.job = message, status, job
+
+
+class JobFailed(ClientError):
+    """The job ended with status `error`."""
+
+
+class JobCancelled(ClientError):
+    """The job was cancelled."""
+
+
+class JobTimeout(ClientError):
+    """`wait` gave up before the job finished (the job keeps running)."""
+
+
+def inprocess_app() -> Any:
+    """The process-wide in-process service app (created on first use)."""
+    global _inprocess_app
+    with _inprocess_lock:
+        if _inprocess_app is None:
+            from .service.app import create_app
+
+            _inprocess_app = create_app()
+        return _inprocess_app
+
+
+def reset_inprocess_app() -> None:
+    """Drop the in-process app (tests); its worker is stopped."""
+    global _inprocess_app
+    with _inprocess_lock:
+        if _inprocess_app is not None:
+            _inprocess_app.state.runner.close()
+        _inprocess_app = None
+
+
+class HeadlensClient:
+    """Typed access to the service's routes. Every failure raises `ClientError` with a readable message."""
+
+    def __init__(self, base_url: str | None = None, token: str | None = None, timeout: float = 30.0):
+        self.base_url = (base_url or os.environ.get("HEADLENS_BACKEND_URL") or DEFAULT_URL).rstrip("/")
+        token = token if token is not None else os.environ.get("HEADLENS_TOKEN") or None
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        if self.base_url == INPROCESS:
+            from starlette.testclient import TestClient
+
+            self._http: httpx.Client = TestClient(inprocess_app(), base_url="http://inprocess",
+                                                  raise_server_exceptions=False, headers=headers)
+            self._http.timeout = httpx.Timeout(timeout)
+        else:
+            self._http = httpx.Client(base_url=self.base_url, headers=headers, timeout=timeout)
+
+    # -- plumbing -------------------------------------------------------------------------------------
+    def _request(self, method: str, path: str, **kw: Any) -> Any:
+        try:
+            r = self._http.request(method, path, **kw)
+        except httpx.TransportError as e:
+            raise ClientError(f"cannot reach the headlens service at {self.base_url} ({type(e).__name__}: {e}); "
+                              f"start it with `python -m backend serve` or set HEADLENS_BACKEND_URL") from None
+        if r.status_code >= 400:
+            try:
+                detail = r.json().get("detail", r.text)
+            except ValueError:
+                detail = r.text or r.reason_phrase
+            raise ClientError(str(detail), status=r.status_code)
+        return r.json()
+
+    def close(self) -> None:
+        self._http.close()
+
+    def __enter__(self) -> "HeadlensClient":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    # -- service -------------------------------------------------------------------------------------------
+    def health(self) -> dict[str, Any]:
+        """{"status": "ok", "version"}."""
+        return self._request("GET", "/health")
+
+    def capabilities(self) -> dict[str, Any]:
+        """{version, device, dtype, loaded_models, tasks, limits, job_kinds, model_root, allow_hub, auth_required}."""
+        return self._request("GET", "/capabilities")
+
+    def tasks(self) -> list[dict[str, Any]]:
+        """[{id, source, name, kind, n_examples, labels, models, description}, ...]."""
+        return self._request("GET", "/tasks")
+
+    def upload_task(self, filename: str, content: bytes | str, kind: str | None = None) -> dict[str, Any]:
+        """Validate and store a task file; {"id": "upload:<hash>", "summary": {...}}. Malformed -> ClientError (422)."""
+        data = content.encode("utf-8") if isinstance(content, str) else content
+        form = {"kind": kind} if kind else None
+        return self._request("POST", "/tasks/upload", files={"file": (filename, data)}, data=form)
+
+    # -- jobs -------------------------------------------------------------------------------------------------
+    def submit(self, kind: str, **params: Any) -> str:
+        """Queue a job; its id (identical requests share one id and one computation)."""
+        return self._request("POST", "/jobs", json={"kind": kind, **params})["id"]
+
+    def job(self, job_id: str) -> dict[str, Any]:
+        """{id, kind, status, progress, message, result, error, error_type, params, created, started, finished,
+        cache_hit}."""
+        return self._request("GET", f"/jobs/{job_id}")
+
+    def jobs(self) -> list[dict[str, Any]]:
+        """Known jobs, newest first, without results."""
+        return self._request("GET", "/jobs")
+
+    def cancel(self, job_id: str) -> dict[str, Any]:
+        return self._request("DELETE", f"/jobs/{job_id}")
+
+    def wait(self, job_id: str, on_progress: OnProgress | None = None, timeout: float | None = 3600.0,
+             poll: float = 0.2) -> dict[str, Any]:
+        """Poll until the job ends; its result. Raises JobFailed, JobCancelled or JobTimeout."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        last: tuple[float, str] | None = None
+        delay = min(poll, 0.05)
+        while True:
+            j = self.job(job_id)
+            if on_progress is not None and (j["progress"], j["message"]) != last:
+                last = (j["progress"], j["message"])
+                on_progress(*last)
+            if j["status"] == "done":
+                return j["result"]
+            if j["status"] == "error":
+                raise JobFailed(j.get("error") or "the job failed", job=j)
+            if j["status"] == "cancelled":
+                raise JobCancelled(f"job {job_id} was cancelled", job=j)
+            if deadline is not None and time.monotonic() > deadline:
+                raise JobTimeout(f"job {job_id} still {j['status']} after {timeout:g} s", job=j)
+            time.sleep(delay)
+            delay = min(delay * 1.5, poll)
+
+    def run(self, kind: str, on_progress: OnProgress | None = None, timeout: float | None = 3600.0,
+            **params: Any) -> dict[str, Any]:
+        """submit + wait: the job's result."""
+        return self.wait(self.submit(kind, **params), on_progress=on_progress, timeout=timeout)
