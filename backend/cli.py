@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Any, Callable
@@ -176,6 +177,20 @@ def cmd_launch(a: argparse.Namespace) -> None:
     launch(a)
 
 
+@command("serve")
+def cmd_serve(a: argparse.Namespace) -> None:
+    import uvicorn
+
+    from .service.app import create_app
+
+    if a.host not in ("127.0.0.1", "localhost", "::1") and not os.environ.get("HEADLENS_TOKEN"):
+        print(f"warning: serving on {a.host} without HEADLENS_TOKEN: anyone who can reach it can run jobs",
+              file=sys.stderr)
+    print(f"headlens service on http://{a.host}:{a.port} (clients find it through HEADLENS_BACKEND_URL)",
+          file=sys.stderr)
+    uvicorn.run(create_app(), host=a.host, port=a.port, log_level=a.log_level)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m backend", description="headlens: which heads do in-context learning")
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -218,6 +233,11 @@ def build_parser() -> argparse.ArgumentParser:
     la.add_argument("--backend-port", type=int, default=8765)
     la.add_argument("--model", default="default", help="model the dashboard opens on")
     la.add_argument("--no-browser", action="store_true")
+
+    v = sub.add_parser("serve", help="run the HTTP service (FastAPI + uvicorn)")
+    v.add_argument("--host", default="127.0.0.1", help="interface to bind (default: loopback only)")
+    v.add_argument("--port", type=int, default=8765)
+    v.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
     return p
 
 
