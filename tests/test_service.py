@@ -98,7 +98,7 @@ def test_health_and_capabilities():
     with client() as c:
         assert c.get("/health").json()["status"] == "ok"
         cap = c.get("/capabilities").json()
-        assert {"scores", "icl", "ablation_curves", "ablate", "count"} <= {k["name"] for k in cap["job_kinds"]}
+        assert {"model_info", "scores", "icl", "ablation_curves", "ablate", "count"} <= {k["name"] for k in cap["job_kinds"]}
         assert cap["limits"]["max_prompts"] == 500 and cap["limits"]["max_models"] == 2
         assert "sentiment" in {t["id"] for t in cap["tasks"]}
         assert cap["device"] == "cpu" and cap["loaded_models"] == [] and cap["auth_required"] is False
@@ -281,6 +281,8 @@ def test_model_root_and_hub_rules(monkeypatch, tmp_path, tiny_dir):
 
 def test_analysis_kinds_on_a_tiny_model(tiny_dir):
     with client() as c:
+        info = wait(c, c.post("/jobs", json={"kind": "model_info", "model": str(tiny_dir)}).json()["id"])
+        assert info["status"] == "done" and (info["result"]["n_layers"], info["result"]["n_heads"]) == (2, 4)
         base = {"model": str(tiny_dir), "task": "sentiment", "shots": 2, "prompts": 4}
         s = wait(c, c.post("/jobs", json={"kind": "scores", **base}).json()["id"])
         assert s["status"] == "done", s["error"]

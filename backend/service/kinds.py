@@ -1,4 +1,4 @@
-"""The built-in job kinds: scores, icl, ablation_curves, ablate.
+"""The built-in job kinds: model_info, scores, icl, ablation_curves, ablate.
 
 Each calls one analysis function with the job's model, task and progress callback; the analyses cache
 their results on disk themselves. Analysis modules are imported inside the functions (torch is heavy).
@@ -8,7 +8,13 @@ from __future__ import annotations
 from typing import Any
 
 from .registry import JobContext, register_job_kind
-from .schemas import AblateParams, AblationCurvesParams, IclParams, ScoresParams
+from .schemas import AblateParams, AblationCurvesParams, IclParams, ModelParams, ScoresParams
+
+
+@register_job_kind("model_info", ModelParams, "load a model (it stays resident) and describe it", uses_task=False)
+def run_model_info(ctx: JobContext, p: ModelParams) -> dict[str, Any]:
+    ctx.progress(0.0, f"loading {p.model}")
+    return ctx.lm().info()
 
 
 @register_job_kind("scores", ScoresParams, "TR, TL, DLA-TR, DLA-TL and induction head maps with accuracy")

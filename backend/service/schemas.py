@@ -18,22 +18,36 @@ ACTIVE_STATES = ("queued", "running")
 
 
 # -- job parameters, one model per kind --------------------------------------------------------------
-class JobParams(BaseModel):
-    """Fields every model-and-task job shares."""
+def _not_blank(v: str) -> str:
+    v = v.strip()
+    if not v:
+        raise ValueError("must not be empty")
+    return v
+
+
+class ModelParams(BaseModel):
+    """kind `model_info`: load the model (kept resident) and return its `info()`: n_layers, n_heads, ..."""
 
     model_config = ConfigDict(extra="forbid")
 
     model: str = Field("default", description="`default`, a local model folder, or a Hugging Face id")
+
+    @field_validator("model")
+    @classmethod
+    def _model_not_blank(cls, v: str) -> str:
+        return _not_blank(v)
+
+
+class JobParams(ModelParams):
+    """Fields every model-and-task job shares."""
+
     task: str = Field(..., description="a built-in task name or an `upload:<hash>` id from POST /tasks/upload")
     seed: int = Field(0, ge=0, description="seed of the demonstration/query split and prompt sampling")
 
-    @field_validator("model", "task")
+    @field_validator("task")
     @classmethod
-    def _not_blank(cls, v: str) -> str:
-        v = v.strip()
-        if not v:
-            raise ValueError("must not be empty")
-        return v
+    def _task_not_blank(cls, v: str) -> str:
+        return _not_blank(v)
 
 
 class ScoresParams(JobParams):
