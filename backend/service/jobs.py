@@ -138,7 +138,7 @@ class LocalJobRunner(JobRunner):
     """One worker thread, jobs in order; see the module docstring."""
 
     def __init__(self, execute: Executor, limits: Limits | None = None, locks: KeyLocks | None = None,
-                 keep_finished: int = 500):
+                 keep_finished: int = 200):
         self._execute = execute
         self._limits = limits or Limits.from_env()
         self._locks = locks or KeyLocks()
