@@ -1,0 +1,151 @@
+"""headlens dashboard, Home: pick a model and a task, run, and read the in-context learning summary.
+
+Run with `python -m backend launch` (service + dashboard), or `streamlit run app.py` with
+HEADLENS_BACKEND_URL pointing at a running service. Pages only render and call `ui.api`; no torch here.
+"""
+from __future__ import annotations
+
+import hashlib
+
+import pandas as pd
+import streamlit as st
+
+from ui import api, figures, jobs, layout, state
+
+TR_RATIO_HELP = ("Share of prompts whose top next-token prediction, over the whole vocabulary, is one of the "
+                 "task's label tokens: the model recognised *what kind* of answer is wanted.")
+
+s, caps = layout.page_setup("Home", ":material/search:")
+st.title(":material/search: headlens")
+st.markdown("Find the attention heads that do **in-context learning**: score every head by how it writes into "
+            "the task's label space, browse the maps, and switch heads off live.")
+cols = st.columns(2)
+cols[0].caption("**TR** (task recognition): does the head push the output into the span of the label tokens?")
+cols[1].caption("**TL** (task learning): within that span, does it push towards the *correct* label?")
+
+
+# -- bring your own task ---------------------------------------------------------------------------------
+def upload_section() -> None:
+    with st.expander("Bring your own task (JSON, JSONL or CSV)", icon=":material/upload_file:",
+                     expanded=bool(st.session_state.get("_hl_upload_msg"))):
+        c1, c2 = st.columns([3, 1])
+        with c2:
+            kind = st.selectbox("Kind", ["auto", "classification", "generation"], key="w_upload_kind",
+                                help="auto: classification when the outputs take 2–10 distinct values, each "
+                                     "seen at least twice on average; otherwise generation.")
+        with c1:
+            f = st.file_uploader("Task file", type=["json", "jsonl", "ndjson", "csv", "tsv"], key="w_upload",
+                                 help="Records of an input and an output.")
+        st.caption("Formats: `.json` a list of `{\"input\": …, \"output\": …}` objects · `.jsonl` one such object "
+                   "per line · `.csv`/`.tsv` with a header naming `input` and `output` columns.")
+        if f is not None:
+            data = f.getvalue()
+            digest = hashlib.sha256(data + f.name.encode() + kind.encode()).hexdigest()
+            if st.session_state.get("_hl_upload_digest") != digest:
+                st.session_state["_hl_upload_digest"] = digest
+                try:
+                    r = api.upload_task(f.name, data, kind=None if kind == "auto" else kind)
+                except api.ApiError as e:
+                    st.session_state["_hl_upload_msg"] = ("error", e)
+                else:
+                    summary = dict(r["summary"], id=r["id"], source="upload")
+                    st.session_state.setdefault("_hl_uploads", {})[r["id"]] = summary
+                    state.put("task", r["id"])
+                    layout.forget_capabilities()
+                    st.session_state["_hl_upload_msg"] = ("ok", summary)
+                    st.rerun()  # redraw the sidebar with the new task picked
+        msg = st.session_state.get("_hl_upload_msg")
+        if msg and msg[0] == "error":
+            jobs.show_error(msg[1], "Upload")
+        elif msg:
+            t = msg[1]
+            labels = f" Labels: {', '.join(t['labels'][:12])}." if t.get("labels") else ""
+            st.success(f"**{t['name']}** is valid: {t['kind']}, {t['n_examples']} examples.{labels} "
+                       f"It is now the task in the sidebar.", icon=":material/check_circle:")
+
+
+upload_section()
+layout.need_task(s)
+
+# -- run ----------------------------------------------------------------------------------------------------
+ks = sorted({k for k in (0, 1, 2, 4, 8, 16, 32) if k <= s.shots} | {0, s.shots})
+score_params = s.job()
+icl_params = s.job(shots=ks, examples=3)
+have = state.remembered("scores", score_params) is not None and state.remembered("icl", icl_params) is not None
+
+st.subheader("Run", divider="gray")
+left, right = st.columns([4, 1], vertical_alignment="center")
+with left:
+    st.markdown(f"**Model** `{s.model}` · **task** `{s.task}` · **{s.shots}** shots · **{s.prompts}** prompts · "
+                f"seed {s.seed}")
+    st.caption("Scores every head (TR, TL, DLA, induction) and measures accuracy for k = "
+               f"{', '.join(map(str, ks))} demonstrations. Results are cached by the service, so a rerun or a "
+               "collaborator opening your link gets them at once.")
+with right:
+    clicked = st.button("Run", type="primary", icon=":material/play_arrow:", width="stretch", key="run")
+
+auto = state.opened_from_link() and not st.session_state.get("_hl_auto_done")
+if clicked or auto or have:
+    st.session_state["_hl_auto_done"] = True
+    scores = jobs.fetch("scores", score_params, "Scoring heads", what="Head scores")
+    icl = jobs.fetch("icl", icl_params, "ICL curve", what="ICL curve") if scores is not None else None
+else:
+    scores = icl = None
+    st.info("Press **Run** to score the heads of this model on this task.", icon=":material/play_arrow:")
+
+# -- summary ------------------------------------------------------------------------------------------------
+if scores is not None:
+    st.subheader("Summary", divider="gray")
+    jobs.show_warnings(scores)
+    zs = scores.get("zero_shot_accuracy")
+    m = st.columns(4)
+    m[0].metric(f"ICL accuracy ({scores['shots']}-shot)", f"{100 * scores['icl_accuracy']:.1f}%",
+                delta=None if zs is None else f"{100 * (scores['icl_accuracy'] - zs):+.1f} pts vs zero-shot",
+                help="Share of held-out queries answered correctly with k demonstrations.", border=True)
+    m[1].metric("Zero-shot accuracy", "n/a" if zs is None else f"{100 * zs:.1f}%",
+                help="The same queries with no demonstrations.", border=True)
+    m[2].metric("TR ratio", f"{100 * scores['tr_ratio']:.1f}%", help=TR_RATIO_HELP, border=True)
+    m[3].metric("Heads", f"{scores['n_layers']} × {scores['n_heads']}",
+                help="layers × heads per layer", border=True)
+    src = "from the cache" if scores.get("cache_hit") else "computed"
+    st.caption(f"{scores['n_prompts']} prompts, {scores['shots']} shots, seed {scores['seed']} · {src} in "
+               f"{scores.get('seconds', 0):.1f} s. "
+               + (f"Labels spanning several tokens are scored by their first: "
+                  f"{', '.join(scores['multi_token_labels'][:6])}." if scores.get("multi_token_labels") else ""))
+    if icl is not None:
+        jobs.show_warnings(icl)
+        c1, c2 = st.columns([1, 1], gap="medium")
+        with c1:
+            st.plotly_chart(figures.icl_curve(icl), config=figures.png_config(f"icl-curve-{s.task}"), key="icl_fig")
+        with c2:
+            st.markdown("**Example prompts**")
+            ex = icl.get("examples") or []
+            shots_used = list(icl["shots"])
+            if ex:
+                k = st.select_slider("k (demonstrations)", options=shots_used, value=shots_used[-1], key="w_ex_k")
+                rows = ex[shots_used.index(k)]
+                st.dataframe(
+                    pd.DataFrame([{"correct": bool(r.get("correct")), "query": str(r.get("query", "")).strip(),
+                                   "gold": str(r["gold"]).strip(), "prediction": str(r.get("pred", "")).strip() or "∅",
+                                   "p(gold)": r.get("gold_prob")}
+                                  for r in rows]),
+                    hide_index=True, key="examples_table",
+                    column_config={"correct": st.column_config.CheckboxColumn("ok"),
+                                   "p(gold)": st.column_config.NumberColumn(format="%.3f")})
+                if rows:
+                    st.caption("The full prompt of the first example:")
+                    st.code(rows[0]["prompt"] if len(rows[0]["prompt"]) < 1500 else "…" + rows[0]["prompt"][-1500:],
+                            language=None, wrap_lines=True, height=220)
+            else:
+                st.caption("No example rows came back.")
+        with st.expander("ICL curve as a table"):
+            st.dataframe(pd.DataFrame({"k": icl["shots"], "accuracy %": [100 * a for a in icl["accuracy"]],
+                                       "TR ratio %": [100 * a for a in icl["tr_ratio"]]}),
+                         hide_index=True, column_config={"accuracy %": st.column_config.NumberColumn(format="%.1f"),
+                                                         "TR ratio %": st.column_config.NumberColumn(format="%.1f")})
+    st.subheader("Next", divider="gray")
+    n1, n2 = st.columns(2)
+    n1.page_link("pages/1_Head_map.py", label="Browse the head maps", icon=":material/grid_on:",
+                 query_params=state.query())
+    n2.page_link("pages/2_Ablation.py", label="Switch heads off (ablation)", icon=":material/power_settings_new:",
+                 query_params=state.query())

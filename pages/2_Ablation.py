@@ -1,0 +1,119 @@
+"""Ablation: switch the selected heads off live, and curves of accuracy and TR ratio against the number of
+top heads ablated (TR, TL and induction orders, and random heads over 3 seeds)."""
+from __future__ import annotations
+
+import json
+
+import pandas as pd
+import streamlit as st
+
+from ui import figures, heads, jobs, layout, state
+
+MODE_HELP = ("zero: the head's output is replaced by zeros. mean: by the head's mean last-token output over the "
+             "task's prompts (a gentler, in-distribution knock-out).")
+
+s, caps = layout.page_setup("Ablation", ":material/power_settings_new:")
+st.title(":material/power_settings_new: Ablation")
+st.caption("Knock heads out at the output projection's input and watch accuracy and the TR ratio move.")
+layout.need_task(s)
+
+scores = jobs.fetch("scores", s.job(), "Scoring heads", what="Head scores")
+if scores is None:
+    st.stop()
+L, H = int(scores["n_layers"]), int(scores["n_heads"])
+
+state.bind(st.segmented_control, "Ablation mode", "mode", options=list(state.MODES), required=True,
+           format_func=lambda m: {"zero": "Zero", "mean": "Mean"}[m], help=MODE_HELP)
+mode = state.get().mode or "zero"
+
+# -- live toggling ---------------------------------------------------------------------------------------------------
+st.subheader("Switch heads off", divider="gray")
+st.caption("The heads selected here or on the Head map are ablated at once.")
+selected = heads.multiselect(L, H)
+heads.quick_picks(scores, L, H, key="ab")
+
+if not selected:
+    st.info("No heads selected: pick some above, use a quick pick, or click cells on the Head map.",
+            icon=":material/touch_app:")
+else:
+    ab = jobs.fetch("ablate", s.job(heads=[list(h) for h in selected], mode=mode),
+                    f"Ablating {len(selected)} head(s)", what="Ablation")
+    if ab is not None:
+        jobs.show_warnings(ab)
+        rows = pd.DataFrame(ab["rows"])
+        b, a = ab["before"], ab["after"]
+        changed = int((rows["pred_before"] != rows["pred_after"]).sum()) if len(rows) else 0
+        c = st.columns(4)
+        c[0].metric("Accuracy after", f"{100 * a['accuracy']:.1f}%",
+                    delta=f"{100 * (a['accuracy'] - b['accuracy']):+.1f} pts (was {100 * b['accuracy']:.1f}%)",
+                    border=True)
+        c[1].metric("TR ratio after", f"{100 * a['tr_ratio']:.1f}%",
+                    delta=f"{100 * (a['tr_ratio'] - b['tr_ratio']):+.1f} pts (was {100 * b['tr_ratio']:.1f}%)",
+                    border=True, help="Share of prompts whose top prediction is one of the task's labels.")
+        if len(rows):
+            pb, pa = rows["gold_prob_before"].mean(), rows["gold_prob_after"].mean()
+            c[2].metric("Mean p(gold) after", f"{pa:.3f}", delta=f"{pa - pb:+.3f} (was {pb:.3f})", border=True)
+        c[3].metric("Predictions changed", f"{changed} / {len(rows)}", border=True)
+        st.caption(f"{mode} ablation of {', '.join(figures.head_name(h) for h in selected)} · "
+                   f"{ab.get('n_prompts', len(rows))} prompts · "
+                   + ("from the cache" if ab.get("cache_hit") else "computed"))
+        if len(rows):
+            only = st.toggle("Only prompts whose prediction changed", key="w_only_changed")
+            view = rows[rows["pred_before"] != rows["pred_after"]] if only else rows
+            view = view.assign(delta_p=view["gold_prob_after"] - view["gold_prob_before"],
+                               query=view["query"].map(lambda t: str(t).strip()),
+                               gold=view["gold"].map(lambda t: str(t).strip()),
+                               pred_before=view["pred_before"].map(lambda t: str(t).strip() or "∅"),
+                               pred_after=view["pred_after"].map(lambda t: str(t).strip() or "∅"))
+            st.dataframe(
+                view, hide_index=True, key="ablate_table",
+                column_order=["query", "gold", "pred_before", "correct_before", "pred_after", "correct_after",
+                              "gold_prob_before", "gold_prob_after", "delta_p", "prompt"],
+                column_config={
+                    "query": st.column_config.TextColumn("query", width="medium"),
+                    "pred_before": "pred. before", "pred_after": "pred. after",
+                    "correct_before": st.column_config.CheckboxColumn("ok", width="small"),
+                    "correct_after": st.column_config.CheckboxColumn("ok ", width="small"),
+                    "gold_prob_before": st.column_config.NumberColumn("p(gold) before", format="%.3f"),
+                    "gold_prob_after": st.column_config.NumberColumn("p(gold) after", format="%.3f"),
+                    "delta_p": st.column_config.NumberColumn("Δ p(gold)", format="%+.3f"),
+                    "prompt": st.column_config.TextColumn("full prompt", width="large")})
+            st.download_button("Per-prompt table (CSV)", rows.to_csv(index=False).encode(),
+                               f"headlens-ablate-{s.task}.csv".replace(":", "-"), "text/csv",
+                               key="dl_ablate", on_click="ignore", icon=":material/table:")
+
+# -- curves ---------------------------------------------------------------------------------------------------------------
+st.subheader("Ablation curves", divider="gray")
+n_all = L * H
+choices = sorted({k for k in (1, 2, 4, 8, 16, 32, 64, 128, 256, 512) if k < n_all} | {n_all})
+if state.get().kmax not in choices:
+    state.put("kmax", min(choices, key=lambda k: abs(k - state.get().kmax)))
+state.bind(st.select_slider, "Ablate up to k heads", "kmax", options=choices,
+           help="Curves at k = 0, 1, 2, 4, … up to this many of the top-ranked heads.")
+kmax = state.get().kmax
+ks = sorted({0, kmax} | {k for k in (1, 2, 4, 8, 16, 32, 64, 128, 256, 512) if k < kmax})
+curves = jobs.fetch("ablation", s.job(ks=ks, mode=mode, orders=["tr", "tl", "induction", "random"],
+                                      random_seeds=[0, 1, 2]),
+                    "Ablation curves", what="Ablation curves")
+if curves is not None:
+    jobs.show_warnings(curves)
+    st.plotly_chart(figures.ablation_curves(curves), key="curves_fig",
+                    config=figures.png_config(f"ablation-curves-{s.task}-{mode}"))
+    st.caption(f"{mode.capitalize()} ablation of the k heads ranked highest by TR, TL or induction score; random: "
+               f"k random heads, mean ± standard deviation over seeds {curves['curves'].get('random', {}).get('seeds', [0, 1, 2])}"
+               f" (grey band). {curves.get('n_prompts', s.prompts)} prompts per point.")
+    flat = []
+    for name, c in curves["curves"].items():
+        for i, k in enumerate(curves["ks"]):
+            flat.append({"order": name, "k": k, "accuracy": c["accuracy"][i], "tr_ratio": c["tr_ratio"][i],
+                         "accuracy_std": (c.get("accuracy_std") or [None] * len(curves["ks"]))[i],
+                         "tr_ratio_std": (c.get("tr_ratio_std") or [None] * len(curves["ks"]))[i]})
+    with st.expander("Curves as a table"):
+        st.dataframe(pd.DataFrame(flat), hide_index=True, key="curves_table")
+    d = st.columns(2)
+    d[0].download_button("Curves (CSV)", pd.DataFrame(flat).to_csv(index=False).encode(),
+                         f"headlens-ablation-{s.task}-{mode}.csv".replace(":", "-"), "text/csv", key="dl_curves_csv",
+                         on_click="ignore", icon=":material/table:")
+    d[1].download_button("Curves (JSON)", json.dumps(curves, indent=1).encode(),
+                         f"headlens-ablation-{s.task}-{mode}.json".replace(":", "-"), "application/json",
+                         key="dl_curves_json", on_click="ignore", icon=":material/data_object:")

@@ -1,0 +1,138 @@
+"""The pages' one door to the backend: every call to `backend.client` goes through here.
+
+Pages never import torch or the analyses; they call these functions and get plain dicts back. Every
+failure (service unreachable, a refused request, a failed or cancelled job, a malformed answer) is an
+`ApiError` whose message is fit to show a user as is. Names that differ between what the pages say and
+what the service calls them are bridged here, and only here (see `KINDS`).
+"""
+from __future__ import annotations
+
+import os
+import threading
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from backend.client import ClientError, HeadlensClient, JobCancelled, JobFailed, JobTimeout
+
+OnProgress = Callable[[float, str], None]
+
+# page name -> service job kind
+KINDS = {"scores": "scores", "icl": "icl", "ablation": "ablation_curves", "ablate": "ablate"}
+JOB_TIMEOUT_S = 3600.0
+
+
+@dataclass
+class ApiError(Exception):
+    """A failure in words. `kind`: unreachable | refused | job | cancelled | timeout | unauthorized | internal."""
+
+    message: str
+    kind: str = "refused"
+    status: int | None = None
+
+    def __str__(self) -> str:
+        return self.message
+
+    @property
+    def hint(self) -> str:
+        if self.kind == "unreachable":
+            return ("Start the service with `python -m backend serve` (or everything at once with "
+                    "`python -m backend launch`), or point HEADLENS_BACKEND_URL at a running one.")
+        if self.kind == "unauthorized":
+            return "This service wants a token: set HEADLENS_TOKEN to the service's token before starting the app."
+        return ""
+
+
+_clients: dict[tuple[str, str | None], HeadlensClient] = {}
+_clients_lock = threading.Lock()
+
+
+def backend_url() -> str:
+    from backend.client import DEFAULT_URL
+
+    return (os.environ.get("HEADLENS_BACKEND_URL") or DEFAULT_URL).rstrip("/")
+
+
+def client() -> HeadlensClient:
+    """One client per (URL, token) per process; Streamlit sessions share it (httpx clients are thread-safe)."""
+    key = (backend_url(), os.environ.get("HEADLENS_TOKEN") or None)
+    with _clients_lock:
+        c = _clients.get(key)
+        if c is None:
+            try:
+                c = HeadlensClient(base_url=key[0], token=key[1])
+            except Exception as e:  # e.g. the in-process service failing to start
+                raise ApiError(f"could not start a client for {key[0]}: {type(e).__name__}: {e}",
+                               kind="internal") from None
+            _clients[key] = c
+        return c
+
+
+def _translate(e: Exception) -> ApiError:
+    if isinstance(e, ApiError):
+        return e
+    if isinstance(e, JobCancelled):
+        return ApiError("The job was cancelled.", kind="cancelled")
+    if isinstance(e, JobTimeout):
+        return ApiError(f"The job did not finish in time: {e.message}", kind="timeout")
+    if isinstance(e, JobFailed):
+        return ApiError(e.message, kind="job")
+    if isinstance(e, ClientError):
+        if e.status is None:
+            return ApiError(e.message, kind="unreachable")
+        if e.status in (401, 403):
+            return ApiError(e.message, kind="unauthorized", status=e.status)
+        if e.status >= 500:
+            return ApiError(f"The service failed on this request ({e.status}): {e.message}", kind="internal",
+                            status=e.status)
+        return ApiError(e.message, kind="refused", status=e.status)
+    return ApiError(f"Unexpected error talking to the service: {type(e).__name__}: {e}", kind="internal")
+
+
+def _call(fn: Callable[[], Any]) -> Any:
+    try:
+        return fn()
+    except Exception as e:
+        raise _translate(e) from None
+
+
+# -- service ------------------------------------------------------------------------------------------
+def health() -> dict[str, Any]:
+    return _call(lambda: client().health())
+
+
+def capabilities() -> dict[str, Any]:
+    """{version, device, dtype, loaded_models, tasks, limits, job_kinds, model_root, allow_hub, auth_required}."""
+    return _call(lambda: client().capabilities())
+
+
+def tasks() -> list[dict[str, Any]]:
+    """[{id, source, name, kind, n_examples, labels, models, description}, ...]; `id` is what jobs take."""
+    return _call(lambda: client().tasks())
+
+
+def upload_task(filename: str, content: bytes, kind: str | None = None) -> dict[str, Any]:
+    """Validate and store a task file on the service: {"id": "upload:<hash>", "summary": {...}}."""
+    return _call(lambda: client().upload_task(filename, content, kind=kind))
+
+
+# -- jobs -------------------------------------------------------------------------------------------------
+def run(kind: str, params: dict[str, Any], on_progress: OnProgress | None = None) -> dict[str, Any]:
+    """Submit a job of page-kind `kind` (scores, icl, ablation, ablate) and wait for its result."""
+    service_kind = KINDS.get(kind, kind)
+
+    def go() -> dict[str, Any]:
+        res = client().run(service_kind, on_progress=on_progress, timeout=JOB_TIMEOUT_S, **params)
+        if not isinstance(res, dict):
+            raise ApiError(f"the service answered a {service_kind} job with {type(res).__name__}, not an object",
+                           kind="internal")
+        return res
+
+    return _call(go)
+
+
+def submit(kind: str, params: dict[str, Any]) -> str:
+    return _call(lambda: client().submit(KINDS.get(kind, kind), **params))
+
+
+def cancel(job_id: str) -> None:
+    _call(lambda: client().cancel(job_id))

@@ -1,0 +1,228 @@
+"""Plotly figure builders: pure functions of result dicts, no Streamlit, no torch.
+
+Head maps are drawn as a heatmap with an invisible scatter grid on top (one marker per head): plotly
+heatmaps emit no selection events, scatter points do, so clicks, box and lasso select heads through the
+grid. A third trace outlines the heads already selected.
+"""
+from __future__ import annotations
+
+from typing import Any, Iterable, Sequence
+
+import numpy as np
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+Head = tuple[int, int]
+
+METRICS: dict[str, dict[str, Any]] = {
+    "tr": {"label": "TR", "long": "task recognition",
+           "caption": "TR (task recognition): how strongly the head writes into the span of the label tokens' "
+                      "unembeddings, i.e. pushes the output towards *some* label of the task.",
+           "signed": False},
+    "tl": {"label": "TL", "long": "task learning",
+           "caption": "TL (task learning): how much of that label-space write points to the *correct* label "
+                      "rather than the other labels (per unit of TR).",
+           "signed": True},
+    "dla_tr": {"label": "DLA-TR", "long": "direct logit attribution to all labels",
+               "caption": "DLA-TR: the head's direct logit contribution summed over all label tokens.",
+               "signed": True},
+    "dla_tl": {"label": "DLA-TL", "long": "direct logit attribution to the gold label",
+               "caption": "DLA-TL: the head's direct logit contribution to the gold label's token.",
+               "signed": True},
+    "induction": {"label": "Induction", "long": "induction score",
+                  "caption": "Induction: mean attention to the token after the previous occurrence of the "
+                             "current token, on repeated random sequences (0..1).",
+                  "signed": False},
+}
+ORDER_STYLE = {
+    "tr": {"name": "top TR", "color": "#1f77b4"},
+    "tl": {"name": "top TL", "color": "#ff7f0e"},
+    "induction": {"name": "top induction", "color": "#2ca02c"},
+    "random": {"name": "random (mean ± sd)", "color": "#7f7f7f"},
+}
+SELECT_COLOR = "#00e0ff"
+FONT = "Inter, 'Source Sans Pro', system-ui, sans-serif"
+
+
+def png_config(filename: str, scale: int = 2) -> dict[str, Any]:
+    """`config=` for st.plotly_chart: the modebar's camera button saves a `filename`.png at `scale`x."""
+    return {"displaylogo": False, "toImageButtonOptions": {"format": "png", "filename": filename, "scale": scale},
+            "modeBarButtonsToRemove": ["autoScale2d", "toggleSpikelines"]}
+
+
+def head_name(h: Sequence[int]) -> str:
+    return f"L{int(h[0])}.H{int(h[1])}"
+
+
+def ranks(values: np.ndarray) -> np.ndarray:
+    """Rank of each head, 1 = largest value, ties broken by position (as the backend's top-k lists are)."""
+    v = np.asarray(values, dtype=float)
+    flat = np.nan_to_num(v.ravel(), nan=-np.inf)
+    order = np.argsort(-flat, kind="stable")
+    r = np.empty(flat.size, dtype=int)
+    r[order] = np.arange(1, flat.size + 1)
+    return r.reshape(v.shape)
+
+
+def top_k(values: np.ndarray, k: int) -> list[Head]:
+    """The k heads with the largest values, best first."""
+    v = np.asarray(values, dtype=float)
+    H = v.shape[1]
+    order = np.argsort(-np.nan_to_num(v.ravel(), nan=-np.inf), kind="stable")[:k]
+    return [(int(i // H), int(i % H)) for i in order]
+
+
+def _style(fig: go.Figure, height: int) -> go.Figure:
+    fig.update_layout(height=height, margin=dict(l=10, r=10, t=40, b=10), font=dict(family=FONT),
+                      hoverlabel=dict(font=dict(family=FONT)), legend=dict(orientation="h", y=-0.2))
+    return fig
+
+
+def _colorscale(metric: str) -> dict[str, Any]:
+    if METRICS[metric]["signed"]:
+        return {"colorscale": "RdBu_r", "zmid": 0.0}
+    return {"colorscale": "Viridis"}
+
+
+def _fmt(x: float) -> str:
+    return f"{x:.4g}"
+
+
+def head_heatmap(values: Any, metric: str, selected: Iterable[Sequence[int]] = (), title: str | None = None,
+                 height: int | None = None) -> go.Figure:
+    """Layer (rows, layer 0 on top) x head (columns) heatmap of one (L, H) map, selectable by head.
+
+    Hover shows the head, the value and its rank among all L*H heads (1 = largest)."""
+    z = np.asarray(values, dtype=float)
+    L, H = z.shape
+    rk = ranks(z)
+    label = METRICS[metric]["label"]
+    height = height or int(min(720, max(280, 34 * L + 110)))
+    fig = go.Figure()
+    fig.add_trace(go.Heatmap(z=z, x=list(range(H)), y=list(range(L)), hoverinfo="skip", xgap=1, ygap=1,
+                             colorbar=dict(title=dict(text=label, side="right"), thickness=14),
+                             name=label, **_colorscale(metric)))
+    ll, hh = np.meshgrid(np.arange(L), np.arange(H), indexing="ij")
+    cell = max(6.0, min(40.0, (height - 80) / max(L, 1) * 0.9))
+    custom = np.stack([z.ravel(), rk.ravel()], axis=1)
+    fig.add_trace(go.Scatter(
+        x=hh.ravel(), y=ll.ravel(), mode="markers", name="heads", showlegend=False,
+        marker=dict(symbol="square", size=cell, color="rgba(0,0,0,0)"), customdata=custom,
+        hovertemplate=(f"<b>L%{{y}}.H%{{x}}</b><br>{label} = %{{customdata[0]:.4g}}"
+                       f"<br>rank %{{customdata[1]}} of {L * H}<extra></extra>"),
+        selected=dict(marker=dict(opacity=1)), unselected=dict(marker=dict(opacity=1))))
+    sel = [(int(l), int(h)) for l, h in selected if 0 <= int(l) < L and 0 <= int(h) < H]
+    fig.add_trace(go.Scatter(
+        x=[h for _, h in sel], y=[l for l, _ in sel], mode="markers", name="selected", showlegend=False,
+        hoverinfo="skip", marker=dict(symbol="square-open", size=cell, color=SELECT_COLOR,
+                                      line=dict(width=3, color=SELECT_COLOR))))
+    fig.update_xaxes(title_text="head", tickmode="linear" if H <= 40 else "auto", dtick=1 if H <= 40 else None,
+                     range=[-0.5, H - 0.5], showgrid=False, zeroline=False)
+    fig.update_yaxes(title_text="layer", autorange="reversed", tickmode="linear" if L <= 40 else "auto",
+                     dtick=1 if L <= 40 else None, showgrid=False, zeroline=False)
+    fig.update_layout(title=dict(text=title or f"{label}: {METRICS[metric]['long']}", x=0.0, xanchor="left"),
+                      clickmode="event+select", dragmode="zoom", hovermode="closest",
+                      plot_bgcolor="rgba(0,0,0,0)")
+    return _style(fig, height)
+
+
+def all_maps(result: dict[str, Any], selected: Iterable[Sequence[int]] = ()) -> go.Figure:
+    """The five maps side by side, each on its own colour scale (hover for value and rank)."""
+    names = list(METRICS)
+    sel = [(int(l), int(h)) for l, h in selected]
+    fig = make_subplots(rows=1, cols=len(names), subplot_titles=[METRICS[m]["label"] for m in names],
+                        shared_yaxes=True, horizontal_spacing=0.02)
+    for i, m in enumerate(names, start=1):
+        z = np.asarray(result[m], dtype=float)
+        L, H = z.shape
+        rk = ranks(z)
+        text = [[f"L{l}.H{h}<br>{METRICS[m]['label']} = {_fmt(z[l, h])}<br>rank {rk[l, h]} of {L * H}"
+                 for h in range(H)] for l in range(L)]
+        fig.add_trace(go.Heatmap(z=z, showscale=False, text=text, hovertemplate="%{text}<extra></extra>",
+                                 xgap=1, ygap=1, **_colorscale(m)), row=1, col=i)
+        if sel:
+            fig.add_trace(go.Scatter(x=[h for _, h in sel], y=[l for l, _ in sel], mode="markers",
+                                     hoverinfo="skip", showlegend=False,
+                                     marker=dict(symbol="square-open", size=9, color=SELECT_COLOR,
+                                                 line=dict(width=2, color=SELECT_COLOR))), row=1, col=i)
+        fig.update_xaxes(showgrid=False, zeroline=False, title_text="head", row=1, col=i)
+    fig.update_yaxes(autorange="reversed", showgrid=False, zeroline=False)
+    fig.update_yaxes(title_text="layer", row=1, col=1)
+    L = np.asarray(result[names[0]]).shape[0]
+    _style(fig, int(min(520, max(260, 22 * L + 140))))
+    fig.update_layout(margin=dict(t=60))
+    return fig
+
+
+def layer_distribution(result: dict[str, Any], k: int) -> go.Figure:
+    """How many of the top-k heads by TR, TL and induction sit in each layer."""
+    L = int(result["n_layers"])
+    fig = go.Figure()
+    for m in ("tr", "tl", "induction"):
+        counts = np.zeros(L, dtype=int)
+        for l, _ in top_k(np.asarray(result[m], dtype=float), k):
+            counts[l] += 1
+        fig.add_trace(go.Bar(x=list(range(L)), y=counts, name=ORDER_STYLE[m]["name"],
+                             marker_color=ORDER_STYLE[m]["color"],
+                             hovertemplate="layer %{x}: %{y} head(s)<extra>" + ORDER_STYLE[m]["name"] + "</extra>"))
+    fig.update_layout(barmode="group", title=dict(text=f"Layer of the top {k} heads", x=0.0),
+                      xaxis=dict(title="layer", dtick=1), yaxis=dict(title="heads", rangemode="tozero"))
+    return _style(fig, 320)
+
+
+def icl_curve(icl: dict[str, Any]) -> go.Figure:
+    """Accuracy and TR ratio (in %) against the number of demonstrations k."""
+    k = list(icl["shots"])
+    fig = go.Figure()
+    fig.add_trace(go.Scatter(x=k, y=[100 * a for a in icl["accuracy"]], mode="lines+markers", name="accuracy",
+                             line=dict(color="#1f77b4", width=3),
+                             hovertemplate="k=%{x}: accuracy %{y:.1f}%<extra></extra>"))
+    fig.add_trace(go.Scatter(x=k, y=[100 * a for a in icl["tr_ratio"]], mode="lines+markers", name="TR ratio",
+                             line=dict(color="#ff7f0e", width=2, dash="dot"),
+                             hovertemplate="k=%{x}: TR ratio %{y:.1f}%<extra></extra>"))
+    fig.update_layout(title=dict(text="In-context learning curve", x=0.0),
+                      xaxis=dict(title="demonstrations in the prompt (k)", tickmode="array", tickvals=k),
+                      yaxis=dict(title="% of prompts", range=[-3, 103]))
+    return _style(fig, 340)
+
+
+def ablation_curves(abl: dict[str, Any]) -> go.Figure:
+    """Accuracy and TR ratio (in %) against the number of top heads ablated, per order; random as a band."""
+    ks = list(abl["ks"])
+    fig = make_subplots(rows=1, cols=2, subplot_titles=["Accuracy", "TR ratio"], horizontal_spacing=0.08)
+    curves = abl["curves"]
+    for col, metric in enumerate(("accuracy", "tr_ratio"), start=1):
+        for name in [o for o in ORDER_STYLE if o in curves] + [o for o in curves if o not in ORDER_STYLE]:
+            c = curves[name]
+            style = ORDER_STYLE.get(name, {"name": name, "color": "#9467bd"})
+            y = 100 * np.asarray(c[metric], dtype=float)
+            sd = c.get(f"{metric}_std")
+            if sd is not None:
+                sd = 100 * np.asarray(sd, dtype=float)
+                fig.add_trace(go.Scatter(x=ks + ks[::-1], y=list(y + sd) + list((y - sd)[::-1]), fill="toself",
+                                         fillcolor="rgba(127,127,127,0.22)", line=dict(width=0), hoverinfo="skip",
+                                         showlegend=False, legendgroup=name), row=1, col=col)
+            fig.add_trace(go.Scatter(
+                x=ks, y=y, mode="lines+markers", name=style["name"], legendgroup=name, showlegend=col == 1,
+                line=dict(color=style["color"], width=3 if name != "random" else 2,
+                          dash="dash" if name == "random" else "solid"),
+                customdata=sd if sd is not None else None,
+                hovertemplate=(f"{style['name']}, k=%{{x}}: %{{y:.1f}}%"
+                               + (" ± %{customdata:.1f}" if sd is not None else "") + "<extra></extra>")),
+                row=1, col=col)
+        fig.update_xaxes(title_text="top heads ablated (k)", type="category", row=1, col=col)
+        fig.update_yaxes(title_text="% of prompts", range=[-3, 103], row=1, col=col)
+    return _style(fig, 380)
+
+
+def before_after(ab: dict[str, Any]) -> go.Figure:
+    """Accuracy and TR ratio before and after ablating a head set, as paired bars (in %)."""
+    metrics = [("accuracy", "Accuracy"), ("tr_ratio", "TR ratio")]
+    fig = go.Figure()
+    for key, name, color in (("before", "before", "#9ecae1"), ("after", "after ablation", "#08519c")):
+        fig.add_trace(go.Bar(x=[m[1] for m in metrics], y=[100 * ab[key][m[0]] for m in metrics], name=name,
+                             marker_color=color, text=[f"{100 * ab[key][m[0]]:.1f}%" for m in metrics],
+                             textposition="outside", hovertemplate="%{x} " + name + ": %{y:.1f}%<extra></extra>"))
+    fig.update_layout(barmode="group", yaxis=dict(title="% of prompts", range=[0, 112]),
+                      title=dict(text="Before vs after", x=0.0))
+    return _style(fig, 300)

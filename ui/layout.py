@@ -1,0 +1,159 @@
+"""What every page starts with: page config, the state from the URL, the service's capabilities, and the
+sidebar holding the shared settings (model, task, shots, prompts, seed) and a shareable link."""
+from __future__ import annotations
+
+import time
+from typing import Any
+from urllib.parse import urlencode
+
+import streamlit as st
+
+from . import api, state
+from .jobs import show_error
+
+CSS = """
+<style>
+  .block-container {padding-top: 2.2rem; padding-bottom: 3rem;}
+  [data-testid="stMetricValue"] {font-size: 1.9rem;}
+  [data-testid="stSidebar"] .hl-brand {font-size: 1.35rem; font-weight: 700; letter-spacing: .02em;}
+  .hl-muted {color: rgba(120,120,140,.95); font-size: .88rem;}
+</style>
+"""
+CAPS_TTL_S = 15.0
+PAGES = [("app.py", "Home", ":material/home:"), ("pages/1_Head_map.py", "Head map", ":material/grid_on:"),
+         ("pages/2_Ablation.py", "Ablation", ":material/power_settings_new:")]
+
+
+def capabilities(force: bool = False) -> dict[str, Any]:
+    """The service's capabilities, asked at most every CAPS_TTL_S seconds per session. Raises ApiError."""
+    ss = st.session_state
+    cached = ss.get("_hl_caps")
+    if not force and cached and time.monotonic() - cached[0] < CAPS_TTL_S:
+        return cached[1]
+    caps = api.capabilities()
+    ss["_hl_caps"] = (time.monotonic(), caps)
+    return caps
+
+
+def forget_capabilities() -> None:
+    st.session_state.pop("_hl_caps", None)
+
+
+def is_default_model(model: str) -> bool:
+    return model in ("default", "headlens-tiny")
+
+
+def task_options(caps: dict[str, Any], model: str, current: str | None) -> tuple[list[str], dict[str, dict]]:
+    """Task ids for the picker (tasks made for the default model only when it is picked), and their info."""
+    info: dict[str, dict] = {t["id"]: t for t in caps.get("tasks", [])}
+    info.update(st.session_state.get("_hl_uploads", {}))
+    default = is_default_model(model)
+    ids = [i for i, t in info.items() if t.get("models", "any") == "default" and default]
+    ids += [i for i, t in info.items() if t.get("models", "any") != "default" and t.get("source") != "upload"]
+    ids += [i for i, t in info.items() if t.get("source") == "upload"]
+    if current and current not in ids:
+        ids.append(current)
+        info.setdefault(current, {"id": current, "name": current, "kind": "?", "n_examples": 0,
+                                  "source": "upload" if current.startswith("upload:") else "builtin"})
+    return ids, info
+
+
+def task_label(t: dict[str, Any]) -> str:
+    if t.get("kind") == "?":
+        return f"{t['name']}"
+    name = t["name"] + (" (uploaded)" if t.get("source") == "upload" else "")
+    return f"{name} · {t['kind']} · {t['n_examples']} ex."
+
+
+def share_link(page_path: str | None = None) -> str:
+    """A link to the current page (or `page_path`) that reopens the current view."""
+    q = urlencode(state.query(), safe=",:/")
+    base = ""
+    try:
+        base = (st.context.url or "").split("?")[0]
+    except Exception:
+        base = ""
+    if page_path is not None and base:
+        root = base.rstrip("/").rsplit("/", 1)[0] if base.rstrip("/").count("/") > 2 else base.rstrip("/")
+        base = f"{root}/{page_path}"
+    return f"{base}?{q}" if base else f"?{q}"
+
+
+def _clamp(name: str, lo: int, hi: int) -> None:
+    v = st.session_state[f"s_{name}"]
+    st.session_state[f"s_{name}"] = min(max(int(v), lo), hi)
+
+
+def sidebar(caps: dict[str, Any]) -> None:
+    s = state.get()
+    limits = caps.get("limits", {})
+    with st.sidebar:
+        st.markdown('<div class="hl-brand">headlens</div>', unsafe_allow_html=True)
+        st.caption("Which attention heads do in-context learning?")
+        q = state.query()
+        for path, label, icon in PAGES:
+            st.page_link(path, label=label, icon=icon, query_params=q)
+        st.subheader("Settings", divider="gray")
+        loaded = [m["name"] for m in caps.get("loaded_models", []) if m.get("name")]
+        models = list(dict.fromkeys(["default", *loaded, s.model]))
+        state.bind(st.selectbox, "Model", "model", options=models, accept_new_options=True,
+                   format_func=lambda m: "default (headlens-tiny, embedded)" if m == "default" else m,
+                   help="`default` is the embedded headlens-tiny model. Type a Hugging Face id (e.g. `gpt2`) "
+                        "or a local folder on the service's machine to use another one.")
+        s = state.get()
+        ids, info = task_options(caps, s.model, s.task)
+        if s.task is None or s.task not in ids:
+            state.put("task", ids[0] if ids else None)
+        if ids:
+            state.bind(st.selectbox, "Task", "task", options=ids, format_func=lambda i: task_label(info[i]),
+                       help="Built-in tasks, and the ones you upload on the Home page.")
+            t = info.get(state.get().task) or {}
+            if t.get("description"):
+                st.caption(t["description"])
+        else:
+            st.warning("The service lists no tasks.")
+        _clamp("shots", 0, int(limits.get("max_shots", 32)))
+        _clamp("prompts", 1, int(limits.get("max_prompts", 500)))
+        c1, c2 = st.columns(2)
+        with c1:
+            state.bind(st.number_input, "Shots (k)", "shots", min_value=0, max_value=int(limits.get("max_shots", 32)),
+                       step=1, help="Demonstrations in each prompt.")
+        with c2:
+            state.bind(st.number_input, "Prompts", "prompts", min_value=1,
+                       max_value=int(limits.get("max_prompts", 500)), step=10,
+                       help="Held-out queries scored; results are means over them.")
+        state.bind(st.number_input, "Seed", "seed", min_value=0, step=1,
+                   help="Seeds the split into demonstrations and queries.")
+        st.subheader("Share", divider="gray")
+        st.caption("This link reopens the current view (settings and selected heads):")
+        st.code(share_link(), language=None, wrap_lines=True)
+        st.caption(f"Service: `{api.backend_url()}` · {caps.get('device', '?')} / {caps.get('dtype', '?')} · "
+                   f"v{caps.get('version', '?')}")
+
+
+def page_setup(title: str, icon: str = ":material/search:") -> tuple[state.Settings, dict[str, Any]]:
+    """Config, state, capabilities and sidebar. Stops the page with an error when the service is unreachable."""
+    st.set_page_config(page_title=f"{title} · headlens", page_icon=icon, layout="wide",
+                       initial_sidebar_state="expanded")
+    st.markdown(CSS, unsafe_allow_html=True)
+    problems = state.init()
+    try:
+        caps = capabilities()
+    except api.ApiError as e:
+        st.title(title)
+        show_error(e, "Connecting to the service")
+        if st.button("Retry", icon=":material/refresh:"):
+            forget_capabilities()
+            st.rerun()
+        st.stop()
+    for p in problems:
+        st.warning(p, icon=":material/link_off:")
+    sidebar(caps)
+    state.sync_url()
+    return state.get(), caps
+
+
+def need_task(s: state.Settings) -> None:
+    if not s.task:
+        st.info("Pick a task in the sidebar (or upload one on the Home page).", icon=":material/arrow_back:")
+        st.stop()

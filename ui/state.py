@@ -1,0 +1,206 @@
+"""Page state shared by every page, mirrored in the URL's query parameters.
+
+The state lives in `st.session_state` under `s_<field>`; widgets use their own keys `w_<field>` and copy
+their value over in an `on_change` callback, so a value survives page switches (Streamlit drops the state
+of widgets that a page does not draw). On the first run of a session the state is read from the URL, and
+every run writes it back, so a copied link reopens the same view:
+
+    ?model=default&task=syn-sentiment&shots=8&prompts=50&seed=0&heads=2.6,1.5&mode=zero&map=tr
+
+Heads are written `layer.head`, comma-separated, as the CLI's `--heads` takes them.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable, Sequence
+
+import streamlit as st
+
+Head = tuple[int, int]
+MAPS = ("tr", "tl", "dla_tr", "dla_tl", "induction")
+MODES = ("zero", "mean")
+
+
+def default_model() -> str:
+    return os.environ.get("HEADLENS_DEFAULT_MODEL") or "default"
+
+
+def parse_heads(text: str | Iterable[str]) -> list[Head]:
+    """`"2.6,1.5"` (or ["2.6", "1.5"], or "L2.H6") -> [(1, 5), (2, 6)]; raises ValueError on a bad entry."""
+    parts = [text] if isinstance(text, str) else list(text)
+    out: set[Head] = set()
+    for chunk in parts:
+        for item in str(chunk).replace(";", ",").split(","):
+            item = item.strip().upper().replace("L", "").replace("H", "")
+            if not item:
+                continue
+            l, _, h = item.partition(".")
+            if not l.isdigit() or not h.isdigit():
+                raise ValueError(f"heads are written layer.head, e.g. 2.6, not {item!r}")
+            out.add((int(l), int(h)))
+    return sorted(out)
+
+
+def format_heads(heads: Iterable[Sequence[int]]) -> str:
+    return ",".join(f"{int(l)}.{int(h)}" for l, h in sorted({(int(l), int(h)) for l, h in heads}))
+
+
+def _int_in(lo: int, hi: int) -> Callable[[str], int]:
+    def parse(s: str) -> int:
+        v = int(s)
+        if not lo <= v <= hi:
+            raise ValueError(f"must be between {lo} and {hi}")
+        return v
+    return parse
+
+
+def _choice(options: Sequence[str]) -> Callable[[str], str]:
+    def parse(s: str) -> str:
+        if s not in options:
+            raise ValueError(f"must be one of {', '.join(options)}")
+        return s
+    return parse
+
+
+def _text(s: str) -> str:
+    s = s.strip()
+    if not s:
+        raise ValueError("must not be empty")
+    return s
+
+
+@dataclass(frozen=True)
+class Field:
+    name: str
+    default: Callable[[], Any]
+    parse: Callable[[str], Any]
+    fmt: Callable[[Any], str] = str
+
+
+FIELDS: dict[str, Field] = {f.name: f for f in (
+    Field("model", default_model, _text),
+    Field("task", lambda: None, _text),
+    Field("shots", lambda: 8, _int_in(0, 1024)),
+    Field("prompts", lambda: 50, _int_in(1, 100000)),
+    Field("seed", lambda: 0, _int_in(0, 2**31 - 1)),
+    Field("heads", list, parse_heads, format_heads),
+    Field("mode", lambda: "zero", _choice(MODES)),
+    Field("map", lambda: "tr", _choice(MAPS)),
+    Field("kmax", lambda: 16, _int_in(1, 100000)),
+)}
+
+
+@dataclass
+class Settings:
+    """What a page computes on: the job parameters and the view."""
+
+    model: str
+    task: str | None
+    shots: int
+    prompts: int
+    seed: int
+    heads: list[Head] = field(default_factory=list)
+    mode: str = "zero"
+    map: str = "tr"
+    kmax: int = 16
+
+    def job(self, **extra: Any) -> dict[str, Any]:
+        """Parameters common to every job; `extra` adds or overrides."""
+        return {"model": self.model, "task": self.task, "shots": self.shots, "prompts": self.prompts,
+                "seed": self.seed, **extra}
+
+
+def init() -> list[str]:
+    """Load the state from the URL on a session's first run; later runs keep the session's state.
+
+    Returns messages about URL values that were ignored."""
+    ss = st.session_state
+    problems: list[str] = []
+    if not ss.get("_hl_init"):
+        qp = st.query_params
+        for name, f in FIELDS.items():
+            value = f.default()
+            if name in qp:
+                raw = qp.get_all(name) if name == "heads" else qp.get(name)
+                try:
+                    value = f.parse(",".join(raw) if isinstance(raw, list) else raw)
+                except (ValueError, TypeError) as e:
+                    problems.append(f"ignored `{name}={raw if not isinstance(raw, list) else ','.join(raw)}` "
+                                    f"in the link: {e}")
+            ss[f"s_{name}"] = value
+        ss["_hl_from_link"] = "task" in qp
+        ss["_hl_init"] = True
+    for name, f in FIELDS.items():  # fields added after the session started
+        ss.setdefault(f"s_{name}", f.default())
+    return problems
+
+
+def get() -> Settings:
+    ss = st.session_state
+    return Settings(**{name: ss[f"s_{name}"] for name in FIELDS})
+
+
+def put(name: str, value: Any) -> None:
+    st.session_state[f"s_{name}"] = value
+
+
+def opened_from_link() -> bool:
+    """True when this session started from a URL that named a task (a shared link)."""
+    return bool(st.session_state.get("_hl_from_link"))
+
+
+def query(settings: Settings | None = None) -> dict[str, str]:
+    """The query parameters that reproduce `settings` (default: the current state)."""
+    s = settings or get()
+    out: dict[str, str] = {}
+    for name, f in FIELDS.items():
+        v = getattr(s, name)
+        if v is None or (name == "heads" and not v):
+            continue
+        out[name] = f.fmt(v)
+    return out
+
+
+def sync_url() -> None:
+    """Write the state into the URL (only when it differs, so the browser history stays clean)."""
+    want = query()
+    have = {k: st.query_params.get(k) for k in st.query_params.keys()}
+    if have != want:
+        st.query_params.from_dict(want)
+
+
+# -- widgets bound to the state ---------------------------------------------------------------------
+def _copy(name: str, convert: Callable[[Any], Any] | None) -> None:
+    v = st.session_state[f"w_{name}"]
+    st.session_state[f"s_{name}"] = convert(v) if convert else v
+
+
+def bind(widget: Callable[..., Any], label: str, name: str, *, to_widget: Callable[[Any], Any] | None = None,
+         from_widget: Callable[[Any], Any] | None = None, **kw: Any) -> Any:
+    """Draw `widget(label, key="w_<name>", ...)` showing state field `name`; edits write back to the state."""
+    v = st.session_state[f"s_{name}"]
+    st.session_state[f"w_{name}"] = to_widget(v) if to_widget else v
+    widget(label, key=f"w_{name}", on_change=_copy, args=(name, from_widget), **kw)
+    return st.session_state[f"s_{name}"]
+
+
+# -- results of this session --------------------------------------------------------------------------
+MAX_RESULTS = 48
+
+
+def result_key(kind: str, params: dict[str, Any]) -> str:
+    import json
+
+    return kind + ":" + json.dumps(params, sort_keys=True, default=str)
+
+
+def remembered(kind: str, params: dict[str, Any]) -> dict[str, Any] | None:
+    return st.session_state.setdefault("_hl_results", {}).get(result_key(kind, params))
+
+
+def remember(kind: str, params: dict[str, Any], result: dict[str, Any]) -> None:
+    store: dict[str, Any] = st.session_state.setdefault("_hl_results", {})
+    store[result_key(kind, params)] = result
+    while len(store) > MAX_RESULTS:
+        store.pop(next(iter(store)))
