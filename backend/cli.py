@@ -170,6 +170,59 @@ def cmd_ablate(a: argparse.Namespace) -> None:
     _emit(r, a.out)
 
 
+def _layer(s: str) -> int | str:
+    return s if s == "all" else int(s)
+
+
+@command("steer")
+def cmd_steer(a: argparse.Namespace) -> None:
+    from .analysis.steering import steer
+
+    lm, task = _load_model(a), _load_task(a)
+    bar = Bar("steer")
+    try:
+        r = steer(lm, task, vectors=a.vector, layer=a.layer, alpha=a.alpha, shots=a.shots, n_prompts=a.prompts,
+                  seed=a.seed, top_pct=a.top_pct, heads=a.heads, batch_size=a.batch_size, cache=not a.no_cache,
+                  progress=bar)
+    finally:
+        bar.close()
+    _emit(r, a.out)
+
+
+@command("geometry")
+def cmd_geometry(a: argparse.Namespace) -> None:
+    from .analysis.geometry import geometry
+
+    lm, task = _load_model(a), _load_task(a)
+    bar = Bar("geometry")
+    try:
+        r = geometry(lm, task, layer=a.layer, alpha=a.alpha, shots=a.shots, n_prompts=a.prompts, seed=a.seed,
+                     final_norm=a.final_norm, pca_layer=a.pca_layer, top_pct=a.top_pct, batch_size=a.batch_size,
+                     cache=not a.no_cache, progress=bar)
+    finally:
+        bar.close()
+    _emit(r, a.out)
+
+
+@command("perturb")
+def cmd_perturb(a: argparse.Namespace) -> None:
+    from .analysis.perturbations import perturbation_report
+
+    lm, task = _load_model(a), _load_task(a)
+    bar = Bar("perturb")
+    try:
+        r = perturbation_report(lm, task, perturbations=a.perturbations, shots=a.shots, n_prompts=a.prompts,
+                                seed=a.seed, k=a.k, top_pct=a.top_pct, batch_size=a.batch_size,
+                                cache=not a.no_cache, progress=bar)
+    finally:
+        bar.close()
+    _emit(r, a.out)
+
+
+def _words(s: str) -> list[str]:
+    return [x.strip() for x in s.split(",") if x.strip()]
+
+
 @command("launch")
 def cmd_launch(a: argparse.Namespace) -> None:
     from .launch import launch
@@ -226,6 +279,42 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--shots", type=int, default=8)
     b.add_argument("--prompts", type=int, default=50)
     b.add_argument("--no-cache", action="store_true")
+
+    st = sub.add_parser("steer", help="add task vectors built from heads to zero-shot prompts")
+    _model_args(st)
+    _task_args(st)
+    st.add_argument("--vector", type=_words, default=["tr", "tl", "random", "fv", "vanilla"],
+                    help="comma-separated: tr, tl, random, fv, vanilla")
+    st.add_argument("--layer", type=_layer, default=None, help="decoder layer (default L/2), or `all` to sweep")
+    st.add_argument("--alpha", type=float, default=1.0)
+    st.add_argument("--heads", type=_heads, help="also a vector from this head set (layer.head,...)")
+    st.add_argument("--shots", type=int, default=8)
+    st.add_argument("--prompts", type=int, default=50)
+    st.add_argument("--top-pct", type=float, default=3.0)
+    st.add_argument("--no-cache", action="store_true")
+
+    g = sub.add_parser("geometry", help="hidden-state alignment, LD, rotation per layer; PCA")
+    _model_args(g)
+    _task_args(g)
+    g.add_argument("--layer", type=int, default=None, help="injection layer of the steered conditions (default L/2)")
+    g.add_argument("--alpha", type=float, default=1.0)
+    g.add_argument("--final-norm", action="store_true", help="apply the final norm to hidden states first")
+    g.add_argument("--pca-layer", type=int, default=None)
+    g.add_argument("--shots", type=int, default=8)
+    g.add_argument("--prompts", type=int, default=50)
+    g.add_argument("--top-pct", type=float, default=3.0)
+    g.add_argument("--no-cache", action="store_true")
+
+    pe = sub.add_parser("perturb", help="demonstration perturbations: accuracy, TR ratio, map diffs, ablations")
+    _model_args(pe)
+    _task_args(pe)
+    pe.add_argument("--perturbations", type=_words, default=None,
+                    help="comma-separated: shuffled_inputs, random_labels, flipped_labels, symbol_labels, number_labels")
+    pe.add_argument("--k", type=int, default=None, help="heads ablated per set (default: the top-pct set size)")
+    pe.add_argument("--shots", type=int, default=8)
+    pe.add_argument("--prompts", type=int, default=50)
+    pe.add_argument("--top-pct", type=float, default=3.0)
+    pe.add_argument("--no-cache", action="store_true")
 
     la = sub.add_parser("launch", help="start the backend service and the dashboard together, print the URL")
     la.add_argument("--host", default="127.0.0.1")

@@ -77,3 +77,18 @@ def test_errors_are_one_line_messages(args, message, model_dir, capsys):
     code = main(args)
     err = capsys.readouterr().err
     assert code == 2 and message in err and "Traceback" not in err
+
+
+def test_steer_geometry_perturb(model_dir, tmp_path):
+    out = tmp_path / "o.json"
+    assert main(["steer", "--model", model_dir, "--task", "sentiment", "--vector", "tr,vanilla", "--layer", "all",
+                 "--shots", "2", "--prompts", "4", "--json", str(out)]) == 0
+    r = json.loads(out.read_text())
+    assert r["layers"] == [0, 1] and set(r["vectors"]) == {"tr", "vanilla"}
+    assert main(["geometry", "--model", model_dir, "--task", "sentiment", "--shots", "2", "--prompts", "4",
+                 "--json", str(out)]) == 0
+    assert "zero_shot+tl" in json.loads(out.read_text())["conditions"]
+    assert main(["perturb", "--model", model_dir, "--task", "sentiment", "--perturbations", "flipped_labels",
+                 "--shots", "2", "--prompts", "4", "--json", str(out)]) == 0
+    assert set(json.loads(out.read_text())["perturbations"]) == {"none", "flipped_labels"}
+    assert main(["steer", "--model", model_dir, "--task", "sentiment", "--layer", "7", "--prompts", "2"]) == 2

@@ -306,6 +306,24 @@ def test_analysis_kinds_on_a_tiny_model(tiny_dir):
         assert r.status_code == 422 and "outside" in r.json()["detail"]
 
 
+def test_steering_geometry_and_perturbation_kinds(tiny_dir):
+    with client() as c:
+        base = {"model": str(tiny_dir), "task": "sentiment", "shots": 2, "prompts": 4}
+        st = wait(c, c.post("/jobs", json={"kind": "steer", **base, "vectors": ["tr", "fv"], "layer": "all"}).json()["id"])
+        assert st["status"] == "done", st["error"]
+        assert st["result"]["layers"] == [0, 1] and set(st["result"]["vectors"]) == {"tr", "fv"}
+        ge = wait(c, c.post("/jobs", json={"kind": "geometry", **base, "layer": 0}).json()["id"])
+        assert ge["status"] == "done", ge["error"]
+        assert ge["result"]["inject_layer"] == 0 and len(ge["result"]["pca"]["points"]) == 5
+        pe = wait(c, c.post("/jobs", json={"kind": "perturb", **base, "perturbations": ["symbol_labels"]}).json()["id"])
+        assert pe["status"] == "done", pe["error"]
+        assert "symbol_labels" in pe["result"]["perturbations"]
+        bad = wait(c, c.post("/jobs", json={"kind": "steer", **base, "layer": 9}).json()["id"])
+        assert bad["status"] == "error" and "out of range" in bad["error"]
+        r = c.post("/jobs", json={"kind": "steer", **base, "vectors": ["nope"]})
+        assert r.status_code == 422
+
+
 def test_model_pool_lru():
     from backend.service.model_pool import ModelPool
 

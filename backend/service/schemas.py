@@ -112,6 +112,54 @@ class AblateParams(JobParams):
         return sorted(set(v))
 
 
+VectorType = Literal["tr", "tl", "random", "fv", "vanilla"]
+Perturbation = Literal["shuffled_inputs", "random_labels", "flipped_labels", "symbol_labels", "number_labels"]
+
+
+class SteerParams(JobParams):
+    """kind `steer`: zero-shot prompts with alpha * v added at a layer (or every layer), per vector type."""
+
+    vectors: list[VectorType] = Field(default_factory=lambda: ["tr", "tl", "random", "fv", "vanilla"], min_length=1)
+    layer: int | Literal["all"] | None = Field(None, description="decoder layer to inject at; None = L/2; `all` sweeps")
+    alpha: float = Field(1.0, ge=-100, le=100)
+    heads: list[tuple[int, int]] | None = Field(None, max_length=4096, description="an extra user head set")
+    shots: int = 8
+    prompts: int = 50
+    top_pct: float = Field(3.0, gt=0, le=100)
+    batch_size: int = Field(32, ge=1, le=512)
+
+    @field_validator("vectors")
+    @classmethod
+    def _unique_vectors(cls, v: list[str]) -> list[str]:
+        return list(dict.fromkeys(v))
+
+
+class GeometryParams(JobParams):
+    """kind `geometry`: per-layer alignment, logit difference and rotation for five conditions, and PCA."""
+
+    layer: int | None = Field(None, description="injection layer for the steered conditions; None = L/2")
+    alpha: float = Field(1.0, ge=-100, le=100)
+    final_norm: bool = False
+    pca_layer: int | None = Field(None, description="layer of the PCA view; None = last")
+    shots: int = 8
+    prompts: int = 50
+    top_pct: float = Field(3.0, gt=0, le=100)
+    batch_size: int = Field(16, ge=1, le=512)
+
+
+class PerturbParams(JobParams):
+    """kind `perturb`: ICL accuracy, TR ratio, TR/TL maps and ablation effects under demonstration perturbations."""
+
+    perturbations: list[Perturbation] = Field(
+        default_factory=lambda: ["shuffled_inputs", "random_labels", "flipped_labels", "symbol_labels",
+                                 "number_labels"], min_length=1)
+    k: int | None = Field(None, ge=1, le=4096, description="heads ablated per set; None = the top_pct set size")
+    shots: int = 8
+    prompts: int = 50
+    top_pct: float = Field(3.0, gt=0, le=100)
+    batch_size: int = Field(16, ge=1, le=512)
+
+
 # -- jobs ----------------------------------------------------------------------------------------------
 class JobRequest(BaseModel):
     """`kind` plus that kind's parameters, flat (see GET /capabilities for each kind's fields)."""
