@@ -67,6 +67,17 @@ def client() -> HeadlensClient:
         return c
 
 
+def reset_clients() -> None:
+    """Forget the cached clients (tests that switch HEADLENS_BACKEND_URL or restart the in-process app)."""
+    with _clients_lock:
+        for c in _clients.values():
+            try:
+                c.close()
+            except Exception:
+                pass
+        _clients.clear()
+
+
 def _translate(e: Exception) -> ApiError:
     if isinstance(e, ApiError):
         return e

@@ -1,0 +1,348 @@
+"""The dashboard's pages through Streamlit's AppTest, against the in-process service and the default model.
+
+Every page renders with no exception; the Home page runs a task and shows its summary; the Head map draws
+its maps, tables and quick picks; selecting heads on the Ablation page changes the ablation results; a link
+reopens the same view; every failure is an st.error, never a traceback; no page imports torch.
+
+HEADLENS_UI_TEST_MODEL / HEADLENS_UI_TEST_TASK run these against another model folder and task.
+"""
+from __future__ import annotations
+
+import ast
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+pytest.importorskip("streamlit.testing.v1")
+from streamlit.testing.v1 import AppTest  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
+APP = str(REPO / "app.py")
+HEAD_MAP = "pages/1_Head_map.py"
+ABLATION = "pages/2_Ablation.py"
+MODEL = os.environ.get("HEADLENS_UI_TEST_MODEL", "default")
+TIMEOUT = 300
+SMALL = {"shots": "4", "prompts": "16", "seed": "0"}
+
+
+def _model_present() -> bool:
+    if MODEL != "default":
+        return Path(MODEL).is_dir()
+    return (REPO / "models" / "headlens-tiny" / "config.json").is_file()
+
+
+needs_model = pytest.mark.skipif(not _model_present(), reason=(
+    f"model {MODEL!r} is absent (the default model lives in models/headlens-tiny; regenerate it with "
+    f"`python -m backend.train_default`)"))
+
+
+@pytest.fixture(scope="module")
+def shared_cache(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("ui-cache")
+
+
+@pytest.fixture
+def inprocess(monkeypatch, shared_cache):
+    """The service in this process; one cache folder for the module, so pages reuse each other's results."""
+    from backend.client import reset_inprocess_app
+    from ui import api
+
+    for var in ("HEADLENS_TOKEN", "HEADLENS_MODEL_ROOT", "HEADLENS_DEFAULT_MODEL"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("HEADLENS_BACKEND_URL", "inprocess")
+    monkeypatch.setenv("HEADLENS_CACHE_DIR", str(shared_cache))
+    api.reset_clients()
+    yield api
+    api.reset_clients()
+
+
+@pytest.fixture(scope="module")
+def task_name() -> str:
+    """The task the tests run: HEADLENS_UI_TEST_TASK, or the default model's first synthetic task."""
+    if os.environ.get("HEADLENS_UI_TEST_TASK"):
+        return os.environ["HEADLENS_UI_TEST_TASK"]
+    from backend.tasks.registry import builtin_tasks
+
+    tasks = builtin_tasks()
+    if MODEL == "default":
+        syn = [n for n, t in tasks.items() if t.models == "default" and t.kind == "classification"]
+        if syn:
+            return syn[0]
+    return "sentiment"
+
+
+def page(path: str | None = None, **query: str) -> AppTest:
+    at = AppTest.from_file(APP, default_timeout=TIMEOUT)
+    for k, v in query.items():
+        at.query_params[k] = v
+    if path:
+        at.switch_page(path)
+    return at
+
+
+def assert_clean(at: AppTest) -> None:
+    assert not at.exception, [e.value for e in at.exception]
+    assert not at.error, [e.value for e in at.error]
+
+
+def metric(at: AppTest, label_start: str) -> str:
+    found = [m.value for m in at.metric if m.label.startswith(label_start)]
+    assert found, f"no metric {label_start!r} among {[m.label for m in at.metric]}"
+    return found[0]
+
+
+def frame_with(at: AppTest, column: str) -> pd.DataFrame:
+    for df in at.dataframe:
+        if column in df.value.columns:
+            return df.value
+    raise AssertionError(f"no table with a {column!r} column")
+
+
+def has_frame(at: AppTest, column: str) -> bool:
+    return any(column in df.value.columns for df in at.dataframe)
+
+
+def plotly_charts(at: AppTest) -> list:
+    return at.get("plotly_chart")
+
+
+# -- pure parts: figures and URL state -------------------------------------------------------------------------
+def test_heatmap_hover_shows_value_and_rank_and_selection():
+    from ui import figures
+
+    z = np.array([[0.1, 0.5, -0.2], [0.3, 0.0, 0.9]])
+    fig = figures.head_heatmap(z, "tl", selected=[(1, 2), (7, 7)])
+    heat, grid, sel = fig.data
+    assert heat.type == "heatmap" and heat.zmid == 0.0  # signed map: diverging scale centred on 0
+    assert "rank %{customdata[1]} of 6" in grid.hovertemplate and "TL = %{customdata[0]" in grid.hovertemplate
+    custom = np.asarray(grid.customdata)
+    assert custom[list(zip(grid.y, grid.x)).index((1, 2))].tolist() == [0.9, 1]  # largest value has rank 1
+    assert list(zip(sel.y, sel.x)) == [(1, 2)]  # out-of-range heads from a stale link are not drawn
+    assert figures.ranks(z).tolist() == [[4, 2, 6], [3, 5, 1]]
+    assert figures.top_k(z, 2) == [(1, 2), (0, 1)]
+    assert figures.png_config("x")["toImageButtonOptions"]["format"] == "png"
+
+
+def test_curve_figures_from_result_dicts():
+    from ui import figures
+
+    abl = {"ks": [0, 1, 2], "mode": "zero", "curves": {
+        "tr": {"accuracy": [0.9, 0.5, 0.2], "tr_ratio": [1.0, 0.8, 0.4], "heads": []},
+        "random": {"accuracy": [0.9, 0.85, 0.8], "tr_ratio": [1, 1, 1], "accuracy_std": [0, 0.05, 0.1],
+                   "tr_ratio_std": [0, 0, 0], "seeds": [0, 1, 2], "heads": []}}}
+    fig = figures.ablation_curves(abl)
+    names = {t.name for t in fig.data if t.name}
+    assert {"top TR", "random (mean ± sd)"} <= names
+    assert any(t.fill == "toself" for t in fig.data)  # the random band
+    icl = figures.icl_curve({"shots": [0, 2], "accuracy": [0.5, 0.75], "tr_ratio": [0.1, 0.9]})
+    assert list(icl.data[0].y) == [50.0, 75.0]
+
+
+def test_heads_in_the_url_round_trip():
+    from ui import state
+
+    assert state.parse_heads("2.6, 1.5,L3.H0") == [(1, 5), (2, 6), (3, 0)]
+    assert state.parse_heads(["1.5", "1.5"]) == [(1, 5)]
+    assert state.format_heads([(2, 6), (1, 5)]) == "1.5,2.6"
+    with pytest.raises(ValueError, match="layer.head"):
+        state.parse_heads("2-6")
+
+
+def test_pages_never_import_torch_or_the_analyses():
+    """Floor rule: app.py, pages/ and ui/ import only the client (statically, and at run time)."""
+    banned = ("torch", "transformers", "backend.analysis", "backend.models", "backend.service", "backend.hooks")
+    files = [REPO / "app.py", *sorted((REPO / "pages").glob("*.py")), *sorted((REPO / "ui").glob("*.py"))]
+    for f in files:
+        for node in ast.walk(ast.parse(f.read_text())):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else (
+                [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            for n in names:
+                assert not any(n == b or n.startswith(b + ".") for b in banned), f"{f.name} imports {n}"
+    code = textwrap.dedent(f"""
+        import sys
+        from streamlit.testing.v1 import AppTest
+        for p in (None, {HEAD_MAP!r}, {ABLATION!r}):
+            at = AppTest.from_file({APP!r}, default_timeout=60)
+            if p:
+                at.switch_page(p)
+            at.run()
+            assert not at.exception, [e.value for e in at.exception]
+        bad = sorted(m for m in sys.modules if m.split(".")[0] in ("torch", "transformers"))
+        print("IMPORTED", bad)
+        sys.exit(1 if bad else 0)
+    """)
+    env = dict(os.environ, HEADLENS_BACKEND_URL="http://127.0.0.1:9")  # unreachable: pages render their error
+    r = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True, timeout=240)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+
+
+# -- errors are messages ------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("path", [None, HEAD_MAP, ABLATION])
+def test_unreachable_backend_is_an_error_not_a_traceback(monkeypatch, path):
+    from ui import api
+
+    monkeypatch.setenv("HEADLENS_BACKEND_URL", "http://127.0.0.1:9")
+    api.reset_clients()
+    at = page(path, task="sentiment")
+    at.run()
+    assert not at.exception
+    assert at.error and "unreachable" in at.error[0].value.lower()
+    assert "HEADLENS_BACKEND_URL" in at.error[0].value
+    api.reset_clients()
+
+
+def test_upload_validates_and_picks_the_task(inprocess):
+    at = page()
+    at.run()
+    assert_clean(at)
+    at.file_uploader(key="w_upload").set_value(("bad.jsonl", b'{"input": "a", "output": "b"}\nnot json\n',
+                                                "application/jsonl")).run()
+    assert not at.exception
+    assert at.error and "bad.jsonl" in at.error[0].value and "line 2" in at.error[0].value.lower()
+    good = "input,output\n" + "".join(f"w{i},{'ab'[i % 2]}\n" for i in range(12))
+    at.file_uploader(key="w_upload").set_value(("mine.csv", good.encode(), "text/csv")).run()
+    assert_clean(at)
+    assert any("mine" in m.value and "classification" in m.value for m in at.success)
+    picked = at.selectbox(key="w_task").value
+    assert picked.startswith("upload:")
+    assert str(at.query_params["task"]).strip("[]'") == picked  # the link names the upload
+
+
+def test_unknown_task_and_model_are_errors(inprocess):
+    at = page(task="no-such-task", **SMALL)
+    at.run()
+    assert not at.exception
+    assert at.error and "no-such-task" in at.error[0].value
+    at = page(model="/no/such/model/folder", task="sentiment", **SMALL)
+    at.run()
+    assert not at.exception
+    assert at.error and "/no/such/model/folder" in at.error[0].value
+
+
+def test_bad_values_in_a_link_are_ignored_with_a_warning(inprocess):
+    at = page(shots="many", heads="2-6", mode="sideways")
+    at.run()
+    assert not at.exception
+    warned = " ".join(w.value for w in at.warning)
+    assert "shots=many" in warned and "heads=2-6" in warned and "mode=sideways" in warned
+    assert at.number_input(key="w_shots").value == 8
+
+
+# -- the pages on the default model ------------------------------------------------------------------------------------
+@needs_model
+def test_home_first_screen_picks_a_task_and_waits_for_run(inprocess, task_name):
+    at = page(model=MODEL)
+    at.run()
+    assert_clean(at)
+    task = at.selectbox(key="w_task").value
+    if MODEL == "default":
+        assert task.startswith("syn-"), task  # the default model opens on its own tasks
+    assert at.button(key="run").label == "Run"
+    assert any("Press **Run**" in i.value for i in at.info)
+    assert not at.metric  # nothing computed before Run
+
+
+@needs_model
+def test_home_runs_a_task_and_shows_the_summary(inprocess, task_name):
+    at = page(model=MODEL, **SMALL)
+    at.run()
+    at.selectbox(key="w_task").set_value(task_name).run()
+    at.button(key="run").click().run()
+    assert_clean(at)
+    for label in ("ICL accuracy", "Zero-shot accuracy", "TR ratio"):
+        assert metric(at, label).endswith("%")
+    assert metric(at, "Heads").count("×") == 1
+    assert len(plotly_charts(at)) == 1  # the ICL curve
+    ex = frame_with(at, "prediction")
+    assert len(ex) > 0 and {"query", "gold", "correct"} <= set(ex.columns)
+    curve = frame_with(at, "accuracy %")
+    assert curve["k"].tolist()[0] == 0 and curve["k"].tolist()[-1] == 4
+    # the URL now holds the view
+    assert at.query_params["task"] == [task_name] or at.query_params["task"] == task_name
+
+
+@needs_model
+def test_head_map_renders_maps_tables_and_picks_heads(inprocess, task_name):
+    at = page(HEAD_MAP, model=MODEL, task=task_name, **SMALL)
+    at.run()
+    assert_clean(at)
+    assert len(plotly_charts(at)) == 3  # selectable map, all five maps, layer distribution
+    scores = inprocess.run("scores", {"model": MODEL, "task": task_name, "shots": 4, "prompts": 16, "seed": 0})
+    L, H = scores["n_layers"], scores["n_heads"]
+    top = frame_with(at, "tr_rank")
+    assert len(top) == min(10, L * H) and top["tr_rank"].tolist() == list(range(1, len(top) + 1))
+    overlap = frame_with(at, "Jaccard")
+    assert len(overlap) == 3 and {"Spearman ρ", "Kendall τ"} <= set(overlap.columns)
+    at.button(key="q_tr_hm").click().run()
+    assert_clean(at)
+    from ui import figures
+
+    want = [figures.head_name(h) for h in sorted(figures.top_k(np.asarray(scores["tr"]), 3))]
+    assert at.multiselect(key="w_heads").value == want
+    assert metric(at, "Selected") == "3"
+    qp = at.query_params["heads"]
+    assert (qp[0] if isinstance(qp, list) else qp) == ",".join(f"{l}.{h}" for l, h in sorted(
+        figures.top_k(np.asarray(scores["tr"]), 3)))
+    at.segmented_control(key="w_map").set_value("induction").run()
+    assert_clean(at)
+    assert top["induction_rank"].tolist() != frame_with(at, "induction_rank")["induction_rank"].tolist()
+    assert str(at.query_params["map"]).strip("[]'") == "induction"
+
+
+@needs_model
+def test_selecting_heads_changes_the_ablation_results(inprocess, task_name):
+    at = page(ABLATION, model=MODEL, task=task_name, kmax="4", **SMALL)
+    at.run()
+    assert_clean(at)
+    assert any("No heads selected" in i.value for i in at.info)
+    assert not has_frame(at, "gold_prob_after")
+    assert len(plotly_charts(at)) == 1  # the ablation curves, computed anyway
+    curves = frame_with(at, "accuracy_std")
+    assert set(curves["order"]) == {"tr", "tl", "induction", "random"} and set(curves["k"]) == {0, 1, 2, 4}
+
+    at.button(key="q_tr_ab").click().run()  # the top 3 heads by TR
+    assert_clean(at)
+    first = frame_with(at, "gold_prob_after").reset_index(drop=True)
+    assert len(first) == 16
+    assert not np.allclose(first["gold_prob_after"], first["gold_prob_before"])
+    acc_first = metric(at, "Accuracy after")
+    assert "was" in next(m.delta for m in at.metric if m.label.startswith("Accuracy after"))
+
+    at.multiselect(key="w_heads").set_value(["L0.H0"]).run()  # another selection
+    assert_clean(at)
+    second = frame_with(at, "gold_prob_after").reset_index(drop=True)
+    assert np.allclose(second["gold_prob_before"], first["gold_prob_before"])  # same prompts, same baseline
+    assert not np.allclose(second["gold_prob_after"], first["gold_prob_after"])
+    assert "0.0" in str(at.query_params["heads"])
+
+    at.segmented_control(key="w_mode").set_value("mean").run()
+    assert_clean(at)
+    third = frame_with(at, "gold_prob_after").reset_index(drop=True)
+    assert not np.allclose(third["gold_prob_after"], second["gold_prob_after"])  # mean != zero ablation
+
+    at.button(key="q_clear_ab").click().run()
+    assert_clean(at)
+    assert not has_frame(at, "gold_prob_after")
+    assert acc_first.endswith("%")
+
+
+@needs_model
+def test_a_link_reopens_the_same_view(inprocess, task_name):
+    at = page(ABLATION, model=MODEL, task=task_name, heads="0.1,1.0", mode="mean", kmax="2", **SMALL)
+    at.run()
+    assert_clean(at)
+    assert at.multiselect(key="w_heads").value == ["L0.H1", "L1.H0"]
+    assert at.selectbox(key="w_task").value == task_name
+    assert at.number_input(key="w_shots").value == 4 and at.number_input(key="w_prompts").value == 16
+    rows = frame_with(at, "gold_prob_after")
+    assert len(rows) == 16
+    assert any("mean ablation of L0.H1, L1.H0" in c.value for c in at.caption)
+    at.switch_page(HEAD_MAP).run()  # the selection follows to the other page
+    assert_clean(at)
+    assert at.multiselect(key="w_heads").value == ["L0.H1", "L1.H0"]
