@@ -14,6 +14,7 @@ from typing import Any, Callable
 
 import diskcache
 
+from .locks import KeyLocks
 from .models import REPO_ROOT
 
 CODE_VERSION = "tsla-1"  # bump when a change alters cached numbers
@@ -69,12 +70,17 @@ class ResultCache:
             log.warning("could not write cache entry %s: %s", key, e)
 
     def get_or_compute(self, key: str, compute: Callable[[], dict[str, Any]]) -> tuple[dict[str, Any], bool]:
-        """(value, hit). Computes and stores on a miss."""
+        """(value, hit). On a miss, computes under the key's lock (threads and processes), so a key is
+        never computed twice at once: a second caller waits, then reads the first one's result."""
         v = self.get(key)
         if v is not None:
             return v, True
-        v = compute()
-        self.put(key, v)
+        with _LOCKS.hold(key):
+            v = self.get(key)
+            if v is not None:
+                return v, True
+            v = compute()
+            self.put(key, v)
         return v, False
 
     def close(self) -> None:
@@ -83,6 +89,7 @@ class ResultCache:
             self._dc = None
 
 
+_LOCKS = KeyLocks()  # its folder follows HEADLENS_CACHE_DIR
 _default: ResultCache | None = None
 
 

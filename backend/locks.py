@@ -34,14 +34,14 @@ class KeyLocks:
     def directory(self) -> Path:
         if self._directory is not None:
             return self._directory
-        from ..cache import cache_dir
+        from .cache import cache_dir
 
         return cache_dir() / "locks"
 
     @contextmanager
-    def hold(self, key: str, cancelled: Callable[[], bool] = lambda: False) -> Iterator[None]:
-        """Hold `key`'s lock; raises `Cancelled` (from the registry) when cancelled while waiting."""
-        from .registry import Cancelled
+    def hold(self, key: str, cancelled: Callable[[], bool] = lambda: False,
+             cancel_exc: type[Exception] = TimeoutError) -> Iterator[None]:
+        """Hold `key`'s lock; raises `cancel_exc` when `cancelled()` turns true while waiting."""
 
         with self._mutex:
             entry = self._locks.setdefault(key, [threading.Lock(), 0])
@@ -50,9 +50,9 @@ class KeyLocks:
         try:
             while not lock.acquire(timeout=self._poll):
                 if cancelled():
-                    raise Cancelled()
+                    raise cancel_exc()
             try:
-                with self._file_lock(key, cancelled, Cancelled):
+                with self._file_lock(key, cancelled, cancel_exc):
                     yield
             finally:
                 lock.release()

@@ -26,7 +26,7 @@ from typing import Any, Callable
 
 from .errors import ServiceError
 from .limits import Limits
-from .locks import KeyLocks
+from ..locks import KeyLocks
 from .registry import Cancelled, JobContext, Progress, get_kind
 from .schemas import ACTIVE_STATES, JobStatus
 
@@ -249,7 +249,7 @@ class LocalJobRunner(JobRunner):
                 job.message = message or job.message
 
         try:
-            with self._locks.hold(job.key, job.cancel.is_set):
+            with self._locks.hold(job.key, job.cancel.is_set, Cancelled):
                 progress(0.0, "running")
                 result = to_jsonable(self._execute(job.kind, job.params, progress))
         except Cancelled:
