@@ -89,6 +89,20 @@ def _load_task(a: argparse.Namespace):
     return load_task(a.task, kind=a.kind)
 
 
+def _run_task_command(a: argparse.Namespace, desc: str, fn: Callable[[Any, Any, Bar], dict]) -> dict:
+    """Load the model and task, run `fn(lm, task, progress_bar)`, print its warnings, write its JSON."""
+    lm, task = _load_model(a), _load_task(a)
+    bar = Bar(desc)
+    try:
+        r = fn(lm, task, bar)
+    finally:
+        bar.close()
+    for w in r.get("warnings", []):
+        print(f"warning: {w}", file=sys.stderr)
+    _emit(r, a.out)
+    return r
+
+
 @command("tasks")
 def cmd_tasks(a: argparse.Namespace) -> None:
     from .tasks.registry import builtin_tasks, task_summary
@@ -133,15 +147,8 @@ def cmd_scores(a: argparse.Namespace) -> None:
 def cmd_icl(a: argparse.Namespace) -> None:
     from .analysis.icl import icl_curve
 
-    lm, task = _load_model(a), _load_task(a)
-    bar = Bar("icl")
-    try:
-        r = icl_curve(lm, task, a.shots, a.prompts, a.seed, a.batch_size, cache=not a.no_cache, progress=bar)
-    finally:
-        bar.close()
-    for w in r.get("warnings", []):
-        print(f"warning: {w}", file=sys.stderr)
-    _emit(r, a.out)
+    _run_task_command(a, "icl", lambda lm, task, bar: icl_curve(
+        lm, task, a.shots, a.prompts, a.seed, a.batch_size, cache=not a.no_cache, progress=bar))
 
 
 def _heads(s: str) -> list[tuple[int, int]]:
@@ -156,18 +163,12 @@ def _heads(s: str) -> list[tuple[int, int]]:
 def cmd_ablate(a: argparse.Namespace) -> None:
     from .analysis.ablation import ablate, ablation_curve
 
-    lm, task = _load_model(a), _load_task(a)
-    bar = Bar("ablate")
-    common = dict(mode=a.mode, shots=a.shots, n_prompts=a.prompts, seed=a.seed, batch_size=a.batch_size,
-                  positions=a.positions, cache=not a.no_cache, progress=bar)
-    try:
-        if a.heads:
-            r = ablate(lm, task, a.heads, **common)
-        else:
-            r = ablation_curve(lm, task, a.by, ks=a.ks, **common)
-    finally:
-        bar.close()
-    _emit(r, a.out)
+    def run(lm, task, bar):
+        common = dict(mode=a.mode, shots=a.shots, n_prompts=a.prompts, seed=a.seed, batch_size=a.batch_size,
+                      positions=a.positions, cache=not a.no_cache, progress=bar)
+        return ablate(lm, task, a.heads, **common) if a.heads else ablation_curve(lm, task, a.by, ks=a.ks, **common)
+
+    _run_task_command(a, "ablate", run)
 
 
 def _layer(s: str) -> int | str:
@@ -178,45 +179,28 @@ def _layer(s: str) -> int | str:
 def cmd_steer(a: argparse.Namespace) -> None:
     from .analysis.steering import steer
 
-    lm, task = _load_model(a), _load_task(a)
-    bar = Bar("steer")
-    try:
-        r = steer(lm, task, vectors=a.vector, layer=a.layer, alpha=a.alpha, shots=a.shots, n_prompts=a.prompts,
-                  seed=a.seed, top_pct=a.top_pct, heads=a.heads, batch_size=a.batch_size, cache=not a.no_cache,
-                  progress=bar)
-    finally:
-        bar.close()
-    _emit(r, a.out)
+    _run_task_command(a, "steer", lambda lm, task, bar: steer(
+        lm, task, vectors=a.vector, layer=a.layer, alpha=a.alpha, shots=a.shots, n_prompts=a.prompts, seed=a.seed,
+        top_pct=a.top_pct, heads=a.heads, batch_size=a.batch_size, cache=not a.no_cache, progress=bar))
 
 
 @command("geometry")
 def cmd_geometry(a: argparse.Namespace) -> None:
     from .analysis.geometry import geometry
 
-    lm, task = _load_model(a), _load_task(a)
-    bar = Bar("geometry")
-    try:
-        r = geometry(lm, task, layer=a.layer, alpha=a.alpha, shots=a.shots, n_prompts=a.prompts, seed=a.seed,
-                     final_norm=a.final_norm, pca_layer=a.pca_layer, top_pct=a.top_pct, batch_size=a.batch_size,
-                     cache=not a.no_cache, progress=bar)
-    finally:
-        bar.close()
-    _emit(r, a.out)
+    _run_task_command(a, "geometry", lambda lm, task, bar: geometry(
+        lm, task, layer=a.layer, alpha=a.alpha, shots=a.shots, n_prompts=a.prompts, seed=a.seed,
+        final_norm=a.final_norm, pca_layer=a.pca_layer, top_pct=a.top_pct, batch_size=a.batch_size,
+        cache=not a.no_cache, progress=bar))
 
 
 @command("perturb")
 def cmd_perturb(a: argparse.Namespace) -> None:
     from .analysis.perturbations import perturbation_report
 
-    lm, task = _load_model(a), _load_task(a)
-    bar = Bar("perturb")
-    try:
-        r = perturbation_report(lm, task, perturbations=a.perturbations, shots=a.shots, n_prompts=a.prompts,
-                                seed=a.seed, k=a.k, top_pct=a.top_pct, batch_size=a.batch_size,
-                                cache=not a.no_cache, progress=bar)
-    finally:
-        bar.close()
-    _emit(r, a.out)
+    _run_task_command(a, "perturb", lambda lm, task, bar: perturbation_report(
+        lm, task, perturbations=a.perturbations, shots=a.shots, n_prompts=a.prompts, seed=a.seed, k=a.k,
+        top_pct=a.top_pct, batch_size=a.batch_size, cache=not a.no_cache, progress=bar))
 
 
 def _words(s: str) -> list[str]:
