@@ -1,7 +1,6 @@
 """Task vectors, injection, hidden-state geometry and perturbations."""
 from __future__ import annotations
 
-import random
 
 import numpy as np
 import pytest
