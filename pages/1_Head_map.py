@@ -46,9 +46,9 @@ with side:
     selected = heads.multiselect(L, H)
     heads.quick_picks(scores, L, H, key="hm", compact=True)
     if selected:
-        st.page_link("pages/2_Ablation.py", label=f"Ablate these {len(selected)} head(s)",
+        st.page_link("pages/2_Ablation.py", label="Ablate this head" if len(selected) == 1 else f"Ablate these {len(selected)} heads",
                      icon=":material/power_settings_new:", query_params=state.query())
-    st.caption("📷 Every figure's toolbar (top right, on hover) has a camera button that saves it as a PNG "
+    st.caption(":material/photo_camera: Every figure's toolbar (top right, on hover) has a camera button that saves it as a PNG "
                "at 2× resolution.")
 
 with st.expander("All five maps side by side", expanded=True):

@@ -43,18 +43,24 @@ def is_default_model(model: str) -> bool:
     return model in ("default", "headlens-tiny")
 
 
+def suitable(t: dict[str, Any], model: str) -> bool:
+    """Tasks written for the embedded model (`models: default`) only make sense on it."""
+    return t.get("models", "any") != "default" or is_default_model(model)
+
+
 def task_options(caps: dict[str, Any], model: str, current: str | None) -> tuple[list[str], dict[str, dict]]:
-    """Task ids for the picker (tasks made for the default model only when it is picked), and their info."""
+    """Task ids for the picker, the default model's own tasks first when it is picked, and their info.
+
+    A task id the service does not list (an upload from a link, made on another run) is kept as is."""
     info: dict[str, dict] = {t["id"]: t for t in caps.get("tasks", [])}
     info.update(st.session_state.get("_hl_uploads", {}))
-    default = is_default_model(model)
-    ids = [i for i, t in info.items() if t.get("models", "any") == "default" and default]
+    ids = [i for i, t in info.items() if t.get("models", "any") == "default" and suitable(t, model)]
     ids += [i for i, t in info.items() if t.get("models", "any") != "default" and t.get("source") != "upload"]
     ids += [i for i, t in info.items() if t.get("source") == "upload"]
-    if current and current not in ids:
+    if current and current not in info:
         ids.append(current)
-        info.setdefault(current, {"id": current, "name": current, "kind": "?", "n_examples": 0,
-                                  "source": "upload" if current.startswith("upload:") else "builtin"})
+        info[current] = {"id": current, "name": current, "kind": "?", "n_examples": 0,
+                         "source": "upload" if current.startswith("upload:") else "builtin"}
     return ids, info
 
 
@@ -103,6 +109,9 @@ def sidebar(caps: dict[str, Any]) -> None:
         s = state.get()
         ids, info = task_options(caps, s.model, s.task)
         if s.task is None or s.task not in ids:
+            if s.task is not None and ids:
+                st.toast(f"Task `{s.task}` is written for the default model; switched to `{ids[0]}`.",
+                         icon=":material/swap_horiz:")
             state.put("task", ids[0] if ids else None)
         if ids:
             state.bind(st.selectbox, "Task", "task", options=ids, format_func=lambda i: task_label(info[i]),

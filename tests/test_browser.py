@@ -1,0 +1,205 @@
+"""The real thing in a real browser: `python -m backend launch` (service + dashboard, on free localhost ports)
+driven by headless Chromium through Selenium.
+
+It runs a task on the default model from the Home page's Run button, opens the Head map through the sidebar,
+checks the heatmap is drawn (plotly's SVG heatmap layer and the grid of head markers), clicks a cell to
+select a head, opens the Ablation page with that head switched off, and saves screenshots under
+tests/artifacts/. Ctrl-C (SIGINT) to the launcher must stop both servers.
+
+Needs Debian's `chromium` and `chromium-driver` (`.ci/run` installs them); skips cleanly without them.
+HEADLENS_UI_TEST_MODEL runs it against another model folder.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+ARTIFACTS = REPO / "tests" / "artifacts"
+MODEL = os.environ.get("HEADLENS_UI_TEST_MODEL", "default")
+WAIT_S = 240
+CHROME_FLAGS = ["--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+                "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                "--no-first-run", "--window-size=1440,2000", "--force-device-scale-factor=1"]
+
+
+def _browser() -> tuple[str, str]:
+    chrome = next((p for p in map(shutil.which, ("chromium", "chromium-browser", "google-chrome")) if p), None)
+    driver = shutil.which("chromedriver")
+    if not chrome or not driver:
+        pytest.skip("headless browser test needs Debian's `chromium` and `chromium-driver` "
+                    "(apt-get install -y chromium chromium-driver; .ci/run installs them)")
+    return chrome, driver
+
+
+def _model_present() -> bool:
+    if MODEL != "default":
+        return Path(MODEL).is_dir()
+    return (REPO / "models" / "headlens-tiny" / "config.json").is_file()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _up(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=2) as r:
+            return r.status == 200
+    except OSError:
+        return False
+
+
+@pytest.fixture(scope="module")
+def app_url(tmp_path_factory):
+    """`python -m backend launch` on free ports; yields the dashboard URL; stops it with SIGINT."""
+    if not _model_present():
+        pytest.skip(f"model {MODEL!r} is absent (models/headlens-tiny comes from `python -m backend.train_default`)")
+    _browser()
+    pytest.importorskip("selenium")
+    port, backend_port = _free_port(), _free_port()
+    log = tmp_path_factory.mktemp("launch") / "launch.log"
+    env = dict(os.environ, HEADLENS_CACHE_DIR=str(tmp_path_factory.mktemp("browser-cache")), HF_HUB_OFFLINE="1",
+               PYTHONUNBUFFERED="1")
+    for var in ("HEADLENS_BACKEND_URL", "HEADLENS_TOKEN", "HEADLENS_MODEL_ROOT"):
+        env.pop(var, None)
+    with open(log, "wb") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "backend", "launch", "--no-browser", "--host", "127.0.0.1",
+                                 "--port", str(port), "--backend-port", str(backend_port), "--model", MODEL],
+                                cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + WAIT_S
+        while not (log.read_text(errors="replace").find("headlens is running") >= 0 and _up(f"{url}/_stcore/health")):
+            if proc.poll() is not None or time.monotonic() > deadline:
+                pytest.fail(f"launch did not come up (status {proc.poll()}):\n{log.read_text(errors='replace')[-3000:]}")
+            time.sleep(0.5)
+        assert _up(f"http://127.0.0.1:{backend_port}/health")
+        yield url
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGINT)  # what Ctrl-C sends
+            try:
+                proc.wait(timeout=40)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+                pytest.fail("launch did not stop on SIGINT within 40 s")
+    text = log.read_text(errors="replace")
+    assert "stopped." in text, text[-2000:]
+    assert not _up(f"{url}/_stcore/health") and not _up(f"http://127.0.0.1:{backend_port}/health")
+
+
+@pytest.fixture
+def driver(tmp_path):
+    chrome, chromedriver = _browser()
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    opts = webdriver.ChromeOptions()
+    opts.binary_location = chrome
+    for f in CHROME_FLAGS + [f"--user-data-dir={tmp_path / 'chrome-profile'}"]:
+        opts.add_argument(f)
+    d = webdriver.Chrome(service=Service(chromedriver), options=opts)
+    d.set_page_load_timeout(60)
+    yield d
+    d.quit()
+
+
+def _wait(d, what, timeout: float = WAIT_S):
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    return WebDriverWait(d, timeout, poll_frequency=0.25).until(lambda d: what(d))
+
+
+def _css(d, sel: str):
+    from selenium.webdriver.common.by import By
+
+    return d.find_elements(By.CSS_SELECTOR, sel)
+
+
+def _no_errors(d) -> None:
+    assert not _css(d, '[data-testid="stException"]'), "a traceback is shown"
+    errs = [e.text for e in _css(d, '[data-testid="stAlertContentError"]')]
+    assert not errs, errs
+
+
+def _selected_tags(d) -> list[str]:
+    return [e.get_attribute("aria-label") for e in
+            _css(d, '[data-testid="stMultiSelect"] .react-aria-ComboBox [data-tag]')]
+
+
+def _idle(d) -> bool:
+    """Streamlit finished the run: no 'running' status widget and no progress bar."""
+    return not _css(d, '[data-testid="stStatusWidget"]') and not _css(d, '[data-testid="stProgress"]')
+
+
+def test_dashboard_in_headless_chromium(app_url, driver):
+    from selenium.webdriver.common.action_chains import ActionChains
+    from selenium.webdriver.common.by import By
+
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    d = driver
+    # Home: the first screen, then Run
+    d.get(f"{app_url}/?model={MODEL}&shots=4&prompts=16&seed=0")
+    run = _wait(d, lambda d: [b for b in d.find_elements(By.XPATH, "//button[contains(., 'Run')]")
+                              if b.is_displayed()])[0]
+    task = _wait(d, lambda d: "task=" in d.current_url and d.current_url.split("task=")[1].split("&")[0])
+    run.click()
+    _wait(d, lambda d: len(_css(d, '[data-testid="stMetric"]')) >= 4 and _css(d, ".js-plotly-plot") and _idle(d))
+    _no_errors(d)
+    labels = " ".join(e.text for e in _css(d, '[data-testid="stMetric"]'))
+    assert "ICL accuracy" in labels and "Zero-shot accuracy" in labels and "TR ratio" in labels
+    time.sleep(1.0)
+    d.save_screenshot(str(ARTIFACTS / "home.png"))
+
+    # Head map through the sidebar link: the state travels in the URL
+    _wait(d, lambda d: _css(d, '[data-testid="stSidebar"] a[href*="Head_map"]'))[0].click()
+    _wait(d, lambda d: _css(d, ".js-plotly-plot .heatmaplayer") and _idle(d))
+    assert f"task={task}" in d.current_url
+    maps = _css(d, ".js-plotly-plot")
+    assert len(maps) >= 3  # selectable map, all five maps, layer distribution
+    first = maps[0]
+    assert first.find_elements(By.CSS_SELECTOR, ".heatmaplayer image"), "the heatmap image is not drawn"
+    n_cells = len(first.find_elements(By.CSS_SELECTOR, ".scatterlayer .trace:first-child .point"))
+    assert n_cells >= 32, f"expected a marker per head, found {n_cells}"
+    assert len(_css(d, ".heatmaplayer image")) >= 6  # the big map + five small ones
+    _no_errors(d)
+    assert _selected_tags(d) == []
+
+    # Click the cell of layer 1, head 2 of the big map: it becomes the selection
+    drag = first.find_element(By.CSS_SELECTOR, ".nsewdrag")
+    ys = sorted({round(float(p.get_attribute("transform").split(",")[1].rstrip(")")), 1)
+                 for p in first.find_elements(By.CSS_SELECTOR, ".scatterlayer .trace:first-child .point")})
+    n_layers = len(ys)
+    n_heads = n_cells // n_layers
+    r = drag.rect
+    dx = int(r["width"] * ((2 + 0.5) / n_heads - 0.5))
+    dy = int(r["height"] * ((1 + 0.5) / n_layers - 0.5))
+    ActionChains(d).move_to_element_with_offset(drag, dx, dy).click().perform()
+    _wait(d, lambda d: _selected_tags(d) == ["L1.H2"], timeout=60)
+    _wait(d, lambda d: "heads=1.2" in d.current_url and _idle(d), timeout=60)
+    time.sleep(1.5)  # let plotly finish drawing the selection outline
+    _no_errors(d)
+    d.save_screenshot(str(ARTIFACTS / "headmap.png"))
+
+    # Ablation: the clicked head is switched off at once
+    _css(d, '[data-testid="stSidebar"] a[href*="Ablation"]')[0].click()
+    _wait(d, lambda d: "Ablation" in d.current_url and _selected_tags(d) == ["L1.H2"])
+    _wait(d, lambda d: len(_css(d, '[data-testid="stDataFrame"]')) >= 2 and _css(d, ".js-plotly-plot") and _idle(d))
+    _no_errors(d)
+    text = d.find_element(By.CSS_SELECTOR, '[data-testid="stMain"]').text
+    assert "Accuracy after" in text and "zero ablation of L1.H2" in text
+    time.sleep(1.0)
+    d.save_screenshot(str(ARTIFACTS / "ablation.png"))
