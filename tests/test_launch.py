@@ -1,0 +1,84 @@
+"""`python -m backend launch`: both servers come up on the given ports, the dashboard is pointed at the
+service, Ctrl-C stops both, and a port in use is a one-line error. Needs no browser and no model (the
+service loads models lazily)."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _get(url: str) -> tuple[int, str] | None:
+    try:
+        with urllib.request.urlopen(url, timeout=2) as r:
+            return r.status, r.read().decode()
+    except OSError:
+        return None
+
+
+def _env(tmp_path: Path) -> dict[str, str]:
+    env = dict(os.environ, HEADLENS_CACHE_DIR=str(tmp_path / "cache"), PYTHONUNBUFFERED="1")
+    for var in ("HEADLENS_BACKEND_URL", "HEADLENS_TOKEN"):
+        env.pop(var, None)
+    return env
+
+
+def test_launch_starts_both_and_ctrl_c_stops_both(tmp_path):
+    port, backend_port = _free_port(), _free_port()
+    out = tmp_path / "launch.log"
+    with open(out, "wb") as f:
+        proc = subprocess.Popen([sys.executable, "-m", "backend", "launch", "--no-browser", "--port", str(port),
+                                 "--backend-port", str(backend_port), "--model", "some/model"],
+                                cwd=REPO, env=_env(tmp_path), stdout=f, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 120
+        while "headlens is running" not in out.read_text(errors="replace"):
+            assert proc.poll() is None, out.read_text(errors="replace")
+            assert time.monotonic() < deadline, out.read_text(errors="replace")
+            time.sleep(0.3)
+        log = out.read_text(errors="replace")
+        assert f"http://127.0.0.1:{port}" in log and f"service http://127.0.0.1:{backend_port}" in log
+        health = _get(f"http://127.0.0.1:{backend_port}/health")
+        assert health and health[0] == 200 and json.loads(health[1])["status"] == "ok"
+        assert _get(f"http://127.0.0.1:{port}/_stcore/health") is not None
+    finally:
+        proc.send_signal(signal.SIGINT)
+        try:
+            rc = proc.wait(timeout=40)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            raise AssertionError("launch did not stop within 40 s of SIGINT")
+    assert rc == 0, out.read_text(errors="replace")
+    assert "stopped." in out.read_text(errors="replace")
+    assert _get(f"http://127.0.0.1:{backend_port}/health") is None
+    assert _get(f"http://127.0.0.1:{port}/_stcore/health") is None
+
+
+def test_a_port_in_use_is_a_clear_error(tmp_path):
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        taken = busy.getsockname()[1]
+        r = subprocess.run([sys.executable, "-m", "backend", "launch", "--no-browser", "--port", str(taken),
+                            "--backend-port", str(_free_port())], cwd=REPO, env=_env(tmp_path),
+                           capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2
+    assert f"port {taken}" in r.stderr and "--port" in r.stderr and "Traceback" not in r.stderr
+    r = subprocess.run([sys.executable, "-m", "backend", "launch", "--no-browser", "--port", "8600",
+                        "--backend-port", "8600"], cwd=REPO, env=_env(tmp_path), capture_output=True, text=True,
+                       timeout=60)
+    assert r.returncode == 2 and "different ports" in r.stderr
