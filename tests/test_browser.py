@@ -11,6 +11,7 @@ HEADLENS_UI_TEST_MODEL runs it against another model folder.
 """
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -45,6 +46,13 @@ def _model_present() -> bool:
     if MODEL != "default":
         return Path(MODEL).is_dir()
     return (REPO / "models" / "headlens-tiny" / "config.json").is_file()
+
+
+def _shape() -> tuple[int, int]:
+    """(layers, heads) of the test model, from its config.json."""
+    folder = REPO / "models" / "headlens-tiny" if MODEL == "default" else Path(MODEL)
+    cfg = json.loads((folder / "config.json").read_text())
+    return int(cfg["num_hidden_layers"]), int(cfg["num_attention_heads"])
 
 
 def _free_port() -> int:
@@ -172,34 +180,33 @@ def test_dashboard_in_headless_chromium(app_url, driver):
     assert len(maps) >= 3  # selectable map, all five maps, layer distribution
     first = maps[0]
     assert first.find_elements(By.CSS_SELECTOR, ".heatmaplayer image"), "the heatmap image is not drawn"
+    n_layers, n_heads = _shape()
     n_cells = len(first.find_elements(By.CSS_SELECTOR, ".scatterlayer .trace:first-child .point"))
-    assert n_cells >= 32, f"expected a marker per head, found {n_cells}"
+    assert n_cells == n_layers * n_heads, f"expected a marker per head ({n_layers} x {n_heads}), found {n_cells}"
     assert len(_css(d, ".heatmaplayer image")) >= 6  # the big map + five small ones
     _no_errors(d)
     assert _selected_tags(d) == []
 
-    # Click the cell of layer 1, head 2 of the big map: it becomes the selection
+    # Click the cell of layer 1, head 2 of the big map (layer 0 is the top row): it becomes the selection
+    layer, head = min(1, n_layers - 1), min(2, n_heads - 1)
+    name = f"L{layer}.H{head}"
     drag = first.find_element(By.CSS_SELECTOR, ".nsewdrag")
-    ys = sorted({round(float(p.get_attribute("transform").split(",")[1].rstrip(")")), 1)
-                 for p in first.find_elements(By.CSS_SELECTOR, ".scatterlayer .trace:first-child .point")})
-    n_layers = len(ys)
-    n_heads = n_cells // n_layers
     r = drag.rect
-    dx = int(r["width"] * ((2 + 0.5) / n_heads - 0.5))
-    dy = int(r["height"] * ((1 + 0.5) / n_layers - 0.5))
+    dx = int(r["width"] * ((head + 0.5) / n_heads - 0.5))
+    dy = int(r["height"] * ((layer + 0.5) / n_layers - 0.5))
     ActionChains(d).move_to_element_with_offset(drag, dx, dy).click().perform()
-    _wait(d, lambda d: _selected_tags(d) == ["L1.H2"], timeout=60)
-    _wait(d, lambda d: "heads=1.2" in d.current_url and _idle(d), timeout=60)
+    _wait(d, lambda d: _selected_tags(d) == [name], timeout=60)
+    _wait(d, lambda d: f"heads={layer}.{head}" in d.current_url and _idle(d), timeout=60)
     time.sleep(1.5)  # let plotly finish drawing the selection outline
     _no_errors(d)
     d.save_screenshot(str(ARTIFACTS / "headmap.png"))
 
     # Ablation: the clicked head is switched off at once
     _css(d, '[data-testid="stSidebar"] a[href*="Ablation"]')[0].click()
-    _wait(d, lambda d: "Ablation" in d.current_url and _selected_tags(d) == ["L1.H2"])
+    _wait(d, lambda d: "Ablation" in d.current_url and _selected_tags(d) == [name])
     _wait(d, lambda d: len(_css(d, '[data-testid="stDataFrame"]')) >= 2 and _css(d, ".js-plotly-plot") and _idle(d))
     _no_errors(d)
     text = d.find_element(By.CSS_SELECTOR, '[data-testid="stMain"]').text
-    assert "Accuracy after" in text and "zero ablation of L1.H2" in text
+    assert "Accuracy after" in text and f"zero ablation of {name}" in text
     time.sleep(1.0)
     d.save_screenshot(str(ARTIFACTS / "ablation.png"))

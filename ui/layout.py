@@ -49,14 +49,14 @@ def suitable(t: dict[str, Any], model: str) -> bool:
 
 
 def task_options(caps: dict[str, Any], model: str, current: str | None) -> tuple[list[str], dict[str, dict]]:
-    """Task ids for the picker, the default model's own tasks first when it is picked, and their info.
-
-    A task id the service does not list (an upload from a link, made on another run) is kept as is."""
+    """Task ids for the picker and their info: the default model's own tasks first when it is picked, last
+    (marked) otherwise. A task id the service does not list (an upload from a link) is kept as is."""
     info: dict[str, dict] = {t["id"]: t for t in caps.get("tasks", [])}
     info.update(st.session_state.get("_hl_uploads", {}))
-    ids = [i for i, t in info.items() if t.get("models", "any") == "default" and suitable(t, model)]
-    ids += [i for i, t in info.items() if t.get("models", "any") != "default" and t.get("source") != "upload"]
-    ids += [i for i, t in info.items() if t.get("source") == "upload"]
+    own = [i for i, t in info.items() if t.get("models", "any") == "default"]
+    general = [i for i, t in info.items() if t.get("models", "any") != "default" and t.get("source") != "upload"]
+    uploads = [i for i, t in info.items() if t.get("source") == "upload"]
+    ids = own + general + uploads if is_default_model(model) else general + uploads + own
     if current and current not in info:
         ids.append(current)
         info[current] = {"id": current, "name": current, "kind": "?", "n_examples": 0,
@@ -64,11 +64,12 @@ def task_options(caps: dict[str, Any], model: str, current: str | None) -> tuple
     return ids, info
 
 
-def task_label(t: dict[str, Any]) -> str:
+def task_label(t: dict[str, Any], model: str = "default") -> str:
     if t.get("kind") == "?":
         return f"{t['name']}"
     name = t["name"] + (" (uploaded)" if t.get("source") == "upload" else "")
-    return f"{name} · {t['kind']} · {t['n_examples']} ex."
+    mark = "" if suitable(t, model) else " · for the default model"
+    return f"{name} · {t['kind']} · {t['n_examples']} ex.{mark}"
 
 
 def share_link(page_path: str | None = None) -> str:
@@ -109,16 +110,18 @@ def sidebar(caps: dict[str, Any]) -> None:
         s = state.get()
         ids, info = task_options(caps, s.model, s.task)
         if s.task is None or s.task not in ids:
-            if s.task is not None and ids:
-                st.toast(f"Task `{s.task}` is written for the default model; switched to `{ids[0]}`.",
-                         icon=":material/swap_horiz:")
             state.put("task", ids[0] if ids else None)
         if ids:
-            state.bind(st.selectbox, "Task", "task", options=ids, format_func=lambda i: task_label(info[i]),
+            model_now = state.get().model  # format_func must not read session state (AppTest calls it bare)
+            state.bind(st.selectbox, "Task", "task", options=ids,
+                       format_func=lambda i: task_label(info[i], model_now),
                        help="Built-in tasks, and the ones you upload on the Home page.")
             t = info.get(state.get().task) or {}
             if t.get("description"):
                 st.caption(t["description"])
+            if t and not suitable(t, state.get().model):
+                st.caption(":orange[:material/warning: This task's words exist only in the default model's "
+                           "vocabulary.]")
         else:
             st.warning("The service lists no tasks.")
         _clamp("shots", 0, int(limits.get("max_shots", 32)))
