@@ -118,7 +118,7 @@ def head_heatmap(values: Any, metric: str, selected: Iterable[Sequence[int]] = (
                                       line=dict(width=3, color=SELECT_COLOR))))
     fig.update_xaxes(title_text="head", tickmode="linear" if H <= 40 else "auto", dtick=1 if H <= 40 else None,
                      range=[-0.5, H - 0.5], showgrid=False, zeroline=False)
-    fig.update_yaxes(title_text="layer", autorange="reversed", tickmode="linear" if L <= 40 else "auto",
+    fig.update_yaxes(title_text="layer", range=[L - 0.5, -0.5], tickmode="linear" if L <= 40 else "auto",
                      dtick=1 if L <= 40 else None, showgrid=False, zeroline=False)
     fig.update_layout(title=dict(text=title or f"{label}: {METRICS[metric]['long']}", x=0.0, xanchor="left"),
                       clickmode="event+select", dragmode="zoom", hovermode="closest",
