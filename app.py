@@ -134,8 +134,8 @@ if scores is not None:
                                    "p(gold)": st.column_config.NumberColumn(format="%.3f")})
                 if rows:
                     st.caption("The full prompt of the first example:")
-                    st.code(rows[0]["prompt"] if len(rows[0]["prompt"]) < 1500 else "…" + rows[0]["prompt"][-1500:],
-                            language=None, wrap_lines=True, height=220)
+                    full = rows[0]["prompt"] if len(rows[0]["prompt"]) < 1500 else "…" + rows[0]["prompt"][-1500:]
+                    st.code(full, language=None, wrap_lines=True, height=220 if len(full) > 400 else "content")
             else:
                 st.caption("No example rows came back.")
         with st.expander("ICL curve as a table"):

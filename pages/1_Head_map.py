@@ -92,7 +92,8 @@ with c2:
     st.dataframe(odf, hide_index=True, key="overlap_table",
                  column_config={c: st.column_config.NumberColumn(format="%.3f")
                                 for c in ("Jaccard", "Spearman ρ", "Kendall τ")})
-    st.caption(f"Jaccard: overlap of the top {pct:g}% sets ({len(scores.get('top_tr', []))} heads each). "
+    n_top = len(scores.get("top_tr", []))
+    st.caption(f"Jaccard: overlap of the top {pct:g}% sets ({n_top} head{'s' if n_top != 1 else ''} each). "
                "Spearman and Kendall: rank correlation over all heads.")
     st.plotly_chart(figures.layer_distribution(scores, n), key="layer_dist",
                     config=figures.png_config(f"layer-distribution-{s.task}"))

@@ -97,7 +97,7 @@ def head_heatmap(values: Any, metric: str, selected: Iterable[Sequence[int]] = (
     L, H = z.shape
     rk = ranks(z)
     label = METRICS[metric]["label"]
-    height = height or int(min(720, max(280, 34 * L + 110)))
+    height = height or int(min(760, max(320, 40 * L + 120)))
     fig = go.Figure()
     fig.add_trace(go.Heatmap(z=z, x=list(range(H)), y=list(range(L)), hoverinfo="skip", xgap=1, ygap=1,
                              colorbar=dict(title=dict(text=label, side="right"), thickness=14),
