@@ -174,16 +174,17 @@ def test_dashboard_in_headless_chromium(app_url, driver):
 
     # Head map through the sidebar link: the state travels in the URL
     _wait(d, lambda d: _css(d, '[data-testid="stSidebar"] a[href*="Head_map"]'))[0].click()
-    _wait(d, lambda d: _css(d, ".js-plotly-plot .heatmaplayer") and _idle(d))
-    assert f"task={task}" in d.current_url
-    maps = _css(d, ".js-plotly-plot")
-    assert len(maps) >= 3  # selectable map, all five maps, layer distribution
-    first = maps[0]
-    assert first.find_elements(By.CSS_SELECTOR, ".heatmaplayer image"), "the heatmap image is not drawn"
     n_layers, n_heads = _shape()
+    grid = ".js-plotly-plot .scatterlayer .trace:first-child .point"
+    # drawn: the big map and the five small ones as heatmap images, a marker per head, three figures in all
+    _wait(d, lambda d: len(_css(d, ".js-plotly-plot .heatmaplayer image")) >= 6 and len(_css(d, ".js-plotly-plot")) >= 3
+          and _idle(d))
+    assert f"task={task}" in d.current_url
+    first = _css(d, ".js-plotly-plot")[0]
+    assert first.find_elements(By.CSS_SELECTOR, ".heatmaplayer image"), "the heatmap image is not drawn"
     n_cells = len(first.find_elements(By.CSS_SELECTOR, ".scatterlayer .trace:first-child .point"))
     assert n_cells == n_layers * n_heads, f"expected a marker per head ({n_layers} x {n_heads}), found {n_cells}"
-    assert len(_css(d, ".heatmaplayer image")) >= 6  # the big map + five small ones
+    assert len(_css(d, grid)) >= n_cells
     _no_errors(d)
     assert _selected_tags(d) == []
 
