@@ -180,3 +180,23 @@ def test_function_vector_dataset_with_real_tokenizer(gpt2_tokenizer):
     sent = load_task(str(FV_DATASETS / "sentiment.json"))
     assert sent.kind == "classification"
     assert head_scores(lm, sent, shots=4, n_prompts=6, cache=False).tr_ratio >= 0
+
+
+def test_labels_unknown_to_a_word_level_tokenizer_are_an_error(lm):
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {w: i for i, w in enumerate(["<unk>", "<pad>", "x", "yes", "no", ";"])}
+    raw = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    raw.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok = PreTrainedTokenizerFast(tokenizer_object=raw, unk_token="<unk>", pad_token="<pad>")
+    import transformers as T
+
+    torch.manual_seed(0)
+    cfg = T.LlamaConfig(num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1, hidden_size=16,
+                        intermediate_size=32, vocab_size=6, max_position_embeddings=32)
+    word = wrap(T.AutoModelForCausalLM.from_config(cfg), tok, "word-level")
+    ok = encode(word, [Prompt("x yes ; x", " yes", (" yes", " no"))], "classification")
+    assert ok.label_ids == [[3, 4]]
+    with pytest.raises(TaskError, match="' maybe' is unknown to this model's tokenizer"):
+        encode(word, [Prompt("x yes ; x", " yes", (" yes", " maybe"))], "classification")

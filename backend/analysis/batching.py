@@ -61,6 +61,7 @@ def encode(lm: LoadedModel, prompts: Sequence[Prompt], kind: str) -> Encoded:
             raise TaskError(f"{len(too_long)} prompt(s) exceed the model's context window of {lm.max_positions} "
                             f"tokens (prompt {i + 1} has {len(ids[i])} tokens); use fewer shots or shorter inputs")
     memo: dict[tuple[str, str], list[int]] = {}
+    unk = tok.unk_token_id if tok.unk_token is not None and tok.unk_token != tok.eos_token else None
     label_ids, gold, multi = [], [], set()
     for p in prompts:
         firsts = []
@@ -70,6 +71,9 @@ def encode(lm: LoadedModel, prompts: Sequence[Prompt], kind: str) -> Encoded:
             if key not in memo:
                 memo[key] = answer_tokens(lm, *key)
             toks = memo[key]
+            if unk is not None and toks[0] == unk:
+                raise TaskError(f"label {lab!r} is unknown to this model's tokenizer (it encodes to "
+                                f"{tok.unk_token!r}); this task does not fit this model")
             if len(toks) > 1:
                 multi.add(lab)
             firsts.append(toks[0])
