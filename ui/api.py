@@ -17,7 +17,8 @@ from backend.client import ClientError, HeadlensClient, JobCancelled, JobFailed,
 OnProgress = Callable[[float, str], None]
 
 # page name -> service job kind
-KINDS = {"scores": "scores", "icl": "icl", "ablation": "ablation_curves", "ablate": "ablate"}
+KINDS = {"scores": "scores", "icl": "icl", "ablation": "ablation_curves", "ablate": "ablate",
+         "model_info": "model_info", "steer": "steer", "geometry": "geometry", "perturb": "perturb"}
 JOB_TIMEOUT_S = 3600.0
 
 
@@ -128,7 +129,7 @@ def upload_task(filename: str, content: bytes, kind: str | None = None) -> dict[
 
 # -- jobs -------------------------------------------------------------------------------------------------
 def run(kind: str, params: dict[str, Any], on_progress: OnProgress | None = None) -> dict[str, Any]:
-    """Submit a job of page-kind `kind` (scores, icl, ablation, ablate) and wait for its result."""
+    """Submit a job of page-kind `kind` (a key of KINDS) and wait for its result."""
     service_kind = KINDS.get(kind, kind)
 
     def go() -> dict[str, Any]:

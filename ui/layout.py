@@ -21,7 +21,8 @@ CSS = """
 """
 CAPS_TTL_S = 15.0
 PAGES = [("app.py", "Home", ":material/home:"), ("pages/1_Head_map.py", "Head map", ":material/grid_on:"),
-         ("pages/2_Ablation.py", "Ablation", ":material/power_settings_new:")]
+         ("pages/2_Ablation.py", "Ablation", ":material/power_settings_new:"),
+         ("pages/3_Steering_geometry.py", "Steering & geometry", ":material/explore:")]
 
 
 def capabilities(force: bool = False) -> dict[str, Any]:

@@ -1,0 +1,310 @@
+"""Steering & geometry: inject task vectors built from heads into zero-shot prompts, follow the hidden states
+through the layers against the label subspace, and perturb the demonstrations.
+
+Three service jobs, each cached by the service and run with a progress bar: `steer`, `geometry`, `perturb`.
+A section computes once its Run button is pressed, and then follows the settings.
+"""
+from __future__ import annotations
+
+import json
+from contextlib import contextmanager
+from typing import Any, Iterator
+
+import pandas as pd
+import streamlit as st
+
+from ui import figures, heads, jobs, layout, state
+from ui import steering_figures as sf
+
+PERTURBATIONS = ["shuffled_inputs", "random_labels", "flipped_labels", "symbol_labels", "number_labels"]
+VECTOR_HELP = {
+    "tr": "the summed last-token writes of the top TR heads",
+    "tl": "the summed last-token writes of the top TL heads",
+    "random": "as many random heads (seeded)",
+    "fv": "function vector: the top heads by causal indirect effect (patching into shuffled-label prompts)",
+    "vanilla": "the ICL hidden state minus the zero-shot one at the injection layer",
+    "custom": "the heads selected on the Head map (or below)",
+}
+
+
+@contextmanager
+def guard(what: str) -> Iterator[None]:
+    """A result the page cannot draw is an st.error, never a traceback (st.stop/rerun pass through)."""
+    try:
+        yield
+    except Exception as e:
+        st.error(f"**{what}: could not draw the result.**\n\n{type(e).__name__}: {e}", icon=":material/error:")
+
+
+def local(name: str, default: Any) -> None:
+    """A page setting kept in the session (not the URL), bindable with `state.bind`."""
+    st.session_state.setdefault(f"s_{name}", default)
+
+
+def live(section: str, clicked: bool, kind: str, params: dict[str, Any]) -> bool:
+    """Whether a section computes: after its Run button was pressed once, or when its result is at hand."""
+    flag = f"_hl_sg_live_{section}"
+    if clicked:
+        st.session_state[flag] = True
+    return bool(st.session_state.get(flag)) or state.remembered(kind, params) is not None
+
+
+def run_row(text: str, caption: str, key: str) -> bool:
+    left, right = st.columns([4, 1], vertical_alignment="center")
+    with left:
+        st.markdown(text)
+        st.caption(caption)
+    with right:
+        return st.button("Run", type="primary", icon=":material/play_arrow:", width="stretch", key=key)
+
+
+def download(label: str, result: dict[str, Any], name: str, key: str) -> None:
+    st.download_button(label, json.dumps(result, indent=1).encode(), name.replace(":", "-").replace("/", "-"),
+                       "application/json", icon=":material/data_object:", key=key, on_click="ignore")
+
+
+s, caps = layout.page_setup("Steering & geometry", ":material/explore:")
+st.title(":material/explore: Steering & geometry")
+st.caption("Add a task vector built from heads to zero-shot prompts and see whether it restores in-context "
+           "learning; follow the hidden states through the layers; perturb the demonstrations and see which "
+           "heads still matter.")
+layout.need_task(s)
+
+info = jobs.fetch("model_info", {"model": s.model}, "Loading the model", what="Model")
+if info is None:
+    st.stop()
+L, H = int(info["n_layers"]), int(info["n_heads"])
+
+# -- settings shared by the sections -----------------------------------------------------------------------------
+local("sg_vectors", ["tr", "tl", "random", "fv", "vanilla"])
+local("sg_layer", L // 2)
+local("sg_alpha", 1.0)
+local("sg_pca_layer", L - 1)
+local("sg_final_norm", False)
+local("sg_perturbations", list(PERTURBATIONS))
+if st.session_state["s_sg_layer"] != "all" and not 0 <= int(st.session_state["s_sg_layer"]) < L:
+    state.put("sg_layer", L // 2)  # a layer of another model
+if not 0 <= int(st.session_state["s_sg_pca_layer"]) < L:
+    state.put("sg_pca_layer", L - 1)
+
+st.subheader("Vectors", divider="gray")
+c1, c2, c3 = st.columns([3, 1.3, 1], vertical_alignment="bottom")
+with c3:
+    state.bind(st.number_input, "α (scale)", "sg_alpha", min_value=-100.0, max_value=100.0, step=0.5, format="%.2f",
+               help="The vector is added as α·v. α = 0 leaves the model untouched.")
+with c2:
+    state.bind(st.selectbox, "Injection layer", "sg_layer", options=[*range(L), "all"],
+               format_func=lambda l: "all (layer sweep)" if l == "all" else f"layer {l}" + (" (middle)" if l == L // 2 else ""),
+               help="The vector is added to the residual stream at the output of this decoder layer, at the last "
+                    "token. `all` sweeps every layer.")
+selected = heads.current(L, H)
+options = list(sf.VECTOR_TYPES) if selected else [v for v in sf.VECTOR_TYPES if v != "custom"]
+vecs_now = [v for v in st.session_state["s_sg_vectors"] if v in options]
+if selected and st.session_state.get("_hl_sg_custom_for") != selected:
+    st.session_state["_hl_sg_custom_for"] = selected
+    if "custom" not in vecs_now:
+        vecs_now.append("custom")  # a new selection (e.g. from the Head map) joins the comparison
+state.put("sg_vectors", vecs_now)
+with c1:
+    state.bind(st.multiselect, "Vector types", "sg_vectors", options=options, format_func=sf.vector_name,
+               placeholder="Pick at least one", help=" · ".join(f"{sf.vector_name(k)}: {v}" for k, v in VECTOR_HELP.items()
+                                                                if k in options))
+with st.expander(f"Selected heads ({len(selected)}): the custom vector", icon=":material/touch_app:",
+                 expanded=False):
+    selected = heads.multiselect(L, H, label="Selected heads")
+    st.caption("The selection is shared with the Head map and Ablation pages; the vector of the selected heads is "
+               "their summed last-token writes, like the TR and TL vectors.")
+    st.page_link("pages/1_Head_map.py", label="Pick heads on the Head map", icon=":material/grid_on:",
+                 query_params=state.query())
+vectors = [v for v in st.session_state["s_sg_vectors"] if v in options]
+if not selected:
+    vectors = [v for v in vectors if v != "custom"]
+layer = st.session_state["s_sg_layer"]
+alpha = float(st.session_state["s_sg_alpha"])
+st.caption("Vectors come from ICL prompts of another seed than the ones evaluated; head sets are the top 3% of heads "
+           "by each score (at least one).")
+
+# -- steering ------------------------------------------------------------------------------------------------------
+st.subheader("Steering", divider="gray")
+if not vectors:
+    st.info("Pick at least one vector type above.", icon=":material/arrow_upward:")
+    steer = None
+else:
+    ask = [v for v in vectors if v != "custom"] or ["random"]  # the service wants one built-in type
+    steer_params = s.job(vectors=ask, layer=layer, alpha=alpha,
+                         **({"heads": [list(h) for h in selected]} if "custom" in vectors else {}))
+    where = "every layer (a sweep)" if layer == "all" else f"layer {layer}"
+    clicked = run_row(f"**{len(vectors)}** vector type{'s' if len(vectors) != 1 else ''} at {where}, α = {alpha:g} · "
+                      f"**{s.shots}** shots · **{s.prompts}** prompts",
+                      "Zero-shot prompts with α·v added at the last token; compared with zero-shot and ICL.", "run_steer")
+    steer = None
+    if live("steer", clicked, "steer", steer_params):
+        steer = jobs.fetch("steer", steer_params, "Steering", what="Steering")
+    else:
+        st.info("Press **Run** to inject the vectors.", icon=":material/play_arrow:")
+if steer is not None:
+    with guard("Steering"):
+        jobs.show_warnings(steer)
+        layers = [int(l) for l in steer["layers"]]
+        idx = 0
+        if len(layers) > 1:
+            st.plotly_chart(sf.steer_sweep(steer, vectors), key="steer_sweep",
+                            config=figures.png_config(f"steer-sweep-{s.task}"))
+            best = max(range(len(layers)), key=lambda i: max(
+                (steer["vectors"][v]["accuracy"][i] for v in vectors if v in steer["vectors"]), default=0))
+            at = st.select_slider("Bars at layer", options=layers, value=layers[best], key="w_sg_bar_layer",
+                                  help="The layer of the bar chart below (initially the one with the best accuracy).")
+            idx = layers.index(at)
+        st.plotly_chart(sf.steer_bars(steer, vectors, idx), key="steer_bars",
+                        config=figures.png_config(f"steer-{s.task}-layer{layers[idx]}"))
+        cols = st.columns(2)
+        cols[0].caption("**Accuracy**: share of queries whose prediction is the correct label (zero-shot prompts, "
+                        "unless ICL).")
+        cols[1].caption("**TR ratio**: share of prompts whose top next-token prediction, over the whole vocabulary, "
+                        "is one of the task's labels.")
+        rows = sf.steer_rows(steer, vectors, idx)
+        table = pd.DataFrame([{"condition": r["name"], "accuracy %": 100 * r["accuracy"],
+                               "TR ratio %": 100 * r["tr_ratio"], "‖v‖": r["norm"], "layer": r["layer"],
+                               "heads": ", ".join(figures.head_name(h) for h in r["heads"])} for r in rows])
+        with st.expander("As a table, with each vector's heads and norm"):
+            st.dataframe(table, hide_index=True, key="steer_table",
+                         column_config={"accuracy %": st.column_config.NumberColumn(format="%.1f"),
+                                        "TR ratio %": st.column_config.NumberColumn(format="%.1f"),
+                                        "‖v‖": st.column_config.NumberColumn(format="%.4g")})
+            st.caption("‖v‖ is the vector's norm before scaling by α. " + " · ".join(
+                f"{sf.vector_name(k)}: {VECTOR_HELP[k]}" for k in vectors if k in VECTOR_HELP) + ".")
+        st.caption(f"{steer.get('n_prompts', s.prompts)} prompts · "
+                   + ("from the cache" if steer.get("cache_hit") else "computed"))
+        download("Steering result (JSON)", steer, f"headlens-steer-{s.task}.json", "dl_steer")
+
+# -- geometry ------------------------------------------------------------------------------------------------------
+st.subheader("Hidden-state geometry", divider="gray")
+inject = L // 2 if layer == "all" else int(layer)
+g1, g2 = st.columns([1.3, 1], vertical_alignment="bottom")
+with g1:
+    state.bind(st.selectbox, "PCA layer", "sg_pca_layer", options=list(range(L)),
+               format_func=lambda l: f"after layer {l}" + (" (last)" if l == L - 1 else ""),
+               help="The layer whose hidden states the PCA view shows.")
+with g2:
+    state.bind(st.toggle, "Final norm applied", "sg_final_norm",
+               help="Measure the hidden states after the model's final normalisation, as the unembedding sees them.")
+geo_params = s.job(layer=inject, alpha=alpha, pca_layer=int(st.session_state["s_sg_pca_layer"]),
+                   final_norm=bool(st.session_state["s_sg_final_norm"]))
+clicked = run_row(f"Five conditions: zero-shot; zero-shot + TR, TL and random vectors at layer {inject}, "
+                  f"α = {alpha:g}; ICL",
+                  "Last-token hidden states after every layer, measured against the label subspace"
+                  + (" (the sweep's middle layer: the steered conditions need one layer)." if layer == "all" else "."),
+                  "run_geometry")
+geo = None
+if live("geometry", clicked, "geometry", geo_params):
+    geo = jobs.fetch("geometry", geo_params, "Geometry", what="Geometry")
+else:
+    st.info("Press **Run** to measure the hidden states.", icon=":material/play_arrow:")
+if geo is not None:
+    with guard("Geometry"):
+        jobs.show_warnings(geo)
+        st.plotly_chart(sf.geometry_curves(geo), key="geometry_curves",
+                        config=figures.png_config(f"geometry-{s.task}"))
+        cols = st.columns(3)
+        cols[0].caption("**Alignment** ‖Ph‖/‖h‖: the share of the hidden state lying in the span of the label "
+                        "unembeddings (1 = all of it).")
+        cols[1].caption("**Logit difference** ⟨h, W[gold] − mean W[other labels]⟩: how far the state favours the "
+                        "correct label over the others.")
+        cols[2].caption("**Rotation**: the angle between Ph and that gold-minus-others direction inside the label "
+                        "subspace; under 90° leans to the correct label.")
+        st.caption(f"Lines: means over {geo.get('n_prompts', s.prompts)} prompts; bands: ±1 standard deviation; "
+                   f"dotted line: the injection layer. "
+                   + ("Final norm applied. " if geo.get("final_norm") else "")
+                   + ("From the cache." if geo.get("cache_hit") else "Computed."))
+
+        st.markdown(f"**PCA of the hidden states after layer {geo['pca'].get('layer')}**")
+        p1, p2, p3 = st.columns([1.4, 1, 1], vertical_alignment="bottom")
+        color_by = p1.segmented_control("Colour by", ["condition", "gold"], default="condition", key="w_sg_color",
+                                        format_func=lambda c: {"condition": "Condition", "gold": "Gold label"}[c],
+                                        required=True) or "condition"
+        arrows = p2.toggle("Arrows zero-shot → steered", key="w_sg_arrows",
+                           help="From each zero-shot point to the same prompt with a vector added.")
+        dirs = p3.toggle("Label directions", value=True, key="w_sg_dirs",
+                         help="The label tokens' unembedding rows, projected into the same PCA basis.")
+        t2, t3 = st.tabs(["2D", "3D"])
+        with t2:
+            st.plotly_chart(sf.pca_scatter(geo, 2, color_by, arrows, label_directions=dirs), key="pca_2d",
+                            config=figures.png_config(f"pca2d-{s.task}"))
+        with t3:
+            st.plotly_chart(sf.pca_scatter(geo, 3, color_by, arrows, label_directions=dirs), key="pca_3d",
+                            config=figures.png_config(f"pca3d-{s.task}"))
+        evr = geo["pca"].get("explained_variance_ratio") or []
+        st.caption("PCA (scikit-learn) fitted on the five conditions' states together"
+                   + (f"; the components explain {', '.join(f'{100 * e:.0f}%' for e in evr)} of the variance" if evr else "")
+                   + ". Label directions are drawn from the cloud's centre and scaled to the cloud: only their "
+                     "direction matters. Click legend entries to hide conditions.")
+        download("Geometry result (JSON)", geo, f"headlens-geometry-{s.task}.json", "dl_geometry")
+
+# -- perturbations -------------------------------------------------------------------------------------------------
+st.subheader("Perturbed demonstrations", divider="gray")
+state.bind(st.multiselect, "Perturbations", "sg_perturbations", options=PERTURBATIONS,
+           format_func=sf.perturbation_name, placeholder="Pick at least one",
+           help="Applied to the demonstrations only. Shuffled inputs: the input-label pairing broken, labels kept. "
+                "Random labels: drawn from the label set. Flipped labels: binary tasks. Symbol labels: @ # ! $ & *. "
+                "Number labels: 0 1 2 …")
+chosen = [p for p in PERTURBATIONS if p in st.session_state["s_sg_perturbations"]]
+pert = None
+if not chosen:
+    st.info("Pick at least one perturbation.", icon=":material/arrow_upward:")
+else:
+    pert_params = s.job(perturbations=chosen)
+    clicked = run_row(f"**{len(chosen)}** perturbation{'s' if len(chosen) != 1 else ''} of the demonstrations",
+                      "ICL accuracy, TR ratio and head maps under each, and what ablating the original top heads does.",
+                      "run_perturb")
+    if live("perturb", clicked, "perturb", pert_params):
+        pert = jobs.fetch("perturb", pert_params, "Perturbations", what="Perturbations")
+    else:
+        st.info("Press **Run** to perturb the demonstrations.", icon=":material/play_arrow:")
+if pert is not None:
+    with guard("Perturbations"):
+        jobs.show_warnings(pert)
+        rows, skipped = sf.perturbation_table(pert)
+        for name, why in skipped:
+            st.warning(f"**{sf.perturbation_name(name)}** skipped: {why}", icon=":material/block:")
+        c1, c2 = st.columns([1, 1.3], gap="medium")
+        with c1:
+            st.plotly_chart(sf.perturbation_bars(pert), key="perturb_bars",
+                            config=figures.png_config(f"perturb-{s.task}"))
+            st.caption("**ICL accuracy** and **TR ratio** (top prediction is a label) with perturbed demonstrations; "
+                       "symbol and number labels rename the classes in the query's label set too.")
+        with c2:
+            st.plotly_chart(sf.ablation_effects(pert), key="perturb_ablation",
+                            config=figures.png_config(f"perturb-ablation-{s.task}"))
+            hs = pert.get("heads") or {}
+            st.caption(f"Change when the **unperturbed** top {pert.get('k')} TR heads "
+                       f"({', '.join(figures.head_name(h) for h in hs.get('tr', []))}), top TL heads "
+                       f"({', '.join(figures.head_name(h) for h in hs.get('tl', []))}) or as many random heads are "
+                       "zero-ablated, against no ablation under the same perturbation.")
+        table = pd.DataFrame([{"perturbation": r["perturbation"], "ICL accuracy %": 100 * r["icl_accuracy"],
+                               "TR ratio %": 100 * r["tr_ratio"],
+                               **{f"{lab} acc. %": 100 * r[f"acc_{k}"] for k, lab in
+                                  (("tr", "TR-ablated"), ("tl", "TL-ablated"), ("random", "random-ablated"))
+                                  if f"acc_{k}" in r},
+                               **{f"{lab} TR ratio %": 100 * r[f"ratio_{k}"] for k, lab in
+                                  (("tr", "TR-ablated"), ("tl", "TL-ablated"), ("random", "random-ablated"))
+                                  if f"ratio_{k}" in r}}
+                              for r in rows]
+                             + [{"perturbation": f"{sf.perturbation_name(n)} (skipped)"} for n, _ in skipped])
+        st.dataframe(table, hide_index=True, key="perturb_table",
+                     column_config={c: st.column_config.NumberColumn(format="%.1f") for c in table.columns
+                                    if c != "perturbation"})
+        applied = [r["key"] for r in rows if r["key"] != "none"]
+        if applied:
+            pick = st.segmented_control("Head maps under", applied, default=applied[0], key="w_sg_pmap",
+                                        format_func=sf.perturbation_name, required=True) or applied[0]
+            st.plotly_chart(sf.map_differences(pert, pick), key="perturb_maps",
+                            config=figures.png_config(f"perturb-maps-{pick}-{s.task}"))
+            st.caption("Difference maps: perturbed minus unperturbed, on a diverging scale centred at 0 (red: the "
+                       "head scores higher under the perturbation, blue: lower). " + figures.METRICS["tr"]["caption"])
+            ex = pert["perturbations"][pick].get("example")
+            if ex:
+                with st.expander("An example perturbed prompt (its end)"):
+                    st.code(ex, language=None, wrap_lines=True)
+        st.caption(f"{pert.get('n_prompts', s.prompts)} prompts, {pert.get('shots_used', s.shots)} demonstrations · "
+                   + ("from the cache" if pert.get("cache_hit") else "computed"))
+        download("Perturbation result (JSON)", pert, f"headlens-perturb-{s.task}.json", "dl_perturb")
