@@ -94,7 +94,8 @@ with c3:
                help="The vector is added as α·v. α = 0 leaves the model untouched.")
 with c2:
     state.bind(st.selectbox, "Injection layer", "sg_layer", options=[*range(L), "all"],
-               format_func=lambda l: "all (layer sweep)" if l == "all" else f"layer {l}" + (" (middle)" if l == L // 2 else ""),
+               format_func=lambda l: "all (layer sweep)" if l == "all"
+               else f"layer {l}" + (" (middle)" if l == L // 2 else ""),
                help="The vector is added to the residual stream at the output of this decoder layer, at the last "
                     "token. `all` sweeps every layer.")
 selected = heads.current(L, H)
@@ -107,8 +108,8 @@ if selected and st.session_state.get("_hl_sg_custom_for") != selected:
 state.put("sg_vectors", vecs_now)
 with c1:
     state.bind(st.multiselect, "Vector types", "sg_vectors", options=options, format_func=sf.vector_name,
-               placeholder="Pick at least one", help=" · ".join(f"{sf.vector_name(k)}: {v}" for k, v in VECTOR_HELP.items()
-                                                                if k in options))
+               placeholder="Pick at least one",
+               help=" · ".join(f"{sf.vector_name(k)}: {v}" for k, v in VECTOR_HELP.items() if k in options))
 with st.expander(f"Selected heads ({len(selected)}): the custom vector", icon=":material/touch_app:",
                  expanded=False):
     selected = heads.multiselect(L, H, label="Selected heads")
@@ -136,7 +137,8 @@ else:
     where = "every layer (a sweep)" if layer == "all" else f"layer {layer}"
     clicked = run_row(f"**{len(vectors)}** vector type{'s' if len(vectors) != 1 else ''} at {where}, α = {alpha:g} · "
                       f"**{s.shots}** shots · **{s.prompts}** prompts",
-                      "Zero-shot prompts with α·v added at the last token; compared with zero-shot and ICL.", "run_steer")
+                      "Zero-shot prompts with α·v added at the last token; compared with zero-shot and ICL.",
+                      "run_steer")
     steer = None
     if live("steer", clicked, "steer", steer_params):
         steer = jobs.fetch("steer", steer_params, "Steering", what="Steering")
@@ -235,7 +237,8 @@ if geo is not None:
                             config=figures.png_config(f"pca3d-{s.task}"))
         evr = geo["pca"].get("explained_variance_ratio") or []
         st.caption("PCA (scikit-learn) fitted on the five conditions' states together"
-                   + (f"; the components explain {', '.join(f'{100 * e:.0f}%' for e in evr)} of the variance" if evr else "")
+                   + (f"; the components explain {', '.join(f'{100 * e:.0f}%' for e in evr)} of the variance"
+                      if evr else "")
                    + ". Label directions are drawn from the cloud's centre and scaled to the cloud: only their "
                      "direction matters. Click legend entries to hide conditions.")
         download("Geometry result (JSON)", geo, f"headlens-geometry-{s.task}.json", "dl_geometry")
@@ -266,20 +269,19 @@ if pert is not None:
         rows, skipped = sf.perturbation_table(pert)
         for name, why in skipped:
             st.warning(f"**{sf.perturbation_name(name)}** skipped: {why}", icon=":material/block:")
-        c1, c2 = st.columns([1, 1.3], gap="medium")
-        with c1:
-            st.plotly_chart(sf.perturbation_bars(pert), key="perturb_bars",
-                            config=figures.png_config(f"perturb-{s.task}"))
-            st.caption("**ICL accuracy** and **TR ratio** (top prediction is a label) with perturbed demonstrations; "
-                       "symbol and number labels rename the classes in the query's label set too.")
-        with c2:
-            st.plotly_chart(sf.ablation_effects(pert), key="perturb_ablation",
-                            config=figures.png_config(f"perturb-ablation-{s.task}"))
-            hs = pert.get("heads") or {}
-            st.caption(f"Change when the **unperturbed** top {pert.get('k')} TR heads "
-                       f"({', '.join(figures.head_name(h) for h in hs.get('tr', []))}), top TL heads "
-                       f"({', '.join(figures.head_name(h) for h in hs.get('tl', []))}) or as many random heads are "
-                       "zero-ablated, against no ablation under the same perturbation.")
+        st.plotly_chart(sf.perturbation_bars(pert), key="perturb_bars",
+                        config=figures.png_config(f"perturb-{s.task}"))
+        st.caption("**ICL accuracy** and **TR ratio** (top prediction is a label) with perturbed demonstrations; "
+                   "symbol and number labels rename the classes in the query's label set too.")
+        st.plotly_chart(sf.ablation_effects(pert), key="perturb_ablation",
+                        config=figures.png_config(f"perturb-ablation-{s.task}"))
+        hs = pert.get("heads") or {}
+        st.caption(f"Change when the **unperturbed** top {pert.get('k')} TR heads "
+                   f"({', '.join(figures.head_name(h) for h in hs.get('tr', []))}), top TL heads "
+                   f"({', '.join(figures.head_name(h) for h in hs.get('tl', []))}) or as many random heads "
+                   f"({', '.join(figures.head_name(h) for h in hs.get('random', []))}) are zero-ablated, in points "
+                   "against no ablation under the same perturbation. The paper expects shuffled inputs to make the "
+                   "TL heads matter less, and number labels the TR heads.")
         table = pd.DataFrame([{"perturbation": r["perturbation"], "ICL accuracy %": 100 * r["icl_accuracy"],
                                "TR ratio %": 100 * r["tr_ratio"],
                                **{f"{lab} acc. %": 100 * r[f"acc_{k}"] for k, lab in

@@ -153,8 +153,8 @@ def test_geometry_and_pca_figures():
     from ui import steering_figures as sf
 
     rng = np.random.default_rng(0)
-    conds = {c: {m: {"mean": list(rng.normal(size=4)), "std": list(rng.random(4))} for m in ("alignment", "ld", "rotation")}
-             for c in CONDITIONS}
+    conds = {c: {m: {"mean": list(rng.normal(size=4)), "std": list(rng.random(4))}
+                 for m in ("alignment", "ld", "rotation")} for c in CONDITIONS}
     pts = {c: rng.normal(size=(5, 3)).tolist() for c in CONDITIONS}
     geo = {"layers": [0, 1, 2, 3], "inject_layer": 2, "alpha": 1.0, "conditions": conds,
            "pca": {"points": pts, "gold": ["a", "b", "a", "b", "a"], "layer": 3,
@@ -181,6 +181,10 @@ def test_geometry_and_pca_figures():
     assert len(dirs) == 2 and list(dirs[0].x) == [0.0, 1.0]
     by_gold = sf.pca_scatter(geo, 2, "gold")
     assert len([t for t in by_gold.data if t.mode == "markers"]) == 10  # conditions x gold labels
+    many = [f"w{i}" for i in range(15)] + ["w0", "w0", "w1"]  # a generation task: many gold words
+    groups, colors = sf.gold_groups(many)
+    assert len(colors) == sf.MAX_GOLD_GROUPS + 1 and groups[:2] == ["w0", "w1"]
+    assert groups[9] == sf.OTHER  # w9: among the rarest
     three = sf.pca_scatter(geo, 3, "condition", arrows=True)
     assert {t.type for t in three.data} == {"scatter3d"}
     assert len([t for t in three.data if t.mode == "markers"]) == 5
@@ -251,12 +255,13 @@ def test_steering_bars_show_the_job_numbers(inprocess, setup):
     want = inprocess.run("steer", {**base_params(setup), "vectors": ["tr", "tl", "random", "fv", "vanilla"],
                                    "layer": L // 2, "alpha": 1.0, "heads": [[0, 0], [1, 1]]})
     order = ["zero_shot", "icl", "tr", "tl", "random", "fv", "vanilla", "custom"]
-    acc = [want["zero_shot"]["accuracy"], want["icl"]["accuracy"]] + [want["vectors"][v]["accuracy"][0] for v in order[2:]]
-    ratio = [want["zero_shot"]["tr_ratio"], want["icl"]["tr_ratio"]] + [want["vectors"][v]["tr_ratio"][0] for v in order[2:]]
+    acc = [want[r]["accuracy"] for r in order[:2]] + [want["vectors"][v]["accuracy"][0] for v in order[2:]]
+    ratio = [want[r]["tr_ratio"] for r in order[:2]] + [want["vectors"][v]["tr_ratio"][0] for v in order[2:]]
     bars = figure(at, "steer_bars")["data"]
     assert bars[0]["x"] == ["zero-shot", "ICL", "TR vector", "TL vector", "random-heads vector", "function vector",
                             "vanilla task vector", "selected heads"]
-    assert np.allclose(vals(bars[0]["y"]), 100 * np.asarray(acc)) and np.allclose(vals(bars[1]["y"]), 100 * np.asarray(ratio))
+    assert np.allclose(vals(bars[0]["y"]), 100 * np.asarray(acc))
+    assert np.allclose(vals(bars[1]["y"]), 100 * np.asarray(ratio))
     table = frame_with(at, "‖v‖")
     assert np.allclose(table["accuracy %"], 100 * np.asarray(acc))
     assert table["heads"].iloc[-1] == "L0.H0, L1.H1"
@@ -278,8 +283,10 @@ def test_layer_sweep_draws_lines_over_every_layer(inprocess, setup):
     assert want["layers"] == list(range(L))
     lines = {(t["name"], t["xaxis"]): t for t in figure(at, "steer_sweep")["data"]}
     tr = lines[("TR vector", "x")]
-    assert list(vals(tr["x"])) == list(range(L)) and np.allclose(vals(tr["y"]), 100 * np.asarray(want["vectors"]["tr"]["accuracy"]))
-    assert np.allclose(vals(lines[("random-heads vector", "x2")]["y"]), 100 * np.asarray(want["vectors"]["random"]["tr_ratio"]))
+    assert list(vals(tr["x"])) == list(range(L))
+    assert np.allclose(vals(tr["y"]), 100 * np.asarray(want["vectors"]["tr"]["accuracy"]))
+    rnd_ratio = vals(lines[("random-heads vector", "x2")]["y"])
+    assert np.allclose(rnd_ratio, 100 * np.asarray(want["vectors"]["random"]["tr_ratio"]))
     # the bars show one layer of the sweep, picked on a slider
     slider = at.select_slider(key="w_sg_bar_layer")
     slider.set_value(0).run()

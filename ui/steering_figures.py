@@ -180,9 +180,24 @@ def geometry_curves(geo: dict[str, Any], metrics: Sequence[str] = tuple(GEOMETRY
     return _style(fig, 400)
 
 
-def _gold_colors(gold: Sequence[str]) -> dict[str, str]:
-    labels = sorted({str(g) for g in gold})
-    return {g: LABEL_COLORS[i % len(LABEL_COLORS)] for i, g in enumerate(labels)}
+MAX_GOLD_GROUPS = 9  # gold labels coloured apart; the rarer ones (generation tasks) share "other"
+MAX_DIRECTIONS = 12
+OTHER = "other"
+
+
+def gold_groups(gold: Sequence[str]) -> tuple[list[str], dict[str, str]]:
+    """Each prompt's colour group (its gold label, or "other" past the MAX_GOLD_GROUPS most frequent) and
+    each group's colour."""
+    counts: dict[str, int] = {}
+    for g in gold:
+        counts[g] = counts.get(g, 0) + 1
+    keep = set(counts) if len(counts) <= MAX_GOLD_GROUPS + 1 else \
+        set(sorted(counts, key=lambda g: (-counts[g], g))[:MAX_GOLD_GROUPS])
+    groups = [g if g in keep else OTHER for g in gold]
+    colors = {g: LABEL_COLORS[i % len(LABEL_COLORS)] for i, g in enumerate(sorted(keep))}
+    if OTHER in groups:
+        colors[OTHER] = "#c7c7c7"
+    return groups, colors
 
 
 def pca_scatter(geo: dict[str, Any], dims: int = 2, color_by: str = "condition", arrows: bool = False,
@@ -207,21 +222,23 @@ def pca_scatter(geo: dict[str, Any], dims: int = 2, color_by: str = "condition",
         return d
 
     gold = [str(g) for g in pca.get("gold") or []]
-    gcol = _gold_colors(gold)
+    group, gcol = gold_groups(gold)
     Scatter = go.Scatter3d if dims == 3 else go.Scatter
     fig = go.Figure()
     for c in order:
         st = CONDITION_STYLE.get(c, {"name": c, "color": "#17becf", "symbol": "circle"})
         p = pts[c]
-        g = gold if len(gold) == len(p) else ["?"] * len(p)
+        ok = len(gold) == len(p)
+        g = gold if ok else ["?"] * len(p)
+        grp = group if ok else ["?"] * len(p)
         symbol = st["symbol"] if dims == 2 else {"x": "x", "cross": "cross", "square": "square",
                                                   "diamond": "diamond"}.get(st["symbol"], "circle")
         hover = "%{text}<extra>" + st["name"] + "</extra>"
         if color_by == "gold":
-            for lab in sorted(set(g)):
-                idx = [i for i, x in enumerate(g) if x == lab]
+            for lab in sorted(set(grp), key=lambda x: (x == OTHER, x)):
+                idx = [i for i, x in enumerate(grp) if x == lab]
                 fig.add_trace(Scatter(**xyz(p[idx]), mode="markers", name=f"{st['name']} · {lab.strip()}",
-                                      legendgroup=c, text=[f"prompt {i} · gold {lab.strip()!r}" for i in idx],
+                                      legendgroup=c, text=[f"prompt {i} · gold {g[i].strip()!r}" for i in idx],
                                       hovertemplate=hover,
                                       marker=dict(color=gcol.get(lab, "#17becf"), symbol=symbol,
                                                   size=9 if dims == 2 else 4, opacity=0.85,
@@ -259,14 +276,18 @@ def pca_scatter(geo: dict[str, Any], dims: int = 2, color_by: str = "condition",
                                   legendgroup=c, line=dict(color=st["color"], width=2), hoverinfo="skip"))
     if label_directions:
         dirs = pca.get("label_directions") or {}
+        if len(dirs) > MAX_DIRECTIONS:  # the labels coloured apart first
+            first = [k for k in dirs if k in gcol] + [k for k in dirs if k not in gcol]
+            dirs = {k: dirs[k] for k in first[:MAX_DIRECTIONS]}
         for i, (lab, d) in enumerate(dirs.items()):
             v = np.pad(np.asarray(d, dtype=float), (0, max(0, dims - len(d))))[:dims]
             color = gcol.get(lab, LABEL_COLORS[i % len(LABEL_COLORS)]) if color_by == "gold" else "#222222"
             line = np.stack([np.zeros(dims), v])
-            fig.add_trace(Scatter(**xyz(line), mode="lines+text", text=["", f"unembed {lab.strip()!r}"],
+            fig.add_trace(Scatter(**xyz(line), mode="lines+text", text=["", lab.strip()],
                                   textposition="top center", name=f"label {lab.strip()!r}", legendgroup="labels",
                                   legendgrouptitle_text="label directions" if i == 0 else None,
-                                  line=dict(color=color, width=3 if dims == 2 else 5, dash="dot" if dims == 2 else None),
+                                  line=dict(color=color, width=3 if dims == 2 else 5,
+                                            dash="dot" if dims == 2 else None),
                                   hovertemplate=f"unembedding direction of {lab.strip()!r}<extra></extra>"))
     axis = [f"PC{i + 1}" + (f" ({100 * evr[i]:.0f}%)" if i < len(evr) else "") for i in range(dims)]
     title = f"PCA of hidden states after layer {pca.get('layer')} ({dims}D)"
@@ -332,7 +353,9 @@ def ablation_effects(rep: dict[str, Any]) -> go.Figure:
         for s, st in ABLATION_STYLE.items():
             y = [100 * r.get(f"d_{metric}_{s}", np.nan) for r in rows]
             fig.add_trace(go.Bar(x=names, y=y, name=st["name"], marker_color=st["color"], legendgroup=s,
-                                 showlegend=col == 1,
+                                 showlegend=col == 1, text=[f"{v:+.0f}" if abs(v) >= 0.5 else "" for v in y],
+                                 textposition="outside",
+                                 cliponaxis=False,
                                  hovertemplate="%{x}, " + st["name"] + ": %{y:+.1f} pts<extra></extra>"),
                           row=1, col=col)
         fig.update_yaxes(title_text="points vs no ablation" if col == 1 else None, zeroline=True,
@@ -355,7 +378,7 @@ def map_differences(rep: dict[str, Any], name: str) -> go.Figure:
     titles = []
     for m in ("TR", "TL"):
         titles += [f"{m} unperturbed", f"{m} · {pname}", f"{m} difference"]
-    fig = make_subplots(rows=2, cols=3, subplot_titles=titles, horizontal_spacing=0.09, vertical_spacing=0.14)
+    fig = make_subplots(rows=2, cols=3, subplot_titles=titles, horizontal_spacing=0.12, vertical_spacing=0.16)
     for row, m in enumerate(("tr", "tl"), start=1):
         a = np.asarray(base[m], dtype=float)
         b = np.asarray(pert[m], dtype=float)
@@ -368,7 +391,7 @@ def map_differences(rep: dict[str, Any], name: str) -> go.Figure:
             r = max(_sym(a), _sym(b))
             scale = dict(colorscale="RdBu_r", zmin=-r, zmax=r, zmid=0.0)
         r = _sym(d)
-        for col, (z, sc, cb) in enumerate(((a, scale, None), (b, scale, 0.645),
+        for col, (z, sc, cb) in enumerate(((a, scale, None), (b, scale, 0.635),
                                            (d, dict(colorscale="RdBu_r", zmin=-r, zmax=r, zmid=0.0), 1.01)), start=1):
             label = titles[(row - 1) * 3 + col - 1]
             fig.add_trace(go.Heatmap(z=z, x=list(range(H)), y=list(range(L)), xgap=1, ygap=1, name=label,
@@ -377,9 +400,13 @@ def map_differences(rep: dict[str, Any], name: str) -> go.Figure:
                                      if cb is not None else None,
                                      hovertemplate=f"L%{{y}}.H%{{x}}<br>{label} = %{{z:.4g}}<extra></extra>", **sc),
                           row=row, col=col)
-    fig.update_yaxes(autorange="reversed", title_text="layer", showgrid=False, zeroline=False)
-    fig.update_xaxes(title_text="head", showgrid=False, zeroline=False)
-    L = len(base["tr"])
+    L, H = len(base["tr"]), len(base["tr"][0]) if base["tr"] else 0
+    fig.update_yaxes(autorange="reversed", showgrid=False, zeroline=False, dtick=1 if L <= 32 else None)
+    fig.update_xaxes(showgrid=False, zeroline=False, dtick=1 if H <= 32 else None)
+    for row in (1, 2):
+        fig.update_yaxes(title_text="layer", row=row, col=1)
+    for col in (1, 2, 3):
+        fig.update_xaxes(title_text="head", row=2, col=col)
     _style(fig, int(min(900, max(460, 2 * (18 * L + 90)))))
     fig.update_layout(title=dict(text=f"Head maps: unperturbed vs {pname}", x=0.0))
     return fig
