@@ -270,6 +270,11 @@ def test_steering_bars_show_the_job_numbers(inprocess, setup):
     at.multiselect(key="w_sg_vectors").set_value(["tl"]).run()  # fewer vectors: fewer bars
     assert_clean(at)
     assert figure(at, "steer_bars")["data"][0]["x"] == ["zero-shot", "ICL", "TL vector"]
+    at.multiselect(key="w_sg_vectors").set_value(["custom"]).run()  # the selected heads alone
+    assert_clean(at)
+    bars = figure(at, "steer_bars")["data"][0]
+    assert bars["x"] == ["zero-shot", "ICL", "selected heads"]
+    assert np.isclose(vals(bars["y"])[2], 100 * want["vectors"]["custom"]["accuracy"][0])
 
 
 def test_layer_sweep_draws_lines_over_every_layer(inprocess, setup):
