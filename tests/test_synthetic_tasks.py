@@ -173,8 +173,8 @@ def test_repetition_sequences_copy_at_varying_distances():
     words = build_world().vocabulary()
     dists = set()
     for i in range(50):
-        seq, tgt = repetition_sequence(random.Random(i), words, 127)
-        assert len(seq) == len(tgt) == 127
+        seq, tgt = repetition_sequence(random.Random(i), words, 63)
+        assert len(seq) == len(tgt) == 63 and len(set(seq)) == len(seq) - sum(tgt) - 1
         pos = [j for j, t in enumerate(tgt) if t]
         assert pos
         # every target equals the word after the previous occurrence of the word before it

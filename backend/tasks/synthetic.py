@@ -265,16 +265,20 @@ def icl_episode(rng: random.Random, name: str, n_demos: int, burst: float = 0.0)
 def repetition_sequence(rng: random.Random, words: Sequence[str], length: int) -> tuple[list[str], list[bool]]:
     """A list-repetition sequence of `length` words and, per word, whether it is a copy target.
 
-    Layout: random prefix (0-16 words), a list of n distinct random words (n varies, so the copy
-    distance varies), the same list again, random words to fill. Targets: the second copy from its
-    second word on (each predictable from the word before it by induction).
+    Layout: random words, a list of n random words, a gap of random words, the list again, random words
+    to fill; n, the gap and the prefix vary, so the copy distance varies and no position tells where
+    to copy from. All words of a row are distinct (while the vocabulary allows), so the word before a
+    target occurred once before. Targets: the second copy from its second word on (each predictable by
+    induction from the word before it).
     """
-    prefix = rng.randint(0, min(16, length // 4))
-    n = rng.randint(3, (length - prefix) // 2)
-    lst = rng.sample(list(words), n)
-    seq = [rng.choice(words) for _ in range(prefix)] + lst + lst
-    target = [False] * (prefix + n) + [False] + [True] * (n - 1)
+    n = rng.randint(min(3, length // 2), length // 2)
+    gap = rng.randint(0, length - 2 * n)
+    prefix = rng.randint(0, length - 2 * n - gap)
+    pool = rng.sample(list(words), length) if len(words) >= length else [rng.choice(words) for _ in range(length)]
+    lst, rest = pool[:n], pool[n:]
+    seq = rest[:prefix] + lst + rest[prefix:prefix + gap] + lst
+    target = [False] * (prefix + n + gap) + [False] + [True] * (n - 1)
     fill = length - len(seq)
-    seq += [rng.choice(words) for _ in range(fill)]
+    seq += rest[prefix + gap:prefix + gap + fill]
     target += [False] * fill
     return seq, target
