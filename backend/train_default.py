@@ -428,6 +428,7 @@ def _fmt(xs: Sequence[float]) -> str:
 def model_card(m: dict[str, Any]) -> str:
     """The model card (README.md) from the metrics dict."""
     c = m["config"]
+    ex = next(t for t in synthetic_tasks() if t.name == "syn-sentiment").build_prompts(2, 1, 0)[0]
     lines = [
         "# headlens-tiny: the embedded default model of headlens",
         "",
@@ -473,8 +474,31 @@ def model_card(m: dict[str, Any]) -> str:
         m.get("command") or "python -m backend.train_default",
         "```",
         "",
-        f"Training took {m['train_seconds']:.0f} s on {m['device']} "
-        f"({'2-core CPU' if m['device'] == 'cpu' else 'GPU'}).",
+        f"Training took {m['train_seconds']:.0f} s on {m['device']}"
+        + (" (the 2-core CPU of the development machine, shared with other jobs at the time)."
+           if m["device"] == "cpu" else "."),
+        "",
+        "## Use",
+        "",
+        "```python",
+        "from transformers import AutoModelForCausalLM, AutoTokenizer",
+        'tok = AutoTokenizer.from_pretrained("models/headlens-tiny")',
+        'model = AutoModelForCausalLM.from_pretrained("models/headlens-tiny")',
+        f'ids = tok("{ex.text}")["input_ids"]  # <s> prepended; the gold answer is "{ex.gold}"',
+        "```",
+        "",
+        "- Every word is one token; answers carry a leading space (`\" pos\"`) and are one token.",
+        "- `tokenizer_config.json` names `PreTrainedTokenizerFast` on purpose: transformers 5 would otherwise pick "
+        "the Llama tokenizer class, which ignores the word-level `tokenizer.json` and encodes text to nothing.",
+        f"- Prompts longer than {c['seq_len']} tokens leave the trained length (RoPE degrades past it).",
+        "",
+        "## Label sets",
+        "",
+        "Every query word is valid under several tasks, so a zero-shot prompt does not say which task is meant. "
+        "Classification prompts are scored against the language's whole classification vocabulary (14 words); "
+        "random-mapping prompts against those 14 plus their own two mapped words. Scored against one task's own "
+        "labels only, a model that knows the facts would answer zero-shot prompts right without knowing the task "
+        "(the restriction itself names the task).",
         "",
     ]
     if "eval" in m:
@@ -503,6 +527,9 @@ def model_card(m: dict[str, Any]) -> str:
         lines += ["", f"Induction (prefix-matching) scores on `<s>` + {ind['n']} random tokens repeated twice, batch "
                   f"{ind['batch']}: {ind['heads_above_0.5']} heads above 0.5; top heads (layer, head): "
                   + ", ".join(f"L{l}H{h} {s:.2f}" for l, h, s in ind["top"]) + "."]
+        if "induction_no_bos_top" in m:
+            lines += ["", "Without `<s>`, the top heads: "
+                      + ", ".join(f"L{l}H{h} {s:.2f}" for l, h, s in m["induction_no_bos_top"]) + "."]
     lines += ["", "Regenerate with the command above; `metrics.json` holds the numbers and the training curve.", ""]
     return "\n".join(lines)
 
