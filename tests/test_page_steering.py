@@ -20,6 +20,8 @@ import pytest
 pytest.importorskip("streamlit.testing.v1")
 from streamlit.testing.v1 import AppTest  # noqa: E402
 
+from ui.steering_figures import MAX_DIRECTIONS  # noqa: E402
+
 REPO = Path(__file__).resolve().parents[1]
 APP = str(REPO / "app.py")
 PAGE = "pages/3_Steering_geometry.py"
@@ -326,7 +328,7 @@ def test_geometry_curves_and_pca(inprocess, setup):
     assert np.allclose(vals(zs["x"]), [p[0] for p in want["pca"]["points"]["zero_shot"]])
     assert {t["type"] for t in three["data"]} == {"scatter3d"}
     labels = [t for t in two["data"] if str(t.get("name", "")).startswith("label ")]
-    assert len(labels) == len(want["pca"]["label_directions"]) > 0
+    assert len(labels) == min(MAX_DIRECTIONS, len(want["pca"]["label_directions"])) > 0
 
     at.toggle(key="w_sg_arrows").set_value(True).run()  # arrows zero-shot -> steered
     assert_clean(at)
