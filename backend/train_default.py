@@ -21,7 +21,7 @@ import sys
 import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
 import torch
@@ -30,6 +30,9 @@ import torch.nn.functional as F
 from .tasks.base import Prompt
 from .tasks.synthetic import (CLASS_TASKS, GEN_TASKS, RMAP_BASES, build_world, group_of, icl_episode,
                               repetition_sequence, synthetic_tasks)
+
+if TYPE_CHECKING:
+    from transformers import LlamaConfig, PreTrainedModel, PreTrainedTokenizerBase, PreTrainedTokenizerFast
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_OUT = REPO_ROOT / "models" / "headlens-tiny"
@@ -81,7 +84,7 @@ CONFIGS: dict[str, TrainConfig] = {
 
 
 # -- tokenizer ------------------------------------------------------------------------------------
-def build_tokenizer(max_len: int):
+def build_tokenizer(max_len: int) -> PreTrainedTokenizerFast:
     """A word-level fast tokenizer over the synthetic vocabulary: whitespace split, `<s>` prepended.
 
     ids: 0 <pad>, 1 <s>, 2 </s>, 3 <unk>, then `World.vocabulary()` in order.
@@ -99,7 +102,7 @@ def build_tokenizer(max_len: int):
                                    unk_token="<unk>", model_max_length=max_len)
 
 
-def save_tokenizer(tok, out: Path) -> None:
+def save_tokenizer(tok: PreTrainedTokenizerBase, out: Path) -> None:
     """Save; name the generic fast class (a model-family class would ignore the word-level tokenizer.json)."""
     tok.save_pretrained(str(out))
     p = out / "tokenizer_config.json"
@@ -110,7 +113,7 @@ def save_tokenizer(tok, out: Path) -> None:
     p.write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
 
 
-def model_config(cfg: TrainConfig, vocab_size: int):
+def model_config(cfg: TrainConfig, vocab_size: int) -> LlamaConfig:
     """The LlamaConfig of a TrainConfig."""
     from transformers import LlamaConfig
 
@@ -189,7 +192,7 @@ def label_loss(logits: torch.Tensor, ids: torch.Tensor, target: torch.Tensor) ->
 
 
 # -- evaluation -----------------------------------------------------------------------------------
-def _first_tokens(tok, text: str, answers: Sequence[str], memo: dict) -> list[int]:
+def _first_tokens(tok: PreTrainedTokenizerBase, text: str, answers: Sequence[str], memo: dict) -> list[int]:
     """First token of each answer as it continues `text` (tokens of text+answer after those of text)."""
     out = []
     tail = text.rsplit(" ", 1)[-1]
@@ -204,7 +207,7 @@ def _first_tokens(tok, text: str, answers: Sequence[str], memo: dict) -> list[in
 
 
 @torch.inference_mode()
-def last_logits(model, tok, texts: Sequence[str], batch_size: int = 256) -> torch.Tensor:
+def last_logits(model: PreTrainedModel, tok: PreTrainedTokenizerBase, texts: Sequence[str], batch_size: int = 256) -> torch.Tensor:
     """Logits at the last token of each text, (N, V), float32, CPU. Left padding with position ids."""
     dev = next(model.parameters()).device
     enc = [tok(t)["input_ids"] for t in texts]
@@ -244,7 +247,7 @@ def score_prompts(logits: torch.Tensor, label_ids: Sequence[Sequence[int]], gold
     return correct, inlab
 
 
-def evaluate_prompts(model, tok, prompts: Sequence[Prompt], kind: str, batch_size: int = 256) -> dict[str, float]:
+def evaluate_prompts(model: PreTrainedModel, tok: PreTrainedTokenizerBase, prompts: Sequence[Prompt], kind: str, batch_size: int = 256) -> dict[str, float]:
     """Accuracy and TR ratio of prompts: {"accuracy", "tr_ratio", "n"}."""
     memo: dict = {}
     label_ids = [_first_tokens(tok, p.text, p.labels, memo) for p in prompts]
@@ -254,7 +257,7 @@ def evaluate_prompts(model, tok, prompts: Sequence[Prompt], kind: str, batch_siz
     return {"accuracy": float(correct.mean()), "tr_ratio": float(inlab.mean()), "n": len(prompts)}
 
 
-def evaluate_language(model, tok, shots: Sequence[int] = EVAL_SHOTS, n: int = 300, seed: int = 0,
+def evaluate_language(model: PreTrainedModel, tok: PreTrainedTokenizerBase, shots: Sequence[int] = EVAL_SHOTS, n: int = 300, seed: int = 0,
                       tasks: Sequence[str] | None = None) -> dict[str, Any]:
     """Accuracy and TR ratio per task and k, and their means per group.
 
@@ -277,7 +280,7 @@ def evaluate_language(model, tok, shots: Sequence[int] = EVAL_SHOTS, n: int = 30
 
 
 @torch.inference_mode()
-def induction_scores(model, tok, n: int = 50, batch: int = 4, seed: int = 0, bos: bool = True) -> np.ndarray:
+def induction_scores(model: PreTrainedModel, tok: PreTrainedTokenizerBase, n: int = 50, batch: int = 4, seed: int = 0, bos: bool = True) -> np.ndarray:
     """Prefix-matching score per head, (layers, heads).
 
     Random non-special tokens r (batch, n) repeated: [<s>] r r; score = mean attention from position i of
@@ -326,7 +329,7 @@ def lr_factor(cfg: TrainConfig, step: int) -> float:
     return 0.05 + 0.95 * 0.5 * (1 + math.cos(math.pi * min(1.0, frac)))
 
 
-def quick_eval_set(tok, n: int = 40, shots: int = 8, seed: int = 12345) -> dict[str, list[tuple[Prompt, str]]]:
+def quick_eval_set(tok: PreTrainedTokenizerBase, n: int = 40, shots: int = 8, seed: int = 12345) -> dict[str, list[tuple[Prompt, str]]]:
     """Fixed prompts for the progress bar: n per task at `shots` demonstrations, grouped."""
     out: dict[str, list[tuple[Prompt, str]]] = {g: [] for g in GROUPS}
     for t in synthetic_tasks():
@@ -334,7 +337,7 @@ def quick_eval_set(tok, n: int = 40, shots: int = 8, seed: int = 12345) -> dict[
     return out
 
 
-def quick_eval(model, tok, sets: dict[str, list[tuple[Prompt, str]]]) -> dict[str, float]:
+def quick_eval(model: PreTrainedModel, tok: PreTrainedTokenizerBase, sets: dict[str, list[tuple[Prompt, str]]]) -> dict[str, float]:
     """8-shot accuracy per group on the fixed progress-bar prompts."""
     was = model.training
     model.eval()
