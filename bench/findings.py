@@ -65,7 +65,7 @@ def main() -> None:
             "ks": ab["ks"], "tr_heads": cur["tr"]["heads"], "tl_heads": cur["tl"]["heads"],
             "steer": {"zero_shot": st["zero_shot"], "icl": st["icl"],
                       **{v: {"accuracy": st["vectors"][v]["accuracy"][0], "tr_ratio": st["vectors"][v]["tr_ratio"][0]}
-                         for v in st["vectors"]}},
+                         for v in st["vectors"]}, "warnings": st["warnings"]},
             "steer_layer": st["layers"][0], "vector_heads": {v: st["vectors"][v]["heads"] for v in st["vectors"]},
         })
         print(f"{name}: done ({time.time() - t0:.0f}s)", file=sys.stderr)
@@ -118,9 +118,10 @@ def render(rows: list[dict], lm, a, seconds: float) -> str:
     for r in rows:
         s = r["steer"]
         out.append(f"| {r['task']} | " + " | ".join(
-            f"{s[k]['accuracy']:.2f} / {s[k]['tr_ratio']:.2f}" for k in
+            f"{s[k]['accuracy']:.2f} / {s[k]['tr_ratio']:.2f}" if k in s else "n/a" for k in
             ("zero_shot", "icl", "tr", "tl", "random", "fv", "vanilla")) + " |")
-    out += ["", "Cells: accuracy / TR ratio.", ""]
+    out += ["", "Cells: accuracy / TR ratio. n/a: " + "; ".join(
+        sorted({w for r in rows for w in r["steer"].get("warnings", []) if "function vector" in w})) or "none", ""]
     return "\n".join(out)
 
 

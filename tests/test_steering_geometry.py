@@ -191,3 +191,11 @@ def test_perturbation_report(lm):
         np.testing.assert_allclose(np.asarray(per[name]["tr"]) - np.asarray(per["none"]["tr"]),
                                    per[name]["tr_diff"])
         assert set(per[name]["ablation"]) == {"none", "tr", "tl", "random"}
+
+
+def test_function_vector_is_skipped_with_a_reason_for_builder_tasks(lm):
+    base = sentiment_task()
+    task = Task("built", "classification", base.examples, labels=base.labels,
+                builder=lambda t, k, n, s: base.build_prompts(k, n, s))
+    r = steer(lm, task, vectors=("tr", "fv"), shots=2, n_prompts=4, cache=False)
+    assert set(r["vectors"]) == {"tr"} and any("no function vector" in w for w in r["warnings"])

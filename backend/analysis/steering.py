@@ -174,7 +174,13 @@ def steer(lm: LoadedModel, task: Task, vectors: Sequence[str] = VECTOR_TYPES, la
                    heads=[list(h) for h in heads or []])
 
     def compute() -> dict[str, Any]:
-        built = build_vectors(lm, task, vectors, shots, n_prompts, seed, top_pct, heads, batch_size, cache)
+        notes = []
+        types = list(vectors)
+        if "fv" in types and task.builder is not None:
+            types.remove("fv")
+            notes.append(f"no function vector for {task.name!r}: its causal indirect effects need shuffled-label "
+                         f"prompts, and this task builds its own prompts")
+        built = build_vectors(lm, task, types, shots, n_prompts, seed, top_pct, heads, batch_size, cache)
         zero = encode(lm, task.build_prompts(0, n_prompts, seed), task.kind)
         icl_prompts, _, warnings = fit_prompts(lm, task, shots, n_prompts, seed)
         icl = evaluate(lm, icl_prompts, task.kind, batch_size)
@@ -190,7 +196,7 @@ def steer(lm: LoadedModel, task: Task, vectors: Sequence[str] = VECTOR_TYPES, la
         base = run_injections(lm, zero, [(layers[0], torch.zeros(lm.d_model))], batch_size)
         return {"layers": layers, "alpha": alpha,
                 "zero_shot": {"accuracy": float(base["correct"].mean()), "tr_ratio": float(base["in_labels"].mean())},
-                "icl": {"accuracy": icl.accuracy, "tr_ratio": icl.tr_ratio}, "vectors": out, "warnings": warnings}
+                "icl": {"accuracy": icl.accuracy, "tr_ratio": icl.tr_ratio}, "vectors": out, "warnings": notes + warnings}
 
     value, hit = store.get_or_compute(key, compute) if store else (compute(), False)
     return {"model": lm.name, "task": task.name, "shots": shots, "n_prompts": n_prompts, "seed": seed, **value,
