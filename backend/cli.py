@@ -73,6 +73,16 @@ def _task_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", dest="out", default=None, help="write the result JSON here (default: stdout)")
 
 
+def _size_args(p: argparse.ArgumentParser, shots: bool = True, prompts: int = 50, top_pct: bool = False) -> None:
+    """The arguments every analysis command shares: --shots, --prompts, [--top-pct], --no-cache."""
+    if shots:
+        p.add_argument("--shots", type=int, default=8)
+    p.add_argument("--prompts", type=int, default=prompts)
+    if top_pct:
+        p.add_argument("--top-pct", type=float, default=3.0)
+    p.add_argument("--no-cache", action="store_true")
+
+
 def _load_model(a: argparse.Namespace):
     from .models import load_model
 
@@ -238,19 +248,15 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("scores", help="per-head TR / TL / DLA / induction maps of a task")
     _model_args(s)
     _task_args(s)
-    s.add_argument("--shots", type=int, default=8)
-    s.add_argument("--prompts", type=int, default=50)
+    _size_args(s, top_pct=True)
     s.add_argument("--prompts-file", help="JSONL of {prompt, label, labels} records, scored as given")
     s.add_argument("--apply-ln", action="store_true", help="scale head writes by the final norm's scale")
-    s.add_argument("--top-pct", type=float, default=3.0)
-    s.add_argument("--no-cache", action="store_true")
 
     i = sub.add_parser("icl", help="accuracy and TR ratio against the number of demonstrations")
     _model_args(i)
     _task_args(i)
     i.add_argument("--shots", type=_ints, default=[0, 1, 2, 4, 8])
-    i.add_argument("--prompts", type=int, default=100)
-    i.add_argument("--no-cache", action="store_true")
+    _size_args(i, shots=False, prompts=100)
 
     b = sub.add_parser("ablate", help="ablation curve over top-k heads, or a given head set")
     _model_args(b)
@@ -260,9 +266,7 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--heads", type=_heads, help="ablate this set instead, e.g. 3.5,10.2 (layer.head)")
     b.add_argument("--mode", choices=["zero", "mean"], default="zero")
     b.add_argument("--positions", choices=["all", "last"], default="all", help="ablate at every token or the last")
-    b.add_argument("--shots", type=int, default=8)
-    b.add_argument("--prompts", type=int, default=50)
-    b.add_argument("--no-cache", action="store_true")
+    _size_args(b)
 
     st = sub.add_parser("steer", help="add task vectors built from heads to zero-shot prompts")
     _model_args(st)
@@ -272,10 +276,7 @@ def build_parser() -> argparse.ArgumentParser:
     st.add_argument("--layer", type=_layer, default=None, help="decoder layer (default L/2), or `all` to sweep")
     st.add_argument("--alpha", type=float, default=1.0)
     st.add_argument("--heads", type=_heads, help="also a vector from this head set (layer.head,...)")
-    st.add_argument("--shots", type=int, default=8)
-    st.add_argument("--prompts", type=int, default=50)
-    st.add_argument("--top-pct", type=float, default=3.0)
-    st.add_argument("--no-cache", action="store_true")
+    _size_args(st, top_pct=True)
 
     g = sub.add_parser("geometry", help="hidden-state alignment, LD, rotation per layer; PCA")
     _model_args(g)
@@ -284,10 +285,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--alpha", type=float, default=1.0)
     g.add_argument("--final-norm", action="store_true", help="apply the final norm to hidden states first")
     g.add_argument("--pca-layer", type=int, default=None)
-    g.add_argument("--shots", type=int, default=8)
-    g.add_argument("--prompts", type=int, default=50)
-    g.add_argument("--top-pct", type=float, default=3.0)
-    g.add_argument("--no-cache", action="store_true")
+    _size_args(g, top_pct=True)
 
     pe = sub.add_parser("perturb", help="demonstration perturbations: accuracy, TR ratio, map diffs, ablations")
     _model_args(pe)
@@ -295,10 +293,7 @@ def build_parser() -> argparse.ArgumentParser:
     pe.add_argument("--perturbations", type=_words, default=None,
                     help="comma-separated: shuffled_inputs, random_labels, flipped_labels, symbol_labels, number_labels")
     pe.add_argument("--k", type=int, default=None, help="heads ablated per set (default: the top-pct set size)")
-    pe.add_argument("--shots", type=int, default=8)
-    pe.add_argument("--prompts", type=int, default=50)
-    pe.add_argument("--top-pct", type=float, default=3.0)
-    pe.add_argument("--no-cache", action="store_true")
+    _size_args(pe, top_pct=True)
 
     la = sub.add_parser("launch", help="start the backend service and the dashboard together, print the URL")
     la.add_argument("--host", default="127.0.0.1")

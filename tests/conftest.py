@@ -40,3 +40,23 @@ def tiny_lm(request, gpt2_tokenizer):
     if arch not in _lm_cache:
         _lm_cache[arch] = wrap(tiny_model(arch), gpt2_tokenizer, f"tiny-{arch}")
     return _lm_cache[arch]
+
+
+@pytest.fixture(scope="module")
+def shared_cache(tmp_path_factory):
+    """One cache folder per test module, so a module's tests reuse each other's results."""
+    return tmp_path_factory.mktemp("module-cache")
+
+
+@pytest.fixture
+def inprocess(monkeypatch, shared_cache):
+    """The service in this process (`HEADLENS_BACKEND_URL=inprocess`), on the module's cache folder."""
+    from ui import api
+
+    for var in ("HEADLENS_TOKEN", "HEADLENS_MODEL_ROOT", "HEADLENS_DEFAULT_MODEL"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("HEADLENS_BACKEND_URL", "inprocess")
+    monkeypatch.setenv("HEADLENS_CACHE_DIR", str(shared_cache))
+    api.reset_clients()
+    yield api
+    api.reset_clients()

@@ -54,25 +54,6 @@ def setup(tmp_path_factory) -> dict:
     return {"model": str(folder), "task": "sentiment", "gen_task": "antonym", "shots": 2, "prompts": 6}
 
 
-@pytest.fixture(scope="module")
-def shared_cache(tmp_path_factory) -> Path:
-    return tmp_path_factory.mktemp("ui-steer-cache")
-
-
-@pytest.fixture
-def inprocess(monkeypatch, shared_cache):
-    """The service in this process; one cache folder for the module, so tests reuse each other's results."""
-    from ui import api
-
-    for var in ("HEADLENS_TOKEN", "HEADLENS_MODEL_ROOT", "HEADLENS_DEFAULT_MODEL"):
-        monkeypatch.delenv(var, raising=False)
-    monkeypatch.setenv("HEADLENS_BACKEND_URL", "inprocess")
-    monkeypatch.setenv("HEADLENS_CACHE_DIR", str(shared_cache))
-    api.reset_clients()
-    yield api
-    api.reset_clients()
-
-
 # -- helpers -----------------------------------------------------------------------------------------------------
 def page(**query: str) -> AppTest:
     at = AppTest.from_file(APP, default_timeout=TIMEOUT)

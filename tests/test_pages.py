@@ -43,26 +43,6 @@ needs_model = pytest.mark.skipif(not _model_present(), reason=(
 
 
 @pytest.fixture(scope="module")
-def shared_cache(tmp_path_factory) -> Path:
-    return tmp_path_factory.mktemp("ui-cache")
-
-
-@pytest.fixture
-def inprocess(monkeypatch, shared_cache):
-    """The service in this process; one cache folder for the module, so pages reuse each other's results."""
-    from backend.client import reset_inprocess_app
-    from ui import api
-
-    for var in ("HEADLENS_TOKEN", "HEADLENS_MODEL_ROOT", "HEADLENS_DEFAULT_MODEL"):
-        monkeypatch.delenv(var, raising=False)
-    monkeypatch.setenv("HEADLENS_BACKEND_URL", "inprocess")
-    monkeypatch.setenv("HEADLENS_CACHE_DIR", str(shared_cache))
-    api.reset_clients()
-    yield api
-    api.reset_clients()
-
-
-@pytest.fixture(scope="module")
 def task_name() -> str:
     """The task the tests run: HEADLENS_UI_TEST_TASK, or the default model's first synthetic task."""
     if os.environ.get("HEADLENS_UI_TEST_TASK"):

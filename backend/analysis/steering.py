@@ -185,17 +185,18 @@ def steer(lm: LoadedModel, task: Task, vectors: Sequence[str] = VECTOR_TYPES, la
         icl_prompts, _, warnings = fit_prompts(lm, task, shots, n_prompts, seed)
         icl = evaluate(lm, icl_prompts, task.kind, batch_size)
         names = list(built)
-        configs = [(l, alpha * vector_at(built[nm], l)) for nm in names for l in layers]
+        # configuration 0 adds a zero vector: bit-identical to the plain zero-shot pass, in the same sweep
+        configs = [(layers[0], torch.zeros(lm.d_model))]
+        configs += [(l, alpha * vector_at(built[nm], l)) for nm in names for l in layers]
         res = run_injections(lm, zero, configs, batch_size, progress)
         acc, ratio = res["correct"].mean(1), res["in_labels"].mean(1)
         out = {}
         for i, nm in enumerate(names):
-            sl = slice(i * len(layers), (i + 1) * len(layers))
+            sl = slice(1 + i * len(layers), 1 + (i + 1) * len(layers))
             out[nm] = {"accuracy": acc[sl].tolist(), "tr_ratio": ratio[sl].tolist(), "heads": built[nm]["heads"],
                        "norm": [float(vector_at(built[nm], l).norm()) for l in layers]}
-        base = run_injections(lm, zero, [(layers[0], torch.zeros(lm.d_model))], batch_size)
         return {"layers": layers, "alpha": alpha,
-                "zero_shot": {"accuracy": float(base["correct"].mean()), "tr_ratio": float(base["in_labels"].mean())},
+                "zero_shot": {"accuracy": float(acc[0]), "tr_ratio": float(ratio[0])},
                 "icl": {"accuracy": icl.accuracy, "tr_ratio": icl.tr_ratio}, "vectors": out, "warnings": notes + warnings}
 
     value, hit = store.get_or_compute(key, compute) if store else (compute(), False)
