@@ -8,21 +8,16 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
 from pathlib import Path
 from typing import Any, Callable
 
 import diskcache
 
 from .locks import KeyLocks
-from .models import REPO_ROOT
+from .paths import cache_dir
 
 CODE_VERSION = "tsla-1"  # bump when a change alters cached numbers
 log = logging.getLogger(__name__)
-
-
-def cache_dir() -> Path:
-    return Path(os.environ.get("HEADLENS_CACHE_DIR") or REPO_ROOT / "cache")
 
 
 def make_key(namespace: str, **parts: Any) -> str:

@@ -15,6 +15,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Callable, Iterator
 
+from .paths import cache_dir
+
 try:
     import fcntl
 except ImportError:  # Windows: the threading layer alone
@@ -34,8 +36,6 @@ class KeyLocks:
     def directory(self) -> Path:
         if self._directory is not None:
             return self._directory
-        from .cache import cache_dir
-
         return cache_dir() / "locks"
 
     @contextmanager

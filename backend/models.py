@@ -16,9 +16,8 @@ import torch
 from torch import nn
 
 from .adapters import ArchSpec, UnsupportedArchitecture, config_attr, spec_for
+from .paths import DEFAULT_MODEL_DIR
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
-DEFAULT_MODEL_DIR = REPO_ROOT / "models" / "headlens-tiny"
 
 
 class ModelLoadError(RuntimeError):

@@ -65,7 +65,7 @@ class ModelPool:
             if name in self._models:  # made resident with put()
                 return name
         if name in DEFAULT_NAMES:
-            from ..models import DEFAULT_MODEL_DIR
+            from ..paths import DEFAULT_MODEL_DIR
 
             if not DEFAULT_MODEL_DIR.is_dir():
                 raise NotFound(f"the embedded default model is missing at {DEFAULT_MODEL_DIR}; regenerate it "

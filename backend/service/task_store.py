@@ -22,7 +22,7 @@ UPLOAD_PREFIX = "upload:"
 
 
 def _uploads_dir() -> Path:
-    from ..cache import cache_dir
+    from ..paths import cache_dir
 
     return cache_dir() / "uploads"
 

@@ -10,10 +10,7 @@ import hashlib
 import json
 import random
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Callable, Literal, Sequence
-
-if TYPE_CHECKING:
-    from .perturb import Perturbation
+from typing import Callable, Literal, Protocol, Sequence
 
 Kind = Literal["classification", "generation"]
 
@@ -81,6 +78,22 @@ class Template:
 
 
 PromptBuilder = Callable[["Task", int, int, int], list[Prompt]]
+Pair = tuple[str, str]
+
+
+class DemoPerturbation(Protocol):
+    """What prompt building needs of a perturbation (`tasks.perturb.Perturbation` is one): a name, a change to
+    the demonstrations, an optional renaming of the classes, and a check that the task admits it."""
+
+    name: str
+
+    @property
+    def demos(self) -> Callable[["Task", list[Pair], random.Random], list[Pair]]: ...
+
+    @property
+    def relabel(self) -> Callable[["Task"], dict[str, str]] | None: ...
+
+    def check(self, task: "Task") -> None: ...
 
 
 @dataclass
@@ -156,7 +169,7 @@ class Task:
             words.append(pool.pop())
         return tuple(dict.fromkeys(t.answer(y) for y in words))
 
-    def build_prompts(self, shots: int, n: int, seed: int = 0, perturb: "Perturbation | None" = None) -> list[Prompt]:
+    def build_prompts(self, shots: int, n: int, seed: int = 0, perturb: DemoPerturbation | None = None) -> list[Prompt]:
         """`n` prompts of `shots` demonstrations each, seeded; demos come from a pool disjoint from queries.
 
         `perturb` (see `tasks.perturb`) changes the demonstrations only, and may rename the classes.

@@ -1,0 +1,16 @@
+"""Where things live on disk: the repository root, the embedded default model, the cache folder.
+
+Pure path logic, no imports beyond the standard library, so every layer may use it.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+DEFAULT_MODEL_DIR = REPO_ROOT / "models" / "headlens-tiny"
+
+
+def cache_dir() -> Path:
+    """The result cache folder: HEADLENS_CACHE_DIR, else `<repo>/cache`. Uploads and locks live under it."""
+    return Path(os.environ.get("HEADLENS_CACHE_DIR") or REPO_ROOT / "cache")
