@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Iterator, Literal
+from typing import Iterator, Literal, Sequence
 
 import torch
 
@@ -44,6 +44,23 @@ def take_last(x: torch.Tensor, last: torch.Tensor | None) -> torch.Tensor:
     return x[torch.arange(x.shape[0], device=x.device), last.to(x.device)]
 
 
+def add_at(x: torch.Tensor, v: torch.Tensor, offsets: Sequence[int], last: torch.Tensor | None) -> torch.Tensor:
+    """x + v at each row's positions `last + 1 + o` for o in `offsets` (negative: -1 is the last prompt token),
+    without editing x. x (b, s, d); v (d,) or (b, d), the same at every chosen position."""
+    b, s, _ = x.shape
+    lst = torch.full((b,), s - 1, device=x.device) if last is None else last.to(x.device)
+    sel = torch.zeros(b, s, dtype=x.dtype, device=x.device)
+    for o in offsets:
+        if o >= 0:
+            raise ValueError(f"positions are negative offsets from the last prompt token (-1 = last), not {o}")
+        pos = lst + 1 + o
+        if (pos < 0).any():
+            raise ValueError(f"position offset {o} reaches before the start of a prompt")
+        sel = sel + torch.nn.functional.one_hot(pos, s).to(x.dtype)
+    v = v.to(device=x.device, dtype=x.dtype)
+    return x + sel[..., None] * (v if v.dim() == 2 else v[None])[:, None, :]
+
+
 def replace_last(x: torch.Tensor, new: torch.Tensor, last: torch.Tensor | None) -> torch.Tensor:
     """x with each row's last prompt token replaced by `new`, without editing x: (b, s, d), (b, d)."""
     new = new.to(x.dtype)
@@ -64,7 +81,10 @@ def hooked(
     head_fill: torch.Tensor | None = None,
     mask_positions: Positions = "all",
     inject: dict[int, torch.Tensor] | None = None,
+    inject_input: dict[int, torch.Tensor] | None = None,
+    inject_positions: Sequence[int] = (-1,),
     last: torch.Tensor | None = None,
+    prefill_only: bool = False,
 ) -> Iterator[Trace]:
     """Install hooks for one or more forward passes; they are removed on exit, exceptions included.
 
@@ -75,14 +95,39 @@ def hooked(
                z' = m * z + (1 - m) * fill.
     inject:    {layer: vector (d_model,) or (batch, d_model)} added to that decoder layer's output at
                the last token.
+    inject_input: {layer: vector (d_model,) or (batch, d_model)} added to that decoder layer's *input*
+               (layer 0: the embeddings) at each position of `inject_positions`.
+    inject_positions: negative offsets from each row's last prompt token (-1 = the last token).
     last:      (batch,) index of each row's last prompt token; None means position -1 (left padding).
+    prefill_only: interventions act on the first forward pass only (the prompt's prefill); later passes
+               in the context (decoding steps over the KV cache) run untouched. Captures follow the same rule.
     """
     trace = Trace(z_last=[None] * lm.n_layers, hidden=[None] * lm.n_layers)
     handles = []
     H, dh = lm.n_heads, lm.head_dim
+    passes = [0]  # forward passes begun in this context (counted at the first decoder layer)
+
+    def active() -> bool:
+        return not prefill_only or passes[0] <= 1
+
+    def count_pass(module, args, kwargs):
+        passes[0] += 1
+
+    def make_input_hook(layer: int):
+        def pre_hook(module, args, kwargs):
+            if not active() or layer not in (inject_input or {}):
+                return None
+            h = args[0] if args else kwargs["hidden_states"]
+            h = add_at(h, inject_input[layer], inject_positions, last)
+            if args:
+                return (h,) + tuple(args[1:]), kwargs
+            return args, {**kwargs, "hidden_states": h}
+        return pre_hook
 
     def make_pre_hook(layer: int):
         def pre_hook(module, args, kwargs):
+            if not active():
+                return args, kwargs
             z = args[0] if args else kwargs["hidden_states"]
             if head_mask is not None:
                 m = head_mask[:, layer].to(z.dtype)  # (batch, H)
@@ -107,6 +152,8 @@ def hooked(
 
     def make_layer_hook(layer: int):
         def hook(module, args, output):
+            if not active():
+                return output
             h = output[0] if isinstance(output, tuple) else output
             if inject is not None and layer in inject:
                 v = inject[layer].to(h.device)
@@ -118,9 +165,15 @@ def hooked(
         return hook
 
     def final_pre_hook(module, args):
-        trace.resid_final = take_last(args[0], last).clone()
+        if active():
+            trace.resid_final = take_last(args[0], last).clone()
 
     try:
+        handles.append(lm.layers[0].register_forward_pre_hook(count_pass, with_kwargs=True))
+        for layer in sorted(inject_input or {}):
+            if not 0 <= layer < lm.n_layers:
+                raise ValueError(f"layer {layer} out of range: the model has layers 0..{lm.n_layers - 1}")
+            handles.append(lm.layers[layer].register_forward_pre_hook(make_input_hook(layer), with_kwargs=True))
         if capture_z or head_mask is not None:
             for layer in range(lm.n_layers):
                 handles.append(lm.o_proj(layer).register_forward_pre_hook(make_pre_hook(layer), with_kwargs=True))
