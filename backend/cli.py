@@ -1,7 +1,9 @@
-"""Command line: `python -m backend {tasks,scores,icl,...}`.
+"""Command line: `python -m backend <command>`.
 
-Results go to `--json OUT` (or stdout), progress bars and errors to stderr. A bad input exits with
-status 2 and a one-line message; nothing prints a traceback at a user.
+One subcommand per analysis kind of the registry (`backend.analysis.kinds`), its flags generated from the
+kind's params model and validated by it and by the service's limits, plus `tasks`, `serve`, `launch` and
+`train-default`. Results go to `--json OUT` (or stdout) as strict JSON (no NaN); progress bars and errors
+go to stderr. A bad input is one line on stderr and exit status 2, never a traceback (unless --debug).
 """
 from __future__ import annotations
 
@@ -9,10 +11,17 @@ import argparse
 import json
 import os
 import sys
+import types
+import typing
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Literal
 
 COMMANDS: dict[str, Callable[[argparse.Namespace], Any]] = {}
+MODEL_FIELDS = ("model", "device", "dtype", "device_map", "trust_remote_code")
+
+
+class UsageError(ValueError):
+    """A command line that cannot run; printed as one line, exit status 2."""
 
 
 def command(name: str):
@@ -22,11 +31,20 @@ def command(name: str):
     return deco
 
 
-def _emit(obj: Any, out: str | None) -> None:
-    text = json.dumps(obj, indent=1, allow_nan=True)
+def emit(obj: Any, out: str | None) -> None:
+    """Write strict JSON (NaN and infinities as null) to `out` (a file path) or stdout."""
+    from .jsonable import to_jsonable
+
+    text = json.dumps(to_jsonable(obj), indent=1, allow_nan=False)
     if out and out != "-":
-        Path(out).parent.mkdir(parents=True, exist_ok=True)
-        Path(out).write_text(text)
+        path = Path(out)
+        if path.is_dir():
+            raise UsageError(f"--json {out[:200]}: is a directory; give a file path")
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(text)
+        except OSError as e:
+            raise UsageError(f"--json {out[:200]}: cannot write ({e.strerror or e})") from None
         print(f"wrote {out}", file=sys.stderr)
     else:
         print(text)
@@ -50,69 +68,181 @@ class Bar:
         self.bar.close()
 
 
-def _ints(s: str) -> list[int]:
+# -- flags from a params model -------------------------------------------------------------------------
+def _strip(t: Any) -> Any:
+    """The type under Annotated[...]."""
+    while typing.get_origin(t) is typing.Annotated:
+        t = typing.get_args(t)[0]
+    return t
+
+
+def _members(t: Any) -> list[Any]:
+    """The members of a union (X | None -> [X]), each with Annotated stripped."""
+    t = _strip(t)
+    if typing.get_origin(t) in (typing.Union, types.UnionType):
+        return [_strip(a) for a in typing.get_args(t) if a is not type(None)]
+    return [t]
+
+
+def _head(text: str) -> tuple[int, int]:
+    layer, _, head = text.strip().partition(".")
+    if not (layer.isdigit() and head.isdigit()):
+        raise ValueError(f"heads are written layer.head, comma-separated (3.5,10.2), not {text[:60]!r}")
+    return int(layer), int(head)
+
+
+def _scalar(t: Any, text: str) -> Any:
+    """Parse one value of type t (int, float, bool, str, a Literal or a (layer, head) tuple)."""
+    if typing.get_origin(t) is Literal:
+        if text not in typing.get_args(t):
+            raise ValueError(f"{text[:60]!r} is not one of {', '.join(map(str, typing.get_args(t)))}")
+        return text
+    if typing.get_origin(t) is tuple:
+        return _head(text)
+    if t is int:
+        try:
+            return int(text)
+        except ValueError:
+            raise ValueError(f"expected an integer, got {text[:60]!r}") from None
+    if t is float:
+        try:
+            return float(text)
+        except ValueError:
+            raise ValueError(f"expected a number, got {text[:60]!r}") from None
+    return text
+
+
+def parse_value(annotation: Any, text: str) -> Any:
+    """A flag's text as the field's type: lists are comma-separated; `int | "all"` takes either."""
+    errors = []
+    for t in _members(annotation):
+        try:
+            if typing.get_origin(t) is list:
+                (item,) = typing.get_args(t)
+                return [_scalar(_strip(item), x) for x in text.split(",") if x.strip()]
+            return _scalar(t, text)
+        except ValueError as e:
+            errors.append(str(e))
+    raise ValueError("; or ".join(errors))
+
+
+def _is_bool(annotation: Any) -> bool:
+    return _members(annotation) == [bool]
+
+
+def add_params(p: argparse.ArgumentParser, model: Any) -> None:
+    """One flag per field of a params model: `--field-name`; booleans are switches."""
+    for name, f in model.model_fields.items():
+        flag = "--" + name.replace("_", "-")
+        default = f.get_default(call_default_factory=True)
+        doc = f"{f.description + '; ' if f.description else ''}default: {default}"
+        if _is_bool(f.annotation):
+            p.add_argument(flag, dest=name, action="store_true", default=None, help=doc)
+        else:
+            p.add_argument(flag, dest=name, default=None, metavar=name.upper(), help=doc)
+
+
+def read_params(model: Any, a: argparse.Namespace) -> Any:
+    """The given flags, parsed and validated by the params model (UsageError naming the flag)."""
+    from pydantic import ValidationError
+
+    given = {}
+    for name, f in model.model_fields.items():
+        v = getattr(a, name, None)
+        if v is None:
+            continue
+        if isinstance(v, str):
+            try:
+                v = parse_value(f.annotation, v)
+            except ValueError as e:
+                raise UsageError(f"--{name.replace('_', '-')}: {e}") from None
+        given[name] = v
     try:
-        return [int(x) for x in s.split(",") if x.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {s!r}") from None
+        return model.model_validate(given)
+    except ValidationError as e:
+        err = e.errors()[0]
+        where = str(err["loc"][0]).replace("_", "-") if err["loc"] else "arguments"
+        got = err.get("input")
+        shown = f" (got {str(got)[:60]})" if got is not None and not isinstance(got, dict) and err["loc"] else ""
+        raise UsageError(f"--{where}: {err['msg']}{shown}") from None
 
 
+# -- shared arguments -------------------------------------------------------------------------------------
 def _model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default="default", help="`default`, a local HF folder, or a Hugging Face id")
     p.add_argument("--device", default=None, help="cpu, cuda, cuda:1 ... (default: cuda if present)")
     p.add_argument("--dtype", default=None, choices=["fp32", "bf16", "fp16"], help="default: bf16 on GPU, fp32 on CPU")
     p.add_argument("--device-map", default=None, help="`auto` spreads the model over GPUs (accelerate)")
     p.add_argument("--trust-remote-code", action="store_true", help="allow the model repo's own code (off by default)")
-    p.add_argument("--batch-size", type=int, default=16)
 
 
 def _task_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--task", help="a built-in task name or a task file (JSON / JSONL / CSV)")
     p.add_argument("--kind", choices=["classification", "generation"], help="override the inferred task kind")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--prompts-file", help="JSONL of {prompt, label, labels} records, scored as given (instead of --task)")
+
+
+def _out_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", dest="out", default=None, help="write the result JSON here (default: stdout)")
+    p.add_argument("--no-cache", action="store_true", help="compute afresh and do not store the result")
+    p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help="show tracebacks")
 
 
-def _size_args(p: argparse.ArgumentParser, shots: bool = True, prompts: int = 50, top_pct: bool = False) -> None:
-    """The arguments every analysis command shares: --shots, --prompts, [--top-pct], --no-cache."""
-    if shots:
-        p.add_argument("--shots", type=int, default=8)
-    p.add_argument("--prompts", type=int, default=prompts)
-    if top_pct:
-        p.add_argument("--top-pct", type=float, default=3.0)
-    p.add_argument("--no-cache", action="store_true")
-
-
-def _load_model(a: argparse.Namespace):
+def load_model_from(a: argparse.Namespace):
     from .models import load_model
 
+    if len(a.model) > 1024:
+        raise UsageError(f"--model: a name of {len(a.model)} characters is too long (at most 1024)")
     return load_model(a.model, device=a.device, dtype=a.dtype, device_map=a.device_map,
                       trust_remote_code=a.trust_remote_code)
 
 
-def _load_task(a: argparse.Namespace):
-    from .tasks.base import TaskError
+def load_task_from(a: argparse.Namespace):
+    from .tasks.base import Task, TaskError
+    from .tasks.files import load_prompts_file
     from .tasks.registry import load_task
 
+    if a.prompts_file and a.task:
+        raise UsageError("give --task or --prompts-file, not both")
+    if a.prompts_file:
+        return Task.from_prompts(Path(a.prompts_file).name, load_prompts_file(a.prompts_file),
+                                 a.kind or "classification")
     if not a.task:
-        raise TaskError("--task is required (see `python -m backend tasks`)")
+        raise TaskError("--task is required (see `python -m backend tasks`), or --prompts-file")
     return load_task(a.task, kind=a.kind)
 
 
-def _run_task_command(a: argparse.Namespace, desc: str, fn: Callable[[Any, Any, Bar], dict]) -> dict:
-    """Load the model and task, run `fn(lm, task, progress_bar)`, print its warnings, write its JSON."""
-    lm, task = _load_model(a), _load_task(a)
-    bar = Bar(desc)
+def run_kind(name: str, a: argparse.Namespace) -> None:
+    """Validate the flags, load the model and task, run the analysis with a progress bar, write the JSON."""
+    from .analysis.kernel import analyze
+    from .analysis.kinds import get_kind
+    from .service.limits import Limits
+
+    spec = get_kind(name)
+    p = read_params(spec.params, a)
+    task = load_task_from(a) if spec.uses_task else None
     try:
-        r = fn(lm, task, bar)
+        Limits.from_env().check_job(p, task)
+    except Exception as e:  # the service's limits, the same messages
+        if type(e).__name__ in ("BadRequest", "TooLarge", "ServiceError"):
+            raise UsageError(getattr(e, "message", str(e))) from None
+        raise
+    lm = load_model_from(a) if spec.uses_model else None
+    bar = Bar(spec.cli)
+    try:
+        r = analyze(name, lm, task, p, cache=not a.no_cache, progress=bar)
     finally:
         bar.close()
-    for w in r.get("warnings", []):
+    for w in r.warnings:
         print(f"warning: {w}", file=sys.stderr)
-    _emit(r, a.out)
-    return r
+    multi = getattr(r, "multi_token_labels", None)
+    if multi:
+        print(f"note: {len(multi)} label(s) span several tokens and are scored by their first: {multi[:8]}",
+              file=sys.stderr)
+    emit(r.to_json(), a.out)
 
 
+# -- commands that are not analyses -------------------------------------------------------------------------
 @command("tasks")
 def cmd_tasks(a: argparse.Namespace) -> None:
     from .tasks.registry import builtin_tasks, task_summary
@@ -124,97 +254,6 @@ def cmd_tasks(a: argparse.Namespace) -> None:
     for r in rows:
         labels = ", ".join(r["labels"][:6]) + (" ..." if len(r["labels"]) > 6 else "") if r["labels"] else "(open)"
         print(f"{r['name']:<24} {r['kind']:<15} {r['n_examples']:>5}  models={r['models']:<8} labels: {labels}")
-
-
-@command("scores")
-def cmd_scores(a: argparse.Namespace) -> None:
-    from .analysis.scores import head_scores
-
-    lm = _load_model(a)
-    if a.prompts_file:
-        from .tasks.files import load_prompts_file
-
-        prompts = load_prompts_file(a.prompts_file)
-        task, kind = None, a.kind or "classification"
-    else:
-        prompts, task, kind = None, _load_task(a), None
-    bar = Bar("scores")
-    try:
-        r = head_scores(lm, task, shots=a.shots, n_prompts=a.prompts, seed=a.seed, prompts=prompts, kind=kind,
-                        batch_size=a.batch_size, apply_ln=a.apply_ln, top_pct=a.top_pct, cache=not a.no_cache,
-                        progress=bar)
-    finally:
-        bar.close()
-    for w in r.warnings:
-        print(f"warning: {w}", file=sys.stderr)
-    if r.multi_token_labels:
-        print(f"note: {len(r.multi_token_labels)} label(s) span several tokens and are scored by their first: "
-              f"{r.multi_token_labels[:8]}", file=sys.stderr)
-    _emit(r.to_json(), a.out)
-
-
-@command("icl")
-def cmd_icl(a: argparse.Namespace) -> None:
-    from .analysis.icl import icl_curve
-
-    _run_task_command(a, "icl", lambda lm, task, bar: icl_curve(
-        lm, task, a.shots, a.prompts, a.seed, a.batch_size, cache=not a.no_cache, progress=bar))
-
-
-def _heads(s: str) -> list[tuple[int, int]]:
-    """`3.5,10.2` -> [(3, 5), (10, 2)] (layer.head)."""
-    try:
-        return [(int(x.split(".")[0]), int(x.split(".")[1])) for x in s.split(",") if x.strip()]
-    except (ValueError, IndexError):
-        raise argparse.ArgumentTypeError(f"heads are written layer.head, comma-separated (3.5,10.2), not {s!r}") from None
-
-
-@command("ablate")
-def cmd_ablate(a: argparse.Namespace) -> None:
-    from .analysis.ablation import ablate, ablation_curve
-
-    def run(lm, task, bar):
-        common = dict(mode=a.mode, shots=a.shots, n_prompts=a.prompts, seed=a.seed, batch_size=a.batch_size,
-                      positions=a.positions, cache=not a.no_cache, progress=bar)
-        return ablate(lm, task, a.heads, **common) if a.heads else ablation_curve(lm, task, a.by, ks=a.ks, **common)
-
-    _run_task_command(a, "ablate", run)
-
-
-def _layer(s: str) -> int | str:
-    return s if s == "all" else int(s)
-
-
-@command("steer")
-def cmd_steer(a: argparse.Namespace) -> None:
-    from .analysis.steering import steer
-
-    _run_task_command(a, "steer", lambda lm, task, bar: steer(
-        lm, task, vectors=a.vector, layer=a.layer, alpha=a.alpha, shots=a.shots, n_prompts=a.prompts, seed=a.seed,
-        top_pct=a.top_pct, heads=a.heads, batch_size=a.batch_size, cache=not a.no_cache, progress=bar))
-
-
-@command("geometry")
-def cmd_geometry(a: argparse.Namespace) -> None:
-    from .analysis.geometry import geometry
-
-    _run_task_command(a, "geometry", lambda lm, task, bar: geometry(
-        lm, task, layer=a.layer, alpha=a.alpha, shots=a.shots, n_prompts=a.prompts, seed=a.seed,
-        final_norm=a.final_norm, pca_layer=a.pca_layer, top_pct=a.top_pct, batch_size=a.batch_size,
-        cache=not a.no_cache, progress=bar))
-
-
-@command("perturb")
-def cmd_perturb(a: argparse.Namespace) -> None:
-    from .analysis.perturbations import perturbation_report
-
-    _run_task_command(a, "perturb", lambda lm, task, bar: perturbation_report(
-        lm, task, perturbations=a.perturbations, shots=a.shots, n_prompts=a.prompts, seed=a.seed, k=a.k,
-        top_pct=a.top_pct, batch_size=a.batch_size, cache=not a.no_cache, progress=bar))
-
-
-def _words(s: str) -> list[str]:
-    return [x.strip() for x in s.split(",") if x.strip()]
 
 
 @command("launch")
@@ -238,62 +277,34 @@ def cmd_serve(a: argparse.Namespace) -> None:
     uvicorn.run(create_app(), host=a.host, port=a.port, log_level=a.log_level)
 
 
+@command("train-default")
+def cmd_train_default(a: argparse.Namespace) -> None:
+    from .analysis.train_default import main as train_main
+
+    code = train_main(a.rest)
+    if code:
+        raise SystemExit(code)
+
+
 def build_parser() -> argparse.ArgumentParser:
+    from .analysis.kinds import KINDS
+
     p = argparse.ArgumentParser(prog="python -m backend", description="headlens: which heads do in-context learning")
+    p.add_argument("--debug", action="store_true", help="show tracebacks")
     sub = p.add_subparsers(dest="cmd", required=True)
 
     t = sub.add_parser("tasks", help="list built-in tasks")
     t.add_argument("--json", action="store_true", help="print a JSON list")
 
-    s = sub.add_parser("scores", help="per-head TR / TL / DLA / induction maps of a task")
-    _model_args(s)
-    _task_args(s)
-    _size_args(s, top_pct=True)
-    s.add_argument("--prompts-file", help="JSONL of {prompt, label, labels} records, scored as given")
-    s.add_argument("--apply-ln", action="store_true", help="scale head writes by the final norm's scale")
-
-    i = sub.add_parser("icl", help="accuracy and TR ratio against the number of demonstrations")
-    _model_args(i)
-    _task_args(i)
-    i.add_argument("--shots", type=_ints, default=[0, 1, 2, 4, 8])
-    _size_args(i, shots=False, prompts=100)
-
-    b = sub.add_parser("ablate", help="ablation curve over top-k heads, or a given head set")
-    _model_args(b)
-    _task_args(b)
-    b.add_argument("--by", choices=["tr", "tl", "induction", "random"], default="tr")
-    b.add_argument("--ks", type=_ints, default=[0, 1, 2, 4, 8])
-    b.add_argument("--heads", type=_heads, help="ablate this set instead, e.g. 3.5,10.2 (layer.head)")
-    b.add_argument("--mode", choices=["zero", "mean"], default="zero")
-    b.add_argument("--positions", choices=["all", "last"], default="all", help="ablate at every token or the last")
-    _size_args(b)
-
-    st = sub.add_parser("steer", help="add task vectors built from heads to zero-shot prompts")
-    _model_args(st)
-    _task_args(st)
-    st.add_argument("--vector", type=_words, default=["tr", "tl", "random", "fv", "vanilla"],
-                    help="comma-separated: tr, tl, random, fv, vanilla")
-    st.add_argument("--layer", type=_layer, default=None, help="decoder layer (default L/2), or `all` to sweep")
-    st.add_argument("--alpha", type=float, default=1.0)
-    st.add_argument("--heads", type=_heads, help="also a vector from this head set (layer.head,...)")
-    _size_args(st, top_pct=True)
-
-    g = sub.add_parser("geometry", help="hidden-state alignment, LD, rotation per layer; PCA")
-    _model_args(g)
-    _task_args(g)
-    g.add_argument("--layer", type=int, default=None, help="injection layer of the steered conditions (default L/2)")
-    g.add_argument("--alpha", type=float, default=1.0)
-    g.add_argument("--final-norm", action="store_true", help="apply the final norm to hidden states first")
-    g.add_argument("--pca-layer", type=int, default=None)
-    _size_args(g, top_pct=True)
-
-    pe = sub.add_parser("perturb", help="demonstration perturbations: accuracy, TR ratio, map diffs, ablations")
-    _model_args(pe)
-    _task_args(pe)
-    pe.add_argument("--perturbations", type=_words, default=None,
-                    help="comma-separated: shuffled_inputs, random_labels, flipped_labels, symbol_labels, number_labels")
-    pe.add_argument("--k", type=int, default=None, help="heads ablated per set (default: the top-pct set size)")
-    _size_args(pe, top_pct=True)
+    for spec in KINDS.values():
+        k = sub.add_parser(spec.cli, help=spec.description, description=spec.description)
+        k.set_defaults(kind=spec.name)
+        if spec.uses_model:
+            _model_args(k)
+        if spec.uses_task:
+            _task_args(k)
+        _out_args(k)
+        add_params(k, spec.params)
 
     la = sub.add_parser("launch", help="start the backend service and the dashboard together, print the URL")
     la.add_argument("--host", default="127.0.0.1")
@@ -306,6 +317,10 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--host", default="127.0.0.1", help="interface to bind (default: loopback only)")
     v.add_argument("--port", type=int, default=8765)
     v.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
+
+    tr = sub.add_parser("train-default", help="train the embedded default model (python -m backend train-default "
+                                              "--help for its options)", add_help=False)
+    tr.add_argument("rest", nargs=argparse.REMAINDER)
     return p
 
 
@@ -314,11 +329,18 @@ def main(argv: list[str] | None = None) -> int:
     from .models import ModelLoadError
     from .tasks.base import TaskError
 
+    argv = list(sys.argv[1:] if argv is None else argv)
     a = build_parser().parse_args(argv)
     try:
-        COMMANDS[a.cmd](a)
-    except (TaskError, ModelLoadError, UnsupportedArchitecture, MemoryError, FileNotFoundError, ValueError) as e:
-        print(f"error: {e}", file=sys.stderr)
+        if a.cmd in COMMANDS:
+            COMMANDS[a.cmd](a)
+        else:
+            run_kind(a.kind, a)
+    except (UsageError, TaskError, ModelLoadError, UnsupportedArchitecture, MemoryError, FileNotFoundError,
+            ValueError, OSError) as e:
+        if a.debug:
+            raise
+        print(f"error: {str(e).splitlines()[0][:500] if str(e) else type(e).__name__}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)

@@ -1,10 +1,11 @@
-"""Hidden-state geometry against the label subspace, per layer, and PCA views.
+"""Kind `geometry`: hidden-state geometry against the label subspace, per layer, and PCA views.
 
 For a hidden state h (d_model,) at the last token, with the prompt's label rows U, P the projector onto
 their span and t = U[y*] - mean_{c != y*} U[c] (which lies in that span, so P t = t):
     alignment  cos = ||P h|| / ||h||
     LD         = <h, t>
     rotation   = angle(P h, t) in degrees, cos = <h, t> / (||P h|| ||t||)
+Five conditions: zero-shot; zero-shot + the TR, TL and random vectors injected at `layer`; ICL.
 """
 from __future__ import annotations
 
@@ -13,14 +14,13 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
-from ..cache import ResultCache, default_cache, make_key
-from ..hooks import hooked
-from ..models import LoadedModel
-from ..tasks.base import Task
-from .batching import Batch, Encoded, Progress, answer_tokens, encode, fit_prompts, forward_last_logits, map_batches
-from .tsla import LabelSpace, label_space
-
-CONDITIONS = ("zero_shot", "zero_shot+tr", "zero_shot+tl", "zero_shot+random", "icl")
+from ..options import GEOMETRY_CONDITIONS
+from .kernel import Context
+from .params import GeometryParams
+from .primitives.batching import answer_tokens, build_prompts, encode
+from .primitives.capture import capture
+from .primitives.sweep import resolve_layers
+from .primitives.tsla import LabelSpace, label_space
 
 
 def hidden_metrics(h: torch.Tensor, ls: LabelSpace) -> dict[str, torch.Tensor]:
@@ -37,24 +37,6 @@ def hidden_metrics(h: torch.Tensor, ls: LabelSpace) -> dict[str, torch.Tensor]:
     cos = ld / (ph * t.norm(dim=-1)).clamp_min(1e-30)
     return {"alignment": ph / h.norm(dim=-1).clamp_min(1e-30), "ld": ld,
             "rotation": torch.rad2deg(torch.arccos(cos.clamp(-1, 1)))}
-
-
-def layer_hiddens(lm: LoadedModel, enc: Encoded, inject: dict[int, torch.Tensor] | None = None,
-                  final_norm: bool = False, batch_size: int = 16) -> torch.Tensor:
-    """Last-token output of every decoder layer, (prompts, layers, d_model), optionally through the final norm."""
-    out = torch.zeros(len(enc.ids), lm.n_layers, lm.d_model)
-
-    def step(batch: Batch) -> None:
-        with hooked(lm, capture_hidden=True, inject=inject, last=batch.last) as tr:
-            forward_last_logits(lm, batch)
-        h = torch.stack(tr.hidden, 1)
-        if final_norm:
-            h = lm.final_norm(h)
-        out[batch.rows] = h.float().cpu()
-
-    with lm.lock, torch.inference_mode():
-        map_batches(lm, enc.ids, batch_size, step)
-    return out
 
 
 def summarize(per_prompt: dict[str, torch.Tensor]) -> dict[str, dict[str, list[float]]]:
@@ -83,54 +65,40 @@ def pca_view(states: dict[str, np.ndarray], label_rows: np.ndarray, label_names:
             "label_directions": {lab: d.tolist() for lab, d in zip(label_names, dirs)}}
 
 
-def geometry(lm: LoadedModel, task: Task, layer: int | None = None, alpha: float = 1.0, shots: int = 8,
-             n_prompts: int = 50, seed: int = 0, final_norm: bool = False, pca_layer: int | None = None,
-             top_pct: float = 3.0, batch_size: int = 16, cache: ResultCache | None | bool = True,
-             progress: Progress | None = None) -> dict[str, Any]:
-    """Per-layer alignment, LD and rotation for five conditions (zero-shot; zero-shot + TR, TL and random
-    vectors injected at `layer`; ICL), with mean and std over prompts, and a PCA view at `pca_layer`."""
-    from .steering import build_vectors, resolve_layers
-
-    inj = resolve_layers(lm, layer)[0]
-    pl = resolve_layers(lm, pca_layer if pca_layer is not None else lm.n_layers - 1)[0]
-    store = default_cache() if cache is True else (cache or None)
-    key = make_key("geometry", model=lm.fingerprint, task=task.content_hash(), layer=inj, alpha=alpha, shots=shots,
-                   n=n_prompts, seed=seed, final_norm=final_norm, pca_layer=pl, top_pct=top_pct)
-
-    def compute() -> dict[str, Any]:
-        step = (lambda i: progress(i / 6, CONDITIONS[min(i, 4)])) if progress else (lambda i: None)
-        step(0)
-        vecs = build_vectors(lm, task, ("tr", "tl", "random"), shots, n_prompts, seed, top_pct, None, batch_size,
-                             cache)
-        zero = encode(lm, task.build_prompts(0, n_prompts, seed), task.kind)
-        icl_prompts, _, warnings = fit_prompts(lm, task, shots, n_prompts, seed)
-        icl = encode(lm, icl_prompts, task.kind)
-        hs: dict[str, torch.Tensor] = {}
-        for i, cond in enumerate(CONDITIONS):
-            step(i + 1)
-            if cond == "icl":
-                hs[cond] = layer_hiddens(lm, icl, None, final_norm, batch_size)
-            else:
-                name = cond.partition("+")[2]
-                inject = {inj: alpha * vecs[name]["vector"]} if name else None
-                hs[cond] = layer_hiddens(lm, zero, inject, final_norm, batch_size)
-        # same queries, same gold, same label sets in every condition: one label space serves all
-        ls = label_space(lm.unembed.detach().float().cpu(), zero.label_ids, zero.gold)
-        conditions = {}
-        for cond, h in hs.items():
-            per = [hidden_metrics(h[:, l], ls) for l in range(lm.n_layers)]
-            conditions[cond] = summarize({k: torch.stack([p[k] for p in per], 1) for k in per[0]})
-        labels = sorted({lab for p in zero.prompts for lab in p.labels})[:32]
-        ids = [answer_tokens(lm, zero.prompts[0].text[-32:], lab)[0] for lab in labels]
-        rows = lm.unembed.detach().float().cpu()[ids].numpy()
-        pca = pca_view({c: h[:, pl].numpy() for c, h in hs.items()}, rows, labels)
-        pca["gold"] = [p.gold for p in zero.prompts]
-        pca["layer"] = pl
-        step(6)
-        return {"layers": list(range(lm.n_layers)), "inject_layer": inj, "alpha": alpha, "final_norm": final_norm,
-                "conditions": conditions, "pca": pca,
-                "vector_heads": {k: v["heads"] for k, v in vecs.items()}, "warnings": warnings}
-
-    value, hit = store.get_or_compute(key, compute) if store else (compute(), False)
-    return {"model": lm.name, "task": task.name, "shots": shots, "n_prompts": n_prompts, "seed": seed, **value,
-            "cache_hit": hit}
+def geometry(ctx: Context, p: GeometryParams) -> dict[str, Any]:
+    """Per-layer alignment, LD and rotation (mean and std over prompts) for the five conditions, and a PCA
+    view at `pca_layer`."""
+    lm, task = ctx.lm, ctx.task
+    inj = resolve_layers(lm, p.layer)[0]
+    pl = resolve_layers(lm, p.pca_layer if p.pca_layer is not None else lm.n_layers - 1)[0]
+    vecs = ctx.call("vectors", types=["tr", "tl", "random"], shots=p.shots, prompts=p.prompts, seed=p.seed,
+                    top_pct=p.top_pct, top_k=p.top_k, batch_size=p.batch_size,
+                    progress=ctx.stage(0.0, 0.4, "building vectors"))
+    built = build_prompts(lm, task, p.shots, p.prompts, p.seed)
+    for w in built.warnings:
+        ctx.warn(w)
+    icl = encode(lm, built.prompts, task.kind)
+    zero = encode(lm, task.build_prompts(0, built.n, p.seed), task.kind)
+    hs: dict[str, torch.Tensor] = {}
+    for i, cond in enumerate(GEOMETRY_CONDITIONS):
+        stage = ctx.stage(0.4 + 0.6 * i / len(GEOMETRY_CONDITIONS), 0.4 + 0.6 * (i + 1) / len(GEOMETRY_CONDITIONS),
+                          cond)
+        name = cond.partition("+")[2]
+        inject = {inj: p.alpha * torch.as_tensor(vecs.vectors[name].vector, dtype=torch.float32)} if name else None
+        hs[cond] = capture(lm, icl if cond == "icl" else zero, "hidden", reduce="rows", inject=inject,
+                           final_norm=p.final_norm, batch_size=p.batch_size, progress=stage)
+    # same queries, same gold, same label sets in every condition: one label space serves all
+    ls = label_space(lm.unembed.detach().float().cpu(), zero.label_ids, zero.gold)
+    conditions = {}
+    for cond, h in hs.items():
+        per = [hidden_metrics(h[:, l], ls) for l in range(lm.n_layers)]
+        conditions[cond] = summarize({k: torch.stack([q[k] for q in per], 1) for k in per[0]})
+    labels = sorted({lab for q in zero.prompts for lab in q.labels})[:32]
+    ids = [answer_tokens(lm, zero.prompts[0].text[-32:], lab)[0] for lab in labels]
+    rows = lm.unembed.detach().float().cpu()[ids].numpy()
+    pca = pca_view({c: h[:, pl].numpy() for c, h in hs.items()}, rows, labels)
+    pca["gold"] = [q.gold for q in zero.prompts]
+    pca["layer"] = pl
+    return {"layers": list(range(lm.n_layers)), "inject_layer": inj, "alpha": p.alpha, "final_norm": p.final_norm,
+            "shots": built.shots, "prompts": built.n, "conditions": conditions, "pca": pca,
+            "vector_heads": {k: v.heads for k, v in vecs.vectors.items()}}

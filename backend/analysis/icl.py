@@ -1,44 +1,30 @@
-"""ICL curves: accuracy and TR ratio as functions of the number of demonstrations k."""
+"""Kind `icl`: accuracy, label accuracy and TR ratio as functions of the number of demonstrations k."""
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any
 
-from ..cache import ResultCache, default_cache, make_key
-from ..models import LoadedModel
-from ..tasks.base import Task
-from .batching import Progress, fit_prompts
-from .evaluate import evaluate
+from .kernel import Context
+from .params import IclParams
+from .primitives.batching import build_prompts, encode
+from .primitives.predict import evaluate
 
 
-def icl_curve(lm: LoadedModel, task: Task, shots: Sequence[int] = (0, 1, 2, 4, 8), n_prompts: int = 100,
-              seed: int = 0, batch_size: int = 16, cache: ResultCache | None | bool = True,
-              progress: Progress | None = None, examples: int = 0) -> dict[str, Any]:
-    """{"shots": [k...], "accuracy": [...], "tr_ratio": [...]} over `n_prompts` held-out prompts per k.
-
-    `examples` > 0 also returns that many example rows (prompt, gold, prediction) per k.
-    Where prompts of k shots exceed the context window, fewer are used and a warning says so.
-    """
-    shots = list(shots)
-    store = default_cache() if cache is True else (cache or None)
-    key = make_key("icl", model=lm.fingerprint, task=task.content_hash(), shots=shots, n=n_prompts, seed=seed,
-                   examples=examples)
-
-    def compute() -> dict[str, Any]:
-        acc, ratio, used, warns, ex = [], [], [], [], []
-        for i, k in enumerate(shots):
-            sub = (lambda f, m, i=i: progress((i + f) / len(shots), f"k={k}")) if progress else None
-            prompts, k_used, w = fit_prompts(lm, task, k, n_prompts, seed)
-            r = evaluate(lm, prompts, task.kind, batch_size, sub, keep_rows=examples > 0)
-            acc.append(r.accuracy)
-            ratio.append(r.tr_ratio)
-            used.append(k_used)
-            warns += w
-            if examples:
-                ex.append(r.rows[:examples])
-        out = {"shots": used, "accuracy": acc, "tr_ratio": ratio, "warnings": warns}
-        if examples:
-            out["examples"] = ex
-        return out
-
-    value, hit = store.get_or_compute(key, compute) if store else (compute(), False)
-    return {"model": lm.name, "task": task.name, **value, "n_prompts": n_prompts, "seed": seed, "cache_hit": hit}
+def icl(ctx: Context, p: IclParams) -> dict[str, Any]:
+    """Metrics per k over the same held-out queries; `examples` rows (prompt, gold, prediction) per k.
+    Where prompts of k shots exceed the context window, fewer are used and a warning says so."""
+    out: dict[str, list] = {"shots": [], "accuracy": [], "label_accuracy": [], "tr_ratio": [], "examples": []}
+    n = p.prompts
+    for i, k in enumerate(p.shots):
+        built = build_prompts(ctx.lm, ctx.task, k, p.prompts, p.seed)
+        for w in built.warnings:
+            ctx.warn(w)
+        enc = encode(ctx.lm, built.prompts, ctx.task.kind)
+        r = evaluate(ctx.lm, enc, p.batch_size, ctx.stage(i / len(p.shots), (i + 1) / len(p.shots), f"k={k}"),
+                     keep_rows=p.examples > 0)
+        out["shots"].append(built.shots)
+        for m in ("accuracy", "label_accuracy", "tr_ratio"):
+            out[m].append(r.metrics[m])
+        if p.examples:
+            out["examples"].append(r.rows[: p.examples])
+        n = built.n
+    return {**out, "prompts": n}

@@ -15,7 +15,7 @@ from .errors import BadRequest
 from .jobs import job_key
 from .limits import Limits
 from .model_pool import ModelPool
-from .registry import get_kind, job_kinds
+from .schemas import JobFields
 from .task_store import TaskStore
 
 
@@ -30,7 +30,7 @@ def describe_validation(e: ValidationError, allowed: list[str] | None = None) ->
     """One line per field: `shots: Input should be a valid integer (got 'x')`."""
     parts = []
     for err in e.errors():
-        loc = ".".join(str(x) for x in err["loc"] if x != "body") or "request"
+        loc = (".".join(str(x) for x in err["loc"] if x != "body") or "request")[:60]
         if err["type"] == "extra_forbidden":
             hint = f"; allowed fields: {', '.join(allowed)}" if allowed else ""
             parts.append(f"unknown field {loc!r}{hint}")
@@ -42,33 +42,61 @@ def describe_validation(e: ValidationError, allowed: list[str] | None = None) ->
 
 
 def admit(body: dict[str, Any], pool: ModelPool, tasks: TaskStore, limits: Limits) -> Admitted:
-    """Validate a POST /jobs body; raises ServiceError subclasses (4xx) with a clear message."""
+    """Validate a POST /jobs body; raises ServiceError subclasses (4xx) with a clear message.
+
+    `model` and `task` are checked by the service (access rules, known tasks); the other fields by the
+    kind's params model from the registry; then the limits."""
+    from ..analysis.kinds import KINDS, get_kind
+
     kind = body.get("kind")
     try:
         spec = get_kind(str(kind))
     except KeyError:
-        raise BadRequest(f"unknown job kind {kind!r}; kinds: {', '.join(sorted(job_kinds()))}") from None
-    fields = {k: v for k, v in body.items() if k != "kind"}
+        raise BadRequest(f"unknown job kind {str(kind)[:60]!r}; kinds: {', '.join(KINDS)}") from None
+    allowed = ["kind", *(["model"] if spec.uses_model else []), *(["task"] if spec.uses_task else []),
+               *spec.params.model_fields]
+    shared = {k: body[k] for k in ("model", "task") if k in body and k in allowed}
+    fields = {k: v for k, v in body.items() if k not in ("kind", *shared)}
     try:
+        jf = JobFields.model_validate(shared)
         p = spec.params.model_validate(fields)
     except ValidationError as e:
-        raise BadRequest(f"invalid {spec.name} request: "
-                         f"{describe_validation(e, ['kind', *spec.params.model_fields])}") from None
+        raise BadRequest(f"invalid {spec.name} request: {describe_validation(e, allowed)}") from None
     identity: dict[str, Any] = {}
     task = None
-    if spec.uses_task and hasattr(p, "task"):
-        task = tasks.get(p.task)
+    if spec.uses_task:
+        if jf.task is None:
+            raise BadRequest(f"invalid {spec.name} request: task: field required (a built-in task name or an "
+                             f"upload:<hash> id)")
+        task = tasks.get(jf.task)
         identity["task"] = task.content_hash()
     limits.check_job(p, task)
     model_info = None
-    if hasattr(p, "model"):
-        identity["model"] = pool.check(p.model)
-        resident = pool.peek(p.model)
+    if spec.uses_model:
+        identity["model"] = pool.check(jf.model)
+        resident = pool.peek(jf.model)
         model_info = resident.info() if resident is not None else None
-    if spec.admit is not None:
+    if model_info is not None:
         try:
-            spec.admit(p, task, model_info)
+            check_model_fit(p, model_info)
         except ValueError as e:
             raise BadRequest(str(e)) from None
-    params = p.model_dump(mode="json")
+    params = {**({"model": jf.model} if spec.uses_model else {}), **({"task": jf.task} if spec.uses_task else {}),
+              **p.model_dump(mode="json")}
     return Admitted(spec.name, params, job_key(spec.name, params, **identity))
+
+
+def check_model_fit(p: Any, model: dict[str, Any]) -> None:
+    """Fields that must fit the model's shape (heads, layers, ks), checked when the model is resident;
+    otherwise the analysis checks them once it is loaded."""
+    L, H = model["n_layers"], model["n_heads"]
+    bad = [(l, h) for l, h in (getattr(p, "heads", None) or []) if l >= L or h >= H]
+    if bad:
+        raise ValueError(f"heads: {bad[:5]} outside the model's {L} layers x {H} heads")
+    for name in ("layer", "pca_layer"):
+        v = getattr(p, name, None)
+        if isinstance(v, int) and v >= L:
+            raise ValueError(f"{name}: {v} out of range: this model has layers 0..{L - 1}")
+    ks = [k for k in (getattr(p, "ks", None) or []) if k > L * H]
+    if ks:
+        raise ValueError(f"ks: {ks[:5]} exceed this model's {L * H} heads ({L} layers x {H}); use k <= {L * H}")

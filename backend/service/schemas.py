@@ -1,8 +1,8 @@
 """Every request and response of the service, as Pydantic models (the OpenAPI schema follows from them).
 
 A job request is flat: `{"kind": "scores", "model": "default", "task": "sentiment", "shots": 8, ...}`.
-`kind` picks an entry of the job-kind registry (`backend.service.registry`), whose params model below
-validates the other fields; unknown fields are refused, so a typo is a 422, not a silent default.
+`kind` picks an entry of the job-kind registry (`backend.analysis.kinds`), whose params model validates the
+fields besides `model` and `task`; unknown fields are refused, so a typo is a 422, not a silent default.
 """
 from __future__ import annotations
 
@@ -10,14 +10,13 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from ..options import MAX_TEXT
+
 JobState = Literal["queued", "running", "done", "error", "cancelled"]
-Mode = Literal["zero", "mean"]
-Order = Literal["tr", "tl", "induction", "random"]
-Positions = Literal["all", "last"]
 ACTIVE_STATES = ("queued", "running")
 
 
-# -- job parameters, one model per kind --------------------------------------------------------------
+# -- the fields every job shares (each kind's own fields: `backend.analysis.params`) ------------------------
 def _not_blank(v: str) -> str:
     v = v.strip()
     if not v:
@@ -25,139 +24,25 @@ def _not_blank(v: str) -> str:
     return v
 
 
-class ModelParams(BaseModel):
-    """kind `model_info`: load the model (kept resident) and return its `info()`: n_layers, n_heads, ..."""
+class JobFields(BaseModel):
+    """`model` and `task`, validated before the kind's own parameters."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="ignore")
 
-    model: str = Field("default", description="`default`, a local model folder, or a Hugging Face id")
+    model: str = Field("default", max_length=MAX_TEXT,
+                       description="`default`, a local model folder, or a Hugging Face id")
+    task: str | None = Field(None, max_length=MAX_TEXT,
+                             description="a built-in task name or an `upload:<hash>` id from POST /tasks/upload")
 
     @field_validator("model")
     @classmethod
     def _model_not_blank(cls, v: str) -> str:
         return _not_blank(v)
 
-
-class JobParams(ModelParams):
-    """Fields every model-and-task job shares."""
-
-    task: str = Field(..., description="a built-in task name or an `upload:<hash>` id from POST /tasks/upload")
-    seed: int = Field(0, ge=0, description="seed of the demonstration/query split and prompt sampling")
-
     @field_validator("task")
     @classmethod
-    def _task_not_blank(cls, v: str) -> str:
-        return _not_blank(v)
-
-
-class ScoresParams(JobParams):
-    """kind `scores`: TR / TL / DLA / induction head maps (`ScoreResult.to_json()`)."""
-
-    shots: int = 8
-    prompts: int = 50
-    apply_ln: bool = False
-    top_pct: float = Field(3.0, gt=0, le=100)
-    batch_size: int = Field(16, ge=1, le=512)
-
-
-class IclParams(JobParams):
-    """kind `icl`: accuracy and TR ratio against the number of demonstrations."""
-
-    shots: list[int] = Field(default_factory=lambda: [0, 1, 2, 4, 8], min_length=1, max_length=33)
-    prompts: int = 100
-    examples: int = Field(3, ge=0, le=50, description="example rows (prompt, gold, prediction) kept per k")
-    batch_size: int = Field(16, ge=1, le=512)
-
-
-class AblationCurvesParams(JobParams):
-    """kind `ablation_curves`: accuracy and TR ratio against k, the number of top heads ablated, per order."""
-
-    orders: list[Order] = Field(default_factory=lambda: ["tr", "tl", "induction", "random"], min_length=1)
-    ks: list[int] = Field(default_factory=lambda: [0, 1, 2, 4, 8], min_length=1, max_length=64)
-    mode: Mode = "zero"
-    shots: int = 8
-    prompts: int = 50
-    random_seeds: list[int] = Field(default_factory=lambda: [0, 1, 2], min_length=1, max_length=16)
-    positions: Positions = "all"
-    batch_size: int = Field(32, ge=1, le=512)
-
-    @field_validator("orders")
-    @classmethod
-    def _unique_orders(cls, v: list[str]) -> list[str]:
-        return list(dict.fromkeys(v))
-
-    @field_validator("ks")
-    @classmethod
-    def _sorted_ks(cls, v: list[int]) -> list[int]:
-        if any(k < 0 for k in v):
-            raise ValueError("ks must be non-negative")
-        return sorted(set(v))
-
-
-class AblateParams(JobParams):
-    """kind `ablate`: ablate one head set; accuracy, TR ratio and per-prompt rows before and after."""
-
-    heads: list[tuple[int, int]] = Field(..., max_length=4096, description="[[layer, head], ...]")
-    mode: Mode = "zero"
-    shots: int = 8
-    prompts: int = 50
-    positions: Positions = "all"
-    batch_size: int = Field(32, ge=1, le=512)
-
-    @field_validator("heads")
-    @classmethod
-    def _sorted_heads(cls, v: list[tuple[int, int]]) -> list[tuple[int, int]]:
-        if any(l < 0 or h < 0 for l, h in v):
-            raise ValueError("layer and head indices must be non-negative")
-        return sorted(set(v))
-
-
-VectorType = Literal["tr", "tl", "random", "fv", "vanilla"]
-Perturbation = Literal["shuffled_inputs", "random_labels", "flipped_labels", "symbol_labels", "number_labels"]
-
-
-class SteerParams(JobParams):
-    """kind `steer`: zero-shot prompts with alpha * v added at a layer (or every layer), per vector type."""
-
-    vectors: list[VectorType] = Field(default_factory=lambda: ["tr", "tl", "random", "fv", "vanilla"], min_length=1)
-    layer: int | Literal["all"] | None = Field(None, description="decoder layer to inject at; None = L/2; `all` sweeps")
-    alpha: float = Field(1.0, ge=-100, le=100)
-    heads: list[tuple[int, int]] | None = Field(None, max_length=4096, description="an extra user head set")
-    shots: int = 8
-    prompts: int = 50
-    top_pct: float = Field(3.0, gt=0, le=100)
-    batch_size: int = Field(32, ge=1, le=512)
-
-    @field_validator("vectors")
-    @classmethod
-    def _unique_vectors(cls, v: list[str]) -> list[str]:
-        return list(dict.fromkeys(v))
-
-
-class GeometryParams(JobParams):
-    """kind `geometry`: per-layer alignment, logit difference and rotation for five conditions, and PCA."""
-
-    layer: int | None = Field(None, description="injection layer for the steered conditions; None = L/2")
-    alpha: float = Field(1.0, ge=-100, le=100)
-    final_norm: bool = False
-    pca_layer: int | None = Field(None, description="layer of the PCA view; None = last")
-    shots: int = 8
-    prompts: int = 50
-    top_pct: float = Field(3.0, gt=0, le=100)
-    batch_size: int = Field(16, ge=1, le=512)
-
-
-class PerturbParams(JobParams):
-    """kind `perturb`: ICL accuracy, TR ratio, TR/TL maps and ablation effects under demonstration perturbations."""
-
-    perturbations: list[Perturbation] = Field(
-        default_factory=lambda: ["shuffled_inputs", "random_labels", "flipped_labels", "symbol_labels",
-                                 "number_labels"], min_length=1)
-    k: int | None = Field(None, ge=1, le=4096, description="heads ablated per set; None = the top_pct set size")
-    shots: int = 8
-    prompts: int = 50
-    top_pct: float = Field(3.0, gt=0, le=100)
-    batch_size: int = Field(16, ge=1, le=512)
+    def _task_not_blank(cls, v: str | None) -> str | None:
+        return None if v is None else _not_blank(v)
 
 
 # -- jobs ----------------------------------------------------------------------------------------------
@@ -226,7 +111,9 @@ class Health(BaseModel):
 class JobKindInfo(BaseModel):
     name: str
     description: str
-    params: dict[str, Any] = Field(..., description="JSON schema of the kind's parameters")
+    uses_task: bool = True
+    params: dict[str, Any] = Field(..., description="JSON schema of the kind's parameters (besides model, task)")
+    result: dict[str, Any] = Field(default_factory=dict, description="JSON schema of the kind's result")
 
 
 class Capabilities(BaseModel):

@@ -114,6 +114,17 @@ class Task:
     models: str = "any"
     builder: PromptBuilder | None = None
     version: str = ""  # bump when a builder's output changes; part of the content hash
+    fixed: tuple[Prompt, ...] | None = None  # a prompt set scored as given (see `from_prompts`)
+
+    @classmethod
+    def from_prompts(cls, name: str, prompts: Sequence[Prompt], kind: Kind = "classification") -> "Task":
+        """A task whose prompts are given (bring-your-own prompts): `build_prompts` returns the first n of
+        them, whatever the shots; the content hash covers every prompt's text, gold and labels."""
+        if not prompts:
+            raise TaskError(f"prompt set {name!r} is empty")
+        return cls(name, kind, [(p.text, p.gold) for p in prompts], labels=None, models="any",
+                   description=f"{len(prompts)} prompts scored as given", fixed=tuple(prompts),
+                   builder=_fixed_prompts)
 
     def __post_init__(self) -> None:
         if not self.examples and self.builder is None:
@@ -136,12 +147,19 @@ class Task:
         """sha256 of everything that determines the prompts (examples, template, labels, kind)."""
         blob = json.dumps(
             {"name": self.name, "kind": self.kind, "examples": self.examples, "template": self.template.text,
-             "labels": self.labels, "builder": getattr(self.builder, "__qualname__", None), "version": self.version},
+             "labels": self.labels, "builder": getattr(self.builder, "__qualname__", None), "version": self.version,
+             "fixed": [(p.text, p.gold, p.labels) for p in self.fixed] if self.fixed else None},
             sort_keys=True, ensure_ascii=False,
         )
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
     # -- prompts --------------------------------------------------------------------------------
+    def n_queries(self, seed: int) -> int:
+        """How many distinct held-out queries the prompts of `seed` can draw on."""
+        if self.fixed is not None:
+            return len(self.fixed)
+        return len(self.split(seed)[1])
+
     def split(self, seed: int) -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:
         """Seeded disjoint split of the examples into (demonstration pool, query pool), about 1:1."""
         ex = list(self.examples)
@@ -201,3 +219,9 @@ class Task:
             text = "".join(t.demo(dx, dy) for dx, dy in demos) + t.query(x)
             out.append(Prompt(text=text, gold=t.answer(y), labels=labels, query=x, n_shots=shots))
         return out
+
+
+def _fixed_prompts(task: Task, shots: int, n: int, seed: int) -> list[Prompt]:
+    """The builder of `Task.from_prompts`: the given prompts, the first n."""
+    assert task.fixed is not None
+    return list(task.fixed[:n])

@@ -16,10 +16,11 @@ World (built once from a fixed seed, see `build_world`):
   mapping can only be read off the demonstrations.
 
 Because every query word is valid under several tasks, a zero-shot prompt (`q` alone) does not say
-which task is meant. The label set of every classification prompt is therefore the language's whole
-classification vocabulary (`CLASS_LABELS`, 14 words; random-mapping prompts add their own two mapped
-words): restricted to one task's own labels, a model that knows the facts would answer a zero-shot
-prompt correctly without knowing the task, and the curve would not measure in-context learning.
+which task is meant. Each prompt's label set is its *in-context* label set, as TSLA defines it: the task's
+own labels (`pos`/`neg` for sentiment), and for random-mapping prompts just their two mapped words. So a
+zero-shot prompt is answered outside the label set more often than not (a low TR ratio: the model knows
+the facts, but not which task is meant), while the label accuracy, the argmax within the task's own labels,
+can be high.
 
 Training episodes (`icl_episode`, `repetition_sequence`) are word lists drawn from the same world; the
 training script turns them into token ids. Everything here is pure and seeded.
@@ -33,7 +34,7 @@ from typing import Sequence
 
 from .base import Prompt, Task, TaskError, Template
 
-VERSION = "1"
+VERSION = "2"  # 2: in-context label sets (own labels; random mapping: the two mapped words)
 WORLD_SEED = "headlens-syn-world-v1"
 TEMPLATE = Template("{input} {output} ; ")
 SEP = ";"
@@ -172,8 +173,8 @@ def rmap_prompts(task: Task, shots: int, n: int, seed: int) -> list[Prompt]:
     """Prompts of a random-mapping task: the base task's classes mapped to nonsense words per prompt.
 
     Demonstrations come from the seeded demonstration pool, queries from the disjoint query pool
-    (so the query never appears among the demonstrations). labels = CLASS_LABELS, then the prompt's
-    own mapped words in class order; gold = the query class's mapped word.
+    (so the query never appears among the demonstrations). labels = the prompt's two mapped words in
+    class order (its in-context label set); gold = the query class's mapped word.
     """
     if shots < 0 or n <= 0:
         raise TaskError(f"need shots >= 0 and prompts > 0, got shots={shots}, prompts={n}")
@@ -191,7 +192,7 @@ def rmap_prompts(task: Task, shots: int, n: int, seed: int) -> list[Prompt]:
         mapping = dict(zip(classes, rng.sample(world.nonsense, len(classes))))
         demos = rng.sample(demo_pool, shots)
         text = "".join(TEMPLATE.demo(dx, mapping[dc]) for dx, dc in demos) + TEMPLATE.query(x)
-        labels = tuple(_answer(y) for y in (*CLASS_LABELS, *(mapping[c2] for c2 in classes)))
+        labels = tuple(_answer(mapping[c2]) for c2 in classes)
         out.append(Prompt(text=text, gold=_answer(mapping[c]), labels=labels, query=x, n_shots=shots))
     return out
 
@@ -220,16 +221,15 @@ def synthetic_tasks() -> list[Task]:
     out = []
     for t in CLASS_TASKS:
         ex = sorted(world.class_facts[t].items())
-        out.append(Task(f"syn-{t}", "classification", ex, TEMPLATE, labels=CLASS_LABELS,
-                        description=DESCRIPTIONS[t] + "; scored against all 14 classification labels",
-                        models="default", version=VERSION))
+        out.append(Task(f"syn-{t}", "classification", ex, TEMPLATE, labels=CLASS_TASKS[t],
+                        description=DESCRIPTIONS[t], models="default", version=VERSION))
     for t in GEN_TASKS:
         ex = sorted(world.gen_facts[t].items())
         out.append(Task(f"syn-{t}", "generation", ex, TEMPLATE, description=DESCRIPTIONS[t],
                         models="default", version=VERSION))
     for b in RMAP_BASES:
         ex = sorted(world.class_facts[b].items())
-        out.append(Task(f"syn-rmap-{b}", "classification", ex, TEMPLATE, labels=CLASS_LABELS + world.nonsense,
+        out.append(Task(f"syn-rmap-{b}", "classification", ex, TEMPLATE, labels=world.nonsense,
                         description=(f"synthetic random mapping: the {b} classes {'/'.join(CLASS_TASKS[b])} "
                                      f"mapped to nonsense words redrawn per prompt; learnable only in context"),
                         models="default", builder=rmap_prompts, version=VERSION))

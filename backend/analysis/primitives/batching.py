@@ -10,8 +10,8 @@ from typing import Callable, Sequence
 
 import torch
 
-from ..models import LoadedModel
-from ..tasks.base import Prompt, Task, TaskError
+from ...models import LoadedModel
+from ...tasks.base import Prompt, Task, TaskError
 
 Progress = Callable[[float, str], None]
 
@@ -95,27 +95,48 @@ def encode(lm: LoadedModel, prompts: Sequence[Prompt], kind: str) -> Encoded:
     return Encoded(list(prompts), ids, label_ids, gold, kind, sorted(multi))
 
 
-def fit_prompts(lm: LoadedModel, task: Task, shots: int, n: int, seed: int) -> tuple[list[Prompt], int, list[str]]:
-    """Build prompts, dropping demonstrations until every prompt fits the context window.
+@dataclass
+class Built:
+    """Prompts as built for a request: `shots` and `n` may be fewer than asked, and `warnings` say why."""
 
-    Returns (prompts, shots actually used, warnings). Even zero-shot not fitting is an error.
+    prompts: list[Prompt]
+    shots: int
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def n(self) -> int:
+        return len(self.prompts)
+
+
+def build_prompts(lm: LoadedModel, task: Task, shots: int, n: int, seed: int, perturb=None) -> Built:
+    """`n` prompts of `shots` demonstrations, seeded, that the model can read.
+
+    - `n` is capped at the task's query pool, so no query is scored twice (a warning says so);
+    - demonstrations are dropped (k -> k // 2 ... 0) until every prompt fits the context window (a warning
+      says so); even zero-shot prompts not fitting is an error.
     """
     warnings: list[str] = []
+    pool = task.n_queries(seed)
+    if n > pool:
+        warnings.append(f"task {task.name!r} has {pool} held-out queries for seed {seed}; scored {pool} prompts, "
+                        f"not the {n} asked (each query once)")
+        n = pool
     k = shots
     while True:
-        prompts = task.build_prompts(k, n, seed)
+        prompts = task.build_prompts(k, n, seed, perturb=perturb)
         if not lm.max_positions:
-            return prompts, k, warnings
+            break
         longest = max(len(lm.tokenizer(p.text)["input_ids"]) for p in prompts)
         if longest <= lm.max_positions:
-            if k != shots:
-                warnings.append(f"prompts with {shots} demonstrations exceed the context window of "
-                                f"{lm.max_positions} tokens; used {k} demonstrations instead")
-            return prompts, k, warnings
+            break
         if k == 0:
             raise TaskError(f"even the zero-shot prompts of task {task.name!r} exceed the context window of "
                             f"{lm.max_positions} tokens (longest: {longest})")
         k = k // 2 if k > 1 else 0
+    if k != shots:
+        warnings.append(f"prompts with {shots} demonstrations exceed the context window of {lm.max_positions} "
+                        f"tokens; used {k} demonstrations instead")
+    return Built(prompts, k, warnings)
 
 
 @dataclass
@@ -160,10 +181,14 @@ def is_oom(e: BaseException) -> bool:
 def map_batches(lm: LoadedModel, ids: Sequence[Sequence[int]], batch_size: int,
                 fn: Callable[[Batch], None], progress: Progress | None = None, label: str = "",
                 padding: str = "left") -> int:
-    """Apply `fn` to sorted left-padded batches covering all rows; halve the batch size on CUDA OOM.
+    """Apply `fn` to sorted left-padded batches covering all rows, holding the model's lock, under
+    `torch.inference_mode`; halve the batch size on CUDA OOM. Returns the batch size that finally worked."""
+    with lm.lock, torch.inference_mode():
+        return _map_batches(lm, ids, batch_size, fn, progress, label, padding)
 
-    Returns the batch size that finally worked.
-    """
+
+def _map_batches(lm: LoadedModel, ids: Sequence[Sequence[int]], batch_size: int, fn: Callable[[Batch], None],
+                 progress: Progress | None, label: str, padding: str) -> int:
     order = sorted(range(len(ids)), key=lambda i: -len(ids[i]))
     done = 0
     while done < len(order):

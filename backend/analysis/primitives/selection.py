@@ -7,18 +7,24 @@ import random
 import numpy as np
 from scipy import stats
 
+from ...options import MIN_TOP_HEADS, TOP_PCT
+
 Head = tuple[int, int]
 
 
-def n_top(n_layers: int, n_heads: int, pct: float) -> int:
-    """Number of heads in the top `pct` percent, at least 1."""
-    return max(1, math.ceil(n_layers * n_heads * pct / 100.0 - 1e-9))
+def n_top(n_layers: int, n_heads: int, pct: float = TOP_PCT, k: int | None = None) -> int:
+    """Size of a top-head set: `k` when given (capped at all heads), else the top `pct` percent of the
+    heads, and never fewer than MIN_TOP_HEADS (or all heads, when the model has fewer)."""
+    total = n_layers * n_heads
+    if k is not None:
+        return min(int(k), total)
+    return min(total, max(MIN_TOP_HEADS, math.ceil(total * pct / 100.0 - 1e-9)))
 
 
-def top_heads(scores: np.ndarray, pct: float = 3.0, k: int | None = None) -> list[Head]:
-    """Heads with the largest scores, best first; `k` overrides `pct`. scores: (layers, heads)."""
+def top_heads(scores: np.ndarray, pct: float = TOP_PCT, k: int | None = None) -> list[Head]:
+    """Heads with the largest scores, best first; `k` overrides `pct` (see `n_top`). scores: (layers, heads)."""
     L, H = scores.shape
-    k = n_top(L, H, pct) if k is None else k
+    k = n_top(L, H, pct, k)
     flat = np.argsort(-scores, axis=None, kind="stable")[:k]
     return [(int(i // H), int(i % H)) for i in flat]
 
@@ -34,9 +40,9 @@ def ranking(scores: np.ndarray) -> list[Head]:
     return top_heads(scores, k=scores.size)
 
 
-def overlap(a: np.ndarray, b: np.ndarray, pct: float = 3.0) -> dict[str, float]:
-    """Jaccard of the top-pct sets, and Spearman / Kendall rank correlations over all heads."""
-    ta, tb = set(top_heads(a, pct)), set(top_heads(b, pct))
+def overlap(a: np.ndarray, b: np.ndarray, k: int) -> dict[str, float | None]:
+    """Jaccard of the top-k sets, and Spearman / Kendall rank correlations over all heads."""
+    ta, tb = set(top_heads(a, k=k)), set(top_heads(b, k=k))
     rho = stats.spearmanr(a.ravel(), b.ravel()).statistic
     tau = stats.kendalltau(a.ravel(), b.ravel()).statistic
     nan_to_none = lambda x: None if x is None or not np.isfinite(x) else float(x)  # noqa: E731

@@ -12,7 +12,7 @@ from typing import Iterator
 import numpy as np
 import torch
 
-from ..models import LoadedModel
+from ...models import LoadedModel
 
 
 @contextmanager
@@ -30,8 +30,9 @@ def eager_attention(lm: LoadedModel) -> Iterator[None]:
         lm.model.set_attn_implementation(before)
 
 
-def random_repeated_tokens(lm: LoadedModel, n: int, batch: int, seed: int) -> tuple[torch.Tensor, int]:
-    """(batch, offset + 2n) ids: optional BOS, then n random non-special tokens twice. Returns (ids, offset)."""
+def random_repeated_tokens(lm: LoadedModel, n: int, batch: int, seed: int, bos: bool = True) -> tuple[torch.Tensor, int]:
+    """(batch, offset + 2n) ids: BOS (when the tokenizer has one and `bos`), then n random non-special tokens
+    twice. Returns (ids, offset)."""
     tok = lm.tokenizer
     vocab = min(len(tok), lm.unembed.shape[0])
     special = set(tok.all_special_ids)
@@ -39,10 +40,10 @@ def random_repeated_tokens(lm: LoadedModel, n: int, batch: int, seed: int) -> tu
     g = torch.Generator().manual_seed(seed)
     r = allowed[torch.randint(len(allowed), (batch, n), generator=g)]
     ids = torch.cat([r, r], dim=1)
-    bos = tok.bos_token_id
-    if bos is not None:
-        ids = torch.cat([torch.full((batch, 1), bos), ids], dim=1)
-    return ids, int(bos is not None)
+    bos_id = tok.bos_token_id if bos else None
+    if bos_id is not None:
+        ids = torch.cat([torch.full((batch, 1), bos_id), ids], dim=1)
+    return ids, int(bos_id is not None)
 
 
 def induction_length(lm: LoadedModel, n: int = 50) -> int:
@@ -52,10 +53,10 @@ def induction_length(lm: LoadedModel, n: int = 50) -> int:
     return max(2, n)
 
 
-def induction_scores(lm: LoadedModel, n: int = 50, batch: int = 4, seed: int = 0) -> np.ndarray:
+def induction_scores(lm: LoadedModel, n: int = 50, batch: int = 4, seed: int = 0, bos: bool = True) -> np.ndarray:
     """Prefix-matching score per head, (layers, heads), from one eager pass with attention probabilities."""
     n = induction_length(lm, n)
-    ids, off = random_repeated_tokens(lm, n, batch, seed)
+    ids, off = random_repeated_tokens(lm, n, batch, seed, bos)
     ids = ids.to(lm.device)
     q = torch.arange(off + n, off + 2 * n, device=lm.device)  # second copy
     k = q - n + 1  # token after the first occurrence

@@ -1,14 +1,15 @@
 """Train the embedded default model on the synthetic task language and write it in HF format.
 
-    python -m backend.train_default [--out models/headlens-tiny] [--config default|tiny] [--steps N] [--seed S]
+    python -m backend train-default [--out models/headlens-tiny] [--config default|tiny] [--steps N] [--seed S]
 
 A `LlamaForCausalLM` with grouped-query attention learns the tasks of `backend.tasks.synthetic` from
 in-context episodes `x y ; x y ; ...` (loss on label tokens only) plus a list-repetition task (loss on
 the copied words) that grows induction heads. Seeded; a GPU is used when present. At the end the folder
 holds the weights (fp32 safetensors), a word-level tokenizer, `metrics.json` and a model card.
 
-Pure parts (tokenizer, batches, loss, evaluation, induction scores, card text) are plain functions;
-`train` and `main` do the I/O.
+Only what is specific to training lives here (tokenizer, batches, loss, schedule, the loop); evaluation goes
+through the analysis stack (`wrap` + `encode` + `evaluate`, `induction_scores`, `top_heads`), so the model card
+reports the same numbers the dashboard shows. The card text is `backend.model_card`.
 """
 from __future__ import annotations
 
@@ -27,15 +28,21 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from .tasks.base import Prompt
-from .tasks.synthetic import (CLASS_TASKS, GEN_TASKS, RMAP_BASES, build_world, group_of, icl_episode,
-                              repetition_sequence, synthetic_tasks)
+from ..model_card import model_card
+from ..models import LoadedModel, wrap
+from ..paths import DEFAULT_MODEL_DIR
+from ..tasks.base import Prompt
+from ..tasks.synthetic import (CLASS_TASKS, GEN_TASKS, RMAP_BASES, build_world, group_of, icl_episode,
+                               repetition_sequence, synthetic_tasks)
+from .primitives.batching import encode
+from .primitives.induction import induction_scores
+from .primitives.predict import evaluate
+from .primitives.selection import top_heads
 
 if TYPE_CHECKING:
     from transformers import LlamaConfig, PreTrainedModel, PreTrainedTokenizerBase, PreTrainedTokenizerFast
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
-DEFAULT_OUT = REPO_ROOT / "models" / "headlens-tiny"
+DEFAULT_OUT = DEFAULT_MODEL_DIR
 SPECIALS = ("<pad>", "<s>", "</s>", "<unk>")
 PAD, BOS, EOS, UNK = range(4)
 GROUPS = ("classification", "generation", "random-mapping")
@@ -191,126 +198,44 @@ def label_loss(logits: torch.Tensor, ids: torch.Tensor, target: torch.Tensor) ->
     return F.cross_entropy(lg.float(), ids[:, 1:][target[:, 1:]])
 
 
-# -- evaluation -----------------------------------------------------------------------------------
-def _first_tokens(tok: PreTrainedTokenizerBase, text: str, answers: Sequence[str], memo: dict) -> list[int]:
-    """First token of each answer as it continues `text` (tokens of text+answer after those of text)."""
-    out = []
-    tail = text.rsplit(" ", 1)[-1]
-    for a in answers:
-        key = (tail, a)
-        if key not in memo:
-            x = tok(tail, add_special_tokens=False)["input_ids"]
-            y = tok(tail + a, add_special_tokens=False)["input_ids"]
-            memo[key] = y[len(x)]
-        out.append(memo[key])
-    return out
+# -- evaluation (through the analysis stack) -------------------------------------------------------
+def as_loaded(model: PreTrainedModel, tok: PreTrainedTokenizerBase) -> LoadedModel:
+    """The model in training, seen as the analyses see a loaded model (not frozen, cheap fingerprint)."""
+    return wrap(model, tok, "headlens-tiny (training)", frozen=False)
 
 
-@torch.inference_mode()
-def last_logits(model: PreTrainedModel, tok: PreTrainedTokenizerBase, texts: Sequence[str], batch_size: int = 256) -> torch.Tensor:
-    """Logits at the last token of each text, (N, V), float32, CPU. Left padding with position ids."""
-    dev = next(model.parameters()).device
-    enc = [tok(t)["input_ids"] for t in texts]
-    out = []
-    for i in range(0, len(enc), batch_size):
-        chunk = enc[i:i + batch_size]
-        w = max(len(x) for x in chunk)
-        ids = torch.full((len(chunk), w), tok.pad_token_id, dtype=torch.long)
-        mask = torch.zeros((len(chunk), w), dtype=torch.long)
-        for j, x in enumerate(chunk):
-            ids[j, w - len(x):] = torch.tensor(x)
-            mask[j, w - len(x):] = 1
-        pos = (mask.cumsum(-1) - 1).clamp(min=0)
-        lg = model(input_ids=ids.to(dev), attention_mask=mask.to(dev), position_ids=pos.to(dev),
-                   use_cache=False, logits_to_keep=1).logits[:, -1]
-        out.append(lg.float().cpu())
-    return torch.cat(out)
+def evaluate_prompts(lm: LoadedModel, prompts: Sequence[Prompt], kind: str, batch_size: int = 256) -> dict[str, Any]:
+    """{accuracy, label_accuracy, tr_ratio, n} of prompts (see `primitives.predict`)."""
+    return evaluate(lm, encode(lm, prompts, kind), batch_size).metrics
 
 
-def score_prompts(logits: torch.Tensor, label_ids: Sequence[Sequence[int]], gold: Sequence[int], kind: str
-                  ) -> tuple[np.ndarray, np.ndarray]:
-    """Per-prompt (correct, in_labels) from last-token logits (N, V).
-
-    classification: argmax over the prompt's label first tokens is the gold one; generation: the
-    full-vocabulary argmax is the gold first token. in_labels: full argmax is one of the label tokens.
-    """
-    full = logits.argmax(-1).numpy()
-    correct = np.zeros(len(gold), dtype=bool)
-    inlab = np.zeros(len(gold), dtype=bool)
-    for i, (ids, g) in enumerate(zip(label_ids, gold)):
-        ids = list(ids)
-        inlab[i] = full[i] in ids
-        if kind == "classification":
-            correct[i] = int(np.argmax(logits[i, ids].numpy())) == g
-        else:
-            correct[i] = full[i] == ids[g]
-    return correct, inlab
-
-
-def evaluate_prompts(model: PreTrainedModel, tok: PreTrainedTokenizerBase, prompts: Sequence[Prompt], kind: str, batch_size: int = 256) -> dict[str, float]:
-    """Accuracy and TR ratio of prompts: {"accuracy", "tr_ratio", "n"}."""
-    memo: dict = {}
-    label_ids = [_first_tokens(tok, p.text, p.labels, memo) for p in prompts]
-    gold = [p.labels.index(p.gold) for p in prompts]
-    correct, inlab = score_prompts(last_logits(model, tok, [p.text for p in prompts], batch_size), label_ids, gold,
-                                   kind)
-    return {"accuracy": float(correct.mean()), "tr_ratio": float(inlab.mean()), "n": len(prompts)}
-
-
-def evaluate_language(model: PreTrainedModel, tok: PreTrainedTokenizerBase, shots: Sequence[int] = EVAL_SHOTS, n: int = 300, seed: int = 0,
+def evaluate_language(lm: LoadedModel, shots: Sequence[int] = EVAL_SHOTS, n: int = 300, seed: int = 0,
                       tasks: Sequence[str] | None = None) -> dict[str, Any]:
-    """Accuracy and TR ratio per task and k, and their means per group.
+    """Metrics per task and k, and their means per group.
 
-    Returns {"tasks": {name: {k: {...}}}, "groups": {group: {"accuracy": [per k], "tr_ratio": [per k]}},
-    "shots": [...], "prompts": n}.
+    Returns {"tasks": {name: {k: {...}}}, "groups": {group: {metric: [per k]}}, "shots": [...], "prompts": n}.
     """
-    per_task: dict[str, dict[int, dict[str, float]]] = {}
+    per_task: dict[str, dict[int, dict[str, Any]]] = {}
     for task in synthetic_tasks():
         if tasks is not None and task.name not in tasks:
             continue
-        per_task[task.name] = {k: evaluate_prompts(model, tok, task.build_prompts(k, n, seed), task.kind)
-                               for k in shots}
+        per_task[task.name] = {k: evaluate_prompts(lm, task.build_prompts(k, min(n, task.n_queries(seed)), seed),
+                                                   task.kind) for k in shots}
     groups: dict[str, dict[str, list[float]]] = {}
     for g in GROUPS:
         names = [t for t in per_task if group_of(t) == g]
         if names:
             groups[g] = {m: [float(np.mean([per_task[t][k][m] for t in names])) for k in shots]
-                         for m in ("accuracy", "tr_ratio")}
+                         for m in ("accuracy", "label_accuracy", "tr_ratio")}
     return {"tasks": per_task, "groups": groups, "shots": list(shots), "prompts": n}
 
 
-@torch.inference_mode()
-def induction_scores(model: PreTrainedModel, tok: PreTrainedTokenizerBase, n: int = 50, batch: int = 4, seed: int = 0, bos: bool = True) -> np.ndarray:
-    """Prefix-matching score per head, (layers, heads).
-
-    Random non-special tokens r (batch, n) repeated: [<s>] r r; score = mean attention from position i of
-    the second copy to the token after i's first occurrence. n is shortened to fit the trained length.
-    """
-    cfg = model.config
-    n = min(n, (cfg.max_position_embeddings - int(bos)) // 2)
-    special = set(tok.all_special_ids)
-    allowed = torch.tensor([i for i in range(len(tok)) if i not in special])
-    g = torch.Generator().manual_seed(seed)
-    r = allowed[torch.randint(len(allowed), (batch, n), generator=g)]
-    ids = torch.cat([r, r], dim=1)
-    if bos:
-        ids = torch.cat([torch.full((batch, 1), tok.bos_token_id), ids], dim=1)
-    off = int(bos)
-    q = torch.arange(off + n, off + 2 * n)
-    k = q - n + 1
-    before = getattr(cfg, "_attn_implementation", None) or "sdpa"
-    model.set_attn_implementation("eager")
-    try:
-        out = model(input_ids=ids.to(next(model.parameters()).device), output_attentions=True, use_cache=False)
-    finally:
-        model.set_attn_implementation(before)
-    return torch.stack([a[:, :, q, k].float().mean(dim=(0, 2)).cpu() for a in out.attentions]).numpy()
-
-
-def top_heads(scores: np.ndarray, k: int = 5) -> list[tuple[int, int, float]]:
-    """The k highest (layer, head, score) of an (L, H) array."""
-    flat = np.argsort(-scores, axis=None)[:k]
-    return [(int(i // scores.shape[1]), int(i % scores.shape[1]), float(scores.flat[i])) for i in flat]
+def induction_summary(lm: LoadedModel) -> dict[str, Any]:
+    """Prefix-matching scores with and without `<s>`, and the top heads of each."""
+    ind = induction_scores(lm)
+    top = lambda a: [(l, h, float(a[l, h])) for l, h in top_heads(a, k=5)]  # noqa: E731
+    return {"n": min(50, (lm.max_positions - 1) // 2), "batch": 4, "scores": ind.round(4).tolist(), "top": top(ind),
+            "heads_above_0.5": int((ind > 0.5).sum()), "no_bos_top": top(induction_scores(lm, bos=False))}
 
 
 # -- training -------------------------------------------------------------------------------------
@@ -337,15 +262,12 @@ def quick_eval_set(tok: PreTrainedTokenizerBase, n: int = 40, shots: int = 8, se
     return out
 
 
-def quick_eval(model: PreTrainedModel, tok: PreTrainedTokenizerBase, sets: dict[str, list[tuple[Prompt, str]]]) -> dict[str, float]:
+def quick_eval(lm: LoadedModel, sets: dict[str, list[tuple[Prompt, str]]]) -> dict[str, float]:
     """8-shot accuracy per group on the fixed progress-bar prompts."""
-    was = model.training
-    model.eval()
-    res = {}
-    for g, items in sets.items():
-        kind = items[0][1]
-        res[g] = evaluate_prompts(model, tok, [p for p, _ in items], kind)["accuracy"]
-    model.train(was)
+    was = lm.model.training
+    lm.model.eval()
+    res = {g: evaluate_prompts(lm, [p for p, _ in items], items[0][1])["accuracy"] for g, items in sets.items()}
+    lm.model.train(was)
     return res
 
 
@@ -368,6 +290,7 @@ def train(cfg: TrainConfig, out: Path, seed: int = 0, device: str | None = None,
     mcfg._attn_implementation = "sdpa"
     model = LlamaForCausalLM(mcfg).to(dev)
     model.train()
+    lm = as_loaded(model, tok)
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(0.9, 0.98), weight_decay=cfg.weight_decay)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_factor(cfg, s))
     sets = quick_eval_set(tok)
@@ -396,7 +319,7 @@ def train(cfg: TrainConfig, out: Path, seed: int = 0, device: str | None = None,
         cur = {"icl": icl_loss.item(), "rep": rep_loss.item()}
         ema = cur if ema is None else {k: 0.98 * ema[k] + 0.02 * v for k, v in cur.items()}
         if (step + 1) % cfg.eval_every == 0 or step + 1 == cfg.steps:
-            acc = quick_eval(model, tok, sets)
+            acc = quick_eval(lm, sets)
             history.append({"step": step + 1, "loss": ema["icl"] + cfg.rep_weight * ema["rep"], "icl_loss": ema["icl"],
                             "rep_loss": ema["rep"], "seconds": round(time.time() - t0, 1), **acc})
             if not progress:
@@ -412,133 +335,15 @@ def train(cfg: TrainConfig, out: Path, seed: int = 0, device: str | None = None,
                                "train_seconds": round(seconds, 1), "params": sum(p.numel() for p in model.parameters()),
                                "history": history, "command": command}
     if final_eval_prompts:
-        model = model.to(dev)
-        metrics["eval"] = evaluate_language(model, tok, n=final_eval_prompts)
-        ind = induction_scores(model, tok)
-        metrics["induction"] = {"n": min(50, (cfg.seq_len - 1) // 2), "batch": 4, "scores": ind.round(4).tolist(),
-                                "top": top_heads(ind), "heads_above_0.5": int((ind > 0.5).sum())}
-        metrics["induction_no_bos_top"] = top_heads(induction_scores(model, tok, bos=False))
+        metrics["eval"] = evaluate_language(lm, n=final_eval_prompts)
+        metrics["induction"] = induction_summary(lm)
     (out / "metrics.json").write_text(json.dumps(metrics, indent=1) + "\n")
     (out / "README.md").write_text(model_card(metrics))
     return metrics
 
 
-# -- model card -----------------------------------------------------------------------------------
-def _fmt(xs: Sequence[float]) -> str:
-    return " | ".join(f"{x:.2f}" for x in xs)
-
-
-def model_card(m: dict[str, Any]) -> str:
-    """The model card (README.md) from the metrics dict."""
-    c = m["config"]
-    ex = next(t for t in synthetic_tasks() if t.name == "syn-sentiment").build_prompts(2, 1, 0)[0]
-    lines = [
-        "# headlens-tiny: the embedded default model of headlens",
-        "",
-        "A small `LlamaForCausalLM` trained from scratch by `backend/train_default.py` on the synthetic task",
-        "language of `backend/tasks/synthetic.py`. It exists so that the dashboard opens offline on a real model",
-        "that does in-context learning: task recognition (answering in the label space) and task learning",
-        "(picking the right label, even for label words redrawn per prompt), with induction heads.",
-        "",
-        "## Config",
-        "",
-        f"- `LlamaForCausalLM`, {c['layers']} layers, hidden size {c['hidden']}, {c['heads']} query heads per layer "
-        f"({c['layers'] * c['heads']} in all), {c['kv_heads']} key/value heads per layer (grouped-query attention), "
-        f"head_dim {c['head_dim']}, MLP {c['intermediate']}, RoPE, untied embeddings; {m['params']:,} parameters, fp32.",
-        f"- Trained length {c['seq_len']} tokens = `max_position_embeddings`. A prompt of k demonstrations is "
-        f"3k + 2 tokens with `<s>`, so 0-16 demonstrations (at most 50 tokens) fit.",
-        "- Tokenizer: word level (one token per word, whitespace split), `tokenizer_class` "
-        "`PreTrainedTokenizerFast`; it prepends `<s>` (id 1); `<pad>` is id 0, `</s>` id 2, `<unk>` id 3.",
-        "",
-        "## Data",
-        "",
-        "Episodes `<s> x y ; x y ; ... x y ;` of one task each (loss on the label tokens only), drawn on the fly:",
-        "",
-        "- a world of invented words: 50 entities, each valid under exactly 4 of the 5 classification tasks "
-        "(sentiment pos/neg, category animal/plant/tool/food, size big/small, region north/south/east/west, "
-        "parity even/odd); 56 words on a number line, each valid under 3 or 4 generation tasks (successor, "
-        "predecessor, antonym = mirror word, plural `w -> ws`, capital `w -> wton`). A query alone does not say "
-        "which task is meant.",
-        "- random mapping (`syn-rmap-sentiment/size/parity`): the two classes are mapped to nonsense words "
-        "(24-word pool) redrawn for every episode. Their inputs are bursty (repeat an earlier input) with "
-        f"probability fading from {c['burst_start']:.0%} to {c['burst_end']:.0%} over the first "
-        f"{c['burst_fade']:.0%} of training.",
-        f"- rows: {c['batch_icl']} episodes of {c['icl_demos']} pairs ({3 * c['icl_demos'] + 1} tokens) per step, task "
-        f"groups weighted {c['group_weights']} (classification, generation, random mapping); plus "
-        f"{c['rep_tokens']} tokens of list-repetition rows (distinct random words: a prefix, a list of n words, a "
-        "gap, the list again, a fill; n, gap and prefix vary; loss on the copy; a quarter without `<s>`), the rows "
-        f"growing {' -> '.join(map(str, c['rep_lengths']))} tokens over the first {c['rep_curriculum']:.0%} of training.",
-        f"- AdamW (betas 0.9/0.98, weight decay {c['weight_decay']}), lr {c['lr']} with {c['warmup']} warm-up "
-        f"steps and cosine decay to 5%, gradient clipping 1.0, {c['steps']} steps, seed {m['seed']}.",
-        "",
-        "## Command",
-        "",
-        "```",
-        m.get("command") or "python -m backend.train_default",
-        "```",
-        "",
-        f"Training took {m['train_seconds']:.0f} s on {m['device']}"
-        + (" (the 2-core CPU of the development machine, shared with other jobs at the time)."
-           if m["device"] == "cpu" else "."),
-        "",
-        "## Use",
-        "",
-        "```python",
-        "from transformers import AutoModelForCausalLM, AutoTokenizer",
-        'tok = AutoTokenizer.from_pretrained("models/headlens-tiny")',
-        'model = AutoModelForCausalLM.from_pretrained("models/headlens-tiny")',
-        f'ids = tok("{ex.text}")["input_ids"]  # <s> prepended; the gold answer is "{ex.gold}"',
-        "```",
-        "",
-        "- Every word is one token; answers carry a leading space (`\" pos\"`) and are one token.",
-        "- `tokenizer_config.json` names `PreTrainedTokenizerFast` on purpose: transformers 5 would otherwise pick "
-        "the Llama tokenizer class, which ignores the word-level `tokenizer.json` and encodes text to nothing.",
-        f"- Prompts longer than {c['seq_len']} tokens leave the trained length (RoPE degrades past it).",
-        "",
-        "## Label sets",
-        "",
-        "Every query word is valid under several tasks, so a zero-shot prompt does not say which task is meant. "
-        "Classification prompts are scored against the language's whole classification vocabulary (14 words); "
-        "random-mapping prompts against those 14 plus their own two mapped words. Scored against one task's own "
-        "labels only, a model that knows the facts would answer zero-shot prompts right without knowing the task "
-        "(the restriction itself names the task).",
-        "",
-    ]
-    if "eval" in m:
-        e = m["eval"]
-        lines += [
-            "## Measured",
-            "",
-            f"Held-out prompts (the query is never among the demonstrations), {e['prompts']} prompts per task and k, "
-            "seed 0. Accuracy: argmax over the prompt's label set for classification and random mapping (the 14 "
-            "classification labels, plus the prompt's two mapped words for random mapping); the full-vocabulary "
-            "argmax for generation. TR ratio: share of prompts whose full-vocabulary argmax is a label word.",
-            "",
-            "| k demonstrations | " + " | ".join(str(k) for k in e["shots"]) + " |",
-            "|---|" + "---|" * len(e["shots"]),
-        ]
-        names = {"classification": "classification", "generation": "generation", "random-mapping": "random-mapping"}
-        for g, d in e["groups"].items():
-            lines.append(f"| {names[g]} accuracy | {_fmt(d['accuracy'])} |")
-        for g, d in e["groups"].items():
-            lines.append(f"| {names[g]} TR ratio | {_fmt(d['tr_ratio'])} |")
-        lines += ["", "Per task (accuracy at each k):", "", "| task | " + " | ".join(str(k) for k in e["shots"]) + " |",
-                  "|---|" + "---|" * len(e["shots"])]
-        for t, d in e["tasks"].items():
-            lines.append(f"| {t} | {_fmt([d[k]['accuracy'] if k in d else d[str(k)]['accuracy'] for k in e['shots']])} |")
-        ind = m["induction"]
-        lines += ["", f"Induction (prefix-matching) scores on `<s>` + {ind['n']} random tokens repeated twice, batch "
-                  f"{ind['batch']}: {ind['heads_above_0.5']} heads above 0.5; top heads (layer, head): "
-                  + ", ".join(f"L{l}H{h} {s:.2f}" for l, h, s in ind["top"]) + "."]
-        if "induction_no_bos_top" in m:
-            lines += ["", "Without `<s>`, the top heads: "
-                      + ", ".join(f"L{l}H{h} {s:.2f}" for l, h, s in m["induction_no_bos_top"]) + "."]
-    lines += ["", "Regenerate with the command above; `metrics.json` holds the numbers and the training curve.", ""]
-    return "\n".join(lines)
-
-
 def main(argv: Sequence[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m backend.train_default", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m backend train-default", description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", type=Path, default=DEFAULT_OUT, help="output folder (default: models/headlens-tiny)")
     ap.add_argument("--config", choices=sorted(CONFIGS), default="default")
     ap.add_argument("--steps", type=int, default=None, help="training steps (default: the config's)")
@@ -550,11 +355,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     cfg = CONFIGS[args.config]
     if args.steps is not None:
         cfg = replace(cfg, steps=args.steps, warmup=min(cfg.warmup, max(1, args.steps // 10)))
-    cmd = "python -m backend.train_default " + " ".join(sys.argv[1:] if argv is None else argv)
+    cmd = "python -m backend train-default " + " ".join(sys.argv[1:] if argv is None else argv)
     m = train(cfg, args.out, args.seed, args.device, not args.no_progress, args.eval_prompts, cmd.strip())
     if "eval" in m:
+        fmt = lambda xs: " | ".join(f"{x:.2f}" for x in xs)  # noqa: E731
         for g, d in m["eval"]["groups"].items():
-            print(f"{g:15s} acc {_fmt(d['accuracy'])}   TR {_fmt(d['tr_ratio'])}")
+            print(f"{g:15s} acc {fmt(d['accuracy'])}   label acc {fmt(d['label_accuracy'])}   TR {fmt(d['tr_ratio'])}")
         print("induction top:", m["induction"]["top"])
     print(f"trained in {m['train_seconds']:.0f} s -> {args.out}")
     return 0

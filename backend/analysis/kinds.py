@@ -1,0 +1,106 @@
+"""The job-kind registry: every analysis declared once.
+
+An entry names the kind, its params model (defaults declared once), its result model, the analysis
+function (`"module:function"`, imported on first use, so this module needs no torch), a one-line
+description, and the name of its Python API function. The service (`POST /jobs`, `GET /capabilities`),
+the CLI subcommands, the Python API (`backend.<api>`) and the UI client are all derived from it.
+
+Adding a kind: a params and a result model (params.py, results.py), one analysis module with
+`fn(ctx: Context, p: Params) -> dict`, one entry below, one page and its tests.
+"""
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from pydantic import BaseModel
+
+from . import params as P
+from . import results as R
+
+
+@dataclass(frozen=True)
+class Kind:
+    """One analysis kind. `fn(ctx, params) -> dict` returns the kind's result fields (without the envelope)."""
+
+    name: str
+    params: type[P.Params]
+    result: type[R.Result]
+    fn: str
+    description: str
+    api: str
+    uses_task: bool = True
+    uses_model: bool = True
+    cached: bool = True
+
+    @property
+    def cli(self) -> str:
+        """The CLI subcommand: the name with dashes."""
+        return self.name.replace("_", "-")
+
+    def function(self) -> Callable[..., dict[str, Any]]:
+        module, _, attr = self.fn.partition(":")
+        return getattr(importlib.import_module(module), attr)
+
+    def schema(self) -> dict[str, Any]:
+        """JSON schema of the params (what GET /capabilities lists)."""
+        return self.params.model_json_schema()
+
+
+_ENTRIES: tuple[Kind, ...] = (
+    Kind("model_info", P.ModelInfoParams, R.ModelInfoResult, "backend.analysis.model_info:model_info",
+         "load a model (it stays resident) and describe it", api="model_info", uses_task=False, cached=False),
+    Kind("scores", P.ScoresParams, R.ScoresResult, "backend.analysis.scores:scores",
+         "TR, TL, DLA-TR, DLA-TL and induction head maps, accuracies, top heads and their overlaps",
+         api="head_scores"),
+    Kind("icl", P.IclParams, R.IclResult, "backend.analysis.icl:icl",
+         "accuracy, label accuracy and TR ratio against the number of demonstrations", api="icl_curve"),
+    Kind("ablation_curves", P.AblationCurvesParams, R.AblationCurvesResult, "backend.analysis.ablation:curves",
+         "accuracy, label accuracy and TR ratio against the number of top heads ablated, per order",
+         api="ablation_curves"),
+    Kind("ablate", P.AblateParams, R.AblateResult, "backend.analysis.ablation:ablate",
+         "ablate one head set: metrics and per-prompt predictions before and after", api="ablate"),
+    Kind("vectors", P.VectorsParams, R.VectorsResult, "backend.analysis.vectors:vectors",
+         "task vectors extracted from ICL prompts: TR / TL / random head sets, function vector, vanilla",
+         api="build_vectors"),
+    Kind("steer", P.SteerParams, R.SteerResult, "backend.analysis.steering:steer",
+         "inject extracted task vectors into zero-shot prompts, at a layer or every layer", api="steer"),
+    Kind("geometry", P.GeometryParams, R.GeometryResult, "backend.analysis.geometry:geometry",
+         "hidden-state alignment with the label subspace, logit difference, rotation and PCA per layer",
+         api="geometry"),
+    Kind("perturb", P.PerturbParams, R.PerturbResult, "backend.analysis.perturbations:perturb",
+         "demonstration perturbations: metrics, TR/TL map differences, effect of ablating the top heads",
+         api="perturbation_report"),
+)
+
+KINDS: dict[str, Kind] = {k.name: k for k in _ENTRIES}
+
+
+def register(kind: Kind, replace: bool = False) -> Kind:
+    """Add a kind at run time (tests, plugins); the built-in ones are the entries above."""
+    if kind.name in KINDS and not replace:
+        raise ValueError(f"analysis kind {kind.name!r} is already registered")
+    KINDS[kind.name] = kind
+    return kind
+
+
+def unregister(name: str) -> None:
+    if any(k.name == name for k in _ENTRIES):
+        raise ValueError(f"{name!r} is a built-in kind")
+    KINDS.pop(name, None)
+
+
+def get_kind(name: str) -> Kind:
+    """The kind named `name`; KeyError naming the known kinds otherwise."""
+    if name not in KINDS:
+        raise KeyError(f"unknown analysis kind {str(name)[:60]!r}; kinds: {', '.join(KINDS)}")
+    return KINDS[name]
+
+
+def by_api(name: str) -> Kind | None:
+    return next((k for k in KINDS.values() if k.api == name), None)
+
+
+def result_model(name: str) -> type[BaseModel]:
+    return get_kind(name).result

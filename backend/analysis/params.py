@@ -1,0 +1,163 @@
+"""The parameters of every analysis kind, as Pydantic models: defaults and bounds declared once.
+
+The service validates a job's fields with them, the CLI builds its flags from them and validates its
+arguments with them, the Python API and the pages fill them. Integers are strict (`true` is not 1), floats
+finite, strings and lists bounded. `batch_size` changes speed, never results: it is not part of a cache key.
+No torch here.
+"""
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, Strict, field_validator
+
+from .. import options as o
+
+Int = Annotated[int, Strict()]
+Bool = Annotated[bool, Strict()]
+Float = Annotated[float, Field(allow_inf_nan=False)]
+Head = tuple[Int, Int]
+Layer = Annotated[int, Strict(), Field(ge=0)]
+
+NOT_IN_KEY = frozenset({"batch_size"})
+"""Fields that change how a result is computed but not the result."""
+
+
+def _heads(v: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    if any(l < 0 or h < 0 for l, h in v):
+        raise ValueError("layer and head indices must be non-negative")
+    return sorted(set(v))
+
+
+Heads = Annotated[list[Head], Field(max_length=o.MAX_LIST), AfterValidator(_heads)]
+"""[[layer, head], ...], sorted and without repeats."""
+
+
+class Params(BaseModel):
+    """Base of every kind's parameters: unknown fields are refused, so a typo is an error, not a default."""
+
+    model_config = ConfigDict(extra="forbid")
+
+
+class PromptParams(Params):
+    """How the prompts are built: `shots` demonstrations each, `prompts` held-out queries, `seed`."""
+
+    shots: Int = Field(o.SHOTS, ge=0, description="demonstrations per prompt")
+    prompts: Int = Field(o.PROMPTS, ge=1, description="held-out queries (prompts) scored")
+    seed: Int = Field(o.SEED, ge=0, description="seed of the demonstration/query split and prompt sampling")
+    batch_size: Int = Field(o.BATCH_SIZE, ge=1, le=1024, description="rows per forward pass (speed only)")
+
+
+class Selection(Params):
+    """How many top heads a head set holds: `top_k` when given, else the top `top_pct` percent (at least
+    `MIN_TOP_HEADS`)."""
+
+    top_pct: Float = Field(o.TOP_PCT, gt=0, le=100, description="top-head set size in percent of all heads")
+    top_k: Int | None = Field(None, ge=1, le=o.MAX_LIST, description="top-head set size as a count (overrides top_pct)")
+
+
+class ModelInfoParams(Params):
+    """kind `model_info`: no parameters besides the model."""
+
+
+class ScoresParams(Selection, PromptParams):
+    """kind `scores`: TR / TL / DLA / induction head maps, accuracies, top heads and overlaps."""
+
+    apply_ln: Bool = Field(False, description="scale head writes by the final norm's scale")
+
+
+class IclParams(Params):
+    """kind `icl`: accuracy, label accuracy and TR ratio against the number of demonstrations."""
+
+    shots: list[Int] = Field(default_factory=lambda: list(o.ICL_SHOTS), min_length=1, max_length=33)
+    prompts: Int = Field(o.ICL_PROMPTS, ge=1)
+    seed: Int = Field(o.SEED, ge=0)
+    examples: Int = Field(o.EXAMPLES, ge=0, le=50, description="example rows (prompt, gold, prediction) kept per k")
+    batch_size: Int = Field(o.BATCH_SIZE, ge=1, le=1024)
+
+    @field_validator("shots")
+    @classmethod
+    def _shots(cls, v: list[int]) -> list[int]:
+        if any(k < 0 for k in v):
+            raise ValueError("shots must be non-negative")
+        return sorted(set(v))
+
+
+class AblationCurvesParams(PromptParams):
+    """kind `ablation_curves`: accuracy, label accuracy and TR ratio against k, the number of top heads ablated."""
+
+    orders: list[o.Order] = Field(default_factory=lambda: list(o.ORDERS), min_length=1)
+    ks: list[Int] = Field(default_factory=lambda: list(o.ABLATION_KS), min_length=1, max_length=64)
+    mode: o.Mode = "zero"
+    positions: o.Positions = "all"
+    random_seeds: list[Int] = Field(default_factory=lambda: list(o.RANDOM_SEEDS), min_length=1, max_length=16)
+    batch_size: Int = Field(o.SWEEP_BATCH_SIZE, ge=1, le=1024)
+
+    @field_validator("orders")
+    @classmethod
+    def _unique(cls, v: list[str]) -> list[str]:
+        return list(dict.fromkeys(v))
+
+    @field_validator("ks")
+    @classmethod
+    def _ks(cls, v: list[int]) -> list[int]:
+        if any(k < 0 for k in v):
+            raise ValueError("ks must be non-negative")
+        return sorted(set(v))
+
+
+class AblateParams(PromptParams):
+    """kind `ablate`: ablate one head set; metrics and per-prompt rows before and after."""
+
+    heads: Heads = Field(..., description="[[layer, head], ...]")
+    mode: o.Mode = "zero"
+    positions: o.Positions = "all"
+    batch_size: Int = Field(o.SWEEP_BATCH_SIZE, ge=1, le=1024)
+
+
+class VectorsParams(Selection, PromptParams):
+    """kind `vectors`: task vectors extracted from ICL prompts (head sets, function vector, vanilla)."""
+
+    types: list[o.VectorType] = Field(default_factory=lambda: list(o.VECTOR_TYPES), min_length=1)
+    heads: Heads | None = Field(None, description="also a vector of this head set")
+
+    @field_validator("types")
+    @classmethod
+    def _unique(cls, v: list[str]) -> list[str]:
+        return list(dict.fromkeys(v))
+
+
+class SteerParams(Selection, PromptParams):
+    """kind `steer`: zero-shot prompts with alpha * v added at a layer (or every layer), per vector type."""
+
+    vectors: list[o.VectorType] = Field(default_factory=lambda: list(o.VECTOR_TYPES), min_length=1)
+    layer: Layer | Literal["all"] | None = Field(None, description="decoder layer (output); None = L/2; `all` sweeps")
+    alpha: Float = Field(1.0, ge=-100, le=100)
+    heads: Heads | None = Field(None, description="an extra user head set")
+    batch_size: Int = Field(o.SWEEP_BATCH_SIZE, ge=1, le=1024)
+
+    @field_validator("vectors")
+    @classmethod
+    def _unique(cls, v: list[str]) -> list[str]:
+        return list(dict.fromkeys(v))
+
+
+class GeometryParams(Selection, PromptParams):
+    """kind `geometry`: per-layer alignment, logit difference and rotation for five conditions, and PCA."""
+
+    layer: Layer | None = Field(None, description="injection layer of the steered conditions; None = L/2")
+    alpha: Float = Field(1.0, ge=-100, le=100)
+    final_norm: Bool = False
+    pca_layer: Layer | None = Field(None, description="layer of the PCA view; None = the last")
+
+
+class PerturbParams(Selection, PromptParams):
+    """kind `perturb`: ICL metrics, TR/TL maps and ablation effects under demonstration perturbations."""
+
+    perturbations: list[o.Perturbation] = Field(default_factory=lambda: list(o.PERTURBATIONS), min_length=1)
+
+    @field_validator("perturbations")
+    @classmethod
+    def _unique(cls, v: list[str]) -> list[str]:
+        return list(dict.fromkeys(v))
+

@@ -1,0 +1,55 @@
+"""Capturing activations over prompts: per-prompt rows or their mean.
+
+Sites (all at each row's last prompt token):
+    z:      the attention output projection's input, split by head   -> (layers, heads, head_dim) per prompt
+    hidden: each decoder layer's output (optionally through the final norm) -> (layers, d_model) per prompt
+"""
+from __future__ import annotations
+
+from typing import Literal
+
+import torch
+
+from ...hooks import hooked
+from ...models import LoadedModel
+from .batching import Batch, Encoded, Progress, forward_last_logits, map_batches
+
+Site = Literal["z", "hidden"]
+
+
+def capture(lm: LoadedModel, enc: Encoded, site: Site, *, reduce: Literal["mean", "rows"] = "mean",
+            inject: dict[int, torch.Tensor] | None = None, final_norm: bool = False, batch_size: int = 16,
+            progress: Progress | None = None) -> torch.Tensor:
+    """Activations at `site` over the encoded prompts.
+
+    reduce="mean": their mean over prompts, (layers, heads, head_dim) or (layers, d_model), float32 on the
+    model's device (summed in float64); reduce="rows": one per prompt, (prompts, ...) float32 on the CPU.
+    `inject` ({layer: (d_model,)}) is added at the output of those layers (last token) while capturing.
+    """
+    shape = (lm.n_layers, lm.n_heads, lm.head_dim) if site == "z" else (lm.n_layers, lm.d_model)
+    total = torch.zeros(shape, dtype=torch.float64, device=lm.device)
+    rows = torch.zeros((len(enc.ids), *shape)) if reduce == "rows" else None
+
+    def step(batch: Batch) -> None:
+        with hooked(lm, capture_z=site == "z", capture_hidden=site == "hidden", inject=inject,
+                    last=batch.last) as tr:
+            forward_last_logits(lm, batch)
+        if site == "z":
+            x = tr.z(lm.n_heads)  # (batch, layers, heads, head_dim)
+        else:
+            x = torch.stack(tr.hidden, 1)  # (batch, layers, d_model)
+            if final_norm:
+                x = lm.final_norm(x)
+        if rows is not None:
+            rows[batch.rows] = x.float().cpu()
+        else:
+            total.add_(x.double().sum(0))
+
+    map_batches(lm, enc.ids, batch_size, step, progress, f"capturing {site}")
+    return rows if rows is not None else (total / len(enc.ids)).float()
+
+
+def capture_means(lm: LoadedModel, enc: Encoded, site: Site, batch_size: int = 16,
+                  progress: Progress | None = None) -> torch.Tensor:
+    """Mean last-token activation at `site` over the prompts: (layers, heads, head_dim) or (layers, d_model)."""
+    return capture(lm, enc, site, batch_size=batch_size, progress=progress)

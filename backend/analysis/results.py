@@ -1,0 +1,265 @@
+"""What every analysis kind returns, as Pydantic models: the shapes the service, the UI and notebooks share.
+
+Every result carries the envelope `Result` (model, task, the requested params, warnings, cache_hit,
+seconds). Head maps are `Grid`s: numpy arrays of shape (layers, heads) in Python, nested lists in JSON.
+Values read back from the cache are validated against these models; one that does not fit is recomputed.
+No torch here.
+"""
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+import numpy as np
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PlainSerializer, WithJsonSchema
+
+Head = tuple[int, int]
+
+
+def _array(v: Any) -> np.ndarray:
+    a = np.asarray(v, dtype=np.float64)
+    if a.dtype == object:
+        raise ValueError("not a rectangular array of numbers")
+    return a
+
+
+def _grid(v: Any) -> np.ndarray:
+    a = _array(v)
+    if a.ndim != 2:
+        raise ValueError(f"expected a (layers, heads) grid, got shape {a.shape}")
+    return a
+
+
+Grid = Annotated[np.ndarray, BeforeValidator(_grid), PlainSerializer(lambda a: a.tolist(), return_type=list),
+                 WithJsonSchema({"type": "array", "items": {"type": "array", "items": {"type": "number"}},
+                                 "description": "(layers, heads)"})]
+"""A per-head map: numpy (layers, heads) in Python, a list of rows in JSON."""
+Vector = Annotated[np.ndarray, BeforeValidator(_array), PlainSerializer(lambda a: a.tolist(), return_type=list),
+                   WithJsonSchema({"type": "array", "description": "(d_model,) or (layers, d_model)"})]
+"""A vector (d_model,) or one per layer (layers, d_model)."""
+
+
+class Model(BaseModel):
+    model_config = ConfigDict(arbitrary_types_allowed=True, extra="ignore")
+
+
+class Result(Model):
+    """The envelope of every result."""
+
+    model: str | None = Field(None, description="the model's name as loaded")
+    task: str | None = Field(None, description="the task's name")
+    params: dict[str, Any] = Field(default_factory=dict, description="the requested parameters")
+    warnings: list[str] = Field(default_factory=list)
+    cache_hit: bool = False
+    seconds: float = Field(0.0, description="time this request took (a cache hit: the read)")
+
+    def to_json(self) -> dict[str, Any]:
+        """JSON-able dict (numpy arrays as lists)."""
+        return self.model_dump(mode="json")
+
+
+class Metrics(Model):
+    """Prompt-level outcomes.
+
+    accuracy: the full-vocabulary argmax is the gold answer's first token (what the model would answer).
+    label_accuracy: the argmax within the prompt's label set is the gold one (for generation tasks the label
+        set is the prompt's candidates: the gold, the demonstrations' outputs and padding words: a weaker measure).
+    tr_ratio: the full-vocabulary argmax is one of the label set's first tokens.
+    """
+
+    accuracy: float
+    label_accuracy: float
+    tr_ratio: float
+    n: int = 0
+
+
+class Overlap(Model):
+    jaccard: float
+    spearman: float | None = None
+    kendall: float | None = None
+
+
+# -- model_info --------------------------------------------------------------------------------------------
+class ModelInfoResult(Result):
+    name: str
+    family: str
+    model_type: str
+    n_layers: int
+    n_heads: int
+    n_kv_heads: int
+    head_dim: int
+    d_model: int
+    max_positions: int | None = None
+    device: str
+    dtype: str
+    fingerprint: str
+
+
+# -- scores ---------------------------------------------------------------------------------------------------
+class ScoresResult(Result):
+    """TSLA head maps (layers, heads), means over the prompts, with metrics, top heads and overlaps."""
+
+    n_layers: int
+    n_heads: int
+    shots: int = Field(..., description="demonstrations used (fewer than asked when the context is short)")
+    prompts: int = Field(..., description="prompts scored")
+    tr: Grid
+    tl: Grid
+    dla_tr: Grid
+    dla_tl: Grid
+    induction: Grid
+    flagged: Grid = Field(..., description="share of prompts where a head's TR was zero (TL set to 0)")
+    icl: Metrics
+    zero_shot: Metrics | None = None
+    top_k: int = Field(..., description="size of the top-head sets")
+    top_tr: list[Head]
+    top_tl: list[Head]
+    random_heads: list[Head]
+    overlap: dict[str, Overlap]
+    multi_token_labels: list[str] = Field(default_factory=list)
+
+
+# -- icl ---------------------------------------------------------------------------------------------------------
+class ExampleRow(Model):
+    prompt: str
+    query: str
+    gold: str
+    pred: str
+    pred_token: str
+    correct: bool
+    label_correct: bool
+    in_labels: bool
+    gold_prob: float
+
+
+class IclResult(Result):
+    shots: list[int] = Field(..., description="demonstrations used per point")
+    accuracy: list[float]
+    label_accuracy: list[float]
+    tr_ratio: list[float]
+    prompts: int
+    examples: list[list[ExampleRow]] = Field(default_factory=list)
+
+
+# -- ablation -----------------------------------------------------------------------------------------------------
+class Curve(Model):
+    accuracy: list[float]
+    label_accuracy: list[float]
+    tr_ratio: list[float]
+    heads: list[Head] = Field(default_factory=list, description="the ranked heads (random: the first seed's)")
+    accuracy_std: list[float] | None = None
+    label_accuracy_std: list[float] | None = None
+    tr_ratio_std: list[float] | None = None
+    seeds: list[int] | None = None
+
+
+class AblationCurvesResult(Result):
+    ks: list[int]
+    mode: str
+    positions: str
+    shots: int
+    prompts: int
+    curves: dict[str, Curve]
+    n_configs: int
+
+
+class AblateRow(Model):
+    prompt: str
+    query: str
+    gold: str
+    pred_before: str
+    pred_after: str
+    correct_before: bool
+    correct_after: bool
+    label_correct_before: bool
+    label_correct_after: bool
+    gold_prob_before: float
+    gold_prob_after: float
+
+
+class AblateResult(Result):
+    heads: list[Head]
+    mode: str
+    positions: str
+    shots: int
+    prompts: int
+    before: Metrics
+    after: Metrics
+    rows: list[AblateRow]
+
+
+# -- vectors and steering -------------------------------------------------------------------------------------------
+class VectorEntry(Model):
+    vector: Vector
+    heads: list[Head] = Field(default_factory=list)
+
+
+class VectorsResult(Result):
+    d_model: int
+    shots: int
+    vectors: dict[str, VectorEntry]
+
+
+class SteerVector(Model):
+    """Metrics per injection layer (lists over `layers`), the head set and the vector's norm per layer."""
+
+    accuracy: list[float]
+    label_accuracy: list[float]
+    tr_ratio: list[float]
+    heads: list[Head] = Field(default_factory=list)
+    norm: list[float]
+
+
+class SteerResult(Result):
+    layers: list[int]
+    alpha: float
+    shots: int
+    prompts: int
+    zero_shot: Metrics
+    icl: Metrics
+    vectors: dict[str, SteerVector]
+
+
+# -- geometry --------------------------------------------------------------------------------------------------------
+class MeanStd(Model):
+    mean: list[float]
+    std: list[float]
+
+
+class PcaView(Model):
+    points: dict[str, list[list[float]]]
+    explained_variance_ratio: list[float]
+    label_directions: dict[str, list[float]]
+    gold: list[str]
+    layer: int
+
+
+class GeometryResult(Result):
+    layers: list[int]
+    inject_layer: int
+    alpha: float
+    final_norm: bool
+    shots: int
+    prompts: int
+    conditions: dict[str, dict[str, MeanStd]]
+    pca: PcaView
+    vector_heads: dict[str, list[Head]]
+
+
+# -- perturbations ----------------------------------------------------------------------------------------------------
+class PerturbEntry(Model):
+    skipped: str | None = None
+    icl: Metrics | None = None
+    tr: Grid | None = None
+    tl: Grid | None = None
+    tr_diff: Grid | None = None
+    tl_diff: Grid | None = None
+    ablation: dict[str, Metrics] | None = None
+    example: str | None = None
+
+
+class PerturbResult(Result):
+    top_k: int
+    shots: int
+    prompts: int
+    heads: dict[str, list[Head]]
+    perturbations: dict[str, PerturbEntry]

@@ -1,0 +1,94 @@
+"""Kind `vectors`: task vectors extracted from ICL prompts.
+
+Head-set vector (TR, TL, random or a user set S):  v = mean_prompts sum_{(l,h) in S} z[l,h] @ W_O[l,h]  (d_model,)
+Function vector: the same sum over the top heads by causal indirect effect (CIE), where
+    CIE(l, h) = mean_prompts [ p(gold | corrupted, z[l,h] <- mean clean z[l,h]) - p(gold | corrupted) ]
+    on shuffled-input prompts, patching the last token only.
+Vanilla task vector, per layer l: mean_prompts (h_ICL[l] - h_zero[l]) at the last token, (layers, d_model).
+Vectors come from prompts of seed + EXTRACTION_SEED_OFFSET, so they are not built from the evaluation prompts.
+"""
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import numpy as np
+import torch
+
+from ..options import EXTRACTION_SEED_OFFSET, FV_PROMPTS
+from ..tasks.perturb import get_perturbation
+from .kernel import Context
+from .params import VectorsParams
+from .primitives.batching import Encoded, Progress, build_prompts, encode
+from .primitives.capture import capture_means
+from .primitives.selection import Head, n_top, random_heads, top_heads
+from .primitives.sweep import RowConfig, head_mask, sweep_outcomes
+
+
+def head_set_vector(lm: Any, z_mean: torch.Tensor, heads: Sequence[Head]) -> torch.Tensor:
+    """v = sum_{(l,h) in heads} z_mean[l,h] @ W_O[l,h], (d_model,): the mean of sums is the sum of means.
+    z_mean: (layers, heads, head_dim)."""
+    v = torch.zeros(lm.d_model, device=lm.device)
+    for l, h in heads:
+        v = v + z_mean[l, h].to(lm.device) @ lm.w_o(l)[h]
+    return v
+
+
+def causal_indirect_effects(ctx: Context, p: VectorsParams, clean: Encoded, z_clean: torch.Tensor,
+                            progress: Progress) -> np.ndarray:
+    """CIE of every head, (layers, heads): the gain in gold probability on shuffled-input prompts when the
+    head's last-token z is patched with its mean over the clean ICL prompts."""
+    lm, task = ctx.lm, ctx.task
+    n = min(p.prompts, FV_PROMPTS)
+    corrupt = task.build_prompts(max(clean.prompts[0].n_shots, 1), n, p.seed + EXTRACTION_SEED_OFFSET,
+                                 perturb=get_perturbation("shuffled_inputs"))
+    enc = encode(lm, corrupt, task.kind)
+    L, H = lm.n_layers, lm.n_heads
+    configs = [RowConfig()] + [RowConfig(mask=head_mask(lm, [(l, h)]), positions="last")
+                               for l in range(L) for h in range(H)]
+    res = sweep_outcomes(lm, enc, configs, fill=z_clean, batch_size=p.batch_size * 2, progress=progress)
+    gain = res.gold_prob[1:] - res.gold_prob[0][None]
+    return gain.mean(1).reshape(L, H)
+
+
+def vectors(ctx: Context, p: VectorsParams) -> dict[str, Any]:
+    """{"vectors": {type: {"vector", "heads"}}} for the requested types (and "custom" for `heads`)."""
+    lm, task = ctx.lm, ctx.task
+    if p.heads:
+        head_mask(lm, p.heads)  # out-of-range heads are an error before any pass
+    built = build_prompts(lm, task, p.shots, p.prompts, p.seed + EXTRACTION_SEED_OFFSET)
+    for w in built.warnings:
+        ctx.warn(w)
+    enc = encode(lm, built.prompts, task.kind)
+    L, H = lm.n_layers, lm.n_heads
+    k = n_top(L, H, p.top_pct, p.top_k)
+    types = list(p.types)
+    if "fv" in types and task.builder is not None:
+        types.remove("fv")
+        ctx.warn(f"no function vector for {task.name!r}: its causal indirect effects need shuffled-input prompts, "
+                 f"and this task builds its own prompts")
+    sets: dict[str, list[Head]] = {}
+    if {"tr", "tl"} & set(types):
+        r = ctx.call("scores", shots=p.shots, prompts=p.prompts, seed=p.seed, top_pct=p.top_pct, top_k=p.top_k,
+                     batch_size=p.batch_size, progress=ctx.stage(0.0, 0.4, "head scores"))
+        if "tr" in types:
+            sets["tr"] = r.top_tr
+        if "tl" in types:
+            sets["tl"] = r.top_tl
+    if "random" in types:
+        sets["random"] = random_heads(L, H, k, p.seed)
+    z_mean = capture_means(lm, enc, "z", p.batch_size, ctx.stage(0.4, 0.5, "head means")) if (
+        sets or "fv" in types or p.heads) else None
+    if "fv" in types:
+        cie = causal_indirect_effects(ctx, p, enc, z_mean, ctx.stage(0.5, 0.9, "function vector"))
+        sets["fv"] = top_heads(cie, k=k)
+    if p.heads:
+        sets["custom"] = list(p.heads)
+    out: dict[str, dict[str, Any]] = {name: {"vector": head_set_vector(lm, z_mean, hs), "heads": hs}
+                                      for name, hs in sets.items()}
+    if "vanilla" in types:
+        zero = encode(lm, task.build_prompts(0, built.n, p.seed + EXTRACTION_SEED_OFFSET), task.kind)
+        ctx.progress(0.9, "vanilla task vector")
+        out["vanilla"] = {"vector": capture_means(lm, enc, "hidden", p.batch_size)
+                          - capture_means(lm, zero, "hidden", p.batch_size), "heads": []}
+    order = [t for t in (*p.types, "custom") if t in out]
+    return {"d_model": lm.d_model, "shots": built.shots, "vectors": {t: out[t] for t in order}}

@@ -1,0 +1,57 @@
+"""Every option list and default size, declared once (no torch here).
+
+The params models (`backend.analysis.params`), the CLI, the service and the pages all read these.
+"""
+from __future__ import annotations
+
+from typing import Literal
+
+# -- option lists ----------------------------------------------------------------------------------------
+MAPS = ("tr", "tl", "dla_tr", "dla_tl", "induction")
+"""Per-head maps of the scores kind, each (layers, heads)."""
+VECTOR_TYPES = ("tr", "tl", "random", "fv", "vanilla")
+"""Extracted task vectors: top-TR / top-TL / random head sets, the function vector, the vanilla task vector."""
+PERTURBATIONS = ("shuffled_inputs", "random_labels", "flipped_labels", "symbol_labels", "number_labels")
+ORDERS = ("tr", "tl", "induction", "random")
+"""Head rankings an ablation curve walks down."""
+MODES = ("zero", "mean")
+"""Ablation: replace a head's z by zeros, or by its mean over the task's prompts."""
+POSITIONS = ("all", "last")
+"""Where an ablation acts: every token, or the last prompt token only."""
+GEOMETRY_CONDITIONS = ("zero_shot", "zero_shot+tr", "zero_shot+tl", "zero_shot+random", "icl")
+KINDS_OF_TASK = ("classification", "generation")
+
+# Literal types of the same lists, for the params models (Literal[tuple] is Literal of its items)
+VectorType = Literal[VECTOR_TYPES]  # type: ignore[valid-type]
+Perturbation = Literal[PERTURBATIONS]  # type: ignore[valid-type]
+Order = Literal[ORDERS]  # type: ignore[valid-type]
+Mode = Literal[MODES]  # type: ignore[valid-type]
+Positions = Literal[POSITIONS]  # type: ignore[valid-type]
+MapName = Literal[MAPS]  # type: ignore[valid-type]
+TaskKind = Literal[KINDS_OF_TASK]  # type: ignore[valid-type]
+
+# -- default sizes ---------------------------------------------------------------------------------------
+SHOTS = 8
+PROMPTS = 50
+SEED = 0
+BATCH_SIZE = 16
+SWEEP_BATCH_SIZE = 32
+ICL_SHOTS = (0, 1, 2, 4, 8)
+ICL_PROMPTS = 100
+ABLATION_KS = (0, 1, 2, 4, 8)
+RANDOM_SEEDS = (0, 1, 2)
+TOP_PCT = 3.0
+MIN_TOP_HEADS = 4
+"""A top-p% head set never has fewer heads than this (unless the model has fewer); an explicit k is taken as is."""
+EXAMPLES = 3
+FV_PROMPTS = 25
+"""Prompts the function vector's causal indirect effects are measured on (at most)."""
+EXTRACTION_SEED_OFFSET = 1000
+"""Vectors are built from prompts of seed + this, so they are not built from the evaluation prompts."""
+
+# -- bounds every edge (service, CLI) applies through the params models --------------------------------------
+MAX_TEXT = 1024
+"""Longest model name, task id or other free-text field, in characters."""
+MAX_LIST = 4096
+"""Longest list field (heads, ks, ...)."""
+
