@@ -36,3 +36,12 @@ class TooLarge(ServiceError):
 
 class Busy(ServiceError):
     status = 429
+
+
+def clip(text: object, n: int = 200) -> str:
+    """`text` (any object, via str) cut to at most `n` characters, with the cut marked, for echoing user
+    input in an error message: `f"unknown task {clip(name)!r}"`. No error answer may echo more than this."""
+    s = text if isinstance(text, str) else str(text)
+    if len(s) <= n:
+        return s
+    return f"{s[:n]}...[{len(s) - n} more characters]"

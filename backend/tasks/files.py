@@ -21,6 +21,11 @@ different answers stays generation. ``kind=`` overrides the rule.
 
 The parsing functions (`parse_task_text`, `parse_prompts_text`) are pure; `load_task_file` and
 `load_prompts_file` add the file reading (size limit, UTF-8 decoding) around them.
+
+JSON nested deeper than `MAX_DEPTH` (64) levels is refused with a TaskError naming the file, the record
+and the line ("nested too deeply"), never a RecursionError: the parser's own recursion guard is caught,
+and parsed values are measured without recursing. Error messages echo at most ~200 characters of any
+value from the file (`clip`).
 """
 from __future__ import annotations
 
@@ -28,10 +33,12 @@ import csv
 import io
 import json
 import os
+import re
 from collections import Counter
 from pathlib import Path
 from typing import Any, Iterator
 
+from ..service.errors import clip
 from .base import Kind, Prompt, Task, TaskError, Template
 
 DEFAULT_MAX_BYTES = 20 * 1024 * 1024
@@ -42,6 +49,8 @@ MIN_PER_CLASS = 2
 TASK_EXTENSIONS = (".json", ".jsonl", ".ndjson", ".csv", ".tsv")
 PROMPT_EXTENSIONS = (".jsonl", ".ndjson", ".json")
 _OBJECT_KEYS = {"name", "kind", "description", "template", "labels", "models", "examples", "version"}
+MAX_DEPTH = 64
+"""JSON nesting deeper than this (a task record needs 3 levels) is refused."""
 
 
 # -- kind inference -----------------------------------------------------------------------------------
@@ -96,13 +105,72 @@ def _where(source: str, n: int, line: int | None = None) -> str:
 
 def _text_field(rec: dict, key: str, where: str, strip: bool = True) -> str:
     if key not in rec:
-        raise TaskError(f"{where}: missing key {key!r} (keys present: {sorted(rec) or 'none'})")
+        raise TaskError(f"{where}: missing key {key!r} (keys present: {_keys(rec)})")
     value = rec[key]
     if not isinstance(value, str):
         raise TaskError(f"{where}: {key!r} must be a string, not {type(value).__name__} ({value!r:.60})")
     if not value.strip():
         raise TaskError(f"{where}: {key!r} is empty")
     return value.strip() if strip else value
+
+
+def _keys(rec: dict) -> str:
+    return clip(sorted(map(str, rec)) or "none", 200)
+
+
+# -- nesting depth ------------------------------------------------------------------------------------
+def _too_deep(where: str) -> TaskError:
+    return TaskError(f"{where}: nested too deeply (JSON nesting over {MAX_DEPTH} levels)")
+
+
+def _depth(value: Any, limit: int = MAX_DEPTH) -> int:
+    """Nesting depth of a parsed JSON value (a scalar is 0), without recursion; stops counting past `limit`."""
+    deepest, stack = 0, [(value, 0)]
+    while stack:
+        v, d = stack.pop()
+        if isinstance(v, (list, dict)):
+            d += 1
+            if d > deepest:
+                deepest = d
+                if d > limit:
+                    return d
+            stack.extend((x, d) for x in (v.values() if isinstance(v, dict) else v) if isinstance(x, (list, dict)))
+    return deepest
+
+
+_TOKENS = re.compile(r'"(?:[^"\\]|\\.)*"|[\[{]|[\]}]|,')
+
+
+def _deep_spot(text: str) -> tuple[int | None, int, int]:
+    """(record number, line, column) where `text` first nests deeper than MAX_DEPTH: a bracket scan that
+    skips strings. The record is the element of the outermost list. Used only to report the error."""
+    stack: list[list] = []  # [opener, element index]
+    for m in _TOKENS.finditer(text):
+        tok = m.group()
+        if tok in "[{":
+            stack.append([tok, 0])
+            if len(stack) > MAX_DEPTH:
+                lists = [e for e in stack if e[0] == "["]
+                line = text.count("\n", 0, m.start()) + 1
+                col = m.start() - (text.rfind("\n", 0, m.start()) + 1) + 1
+                return (lists[0][1] + 1 if lists else None), line, col
+        elif tok in "]}":
+            if stack:
+                stack.pop()
+        elif tok == "," and stack:
+            stack[-1][1] += 1
+    return None, 1, 1
+
+
+def _loads(text: str, where: str) -> Any:
+    """json.loads, with nesting over MAX_DEPTH refused (TaskError) instead of a RecursionError."""
+    try:
+        value = json.loads(text)
+    except RecursionError:
+        raise _too_deep(where) from None
+    if _depth(value) > MAX_DEPTH:
+        raise _too_deep(where)
+    return value
 
 
 def _json_lines(text: str, source: str) -> Iterator[tuple[int, int, Any]]:
@@ -113,7 +181,7 @@ def _json_lines(text: str, source: str) -> Iterator[tuple[int, int, Any]]:
             continue
         n += 1
         try:
-            yield n, lineno, json.loads(line)
+            yield n, lineno, _loads(line, _where(source, n, lineno))
         except json.JSONDecodeError as e:
             raise TaskError(f"{_where(source, n, lineno)}: not valid JSON ({e.msg} at column {e.colno})") from None
 
@@ -122,10 +190,18 @@ def _load_json(text: str, source: str) -> Any:
     if not text.strip():
         raise TaskError(f"{source}: empty file")
     try:
-        return json.loads(text)
+        value = json.loads(text)
+        deep = _depth(value) > MAX_DEPTH
     except json.JSONDecodeError as e:
         hint = "; one object per line is JSONL: name the file .jsonl" if e.msg == "Extra data" else ""
         raise TaskError(f"{source}: not valid JSON ({e.msg} at line {e.lineno}, column {e.colno}){hint}") from None
+    except RecursionError:
+        deep = True
+    if deep:
+        record, line, col = _deep_spot(text)
+        where = f"{source}: record {record} (line {line})" if record else f"{source}: line {line}, column {col}"
+        raise _too_deep(where)
+    return value
 
 
 def _csv_records(text: str, source: str, delimiter: str) -> Iterator[tuple[int, int, dict]]:
@@ -137,10 +213,10 @@ def _csv_records(text: str, source: str, delimiter: str) -> Iterator[tuple[int, 
         header = [h.strip() for h in header]
         dupes = sorted(h for h, c in Counter(header).items() if c > 1)
         if dupes:
-            raise TaskError(f"{source}: duplicated header column(s) {dupes} on line 1")
+            raise TaskError(f"{source}: duplicated header column(s) {clip(dupes)} on line 1")
         missing = [k for k in ("input", "output") if k not in header]
         if missing:
-            raise TaskError(f"{source}: header (line 1) lacks column(s) {missing}; it has {header}")
+            raise TaskError(f"{source}: header (line 1) lacks column(s) {missing}; it has {clip(header)}")
         n = 0
         for row in reader:
             if not any(cell.strip() for cell in row):
@@ -151,7 +227,7 @@ def _csv_records(text: str, source: str, delimiter: str) -> Iterator[tuple[int, 
                                 f"{len(header)}")
             yield n, reader.line_num, dict(zip(header, row))
     except csv.Error as e:
-        raise TaskError(f"{source}: CSV error on line {reader.line_num}: {e}") from None
+        raise TaskError(f"{source}: CSV error on line {reader.line_num}: {clip(e)}") from None
 
 
 def _examples(records: Iterator[tuple[int, int | None, Any]], source: str,
@@ -168,12 +244,12 @@ def _examples(records: Iterator[tuple[int, int | None, Any]], source: str,
             raise TaskError(f"{where}: expected an object with 'input' and 'output', got {type(rec).__name__}")
         x, y = _text_field(rec, "input", where), _text_field(rec, "output", where)
         if labels is not None and y not in labels:
-            raise TaskError(f"{where}: output {y!r} is not among the declared labels {labels}")
+            raise TaskError(f"{where}: output {clip(y, 80)!r} is not among the declared labels {clip(labels)}")
         if x in seen:
             y0, n0 = seen[x]
             if y0 != y:
                 raise TaskError(f"{where}: input {x!r:.80} already appears in record {n0} with a different output "
-                                f"({y0!r} vs {y!r})")
+                                f"({clip(y0, 80)!r} vs {clip(y, 80)!r})")
             continue
         seen[x] = (y, n)
         out.append((x, y))
@@ -209,7 +285,7 @@ def parse_task_text(text: str, source: str, kind: Kind | None = None, name: str 
         examples = _examples(_list_records(data, source), source, meta.get("labels"))
 
     if kind is not None and kind not in ("classification", "generation"):
-        raise TaskError(f"kind must be 'classification' or 'generation', not {kind!r}")
+        raise TaskError(f"kind must be 'classification' or 'generation', not {clip(kind, 60)!r}")
     kind = kind or meta.get("kind") or infer_kind([y for _, y in examples])
     labels = tuple(meta["labels"]) if kind == "classification" and meta.get("labels") is not None else None
     tmpl = template if isinstance(template, Template) else Template(template or meta.get("template") or Template().text)
@@ -221,17 +297,17 @@ def parse_task_text(text: str, source: str, kind: Kind | None = None, name: str 
 def _task_object_meta(data: dict, source: str) -> dict[str, Any]:
     """Check the built-in object format's fields (all but `examples` optional)."""
     if "examples" not in data:
-        raise TaskError(f"{source}: a task object needs an \"examples\" list (keys present: {sorted(data)})")
+        raise TaskError(f"{source}: a task object needs an \"examples\" list (keys present: {_keys(data)})")
     if not isinstance(data["examples"], list):
         raise TaskError(f"{source}: \"examples\" must be a list, not {type(data['examples']).__name__}")
     unknown = sorted(set(data) - _OBJECT_KEYS)
     if unknown:
-        raise TaskError(f"{source}: unknown key(s) {unknown}; allowed: {sorted(_OBJECT_KEYS)}")
+        raise TaskError(f"{source}: unknown key(s) {clip(unknown)}; allowed: {sorted(_OBJECT_KEYS)}")
     for key in ("name", "kind", "description", "template", "models", "version"):
         if key in data and not isinstance(data[key], str):
             raise TaskError(f"{source}: {key!r} must be a string, not {type(data[key]).__name__}")
     if data.get("kind") not in (None, "classification", "generation"):
-        raise TaskError(f"{source}: kind must be 'classification' or 'generation', not {data['kind']!r}")
+        raise TaskError(f"{source}: kind must be 'classification' or 'generation', not {clip(data['kind'], 60)!r}")
     labels = data.get("labels")
     if labels is not None:
         if not isinstance(labels, list) or not all(isinstance(w, str) and w.strip() for w in labels):
@@ -239,7 +315,7 @@ def _task_object_meta(data: dict, source: str) -> dict[str, Any]:
         labels = [w.strip() for w in labels]
         dupes = sorted(w for w, c in Counter(labels).items() if c > 1)
         if dupes:
-            raise TaskError(f"{source}: duplicated label(s) {dupes}")
+            raise TaskError(f"{source}: duplicated label(s) {clip(dupes)}")
         if data.get("kind") == "generation":
             raise TaskError(f"{source}: 'labels' given for a generation task")
     return {**data, "labels": labels}
@@ -263,7 +339,7 @@ def _prompt(rec: Any, where: str) -> Prompt:
     text = _text_field(rec, "prompt", where, strip=False)
     label = _text_field(rec, "label", where, strip=False)
     if "labels" not in rec:
-        raise TaskError(f"{where}: missing key 'labels' (keys present: {sorted(rec)})")
+        raise TaskError(f"{where}: missing key 'labels' (keys present: {_keys(rec)})")
     labels = rec["labels"]
     if not isinstance(labels, list):
         raise TaskError(f"{where}: 'labels' must be a list of strings, not {type(labels).__name__}")
@@ -274,19 +350,19 @@ def _prompt(rec: Any, where: str) -> Prompt:
             raise TaskError(f"{where}: labels[{j}] is empty")
     dupes = sorted(w for w, c in Counter(labels).items() if c > 1)
     if dupes:
-        raise TaskError(f"{where}: duplicated label(s) {dupes}")
+        raise TaskError(f"{where}: duplicated label(s) {clip(dupes)}")
     if len(labels) < 2:
         raise TaskError(f"{where}: 'labels' needs at least 2 candidates (the gold label and another), has {len(labels)}")
     if label not in labels:
         near = [w for w in labels if w.strip() == label.strip()]
         hint = f"; {near[0]!r} differs from it only in whitespace" if near else ""
-        raise TaskError(f"{where}: label {label!r} is not among labels {labels}{hint}")
+        raise TaskError(f"{where}: label {clip(label, 80)!r} is not among labels {clip(labels)}{hint}")
     query = rec.get("query", "")
     if not isinstance(query, str):
         raise TaskError(f"{where}: 'query' must be a string, not {type(query).__name__}")
     shots = rec.get("n_shots", 0)
     if not isinstance(shots, int) or isinstance(shots, bool) or shots < 0:
-        raise TaskError(f"{where}: 'n_shots' must be a non-negative integer, not {shots!r}")
+        raise TaskError(f"{where}: 'n_shots' must be a non-negative integer, not {clip(repr(shots), 60)}")
     return Prompt(text=text, gold=label, labels=tuple(labels), query=query, n_shots=shots)
 
 
