@@ -8,6 +8,9 @@
 | HEADLENS_MAX_UPLOAD_MB     | 5       | size of an uploaded task file                             |
 | HEADLENS_MAX_MODELS        | 2       | models kept resident (LRU)                                |
 | HEADLENS_MAX_QUEUE         | 64      | jobs waiting or running at once                           |
+| HEADLENS_MAX_BODY_KB       | 256     | request body of every route but uploads (413 above it)    |
+| HEADLENS_UPLOAD_QUOTA_MB   | 200     | uploaded task files kept on disk (least recently used go) |
+| HEADLENS_UPLOAD_CACHE      | 32      | parsed uploads kept in memory (LRU; re-read from disk)    |
 
 Every violation is a `ServiceError` (422, or 413 for uploads) whose message names the parameter, the
 value, the limit and the variable that raises it.
@@ -49,6 +52,9 @@ class Limits:
     max_upload_bytes: int = 5 * 1024 * 1024
     max_models: int = 2
     max_queue: int = 64
+    max_body_bytes: int = 256 * 1024
+    upload_quota_bytes: int = 200 * 1024 * 1024
+    upload_cache: int = 32
 
     @classmethod
     def from_env(cls) -> "Limits":
@@ -60,6 +66,10 @@ class Limits:
             max_upload_bytes=int(_env_number("HEADLENS_MAX_UPLOAD_MB", d.max_upload_bytes / 2**20, 0.001) * 2**20),
             max_models=int(_env_number("HEADLENS_MAX_MODELS", d.max_models)),
             max_queue=int(_env_number("HEADLENS_MAX_QUEUE", d.max_queue)),
+            max_body_bytes=int(_env_number("HEADLENS_MAX_BODY_KB", d.max_body_bytes / 1024, 1) * 1024),
+            upload_quota_bytes=int(_env_number("HEADLENS_UPLOAD_QUOTA_MB", d.upload_quota_bytes / 2**20, 0.001)
+                                   * 2**20),
+            upload_cache=int(_env_number("HEADLENS_UPLOAD_CACHE", d.upload_cache)),
         )
 
     def to_json(self) -> dict[str, int]:
@@ -104,6 +114,20 @@ class Limits:
         if n_bytes > self.max_upload_bytes:
             raise TooLarge(f"the upload is {n_bytes / 2**20:.2f} MB, over this server's limit of "
                            f"{self.max_upload_bytes / 2**20:.2f} MB (HEADLENS_MAX_UPLOAD_MB)")
+
+    @property
+    def max_upload_body_bytes(self) -> int:
+        """Body limit of POST /tasks/upload: the file, JSON-escaped (up to twice its size), plus 64 KB."""
+        return 2 * self.max_upload_bytes + (1 << 16)
+
+    def body_too_large(self, n_bytes: int | None, limit: int, upload: bool = False) -> TooLarge:
+        """The 413 for a request body over `limit` bytes (`n_bytes` None: a chunked body past the limit)."""
+        size = f"is {n_bytes / 1024:.0f} KB," if n_bytes is not None else "runs"
+        if upload:
+            return TooLarge(f"the upload request {size} over this server's limit for a task file of "
+                            f"{self.max_upload_bytes / 2**20:.2f} MB (HEADLENS_MAX_UPLOAD_MB)")
+        return TooLarge(f"the request body {size} over this server's limit of {limit / 1024:.0f} KB "
+                        f"(HEADLENS_MAX_BODY_KB); task files go to POST /tasks/upload")
 
     def check_queue(self, active: int) -> None:
         """Called by a job runner before it queues a new (not deduplicated) job."""
