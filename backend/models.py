@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import threading
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -175,30 +177,127 @@ def _prepare_tokenizer(tok: Any) -> Any:
     return tok
 
 
-def wrap(model: nn.Module, tokenizer: Any, name: str, folder: Path | None = None) -> LoadedModel:
-    """A `LoadedModel` around an already built model and tokenizer (tests, notebooks)."""
+def wrap(model: nn.Module, tokenizer: Any, name: str, folder: Path | None = None, frozen: bool = True) -> LoadedModel:
+    """A `LoadedModel` around an already built model and tokenizer (tests, notebooks). `frozen` (the default)
+    puts it in eval mode without parameter gradients; a model in training passes False."""
     spec = spec_for(model.config.model_type)
-    model.eval()
-    for p in model.parameters():
-        p.requires_grad_(False)
+    if frozen:
+        model.eval()
+        for p in model.parameters():
+            p.requires_grad_(False)
     return LoadedModel(model=model, tokenizer=_prepare_tokenizer(tokenizer), spec=spec, name=name,
                        fingerprint=fingerprint(model, name, folder))
 
 
+# -- the hub: offline detection ---------------------------------------------------------------------------
+HUB_PROBE_TIMEOUT = 1.5  # seconds to connect to the hub endpoint before calling it unreachable
+HUB_PROBE_TTL = 60.0  # a probe's answer is reused this long
+_hub_probe: dict[str, tuple[float, bool]] = {}
+_hub_probe_lock = threading.Lock()
+
+
+def hub_endpoint() -> str:
+    return (os.environ.get("HF_ENDPOINT") or "https://huggingface.co").rstrip("/")
+
+
+def hub_offline_flag() -> str | None:
+    """The variable that puts the hub offline (HF_HUB_OFFLINE, TRANSFORMERS_OFFLINE), or None."""
+    for var in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"):
+        if (os.environ.get(var) or "").strip().lower() in ("1", "true", "yes", "on"):
+            return var
+    return None
+
+
+def hub_reachable(timeout: float = HUB_PROBE_TIMEOUT) -> bool:
+    """Whether the hub endpoint answers an HTTP HEAD (any status) within `timeout` s. The request runs in a
+    helper thread, so neither a hanging name lookup nor a proxy that accepts the connection and never
+    answers can hold the caller longer. The answer is cached HUB_PROBE_TTL s per endpoint."""
+    import urllib.error
+    import urllib.request
+
+    endpoint = hub_endpoint()
+    now = time.monotonic()
+    with _hub_probe_lock:
+        hit = _hub_probe.get(endpoint)
+        if hit is not None and now - hit[0] < HUB_PROBE_TTL:
+            return hit[1]
+    ok: list[bool] = []
+
+    def probe() -> None:
+        try:
+            with urllib.request.urlopen(urllib.request.Request(endpoint + "/", method="HEAD"), timeout=timeout):
+                ok.append(True)
+        except urllib.error.HTTPError:  # an answer, even 4xx/5xx: the hub is there
+            ok.append(True)
+        except Exception:  # no route, no name, refused, timed out, bad URL
+            pass
+
+    t = threading.Thread(target=probe, name="headlens-hub-probe", daemon=True)
+    t.start()
+    t.join(timeout + 0.25)
+    reachable = bool(ok)
+    with _hub_probe_lock:
+        _hub_probe[endpoint] = (time.monotonic(), reachable)
+    return reachable
+
+
+def cached_on_hub_cache(repo_id: str) -> bool:
+    """Whether `repo_id`'s config.json is in the local Hugging Face cache (HF_HUB_CACHE / HF_HOME)."""
+    try:
+        from huggingface_hub import try_to_load_from_cache
+
+        return isinstance(try_to_load_from_cache(repo_id, "config.json"), str)
+    except Exception:  # not a valid repo id, unreadable cache
+        return False
+
+
+def _hub_access(name: str) -> bool:
+    """For a hub id: True when it must load from the local cache only (hub offline or unreachable, id
+    cached); raises ModelLoadError at once when it is not cached and the hub cannot be reached."""
+    flag = hub_offline_flag()
+    if flag is None and hub_reachable():
+        return False
+    if cached_on_hub_cache(name):
+        return True
+    why = (f"{flag} is set" if flag else
+           f"no answer from {hub_endpoint()} within {HUB_PROBE_TIMEOUT:g} s (HF_ENDPOINT)")
+    raise ModelLoadError(f"model {_clip(name)!r} is not cached locally and the Hugging Face hub is unreachable "
+                         f"(offline: {why}); give `default`, a local model folder, or an id already in the "
+                         f"Hugging Face cache")
+
+
+def _clip(text: str, n: int = 200) -> str:
+    from .service.errors import clip
+
+    return clip(text, n)
+
+
 def resolve_name(name_or_path: str) -> tuple[str, Path | None]:
-    """`default` -> the embedded model's folder; an existing folder -> itself; anything else is a hub id."""
+    """`default` -> the embedded model's folder; an existing folder -> itself; anything else is a hub id.
+
+    Names too long for the filesystem (or with control characters) are a ModelLoadError naming `model`.
+    """
+    from .service.model_pool import model_name_problem
+
+    problem = model_name_problem(name_or_path)
+    if problem:
+        raise ModelLoadError(problem)
     if name_or_path in ("default", "headlens-tiny"):
         if not DEFAULT_MODEL_DIR.is_dir():
             raise ModelLoadError(f"the embedded default model is missing at {DEFAULT_MODEL_DIR}; "
                                  f"regenerate it with `python -m backend.train_default`")
         return "default", DEFAULT_MODEL_DIR
-    p = Path(name_or_path).expanduser()
-    if p.exists():
+    try:
+        p = Path(name_or_path).expanduser()
+        exists = p.exists()
+    except (OSError, RuntimeError, ValueError) as e:
+        raise ModelLoadError(f"model: {_clip(name_or_path)!r} is not a usable name ({type(e).__name__})") from None
+    if exists:
         if not (p / "config.json").is_file():
-            raise ModelLoadError(f"{p} exists but holds no config.json: not a Hugging Face model folder")
+            raise ModelLoadError(f"{_clip(str(p))} exists but holds no config.json: not a Hugging Face model folder")
         return str(p.resolve()), p.resolve()
     if name_or_path.startswith((".", "/", "~")) or name_or_path.count("/") > 1:
-        raise ModelLoadError(f"model folder {name_or_path!r} does not exist")
+        raise ModelLoadError(f"model folder {_clip(name_or_path)!r} does not exist")
     return name_or_path, None
 
 
@@ -212,31 +311,33 @@ def load_model(name_or_path: str = "default", device: str | None = None, dtype: 
 
     `device_map="auto"` spreads the model over the visible GPUs with accelerate.
     """
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
-
     name, folder = resolve_name(name_or_path)
     source = str(folder) if folder is not None else name
+    local_only = {"local_files_only": True} if folder is None and _hub_access(name) else {}
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
     device = device or default_device()
     if isinstance(dtype, str):
         dtype = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp16": torch.float16,
                  "float16": torch.float16, "fp32": torch.float32, "float32": torch.float32}[dtype]
     dtype = dtype or (torch.bfloat16 if device.startswith("cuda") else torch.float32)
     try:
-        config = AutoConfig.from_pretrained(source, trust_remote_code=trust_remote_code)
+        config = AutoConfig.from_pretrained(source, trust_remote_code=trust_remote_code, **local_only)
     except Exception as e:  # hub unreachable, unknown id, bad folder
         raise ModelLoadError(
-            f"could not load the config of {name_or_path!r}: {type(e).__name__}: {str(e).splitlines()[0][:300]}. "
+            f"could not load the config of {_clip(name_or_path)!r}: {type(e).__name__}: "
+            f"{(str(e).splitlines() or [''])[0][:300]}. "
             f"Give `default`, a local folder with config.json, or a Hugging Face id that is cached locally "
             f"or reachable.") from e
     spec_for(config.model_type)  # fail early, before any weights are read
     try:
         model = AutoModelForCausalLM.from_pretrained(
-            source, dtype=dtype, trust_remote_code=trust_remote_code,
+            source, dtype=dtype, trust_remote_code=trust_remote_code, **local_only,
             **({"device_map": device_map} if device_map else {}))
-        tok = AutoTokenizer.from_pretrained(source, trust_remote_code=trust_remote_code)
+        tok = AutoTokenizer.from_pretrained(source, trust_remote_code=trust_remote_code, **local_only)
     except Exception as e:
-        raise ModelLoadError(f"could not load {name_or_path!r}: {type(e).__name__}: "
-                             f"{str(e).splitlines()[0][:300]}") from e
+        raise ModelLoadError(f"could not load {_clip(name_or_path)!r}: {type(e).__name__}: "
+                             f"{(str(e).splitlines() or [''])[0][:300]}") from e
     if not device_map:
         model.to(device)
     return wrap(model, tok, name, folder)

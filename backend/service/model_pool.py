@@ -6,6 +6,8 @@ Which names a request may use:
   looked up under the root first); a folder outside the root is a 403;
 - a Hugging Face id, unless `HEADLENS_ALLOW_HUB=0` (403).
 `HEADLENS_DEVICE` (cpu, cuda, cuda:1 ...) and `HEADLENS_DTYPE` (fp32, bf16, fp16) pick where models load.
+A name longer than MAX_NAME_CHARS (1024) characters, with a path part over MAX_PART_BYTES (255) bytes, or
+with control characters is a 422 naming the field `model`, before the filesystem sees it.
 """
 from __future__ import annotations
 
@@ -16,12 +18,30 @@ from collections import OrderedDict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
-from .errors import BadRequest, Forbidden, NotFound
+from .errors import BadRequest, Forbidden, NotFound, clip
 
 if TYPE_CHECKING:
     from ..models import LoadedModel
 
 DEFAULT_NAMES = ("default", "headlens-tiny")
+MAX_NAME_CHARS = 1024
+MAX_PART_BYTES = 255
+
+
+def model_name_problem(name: str) -> str | None:
+    """Why `name` cannot be a model name (too long for the filesystem, control characters), or None.
+    The message names the field `model` and shows at most ~200 characters of the name."""
+    if len(name) > MAX_NAME_CHARS:
+        return (f"model: the name is too long ({len(name)} characters; at most {MAX_NAME_CHARS}): "
+                f"{clip(name)!r}")
+    longest = max((len(part.encode("utf-8", "surrogatepass")) for part in name.replace("\\", "/").split("/")),
+                  default=0)
+    if longest > MAX_PART_BYTES:
+        return (f"model: a part of the name between slashes is {longest} bytes long, over the filesystem's "
+                f"{MAX_PART_BYTES}: {clip(name)!r}")
+    if any(ord(c) < 32 or ord(c) == 127 for c in name):
+        return f"model: the name holds control characters: {clip(name)!r}"
+    return None
 
 
 def _env_flag(name: str, default: bool) -> bool:
@@ -61,6 +81,16 @@ class ModelPool:
         name = (name or "").strip()
         if not name:
             raise BadRequest("model must not be empty; give `default`, a model folder or a Hugging Face id")
+        problem = model_name_problem(name)
+        if problem:
+            raise BadRequest(problem)
+        try:
+            return self._check(name)
+        except (OSError, RuntimeError, ValueError) as e:  # refused by the filesystem; `~nobody` (no such home)
+            why = e.strerror if isinstance(e, OSError) and e.strerror else clip(str(e), 100)
+            raise BadRequest(f"model: {clip(name)!r} is not a usable name ({type(e).__name__}: {why})") from None
+
+    def _check(self, name: str) -> str:
         with self._lock:
             if name in self._models:  # made resident with put()
                 return name
@@ -78,20 +108,20 @@ class ModelPool:
             resolved = path.resolve()
             self._check_root(name, resolved)
             if not (resolved / "config.json").is_file():
-                raise BadRequest(f"{name} holds no config.json: not a Hugging Face model folder")
+                raise BadRequest(f"{clip(name)} holds no config.json: not a Hugging Face model folder")
             return str(resolved)
         if _looks_like_path(name):
             self._check_root(name, path.resolve())
-            raise NotFound(f"model folder {name!r} does not exist on the server")
+            raise NotFound(f"model folder {clip(name)!r} does not exist on the server")
         if not self.allow_hub:
             where = f"a folder under {self.root}" if self.root else "a local model folder"
-            raise Forbidden(f"Hugging Face hub ids such as {name!r} are disabled on this server "
+            raise Forbidden(f"Hugging Face hub ids such as {clip(name)!r} are disabled on this server "
                             f"(HEADLENS_ALLOW_HUB=0); use `default` or {where}")
         return name
 
     def _check_root(self, name: str, resolved: Path) -> None:
         if self.root is not None and not resolved.is_relative_to(self.root):
-            raise Forbidden(f"model path {name!r} is outside the server's model folder {self.root} "
+            raise Forbidden(f"model path {clip(name)!r} is outside the server's model folder {self.root} "
                             f"(HEADLENS_MODEL_ROOT); local models must live under it")
 
     # -- resident models --------------------------------------------------------------------------
