@@ -4,6 +4,11 @@ Routes: GET /health, GET /capabilities, GET /tasks, POST /tasks/upload, POST /jo
 GET /jobs/{id}, DELETE /jobs/{id}. Errors are `{"detail": "<one-line message>"}` with a 4xx status.
 When HEADLENS_TOKEN is set, every route but /health needs `Authorization: Bearer <token>` or
 `X-Headlens-Token: <token>`.
+
+Request bodies are bounded (`BodyLimit`): over HEADLENS_MAX_BODY_KB (POST /tasks/upload: twice
+HEADLENS_MAX_UPLOAD_MB plus 64 KB) is a 413, refused from Content-Length before the body is read, or
+as soon as a chunked body passes the limit. No error answer echoes more than ~200 characters of any one
+input (`errors.clip` where messages are built; MAX_DETAIL caps a whole message as a last guard).
 """
 from __future__ import annotations
 
@@ -11,7 +16,7 @@ import hmac
 import logging
 import os
 from contextlib import asynccontextmanager
-from typing import Any, AsyncIterator
+from typing import Any, AsyncIterator, Awaitable, Callable, MutableMapping
 
 from fastapi import FastAPI, Request
 from fastapi.concurrency import run_in_threadpool
@@ -20,7 +25,7 @@ from fastapi.responses import JSONResponse
 from pydantic import ValidationError
 
 from .admit import admit, describe_validation
-from .errors import BadRequest, NotFound, ServiceError
+from .errors import BadRequest, NotFound, ServiceError, clip
 from .jobs import JobRunner, LocalJobRunner, make_executor
 from .limits import Limits
 from .model_pool import ModelPool
@@ -31,6 +36,8 @@ from .task_store import TaskStore, task_info
 
 VERSION = "0.1.0"
 OPEN_PATHS = ("/health",)
+UPLOAD_PATH = "/tasks/upload"
+MAX_DETAIL = 1200  # characters of an error message, at most (a last guard; inputs are clipped to ~200)
 log = logging.getLogger(__name__)
 
 _UPLOAD_DOC = {"requestBody": {"required": True, "content": {
@@ -39,6 +46,71 @@ _UPLOAD_DOC = {"requestBody": {"required": True, "content": {
         "file": {"type": "string", "format": "binary"},
         "kind": {"type": "string", "enum": ["classification", "generation"]}}}}}}}
 _ERRORS: dict[int | str, dict[str, Any]] = {s: {"model": ErrorResponse} for s in (401, 403, 404, 413, 422, 429)}
+
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+
+
+class BodyLimit:
+    """ASGI middleware: a request body over its route's limit is a 413 before the app sees it.
+
+    A declared Content-Length over the limit is refused without reading the body; otherwise the body is
+    read (counting the bytes of a chunked body as they come, refusing once past the limit) and handed to
+    the app whole. Memory per request is bounded by the limit.
+    """
+
+    def __init__(self, app: Any, limits: Limits):
+        self.app, self.limits = app, limits
+
+    async def __call__(self, scope: Scope, receive: Callable[[], Awaitable[Message]],
+                       send: Callable[[Message], Awaitable[None]]) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        upload = scope.get("path") == UPLOAD_PATH
+        limit = self.limits.max_upload_body_bytes if upload else self.limits.max_body_bytes
+        declared = next((v for k, v in scope.get("headers") or () if k == b"content-length"), None)
+        if declared is not None:
+            try:
+                n = int(declared)
+            except ValueError:
+                await _error(scope, receive, send, BadRequest("the Content-Length header is not a number", 400))
+                return
+            if n > limit:
+                await _error(scope, receive, send, self.limits.body_too_large(n, limit, upload))
+                return
+        chunks, total = [], 0
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return  # the client went away
+            if message["type"] != "http.request":
+                continue
+            body = message.get("body", b"")
+            total += len(body)
+            if total > limit:
+                await _error(scope, receive, send, self.limits.body_too_large(None, limit, upload))
+                return
+            chunks.append(body)
+            if not message.get("more_body", False):
+                break
+        whole, replayed = b"".join(chunks), False
+        chunks.clear()
+
+        async def replay() -> Message:
+            nonlocal replayed
+            if not replayed:
+                replayed = True
+                return {"type": "http.request", "body": whole, "more_body": False}
+            return await receive()  # after the body: waits for the disconnect
+
+        await self.app(scope, replay, send)
+
+
+async def _error(scope: Scope, receive: Any, send: Any, e: ServiceError) -> None:
+    await JSONResponse({"detail": clip(e.message, MAX_DETAIL)}, status_code=e.status,
+                       headers={"Connection": "close"})(scope, receive, send)
 
 
 def _token_ok(request: Request, token: str) -> bool:
@@ -65,7 +137,9 @@ def create_app(runner: JobRunner | None = None, *, pool: ModelPool | None = None
                   description="Which attention heads of a language model do in-context learning.")
     app.state.runner, app.state.pool, app.state.tasks, app.state.limits = runner, pool, tasks, limits
 
-    # -- auth and errors --------------------------------------------------------------------------
+    # -- body size, auth and errors ------------------------------------------------------------------
+    app.add_middleware(BodyLimit, limits=limits)  # added first: inside the token check, which runs before it
+
     @app.middleware("http")
     async def check_token(request: Request, call_next: Any) -> Any:
         if token and request.url.path not in OPEN_PATHS and not _token_ok(request, token):
@@ -76,17 +150,17 @@ def create_app(runner: JobRunner | None = None, *, pool: ModelPool | None = None
 
     @app.exception_handler(ServiceError)
     async def service_error(_: Request, e: ServiceError) -> JSONResponse:
-        return JSONResponse({"detail": e.message}, status_code=e.status)
+        return JSONResponse({"detail": clip(e.message, MAX_DETAIL)}, status_code=e.status)
 
     @app.exception_handler(RequestValidationError)
     async def invalid_request(_: Request, e: RequestValidationError) -> JSONResponse:
-        return JSONResponse({"detail": "invalid request: " + (_describe(e.errors()) or "malformed body")},
-                            status_code=422)
+        detail = "invalid request: " + (_describe(e.errors()) or "malformed body")
+        return JSONResponse({"detail": clip(detail, MAX_DETAIL)}, status_code=422)
 
     @app.exception_handler(Exception)
     async def internal_error(_: Request, e: Exception) -> JSONResponse:
         log.exception("unhandled error")
-        return JSONResponse({"detail": f"internal error ({type(e).__name__}): {e}"}, status_code=500)
+        return JSONResponse({"detail": f"internal error ({type(e).__name__}): {clip(e)}"}, status_code=500)
 
     # -- service --------------------------------------------------------------------------------------
     @app.get("/health", response_model=Health)
@@ -121,11 +195,14 @@ def create_app(runner: JobRunner | None = None, *, pool: ModelPool | None = None
             data = await f.read(limits.max_upload_bytes + 1)
             limits.check_upload(f.size or len(data))
             filename, kind = f.filename or "", form.get("kind") or None
+            if kind is not None and not isinstance(kind, str):
+                raise BadRequest("the `kind` field of a multipart upload must be text: classification or generation")
         else:
             try:
                 body = UploadRequest.model_validate_json(await request.body())
             except ValidationError as e:
-                raise BadRequest("invalid upload: " + describe_validation(e, list(UploadRequest.model_fields))
+                raise BadRequest("invalid upload: " + clip(describe_validation(e, list(UploadRequest.model_fields)),
+                                                           400)
                                  + " (send JSON {filename, content, kind?} or a multipart form with `file`)") from None
             data, filename, kind = body.content.encode("utf-8"), body.filename, body.kind
         limits.check_upload(len(data))
@@ -155,13 +232,14 @@ def create_app(runner: JobRunner | None = None, *, pool: ModelPool | None = None
 
 def _found(job: JobStatus | None, job_id: str) -> JobStatus:
     if job is None:
-        raise NotFound(f"no job {job_id!r} on this service (jobs live in memory and are forgotten on restart)")
+        raise NotFound(f"no job {clip(job_id, 100)!r} on this service (jobs live in memory and are forgotten on "
+                       f"restart)")
     return job
 
 
 def _describe(errors: Any) -> str:
     parts = []
     for err in errors:
-        loc = ".".join(str(x) for x in err.get("loc", ()) if x != "body") or "body"
-        parts.append(f"{loc}: {err.get('msg', 'invalid')}")
+        loc = ".".join(clip(x, 60) for x in err.get("loc", ()) if x != "body") or "body"
+        parts.append(f"{loc}: {clip(err.get('msg', 'invalid'))}")
     return "; ".join(parts)
