@@ -9,6 +9,14 @@ ships them elsewhere (Ray, a process pool) can replace `LocalJobRunner` without 
 - holds a per-key lock (`locks.KeyLocks`) while computing, so runners in other threads or processes
   that share the cache folder wait and then read the cached result instead of recomputing it;
 - cancels cooperatively: the job's progress callback raises `Cancelled` once the job is cancelled.
+
+Shared jobs and DELETE: a job counts its submitters. The POST that creates it counts 1; each later POST
+that gets the same *active* (queued or running) job back adds 1 (one that gets a finished job back adds
+nothing: there is nothing left to cancel). Each DELETE of an active job withdraws one submitter; the job
+is cancelled only when the count reaches 0, so one client's DELETE cannot end the identical job another
+client is waiting for. A DELETE that leaves others waiting answers the job unchanged with the message
+"withdrawn: N other submitter(s) still wait for this job". Ids are not secrets between clients: k
+DELETEs cancel a job that k POSTs share, whoever sends them.
 """
 from __future__ import annotations
 
@@ -124,6 +132,7 @@ class _Job:
     error_type: str | None = None
     started: float | None = None
     finished: float | None = None
+    submitters: int = 1
     cancel: threading.Event = field(default_factory=threading.Event)
 
     def snapshot(self, include_result: bool = True) -> JobStatus:
@@ -157,7 +166,9 @@ class LocalJobRunner(JobRunner):
                 raise ServiceError("the job runner is shut down", status=503)
             same = self._jobs.get(self._by_key.get(key, ""))
             if same is not None and same.status in (*ACTIVE_STATES, "done") and not same.cancel.is_set():
-                return same.snapshot()
+                if same.status in ACTIVE_STATES:
+                    same.submitters += 1
+                return self._snapshot(same)
             self._limits.check_queue(sum(j.status in ACTIVE_STATES for j in self._jobs.values()))
             job = _Job(id=secrets.token_hex(8), kind=kind, params=params, key=key)
             self._jobs[job.id] = job
@@ -178,7 +189,13 @@ class LocalJobRunner(JobRunner):
             job = self._jobs.get(job_id)
             if job is None:
                 return None
-            if job.status in ACTIVE_STATES:
+            if job.status in ACTIVE_STATES and not job.cancel.is_set():
+                job.submitters -= 1
+                if job.submitters > 0:
+                    others = job.submitters
+                    return self._snapshot(job).model_copy(update={
+                        "message": f"withdrawn: {others} other submitter{'s' if others != 1 else ''} still "
+                                   f"wait{'s' if others == 1 else ''} for this job"})
                 job.cancel.set()
                 if self._by_key.get(job.key) == job.id:
                     del self._by_key[job.key]
