@@ -1,0 +1,506 @@
+"""One sweep engine over (configuration, prompt) pairs that only recomputes what an intervention changes.
+
+A configuration (`RowConfig`) is a head mask acting on z at the output projection's input, at every position or
+at the last token only, and/or vectors added to decoder layers' outputs at the last token. `run_sweep` hands
+the last-token logits of every (configuration, prompt) pair to a callback, exactly once each.
+
+engine="full" runs every pair as a full forward pass (configurations mixed in row batches through
+`hooks.hooked`): the reference, and the fallback. engine="auto" splits the configurations:
+
+* untouched (no mask entry != 1, no non-zero vector): the clean logits, computed once per prompt batch;
+* last-token (a mask at positions="last" and/or injections only): every earlier position's keys and values are
+  the clean run's. The clean pass of a prompt batch keeps its KV cache; the cache is cut back to the prefix
+  (all tokens but the last) and each configuration is one more token over it. "Packed" step passes put many
+  configurations side by side on the sequence axis of one row per prompt (same position id, a 4D mask lets
+  each see the prefix and itself only), so the prefix cache is read once for all of them; where one 4D mask
+  cannot serve every layer (layers of different cache sizes, e.g. a sliding window already full) or the
+  attention kernel takes no 4D mask (flash / flex attention), the cache is repeated over rows instead.
+  A configuration costs about 1/T of a pass.
+* all-position masks: the residual stream up to the first layer a configuration changes is the clean one.
+  Configurations are grouped by that layer s (first layer with a mask entry != 1, or an injection layer + 1);
+  the clean pass records the output of layer s - 1, and each group's passes run with layers < s - 1 replaced
+  by pass-throughs and layer s - 1 returning the recorded clean output, so only layers >= s compute.
+
+Per-architecture knowledge stays in `adapters.py`: the engine only needs the adapter's decoder layers and
+output projections, that a decoder layer takes the hidden states first and returns them as a tensor (checked
+on the clean pass: anything else falls back to the full engine), and the model forward's `cache=`,
+`attention_mask`, `position_ids` and `logits_to_keep`.
+"""
+from __future__ import annotations
+
+import copy
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Callable, Iterator, Literal, Sequence
+
+import torch
+
+from ..hooks import hooked
+from ..models import LoadedModel
+
+try:  # the analysis helpers are moving into `primitives`; either layout works
+    from .primitives.batching import Batch, is_oom, make_batch
+except ImportError:  # pragma: no cover - the older layout
+    from .batching import Batch, is_oom, make_batch  # type: ignore[no-redef]
+
+OnLogits = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], None]
+Progress = Callable[[float, str], None]
+ENGINES = ("auto", "full")
+
+# A step pass (one new token per configuration) holds up to STEP_ROWS_FACTOR * batch_size (configuration,
+# prompt) rows when packed (the prefix cache is shared), batch_size rows when the cache is repeated per row.
+STEP_ROWS_FACTOR = 4
+PACKED = True  # tests switch it off to exercise the repeated-cache step on every family
+
+
+@dataclass(frozen=True)
+class RowConfig:
+    """One configuration.
+
+    mask:      (layers, heads) multipliers on each head's z (1 keeps, 0 ablates); with `fill`,
+               z' = m z + (1 - m) fill. None: no mask.
+    positions: where the mask acts: "all" positions or the "last" token.
+    inject:    {layer: (d_model,)} added to that decoder layer's output at the last token.
+    """
+
+    mask: torch.Tensor | None = None
+    positions: Literal["all", "last"] = "all"
+    inject: dict[int, torch.Tensor] | None = None
+
+
+@dataclass
+class _Plan:
+    """What the engine does with one configuration."""
+
+    kind: Literal["clean", "last", "all"]
+    start: int = 0  # "all": first decoder layer whose input differs from the clean run's
+    mask: torch.Tensor | None = None  # non-trivial mask, on the model's device
+    inject: dict[int, torch.Tensor] | None = None  # non-zero vectors only, on the model's device
+
+
+def _plan(lm: LoadedModel, i: int, cfg: RowConfig) -> _Plan:
+    L, H, d = lm.n_layers, lm.n_heads, lm.d_model
+    if cfg.positions not in ("all", "last"):
+        raise ValueError(f"configuration {i}: positions must be 'all' or 'last', not {cfg.positions!r}")
+    mask = None
+    if cfg.mask is not None:
+        if tuple(cfg.mask.shape) != (L, H):
+            raise ValueError(f"configuration {i}: mask of shape {tuple(cfg.mask.shape)}, expected ({L}, {H}) "
+                             f"(layers, heads)")
+        m = cfg.mask.detach().to(device=lm.device, dtype=torch.float32)
+        if (m != 1).any():
+            mask = m
+    inject = {}
+    for layer, v in (cfg.inject or {}).items():
+        layer = int(layer)
+        if not 0 <= layer < L:
+            raise ValueError(f"configuration {i}: injection at layer {layer}; the model has layers 0..{L - 1}")
+        if tuple(v.shape) != (d,):
+            raise ValueError(f"configuration {i}: injected vector of shape {tuple(v.shape)}, expected ({d},)")
+        v = v.detach().to(device=lm.device, dtype=torch.float32)
+        if (v != 0).any():
+            inject[layer] = inject[layer] + v if layer in inject else v
+    inject = inject or None
+    if mask is None and inject is None:
+        return _Plan("clean")
+    if mask is None or cfg.positions == "last":
+        return _Plan("last", mask=mask, inject=inject)
+    rows = (mask != 1).any(1).nonzero()
+    start = int(rows[0])
+    if inject:
+        start = min(start, min(inject) + 1)
+    return _Plan("all", start=start, mask=mask, inject=inject)
+
+
+class _Emitter:
+    """Hands rows to `on_logits` once each (retries after an OOM skip what was delivered) and reports progress."""
+
+    def __init__(self, n_configs: int, n_prompts: int, on_logits: OnLogits, progress: Progress | None):
+        self.done = torch.zeros(n_configs, n_prompts, dtype=torch.bool)
+        self.count, self.total = 0, n_configs * n_prompts
+        self.on_logits, self.progress = on_logits, progress
+
+    def pending(self, configs: Sequence[int], prompts: Sequence[int]) -> list[int]:
+        """The configurations not yet delivered for every one of `prompts`."""
+        sub = self.done[torch.tensor(list(configs), dtype=torch.long)][:, torch.tensor(list(prompts), dtype=torch.long)]
+        return [c for c, full in zip(configs, sub.all(1).tolist()) if not full]
+
+    def emit(self, logits: torch.Tensor, cs: torch.Tensor, ps: torch.Tensor, message: str) -> None:
+        cc, pp = cs.cpu(), ps.cpu()
+        keep = ~self.done[cc, pp]
+        if not keep.any():
+            return
+        if not keep.all():
+            k = keep.to(logits.device)
+            logits, cs, ps, cc, pp = logits[k], cs[k], ps[k], cc[keep], pp[keep]
+        self.done[cc, pp] = True
+        self.count += len(cc)
+        self.on_logits(logits.float(), cs, ps)
+        if self.progress:
+            self.progress(self.count / self.total, message)
+
+
+def run_sweep(lm: LoadedModel, ids: Sequence[Sequence[int]], configs: Sequence[RowConfig], on_logits: OnLogits, *,
+              fill: torch.Tensor | None = None, batch_size: int = 32, progress: Progress | None = None,
+              engine: str = "auto") -> None:
+    """Call `on_logits(logits, config_idx, prompt_idx)` with the last-token logits of every (configuration,
+    prompt) pair exactly once: logits (rows, vocab) float32, indices (rows,) long, all on the model's device.
+
+    ids: token ids per prompt (each at least one token). fill: (layers, heads, head_dim) mean-ablation values
+    shared by all configurations (None: zero ablation). batch_size: prompts per clean pass and rows per
+    intervened pass (halved on out-of-memory). progress(fraction, message) after every delivered batch.
+    engine: "auto" (recompute only what each configuration changes) or "full" (every pair a full pass).
+    """
+    if engine not in ENGINES:
+        raise ValueError(f"engine must be one of {ENGINES}, not {engine!r}")
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be positive, not {batch_size}")
+    C, N = len(configs), len(ids)
+    if C == 0 or N == 0:
+        return
+    empty = [i for i, x in enumerate(ids) if len(x) == 0]
+    if empty:
+        raise ValueError(f"prompt {empty[0]} has no tokens")
+    plans = [_plan(lm, i, c) for i, c in enumerate(configs)]
+    if fill is not None:
+        want = (lm.n_layers, lm.n_heads, lm.head_dim)
+        if tuple(fill.shape) != want:
+            raise ValueError(f"fill of shape {tuple(fill.shape)}, expected {want} (layers, heads, head_dim)")
+        fill = fill.detach().to(lm.device)
+    out = _Emitter(C, N, on_logits, progress)
+    with lm.lock, torch.inference_mode():
+        if engine == "full":
+            _run_full(lm, ids, configs, fill, batch_size, out, [(c, i) for c in range(C) for i in range(N)])
+            return
+        try:
+            _run_fast(lm, ids, plans, fill, batch_size, out)
+        except _Unsupported:
+            rest = (~out.done).nonzero().tolist()
+            _run_full(lm, ids, configs, fill, batch_size, out, [(c, i) for c, i in rest])
+
+
+# -- the reference: every (configuration, prompt) pair a full pass ------------------------------------------------
+def _run_full(lm: LoadedModel, ids: Sequence[Sequence[int]], configs: Sequence[RowConfig], fill: torch.Tensor | None,
+              batch_size: int, out: _Emitter, pairs: list[tuple[int, int]]) -> None:
+    """Rows (configuration, prompt) in sorted, left-padded batches through `hooks.hooked`, one group per mask
+    position kind; a batch's rows carry their own masks and vectors."""
+    L, H, d, dev = lm.n_layers, lm.n_heads, lm.d_model, lm.device
+    groups: dict[str, list[tuple[int, int]]] = {"all": [], "last": []}
+    for c, i in pairs:
+        cfg = configs[c]
+        groups["last" if cfg.mask is not None and cfg.positions == "last" else "all"].append((c, i))
+    for pos, rows in groups.items():
+        if not rows:
+            continue
+        cs_all = sorted({c for c, _ in rows})
+        has_mask = any(configs[c].mask is not None for c in cs_all)
+        layers = sorted({int(l) for c in cs_all for l in (configs[c].inject or {})})
+        masks = {c: (configs[c].mask.to(dev, torch.float32) if configs[c].mask is not None
+                     else torch.ones(L, H, device=dev)) for c in cs_all} if has_mask else {}
+        zero = torch.zeros(d, device=dev)
+        vecs = {c: {l: (configs[c].inject or {}).get(l) for l in layers} for c in cs_all}
+
+        def vec(c: int, l: int) -> torch.Tensor:
+            v = vecs[c][l]
+            return zero if v is None else v.to(dev, torch.float32)
+
+        order = sorted(range(len(rows)), key=lambda r: -len(ids[rows[r][1]]))
+        pos_ids = [ids[i] for _, i in rows]
+        done, bs = 0, batch_size
+        while done < len(order):
+            chunk = order[done:done + bs]
+            try:
+                batch = make_batch(lm, pos_ids, chunk)
+                cl = [rows[r][0] for r in chunk]
+                head_mask = torch.stack([masks[c] for c in cl]) if has_mask else None
+                inject = {l: torch.stack([vec(c, l) for c in cl]) for l in layers} or None
+                with hooked(lm, head_mask=head_mask, head_fill=fill if has_mask else None, mask_positions=pos,
+                            inject=inject, last=batch.last):
+                    logits = _last_logits(lm, batch.input_ids, batch.attention_mask, batch.position_ids)
+            except (torch.OutOfMemoryError, RuntimeError) as e:
+                bs = _halve(lm, e, bs)
+                continue
+            cs = torch.tensor(cl, device=logits.device)
+            ps = torch.tensor([rows[r][1] for r in chunk], device=logits.device)
+            out.emit(logits, cs, ps, "sweep (full passes)")
+            done += len(chunk)
+
+
+def _last_logits(lm: LoadedModel, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                 position_ids: torch.Tensor, cache=None) -> torch.Tensor:
+    o = lm.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, cache=cache,
+                 use_cache=cache is not None, logits_to_keep=1)
+    return o.logits[:, -1].float()
+
+
+def _halve(lm: LoadedModel, e: BaseException, bs: int) -> int:
+    if not is_oom(e):
+        raise e
+    if lm.device.type == "cuda":
+        torch.cuda.empty_cache()
+    if bs == 1:
+        raise MemoryError(f"out of memory even at batch size 1 on {lm.device}: the prompts are too long for this "
+                          f"model on this device (try fewer shots or a smaller model)") from e
+    return max(1, bs // 2)
+
+
+# -- the fast engine ------------------------------------------------------------------------------------------------
+class _Unsupported(Exception):
+    """The model does something the fast paths do not handle; the rest of the sweep runs on the full engine."""
+
+
+def _run_fast(lm: LoadedModel, ids: Sequence[Sequence[int]], plans: list[_Plan], fill: torch.Tensor | None,
+              batch_size: int, out: _Emitter) -> None:
+    clean = [c for c, p in enumerate(plans) if p.kind == "clean"]
+    last = [c for c, p in enumerate(plans) if p.kind == "last"]
+    starts: dict[int, list[int]] = {}
+    for c, p in enumerate(plans):
+        if p.kind == "all":
+            starts.setdefault(p.start, []).append(c)
+    order = sorted(range(len(ids)), key=lambda i: -len(ids[i]))
+    done, bs = 0, batch_size
+    while done < len(order):
+        prompts = order[done:done + bs]
+        try:
+            _fast_batch(lm, make_batch(lm, ids, prompts), plans, clean, last, starts, fill, bs, out)
+        except (torch.OutOfMemoryError, RuntimeError) as e:
+            bs = _halve(lm, e, bs)
+            continue
+        done += len(prompts)
+
+
+def _fast_batch(lm: LoadedModel, batch: Batch, plans: list[_Plan], clean: list[int], last: list[int],
+                starts: dict[int, list[int]], fill: torch.Tensor | None, bs: int, out: _Emitter) -> None:
+    from transformers import DynamicCache
+
+    P, W = batch.input_ids.shape
+    dev = batch.input_ids.device
+    prompts = batch.rows
+    ps = torch.tensor(prompts, device=dev)
+    last = out.pending(last, prompts) if last else []
+    starts = {s: todo for s, cs in starts.items() if (todo := out.pending(cs, prompts))}
+    need = sorted({s - 1 for s in starts if s > 0})
+    use_cache = bool(last) and W > 1
+    cache = None
+    if use_cache:
+        cache = DynamicCache(config=lm.model.config)
+        cache.activate_past_recording()  # sliding-window layers keep what `crop` needs
+    # 1. the clean pass: clean logits, the prefix cache, and the outputs of the layers groups restart after
+    recorded: dict[int, torch.Tensor] = {}
+    with _record_outputs(lm, need, recorded):
+        logits = _last_logits(lm, batch.input_ids, batch.attention_mask, batch.position_ids, cache)
+    for c in clean:
+        out.emit(logits, torch.full((P,), c, device=dev), ps, "sweep: untouched configurations")
+    # 2. last-token configurations: one new token each over the prefix cache
+    if last:
+        if cache is not None:
+            cache.crop(-1)
+        _last_token(lm, batch, cache, plans, last, fill, bs, out)
+    # 3. all-position masks: from the first changed layer on
+    for s in sorted(starts, reverse=True):
+        _from_layer(lm, batch, s, recorded.get(s - 1), plans, starts[s], fill, bs, out)
+
+
+@contextmanager
+def _record_outputs(lm: LoadedModel, layers: Sequence[int], into: dict[int, torch.Tensor]) -> Iterator[None]:
+    """Record the output of the given decoder layers; every layer's output must be a plain tensor."""
+    handles = []
+    bad: list[str] = []
+
+    def make(layer: int):
+        def hook(module, args, output):
+            if not isinstance(output, torch.Tensor):
+                bad.append(type(output).__name__)
+            elif layer in layers:
+                into[layer] = output
+        return hook
+
+    try:
+        for layer in range(lm.n_layers):
+            handles.append(lm.layers[layer].register_forward_hook(make(layer)))
+        yield
+    finally:
+        for h in handles:
+            h.remove()
+    if bad:
+        raise _Unsupported(f"decoder layers return {bad[0]}, not a tensor")
+
+
+@contextmanager
+def _interventions(lm: LoadedModel, masks: dict[int, torch.Tensor], fill: torch.Tensor | None,
+                   inject: dict[int, torch.Tensor], last_only: bool) -> Iterator[None]:
+    """masks[l]: multipliers broadcastable to (batch, seq, heads), applied to z at layer l's output projection
+    input (z' = m z + (1 - m) fill); inject[l]: broadcastable to (batch, seq, d_model), added to layer l's
+    output at every position, or at the last one only."""
+    H, dh = lm.n_heads, lm.head_dim
+    handles = []
+
+    def pre(layer: int):
+        m = masks[layer][..., None]
+        f = None if fill is None else fill[layer]
+
+        def hook(module, args, kwargs):
+            z = args[0] if args else kwargs["hidden_states"]
+            b, s, _ = z.shape
+            zz = z.reshape(b, s, H, dh)
+            mm = m.to(z.dtype)
+            zz = mm * zz if f is None else mm * zz + (1 - mm) * f.to(z.dtype)
+            z = zz.reshape(b, s, H * dh)
+            if args:
+                return (z,) + tuple(args[1:]), kwargs
+            return args, {**kwargs, "hidden_states": z}
+        return hook
+
+    def post(layer: int):
+        v = inject[layer]
+
+        def hook(module, args, output):
+            h = output[0] if isinstance(output, tuple) else output
+            vv = v.to(h.dtype)
+            h = torch.cat([h[:, :-1], h[:, -1:] + vv], dim=1) if last_only else h + vv
+            return (h,) + tuple(output[1:]) if isinstance(output, tuple) else h
+        return hook
+
+    try:
+        for layer in sorted(masks):
+            handles.append(lm.o_proj(layer).register_forward_pre_hook(pre(layer), with_kwargs=True))
+        for layer in sorted(inject):
+            handles.append(lm.layers[layer].register_forward_hook(post(layer)))
+        yield
+    finally:
+        for h in handles:
+            h.remove()
+
+
+def _stack(lm: LoadedModel, plans: list[_Plan], chunk: Sequence[int]) -> tuple[dict[int, torch.Tensor],
+                                                                                 dict[int, torch.Tensor]]:
+    """Per layer, the chunk's masks (c, heads) and vectors (c, d_model), only where some configuration acts."""
+    L, H, d, dev = lm.n_layers, lm.n_heads, lm.d_model, lm.device
+    masks, vecs = {}, {}
+    ml = [plans[c].mask for c in chunk]
+    if any(m is not None for m in ml):
+        ones = torch.ones(L, H, device=dev)
+        full = torch.stack([ones if m is None else m for m in ml])  # (c, L, H)
+        for layer in (full != 1).any(2).any(0).nonzero().flatten().tolist():
+            masks[layer] = full[:, layer]
+    zero = torch.zeros(d, device=dev)
+    for layer in sorted({l for c in chunk for l in (plans[c].inject or {})}):
+        vecs[layer] = torch.stack([(plans[c].inject or {}).get(layer, zero) for c in chunk])
+    return masks, vecs
+
+
+def _shallow(cache):
+    """A copy of a DynamicCache whose layers can be extended without touching the original's tensors
+    (dynamic layers rebind, never write in place)."""
+    c = copy.copy(cache)
+    c.layers = [copy.copy(layer) for layer in cache.layers]
+    return c
+
+
+def _packed_mask(lm: LoadedModel, batch: Batch, cache, c: int) -> torch.Tensor | None:
+    """The 4D mask of a packed step of `c` new tokens per row (each sees the prefix and itself), or None when
+    one mask cannot serve every layer or the attention kernel takes no 4D mask."""
+    impl = getattr(lm.model.config, "_attn_implementation", None)
+    if not PACKED or impl not in ("sdpa", "eager"):
+        return None
+    P, W = batch.input_ids.shape
+    dev = batch.input_ids.device
+    if cache is None:
+        offset = 0
+        prefix = batch.attention_mask[:, :0].bool()
+    else:
+        sizes = {cache.get_mask_sizes(c, layer) for layer in range(len(cache.layers))}
+        if len(sizes) != 1:
+            return None
+        kv_length, offset = sizes.pop()
+        if offset + kv_length - c != W - 1:
+            return None
+        prefix = batch.attention_mask[:, offset:W - 1].bool()
+    eye = torch.eye(c, dtype=torch.bool, device=dev)
+    m = torch.cat([prefix[:, None, :].expand(P, c, prefix.shape[1]), eye[None].expand(P, c, c)], dim=-1)[:, None]
+    if impl == "eager":
+        return torch.zeros(m.shape, dtype=lm.dtype, device=dev).masked_fill(~m, torch.finfo(lm.dtype).min)
+    return m
+
+
+def _last_token(lm: LoadedModel, batch: Batch, cache, plans: list[_Plan], todo: list[int],
+                fill: torch.Tensor | None, bs: int, out: _Emitter) -> None:
+    """Each configuration as one new token (the prompt's last) over the clean prefix cache."""
+    P, W = batch.input_ids.shape
+    dev = batch.input_ids.device
+    ps = torch.tensor(batch.rows, device=dev)
+    tok, pos = batch.input_ids[:, -1:], batch.position_ids[:, -1:]
+    per = max(1, STEP_ROWS_FACTOR * bs // P)
+    k = 0
+    while k < len(todo):
+        chunk = todo[k:k + per]
+        c = len(chunk)
+        mask4 = _packed_mask(lm, batch, cache, c)
+        if mask4 is None and c * P > bs and c > 1:  # the repeated cache holds at most bs rows
+            per = max(1, bs // P)
+            continue
+        masks, vecs = _stack(lm, plans, chunk)
+        step = None if cache is None else _shallow(cache)
+        cs = torch.tensor(chunk, device=dev)
+        if mask4 is not None:  # packed: row p holds configurations chunk[0..c) side by side
+            masks = {l: m[None] for l, m in masks.items()}  # (1, c, H)
+            vecs = {l: v[None] for l, v in vecs.items()}  # (1, c, d)
+            with _interventions(lm, masks, fill, vecs, last_only=False):
+                o = lm.model(input_ids=tok.expand(P, c), attention_mask=mask4, position_ids=pos.expand(P, c),
+                             cache=step, use_cache=step is not None, logits_to_keep=0)
+            logits = o.logits.reshape(P * c, -1)
+            out.emit(logits, cs.repeat(P), ps.repeat_interleave(c), "sweep: last-token configurations")
+        else:  # repeated cache: row p * c + j is prompt p under configuration chunk[j]
+            if step is not None:
+                step.batch_repeat_interleave(c)
+            masks = {l: m.repeat(P, 1)[:, None] for l, m in masks.items()}  # (P c, 1, H)
+            vecs = {l: v.repeat(P, 1)[:, None] for l, v in vecs.items()}  # (P c, 1, d)
+            with _interventions(lm, masks, fill, vecs, last_only=False):
+                logits = _last_logits(lm, tok.repeat_interleave(c, 0), batch.attention_mask.repeat_interleave(c, 0),
+                                      pos.repeat_interleave(c, 0), step)
+            out.emit(logits, cs.repeat(P), ps.repeat_interleave(c), "sweep: last-token configurations")
+        k += c
+
+
+@contextmanager
+def _skip_until(lm: LoadedModel, start: int, clean_out: torch.Tensor | None) -> Iterator[None]:
+    """Decoder layers < start - 1 pass their input through; layer start - 1 returns `clean_out`."""
+    if start == 0:
+        yield
+        return
+
+    def through(*args, **kwargs):
+        return args[0] if args else kwargs["hidden_states"]
+
+    def recorded(*args, **kwargs):
+        return clean_out
+
+    layers = [lm.layers[i] for i in range(start)]
+    try:
+        for i, layer in enumerate(layers):
+            layer.forward = recorded if i == start - 1 else through
+        yield
+    finally:
+        for layer in layers:
+            layer.__dict__.pop("forward", None)
+
+
+def _from_layer(lm: LoadedModel, batch: Batch, start: int, clean_out: torch.Tensor | None, plans: list[_Plan],
+                todo: list[int], fill: torch.Tensor | None, bs: int, out: _Emitter) -> None:
+    """All-position configurations whose first changed layer is `start`, from that layer on."""
+    P, W = batch.input_ids.shape
+    dev = batch.input_ids.device
+    ps = torch.tensor(batch.rows, device=dev)
+    per = max(1, bs // P)
+    for k in range(0, len(todo), per):
+        chunk = todo[k:k + per]
+        c = len(chunk)
+        masks, vecs = _stack(lm, plans, chunk)  # row j * P + p is prompt p under configuration chunk[j]
+        masks = {l: m.repeat_interleave(P, 0)[:, None] for l, m in masks.items()}  # (c P, 1, H): all positions
+        vecs = {l: v.repeat_interleave(P, 0)[:, None] for l, v in vecs.items()}  # (c P, 1, d), last token
+        rec = None if clean_out is None else clean_out.repeat(c, 1, 1)
+        with _skip_until(lm, start, rec), _interventions(lm, masks, fill, vecs, last_only=True):
+            logits = _last_logits(lm, batch.input_ids.repeat(c, 1), batch.attention_mask.repeat(c, 1),
+                                  batch.position_ids.repeat(c, 1))
+        cs = torch.tensor(chunk, device=dev).repeat_interleave(P)
+        out.emit(logits, cs, ps.repeat(c), f"sweep: configurations from layer {start}")

@@ -1,0 +1,240 @@
+"""The sweep engine: its fast paths (shared prefix for last-token interventions, layer skipping for
+all-position masks) give the full engine's logits on every family, left-padded prompts of different lengths."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from backend.analysis import sweep as S
+from backend.analysis.sweep import RowConfig, run_sweep
+
+LENGTHS = (7, 12, 1, 9, 3)  # one batch holds different lengths (left padding) and a one-token prompt
+
+
+def collect(lm, ids, configs, **kw) -> torch.Tensor:
+    """(configs, prompts, vocab) logits from run_sweep, checking every pair arrives exactly once."""
+    C, N = len(configs), len(ids)
+    out = torch.full((C, N, lm.model.config.vocab_size), float("nan"))
+    seen = torch.zeros(C, N, dtype=torch.long)
+
+    def on_logits(logits, cs, ps):
+        assert logits.dtype == torch.float32 and logits.shape == (len(cs), out.shape[-1]) and cs.shape == ps.shape
+        out[cs.cpu(), ps.cpu()] = logits.cpu()
+        seen[cs.cpu(), ps.cpu()] += 1
+
+    run_sweep(lm, ids, configs, on_logits, **kw)
+    assert (seen == 1).all(), seen
+    return out
+
+
+def prompts(n_tokens=LENGTHS, seed=0) -> list[list[int]]:
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randint(0, 50000, (n,), generator=g).tolist() for n in n_tokens]
+
+
+def mixture(lm, seed=0) -> list[RowConfig]:
+    """Zero and partial masks at all positions and at the last token, injections at several layers, and both."""
+    g = torch.Generator().manual_seed(seed)
+    L, H, d = lm.n_layers, lm.n_heads, lm.d_model
+
+    def mask(*heads, value=0.0):
+        m = torch.ones(L, H)
+        for l, h in heads:
+            m[l, h] = value
+        return m
+
+    def vec():
+        return torch.randn(d, generator=g)
+
+    return [
+        RowConfig(mask=mask((L - 1, 0))),  # all positions, last layer only
+        RowConfig(mask=mask((0, 1), (L - 1, 2))),  # all positions from layer 0
+        RowConfig(mask=mask((1, 0), value=0.5)),  # a partial multiplier
+        RowConfig(mask=mask(*[(l, h) for l in range(L) for h in range(H)])),  # everything ablated
+        RowConfig(mask=mask((0, 0), (1, 3)), positions="last"),
+        RowConfig(mask=mask((L - 1, 1)), positions="last"),
+        RowConfig(inject={0: vec()}),
+        RowConfig(inject={L - 1: vec()}),
+        RowConfig(inject={0: vec(), L - 1: vec()}),  # several layers at once
+        RowConfig(mask=mask((1, 1)), positions="last", inject={0: vec()}),
+        RowConfig(mask=mask((L - 1, 3)), inject={0: vec()}),  # all-position mask starting after an injection
+        RowConfig(mask=mask((1, 2)), inject={L - 1: vec()}),
+        RowConfig(),  # untouched
+    ]
+
+
+def fast(lm, ids, configs, monkeypatch, **kw) -> torch.Tensor:
+    """`collect` with the auto engine, failing if it falls back to full passes."""
+    with monkeypatch.context() as m:
+        m.setattr(S, "_run_full", lambda *a, **k: pytest.fail("the auto engine fell back to the full engine"))
+        return collect(lm, ids, configs, **kw)
+
+
+def test_fast_paths_match_full_engine_every_family(tiny_lm, monkeypatch):
+    """Mean ablation (fill) with the packed last-token step, on every family."""
+    lm, ids = tiny_lm, prompts()
+    configs = mixture(lm)
+    fill = torch.randn(lm.n_layers, lm.n_heads, lm.head_dim, generator=torch.Generator().manual_seed(1))
+    ref = collect(lm, ids, configs, fill=fill, engine="full", batch_size=8)
+    assert torch.isfinite(ref).all()
+    got = fast(lm, ids, configs, monkeypatch, fill=fill, batch_size=3)  # several prompt batches and chunks
+    assert (got - ref).abs().max().item() <= 1e-5
+
+
+@pytest.mark.parametrize("arch", ["llama", "gpt2"])  # GQA 6/2 and plain multi-head
+def test_zero_and_mean_ablation_both_step_kinds(arch, gpt2_tokenizer, monkeypatch):
+    """Zero and mean ablation, last-token configurations packed over one cache or with the cache repeated."""
+    lm, ids = _lm(arch, gpt2_tokenizer), prompts(seed=5)
+    configs = mixture(lm, seed=5)
+    fill = torch.randn(lm.n_layers, lm.n_heads, lm.head_dim, generator=torch.Generator().manual_seed(2))
+    for f in (None, fill):
+        ref = collect(lm, ids, configs, fill=f, engine="full", batch_size=8)
+        for packed in (True, False):
+            monkeypatch.setattr(S, "PACKED", packed)
+            got = fast(lm, ids, configs, monkeypatch, fill=f, batch_size=3)
+            assert (got - ref).abs().max().item() <= 1e-5, (f is not None, packed)
+
+
+def test_untouched_configurations_are_the_plain_forward_pass(tiny_lm, monkeypatch):
+    """All-ones masks (either position kind), zero vectors and empty configurations give the clean logits."""
+    from backend.analysis.sweep import make_batch
+
+    lm, ids = tiny_lm, prompts()
+    L, H, d = lm.n_layers, lm.n_heads, lm.d_model
+    configs = [RowConfig(), RowConfig(mask=torch.ones(L, H)), RowConfig(mask=torch.ones(L, H), positions="last"),
+               RowConfig(inject={0: torch.zeros(d), L - 1: torch.zeros(d)}),
+               RowConfig(mask=torch.zeros(L, H))]  # one real configuration alongside
+    fill = torch.randn(L, H, lm.head_dim)
+    got = fast(lm, ids, configs, monkeypatch, fill=fill)
+    order = sorted(range(len(ids)), key=lambda i: -len(ids[i]))  # the engine's batch: longest first
+    batch = make_batch(lm, ids, order)
+    with torch.inference_mode():
+        plain = lm.model(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
+                         position_ids=batch.position_ids, logits_to_keep=1).logits[:, -1].float()
+    for c in range(4):
+        assert torch.equal(got[c, order], plain)
+    with torch.inference_mode():  # each prompt alone, unpadded
+        for i, x in enumerate(ids):
+            alone = lm.model(input_ids=torch.tensor([x])).logits[0, -1].float()
+            assert (got[0, i] - alone).abs().max().item() <= 1e-5
+    assert (got[4] - got[0]).abs().max() > 1e-3  # ablating every head changes the output
+
+
+@pytest.mark.parametrize("arch", ["llama", "gpt2"])
+def test_one_token_prompts(arch, gpt2_tokenizer, monkeypatch):
+    """Prompts of one token have no prefix to cache; alone in a batch, or with longer ones."""
+    lm = _lm(arch, gpt2_tokenizer)
+    configs = mixture(lm)
+    for ids in (prompts((1, 1, 1)), prompts((1, 4))):
+        ref = collect(lm, ids, configs, engine="full")
+        for packed in (True, False):
+            monkeypatch.setattr(S, "PACKED", packed)
+            assert (fast(lm, ids, configs, monkeypatch) - ref).abs().max().item() <= 1e-5
+
+
+@pytest.mark.parametrize("arch", ["llama", "gpt2"])
+def test_eager_attention_uses_an_additive_packed_mask(arch, gpt2_tokenizer, monkeypatch):
+    lm = _lm(arch, gpt2_tokenizer, eager=True)
+    ids, configs = prompts(seed=3), mixture(lm, seed=3)
+    ref = collect(lm, ids, configs, engine="full")
+    masks = []
+    real = S._packed_mask
+    monkeypatch.setattr(S, "_packed_mask", lambda *a: masks.append(r := real(*a)) or r)
+    got = fast(lm, ids, configs, monkeypatch, batch_size=2)
+    assert masks and all(m is not None and m.dtype == lm.dtype for m in masks)
+    assert (got - ref).abs().max().item() <= 1e-5
+
+
+def test_work_done_is_what_the_configurations_change(gpt2_tokenizer, monkeypatch):
+    """Tokens through layer 0's attention: last-token and late-layer configurations add (almost) none."""
+    lm = _lm("llama", gpt2_tokenizer)
+    L, H, d = lm.n_layers, lm.n_heads, lm.d_model
+    ids = prompts((6, 9, 4, 8))
+    late = torch.ones(L, H)
+    late[L - 1, 0] = 0
+    configs = [RowConfig(mask=late), RowConfig(mask=late, positions="last"),
+               RowConfig(inject={0: torch.randn(d)}), RowConfig(mask=torch.zeros(L, H), positions="last")]
+    tokens = []
+    handle = lm.o_proj(0).register_forward_pre_hook(lambda m, a: tokens.append(a[0].shape[0] * a[0].shape[1]))
+    try:
+        fast(lm, ids, configs, monkeypatch, batch_size=8)
+    finally:
+        handle.remove()
+    clean = len(ids) * max(len(x) for x in ids)  # one padded clean pass
+    assert sum(tokens) == clean + 3 * len(ids)  # plus one token per last-token configuration and prompt
+
+
+def test_each_pair_once_after_out_of_memory(gpt2_tokenizer, monkeypatch):
+    """An OOM in the middle of a prompt batch halves the batch; pairs already delivered are not sent again."""
+    lm = _lm("gpt2", gpt2_tokenizer)
+    ids, configs = prompts(), mixture(lm)
+    ref = collect(lm, ids, configs, engine="full")
+    real, raised = S._from_layer, []
+
+    def once(*a, **k):
+        if not raised:
+            raised.append(1)
+            raise torch.OutOfMemoryError("CUDA out of memory (simulated)")
+        return real(*a, **k)
+
+    monkeypatch.setattr(S, "_from_layer", once)
+    got = fast(lm, ids, configs, monkeypatch, batch_size=4)  # collect asserts exactly once
+    assert raised and (got - ref).abs().max().item() <= 1e-5
+
+
+def test_falls_back_to_full_passes_for_the_rest(gpt2_tokenizer):
+    """A model the fast paths cannot handle (seen on a later batch here) finishes on the full engine."""
+    lm = _lm("gpt2", gpt2_tokenizer)
+    ids, configs = prompts(), mixture(lm)
+    ref = collect(lm, ids, configs, engine="full")
+    real, calls = S._fast_batch, []
+
+    def second_fails(*a, **k):
+        calls.append(1)
+        if len(calls) == 2:
+            raise S._Unsupported("simulated")
+        return real(*a, **k)
+
+    S._fast_batch = second_fails
+    try:
+        got = collect(lm, ids, configs, batch_size=2)
+    finally:
+        S._fast_batch = real
+    assert (got - ref).abs().max().item() <= 1e-5
+
+
+def test_progress_and_errors(gpt2_tokenizer):
+    lm = _lm("gpt2", gpt2_tokenizer)
+    L, H, d = lm.n_layers, lm.n_heads, lm.d_model
+    ids, configs = prompts(), mixture(lm)
+    seen = []
+    collect(lm, ids, configs, batch_size=2, progress=lambda f, msg: seen.append((f, msg)))
+    fr = [f for f, _ in seen]
+    assert len(seen) > 3 and fr == sorted(fr) and fr[-1] == 1.0 and all(isinstance(m, str) for _, m in seen)
+    sink = lambda *a: None  # noqa: E731
+    for bad, kw in [([RowConfig(mask=torch.ones(L + 1, H))], {}), ([RowConfig(inject={L: torch.ones(d)})], {}),
+                    ([RowConfig(inject={0: torch.ones(d + 1)})], {}), ([RowConfig(positions="first")], {}),
+                    ([RowConfig()], {"engine": "fast"}), ([RowConfig()], {"fill": torch.zeros(L, H, 1)})]:
+        with pytest.raises(ValueError):
+            run_sweep(lm, ids, bad, sink, **kw)
+    with pytest.raises(ValueError):
+        run_sweep(lm, [[1, 2], []], [RowConfig()], sink)
+    run_sweep(lm, ids, [], sink)  # nothing to do
+    run_sweep(lm, [], configs, sink)
+
+
+_lms: dict = {}
+
+
+def _lm(arch, tok, eager=False):
+    from tiny_models import tiny_model
+
+    from backend.models import wrap
+
+    key = (arch, eager)
+    if key not in _lms:
+        model = tiny_model(arch)
+        if eager:
+            model.config._attn_implementation = "eager"
+        _lms[key] = wrap(model, tok, f"tiny-{arch}{'-eager' if eager else ''}")
+    return _lms[key]
