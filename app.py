@@ -11,9 +11,7 @@ import pandas as pd
 import streamlit as st
 
 from ui import api, figures, jobs, layout, state
-
-TR_RATIO_HELP = ("Share of prompts whose top next-token prediction, over the whole vocabulary, is one of the "
-                 "task's label tokens: the model recognised *what kind* of answer is wanted.")
+from ui import metrics as M
 
 s, caps = layout.page_setup("Home", ":material/search:")
 st.title(":material/search: headlens")
@@ -69,7 +67,7 @@ layout.need_task(s)
 
 # -- run ----------------------------------------------------------------------------------------------------
 ks = sorted({k for k in (0, 1, 2, 4, 8, 16, 32) if k <= s.shots} | {0, s.shots})
-score_params = s.job()
+score_params = s.job(**s.selection())
 icl_params = s.job(shots=ks, examples=3)
 have = state.remembered("scores", score_params) is not None and state.remembered("icl", icl_params) is not None
 
@@ -97,18 +95,25 @@ else:
 if scores is not None:
     st.subheader("Summary", divider="gray")
     jobs.show_warnings(scores)
-    zs = scores.get("zero_shot_accuracy")
+    k_shot, zero = scores["icl"], scores.get("zero_shot")
+    k = scores["shots"]
     m = st.columns(4)
-    m[0].metric(f"ICL accuracy ({scores['shots']}-shot)", f"{100 * scores['icl_accuracy']:.1f}%",
-                delta=None if zs is None else f"{100 * (scores['icl_accuracy'] - zs):+.1f} pts vs zero-shot",
-                help="Share of held-out queries answered correctly with k demonstrations.", border=True)
-    m[1].metric("Zero-shot accuracy", "n/a" if zs is None else f"{100 * zs:.1f}%",
-                help="The same queries with no demonstrations.", border=True)
-    m[2].metric("TR ratio", f"{100 * scores['tr_ratio']:.1f}%", help=TR_RATIO_HELP, border=True)
-    m[3].metric("Heads", f"{scores['n_layers']} × {scores['n_heads']}",
-                help="layers × heads per layer", border=True)
+    for col, name in zip(m, M.NAMES):
+        col.metric(f"{M.LABEL[name]} ({k}-shot)", M.pct(k_shot[name]),
+                   delta=None if zero is None else M.points(k_shot[name], zero[name]),
+                   help=M.HELP[name] + (f" 0-shot: {M.pct(zero[name])}." if zero else ""), border=True)
+    m[3].metric("Heads", f"{scores['n_layers']} × {scores['n_heads']}", help="layers × heads per layer", border=True)
+    if zero is not None:
+        st.markdown(" · ".join(f"{M.LABEL[n]} with **0** shots: **{M.pct(zero[n])}**" for n in M.NAMES)
+                    + " (the arrows above: the change from 0 to "
+                    + f"{k} shots, in points).")
+        sentence = M.zero_shot_sentence(zero, k_shot, k)
+        if sentence:
+            st.info(sentence, icon=":material/lightbulb:")
+    if layout.task_info(caps, s.task).get("kind") == "generation":
+        st.caption(M.GENERATION_NOTE)
     src = "from the cache" if scores.get("cache_hit") else "computed"
-    st.caption(f"{scores['n_prompts']} prompts, {scores['shots']} shots, seed {scores['seed']} · {src} in "
+    st.caption(f"{scores['prompts']} prompts, {k} shots, seed {s.seed} · {src} in "
                f"{scores.get('seconds', 0):.1f} s. "
                + (f"Labels spanning several tokens are scored by their first: "
                   f"{', '.join(scores['multi_token_labels'][:6])}." if scores.get("multi_token_labels") else ""))
@@ -116,7 +121,8 @@ if scores is not None:
         jobs.show_warnings(icl)
         c1, c2 = st.columns([1, 1], gap="medium")
         with c1:
-            st.plotly_chart(figures.icl_curve(icl), config=figures.png_config(f"icl-curve-{s.task}"), key="icl_fig")
+            st.plotly_chart(figures.icl_curve(icl, f"In-context learning: {s.model} · {s.task}"),
+                            config=figures.png_config(f"icl-curve-{s.task}"), key="icl_fig")
         with c2:
             st.markdown("**Example prompts**")
             ex = icl.get("examples") or []
@@ -125,12 +131,20 @@ if scores is not None:
                 k = st.select_slider("k (demonstrations)", options=shots_used, value=shots_used[-1], key="w_ex_k")
                 rows = ex[shots_used.index(k)]
                 st.dataframe(
-                    pd.DataFrame([{"correct": bool(r.get("correct")), "query": str(r.get("query", "")).strip(),
-                                   "gold": str(r["gold"]).strip(), "prediction": str(r.get("pred", "")).strip() or "∅",
+                    pd.DataFrame([{"correct": bool(r.get("correct")), "label_correct": bool(r.get("label_correct")),
+                                   "query": str(r.get("query", "")).strip(), "gold": str(r["gold"]).strip(),
+                                   "answer": str(r.get("pred_token", "")).strip() or "∅",
+                                   "prediction": str(r.get("pred", "")).strip() or "∅",
                                    "p(gold)": r.get("gold_prob")}
                                   for r in rows]),
                     hide_index=True, key="examples_table",
-                    column_config={"correct": st.column_config.CheckboxColumn("ok"),
+                    column_config={"correct": st.column_config.CheckboxColumn("ok", help=M.HELP["accuracy"]),
+                                   "label_correct": st.column_config.CheckboxColumn("label ok",
+                                                                                    help=M.HELP["label_accuracy"]),
+                                   "answer": st.column_config.TextColumn("top token",
+                                                                         help="The full-vocabulary argmax."),
+                                   "prediction": st.column_config.TextColumn("best label",
+                                                                             help="The argmax among the labels."),
                                    "p(gold)": st.column_config.NumberColumn(format="%.3f")})
                 if rows:
                     st.caption("The full prompt of the first example:")
@@ -139,10 +153,11 @@ if scores is not None:
             else:
                 st.caption("No example rows came back.")
         with st.expander("ICL curve as a table"):
-            st.dataframe(pd.DataFrame({"k": icl["shots"], "accuracy %": [100 * a for a in icl["accuracy"]],
-                                       "TR ratio %": [100 * a for a in icl["tr_ratio"]]}),
-                         hide_index=True, column_config={"accuracy %": st.column_config.NumberColumn(format="%.1f"),
-                                                         "TR ratio %": st.column_config.NumberColumn(format="%.1f")})
+            st.dataframe(pd.DataFrame({"k": icl["shots"], **{f"{M.LABEL[n]} %": [100 * a for a in icl[n]]
+                                                             for n in M.NAMES}}),
+                         hide_index=True, key="icl_table",
+                         column_config={f"{M.LABEL[n]} %": st.column_config.NumberColumn(format="%.1f")
+                                        for n in M.NAMES})
     st.subheader("Next", divider="gray")
     n1, n2 = st.columns(2)
     n1.page_link("pages/1_Head_map.py", label="Browse the head maps", icon=":material/grid_on:",

@@ -8,6 +8,7 @@ import pandas as pd
 import streamlit as st
 
 from ui import figures, heads, jobs, layout, state
+from ui import metrics as M
 
 s, caps = layout.page_setup("Head map", ":material/grid_on:")
 st.title(":material/grid_on: Head map")
@@ -15,21 +16,27 @@ st.caption("Every attention head scored on the task's prompts, at the last token
            "Click a cell to select or unselect a head; drag a box or lasso (toolbar) to add many.")
 layout.need_task(s)
 
-scores = jobs.fetch("scores", s.job(), "Scoring heads", what="Head scores")
+scores = jobs.fetch("scores", s.job(**s.selection()), "Scoring heads", what="Head scores")
 if scores is None:
     st.stop()
 jobs.show_warnings(scores)
 L, H = int(scores["n_layers"]), int(scores["n_heads"])
 selected = heads.current(L, H)
 
+k_shot, zero = scores["icl"], scores.get("zero_shot")
 m = st.columns(5)
-m[0].metric("ICL accuracy", f"{100 * scores['icl_accuracy']:.1f}%", border=True)
-zs = scores.get("zero_shot_accuracy")
-m[1].metric("Zero-shot", "n/a" if zs is None else f"{100 * zs:.1f}%", border=True)
-m[2].metric("TR ratio", f"{100 * scores['tr_ratio']:.1f}%", border=True,
-            help="Share of prompts whose top next-token prediction is one of the task's labels.")
+for col, name in zip(m, M.NAMES):
+    col.metric(f"{M.LABEL[name]} ({scores['shots']}-shot)", M.pct(k_shot[name]),
+               delta=None if zero is None else M.points(k_shot[name], zero[name]),
+               help=M.HELP[name] + ("" if zero is None else f" 0-shot: {M.pct(zero[name])} (the arrow: the change "
+                                                            f"from 0 shots)."), border=True)
 m[3].metric("Heads", f"{L} × {H}", help="layers × heads per layer", border=True)
 m[4].metric("Selected", f"{len(selected)}", border=True)
+if zero is not None:
+    st.caption(f"TR ratio **{M.pct(zero['tr_ratio'])}** with 0 shots → **{M.pct(k_shot['tr_ratio'])}** with "
+               f"{scores['shots']}: the demonstrations make the model answer with a label word. Accuracy "
+               f"{M.pct(zero['accuracy'])} → {M.pct(k_shot['accuracy'])}, label accuracy "
+               f"{M.pct(zero['label_accuracy'])} → {M.pct(k_shot['label_accuracy'])}.")
 
 # -- the selectable map -------------------------------------------------------------------------------------
 state.bind(st.segmented_control, "Map", "map", options=list(figures.METRICS),
@@ -84,7 +91,6 @@ with c1:
     st.caption(f"Sorted by {figures.METRICS[metric]['label']}; rank 1 = largest of {L * H}.")
 with c2:
     ov = scores.get("overlap", {})
-    pct = (scores.get("options") or {}).get("top_pct", 3.0)
     names = {"tr_tl": "TR vs TL", "tr_induction": "TR vs induction", "tl_induction": "TL vs induction"}
     odf = pd.DataFrame([{"pair": names.get(k, k), "Jaccard": v.get("jaccard"), "Spearman ρ": v.get("spearman"),
                          "Kendall τ": v.get("kendall")} for k, v in ov.items()])
@@ -92,9 +98,9 @@ with c2:
     st.dataframe(odf, hide_index=True, key="overlap_table",
                  column_config={c: st.column_config.NumberColumn(format="%.3f")
                                 for c in ("Jaccard", "Spearman ρ", "Kendall τ")})
-    n_top = len(scores.get("top_tr", []))
-    st.caption(f"Jaccard: overlap of the top {pct:g}% sets ({n_top} head{'s' if n_top != 1 else ''} each). "
-               "Spearman and Kendall: rank correlation over all heads.")
+    n_top = int(scores.get("top_k", len(scores.get("top_tr", []))))
+    st.caption(f"Jaccard: overlap of the top-head sets ({s.top_label()}: {n_top} head{'s' if n_top != 1 else ''} "
+               "each). Spearman and Kendall: rank correlation over all heads.")
     st.plotly_chart(figures.layer_distribution(scores, n), key="layer_dist",
                     config=figures.png_config(f"layer-distribution-{s.task}"))
 

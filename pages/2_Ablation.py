@@ -8,6 +8,7 @@ import pandas as pd
 import streamlit as st
 
 from ui import figures, heads, jobs, layout, state
+from ui import metrics as M
 
 MODE_HELP = ("zero: the head's output is replaced by zeros. mean: by the head's mean last-token output over the "
              "task's prompts (a gentler, in-distribution knock-out).")
@@ -17,7 +18,7 @@ st.title(":material/power_settings_new: Ablation")
 st.caption("Knock heads out at the output projection's input and watch accuracy and the TR ratio move.")
 layout.need_task(s)
 
-scores = jobs.fetch("scores", s.job(), "Scoring heads", what="Head scores")
+scores = jobs.fetch("scores", s.job(**s.selection()), "Scoring heads", what="Head scores")
 if scores is None:
     st.stop()
 L, H = int(scores["n_layers"]), int(scores["n_heads"])
@@ -43,19 +44,19 @@ else:
         rows = pd.DataFrame(ab["rows"])
         b, a = ab["before"], ab["after"]
         changed = int((rows["pred_before"] != rows["pred_after"]).sum()) if len(rows) else 0
-        c = st.columns(4)
-        c[0].metric("Accuracy after", f"{100 * a['accuracy']:.1f}%",
-                    delta=f"{100 * (a['accuracy'] - b['accuracy']):+.1f} pts (was {100 * b['accuracy']:.1f}%)",
-                    border=True)
-        c[1].metric("TR ratio after", f"{100 * a['tr_ratio']:.1f}%",
-                    delta=f"{100 * (a['tr_ratio'] - b['tr_ratio']):+.1f} pts (was {100 * b['tr_ratio']:.1f}%)",
-                    border=True, help="Share of prompts whose top prediction is one of the task's labels.")
+        c = st.columns(5)
+        for col, name in zip(c, M.NAMES):
+            col.metric(f"{M.LABEL[name]} after", M.pct(a[name]), delta=M.points(a[name], b[name]),
+                       help=f"{M.HELP[name]} Before ablation: {M.pct(b[name])}.", border=True)
+            col.caption(f"was {M.pct(b[name])}")
         if len(rows):
             pb, pa = rows["gold_prob_before"].mean(), rows["gold_prob_after"].mean()
-            c[2].metric("Mean p(gold) after", f"{pa:.3f}", delta=f"{pa - pb:+.3f} (was {pb:.3f})", border=True)
-        c[3].metric("Predictions changed", f"{changed} / {len(rows)}", border=True)
+            c[3].metric("Mean p(gold) after", f"{pa:.3f}", delta=None if abs(pa - pb) < 5e-4 else f"{pa - pb:+.3f}",
+                        border=True)
+            c[3].caption(f"was {pb:.3f}")
+        c[4].metric("Predictions changed", f"{changed} / {len(rows)}", border=True)
         st.caption(f"{mode} ablation of {', '.join(figures.head_name(h) for h in selected)} · "
-                   f"{ab.get('n_prompts', len(rows))} prompts · "
+                   f"{ab.get('prompts', len(rows))} prompts, {ab.get('shots', s.shots)} shots · "
                    + ("from the cache" if ab.get("cache_hit") else "computed"))
         if len(rows):
             only = st.toggle("Only prompts whose prediction changed", key="w_only_changed")
@@ -67,13 +68,17 @@ else:
                                pred_after=view["pred_after"].map(lambda t: str(t).strip() or "∅"))
             st.dataframe(
                 view, hide_index=True, key="ablate_table",
-                column_order=["query", "gold", "pred_before", "correct_before", "pred_after", "correct_after",
-                              "gold_prob_before", "gold_prob_after", "delta_p", "prompt"],
+                column_order=["query", "gold", "pred_before", "correct_before", "label_correct_before", "pred_after",
+                              "correct_after", "label_correct_after", "gold_prob_before", "gold_prob_after", "delta_p",
+                              "prompt"],
                 column_config={
                     "query": st.column_config.TextColumn("query", width="medium"),
                     "pred_before": "pred. before", "pred_after": "pred. after",
                     "correct_before": st.column_config.CheckboxColumn("ok", width="small"),
                     "correct_after": st.column_config.CheckboxColumn("ok ", width="small"),
+                    "label_correct_before": st.column_config.CheckboxColumn("label ok", width="small",
+                                                                            help=M.HELP["label_accuracy"]),
+                    "label_correct_after": st.column_config.CheckboxColumn("label ok ", width="small"),
                     "gold_prob_before": st.column_config.NumberColumn("p(gold) before", format="%.3f"),
                     "gold_prob_after": st.column_config.NumberColumn("p(gold) after", format="%.3f"),
                     "delta_p": st.column_config.NumberColumn("Δ p(gold)", format="%+.3f"),
@@ -97,17 +102,24 @@ curves = jobs.fetch("ablation", s.job(ks=ks, mode=mode, orders=["tr", "tl", "ind
                     "Ablation curves", what="Ablation curves")
 if curves is not None:
     jobs.show_warnings(curves)
-    st.plotly_chart(figures.ablation_curves(curves), key="curves_fig",
-                    config=figures.png_config(f"ablation-curves-{s.task}-{mode}"))
+    st.plotly_chart(figures.ablation_curves(curves, f"Ablating top heads: {s.model} · {s.task} · {s.shots} shots"),
+                    key="curves_fig", config=figures.png_config(f"ablation-curves-{s.task}-{mode}"))
     st.caption(f"{mode.capitalize()} ablation of the k heads ranked highest by TR, TL or induction score; random: "
                f"k random heads, mean ± standard deviation over seeds {curves['curves'].get('random', {}).get('seeds', [0, 1, 2])}"
-               f" (grey band). {curves.get('n_prompts', s.prompts)} prompts per point.")
+               f" (grey band). {curves.get('prompts', s.prompts)} prompts per point.")
+    tr_curve = curves["curves"].get("tr")
+    if tr_curve and len(curves["ks"]) > 1:
+        st.caption(f"TR ratio with the top {curves['ks'][-1]} TR heads ablated: **{M.pct(tr_curve['tr_ratio'][-1])}** "
+                   f"(none ablated: {M.pct(tr_curve['tr_ratio'][0])}); accuracy {M.pct(tr_curve['accuracy'][-1])}, "
+                   f"label accuracy {M.pct(tr_curve['label_accuracy'][-1])}.")
     flat = []
     for name, c in curves["curves"].items():
         for i, k in enumerate(curves["ks"]):
-            flat.append({"order": name, "k": k, "accuracy": c["accuracy"][i], "tr_ratio": c["tr_ratio"][i],
-                         "accuracy_std": (c.get("accuracy_std") or [None] * len(curves["ks"]))[i],
-                         "tr_ratio_std": (c.get("tr_ratio_std") or [None] * len(curves["ks"]))[i]})
+            row = {"order": name, "k": k}
+            for n in M.NAMES:
+                row[n] = c[n][i]
+                row[f"{n}_std"] = (c.get(f"{n}_std") or [None] * len(curves["ks"]))[i]
+            flat.append(row)
     with st.expander("Curves as a table"):
         st.dataframe(pd.DataFrame(flat), hide_index=True, key="curves_table")
     d = st.columns(2)

@@ -14,6 +14,7 @@ import pandas as pd
 import streamlit as st
 
 from ui import figures, heads, jobs, layout, state
+from ui import metrics as M
 from ui import steering_figures as sf
 
 PERTURBATIONS = ["shuffled_inputs", "random_labels", "flipped_labels", "symbol_labels", "number_labels"]
@@ -122,8 +123,8 @@ if not selected:
     vectors = [v for v in vectors if v != "custom"]
 layer = st.session_state["s_sg_layer"]
 alpha = float(st.session_state["s_sg_alpha"])
-st.caption("Vectors come from ICL prompts of another seed than the ones evaluated; head sets are the top 3% of heads "
-           "by each score (at least one).")
+st.caption(f"Vectors come from ICL prompts of another seed than the ones evaluated; head sets are the "
+           f"{s.top_label()} by each score (the sidebar's *Top heads*).")
 
 # -- steering ------------------------------------------------------------------------------------------------------
 st.subheader("Steering", divider="gray")
@@ -132,7 +133,7 @@ if not vectors:
     steer = None
 else:
     ask = [v for v in vectors if v != "custom"] or ["random"]  # the service wants one built-in type
-    steer_params = s.job(vectors=ask, layer=layer, alpha=alpha,
+    steer_params = s.job(vectors=ask, layer=layer, alpha=alpha, **s.selection(),
                          **({"heads": [list(h) for h in selected]} if "custom" in vectors else {}))
     where = "every layer (a sweep)" if layer == "all" else f"layer {layer}"
     clicked = run_row(f"**{len(vectors)}** vector type{'s' if len(vectors) != 1 else ''} at {where}, α = {alpha:g} · "
@@ -159,23 +160,26 @@ if steer is not None:
             idx = layers.index(at)
         st.plotly_chart(sf.steer_bars(steer, vectors, idx), key="steer_bars",
                         config=figures.png_config(f"steer-{s.task}-layer{layers[idx]}"))
-        cols = st.columns(2)
-        cols[0].caption("**Accuracy**: share of queries whose prediction is the correct label (zero-shot prompts, "
-                        "unless ICL).")
-        cols[1].caption("**TR ratio**: share of prompts whose top next-token prediction, over the whole vocabulary, "
-                        "is one of the task's labels.")
+        cols = st.columns(3)
+        for col, name in zip(cols, M.NAMES):
+            col.caption(f"**{M.LABEL[name]}**: {M.HELP[name]} (zero-shot prompts, unless ICL)")
         rows = sf.steer_rows(steer, vectors, idx)
-        table = pd.DataFrame([{"condition": r["name"], "accuracy %": 100 * r["accuracy"],
-                               "TR ratio %": 100 * r["tr_ratio"], "‖v‖": r["norm"], "layer": r["layer"],
+        moved = [r for r in rows[2:] if r["tr_ratio"] > rows[0]["tr_ratio"]]
+        st.markdown(f"TR ratio: **{M.pct(rows[0]['tr_ratio'])}** zero-shot, **{M.pct(rows[1]['tr_ratio'])}** with "
+                    f"{steer['shots']} demonstrations; steered at layer {layers[idx]}: "
+                    + ", ".join(f"{r['name']} **{M.pct(r['tr_ratio'])}**" for r in rows[2:]) + "."
+                    + ("" if moved else " No vector raised it here."))
+        table = pd.DataFrame([{"condition": r["name"], **{f"{M.LABEL[n]} %": 100 * r[n] for n in M.NAMES},
+                               "‖v‖": r["norm"], "layer": r["layer"],
                                "heads": ", ".join(figures.head_name(h) for h in r["heads"])} for r in rows])
         with st.expander("As a table, with each vector's heads and norm"):
             st.dataframe(table, hide_index=True, key="steer_table",
-                         column_config={"accuracy %": st.column_config.NumberColumn(format="%.1f"),
-                                        "TR ratio %": st.column_config.NumberColumn(format="%.1f"),
+                         column_config={**{f"{M.LABEL[n]} %": st.column_config.NumberColumn(format="%.1f")
+                                           for n in M.NAMES},
                                         "‖v‖": st.column_config.NumberColumn(format="%.4g")})
             st.caption("‖v‖ is the vector's norm before scaling by α. " + " · ".join(
                 f"{sf.vector_name(k)}: {VECTOR_HELP[k]}" for k in vectors if k in VECTOR_HELP) + ".")
-        st.caption(f"{steer.get('n_prompts', s.prompts)} prompts · "
+        st.caption(f"{steer.get('prompts', s.prompts)} prompts · "
                    + ("from the cache" if steer.get("cache_hit") else "computed"))
         download("Steering result (JSON)", steer, f"headlens-steer-{s.task}.json", "dl_steer")
 
@@ -190,7 +194,7 @@ with g1:
 with g2:
     state.bind(st.toggle, "Final norm applied", "sg_final_norm",
                help="Measure the hidden states after the model's final normalisation, as the unembedding sees them.")
-geo_params = s.job(layer=inject, alpha=alpha, pca_layer=int(st.session_state["s_sg_pca_layer"]),
+geo_params = s.job(layer=inject, alpha=alpha, **s.selection(), pca_layer=int(st.session_state["s_sg_pca_layer"]),
                    final_norm=bool(st.session_state["s_sg_final_norm"]))
 clicked = run_row(f"Five conditions: zero-shot; zero-shot + TR, TL and random vectors at layer {inject}, "
                   f"α = {alpha:g}; ICL",
@@ -214,7 +218,7 @@ if geo is not None:
                         "correct label over the others.")
         cols[2].caption("**Rotation**: the angle between Ph and that gold-minus-others direction inside the label "
                         "subspace; under 90° leans to the correct label.")
-        st.caption(f"Lines: means over {geo.get('n_prompts', s.prompts)} prompts; bands: ±1 standard deviation; "
+        st.caption(f"Lines: means over {geo.get('prompts', s.prompts)} prompts; bands: ±1 standard deviation; "
                    f"dotted line: the injection layer. "
                    + ("Final norm applied. " if geo.get("final_norm") else "")
                    + ("From the cache." if geo.get("cache_hit") else "Computed."))
@@ -255,7 +259,7 @@ pert = None
 if not chosen:
     st.info("Pick at least one perturbation.", icon=":material/arrow_upward:")
 else:
-    pert_params = s.job(perturbations=chosen)
+    pert_params = s.job(perturbations=chosen, **s.selection())
     clicked = run_row(f"**{len(chosen)}** perturbation{'s' if len(chosen) != 1 else ''} of the demonstrations",
                       "ICL accuracy, TR ratio and head maps under each, and what ablating the original top heads does.",
                       "run_perturb")
@@ -276,20 +280,18 @@ if pert is not None:
         st.plotly_chart(sf.ablation_effects(pert), key="perturb_ablation",
                         config=figures.png_config(f"perturb-ablation-{s.task}"))
         hs = pert.get("heads") or {}
-        st.caption(f"Change when the **unperturbed** top {pert.get('k')} TR heads "
+        st.caption(f"Change when the **unperturbed** top {pert.get('top_k')} TR heads "
                    f"({', '.join(figures.head_name(h) for h in hs.get('tr', []))}), top TL heads "
                    f"({', '.join(figures.head_name(h) for h in hs.get('tl', []))}) or as many random heads "
                    f"({', '.join(figures.head_name(h) for h in hs.get('random', []))}) are zero-ablated, in points "
                    "against no ablation under the same perturbation. The paper expects shuffled inputs to make the "
                    "TL heads matter less, and number labels the TR heads.")
-        table = pd.DataFrame([{"perturbation": r["perturbation"], "ICL accuracy %": 100 * r["icl_accuracy"],
-                               "TR ratio %": 100 * r["tr_ratio"],
-                               **{f"{lab} acc. %": 100 * r[f"acc_{k}"] for k, lab in
-                                  (("tr", "TR-ablated"), ("tl", "TL-ablated"), ("random", "random-ablated"))
-                                  if f"acc_{k}" in r},
-                               **{f"{lab} TR ratio %": 100 * r[f"ratio_{k}"] for k, lab in
-                                  (("tr", "TR-ablated"), ("tl", "TL-ablated"), ("random", "random-ablated"))
-                                  if f"ratio_{k}" in r}}
+        sets = (("tr", "TR-ablated"), ("tl", "TL-ablated"), ("random", "random-ablated"))
+        table = pd.DataFrame([{"perturbation": r["perturbation"], "ICL accuracy %": 100 * r["accuracy"],
+                               "ICL label accuracy %": 100 * r["label_accuracy"], "TR ratio %": 100 * r["tr_ratio"],
+                               **{f"{lab} acc. %": 100 * r[f"accuracy_{k}"] for k, lab in sets if f"accuracy_{k}" in r},
+                               **{f"{lab} TR ratio %": 100 * r[f"tr_ratio_{k}"] for k, lab in sets
+                                  if f"tr_ratio_{k}" in r}}
                               for r in rows]
                              + [{"perturbation": f"{sf.perturbation_name(n)} (skipped)"} for n, _ in skipped])
         st.dataframe(table, hide_index=True, key="perturb_table",
@@ -307,6 +309,6 @@ if pert is not None:
             if ex:
                 with st.expander("An example perturbed prompt (its end)"):
                     st.code(ex, language=None, wrap_lines=True)
-        st.caption(f"{pert.get('n_prompts', s.prompts)} prompts, {pert.get('shots_used', s.shots)} demonstrations · "
+        st.caption(f"{pert.get('prompts', s.prompts)} prompts, {pert.get('shots', s.shots)} demonstrations · "
                    + ("from the cache" if pert.get("cache_hit") else "computed"))
         download("Perturbation result (JSON)", pert, f"headlens-perturb-{s.task}.json", "dl_perturb")

@@ -168,7 +168,7 @@ def test_dashboard_in_headless_chromium(app_url, driver):
     _wait(d, lambda d: len(_css(d, '[data-testid="stMetric"]')) >= 4 and _css(d, ".js-plotly-plot") and _idle(d))
     _no_errors(d)
     labels = " ".join(e.text for e in _css(d, '[data-testid="stMetric"]'))
-    assert "ICL accuracy" in labels and "Zero-shot accuracy" in labels and "TR ratio" in labels
+    assert "Accuracy (4-shot)" in labels and "Label accuracy (4-shot)" in labels and "TR ratio (4-shot)" in labels
     time.sleep(1.0)
     d.save_screenshot(str(ARTIFACTS / "home.png"))
 

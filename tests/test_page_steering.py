@@ -108,28 +108,32 @@ def model_shape(api, setup: dict) -> tuple[int, int]:
 
 
 # -- pure figure builders ----------------------------------------------------------------------------------------
-STEER = {"layers": [0, 1, 2], "alpha": 2.0, "zero_shot": {"accuracy": 0.25, "tr_ratio": 0.5},
-         "icl": {"accuracy": 0.75, "tr_ratio": 1.0},
-         "vectors": {"tr": {"accuracy": [0.3, 0.4, 0.5], "tr_ratio": [0.6, 0.7, 0.8], "heads": [[1, 0]],
-                            "norm": [2.0, 2.0, 2.0]},
-                     "vanilla": {"accuracy": [0.1, 0.2, 0.9], "tr_ratio": [0.1, 0.2, 0.3], "heads": [],
-                                 "norm": [1.0, 1.5, 3.0]}}}
+STEER = {"layers": [0, 1, 2], "alpha": 2.0, "zero_shot": {"accuracy": 0.25, "label_accuracy": 0.9, "tr_ratio": 0.5},
+         "icl": {"accuracy": 0.75, "label_accuracy": 1.0, "tr_ratio": 1.0},
+         "vectors": {"tr": {"accuracy": [0.3, 0.4, 0.5], "label_accuracy": [0.9, 0.9, 1.0],
+                            "tr_ratio": [0.6, 0.7, 0.8], "heads": [[1, 0]], "norm": [2.0, 2.0, 2.0]},
+                     "vanilla": {"accuracy": [0.1, 0.2, 0.9], "label_accuracy": [0.5, 0.6, 0.7],
+                                 "tr_ratio": [0.1, 0.2, 0.3], "heads": [], "norm": [1.0, 1.5, 3.0]}}}
 
 
 def test_steer_figures_carry_the_result_numbers():
     from ui import steering_figures as sf
 
     fig = sf.steer_bars(STEER, ["vanilla", "tr"], layer_index=2)
-    acc, ratio = fig.data
+    acc, label, ratio = fig.data
     assert list(acc.x) == ["zero-shot", "ICL", "vanilla task vector", "TR vector"]  # in the asked order
     assert np.allclose(acc.y, [25, 75, 90, 50]) and np.allclose(ratio.y, [50, 100, 30, 80])
+    assert np.allclose(label.y, [90, 100, 70, 100])
     rows = sf.steer_rows(STEER, ["tr"], 1)
     assert rows[-1]["layer"] == 1 and rows[-1]["norm"] == 2.0 and rows[-1]["heads"] == [[1, 0]]
     sweep = sf.steer_sweep(STEER)
     tr_lines = [t for t in sweep.data if t.name == "TR vector"]
-    assert len(tr_lines) == 2 and np.allclose(tr_lines[0].y, [30, 40, 50]) and np.allclose(tr_lines[1].y, [60, 70, 80])
+    assert len(tr_lines) == 3 and np.allclose(tr_lines[0].y, [30, 40, 50]) and np.allclose(tr_lines[2].y, [60, 70, 80])
     icl = [t for t in sweep.data if t.name == "ICL"]
     assert np.allclose(icl[0].y, [75, 75, 75])  # a flat reference line over every layer
+    assert sweep.data[-1].name == "ICL"  # reference lines are drawn on top
+    lines = [t for t in sweep.data if t.xaxis == "x"]
+    assert len({(t.line.dash, t.marker.symbol if t.mode != "lines" else None) for t in lines}) == len(lines)
 
 
 def test_geometry_and_pca_figures():
@@ -178,19 +182,21 @@ def test_perturbation_figures():
     from ui import steering_figures as sf
 
     base_tr, base_tl = [[0.1, 0.2], [0.3, 0.4]], [[0.0, -0.1], [0.2, 0.1]]
-    abl = {"none": {"accuracy": 0.8, "tr_ratio": 0.9}, "tr": {"accuracy": 0.5, "tr_ratio": 0.4},
-           "tl": {"accuracy": 0.6, "tr_ratio": 0.9}, "random": {"accuracy": 0.8, "tr_ratio": 0.9}}
-    rep = {"k": 1, "heads": {"tr": [[1, 1]], "tl": [[1, 0]], "random": [[0, 0]]}, "shots_used": 4,
+    def mt(acc, ratio, label=1.0):
+        return {"accuracy": acc, "label_accuracy": label, "tr_ratio": ratio, "n": 10}
+
+    abl = {"none": mt(0.8, 0.9), "tr": mt(0.5, 0.4), "tl": mt(0.6, 0.9), "random": mt(0.8, 0.9)}
+    rep = {"top_k": 1, "heads": {"tr": [[1, 1]], "tl": [[1, 0]], "random": [[0, 0]]}, "shots": 4, "prompts": 10,
            "perturbations": {
-               "none": {"icl_accuracy": 0.8, "tr_ratio": 0.9, "tr": base_tr, "tl": base_tl, "ablation": abl},
-               "shuffled_inputs": {"icl_accuracy": 0.4, "tr_ratio": 0.85, "tr": [[0.1, 0.3], [0.3, 0.2]],
+               "none": {"icl": mt(0.8, 0.9), "tr": base_tr, "tl": base_tl, "ablation": abl},
+               "shuffled_inputs": {"icl": mt(0.4, 0.85), "tr": [[0.1, 0.3], [0.3, 0.2]],
                                    "tl": [[0.0, 0.1], [0.0, 0.1]], "tr_diff": [[0.0, 0.1], [0.0, -0.2]],
                                    "tl_diff": [[0.0, 0.2], [-0.2, 0.0]], "ablation": abl},
                "flipped_labels": {"skipped": "flipped labels need a binary task"}}}
     rows, skipped = sf.perturbation_table(rep)
     assert [r["key"] for r in rows] == ["none", "shuffled_inputs"]
     assert skipped == [("flipped_labels", "flipped labels need a binary task")]
-    assert rows[1]["d_acc_tr"] == pytest.approx(-0.3) and rows[1]["d_ratio_tl"] == pytest.approx(0.0)
+    assert rows[1]["d_accuracy_tr"] == pytest.approx(-0.3) and rows[1]["d_tr_ratio_tl"] == pytest.approx(0.0)
     bars = sf.perturbation_bars(rep)
     assert list(bars.data[0].x) == ["unperturbed", "shuffled inputs"] and np.allclose(bars.data[0].y, [80, 40])
     eff = sf.ablation_effects(rep)
@@ -240,13 +246,16 @@ def test_steering_bars_show_the_job_numbers(inprocess, setup):
     order = ["zero_shot", "icl", "tr", "tl", "random", "fv", "vanilla", "custom"]
     acc = [want[r]["accuracy"] for r in order[:2]] + [want["vectors"][v]["accuracy"][0] for v in order[2:]]
     ratio = [want[r]["tr_ratio"] for r in order[:2]] + [want["vectors"][v]["tr_ratio"][0] for v in order[2:]]
+    label = [want[r]["label_accuracy"] for r in order[:2]] + [want["vectors"][v]["label_accuracy"][0]
+                                                               for v in order[2:]]
     bars = figure(at, "steer_bars")["data"]
     assert bars[0]["x"] == ["zero-shot", "ICL", "TR vector", "TL vector", "random-heads vector", "function vector",
                             "vanilla task vector", "selected heads"]
     assert np.allclose(vals(bars[0]["y"]), 100 * np.asarray(acc))
-    assert np.allclose(vals(bars[1]["y"]), 100 * np.asarray(ratio))
+    assert np.allclose(vals(bars[1]["y"]), 100 * np.asarray(label))
+    assert np.allclose(vals(bars[2]["y"]), 100 * np.asarray(ratio))
     table = frame_with(at, "‖v‖")
-    assert np.allclose(table["accuracy %"], 100 * np.asarray(acc))
+    assert np.allclose(table["Accuracy %"], 100 * np.asarray(acc))
     assert table["heads"].iloc[-1] == "L0.H0, L1.H1"
     assert want["vectors"]["custom"]["heads"] == [[0, 0], [1, 1]]
 
@@ -273,7 +282,7 @@ def test_layer_sweep_draws_lines_over_every_layer(inprocess, setup):
     tr = lines[("TR vector", "x")]
     assert list(vals(tr["x"])) == list(range(L))
     assert np.allclose(vals(tr["y"]), 100 * np.asarray(want["vectors"]["tr"]["accuracy"]))
-    rnd_ratio = vals(lines[("random-heads vector", "x2")]["y"])
+    rnd_ratio = vals(lines[("random-heads vector", "x3")]["y"])
     assert np.allclose(rnd_ratio, 100 * np.asarray(want["vectors"]["random"]["tr_ratio"]))
     # the bars show one layer of the sweep, picked on a slider
     slider = at.select_slider(key="w_sg_bar_layer")
@@ -331,12 +340,12 @@ def test_perturbation_panel_lists_every_perturbation(inprocess, setup):
 
     for p in PERTURBATIONS:
         r = want["perturbations"][p]
-        if "skipped" in r:
+        if r.get("skipped"):
             assert f"{perturbation_name(p)} (skipped)" in listed
             assert any(r["skipped"] in w.value for w in at.warning)
         else:
             row = table[table["perturbation"] == perturbation_name(p)]
-            assert len(row) == 1 and np.isclose(row["ICL accuracy %"].iloc[0], 100 * r["icl_accuracy"])
+            assert len(row) == 1 and np.isclose(row["ICL accuracy %"].iloc[0], 100 * r["icl"]["accuracy"])
             assert np.isclose(row["TR-ablated acc. %"].iloc[0], 100 * r["ablation"]["tr"]["accuracy"])
     assert listed[0] == "unperturbed"
     assert figure(at, "perturb_bars")["data"][0]["x"][0] == "unperturbed"
@@ -344,7 +353,7 @@ def test_perturbation_panel_lists_every_perturbation(inprocess, setup):
     maps = figure(at, "perturb_maps")["data"]
     assert len(maps) == 6 and all(t["type"] == "heatmap" for t in maps)
     diff = [t for t in maps if "difference" in t["name"]]
-    first = next(p for p in PERTURBATIONS if "skipped" not in want["perturbations"][p])
+    first = next(p for p in PERTURBATIONS if not want["perturbations"][p].get("skipped"))
     assert all(t.get("zmid") == 0 for t in diff)
     assert np.allclose(vals(diff[0]["z"]), want["perturbations"][first]["tr_diff"])
 

@@ -113,15 +113,19 @@ def test_curve_figures_from_result_dicts():
     from ui import figures
 
     abl = {"ks": [0, 1, 2], "mode": "zero", "curves": {
-        "tr": {"accuracy": [0.9, 0.5, 0.2], "tr_ratio": [1.0, 0.8, 0.4], "heads": []},
-        "random": {"accuracy": [0.9, 0.85, 0.8], "tr_ratio": [1, 1, 1], "accuracy_std": [0, 0.05, 0.1],
-                   "tr_ratio_std": [0, 0, 0], "seeds": [0, 1, 2], "heads": []}}}
+        "tr": {"accuracy": [0.9, 0.5, 0.2], "label_accuracy": [1, 1, 0.9], "tr_ratio": [1.0, 0.8, 0.4], "heads": []},
+        "random": {"accuracy": [0.9, 0.85, 0.8], "label_accuracy": [1, 1, 1], "tr_ratio": [1, 1, 1],
+                   "accuracy_std": [0, 0.05, 0.1], "label_accuracy_std": [0, 0, 0], "tr_ratio_std": [0, 0, 0],
+                   "seeds": [0, 1, 2], "heads": []}}}
     fig = figures.ablation_curves(abl)
     names = {t.name for t in fig.data if t.name}
     assert {"top TR", "random (mean ± sd)"} <= names
     assert any(t.fill == "toself" for t in fig.data)  # the random band
-    icl = figures.icl_curve({"shots": [0, 2], "accuracy": [0.5, 0.75], "tr_ratio": [0.1, 0.9]})
-    assert list(icl.data[0].y) == [50.0, 75.0]
+    icl = figures.icl_curve({"shots": [0, 2], "accuracy": [0.5, 0.75], "label_accuracy": [0.9, 1.0],
+                             "tr_ratio": [0.1, 0.9]})
+    assert [t.name for t in icl.data] == ["accuracy", "label accuracy", "TR ratio"]
+    assert list(icl.data[0].y) == [50.0, 75.0] and list(icl.data[1].y) == [90.0, 100.0]
+    assert len({(t.line.dash, t.marker.symbol) for t in icl.data}) == 3  # told apart where they overlap
 
 
 def test_heads_in_the_url_round_trip():
@@ -139,10 +143,17 @@ def test_pages_never_import_torch_or_the_analyses():
     banned = ("torch", "transformers", "backend.analysis", "backend.models", "backend.service", "backend.hooks")
     files = [REPO / "app.py", *sorted((REPO / "pages").glob("*.py")), *sorted((REPO / "ui").glob("*.py"))]
     for f in files:
-        for node in ast.walk(ast.parse(f.read_text())):
+        tree = ast.parse(f.read_text())
+        # the client's in-process path (HEADLENS_BACKEND_URL=inprocess: tests, notebooks) builds the service app
+        # inside `inprocess_app`; nothing else may import it
+        lazy = {id(n) for fn in ast.walk(tree) if isinstance(fn, ast.FunctionDef) and fn.name == "inprocess_app"
+                for n in ast.walk(fn)} if f.name == "client.py" else set()
+        for node in ast.walk(tree):
             names = [a.name for a in node.names] if isinstance(node, ast.Import) else (
                 [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
             for n in names:
+                if id(node) in lazy and n == "backend.service.app":
+                    continue
                 assert not any(n == b or n.startswith(b + ".") for b in banned), f"{f.name} imports {n}"
     code = textwrap.dedent(f"""
         import sys
@@ -235,13 +246,13 @@ def test_home_runs_a_task_and_shows_the_summary(inprocess, task_name):
     at.selectbox(key="w_task").set_value(task_name).run()
     at.button(key="run").click().run()
     assert_clean(at)
-    for label in ("ICL accuracy", "Zero-shot accuracy", "TR ratio"):
+    for label in ("Accuracy (4-shot)", "Label accuracy (4-shot)", "TR ratio (4-shot)"):
         assert metric(at, label).endswith("%")
     assert metric(at, "Heads").count("×") == 1
     assert len(plotly_charts(at)) == 1  # the ICL curve
     ex = frame_with(at, "prediction")
-    assert len(ex) > 0 and {"query", "gold", "correct"} <= set(ex.columns)
-    curve = frame_with(at, "accuracy %")
+    assert len(ex) > 0 and {"query", "gold", "correct", "label_correct"} <= set(ex.columns)
+    curve = frame_with(at, "Label accuracy %")
     assert curve["k"].tolist()[0] == 0 and curve["k"].tolist()[-1] == 4
     # the URL now holds the view
     assert at.query_params["task"] == [task_name] or at.query_params["task"] == task_name
@@ -292,7 +303,8 @@ def test_selecting_heads_changes_the_ablation_results(inprocess, task_name):
     assert len(first) == 16
     assert not np.allclose(first["gold_prob_after"], first["gold_prob_before"])
     acc_first = metric(at, "Accuracy after")
-    assert "was" in next(m.delta for m in at.metric if m.label.startswith("Accuracy after"))
+    assert metric(at, "Label accuracy after").endswith("%") and metric(at, "TR ratio after").endswith("%")
+    assert any(c.value.startswith("was ") for c in at.caption)  # the value before ablation
 
     at.multiselect(key="w_heads").set_value(["L0.H0"]).run()  # another selection
     assert_clean(at)
@@ -327,3 +339,41 @@ def test_a_link_reopens_the_same_view(inprocess, task_name):
     at.switch_page(HEAD_MAP).run()  # the selection follows to the other page
     assert_clean(at)
     assert at.multiselect(key="w_heads").value == ["L0.H1", "L1.H0"]
+
+
+def _pct_after(text: str, marker: str) -> float:
+    """The first percentage after `marker` in `text` ("... TR ratio **6.2%** ..." -> 6.2)."""
+    import re
+
+    m = re.search(re.escape(marker) + r"[^0-9]*([0-9.]+)%", text)
+    assert m, f"no percentage after {marker!r} in {text!r}"
+    return float(m.group(1))
+
+
+@pytest.mark.skipif(MODEL != "default" or not _model_present(), reason="needs the default model")
+def test_tr_ratio_moves_on_head_map_ablation_and_steering(inprocess):
+    """Issue 9 on the default model: the TR ratio rises from 0 to 8 shots (Head map), falls when the top 8 TR heads
+    are ablated (Ablation), and rises again when the TR vector is injected into zero-shot prompts (Steering)."""
+    q = dict(model="default", task="syn-sentiment", shots="8", prompts="16", seed="0")
+    at = page(HEAD_MAP, **q)
+    at.run()
+    assert_clean(at)
+    caption = next(c.value for c in at.caption if "with 0 shots" in c.value)
+    zero, eight = _pct_after(caption, "TR ratio"), _pct_after(caption, "with 0 shots →")
+    assert zero < eight, caption
+    assert metric(at, "TR ratio (8-shot)") == f"{eight:.1f}%"
+
+    at = page(ABLATION, kmax="8", **q)
+    at.run()
+    assert_clean(at)
+    caption = next(c.value for c in at.caption if c.value.startswith("TR ratio with the top 8 TR heads ablated"))
+    assert _pct_after(caption, "ablated:") < _pct_after(caption, "none ablated:") == eight, caption
+
+    at = page("pages/3_Steering_geometry.py", **q)
+    at.run()
+    at.multiselect(key="w_sg_vectors").set_value(["tr"]).run()
+    at.button(key="run_steer").click().run()
+    assert_clean(at)
+    text = next(m.value for m in at.markdown if m.value.startswith("TR ratio:"))
+    assert _pct_after(text, "TR ratio:") == zero  # the same zero-shot prompts as the Head map's
+    assert _pct_after(text, "TR vector") > zero, text

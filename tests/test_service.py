@@ -365,13 +365,13 @@ def test_corrupt_cache_entry_is_recomputed(tiny_dir):
 
 # -- client --------------------------------------------------------------------------------------------------
 def test_client_does_not_import_torch():
-    code = ("import sys, backend.client; bad = [m for m in ('torch', 'transformers', 'backend.service.app') "
+    code = ("import sys, ui.client; bad = [m for m in ('torch', 'transformers', 'backend.service.app') "
             "if m in sys.modules]; assert not bad, bad")
     subprocess.run([sys.executable, "-c", code], cwd=REPO, check=True)
 
 
 def test_inprocess_client(monkeypatch):
-    from backend.client import ClientError, HeadlensClient, JobFailed, reset_inprocess_app
+    from ui.client import ClientError, HeadlensClient, JobFailed, reset_inprocess_app
 
     monkeypatch.setenv("HEADLENS_BACKEND_URL", "inprocess")
     try:
@@ -393,7 +393,7 @@ def test_inprocess_client(monkeypatch):
 
 
 def test_client_errors_are_readable(monkeypatch):
-    from backend.client import ClientError, HeadlensClient
+    from ui.client import ClientError, HeadlensClient
 
     with pytest.raises(ClientError, match="cannot reach the headlens service"):
         HeadlensClient("http://127.0.0.1:9", timeout=2).health()
@@ -404,7 +404,7 @@ def test_serve_command_end_to_end(tmp_path):
     import os
     import socket
 
-    from backend.client import ClientError, HeadlensClient
+    from ui.client import ClientError, HeadlensClient
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -1,4 +1,4 @@
-"""The pages' one door to the backend: every call to `backend.client` goes through here.
+"""The pages' one door to the backend: every call to `ui.client` goes through here.
 
 Pages never import torch or the analyses; they call these functions and get plain dicts back. Every
 failure (service unreachable, a refused request, a failed or cancelled job, a malformed answer) is an
@@ -12,7 +12,7 @@ import threading
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from backend.client import ClientError, HeadlensClient, JobCancelled, JobFailed, JobTimeout
+from .client import ClientError, HeadlensClient, JobCancelled, JobFailed, JobTimeout
 
 OnProgress = Callable[[float, str], None]
 
@@ -48,7 +48,7 @@ _clients_lock = threading.Lock()
 
 
 def backend_url() -> str:
-    from backend.client import DEFAULT_URL
+    from .client import DEFAULT_URL
 
     return (os.environ.get("HEADLENS_BACKEND_URL") or DEFAULT_URL).rstrip("/")
 

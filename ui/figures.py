@@ -170,54 +170,72 @@ def layer_distribution(result: dict[str, Any], k: int) -> go.Figure:
     return _style(fig, 320)
 
 
-def icl_curve(icl: dict[str, Any]) -> go.Figure:
-    """Accuracy and TR ratio (in %) against the number of demonstrations k."""
+METRIC_STYLE: dict[str, dict[str, Any]] = {
+    "accuracy": {"name": "accuracy", "color": "#1f77b4", "dash": "solid", "symbol": "circle"},
+    "label_accuracy": {"name": "label accuracy", "color": "#9467bd", "dash": "dash", "symbol": "square"},
+    "tr_ratio": {"name": "TR ratio", "color": "#ff7f0e", "dash": "dot", "symbol": "diamond"},
+}
+ORDER_LINES = {"tr": ("solid", "circle"), "tl": ("dash", "square"), "induction": ("dashdot", "diamond"),
+               "random": ("dot", "x")}
+
+
+def icl_curve(icl: dict[str, Any], title: str | None = None) -> go.Figure:
+    """Accuracy, label accuracy and TR ratio (in %) against the number of demonstrations k."""
     k = list(icl["shots"])
     fig = go.Figure()
-    fig.add_trace(go.Scatter(x=k, y=[100 * a for a in icl["accuracy"]], mode="lines+markers", name="accuracy",
-                             line=dict(color="#1f77b4", width=3),
-                             hovertemplate="k=%{x}: accuracy %{y:.1f}%<extra></extra>"))
-    fig.add_trace(go.Scatter(x=k, y=[100 * a for a in icl["tr_ratio"]], mode="lines+markers", name="TR ratio",
-                             line=dict(color="#ff7f0e", width=2, dash="dot"),
-                             hovertemplate="k=%{x}: TR ratio %{y:.1f}%<extra></extra>"))
-    fig.update_layout(title=dict(text="In-context learning curve", x=0.0),
+    for m, stl in METRIC_STYLE.items():
+        if m not in icl:
+            continue
+        fig.add_trace(go.Scatter(x=k, y=[100 * a for a in icl[m]], mode="lines+markers", name=stl["name"],
+                                 line=dict(color=stl["color"], width=3 if m == "accuracy" else 2, dash=stl["dash"]),
+                                 marker=dict(symbol=stl["symbol"], size=9 if m == "accuracy" else 7),
+                                 hovertemplate=f"k=%{{x}}: {stl['name']} %{{y:.1f}}%<extra></extra>"))
+    fig.update_layout(title=dict(text=title or "In-context learning curve", x=0.0),
                       xaxis=dict(title="demonstrations in the prompt (k)", tickmode="array", tickvals=k),
                       yaxis=dict(title="% of prompts", range=[-3, 103]))
-    return _style(fig, 340)
+    return _style(fig, 360)
 
 
-def ablation_curves(abl: dict[str, Any]) -> go.Figure:
-    """Accuracy and TR ratio (in %) against the number of top heads ablated, per order; random as a band."""
+def ablation_curves(abl: dict[str, Any], title: str | None = None) -> go.Figure:
+    """Accuracy, label accuracy and TR ratio (in %) against the number of top heads ablated, per order;
+    random as its mean with a ±sd band (clipped to 0..100)."""
     ks = list(abl["ks"])
-    fig = make_subplots(rows=1, cols=2, subplot_titles=["Accuracy", "TR ratio"], horizontal_spacing=0.08)
+    metrics = [m for m in METRIC_STYLE if all(m in c for c in abl["curves"].values())]
+    fig = make_subplots(rows=1, cols=len(metrics), subplot_titles=[METRIC_STYLE[m]["name"].capitalize()
+                                                                    for m in metrics], horizontal_spacing=0.06)
     curves = abl["curves"]
-    for col, metric in enumerate(("accuracy", "tr_ratio"), start=1):
+    for col, metric in enumerate(metrics, start=1):
         for name in [o for o in ORDER_STYLE if o in curves] + [o for o in curves if o not in ORDER_STYLE]:
             c = curves[name]
             style = ORDER_STYLE.get(name, {"name": name, "color": "#9467bd"})
+            dash, symbol = ORDER_LINES.get(name, ("solid", "circle"))
             y = 100 * np.asarray(c[metric], dtype=float)
             sd = c.get(f"{metric}_std")
             if sd is not None:
                 sd = 100 * np.asarray(sd, dtype=float)
-                fig.add_trace(go.Scatter(x=ks + ks[::-1], y=list(y + sd) + list((y - sd)[::-1]), fill="toself",
+                hi, lo = np.clip(y + sd, 0, 100), np.clip(y - sd, 0, 100)
+                fig.add_trace(go.Scatter(x=ks + ks[::-1], y=list(hi) + list(lo[::-1]), fill="toself", mode="lines",
                                          fillcolor="rgba(127,127,127,0.22)", line=dict(width=0), hoverinfo="skip",
-                                         showlegend=False, legendgroup=name), row=1, col=col)
+                                         name=f"{style['name']} band", showlegend=False, legendgroup=name),
+                              row=1, col=col)
             fig.add_trace(go.Scatter(
                 x=ks, y=y, mode="lines+markers", name=style["name"], legendgroup=name, showlegend=col == 1,
-                line=dict(color=style["color"], width=3 if name != "random" else 2,
-                          dash="dash" if name == "random" else "solid"),
+                line=dict(color=style["color"], width=3 if name == "tr" else 2, dash=dash),
+                marker=dict(symbol=symbol, size=8),
                 customdata=sd if sd is not None else None,
                 hovertemplate=(f"{style['name']}, k=%{{x}}: %{{y:.1f}}%"
                                + (" ± %{customdata:.1f}" if sd is not None else "") + "<extra></extra>")),
                 row=1, col=col)
         fig.update_xaxes(title_text="top heads ablated (k)", type="category", row=1, col=col)
-        fig.update_yaxes(title_text="% of prompts", range=[-3, 103], row=1, col=col)
-    return _style(fig, 380)
+        fig.update_yaxes(title_text="% of prompts" if col == 1 else None, range=[-3, 103], row=1, col=col)
+    if title:
+        fig.update_layout(title=dict(text=title, x=0.0))
+    return _style(fig, 400)
 
 
 def before_after(ab: dict[str, Any]) -> go.Figure:
-    """Accuracy and TR ratio before and after ablating a head set, as paired bars (in %)."""
-    metrics = [("accuracy", "Accuracy"), ("tr_ratio", "TR ratio")]
+    """Accuracy, label accuracy and TR ratio before and after ablating a head set, as paired bars (in %)."""
+    metrics = [("accuracy", "Accuracy"), ("label_accuracy", "Label accuracy"), ("tr_ratio", "TR ratio")]
     fig = go.Figure()
     for key, name, color in (("before", "before", "#9ecae1"), ("after", "after ablation", "#08519c")):
         fig.add_trace(go.Bar(x=[m[1] for m in metrics], y=[100 * ab[key][m[0]] for m in metrics], name=name,

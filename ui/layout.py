@@ -65,6 +65,11 @@ def task_options(caps: dict[str, Any], model: str, current: str | None) -> tuple
     return ids, info
 
 
+def task_info(caps: dict[str, Any], task_id: str | None) -> dict[str, Any]:
+    """What the service (or this session's uploads) says about a task: {id, name, kind, labels, ...}; {} if unknown."""
+    return task_options(caps, "default", task_id)[1].get(task_id or "", {}) if task_id else {}
+
+
 def task_label(t: dict[str, Any], model: str = "default") -> str:
     if t.get("kind") == "?":
         return f"{t['name']}"
@@ -137,11 +142,38 @@ def sidebar(caps: dict[str, Any]) -> None:
                        help="Held-out queries scored; results are means over them.")
         state.bind(st.number_input, "Seed", "seed", min_value=0, step=1,
                    help="Seeds the split into demonstrations and queries.")
+        top_heads_control()
         st.subheader("Share", divider="gray")
         st.caption("This link reopens the current view (settings and selected heads):")
         st.code(share_link(), language=None, wrap_lines=True)
         st.caption(f"Service: `{api.backend_url()}` · {caps.get('device', '?')} / {caps.get('dtype', '?')} · "
                    f"v{caps.get('version', '?')}")
+
+
+def _top_unit_changed() -> None:
+    if st.session_state.get("w_top_unit") == "heads":
+        state.put("top_k", state.get().top_k or state.MIN_TOP_HEADS)
+    else:
+        state.put("top_k", None)
+
+
+def top_heads_control() -> None:
+    """The size of every top-head set (top TR / TL heads, the random and function-vector sets): a percentage
+    of the heads (never fewer than 4; the backend applies that rule) or a count. Sent as top_pct / top_k."""
+    s = state.get()
+    st.session_state["w_top_unit"] = "heads" if s.top_k else "%"
+    c1, c2 = st.columns([1, 1], vertical_alignment="bottom")
+    with c2:
+        st.segmented_control("Unit", ["%", "heads"], key="w_top_unit", on_change=_top_unit_changed,
+                             required=True, label_visibility="collapsed")
+    with c1:
+        if s.top_k:
+            state.bind(st.number_input, "Top heads", "top_k", min_value=1, max_value=4096, step=1,
+                       help="Size of the top-head sets (top TR, top TL, random, function vector): a count.")
+        else:
+            state.bind(st.number_input, "Top heads", "top_pct", min_value=0.1, max_value=100.0, step=1.0,
+                       format="%g", help="Size of the top-head sets (top TR, top TL, random, function vector): "
+                                         f"a percentage of all heads, never fewer than {state.MIN_TOP_HEADS}.")
 
 
 def page_setup(title: str, icon: str = ":material/search:") -> tuple[state.Settings, dict[str, Any]]:

@@ -70,6 +70,16 @@ def _text(s: str) -> str:
     return s
 
 
+def _pct(s: str) -> float:
+    v = float(str(s).rstrip("%"))
+    if not 0 < v <= 100:
+        raise ValueError("must be a percentage in (0, 100]")
+    return v
+
+
+TOP_PCT, MIN_TOP_HEADS = 3.0, 4  # the backend's defaults (backend/options.py); the backend applies the rule
+
+
 @dataclass(frozen=True)
 class Field:
     name: str
@@ -88,6 +98,8 @@ FIELDS: dict[str, Field] = {f.name: f for f in (
     Field("mode", lambda: "zero", _choice(MODES)),
     Field("map", lambda: "tr", _choice(MAPS)),
     Field("kmax", lambda: 16, _int_in(1, 100000)),
+    Field("top_pct", lambda: TOP_PCT, _pct, lambda v: f"{float(v):g}"),
+    Field("top_k", lambda: None, _int_in(1, 4096)),
 )}
 
 
@@ -104,11 +116,21 @@ class Settings:
     mode: str = "zero"
     map: str = "tr"
     kmax: int = 16
+    top_pct: float = TOP_PCT
+    top_k: int | None = None
 
     def job(self, **extra: Any) -> dict[str, Any]:
         """Parameters common to every job; `extra` adds or overrides."""
         return {"model": self.model, "task": self.task, "shots": self.shots, "prompts": self.prompts,
                 "seed": self.seed, **extra}
+
+    def selection(self) -> dict[str, Any]:
+        """The top-head set size as the service takes it: `top_k` when set, else `top_pct`."""
+        return {"top_k": int(self.top_k)} if self.top_k else {"top_pct": float(self.top_pct)}
+
+    def top_label(self) -> str:
+        """The top-head set size in words."""
+        return f"top {self.top_k} heads" if self.top_k else f"top {self.top_pct:g}% of heads (at least {MIN_TOP_HEADS})"
 
 
 def init() -> list[str]:

@@ -1,15 +1,16 @@
 """Plotly figures of the Steering & geometry page: pure functions of the `steer`, `geometry` and `perturb`
 job results (plain dicts), no Streamlit, no torch.
 
-Result shapes (see backend/analysis/steering.py, geometry.py, perturbations.py):
-- steer: {"layers": [l...], "zero_shot": {accuracy, tr_ratio}, "icl": {...},
-          "vectors": {name: {"accuracy": [per layer], "tr_ratio": [...], "heads": [[l, h]...], "norm": [...]}}}
+Result shapes (see backend/analysis/results.py: SteerResult, GeometryResult, PerturbResult; Metrics is
+{accuracy, label_accuracy, tr_ratio, n}):
+- steer: {"layers": [l...], "zero_shot": Metrics, "icl": Metrics,
+          "vectors": {name: {"accuracy": [per layer], "label_accuracy": [...], "tr_ratio": [...], "heads", "norm"}}}
 - geometry: {"layers", "inject_layer", "conditions": {cond: {metric: {"mean": [L], "std": [L]}}},
              "pca": {"points": {cond: [[x, y, z]...]}, "gold": [...], "label_directions": {label: [x, y, z]},
                      "explained_variance_ratio": [...], "layer"}}
-- perturb: {"k", "heads": {"tr"|"tl"|"random": [[l, h]...]}, "perturbations": {"none"|name: {"icl_accuracy",
-            "tr_ratio", "tr", "tl", "tr_diff", "tl_diff", "ablation": {"none"|"tr"|"tl"|"random": {accuracy,
-            tr_ratio}}} or {"skipped": reason}}}
+- perturb: {"top_k", "shots", "prompts", "heads": {"tr"|"tl"|"random": [[l, h]...]},
+            "perturbations": {"none"|name: {"icl": Metrics, "tr", "tl", "tr_diff", "tl_diff",
+                                           "ablation": {"none"|"tr"|"tl"|"random": Metrics}} or {"skipped": reason}}}
 """
 from __future__ import annotations
 
@@ -18,6 +19,9 @@ from typing import Any, Sequence
 import numpy as np
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
+
+METRICS = ("accuracy", "label_accuracy", "tr_ratio")
+METRIC_TITLES = {"accuracy": "Accuracy", "label_accuracy": "Label accuracy", "tr_ratio": "TR ratio"}
 
 FONT = "Inter, 'Source Sans Pro', system-ui, sans-serif"
 
@@ -88,65 +92,73 @@ def perturbation_name(key: str) -> str:
 def steer_rows(res: dict[str, Any], vectors: Sequence[str] | None = None, layer_index: int = 0) -> list[dict[str, Any]]:
     """One row per bar: zero-shot, ICL, then each vector (in `vectors` order when given) at
     `res["layers"][layer_index]`. Values in [0, 1]."""
-    rows = [{"key": "zero_shot", "name": vector_name("zero_shot"), "accuracy": float(res["zero_shot"]["accuracy"]),
-             "tr_ratio": float(res["zero_shot"]["tr_ratio"]), "layer": None, "norm": None, "heads": []},
-            {"key": "icl", "name": vector_name("icl"), "accuracy": float(res["icl"]["accuracy"]),
-             "tr_ratio": float(res["icl"]["tr_ratio"]), "layer": None, "norm": None, "heads": []}]
+    rows = [{"key": ref, "name": vector_name(ref), **{m: float(res[ref][m]) for m in METRICS},
+             "layer": None, "norm": None, "heads": []} for ref in ("zero_shot", "icl")]
     have = res.get("vectors") or {}
     keys = [v for v in (vectors if vectors is not None else have) if v in have]
     for k in keys:
         v = have[k]
         norm = v.get("norm")
-        rows.append({"key": k, "name": vector_name(k), "accuracy": float(v["accuracy"][layer_index]),
-                     "tr_ratio": float(v["tr_ratio"][layer_index]), "layer": int(res["layers"][layer_index]),
+        rows.append({"key": k, "name": vector_name(k), **{m: float(v[m][layer_index]) for m in METRICS},
+                     "layer": int(res["layers"][layer_index]),
                      "norm": None if not norm else float(norm[layer_index]), "heads": v.get("heads") or []})
     return rows
 
 
-def steer_bars(res: dict[str, Any], vectors: Sequence[str] | None = None, layer_index: int = 0) -> go.Figure:
-    """Accuracy and TR ratio (in %) for zero-shot, ICL and each injected vector, side by side."""
+def steer_bars(res: dict[str, Any], vectors: Sequence[str] | None = None, layer_index: int = 0,
+               title: str | None = None) -> go.Figure:
+    """Accuracy, label accuracy and TR ratio (in %) for zero-shot, ICL and each injected vector, side by side."""
     rows = steer_rows(res, vectors, layer_index)
-    fig = make_subplots(rows=1, cols=2, subplot_titles=["Accuracy", "TR ratio"], horizontal_spacing=0.08)
+    fig = make_subplots(rows=1, cols=len(METRICS), subplot_titles=[METRIC_TITLES[m] for m in METRICS],
+                        horizontal_spacing=0.06)
     names = [r["name"] for r in rows]
     colors = [VECTOR_STYLE.get(r["key"], {"color": "#17becf"})["color"] for r in rows]
-    for col, metric in enumerate(("accuracy", "tr_ratio"), start=1):
+    for col, metric in enumerate(METRICS, start=1):
         y = [100 * r[metric] for r in rows]
         fig.add_trace(go.Bar(x=names, y=y, marker_color=colors, name=metric, showlegend=False,
-                             text=[f"{v:.1f}%" for v in y], textposition="outside", cliponaxis=False,
+                             text=[f"{v:.0f}%" for v in y], textposition="outside", cliponaxis=False,
                              customdata=[r["key"] for r in rows],
                              hovertemplate="%{x}: %{y:.1f}%<extra></extra>"), row=1, col=col)
         fig.update_yaxes(title_text="% of prompts" if col == 1 else None, range=[0, 112], row=1, col=col)
     layer = res["layers"][layer_index]
-    fig.update_layout(title=dict(text=f"Zero-shot prompts steered at layer {layer}, α = {res.get('alpha', 1.0):g}",
-                                 x=0.0), bargap=0.25)
-    return _style(fig, 380)
+    fig.update_layout(title=dict(text=title or f"Zero-shot prompts steered at layer {layer}, "
+                                               f"α = {res.get('alpha', 1.0):g}", x=0.0), bargap=0.25)
+    return _style(fig, 400)
 
 
-def steer_sweep(res: dict[str, Any], vectors: Sequence[str] | None = None) -> go.Figure:
-    """Accuracy and TR ratio (in %) against the injection layer, one line per vector; zero-shot and ICL
-    as flat reference lines."""
+VECTOR_LINES = {"tr": ("solid", "circle"), "tl": ("dash", "square"), "random": ("dot", "x"),
+                "fv": ("dashdot", "diamond"), "vanilla": ("longdash", "triangle-up"), "custom": ("solid", "star")}
+
+
+def steer_sweep(res: dict[str, Any], vectors: Sequence[str] | None = None, title: str | None = None) -> go.Figure:
+    """Accuracy, label accuracy and TR ratio (in %) against the injection layer, one line per vector (each its
+    own dash and marker, so overlapping lines stay visible); zero-shot and ICL as flat reference lines drawn
+    on top."""
     layers = [int(l) for l in res["layers"]]
     have = res.get("vectors") or {}
     keys = [v for v in (vectors if vectors is not None else have) if v in have]
-    fig = make_subplots(rows=1, cols=2, subplot_titles=["Accuracy", "TR ratio"], horizontal_spacing=0.08)
-    for col, metric in enumerate(("accuracy", "tr_ratio"), start=1):
-        for ref in ("zero_shot", "icl"):
+    fig = make_subplots(rows=1, cols=len(METRICS), subplot_titles=[METRIC_TITLES[m] for m in METRICS],
+                        horizontal_spacing=0.06)
+    for col, metric in enumerate(METRICS, start=1):
+        for k in keys:
+            st = VECTOR_STYLE.get(k, {"name": k, "color": "#17becf"})
+            dash, symbol = VECTOR_LINES.get(k, ("solid", "circle"))
+            fig.add_trace(go.Scatter(x=layers, y=[100 * float(a) for a in have[k][metric]], mode="lines+markers",
+                                     name=st["name"], legendgroup=k, showlegend=col == 1,
+                                     line=dict(color=st["color"], width=2.5, dash=dash),
+                                     marker=dict(symbol=symbol, size=9, line=dict(width=1, color="white")),
+                                     hovertemplate=f"{st['name']}, layer %{{x}}: %{{y:.1f}}%<extra></extra>"),
+                          row=1, col=col)
+        for ref, dash in (("zero_shot", "dot"), ("icl", "dash")):  # drawn last: on top
             st = VECTOR_STYLE[ref]
             y = 100 * float(res[ref][metric])
             fig.add_trace(go.Scatter(x=layers, y=[y] * len(layers), mode="lines", name=st["name"], legendgroup=ref,
-                                     showlegend=col == 1, line=dict(color=st["color"], width=2, dash="dash"),
+                                     showlegend=col == 1, line=dict(color=st["color"], width=2, dash=dash),
                                      hovertemplate=f"{st['name']}: %{{y:.1f}}%<extra></extra>"), row=1, col=col)
-        for k in keys:
-            st = VECTOR_STYLE.get(k, {"name": k, "color": "#17becf"})
-            fig.add_trace(go.Scatter(x=layers, y=[100 * float(a) for a in have[k][metric]], mode="lines+markers",
-                                     name=st["name"], legendgroup=k, showlegend=col == 1,
-                                     line=dict(color=st["color"], width=3),
-                                     hovertemplate=f"{st['name']}, layer %{{x}}: %{{y:.1f}}%<extra></extra>"),
-                          row=1, col=col)
         fig.update_xaxes(title_text="injection layer", dtick=1 if len(layers) <= 40 else None, row=1, col=col)
         fig.update_yaxes(title_text="% of prompts" if col == 1 else None, range=[-3, 103], row=1, col=col)
-    fig.update_layout(title=dict(text=f"Layer sweep, α = {res.get('alpha', 1.0):g}", x=0.0))
-    return _style(fig, 400)
+    fig.update_layout(title=dict(text=title or f"Layer sweep, α = {res.get('alpha', 1.0):g}", x=0.0))
+    return _style(fig, 420)
 
 
 # -- geometry -------------------------------------------------------------------------------------------------
@@ -305,51 +317,58 @@ def pca_scatter(geo: dict[str, Any], dims: int = 2, color_by: str = "condition",
 
 # -- perturbations ---------------------------------------------------------------------------------------------
 def perturbation_table(rep: dict[str, Any]) -> tuple[list[dict[str, Any]], list[tuple[str, str]]]:
-    """(rows, skipped): one row per applied perturbation (the unperturbed baseline first) with ICL accuracy,
-    TR ratio and the ablation outcomes; skipped as (name, reason)."""
+    """(rows, skipped): one row per applied perturbation (the unperturbed baseline first) with its ICL metrics
+    (accuracy, label_accuracy, tr_ratio) and the ablation outcomes; skipped as (name, reason)."""
     rows, skipped = [], []
     for name, p in (rep.get("perturbations") or {}).items():
-        if "skipped" in p:
+        if p.get("skipped"):
             skipped.append((name, str(p["skipped"])))
             continue
         ab = p.get("ablation") or {}
         base = ab.get("none") or {}
-        row = {"key": name, "perturbation": perturbation_name(name), "icl_accuracy": float(p["icl_accuracy"]),
-               "tr_ratio": float(p["tr_ratio"])}
+        icl = p.get("icl") or {}
+        row = {"key": name, "perturbation": perturbation_name(name), **{m: float(icl[m]) for m in METRICS}}
         for s in ("tr", "tl", "random"):
             if s in ab:
-                row[f"acc_{s}"] = float(ab[s]["accuracy"])
-                row[f"ratio_{s}"] = float(ab[s]["tr_ratio"])
-                if base:
-                    row[f"d_acc_{s}"] = float(ab[s]["accuracy"]) - float(base["accuracy"])
-                    row[f"d_ratio_{s}"] = float(ab[s]["tr_ratio"]) - float(base["tr_ratio"])
+                for m in METRICS:
+                    row[f"{m}_{s}"] = float(ab[s][m])
+                    if base:
+                        row[f"d_{m}_{s}"] = float(ab[s][m]) - float(base[m])
         rows.append(row)
     return rows, skipped
 
 
-def perturbation_bars(rep: dict[str, Any]) -> go.Figure:
-    """ICL accuracy and TR ratio (in %) per perturbation, the unperturbed baseline first."""
+def perturbation_bars(rep: dict[str, Any], title: str | None = None) -> go.Figure:
+    """Accuracy, label accuracy and TR ratio (in %) per perturbation, the unperturbed baseline first."""
     rows, _ = perturbation_table(rep)
     names = [r["perturbation"] for r in rows]
     fig = go.Figure()
-    for metric, label, color in (("icl_accuracy", "ICL accuracy", "#1f77b4"), ("tr_ratio", "TR ratio", "#ff7f0e")):
+    for metric, color in zip(METRICS, ("#1f77b4", "#9467bd", "#ff7f0e")):
         y = [100 * r[metric] for r in rows]
-        fig.add_trace(go.Bar(x=names, y=y, name=label, marker_color=color, text=[f"{v:.0f}%" for v in y],
-                             textposition="outside", cliponaxis=False,
-                             hovertemplate="%{x}: " + label + " %{y:.1f}%<extra></extra>"))
+        fig.add_trace(go.Bar(x=names, y=y, name=METRIC_TITLES[metric], marker_color=color,
+                             text=[f"{v:.0f}%" for v in y], textposition="outside", cliponaxis=False,
+                             hovertemplate="%{x}: " + METRIC_TITLES[metric] + " %{y:.1f}%<extra></extra>"))
     fig.update_layout(barmode="group", yaxis=dict(title="% of prompts", range=[0, 112]),
-                      title=dict(text=f"ICL under each perturbation ({rep.get('shots_used', rep.get('shots'))} "
-                                      f"demonstrations)", x=0.0))
-    return _style(fig, 360)
+                      title=dict(text=title or f"ICL under each perturbation ({rep.get('shots')} demonstrations)",
+                                 x=0.0))
+    return _style(fig, 380)
 
 
-def ablation_effects(rep: dict[str, Any]) -> go.Figure:
+def ablation_changes(rep: dict[str, Any]) -> dict[str, float]:
+    """Largest absolute change (in [0, 1]) per metric over the perturbations and head sets: all 0 means
+    ablating the top heads changed nothing."""
+    rows, _ = perturbation_table(rep)
+    return {m: max((abs(r.get(f"d_{m}_{s}", 0.0)) for r in rows for s in ABLATION_STYLE), default=0.0)
+            for m in ("accuracy", "tr_ratio")}
+
+
+def ablation_effects(rep: dict[str, Any], title: str | None = None) -> go.Figure:
     """Change (in points) of accuracy and TR ratio when the unperturbed top-k TR, top-k TL or k random heads
     are zero-ablated, under each perturbation, relative to no ablation under the same perturbation."""
     rows, _ = perturbation_table(rep)
     names = [r["perturbation"] for r in rows]
     fig = make_subplots(rows=1, cols=2, subplot_titles=["Δ accuracy", "Δ TR ratio"], horizontal_spacing=0.08)
-    for col, metric in enumerate(("acc", "ratio"), start=1):
+    for col, metric in enumerate(("accuracy", "tr_ratio"), start=1):
         for s, st in ABLATION_STYLE.items():
             y = [100 * r.get(f"d_{metric}_{s}", np.nan) for r in rows]
             fig.add_trace(go.Bar(x=names, y=y, name=st["name"], marker_color=st["color"], legendgroup=s,
@@ -360,7 +379,8 @@ def ablation_effects(rep: dict[str, Any]) -> go.Figure:
                           row=1, col=col)
         fig.update_yaxes(title_text="points vs no ablation" if col == 1 else None, zeroline=True,
                          zerolinecolor="#888", row=1, col=col)
-    fig.update_layout(barmode="group", title=dict(text=f"Ablating the original top {rep.get('k')} heads", x=0.0))
+    fig.update_layout(barmode="group", title=dict(text=title or f"Ablating the original top {rep.get('top_k')} heads",
+                                                  x=0.0))
     return _style(fig, 380)
 
 

@@ -1,6 +1,7 @@
-"""Client of the headlens service: what the Streamlit pages and notebooks call. Never imports torch.
+"""Client of the headlens service: what the Streamlit pages (through `ui.api`) and notebooks call. Never
+imports torch.
 
-    from backend.client import HeadlensClient
+    from ui.client import HeadlensClient
     c = HeadlensClient()                       # HEADLENS_BACKEND_URL, HEADLENS_TOKEN
     r = c.run("scores", model="default", task="sentiment", shots=8, prompts=50,
               on_progress=lambda f, m: print(f, m))
@@ -51,7 +52,7 @@ def inprocess_app() -> Any:
     global _inprocess_app
     with _inprocess_lock:
         if _inprocess_app is None:
-            from .service.app import create_app
+            from backend.service.app import create_app  # the in-process path only: tests and notebooks
 
             _inprocess_app = create_app()
         return _inprocess_app
