@@ -277,15 +277,6 @@ def cmd_serve(a: argparse.Namespace) -> None:
     uvicorn.run(create_app(), host=a.host, port=a.port, log_level=a.log_level)
 
 
-@command("train-default")
-def cmd_train_default(a: argparse.Namespace) -> None:
-    from .analysis.train_default import main as train_main
-
-    code = train_main(a.rest)
-    if code:
-        raise SystemExit(code)
-
-
 def build_parser() -> argparse.ArgumentParser:
     from .analysis.kinds import KINDS
 
@@ -298,7 +289,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     for spec in KINDS.values():
         k = sub.add_parser(spec.cli, help=spec.description, description=spec.description)
-        k.set_defaults(kind=spec.name)
+        k.set_defaults(analysis=spec.name)
         if spec.uses_model:
             _model_args(k)
         if spec.uses_task:
@@ -318,9 +309,8 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--port", type=int, default=8765)
     v.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
 
-    tr = sub.add_parser("train-default", help="train the embedded default model (python -m backend train-default "
-                                              "--help for its options)", add_help=False)
-    tr.add_argument("rest", nargs=argparse.REMAINDER)
+    sub.add_parser("train-default", help="train the embedded default model (python -m backend train-default --help "
+                                         "for its options)", add_help=False)
     return p
 
 
@@ -330,12 +320,16 @@ def main(argv: list[str] | None = None) -> int:
     from .tasks.base import TaskError
 
     argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["train-default"]:  # its own parser (python -m backend train-default --help)
+        from .analysis.train_default import main as train_main
+
+        return train_main(argv[1:])
     a = build_parser().parse_args(argv)
     try:
         if a.cmd in COMMANDS:
             COMMANDS[a.cmd](a)
         else:
-            run_kind(a.kind, a)
+            run_kind(a.analysis, a)
     except (UsageError, TaskError, ModelLoadError, UnsupportedArchitecture, MemoryError, FileNotFoundError,
             ValueError, OSError) as e:
         if a.debug:

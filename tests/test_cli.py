@@ -32,9 +32,10 @@ def test_scores_writes_the_documented_json(model_dir, tmp_path, capsys):
     args = ["scores", "--model", model_dir, "--task", "sentiment", "--shots", "2", "--prompts", "6", "--json", str(out)]
     assert main(args) == 0
     r = json.loads(out.read_text())
-    for key in ("model", "task", "n_layers", "n_heads", "tr", "tl", "dla_tr", "dla_tl", "induction", "icl_accuracy",
-                "zero_shot_accuracy", "tr_ratio", "top_tr", "top_tl", "cache_hit", "seconds"):
+    for key in ("model", "task", "params", "n_layers", "n_heads", "tr", "tl", "dla_tr", "dla_tl", "induction", "icl",
+                "zero_shot", "top_k", "top_tr", "top_tl", "cache_hit", "seconds"):
         assert key in r, key
+    assert set(r["icl"]) == {"accuracy", "label_accuracy", "tr_ratio", "n"}
     assert len(r["tr"]) == r["n_layers"] == 2 and len(r["tr"][0]) == r["n_heads"] == 4
     assert r["cache_hit"] is False
     assert main(args) == 0
@@ -47,7 +48,7 @@ def test_scores_from_a_prompts_file(model_dir, tmp_path, capsys):
                            for w in ("red", "blue", "green")))
     assert main(["scores", "--model", model_dir, "--prompts-file", str(f), "--json", "-"]) == 0
     r = json.loads(capsys.readouterr().out)
-    assert r["n_prompts"] == 3 and r["zero_shot_accuracy"] is None
+    assert r["prompts"] == 3 and r["zero_shot"] is None
 
 
 def test_icl_and_ablate(model_dir, tmp_path):
@@ -55,11 +56,11 @@ def test_icl_and_ablate(model_dir, tmp_path):
     assert main(["icl", "--model", model_dir, "--task", "sentiment", "--shots", "0,2", "--prompts", "5",
                  "--json", str(out)]) == 0
     r = json.loads(out.read_text())
-    assert r["shots"] == [0, 2] and len(r["accuracy"]) == 2 == len(r["tr_ratio"])
-    assert main(["ablate", "--model", model_dir, "--task", "sentiment", "--by", "tl", "--ks", "0,1,2", "--shots", "2",
-                 "--prompts", "5", "--json", str(out)]) == 0
+    assert r["shots"] == [0, 2] and len(r["accuracy"]) == 2 == len(r["tr_ratio"]) == len(r["label_accuracy"])
+    assert main(["ablation-curves", "--model", model_dir, "--task", "sentiment", "--orders", "tl", "--ks", "0,1,2",
+                 "--shots", "2", "--prompts", "5", "--json", str(out)]) == 0
     r = json.loads(out.read_text())
-    assert r["ks"] == [0, 1, 2] and len(r["accuracy"]) == 3 and r["by"] == "tl"
+    assert r["ks"] == [0, 1, 2] and list(r["curves"]) == ["tl"] and len(r["curves"]["tl"]["label_accuracy"]) == 3
     assert main(["ablate", "--model", model_dir, "--task", "sentiment", "--heads", "0.1,1.3", "--shots", "2",
                  "--prompts", "5", "--mode", "mean", "--json", str(out)]) == 0
     r = json.loads(out.read_text())
@@ -81,7 +82,7 @@ def test_errors_are_one_line_messages(args, message, model_dir, capsys):
 
 def test_steer_geometry_perturb(model_dir, tmp_path):
     out = tmp_path / "o.json"
-    assert main(["steer", "--model", model_dir, "--task", "sentiment", "--vector", "tr,vanilla", "--layer", "all",
+    assert main(["steer", "--model", model_dir, "--task", "sentiment", "--vectors", "tr,vanilla", "--layer", "all",
                  "--shots", "2", "--prompts", "4", "--json", str(out)]) == 0
     r = json.loads(out.read_text())
     assert r["layers"] == [0, 1] and set(r["vectors"]) == {"tr", "vanilla"}
@@ -92,3 +93,34 @@ def test_steer_geometry_perturb(model_dir, tmp_path):
                  "--shots", "2", "--prompts", "4", "--json", str(out)]) == 0
     assert set(json.loads(out.read_text())["perturbations"]) == {"none", "flipped_labels"}
     assert main(["steer", "--model", model_dir, "--task", "sentiment", "--layer", "7", "--prompts", "2"]) == 2
+
+
+@pytest.mark.parametrize("args, message", [
+    (["scores", "--task", "sentiment", "--shots", "x"], "--shots: expected an integer"),
+    (["scores", "--task", "sentiment", "--top-pct", "nan"], "--top-pct: Input should be a finite number"),
+    (["scores", "--task", "sentiment", "--top-pct", "inf"], "--top-pct: Input should be a finite number"),
+    (["scores", "--task", "sentiment", "--top-pct", "-1"], "--top-pct: Input should be greater than 0"),
+    (["scores", "--task", "sentiment", "--seed", "-1"], "--seed: Input should be greater than or equal to 0"),
+    (["scores", "--task", "sentiment", "--batch-size", "0"], "--batch-size: Input should be greater than or equal to 1"),
+    (["scores", "--task", "sentiment", "--prompts", "1000000000"], "over this server's limit"),
+    (["steer", "--task", "sentiment", "--alpha", "nan"], "--alpha: Input should be a finite number"),
+    (["steer", "--task", "sentiment", "--vectors", "tr,bogus"], "--vectors: 'bogus' is not one of"),
+    (["ablate", "--task", "sentiment", "--heads", "3"], "--heads: heads are written layer.head"),
+    (["ablation-curves", "--task", "sentiment", "--ks", "1000000000", "--model", "MODEL", "--prompts", "2"],
+     "exceed this model's 8 heads"),
+    (["scores", "--task", "sentiment", "--model", "x" * 2000], "--model: a name of 2000 characters is too long"),
+])
+def test_cli_validates_like_the_service(args, message, model_dir, capsys):
+    """Every bad value is one line on stderr and exit 2 (issue 14's CLI probes), through the params models."""
+    code = main([model_dir if a == "MODEL" else a for a in args])
+    err = capsys.readouterr().err
+    assert code == 2 and message in err and "Traceback" not in err, err
+    assert len([line for line in err.replace("\r", "\n").splitlines() if line.startswith("error")]) == 1
+
+
+def test_json_output_is_strict_and_a_directory_is_refused(model_dir, tmp_path, capsys):
+    assert main(["scores", "--model", model_dir, "--task", "sentiment", "--prompts", "3", "--json", str(tmp_path)]) == 2
+    assert "is a directory" in capsys.readouterr().err
+    out = tmp_path / "s.json"
+    assert main(["scores", "--model", model_dir, "--task", "sentiment", "--prompts", "3", "--json", str(out)]) == 0
+    json.loads(out.read_text(), parse_constant=lambda c: pytest.fail(f"non-strict JSON constant {c}"))

@@ -5,8 +5,8 @@ import numpy as np
 import pytest
 import torch
 
-from backend.analysis.batching import encode, forward_last_logits, make_batch
-from backend.analysis.scores import score_encoded
+from backend.analysis.primitives.batching import encode, forward_last_logits, make_batch
+from backend.analysis.primitives.head_maps import head_maps
 from backend.hooks import hooked
 from backend.tasks.base import Task
 
@@ -68,19 +68,19 @@ def test_prompt_scores_the_same_alone_and_in_a_padded_batch(tiny_lm, padding):
     enc = encoded(tiny_lm, n=6)
     lengths = {len(x) for x in enc.ids}
     assert len(lengths) > 1, "the batch must really pad"
-    alone = score_encoded(tiny_lm, enc, batch_size=1, padding=padding)
-    together = score_encoded(tiny_lm, enc, batch_size=6, padding=padding)
+    alone = head_maps(tiny_lm, enc, batch_size=1, padding=padding)
+    together = head_maps(tiny_lm, enc, batch_size=6, padding=padding)
     for name in ("tr", "tl", "dla_tr", "dla_tl"):
-        a, b = getattr(alone, name).cpu().numpy(), getattr(together, name).cpu().numpy()
+        a, b = getattr(alone, name), getattr(together, name)
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6, err_msg=f"{name} ({padding} padding)")
-    assert alone.correct == together.correct and alone.in_labels == together.in_labels
+    assert alone.metrics() == together.metrics()
 
 
 def test_left_and_right_padding_agree(tiny_lm):
     enc = encoded(tiny_lm, n=6)
-    left = score_encoded(tiny_lm, enc, batch_size=6, padding="left")
-    right = score_encoded(tiny_lm, enc, batch_size=6, padding="right")
-    np.testing.assert_allclose(left.tr.cpu().numpy(), right.tr.cpu().numpy(), rtol=1e-4, atol=1e-6)
+    left = head_maps(tiny_lm, enc, batch_size=6, padding="left")
+    right = head_maps(tiny_lm, enc, batch_size=6, padding="right")
+    np.testing.assert_allclose(left.tr, right.tr, rtol=1e-4, atol=1e-6)
 
 
 def test_bf16_scores_track_fp32(gpt2_tokenizer):
@@ -91,7 +91,7 @@ def test_bf16_scores_track_fp32(gpt2_tokenizer):
     lm32 = wrap(tiny_model("llama"), gpt2_tokenizer, "tiny-llama")
     lm16 = wrap(tiny_model("llama").to(torch.bfloat16), gpt2_tokenizer, "tiny-llama-bf16")
     enc = encoded(lm32, n=4)
-    a = score_encoded(lm32, enc, batch_size=4).tr.cpu().numpy()
-    b = score_encoded(lm16, enc, batch_size=4).tr.cpu().numpy()
+    a = head_maps(lm32, enc, batch_size=4).tr
+    b = head_maps(lm16, enc, batch_size=4).tr
     assert np.isfinite(b).all()
     np.testing.assert_allclose(a, b, rtol=0.1, atol=1e-3)

@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from backend.analysis.batching import forward_last_logits, make_batch
+from backend.analysis.primitives.batching import forward_last_logits, make_batch
 from backend.hooks import hooked
 
 

@@ -7,9 +7,10 @@ import numpy as np
 import pytest
 import torch
 
+from backend import head_scores
 from backend.adapters import UnsupportedArchitecture
-from backend.analysis.batching import encode, fit_prompts
-from backend.analysis.scores import ScoreResult, head_scores
+from backend.analysis.primitives.batching import build_prompts, encode
+from backend.analysis.results import ScoresResult
 from backend.cache import ResultCache
 from backend.models import ModelLoadError, load_model, wrap
 from backend.tasks.base import Prompt, Task, TaskError
@@ -23,52 +24,91 @@ def lm(gpt2_tokenizer):
 
 
 def test_result_shapes_and_fields(lm):
-    r = head_scores(lm, sentiment_task(), shots=2, n_prompts=8, seed=0, cache=False)
+    r = head_scores(lm, sentiment_task(), shots=2, prompts=8, seed=0, cache=False)
     for m in ("tr", "tl", "dla_tr", "dla_tl", "induction"):
         assert getattr(r, m).shape == (lm.n_layers, lm.n_heads), m
         assert np.isfinite(getattr(r, m)).all()
     assert (r.tr >= 0).all()
-    assert len(r.top_tr) == 1 == len(r.top_tl) == len(r.random_heads)  # 3% of 12 heads, at least 1
-    assert r.top_tr[0] == list(np.unravel_index(np.argmax(r.tr), r.tr.shape))
-    assert 0 <= r.icl_accuracy <= 1 and 0 <= r.tr_ratio <= 1 and r.zero_shot_accuracy is not None
+    assert r.top_k == 4 and len(r.top_tr) == 4 == len(r.top_tl) == len(r.random_heads)  # 3% of 12, at least 4
+    assert r.top_tr[0] == tuple(np.unravel_index(np.argmax(r.tr), r.tr.shape))
+    for m in (r.icl, r.zero_shot):
+        assert 0 <= m.accuracy <= 1 and 0 <= m.label_accuracy <= 1 and 0 <= m.tr_ratio <= 1 and m.n == 8
+    # accuracy (full vocabulary) can only be right where the answer is inside the label set
+    assert r.icl.accuracy <= r.icl.tr_ratio
     d = r.to_json()
-    json.dumps(d)  # JSON-able
-    assert ScoreResult.from_json(d).tr.tolist() == r.tr.tolist()
+    json.dumps(d, allow_nan=False)  # strict JSON
+    assert ScoresResult.model_validate(d).tr.tolist() == r.tr.tolist()
+    assert head_scores(lm, sentiment_task(), shots=2, prompts=8, top_k=2, cache=False).top_tr == r.top_tr[:2]
 
 
 def test_cached_result_equals_fresh_and_corrupt_entry_is_recomputed(lm, tmp_path):
     cache = ResultCache(tmp_path / "c")
     task = sentiment_task()
-    fresh = head_scores(lm, task, shots=2, n_prompts=6, cache=cache)
-    warm = head_scores(lm, task, shots=2, n_prompts=6, cache=cache)
+    fresh = head_scores(lm, task, shots=2, prompts=6, cache=cache)
+    warm = head_scores(lm, task, shots=2, prompts=6, cache=cache, batch_size=3)  # batch_size is not in the key
     assert not fresh.cache_hit and warm.cache_hit
     for m in ("tr", "tl", "dla_tr", "dla_tl", "induction", "flagged"):
         assert np.array_equal(getattr(fresh, m), getattr(warm, m)), m
-    assert fresh.icl_accuracy == warm.icl_accuracy and fresh.top_tr == warm.top_tr
+    assert fresh.icl == warm.icl and fresh.top_tr == warm.top_tr and fresh.zero_shot == warm.zero_shot
     # every stored value is JSON bytes, never a pickle
     keys = list(cache.dc.iterkeys())
     assert keys and all(isinstance(cache.dc.get(k), bytes) for k in keys)
     for k in keys:
         cache.dc.set(k, b"\x80not json")
-    again = head_scores(lm, task, shots=2, n_prompts=6, cache=cache)
+    again = head_scores(lm, task, shots=2, prompts=6, cache=cache)
     assert not again.cache_hit and np.array_equal(again.tr, fresh.tr)
     for k in keys:
         cache.dc.set(k, 12345)  # a foreign type: also dropped and recomputed
-    assert not head_scores(lm, task, shots=2, n_prompts=6, cache=cache).cache_hit
+    assert not head_scores(lm, task, shots=2, prompts=6, cache=cache).cache_hit
+    for k in keys:
+        cache.dc.set(k, json.dumps({"foo": 1}).encode())  # JSON, but not a scores result: recomputed
+    fixed = head_scores(lm, task, shots=2, prompts=6, cache=cache)
+    assert not fixed.cache_hit and np.array_equal(fixed.tr, fresh.tr)
+    assert head_scores(lm, task, shots=2, prompts=6, cache=cache).cache_hit
+
+
+def test_a_cache_hit_costs_no_tokenising(lm, tmp_path, monkeypatch):
+    cache = ResultCache(tmp_path / "c")
+    task = sentiment_task()
+    head_scores(lm, task, shots=2, prompts=6, cache=cache)
+
+    def no(*a, **k):
+        raise AssertionError("tokenised on a cache hit")
+
+    monkeypatch.setattr(lm, "tokenizer", type("T", (), {"__call__": no})())
+    assert head_scores(lm, task, shots=2, prompts=6, cache=cache).cache_hit
 
 
 def test_cache_key_separates_parameters(lm, tmp_path):
     cache = ResultCache(tmp_path / "c")
     task = sentiment_task()
-    head_scores(lm, task, shots=2, n_prompts=6, cache=cache)
-    assert not head_scores(lm, task, shots=2, n_prompts=6, seed=1, cache=cache).cache_hit
-    assert not head_scores(lm, task, shots=1, n_prompts=6, cache=cache).cache_hit
-    assert not head_scores(lm, task, shots=2, n_prompts=6, apply_ln=True, cache=cache).cache_hit
+    head_scores(lm, task, shots=2, prompts=6, cache=cache)
+    assert not head_scores(lm, task, shots=2, prompts=6, seed=1, cache=cache).cache_hit
+    assert not head_scores(lm, task, shots=1, prompts=6, cache=cache).cache_hit
+    assert not head_scores(lm, task, shots=2, prompts=6, apply_ln=True, cache=cache).cache_hit
+    assert not head_scores(lm, task, shots=2, prompts=6, top_k=5, cache=cache).cache_hit
+
+
+def test_queries_are_capped_at_the_pool_with_a_warning(lm):
+    task = sentiment_task()  # 40 examples: 20 held-out queries per seed
+    r = head_scores(lm, task, shots=2, prompts=50, cache=False)
+    assert r.prompts == 20 and r.icl.n == 20
+    assert any("20 held-out queries" in w and "not the 50 asked" in w for w in r.warnings)
+    assert len({p.query for p in build_prompts(lm, task, 2, 50, 0).prompts}) == 20
+
+
+def test_a_given_prompt_set_is_scored_as_given(lm):
+    prompts = [Prompt(f"Q: {w}\nA:", " yes", (" yes", " no")) for w in ("red", "blue", "green")]
+    task = Task.from_prompts("mine", prompts)
+    r = head_scores(lm, task, prompts=50, cache=False)
+    assert r.prompts == 3 and r.zero_shot is None and r.shots == 0
+    other = Task.from_prompts("mine", prompts[:2] + [Prompt("Q: red\nA:", " no", (" yes", " no"))])
+    assert other.content_hash() != task.content_hash()
 
 
 def test_apply_ln_changes_scale_not_shape(lm):
-    a = head_scores(lm, sentiment_task(), shots=2, n_prompts=4, cache=False)
-    b = head_scores(lm, sentiment_task(), shots=2, n_prompts=4, apply_ln=True, cache=False)
+    a = head_scores(lm, sentiment_task(), shots=2, prompts=4, cache=False)
+    b = head_scores(lm, sentiment_task(), shots=2, prompts=4, apply_ln=True, cache=False)
     assert a.tr.shape == b.tr.shape and not np.allclose(a.tr, b.tr)
 
 
@@ -80,14 +120,14 @@ def test_prompts_beyond_context_drop_demonstrations(gpt2_tokenizer):
     torch.manual_seed(0)
     small = wrap(T.AutoModelForCausalLM.from_config(cfg), gpt2_tokenizer, "ctx40")
     task = sentiment_task()
-    prompts, used, warnings = fit_prompts(small, task, 8, 5, 0)
-    assert used < 8 and warnings and "context window of 40" in warnings[0]
-    assert all(len(gpt2_tokenizer(p.text)["input_ids"]) <= 40 for p in prompts)
-    r = head_scores(small, task, shots=8, n_prompts=5, cache=False)
-    assert r.shots == used and r.warnings == warnings
+    built = build_prompts(small, task, 8, 5, 0)
+    assert built.shots < 8 and built.warnings and "context window of 40" in built.warnings[0]
+    assert all(len(gpt2_tokenizer(p.text)["input_ids"]) <= 40 for p in built.prompts)
+    r = head_scores(small, task, shots=8, prompts=5, cache=False)
+    assert r.shots == built.shots and r.warnings == built.warnings
     long_task = Task("long", "classification", [(" ".join(["word"] * 60), "a"), (" ".join(["word"] * 61), "b")] * 3)
     with pytest.raises(TaskError, match="even the zero-shot prompts"):
-        fit_prompts(small, long_task, 2, 2, 0)
+        build_prompts(small, long_task, 2, 2, 0)
     with pytest.raises(TaskError, match="exceed the model's context window of 40"):
         encode(small, long_task.build_prompts(0, 2, 0), "classification")
 
@@ -126,7 +166,7 @@ def test_model_errors_are_specific(tmp_path):
     (tmp_path / "empty").mkdir()
     with pytest.raises(ModelLoadError, match="no config.json"):
         load_model(str(tmp_path / "empty"))
-    with pytest.raises(ModelLoadError, match="could not load the config of 'no-such-org/no-such-model'"):
+    with pytest.raises(ModelLoadError, match="'no-such-org/no-such-model'"):
         load_model("no-such-org/no-such-model")
     import transformers as T
 
@@ -138,10 +178,10 @@ def test_model_errors_are_specific(tmp_path):
 
 def test_out_of_memory_halves_the_batch(lm, monkeypatch):
     """A CUDA OOM at large batch sizes is retried at half the size; results do not change."""
-    import backend.analysis.batching as batching
+    import backend.analysis.primitives.batching as batching
 
     task = sentiment_task()
-    ref = head_scores(lm, task, shots=2, n_prompts=8, cache=False, batch_size=8)
+    ref = head_scores(lm, task, shots=2, prompts=8, cache=False, batch_size=8)
     real = batching.forward_last_logits
     seen = []
 
@@ -151,17 +191,17 @@ def test_out_of_memory_halves_the_batch(lm, monkeypatch):
             raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
         return real(lm_, batch)
 
-    monkeypatch.setattr("backend.analysis.scores.forward_last_logits", flaky)
-    got = head_scores(lm, task, shots=2, n_prompts=8, cache=False, batch_size=8)
+    monkeypatch.setattr("backend.analysis.primitives.head_maps.forward_last_logits", flaky)
+    got = head_scores(lm, task, shots=2, prompts=8, cache=False, batch_size=8)
     assert seen[:3] == [8, 4, 2] and max(seen[3:]) <= 2
     np.testing.assert_allclose(got.tr, ref.tr, rtol=1e-4, atol=1e-7)
 
     def always(lm_, batch):
         raise torch.OutOfMemoryError("CUDA out of memory")
 
-    monkeypatch.setattr("backend.analysis.scores.forward_last_logits", always)
+    monkeypatch.setattr("backend.analysis.primitives.head_maps.forward_last_logits", always)
     with pytest.raises(MemoryError, match="even at batch size 1"):
-        head_scores(lm, task, shots=2, n_prompts=2, cache=False)
+        head_scores(lm, task, shots=2, prompts=2, cache=False)
 
 
 def test_function_vector_dataset_with_real_tokenizer(gpt2_tokenizer):
@@ -174,12 +214,12 @@ def test_function_vector_dataset_with_real_tokenizer(gpt2_tokenizer):
     lm = wrap(tiny_model("gpt2"), gpt2_tokenizer, "tiny-gpt2")
     task = load_task(str(FV_DATASETS / "antonym.json"))
     assert task.kind == "generation" and len(task.examples) > 1000
-    r = head_scores(lm, task, shots=4, n_prompts=12, cache=False)
+    r = head_scores(lm, task, shots=4, prompts=12, cache=False)
     assert r.tr.shape == (2, 4) and np.isfinite(r.tl).all()
     assert r.multi_token_labels, "antonym outputs include words GPT-2 splits into several tokens"
     sent = load_task(str(FV_DATASETS / "sentiment.json"))
     assert sent.kind == "classification"
-    assert head_scores(lm, sent, shots=4, n_prompts=6, cache=False).tr_ratio >= 0
+    assert head_scores(lm, sent, shots=4, prompts=6, cache=False).icl.tr_ratio >= 0
 
 
 def test_labels_unknown_to_a_word_level_tokenizer_are_an_error(lm):

@@ -6,11 +6,15 @@ import numpy as np
 import pytest
 import torch
 
-from backend.analysis.batching import encode, forward_last_logits, make_batch
-from backend.analysis.geometry import geometry, hidden_metrics, pca_view
-from backend.analysis.perturbations import perturbation_report
-from backend.analysis.steering import head_set_vector, run_injections, steer
-from backend.analysis.tsla import label_space, projector
+from pydantic import ValidationError
+
+from backend import build_vectors, geometry, perturbation_report, steer
+from backend.analysis.geometry import hidden_metrics, pca_view
+from backend.analysis.primitives.batching import encode, forward_last_logits, make_batch
+from backend.analysis.primitives.capture import capture_means
+from backend.analysis.primitives.sweep import RowConfig, sweep_outcomes
+from backend.analysis.primitives.tsla import label_space, projector
+from backend.analysis.vectors import head_set_vector
 from backend.hooks import hooked
 from backend.models import wrap
 from backend.tasks.base import Task, TaskError
@@ -95,55 +99,62 @@ def test_batched_injections_equal_single_runs(lm):
     task = sentiment_task()
     enc = encode(lm, task.build_prompts(0, 4, 0), task.kind)
     g = torch.Generator().manual_seed(0)
-    configs = [(0, torch.zeros(lm.d_model)), (1, torch.randn(lm.d_model, generator=g) * 5),
-               (0, torch.randn(lm.d_model, generator=g) * 5)]
-    together = run_injections(lm, enc, configs, batch_size=5)
+    configs = [RowConfig(inject={0: torch.zeros(lm.d_model)}),
+               RowConfig(inject={1: torch.randn(lm.d_model, generator=g) * 5}),
+               RowConfig(inject={0: torch.randn(lm.d_model, generator=g) * 5})]
+    together = sweep_outcomes(lm, enc, configs, batch_size=5)
     for c, cfg in enumerate(configs):
-        alone = run_injections(lm, enc, [cfg], batch_size=1)
-        assert np.array_equal(together["correct"][c], alone["correct"][0])
+        alone = sweep_outcomes(lm, enc, [cfg], batch_size=1)
+        assert np.array_equal(together.correct[c], alone.correct[0])
+        np.testing.assert_allclose(together.gold_prob[c], alone.gold_prob[0], rtol=1e-5, atol=1e-9)
 
 
 def test_head_set_vector_is_the_mean_sum_of_head_writes(lm):
     task = sentiment_task()
     enc = encode(lm, task.build_prompts(2, 4, 0), task.kind)
     heads = [(0, 1), (1, 2)]
-    v = head_set_vector(lm, enc, heads)
+    v = head_set_vector(lm, capture_means(lm, enc, "z"), heads)
     b = make_batch(lm, enc.ids, list(range(4)))
     with torch.inference_mode(), hooked(lm, capture_z=True) as tr:
         forward_last_logits(lm, b)
     z = tr.z(lm.n_heads)
     expect = sum(z[:, l, h] @ lm.w_o(l)[h] for l, h in heads).mean(0)
     torch.testing.assert_close(v, expect, rtol=1e-5, atol=1e-6)
-    assert torch.equal(head_set_vector(lm, enc, []), torch.zeros(lm.d_model))
+    assert torch.equal(head_set_vector(lm, capture_means(lm, enc, "z"), []), torch.zeros(lm.d_model))
+    built = build_vectors(lm, task, types=["tr", "random"], heads=heads, shots=2, prompts=4, cache=False)
+    assert list(built.vectors) == ["tr", "random", "custom"] and built.vectors["custom"].heads == heads
+    assert built.vectors["tr"].vector.shape == (lm.d_model,) and len(built.vectors["tr"].heads) == built.vectors[
+        "random"].heads.__len__() == 4
 
 
 def test_steer_report_and_layer_sweep(lm):
     task = sentiment_task()
-    r = steer(lm, task, vectors=("tr", "tl", "random", "fv", "vanilla"), layer="all", shots=2, n_prompts=6,
+    r = steer(lm, task, vectors=("tr", "tl", "random", "fv", "vanilla"), layer="all", shots=2, prompts=6,
               cache=False)
-    assert r["layers"] == list(range(lm.n_layers))
-    assert set(r["vectors"]) == {"tr", "tl", "random", "fv", "vanilla"}
-    for v in r["vectors"].values():
-        assert len(v["accuracy"]) == lm.n_layers == len(v["tr_ratio"])
-    assert 0 <= r["zero_shot"]["accuracy"] <= 1 and 0 <= r["icl"]["accuracy"] <= 1
-    one = steer(lm, task, vectors=("tr",), alpha=0.0, shots=2, n_prompts=6, cache=False)
-    assert one["vectors"]["tr"]["accuracy"] == [one["zero_shot"]["accuracy"]]  # alpha 0 changes nothing
+    assert r.layers == list(range(lm.n_layers))
+    assert set(r.vectors) == {"tr", "tl", "random", "fv", "vanilla"}
+    for v in r.vectors.values():
+        assert len(v.accuracy) == lm.n_layers == len(v.tr_ratio) == len(v.label_accuracy) == len(v.norm)
+    assert 0 <= r.zero_shot.accuracy <= 1 and 0 <= r.icl.accuracy <= 1
+    one = steer(lm, task, vectors=("tr",), alpha=0.0, shots=2, prompts=6, cache=False)
+    z = one.zero_shot
+    assert one.vectors["tr"].accuracy == [z.accuracy] and one.vectors["tr"].tr_ratio == [z.tr_ratio]  # alpha 0
     with pytest.raises(ValueError, match="out of range"):
-        steer(lm, task, vectors=("tr",), layer=99, shots=2, n_prompts=2, cache=False)
-    with pytest.raises(ValueError, match="unknown vector type"):
-        steer(lm, task, vectors=("bogus",), shots=2, n_prompts=2, cache=False)
+        steer(lm, task, vectors=("tr",), layer=99, shots=2, prompts=2, cache=False)
+    with pytest.raises(ValidationError, match="vectors"):
+        steer(lm, task, vectors=("bogus",), shots=2, prompts=2, cache=False)
 
 
 def test_geometry_report(lm):
-    r = geometry(lm, sentiment_task(), shots=2, n_prompts=6, cache=False)
-    assert set(r["conditions"]) == {"zero_shot", "zero_shot+tr", "zero_shot+tl", "zero_shot+random", "icl"}
-    zs, tr = r["conditions"]["zero_shot"], r["conditions"]["zero_shot+tr"]
-    inj = r["inject_layer"]
+    r = geometry(lm, sentiment_task(), shots=2, prompts=6, cache=False)
+    assert set(r.conditions) == {"zero_shot", "zero_shot+tr", "zero_shot+tl", "zero_shot+random", "icl"}
+    zs, tr = r.conditions["zero_shot"], r.conditions["zero_shot+tr"]
+    inj = r.inject_layer
     # before the injection layer the steered run is the zero-shot run
     for l in range(inj):
-        assert tr["alignment"]["mean"][l] == pytest.approx(zs["alignment"]["mean"][l])
-    assert all(0 <= a <= 1 + 1e-9 for a in zs["alignment"]["mean"])
-    assert len(r["pca"]["points"]["icl"]) == 6 and len(r["pca"]["gold"]) == 6
+        assert tr["alignment"].mean[l] == pytest.approx(zs["alignment"].mean[l])
+    assert all(0 <= a <= 1 + 1e-9 for a in zs["alignment"].mean)
+    assert len(r.pca.points["icl"]) == 6 and len(r.pca.gold) == 6
 
 
 # -- perturbations ----------------------------------------------------------------------------------
@@ -183,19 +194,19 @@ def test_shuffled_inputs_keep_the_label_sequence():
 
 
 def test_perturbation_report(lm):
-    r = perturbation_report(lm, sentiment_task(), shots=2, n_prompts=6, cache=False)
-    per = r["perturbations"]
+    r = perturbation_report(lm, sentiment_task(), shots=2, prompts=6, cache=False)
+    per = r.perturbations
     assert set(per) == {"none", *PERTURBATIONS}
     for name in PERTURBATIONS:
-        assert np.asarray(per[name]["tr_diff"]).shape == (lm.n_layers, lm.n_heads)
-        np.testing.assert_allclose(np.asarray(per[name]["tr"]) - np.asarray(per["none"]["tr"]),
-                                   per[name]["tr_diff"])
-        assert set(per[name]["ablation"]) == {"none", "tr", "tl", "random"}
+        assert per[name].tr_diff.shape == (lm.n_layers, lm.n_heads)
+        np.testing.assert_allclose(per[name].tr - per["none"].tr, per[name].tr_diff)
+        assert set(per[name].ablation) == {"none", "tr", "tl", "random"}
+    assert per["none"].ablation["none"] == per["none"].icl  # the unablated configuration is the plain pass
 
 
 def test_function_vector_is_skipped_with_a_reason_for_builder_tasks(lm):
     base = sentiment_task()
     task = Task("built", "classification", base.examples, labels=base.labels,
                 builder=lambda t, k, n, s: base.build_prompts(k, n, s))
-    r = steer(lm, task, vectors=("tr", "fv"), shots=2, n_prompts=4, cache=False)
-    assert set(r["vectors"]) == {"tr"} and any("no function vector" in w for w in r["warnings"])
+    r = steer(lm, task, vectors=("tr", "fv"), shots=2, prompts=4, cache=False)
+    assert set(r.vectors) == {"tr"} and any("no function vector" in w for w in r.warnings)

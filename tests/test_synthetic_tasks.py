@@ -108,25 +108,24 @@ def test_prompts_are_seeded(tasks):
 
 
 def test_classification_label_sets(tasks):
-    union = tuple(" " + y for y in CLASS_LABELS)
+    """Each prompt's label set is the task's own (in-context) labels, not the union of all 14."""
     assert len(set(CLASS_LABELS)) == len(CLASS_LABELS) == 14
     for b in CLASS_TASKS:
         t = tasks[f"syn-{b}"]
-        assert t.labels == CLASS_LABELS
+        assert t.labels == CLASS_TASKS[b]
         for p in t.build_prompts(2, 20, seed=0):
-            assert p.labels == union
+            assert p.labels == tuple(" " + y for y in CLASS_TASKS[b])
 
 
 def test_random_mapping_labels_are_redrawn_per_prompt(tasks):
     w = build_world()
-    union = tuple(" " + y for y in CLASS_LABELS)
     for b in RMAP_BASES:
         t = tasks[f"syn-rmap-{b}"]
         prompts = t.build_prompts(8, 100, seed=0)
         own = set()
         for p in prompts:
-            assert p.labels[:14] == union and len(p.labels) == 16
-            mapped = p.labels[14:]
+            assert len(p.labels) == 2  # the prompt's own two mapped words, nothing else
+            mapped = p.labels
             assert len(set(mapped)) == 2 and all(m[1:] in w.nonsense for m in mapped)
             assert p.gold in mapped
             own.add(mapped)

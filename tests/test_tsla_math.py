@@ -5,8 +5,8 @@ import numpy as np
 import pytest
 import torch
 
-from backend.analysis.selection import n_top, overlap, random_heads, top_heads
-from backend.analysis.tsla import apply_final_ln, label_space, projector, tsla
+from backend.analysis.primitives.selection import n_top, overlap, random_heads, top_heads
+from backend.analysis.primitives.tsla import apply_final_ln, label_space, projector, tsla
 
 
 def test_tr_tl_dla_match_explicit_projection():
@@ -64,12 +64,14 @@ def test_final_ln_scaling():
 
 def test_head_selection_and_overlap():
     s = np.arange(24, dtype=float).reshape(4, 6)
-    assert n_top(4, 6, 3.0) == 1 and n_top(32, 32, 3.0) == 31
-    assert top_heads(s, 3.0) == [(3, 5)]
+    # top p% of the heads, never fewer than 4 (issue: 3% of 32 heads was one head); an explicit k as given
+    assert n_top(4, 6, 3.0) == 4 and n_top(32, 32, 3.0) == 31 and n_top(4, 8, 10.0) == 4 and n_top(12, 12, 10) == 15
+    assert n_top(1, 2, 3.0) == 2 and n_top(4, 6, 3.0, k=1) == 1 and n_top(4, 6, k=100) == 24
+    assert top_heads(s, 3.0) == [(3, 5), (3, 4), (3, 3), (3, 2)]
     assert top_heads(s, k=3) == [(3, 5), (3, 4), (3, 3)]
     r1, r2 = random_heads(4, 6, 5, seed=0), random_heads(4, 6, 5, seed=0)
     assert r1 == r2 and len(set(r1)) == 5 and random_heads(4, 6, 5, seed=1) != r1
-    same = overlap(s, s, 10.0)
+    same = overlap(s, s, 3)
     assert same["jaccard"] == 1.0 and same == pytest.approx({"jaccard": 1, "spearman": 1, "kendall": 1})
-    rev = overlap(s, -s, 10.0)
+    rev = overlap(s, -s, 3)
     assert rev["jaccard"] == 0.0 and rev["spearman"] == pytest.approx(-1.0)

@@ -334,12 +334,28 @@ def train(cfg: TrainConfig, out: Path, seed: int = 0, device: str | None = None,
     metrics: dict[str, Any] = {"config": asdict(cfg), "seed": seed, "device": str(dev),
                                "train_seconds": round(seconds, 1), "params": sum(p.numel() for p in model.parameters()),
                                "history": history, "command": command}
-    if final_eval_prompts:
-        metrics["eval"] = evaluate_language(lm, n=final_eval_prompts)
+    return write_card(lm, out, metrics, final_eval_prompts)
+
+
+def write_card(lm: LoadedModel, out: Path, metrics: dict[str, Any], eval_prompts: int = 300) -> dict[str, Any]:
+    """Evaluate (when eval_prompts > 0) and write metrics.json and the model card README.md into `out`."""
+    if eval_prompts:
+        metrics["eval"] = evaluate_language(lm, n=eval_prompts)
         metrics["induction"] = induction_summary(lm)
     (out / "metrics.json").write_text(json.dumps(metrics, indent=1) + "\n")
     (out / "README.md").write_text(model_card(metrics))
     return metrics
+
+
+def reevaluate(out: Path, eval_prompts: int = 300) -> dict[str, Any]:
+    """Re-run the evaluation of a trained folder (after the evaluation changed) and rewrite its card; the
+    training record in metrics.json is kept."""
+    from ..models import load_model
+
+    metrics = json.loads((out / "metrics.json").read_text())
+    metrics.pop("induction_no_bos_top", None)
+    metrics["command"] = metrics.get("command", "").replace("-m backend.train_default", "-m backend train-default")
+    return write_card(load_model(str(out), device="cpu"), out, metrics, eval_prompts)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -351,19 +367,28 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--device", default=None, help="cuda / cpu (default: cuda when present)")
     ap.add_argument("--eval-prompts", type=int, default=300, help="prompts per task and k in the final table (0: skip)")
     ap.add_argument("--no-progress", action="store_true", help="log JSON lines instead of a progress bar")
+    ap.add_argument("--eval-only", action="store_true", help="re-evaluate the trained folder --out, rewrite its card")
     args = ap.parse_args(argv)
+    if args.eval_only:
+        summary(reevaluate(args.out, args.eval_prompts))
+        return 0
     cfg = CONFIGS[args.config]
     if args.steps is not None:
         cfg = replace(cfg, steps=args.steps, warmup=min(cfg.warmup, max(1, args.steps // 10)))
     cmd = "python -m backend train-default " + " ".join(sys.argv[1:] if argv is None else argv)
     m = train(cfg, args.out, args.seed, args.device, not args.no_progress, args.eval_prompts, cmd.strip())
+    summary(m)
+    print(f"trained in {m['train_seconds']:.0f} s -> {args.out}")
+    return 0
+
+
+def summary(m: dict[str, Any]) -> None:
+    """Print the per-group metrics and the top induction heads."""
     if "eval" in m:
         fmt = lambda xs: " | ".join(f"{x:.2f}" for x in xs)  # noqa: E731
         for g, d in m["eval"]["groups"].items():
             print(f"{g:15s} acc {fmt(d['accuracy'])}   label acc {fmt(d['label_accuracy'])}   TR {fmt(d['tr_ratio'])}")
         print("induction top:", m["induction"]["top"])
-    print(f"trained in {m['train_seconds']:.0f} s -> {args.out}")
-    return 0
 
 
 if __name__ == "__main__":

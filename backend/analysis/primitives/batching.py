@@ -117,6 +117,9 @@ def build_prompts(lm: LoadedModel, task: Task, shots: int, n: int, seed: int, pe
     """
     warnings: list[str] = []
     pool = task.n_queries(seed)
+    if task.fixed is not None:  # a given prompt set: as given, whatever the shots
+        prompts = task.build_prompts(shots, min(n, pool), seed)
+        return Built(prompts, max(p.n_shots for p in prompts), warnings)
     if n > pool:
         warnings.append(f"task {task.name!r} has {pool} held-out queries for seed {seed}; scored {pool} prompts, "
                         f"not the {n} asked (each query once)")

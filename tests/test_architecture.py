@@ -1,0 +1,118 @@
+"""The import graph keeps its floors: pages -> ui -> service -> analysis -> hooks -> models, tasks, cache.
+
+Every import counts, lazy ones inside functions included (type-only imports under TYPE_CHECKING do not).
+Inside the analysis floor, feature modules import only primitives and the kernel, never each other.
+"""
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+KERNEL = {"backend.analysis.kernel", "backend.analysis.kinds", "backend.analysis.params", "backend.analysis.results"}
+
+
+def modules() -> dict[str, Path]:
+    files = [ROOT / "app.py", *ROOT.glob("pages/*.py"), *ROOT.glob("ui/**/*.py"), *ROOT.glob("backend/**/*.py")]
+    out = {}
+    for f in files:
+        parts = list(f.relative_to(ROOT).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        out[".".join(parts)] = f
+    return out
+
+
+def imports(name: str, path: Path, known: dict[str, Path]) -> set[str]:
+    """Project modules `name` imports (resolving relative imports; skipping `if TYPE_CHECKING:` blocks)."""
+    tree = ast.parse(path.read_text())
+    skip = {id(n) for node in ast.walk(tree) if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.dump(node.test)
+            for n in ast.walk(node)}
+    package = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
+    found = set()
+    for node in ast.walk(tree):
+        if id(node) in skip:
+            continue
+        if isinstance(node, ast.Import):
+            targets = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = ".".join(package[: len(package) - node.level + 1]) if node.level else ""
+            mod = ".".join(x for x in (base, node.module or "") if x)
+            targets = [mod] + [f"{mod}.{a.name}" for a in node.names]
+        else:
+            continue
+        for t in targets:
+            while t and t not in known:
+                t = t.rpartition(".")[0]
+            if t and t != name and not name.startswith(t + "."):
+                found.add(t)
+    return found
+
+
+def floor(m: str) -> int:
+    if m == "app" or m.startswith("pages"):
+        return 6
+    if m.startswith("ui"):
+        return 5
+    if m.startswith("backend.service") or m in ("backend.cli", "backend.launch", "backend.__main__"):
+        return 4
+    if m.startswith("backend.analysis"):
+        return 3
+    if m == "backend.hooks":
+        return 2
+    if m == "backend":
+        return 7  # the package's lazy public face
+    return 1
+
+
+@pytest.fixture(scope="module")
+def graph() -> dict[str, set[str]]:
+    known = modules()
+    return {m: imports(m, p, known) for m, p in known.items()}
+
+
+def test_no_import_runs_up_the_floors(graph):
+    up = sorted((a, b) for a, deps in graph.items() for b in deps if floor(b) > floor(a) and floor(b) != 7)
+    assert not up, "upward imports: " + "; ".join(f"{a} -> {b}" for a, b in up)
+
+
+def test_no_cycles(graph):
+    seen: dict[str, int] = {}  # 1 on the stack, 2 done
+    cycles = []
+
+    def visit(m: str, stack: list[str]) -> None:
+        seen[m] = 1
+        for d in graph.get(m, ()):
+            if seen.get(d) == 1:
+                cycles.append(stack[stack.index(d):] + [d])
+            elif d not in seen:
+                visit(d, stack + [d])
+        seen[m] = 2
+
+    for m in graph:
+        if m not in seen:
+            visit(m, [m])
+    assert not cycles, "cycles: " + "; ".join(" -> ".join(c) for c in cycles)
+
+
+def test_features_import_only_primitives_and_the_kernel(graph):
+    features = [m for m in graph if m.startswith("backend.analysis.") and m not in KERNEL
+                and not m.startswith("backend.analysis.primitives")]
+    assert "backend.analysis.scores" in features and "backend.analysis.steering" in features
+    bad = [(m, d) for m in features for d in graph[m] if d in features]
+    assert not bad, "features importing features: " + "; ".join(f"{a} -> {b}" for a, b in bad)
+    prim = [m for m in graph if m.startswith("backend.analysis.primitives")]
+    bad = [(m, d) for m in prim for d in graph[m] if d.startswith("backend.analysis.")
+           and not d.startswith("backend.analysis.primitives")]
+    assert not bad, "primitives importing features or the kernel: " + str(bad)
+
+
+def test_the_kernel_and_options_need_no_torch():
+    import subprocess
+    import sys
+
+    code = ("import sys, backend.options, backend.analysis.kinds, backend.analysis.params, backend.analysis.results; "
+            "assert 'torch' not in sys.modules")
+    subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True)
