@@ -13,8 +13,10 @@ import pytest
 from pydantic import BaseModel, ConfigDict
 from starlette.testclient import TestClient
 
+from backend.analysis.kernel import Context
+from backend.analysis.kinds import Kind, register, unregister
+from backend.analysis.results import Result
 from backend.service.app import create_app
-from backend.service.registry import JobContext, register_job_kind, unregister_job_kind
 
 REPO = Path(__file__).resolve().parents[1]
 CALLS: Counter = Counter()  # computations of the test job kinds, by n
@@ -28,21 +30,25 @@ class CountParams(BaseModel):
     fail: bool = False
 
 
-def run_count(ctx: JobContext, p: CountParams) -> dict[str, Any]:
-    """Computes `n` through the disk cache, counting real computations; progress after every step."""
-    from backend.cache import default_cache, make_key
+class CountResult(Result):
+    n: int
+    steps_done: int
+    nan: float | None = None
 
-    def compute() -> dict[str, Any]:
-        CALLS[p.n] += 1
-        for i in range(p.steps):
-            ctx.progress(i / p.steps, f"step {i}")
-            time.sleep(p.delay)
-        if p.fail:
-            raise RuntimeError("boom")
-        return {"n": p.n, "steps_done": p.steps, "nan": float("nan")}
 
-    value, hit = default_cache().get_or_compute(make_key("test-count", n=p.n, steps=p.steps), compute)
-    return {**value, "cache_hit": hit}
+def run_count(ctx: Context, p: CountParams) -> dict[str, Any]:
+    """Computes `n` (cached by the kernel), counting real computations; progress after every step."""
+    CALLS[p.n] += 1
+    for i in range(p.steps):
+        ctx.progress(i / p.steps, f"step {i}")
+        time.sleep(p.delay)
+    if p.fail:
+        raise RuntimeError("boom")
+    return {"n": p.n, "steps_done": p.steps, "nan": float("nan")}
+
+
+COUNT = Kind("count", CountParams, CountResult, "test_service:run_count", "test kind", api="count", uses_task=False,
+             uses_model=False)
 
 
 @pytest.fixture(autouse=True)
@@ -51,9 +57,9 @@ def _service_env(monkeypatch):
                 "HEADLENS_MAX_PROMPTS", "HEADLENS_MAX_SHOTS", "HEADLENS_MAX_TOKENS", "HEADLENS_MAX_UPLOAD_MB"):
         monkeypatch.delenv(var, raising=False)
     CALLS.clear()
-    register_job_kind("count", CountParams, "test kind", uses_task=False, replace=True)(run_count)
+    register(COUNT, replace=True)
     yield
-    unregister_job_kind("count")
+    unregister("count")
 
 
 @pytest.fixture(scope="module")
@@ -206,7 +212,10 @@ def test_bad_requests_get_clear_4xx():
         r = c.post("/jobs", json={"kind": "scores", "task": "no-such-task"})
         assert r.status_code == 404 and "no-such-task" in r.json()["detail"] and "sentiment" in r.json()["detail"]
         r = c.post("/jobs", json={"kind": "scores", "task": "sentiment", "prompts": 0})
-        assert r.status_code == 422 and r.json()["detail"] == "prompts must be at least 1, got 0"
+        assert r.status_code == 422 and r.json()["detail"] == ("invalid scores request: prompts: Input should be "
+                                                               "greater than or equal to 1 (got 0)")
+        r = c.post("/jobs", json={"kind": "scores", "task": "sentiment", "shots": True})
+        assert r.status_code == 422 and "shots: Input should be a valid integer (got True)" in r.json()["detail"]
         r = c.post("/jobs", json={"kind": "scores", "task": "sentiment", "shotz": 3})
         assert r.status_code == 422 and "unknown field 'shotz'" in r.json()["detail"]
         r = c.post("/jobs", json={"kind": "nope", "task": "sentiment"})
@@ -287,7 +296,8 @@ def test_analysis_kinds_on_a_tiny_model(tiny_dir):
         s = wait(c, c.post("/jobs", json={"kind": "scores", **base}).json()["id"])
         assert s["status"] == "done", s["error"]
         res = s["result"]
-        assert len(res["tr"]) == 2 and len(res["tr"][0]) == 4 and 0 <= res["icl_accuracy"] <= 1
+        assert len(res["tr"]) == 2 and len(res["tr"][0]) == 4 and 0 <= res["icl"]["accuracy"] <= 1
+        assert res["params"]["shots"] == 2 and res["model"] == str(tiny_dir)
         icl = wait(c, c.post("/jobs", json={"kind": "icl", **base, "shots": [0, 2], "examples": 1}).json()["id"])
         assert icl["status"] == "done", icl["error"]
         assert icl["result"]["shots"] == [0, 2] and len(icl["result"]["examples"]) == 2
@@ -318,8 +328,8 @@ def test_steering_geometry_and_perturbation_kinds(tiny_dir):
         pe = wait(c, c.post("/jobs", json={"kind": "perturb", **base, "perturbations": ["symbol_labels"]}).json()["id"])
         assert pe["status"] == "done", pe["error"]
         assert "symbol_labels" in pe["result"]["perturbations"]
-        bad = wait(c, c.post("/jobs", json={"kind": "steer", **base, "layer": 9}).json()["id"])
-        assert bad["status"] == "error" and "out of range" in bad["error"]
+        r = c.post("/jobs", json={"kind": "steer", **base, "layer": 9})  # the model is resident: refused at once
+        assert r.status_code == 422 and "layer: 9 out of range" in r.json()["detail"]
         r = c.post("/jobs", json={"kind": "steer", **base, "vectors": ["nope"]})
         assert r.status_code == 422
 
@@ -382,7 +392,7 @@ def test_inprocess_client(monkeypatch):
         assert result["n"] == 21 and steps and steps[-1] == (1.0, "done")
         with pytest.raises(JobFailed, match="boom"):
             hc.run("count", n=22, fail=True, delay=0)
-        with pytest.raises(ClientError, match="prompts must be at least 1") as e:
+        with pytest.raises(ClientError, match="prompts: Input should be greater than or equal to 1") as e:
             hc.submit("scores", task="sentiment", prompts=0)
         assert e.value.status == 422
         up = hc.upload_task("t.jsonl", b'{"input": "a", "output": "b"}\n{"input": "c", "output": "d"}\n')
