@@ -8,7 +8,10 @@ import torch
 from backend.analysis import sweep as S
 from backend.analysis.sweep import RowConfig, run_sweep
 
+from tiny_models import CONFIGS, tiny_model
+
 LENGTHS = (7, 12, 1, 9, 3)  # one batch holds different lengths (left padding) and a one-token prompt
+DEPTH = 4  # layers: enough for configurations to start at layers 0, 1, 2 and the last-layer shortcut
 
 
 def collect(lm, ids, configs, **kw) -> torch.Tensor:
@@ -50,6 +53,7 @@ def mixture(lm, seed=0) -> list[RowConfig]:
         RowConfig(mask=mask((L - 1, 0))),  # all positions, last layer only
         RowConfig(mask=mask((0, 1), (L - 1, 2))),  # all positions from layer 0
         RowConfig(mask=mask((1, 0), value=0.5)),  # a partial multiplier
+        RowConfig(mask=mask((L - 2, 1), (L - 1, 0))),  # from the last layer but one
         RowConfig(mask=mask(*[(l, h) for l in range(L) for h in range(H)])),  # everything ablated
         RowConfig(mask=mask((0, 0), (1, 3)), positions="last"),
         RowConfig(mask=mask((L - 1, 1)), positions="last"),
@@ -70,9 +74,10 @@ def fast(lm, ids, configs, monkeypatch, **kw) -> torch.Tensor:
         return collect(lm, ids, configs, **kw)
 
 
-def test_fast_paths_match_full_engine_every_family(tiny_lm, monkeypatch):
+@pytest.mark.parametrize("arch", sorted(CONFIGS))
+def test_fast_paths_match_full_engine_every_family(arch, gpt2_tokenizer, monkeypatch):
     """Mean ablation (fill) with the packed last-token step, on every family."""
-    lm, ids = tiny_lm, prompts()
+    lm, ids = _lm(arch, gpt2_tokenizer), prompts()
     configs = mixture(lm)
     fill = torch.randn(lm.n_layers, lm.n_heads, lm.head_dim, generator=torch.Generator().manual_seed(1))
     ref = collect(lm, ids, configs, fill=fill, engine="full", batch_size=8)
@@ -95,7 +100,7 @@ def test_zero_and_mean_ablation_both_step_kinds(arch, gpt2_tokenizer, monkeypatc
             assert (got - ref).abs().max().item() <= 1e-5, (f is not None, packed)
 
 
-def test_untouched_configurations_are_the_plain_forward_pass(tiny_lm, monkeypatch):
+def test_untouched_configurations_are_the_plain_forward_pass(tiny_lm, monkeypatch):  # the 2-layer models
     """All-ones masks (either position kind), zero vectors and empty configurations give the clean logits."""
     from backend.analysis.sweep import make_batch
 
@@ -145,23 +150,58 @@ def test_eager_attention_uses_an_additive_packed_mask(arch, gpt2_tokenizer, monk
     assert (got - ref).abs().max().item() <= 1e-5
 
 
+@pytest.mark.parametrize("arch", ["mistral", "gemma2"])
+def test_sliding_window_shorter_than_the_prompts(arch, gpt2_tokenizer, monkeypatch):
+    """Sliding-window caches that are already full: every layer sliding (one 4D mask still fits, offset), or
+    sliding and full layers mixed (the step repeats the cache over rows instead)."""
+    import transformers as T
+
+    from backend.models import wrap
+
+    d = CONFIGS[arch]().to_dict()
+    d.update(sliding_window=4, num_hidden_layers=3)
+    d.pop("layer_types", None)
+    torch.manual_seed(0)
+    lm = wrap(T.AutoModelForCausalLM.from_config(type(CONFIGS[arch]())(**d)).eval(), gpt2_tokenizer, f"sw-{arch}")
+    ids, configs = prompts(), mixture(lm)
+    ref = collect(lm, ids, configs, engine="full")
+    masks = []
+    real = S._packed_mask
+    monkeypatch.setattr(S, "_packed_mask", lambda *a: masks.append(r := real(*a)) or r)
+    got = fast(lm, ids, configs, monkeypatch, batch_size=3)
+    assert (got - ref).abs().max().item() <= 1e-5
+    assert any(m is None for m in masks) == (arch == "gemma2"), masks
+
+
 def test_work_done_is_what_the_configurations_change(gpt2_tokenizer, monkeypatch):
-    """Tokens through layer 0's attention: last-token and late-layer configurations add (almost) none."""
+    """Tokens through each layer's attention: a last-token configuration adds one per prompt; an all-position
+    mask from layer 2 adds a full pass of layers 2.. only; a mask at the last layer only acts as last-token."""
     lm = _lm("llama", gpt2_tokenizer)
     L, H, d = lm.n_layers, lm.n_heads, lm.d_model
     ids = prompts((6, 9, 4, 8))
-    late = torch.ones(L, H)
-    late[L - 1, 0] = 0
-    configs = [RowConfig(mask=late), RowConfig(mask=late, positions="last"),
-               RowConfig(inject={0: torch.randn(d)}), RowConfig(mask=torch.zeros(L, H), positions="last")]
-    tokens = []
-    handle = lm.o_proj(0).register_forward_pre_hook(lambda m, a: tokens.append(a[0].shape[0] * a[0].shape[1]))
+    N, W = len(ids), max(len(x) for x in ids)
+
+    def at(*heads):
+        m = torch.ones(L, H)
+        for l, h in heads:
+            m[l, h] = 0
+        return m
+
+    configs = [RowConfig(mask=at((2, 0), (3, 1))), RowConfig(mask=at((L - 1, 0))),
+               RowConfig(mask=at((L - 1, 0)), positions="last"), RowConfig(inject={0: torch.randn(d)}),
+               RowConfig(mask=torch.zeros(L, H), positions="last"), RowConfig()]
+    tokens = {l: 0 for l in range(L)}
+    handles = [lm.o_proj(l).register_forward_pre_hook(
+        lambda m, a, l=l: tokens.__setitem__(l, tokens[l] + a[0].shape[0] * a[0].shape[1])) for l in range(L)]
     try:
-        fast(lm, ids, configs, monkeypatch, batch_size=8)
+        got = fast(lm, ids, configs, monkeypatch, batch_size=8)
     finally:
-        handle.remove()
-    clean = len(ids) * max(len(x) for x in ids)  # one padded clean pass
-    assert sum(tokens) == clean + 3 * len(ids)  # plus one token per last-token configuration and prompt
+        for h in handles:
+            h.remove()
+    clean, step = N * W, 4 * N  # one padded clean pass; one token per last-token configuration and prompt
+    assert tokens == {0: clean + step, 1: clean + step, 2: 2 * clean + step, 3: 2 * clean + step}
+    ref = collect(lm, ids, configs, engine="full")
+    assert (got - ref).abs().max().item() <= 1e-5
 
 
 def test_each_pair_once_after_out_of_memory(gpt2_tokenizer, monkeypatch):
@@ -226,15 +266,29 @@ def test_progress_and_errors(gpt2_tokenizer):
 _lms: dict = {}
 
 
-def _lm(arch, tok, eager=False):
-    from tiny_models import tiny_model
+def deep_model(arch: str, layers: int = DEPTH, seed: int = 0) -> torch.nn.Module:
+    """tests/tiny_models.py's model of a family, with more layers (random output-projection biases too)."""
+    import transformers as T
 
+    d = CONFIGS[arch]().to_dict()
+    d["n_layer" if "n_layer" in d else "num_hidden_layers"] = layers
+    d.pop("layer_types", None)  # rebuilt for the new depth
+    torch.manual_seed(seed)
+    model = T.AutoModelForCausalLM.from_config(type(CONFIGS[arch]())(**d))
+    for mod in model.modules():
+        if getattr(mod, "bias", None) is not None and isinstance(mod.bias, torch.nn.Parameter):
+            torch.nn.init.normal_(mod.bias, std=0.02)
+    return model.eval()
+
+
+def _lm(arch, tok, eager=False, layers=DEPTH):
     from backend.models import wrap
 
-    key = (arch, eager)
+    key = (arch, eager, layers)
     if key not in _lms:
-        model = tiny_model(arch)
+        model = deep_model(arch, layers) if layers != 2 else tiny_model(arch)
         if eager:
             model.config._attn_implementation = "eager"
-        _lms[key] = wrap(model, tok, f"tiny-{arch}{'-eager' if eager else ''}")
+        _lms[key] = wrap(model, tok, f"tiny-{arch}-{layers}{'-eager' if eager else ''}")
+        assert _lms[key].n_layers == layers
     return _lms[key]

@@ -16,6 +16,8 @@ engine="full" runs every pair as a full forward pass (configurations mixed in ro
   cannot serve every layer (layers of different cache sizes, e.g. a sliding window already full) or the
   attention kernel takes no 4D mask (flash / flex attention), the cache is repeated over rows instead.
   A configuration costs about 1/T of a pass.
+  An all-position mask that changes nothing before the last layer is one of these too: only the last token's
+  output of the last layer reaches the logits.
 * all-position masks: the residual stream up to the first layer a configuration changes is the clean one.
   Configurations are grouped by that layer s (first layer with a mask entry != 1, or an injection layer + 1);
   the clean pass records the output of layer s - 1, and each group's passes run with layers < s - 1 replaced
@@ -109,6 +111,8 @@ def _plan(lm: LoadedModel, i: int, cfg: RowConfig) -> _Plan:
     start = int(rows[0])
     if inject:
         start = min(start, min(inject) + 1)
+    if start >= L - 1:  # only the last token leaves the last layer: a mask there acts as a last-token one
+        return _Plan("last", mask=mask, inject=inject)
     return _Plan("all", start=start, mask=mask, inject=inject)
 
 
