@@ -35,11 +35,12 @@ from typing import Any, Callable
 from .errors import ServiceError
 from .limits import Limits
 from ..locks import KeyLocks
-from .registry import Cancelled, JobContext, Progress, get_kind
+from ..jsonable import to_jsonable
 from .schemas import ACTIVE_STATES, JobStatus
 
 log = logging.getLogger(__name__)
 
+Progress = Callable[[float, str], None]
 Executor = Callable[[str, dict[str, Any], Progress], dict[str, Any]]
 
 
@@ -48,21 +49,6 @@ def job_key(kind: str, params: dict[str, Any], **identity: Any) -> str:
     hash, canonical model name)."""
     blob = json.dumps({"kind": kind, "params": params, **identity}, sort_keys=True, default=str)
     return f"{kind}:{hashlib.sha256(blob.encode()).hexdigest()[:32]}"
-
-
-def to_jsonable(obj: Any) -> Any:
-    """JSON-safe copy: non-finite floats -> None, tuples -> lists, numpy values -> Python values."""
-    if isinstance(obj, dict):
-        return {str(k): to_jsonable(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [to_jsonable(v) for v in obj]
-    if isinstance(obj, float):
-        return obj if math.isfinite(obj) else None
-    if isinstance(obj, (str, int, bool)) or obj is None:
-        return obj
-    if hasattr(obj, "tolist"):  # numpy arrays and scalars, torch tensors
-        return to_jsonable(obj.tolist())
-    return str(obj)
 
 
 def describe_error(e: BaseException) -> str:
@@ -83,12 +69,37 @@ def describe_error(e: BaseException) -> str:
     return f"internal error ({name}): {e}"
 
 
+class Cancelled(Exception):
+    """Raised inside a job (by its progress callback) once the job has been cancelled."""
+
+
+@dataclass
+class JobProgress:
+    """What a runner hands a job: `progress(fraction, message)`, and `live(data)` for data a page draws while
+    the job runs (e.g. a training loss curve so far; shown as the job's `live` field). Both raise `Cancelled`
+    once the job is cancelled."""
+
+    report: Progress
+    live: Callable[[dict[str, Any]], None]
+
+    def __call__(self, fraction: float, message: str = "") -> None:
+        self.report(fraction, message)
+
+
 def make_executor(pool: Any, tasks: Any) -> Executor:
-    """An executor that runs registered job kinds with models from `pool` and tasks from `tasks`."""
+    """An executor that runs registered analysis kinds with models from `pool` and tasks from `tasks`.
+
+    `params` holds `model` and `task` (when the kind uses them) and the kind's own fields."""
     def execute(kind: str, params: dict[str, Any], progress: Progress) -> dict[str, Any]:
+        from ..analysis.kernel import analyze
+        from ..analysis.kinds import get_kind
+
         spec = get_kind(kind)
-        p = spec.params.model_validate(params)
-        return spec.run(JobContext(params=p, progress=progress, pool=pool, tasks=tasks), p)
+        fields = dict(params)
+        model, task = fields.pop("model", None), fields.pop("task", None)
+        lm = pool.get(model) if spec.uses_model else None
+        t = tasks.get(task) if spec.uses_task else None
+        return analyze(kind, lm, t, fields, progress=progress, live=getattr(progress, "live", None)).to_json()
     return execute
 
 
@@ -133,6 +144,7 @@ class _Job:
     started: float | None = None
     finished: float | None = None
     submitters: int = 1
+    live: dict[str, Any] | None = None
     cancel: threading.Event = field(default_factory=threading.Event)
 
     def snapshot(self, include_result: bool = True) -> JobStatus:
@@ -140,7 +152,8 @@ class _Job:
         return JobStatus(id=self.id, kind=self.kind, status=self.status, progress=self.progress,  # type: ignore[arg-type]
                          message=self.message, result=self.result if include_result else None, error=self.error,
                          error_type=self.error_type, params=self.params, created=self.created, started=self.started,
-                         finished=self.finished, cache_hit=hit if isinstance(hit, bool) else None)
+                         finished=self.finished, cache_hit=hit if isinstance(hit, bool) else None,
+                         live=self.live if self.status in ACTIVE_STATES else None)
 
 
 class LocalJobRunner(JobRunner):
@@ -258,12 +271,20 @@ class LocalJobRunner(JobRunner):
             self._run(job)
 
     def _run(self, job: _Job) -> None:
-        def progress(fraction: float, message: str = "") -> None:
+        def report(fraction: float, message: str = "") -> None:
             if job.cancel.is_set():
                 raise Cancelled()
             with self._cond:
                 job.progress = min(max(float(fraction), 0.0), 1.0) if math.isfinite(fraction) else job.progress
                 job.message = message or job.message
+
+        def live(data: dict[str, Any]) -> None:
+            if job.cancel.is_set():
+                raise Cancelled()
+            with self._cond:
+                job.live = to_jsonable(data)
+
+        progress = JobProgress(report, live)
 
         try:
             with self._locks.hold(job.key, job.cancel.is_set, Cancelled):

@@ -71,6 +71,8 @@ class JobStatus(BaseModel):
     started: float | None = None
     finished: float | None = None
     cache_hit: bool | None = None
+    live: dict[str, Any] | None = Field(None, description="while running: data a page draws live (e.g. the loss "
+                                                            "curve so far of a training)")
 
 
 # -- tasks -----------------------------------------------------------------------------------------------
