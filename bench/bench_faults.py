@@ -10,7 +10,10 @@ Each server runs on 127.0.0.1 on a free port with its own HEADLENS_CACHE_DIR (a 
 (b) kill -9: the server is killed mid-job `--kills` times (with short jobs finishing around the kill),
     restarted on the same cache; then the cache must read cleanly (SQLite integrity check, every entry
     decodes), (a)'s results must still be there (cache hits), and every killed job, resubmitted, completes;
-(c) two servers on one cache folder, the same jobs sent to both: each key is computed once.
+(c) two servers on one cache folder, the same jobs sent to both: each key is computed once;
+(d) bounds: a 100 MB POST /jobs body (declared, then chunked) is a short 413 and the server's RSS does not
+    move; `--uploads` distinct 4.5 MB task uploads keep RSS and the upload folder bounded (memory LRU,
+    HEADLENS_UPLOAD_QUOTA_MB), and the oldest upload is still usable or a clear 404.
 The figures are printed, and with --json written as one JSON object.
 """
 from __future__ import annotations
@@ -263,6 +266,48 @@ def scenario_two_servers(cache: Path, logs: Path, n: int) -> dict[str, Any]:
         b.stop()
 
 
+# -- (d) bounded memory and disk ------------------------------------------------------------------------------
+def rss_mb(pid: int) -> int:
+    return int(Path(f"/proc/{pid}/status").read_text().split("VmRSS:")[1].split()[0]) // 1024
+
+
+def scenario_bounds(cache: Path, logs: Path, uploads: int) -> dict[str, Any]:
+    srv = Server(cache, logs / "d.log")
+    out: dict[str, Any] = {}
+    try:
+        out["rss_start_mb"] = rss_mb(srv.proc.pid)
+        body = b'{"kind": "scores", "task": "' + b"x" * (100 << 20) + b'"}'
+        for how, content in (("declared", body),
+                             ("chunked", (body[i:i + (1 << 20)] for i in range(0, len(body), 1 << 20)))):
+            t0 = time.perf_counter()
+            try:
+                r = srv.http.post("/jobs", content=content, headers={"content-type": "application/json"})
+                out[f"100MB_body_{how}"] = {"status": r.status_code, "answer_bytes": len(r.content),
+                                            "s": round(time.perf_counter() - t0, 2)}
+            except httpx.HTTPError as e:  # the server may close before the client has sent it all
+                out[f"100MB_body_{how}"] = {"client_error": type(e).__name__}
+        out["rss_after_bodies_mb"] = rss_mb(srv.proc.pid)
+        first = None
+        t0 = time.perf_counter()
+        for i in range(uploads):
+            lines = "".join(f'{{"input": "u{i} word {j} some more text here", "output": "{j % 3}"}}\n'
+                            for j in range(75_000))
+            r = srv.http.post("/tasks/upload", files={"file": (f"t{i}.jsonl", lines.encode())})
+            if r.status_code != 200:
+                raise RuntimeError(f"upload {i}: {r.status_code} {r.text[:200]}")
+            first = first or r.json()["id"]
+        up = cache / "uploads"
+        out["uploads"] = {"n": uploads, "mb_each": round(len(lines) / 2**20, 2),
+                          "s": round(time.perf_counter() - t0, 1), "rss_after_mb": rss_mb(srv.proc.pid),
+                          "disk_mb": round(sum(f.stat().st_size for f in up.iterdir()) / 2**20, 1),
+                          "records_on_disk": len(list(up.iterdir()))}
+        r = srv.http.post("/jobs", json={"kind": "scores", "task": first, "prompts": 2, "shots": 1})
+        out["oldest_upload"] = {"status": r.status_code, "detail": (r.json().get("detail") or "")[:120]}
+    finally:
+        srv.stop()
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--identical", type=int, default=200)
@@ -270,6 +315,8 @@ def main() -> None:
     ap.add_argument("--sample", type=int, default=5, help="distinct jobs recomputed on an empty cache")
     ap.add_argument("--kills", type=int, default=7)
     ap.add_argument("--shared", type=int, default=8, help="keys sent to both servers in (c)")
+    ap.add_argument("--uploads", type=int, default=40, help="4.5 MB task uploads in (d)")
+    ap.add_argument("--only", default="abcd", help="scenarios to run, e.g. `ab` or `d`")
     ap.add_argument("--json", help="write the figures to this file")
     ap.add_argument("--keep", action="store_true", help="keep the cache folders and logs")
     a = ap.parse_args()
@@ -280,12 +327,15 @@ def main() -> None:
     figures: dict[str, Any] = {}
     t0 = time.perf_counter()
     try:
-        figures["load"] = scenario_load(root / "cache-ab", logs, a.identical, a.distinct, a.sample)
-        print(json.dumps({"load": figures["load"]}, indent=1), flush=True)
-        figures["kill9"] = scenario_kills(root / "cache-ab", logs, a.kills, a.distinct)
-        print(json.dumps({"kill9": figures["kill9"]}, indent=1), flush=True)
-        figures["two_servers"] = scenario_two_servers(root / "cache-c", logs, a.shared)
-        print(json.dumps({"two_servers": figures["two_servers"]}, indent=1), flush=True)
+        runs = {"a": ("load", lambda: scenario_load(root / "cache-ab", logs, a.identical, a.distinct, a.sample)),
+                "b": ("kill9", lambda: scenario_kills(root / "cache-ab", logs, a.kills, a.distinct)),
+                "c": ("two_servers", lambda: scenario_two_servers(root / "cache-c", logs, a.shared)),
+                "d": ("bounds", lambda: scenario_bounds(root / "cache-d", logs, a.uploads))}
+        for letter in "abcd":
+            if letter in a.only:
+                name, run = runs[letter]
+                figures[name] = run()
+                print(json.dumps({name: figures[name]}, indent=1), flush=True)
     finally:
         figures["wall_s"] = round(time.perf_counter() - t0, 1)
         if a.json:
