@@ -95,6 +95,27 @@ def test_injection_adds_exactly_at_the_last_token(lm):
     assert not torch.allclose(steered.hidden[1], base.hidden[1])
 
 
+def test_injection_reaches_the_model_at_every_layer(lm):
+    """Issue 9 asked whether a steering sweep's flat accuracy meant the vector never arrived: at every layer l the
+    layer's output moves by exactly v, earlier layers do not move, and the final state differs per layer."""
+    task = sentiment_task()
+    enc = encode(lm, task.build_prompts(0, 3, 0), task.kind)
+    b = make_batch(lm, enc.ids, list(range(3)))
+    v = torch.randn(lm.d_model) * 3
+    finals = []
+    with torch.inference_mode():
+        with hooked(lm, capture_hidden=True) as base:
+            forward_last_logits(lm, b)
+        for layer in range(lm.n_layers):
+            with hooked(lm, capture_hidden=True, inject={layer: v}) as st:
+                forward_last_logits(lm, b)
+            torch.testing.assert_close(st.hidden[layer], base.hidden[layer] + v)
+            for earlier in range(layer):
+                assert torch.equal(st.hidden[earlier], base.hidden[earlier])
+            finals.append(st.hidden[-1])
+    assert not torch.allclose(finals[0], finals[-1])
+
+
 def test_batched_injections_equal_single_runs(lm):
     task = sentiment_task()
     enc = encode(lm, task.build_prompts(0, 4, 0), task.kind)
