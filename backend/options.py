@@ -49,6 +49,15 @@ FV_PROMPTS = 25
 EXTRACTION_SEED_OFFSET = 1000
 """Vectors are built from prompts of seed + this, so they are not built from the evaluation prompts."""
 
+FIT_REFUSE_UNKNOWN = 0.5
+"""A task whose inputs' tokens are more than this share unknown to the model's tokenizer is refused (kind `fit`)."""
+FIT_WARN_UNKNOWN = 0.05
+"""Above this share of unknown tokens (inputs, template), `fit` warns."""
+HEAD_TOP_TOKENS = 10
+"""Top next tokens the `head` kind lists (and per layer, with the logit lens: at most 5)."""
+HEAD_MAX_PATTERN = 256
+"""Prompts up to this many tokens get a head's whole attention pattern; longer ones the last row only."""
+
 # -- bounds every edge (service, CLI) applies through the params models --------------------------------------
 MAX_TEXT = 1024
 """Longest model name, task id or other free-text field, in characters."""

@@ -21,13 +21,13 @@ from .primitives.selection import Head, random_heads, ranking
 from .primitives.sweep import RowConfig, head_mask, sweep_outcomes
 
 
-def _prompts(ctx: Context, p: PromptParams, mode: str) -> tuple[Encoded, torch.Tensor | None]:
+def _prompts(ctx: Context, p: PromptParams, mode: str, progress: Any = None) -> tuple[Encoded, torch.Tensor | None]:
     """The encoded ICL prompts, and the mean-ablation fill (layers, heads, head_dim) when mode is mean."""
     built = build_prompts(ctx.lm, ctx.task, p.shots, p.prompts, p.seed)
     for w in built.warnings:
         ctx.warn(w)
     enc = encode(ctx.lm, built.prompts, ctx.task.kind)
-    fill = capture_means(ctx.lm, enc, "z", p.batch_size) if mode == "mean" else None
+    fill = capture_means(ctx.lm, enc, "z", p.batch_size, progress) if mode == "mean" else None
     return enc, fill
 
 
@@ -57,7 +57,7 @@ def curves(ctx: Context, p: AblationCurvesParams) -> dict[str, Any]:
         raise ValueError(f"ks: {too_many[:5]} exceed this model's {total} heads ({lm.n_layers} layers x "
                          f"{lm.n_heads}); use k <= {total}")
     ranked = head_orders(ctx, p)
-    enc, fill = _prompts(ctx, p, p.mode)
+    enc, fill = _prompts(ctx, p, p.mode, ctx.stage(0.3, 0.35, "mean head outputs"))
     index: dict[bytes, int] = {}
     masks: list[torch.Tensor] = []
     where: dict[str, list[list[int]]] = {}
@@ -74,7 +74,7 @@ def curves(ctx: Context, p: AblationCurvesParams) -> dict[str, Any]:
                 row.append(index[b])
             where[name].append(row)
     res = sweep_outcomes(lm, enc, [RowConfig(mask=m, positions=p.positions) for m in masks], fill=fill,
-                         batch_size=p.batch_size, progress=ctx.stage(0.3, 1.0, "ablating"))
+                         batch_size=p.batch_size, progress=ctx.stage(0.35, 1.0, "ablating"))
     means = res.means()
     out = {}
     for name, rows in where.items():
@@ -95,7 +95,7 @@ def ablate(ctx: Context, p: AblateParams) -> dict[str, Any]:
     """Ablate one head set: metrics before and after, and a per-prompt table."""
     lm = ctx.lm
     after = head_mask(lm, p.heads)  # out-of-range heads are an error before any pass
-    enc, fill = _prompts(ctx, p, p.mode)
+    enc, fill = _prompts(ctx, p, p.mode, ctx.stage(0.0, 0.2, "mean head outputs"))
     res = sweep_outcomes(lm, enc, [RowConfig(), RowConfig(mask=after, positions=p.positions)], fill=fill,
                          batch_size=p.batch_size, progress=ctx.stage(0.0, 1.0, "ablating"))
     rows = []

@@ -125,6 +125,10 @@ def analyze(kind: str, lm: "LoadedModel | None", task: "Task | None" = None,
 
     def compute() -> dict[str, Any]:
         ctx = Context(lm, task, progress, store)
+        if spec.uses_task and spec.uses_model and spec.name != "fit":
+            from .fit import require_fit
+
+            require_fit(lm, task)  # a task whose words the model does not know fails here, clearly
         value = spec.function()(ctx, p)
         value = to_jsonable({**value, "warnings": [*ctx.warnings, *value.get("warnings", [])]})
         spec.result.model_validate({**value, **env})  # a malformed result fails here, before it is stored
@@ -142,6 +146,23 @@ def analyze(kind: str, lm: "LoadedModel | None", task: "Task | None" = None,
                     value, hit = compute(), False
                     store.put(key, value)
     return spec.result.model_validate({**value, **env, "cache_hit": hit, "seconds": time.perf_counter() - t0})
+
+
+def lookup(kind: str, lm: "LoadedModel | None", task: "Task | None" = None,
+           params: "Params | Mapping[str, Any] | None" = None, *, cache: "bool | Store | None" = True,
+           **overrides: Any) -> Result | None:
+    """The cached result of `analyze(kind, ...)` with these arguments, or None; never computes."""
+    spec = get_kind(kind)
+    p = validate_params(spec, params, **overrides)
+    store = resolve_store(cache) if spec.cached else None
+    if store is None:
+        return None
+    t0 = time.perf_counter()
+    env = envelope(lm, task, p)
+    value = _read(store, cache_key(spec, lm, task, p), spec, env)
+    if value is None:
+        return None
+    return spec.result.model_validate({**value, **env, "cache_hit": True, "seconds": time.perf_counter() - t0})
 
 
 def _read(store: Store, key: str, spec: Kind, env: dict[str, Any]) -> dict[str, Any] | None:

@@ -72,6 +72,12 @@ _ENTRIES: tuple[Kind, ...] = (
     Kind("perturb", P.PerturbParams, R.PerturbResult, "backend.analysis.perturbations:perturb",
          "demonstration perturbations: metrics, TR/TL map differences, effect of ablating the top heads",
          api="perturbation_report"),
+    Kind("fit", P.FitParams, R.FitResult, "backend.analysis.fit:fit",
+         "does the task fit the model: unknown tokens in inputs and labels, prompt length vs the context window",
+         api="task_fit"),
+    Kind("head", P.HeadParams, R.HeadResult, "backend.analysis.head:head",
+         "one head on one prompt: attention pattern, per-label DLA, TR / TL / induction ranks, effect when "
+         "ablated; the model's top next tokens (and per layer)", api="head_view"),
 )
 
 KINDS: dict[str, Kind] = {k.name: k for k in _ENTRIES}

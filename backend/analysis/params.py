@@ -161,3 +161,33 @@ class PerturbParams(Selection, PromptParams):
     def _unique(cls, v: list[str]) -> list[str]:
         return list(dict.fromkeys(v))
 
+class FitParams(Params):
+    """kind `fit`: does the task fit the model (unknown tokens in inputs and labels, prompt length)?"""
+
+    shots: Int = Field(o.SHOTS, ge=0, description="demonstrations per prompt (for the prompt length)")
+    seed: Int = Field(o.SEED, ge=0)
+
+
+class HeadParams(PromptParams):
+    """kind `head`: one head on one prompt (a task prompt, or `text`): its attention pattern, its write onto
+    each label's unembedding, its TR / TL / induction ranks, its effect when zero-ablated; the model's top next
+    tokens, optionally per layer (logit lens)."""
+
+    head: Head = Field(..., description="[layer, head]")
+    prompt: Int = Field(0, ge=0, description="which of the task's prompts (0-based)")
+    text: str | None = Field(None, min_length=1, max_length=o.MAX_TEXT * 8,
+                             description="your own prompt instead of a task prompt (ends right before the answer)")
+    labels: list[Annotated[str, Field(min_length=1, max_length=200)]] | None = Field(
+        None, max_length=64, description="candidate answers as they continue the prompt (e.g. ' pos'); default: "
+                                         "the task prompt's labels")
+    top_tokens: Int = Field(o.HEAD_TOP_TOKENS, ge=1, le=50)
+    logit_lens: Bool = Field(False, description="top tokens after every layer (final norm + unembedding)")
+    ranks: Bool = Field(True, description="the head's TR / TL ranks on the task (from the cached `scores`)")
+
+    @field_validator("head")
+    @classmethod
+    def _head(cls, v: tuple[int, int]) -> tuple[int, int]:
+        if v[0] < 0 or v[1] < 0:
+            raise ValueError("layer and head indices must be non-negative")
+        return v
+

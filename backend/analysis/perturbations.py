@@ -28,22 +28,27 @@ def perturb(ctx: Context, p: PerturbParams) -> dict[str, Any]:
     sets = {"tr": base.top_tr, "tl": base.top_tl, "random": random_heads(lm.n_layers, lm.n_heads, k, p.seed)}
     configs = [RowConfig()] + [RowConfig(mask=head_mask(lm, s)) for s in sets.values()]
 
-    def ablations(enc: Encoded) -> dict[str, dict[str, Any]]:
-        res = sweep_outcomes(lm, enc, configs, batch_size=p.batch_size * 2)
+    def ablations(enc: Encoded, progress: Any = None) -> dict[str, dict[str, Any]]:
+        res = sweep_outcomes(lm, enc, configs, batch_size=p.batch_size * 2, progress=progress)
         return {name: res.summary(i) for i, name in enumerate(["none", *sets])}
 
     original = encode(lm, build_prompts(lm, task, base.shots, p.prompts, p.seed).prompts, task.kind)
-    out: dict[str, Any] = {"none": {"icl": base.icl, "tr": base.tr, "tl": base.tl, "ablation": ablations(original)}}
+    out: dict[str, Any] = {"none": {"icl": base.icl, "tr": base.tr, "tl": base.tl,
+                                    "ablation": ablations(original, ctx.stage(0.3, 0.4, "ablating, unperturbed"))}}
+    step = 0.6 / len(p.perturbations)
     for i, name in enumerate(p.perturbations):
-        ctx.progress(0.3 + 0.7 * i / len(p.perturbations), name)
+        lo = 0.4 + step * i
+        ctx.progress(lo, name)
         try:
             built = build_prompts(lm, task, base.shots, p.prompts, p.seed, perturb=get_perturbation(name))
             enc = encode(lm, built.prompts, task.kind)
         except TaskError as e:
             out[name] = {"skipped": str(e)}
             continue
-        maps = head_maps(lm, enc, p.batch_size)
+        maps = head_maps(lm, enc, p.batch_size, progress=ctx.stage(lo, lo + step / 2, f"{name}: head maps"))
         out[name] = {"icl": maps.metrics(), "tr": maps.tr, "tl": maps.tl, "tr_diff": maps.tr - base.tr,
-                     "tl_diff": maps.tl - base.tl, "ablation": ablations(enc), "example": built.prompts[0].text[-400:]}
+                     "tl_diff": maps.tl - base.tl,
+                     "ablation": ablations(enc, ctx.stage(lo + step / 2, lo + step, f"{name}: ablating")),
+                     "example": built.prompts[0].text[-400:]}
     return {"top_k": k, "shots": base.shots, "prompts": len(original.ids),
             "heads": {n: list(s) for n, s in sets.items()}, "perturbations": out}

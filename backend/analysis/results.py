@@ -263,3 +263,75 @@ class PerturbResult(Result):
     prompts: int
     heads: dict[str, list[Head]]
     perturbations: dict[str, PerturbEntry]
+
+# -- fit ---------------------------------------------------------------------------------------------------------------
+class ContextFit(Model):
+    longest_prompt: int = Field(..., description="tokens of the longest of a few prompts at `shots`")
+    context_window: int | None = None
+    shots: int
+    shots_that_fit: int = Field(..., description="most demonstrations whose prompts fit (-1: not even zero-shot)")
+
+
+class FitResult(Result):
+    """Does the task fit the model: unknown-token shares (0..1), prompt length, and a verdict with its reasons."""
+
+    verdict: str = Field(..., description="ok | warn | refuse")
+    messages: list[str] = Field(default_factory=list)
+    has_unknown_token: bool
+    n_inputs: int
+    n_labels: int
+    unknown_inputs: float = Field(..., description="share of inputs with at least one unknown token")
+    unknown_input_tokens: float = Field(..., description="share of the inputs' tokens that are unknown")
+    unknown_labels: float
+    unknown_template: float
+    unknown_words: list[str] = Field(default_factory=list)
+    unknown_label_words: list[str] = Field(default_factory=list)
+    context: ContextFit | None = None
+    perturbations: dict[str, str | None] = Field(default_factory=dict, description="perturbation -> None when "
+                                                 "it can run on this model and task, else why not")
+
+
+# -- head ----------------------------------------------------------------------------------------------------------------
+class TokenProb(Model):
+    token: str
+    id: int
+    prob: float
+    logit: float | None = None
+
+
+class HeadAblation(Model):
+    """The prompt with the head zero-ablated (at every position)."""
+
+    pred: str
+    gold_prob: float | None = None
+    label_probs: list[float]
+    top: list[TokenProb]
+
+
+class HeadResult(Result):
+    layer: int
+    head: int
+    prompt_index: int | None = Field(None, description="the task prompt shown (None: your own text)")
+    text: str
+    tokens: list[str] = Field(..., description="the prompt's tokens, decoded one by one")
+    attention: list[list[float]] = Field(..., description="attention of the head: rows = destination tokens "
+                                                          "(`attention_rows`), columns = source tokens")
+    attention_rows: list[int]
+    query: str | None = None
+    gold: str | None = None
+    labels: list[str]
+    label_dla: list[float] = Field(..., description="the head's last-token write dotted with each label's "
+                                                    "unembedding row (first token)")
+    label_probs: list[float]
+    write_norm: float
+    tr: float = Field(..., description="this prompt: ||P o|| over the labels")
+    tl: float | None = Field(None, description="this prompt (needs a gold label)")
+    ranks: dict[str, int] = Field(default_factory=dict, description="rank of the head on the task (1 = largest): "
+                                                                    "tr, tl, induction")
+    induction: float
+    top: list[TokenProb]
+    pred: str
+    gold_prob: float | None = None
+    ablated: HeadAblation
+    logit_lens: list[list[TokenProb]] | None = None
+    shots: int

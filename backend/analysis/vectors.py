@@ -87,8 +87,9 @@ def vectors(ctx: Context, p: VectorsParams) -> dict[str, Any]:
                                       for name, hs in sets.items()}
     if "vanilla" in types:
         zero = encode(lm, task.build_prompts(0, built.n, p.seed + EXTRACTION_SEED_OFFSET), task.kind)
-        ctx.progress(0.9, "vanilla task vector")
-        out["vanilla"] = {"vector": capture_means(lm, enc, "hidden", p.batch_size)
-                          - capture_means(lm, zero, "hidden", p.batch_size), "heads": []}
+        out["vanilla"] = {"vector": capture_means(lm, enc, "hidden", p.batch_size,
+                                                  ctx.stage(0.9, 0.95, "vanilla task vector: ICL states"))
+                          - capture_means(lm, zero, "hidden", p.batch_size,
+                                          ctx.stage(0.95, 1.0, "vanilla task vector: zero-shot states")), "heads": []}
     order = [t for t in (*p.types, "custom") if t in out]
     return {"d_model": lm.d_model, "shots": built.shots, "vectors": {t: out[t] for t in order}}

@@ -2,7 +2,9 @@
 
 Everything detectable before any model is loaded is refused here with a 4xx: an unknown kind or field,
 a bad value, an unknown task, a model outside the allowed places, a limit exceeded, prompts that
-cannot be built (e.g. more shots than the task has demonstrations).
+cannot be built (e.g. more shots than the task has demonstrations). Once the model is resident, a task
+whose inputs it mostly cannot read (kind `fit`) is refused too; before that, the analysis fails with the
+same message.
 """
 from __future__ import annotations
 
@@ -71,7 +73,7 @@ def admit(body: dict[str, Any], pool: ModelPool, tasks: TaskStore, limits: Limit
         task = tasks.get(jf.task)
         identity["task"] = task.content_hash()
     limits.check_job(p, task)
-    model_info = None
+    model_info = resident = None
     if spec.uses_model:
         identity["model"] = pool.check(jf.model)
         resident = pool.peek(jf.model)
@@ -79,6 +81,10 @@ def admit(body: dict[str, Any], pool: ModelPool, tasks: TaskStore, limits: Limit
     if model_info is not None:
         try:
             check_model_fit(p, model_info)
+            if task is not None and spec.name != "fit":  # a task the model cannot read is refused (kind `fit`)
+                from ..analysis.fit import require_fit
+
+                require_fit(resident, task)
         except ValueError as e:
             raise BadRequest(str(e)) from None
     params = {**({"model": jf.model} if spec.uses_model else {}), **({"task": jf.task} if spec.uses_task else {}),

@@ -215,6 +215,33 @@ def create_app(runner: JobRunner | None = None, *, pool: ModelPool | None = None
         a = admit({"kind": req.kind, **(req.model_extra or {})}, pool, tasks, limits)
         return runner.submit(a.kind, a.params, a.key)
 
+    @app.post("/jobs/cached", response_model=JobStatus, responses={404: {"model": ErrorResponse}})
+    def cached_job(req: JobRequest) -> JobStatus:
+        """A job's result when it is already cached (a finished job, `cache_hit` true), else 404; never
+        computes, never waits in the job queue and never loads a model (a model that is not resident answers
+        404: its fingerprint is unknown). A shared link shows what is cached at once, and waits for Run only
+        for the rest."""
+        import time
+
+        from ..analysis.kernel import lookup
+        from ..analysis.kinds import get_kind
+
+        a = admit({"kind": req.kind, **(req.model_extra or {})}, pool, tasks, limits)
+        fields = dict(a.params)
+        model, task_id = fields.pop("model", None), fields.pop("task", None)
+        spec = get_kind(a.kind)
+        lm = pool.peek(model) if spec.uses_model else None
+        if spec.uses_model and lm is None:
+            raise NotFound(f"model {clip(model)!r} is not loaded yet, so its results cannot be looked up; submit "
+                           f"the job with POST /jobs")
+        found = lookup(a.kind, lm, tasks.get(task_id) if spec.uses_task else None, fields)
+        if found is None:
+            raise NotFound(f"no cached {a.kind} result for this request; submit it with POST /jobs")
+        now = time.time()
+        return JobStatus(id=f"cached-{a.key}", kind=a.kind, status="done", progress=1.0, message="cached",
+                         result=found.to_json(), params=a.params, created=now, started=now, finished=now,
+                         cache_hit=True)
+
     @app.get("/jobs", response_model=list[JobStatus])
     def list_jobs() -> list[JobStatus]:
         return runner.list()
