@@ -10,7 +10,7 @@ import hashlib
 import pandas as pd
 import streamlit as st
 
-from ui import api, figures, jobs, layout, state
+from ui import api, figures, fit, jobs, layout, snippets, state
 from ui import metrics as M
 
 s, caps = layout.page_setup("Home", ":material/search:")
@@ -23,7 +23,8 @@ cols[1].caption("**TL** (task learning): within that span, does it push towards 
 
 
 # -- bring your own task ---------------------------------------------------------------------------------
-def upload_section() -> None:
+def upload_section() -> bool:
+    """The upload expander; True when it showed the fit check of the task now picked (an upload just made)."""
     with st.expander("Bring your own task (JSON, JSONL or CSV)", icon=":material/upload_file:",
                      expanded=bool(st.session_state.get("_hl_upload_msg"))):
         c1, c2 = st.columns([3, 1])
@@ -46,7 +47,7 @@ def upload_section() -> None:
                 except api.ApiError as e:
                     st.session_state["_hl_upload_msg"] = ("error", e)
                 else:
-                    summary = dict(r["summary"], id=r["id"], source="upload")
+                    summary = dict(r["summary"], id=r["id"], source="upload", filename=f.name)
                     st.session_state.setdefault("_hl_uploads", {})[r["id"]] = summary
                     state.put("task", r["id"])
                     layout.forget_capabilities()
@@ -58,18 +59,25 @@ def upload_section() -> None:
         elif msg:
             t = msg[1]
             labels = f" Labels: {', '.join(t['labels'][:12])}." if t.get("labels") else ""
-            st.success(f"**{t['name']}** is valid: {t['kind']}, {t['n_examples']} examples.{labels} "
+            st.success(f"**{t['name']}** is a valid task file: {t['kind']}, {t['n_examples']} examples.{labels} "
                        f"It is now the task in the sidebar.", icon=":material/check_circle:")
+            if state.get().task == t["id"]:  # checked against the model in use
+                fit.check(state.get(), stop=False)
+                return True
+    return False
 
 
-upload_section()
+checked = upload_section()
 layout.need_task(s)
+if not checked:
+    fit.check(s)
+elif (state.remembered("fit", fit.params(s)) or {}).get("verdict") == "refuse":
+    st.stop()
 
 # -- run ----------------------------------------------------------------------------------------------------
 ks = sorted({k for k in (0, 1, 2, 4, 8, 16, 32) if k <= s.shots} | {0, s.shots})
-score_params = s.job(**s.selection())
-icl_params = s.job(shots=ks, examples=3)
-have = state.remembered("scores", score_params) is not None and state.remembered("icl", icl_params) is not None
+score_job = jobs.Job("scores", s.job(**s.selection()), "Scoring heads", "Head scores")
+icl_job = jobs.Job("icl", s.job(shots=ks, examples=3), "ICL curve", "ICL curve")
 
 st.subheader("Run", divider="gray")
 left, right = st.columns([4, 1], vertical_alignment="center")
@@ -82,14 +90,12 @@ with left:
 with right:
     clicked = st.button("Run", type="primary", icon=":material/play_arrow:", width="stretch", key="run")
 
-auto = state.opened_from_link() and not st.session_state.get("_hl_auto_done")
-if clicked or auto or have:
-    st.session_state["_hl_auto_done"] = True
-    scores = jobs.fetch("scores", score_params, "Scoring heads", what="Head scores")
-    icl = jobs.fetch("icl", icl_params, "ICL curve", what="ICL curve") if scores is not None else None
-else:
-    scores = icl = None
-    st.info("Press **Run** to score the heads of this model on this task.", icon=":material/play_arrow:")
+if clicked or jobs.in_flight(score_job) or jobs.in_flight(icl_job):
+    scores, icl = jobs.fetch_many([score_job, icl_job])
+else:  # what is cached shows at once (a shared link); the rest waits for Run
+    scores, icl = (jobs.peek(j.kind, j.params) for j in (score_job, icl_job))
+    if scores is None or icl is None:
+        st.info("Press **Run** to score the heads of this model on this task.", icon=":material/play_arrow:")
 
 # -- summary ------------------------------------------------------------------------------------------------
 if scores is not None:
@@ -112,23 +118,27 @@ if scores is not None:
             st.info(sentence, icon=":material/lightbulb:")
     if layout.task_info(caps, s.task).get("kind") == "generation":
         st.caption(M.GENERATION_NOTE)
-    src = "from the cache" if scores.get("cache_hit") else "computed"
-    st.caption(f"{scores['prompts']} prompts, {k} shots, seed {s.seed} · {src} in "
-               f"{scores.get('seconds', 0):.1f} s. "
+    st.caption(f"{scores['prompts']} prompts, {k} shots, seed {s.seed} · head scores {jobs.timing(scores)}. "
                + (f"Labels spanning several tokens are scored by their first: "
                   f"{', '.join(scores['multi_token_labels'][:6])}." if scores.get("multi_token_labels") else ""))
+    snippets.show("scores", score_job.params, "r.icl, r.zero_shot   # Metrics: accuracy, label_accuracy, tr_ratio\n"
+                                              "r.tr, r.tl           # head maps, numpy (layers, heads)")
     if icl is not None:
         jobs.show_warnings(icl)
         c1, c2 = st.columns([1, 1], gap="medium")
         with c1:
-            st.plotly_chart(figures.icl_curve(icl, f"In-context learning: {s.model} · {s.task}"),
+            st.plotly_chart(figures.icl_curve(icl, f"In-context learning · {figures.caption(s.model, s.task)}"),
                             config=figures.png_config(f"icl-curve-{s.task}"), key="icl_fig")
+            st.caption(f"ICL curve {jobs.timing(icl)}.")
+            snippets.show("icl", icl_job.params, "r.shots, r.accuracy, r.label_accuracy, r.tr_ratio")
         with c2:
             st.markdown("**Example prompts**")
             ex = icl.get("examples") or []
             shots_used = list(icl["shots"])
             if ex:
-                k = st.select_slider("k (demonstrations)", options=shots_used, value=shots_used[-1], key="w_ex_k")
+                k = state.bind(st.select_slider, "k (demonstrations)", "ex_k", options=shots_used,
+                               to_widget=lambda v: v if v in shots_used else shots_used[-1])
+                k = k if k in shots_used else shots_used[-1]
                 rows = ex[shots_used.index(k)]
                 st.dataframe(
                     pd.DataFrame([{"correct": bool(r.get("correct")), "label_correct": bool(r.get("label_correct")),

@@ -1,4 +1,5 @@
-"""Head map: layer x head maps of TR, TL, DLA-TR, DLA-TL and induction; click heads to select them."""
+"""Head map: layer x head maps of TR, TL, DLA-TR, DLA-TL and induction; click heads to select them and to drill
+into one (its attention pattern, per-label DLA and ablation effect on a prompt)."""
 from __future__ import annotations
 
 import json
@@ -7,21 +8,24 @@ import numpy as np
 import pandas as pd
 import streamlit as st
 
-from ui import figures, heads, jobs, layout, state
+from ui import figures, fit, head_view, heads, jobs, layout, snippets, state
 from ui import metrics as M
 
 s, caps = layout.page_setup("Head map", ":material/grid_on:")
 st.title(":material/grid_on: Head map")
 st.caption("Every attention head scored on the task's prompts, at the last token (means over prompts). "
-           "Click a cell to select or unselect a head; drag a box or lasso (toolbar) to add many.")
+           "Click a cell to select or unselect a head and drill into it; drag a box or lasso (toolbar) to add many.")
 layout.need_task(s)
+fit.check(s)
 
-scores = jobs.fetch("scores", s.job(**s.selection()), "Scoring heads", what="Head scores")
+score_params = s.job(**s.selection())
+scores = jobs.fetch("scores", score_params, "Scoring heads", what="Head scores")
 if scores is None:
     st.stop()
 jobs.show_warnings(scores)
 L, H = int(scores["n_layers"]), int(scores["n_heads"])
 selected = heads.current(L, H)
+ctx = figures.caption(s.model, s.task, scores["shots"], int(scores["top_k"]))
 
 k_shot, zero = scores["icl"], scores.get("zero_shot")
 m = st.columns(5)
@@ -36,7 +40,7 @@ if zero is not None:
     st.caption(f"TR ratio **{M.pct(zero['tr_ratio'])}** with 0 shots → **{M.pct(k_shot['tr_ratio'])}** with "
                f"{scores['shots']}: the demonstrations make the model answer with a label word. Accuracy "
                f"{M.pct(zero['accuracy'])} → {M.pct(k_shot['accuracy'])}, label accuracy "
-               f"{M.pct(zero['label_accuracy'])} → {M.pct(k_shot['label_accuracy'])}.")
+               f"{M.pct(zero['label_accuracy'])} → {M.pct(k_shot['label_accuracy'])}. Head scores {jobs.timing(scores)}.")
 
 # -- the selectable map -------------------------------------------------------------------------------------
 state.bind(st.segmented_control, "Map", "map", options=list(figures.METRICS),
@@ -44,7 +48,8 @@ state.bind(st.segmented_control, "Map", "map", options=list(figures.METRICS),
 metric = state.get().map or "tr"
 main, side = st.columns([3, 1.25], gap="medium")
 with main:
-    fig = figures.head_heatmap(scores[metric], metric, selected=selected)
+    fig = figures.head_heatmap(scores[metric], metric, selected=selected,
+                               title=f"{figures.METRICS[metric]['label']}: {figures.METRICS[metric]['long']} · {ctx}")
     st.plotly_chart(fig, key=heads.chart_key("hm"), on_select=heads.on_chart_select("hm"),
                     selection_mode=("points", "box", "lasso"),
                     config=figures.png_config(f"headmap-{metric}-{s.task}"))
@@ -53,13 +58,40 @@ with side:
     selected = heads.multiselect(L, H)
     heads.quick_picks(scores, L, H, key="hm", compact=True)
     if selected:
-        st.page_link("pages/2_Ablation.py", label="Ablate this head" if len(selected) == 1 else f"Ablate these {len(selected)} heads",
-                     icon=":material/power_settings_new:", query_params=state.query())
-    st.caption(":material/photo_camera: Every figure's toolbar (top right, on hover) has a camera button that saves it as a PNG "
-               "at 2× resolution.")
+        st.page_link("pages/2_Ablation.py", label="Ablate this head" if len(selected) == 1 else
+                     f"Ablate these {len(selected)} heads", icon=":material/power_settings_new:",
+                     query_params=state.query())
+    snippets.show("scores", score_params, f"r.{metric}        # numpy (layers, heads)\nr.top_tr, r.top_tl, r.overlap")
+    st.caption(":material/photo_camera: Every figure's toolbar (top right, on hover) has a camera button that saves "
+               "it as a PNG at 2× resolution; its title says what it was computed on.")
+
+# -- drill-down: the clicked head ---------------------------------------------------------------------------------
+drill = state.value("head")
+if drill is not None and not (0 <= drill[0] < L and 0 <= drill[1] < H):
+    drill = None
+st.subheader("Drill down into one head", divider="gray")
+if drill is None:
+    st.info("Click a cell of the map to see that head's attention pattern, its write onto each label and what "
+            "ablating it does on one prompt.", icon=":material/touch_app:")
+else:
+    d1, d2, d3 = st.columns([1.2, 1, 2], vertical_alignment="bottom")
+    with d1:
+        state.bind(st.selectbox, "Head", "head", options=[(l, h) for l in range(L) for h in range(H)],
+                   format_func=figures.head_name, to_widget=lambda v: tuple(v))
+    with d2:
+        state.bind(st.number_input, "Prompt", "prompt", min_value=0, max_value=max(int(scores["prompts"]) - 1, 0),
+                   step=1, help="Which of the task's prompts (0-based; the same prompts the maps average over).")
+    with d3:
+        st.page_link("pages/4_Head.py", label="Open the full drill-down (your own prompt, logit lens)",
+                     icon=":material/open_in_new:", query_params=state.query())
+    drill, prompt = tuple(state.value("head")), min(int(state.value("prompt")), max(int(scores["prompts"]) - 1, 0))
+    hp = head_view.job_params(s, drill, prompt, None, False)
+    hv = jobs.fetch("head", hp, f"Drilling into {figures.head_name(drill)}", what="Head drill-down")
+    if hv is not None:
+        head_view.render(hv, s, hp, L * H, compact=True, key="hm_drill")
 
 with st.expander("All five maps side by side", expanded=True):
-    st.plotly_chart(figures.all_maps(scores, selected), key="all_maps",
+    st.plotly_chart(figures.all_maps(scores, selected, f"All five maps · {ctx}"), key="all_maps",
                     config=figures.png_config(f"headmaps-all-{s.task}"))
     st.caption(" · ".join(f"{v['caption']}" for k, v in figures.METRICS.items() if k != metric))
 
@@ -79,7 +111,9 @@ table = pd.DataFrame(rows)
 st.subheader("Top heads", divider="gray")
 c1, c2 = st.columns([3, 2], gap="large")
 with c1:
-    n = st.slider("How many", 1, L * H, min(10, L * H), key="w_top_n")
+    if not 1 <= int(state.value("top_n")) <= L * H:
+        state.put("top_n", min(10, L * H))
+    n = state.bind(st.slider, "How many", "top_n", min_value=1, max_value=L * H)
     top = table.sort_values(f"{metric}_rank").head(n)
     cfg = {k: st.column_config.NumberColumn(figures.METRICS[k]["label"], format="%.4g") for k in figures.METRICS}
     cfg.update({f"{k}_rank": st.column_config.NumberColumn(f"{figures.METRICS[k]['label']} rank", format="%d")
@@ -101,7 +135,7 @@ with c2:
     n_top = int(scores.get("top_k", len(scores.get("top_tr", []))))
     st.caption(f"Jaccard: overlap of the top-head sets ({s.top_label()}: {n_top} head{'s' if n_top != 1 else ''} "
                "each). Spearman and Kendall: rank correlation over all heads.")
-    st.plotly_chart(figures.layer_distribution(scores, n), key="layer_dist",
+    st.plotly_chart(figures.layer_distribution(scores, n, f"Layer of the top {n} heads · {ctx}"), key="layer_dist",
                     config=figures.png_config(f"layer-distribution-{s.task}"))
 
 # -- downloads -----------------------------------------------------------------------------------------------------
@@ -110,6 +144,7 @@ stem = f"headlens-{s.task}-{s.shots}shot-seed{s.seed}".replace(":", "-").replace
 d = st.columns(3)
 d[0].download_button("Per-head table (CSV)", table.to_csv(index=False).encode(), f"{stem}-heads.csv",
                      "text/csv", icon=":material/table:", key="dl_csv", on_click="ignore")
-d[1].download_button("Full result (JSON)", json.dumps(scores, indent=1).encode(), f"{stem}-scores.json",
+clean = {k: v for k, v in scores.items() if not k.startswith("_")}
+d[1].download_button("Full result (JSON)", json.dumps(clean, indent=1).encode(), f"{stem}-scores.json",
                      "application/json", icon=":material/data_object:", key="dl_json", on_click="ignore")
 d[2].caption("Figures: the camera button in each figure's toolbar saves a PNG.")

@@ -7,7 +7,7 @@ import json
 import pandas as pd
 import streamlit as st
 
-from ui import figures, heads, jobs, layout, state
+from ui import figures, fit, heads, jobs, layout, snippets, state
 from ui import metrics as M
 
 MODE_HELP = ("zero: the head's output is replaced by zeros. mean: by the head's mean last-token output over the "
@@ -17,6 +17,7 @@ s, caps = layout.page_setup("Ablation", ":material/power_settings_new:")
 st.title(":material/power_settings_new: Ablation")
 st.caption("Knock heads out at the output projection's input and watch accuracy and the TR ratio move.")
 layout.need_task(s)
+fit.check(s)
 
 scores = jobs.fetch("scores", s.job(**s.selection()), "Scoring heads", what="Head scores")
 if scores is None:
@@ -37,8 +38,8 @@ if not selected:
     st.info("No heads selected: pick some above, use a quick pick, or click cells on the Head map.",
             icon=":material/touch_app:")
 else:
-    ab = jobs.fetch("ablate", s.job(heads=[list(h) for h in selected], mode=mode),
-                    f"Ablating {len(selected)} head(s)", what="Ablation")
+    ab_params = s.job(heads=[list(h) for h in selected], mode=mode)
+    ab = jobs.fetch("ablate", ab_params, f"Ablating {len(selected)} head(s)", what="Ablation")
     if ab is not None:
         jobs.show_warnings(ab)
         rows = pd.DataFrame(ab["rows"])
@@ -56,10 +57,11 @@ else:
             c[3].caption(f"was {pb:.3f}")
         c[4].metric("Predictions changed", f"{changed} / {len(rows)}", border=True)
         st.caption(f"{mode} ablation of {', '.join(figures.head_name(h) for h in selected)} · "
-                   f"{ab.get('prompts', len(rows))} prompts, {ab.get('shots', s.shots)} shots · "
-                   + ("from the cache" if ab.get("cache_hit") else "computed"))
+                   f"{ab.get('prompts', len(rows))} prompts, {ab.get('shots', s.shots)} shots · {jobs.timing(ab)}")
+        snippets.show("ablate", ab_params, "r.before, r.after   # Metrics: accuracy, label_accuracy, tr_ratio\n"
+                                           "r.rows              # per prompt: pred_before, pred_after, ...")
         if len(rows):
-            only = st.toggle("Only prompts whose prediction changed", key="w_only_changed")
+            only = state.bind(st.toggle, "Only prompts whose prediction changed", "only_changed")
             view = rows[rows["pred_before"] != rows["pred_after"]] if only else rows
             view = view.assign(delta_p=view["gold_prob_after"] - view["gold_prob_before"],
                                query=view["query"].map(lambda t: str(t).strip()),
@@ -97,16 +99,19 @@ state.bind(st.select_slider, "Ablate up to k heads", "kmax", options=choices,
            help="Curves at k = 0, 1, 2, 4, … up to this many of the top-ranked heads.")
 kmax = state.get().kmax
 ks = sorted({0, kmax} | {k for k in (1, 2, 4, 8, 16, 32, 64, 128, 256, 512) if k < kmax})
-curves = jobs.fetch("ablation", s.job(ks=ks, mode=mode, orders=["tr", "tl", "induction", "random"],
-                                      random_seeds=[0, 1, 2]),
-                    "Ablation curves", what="Ablation curves")
+curve_params = s.job(ks=ks, mode=mode, orders=["tr", "tl", "induction", "random"], random_seeds=[0, 1, 2])
+curves = jobs.fetch("ablation", curve_params, "Ablation curves", what="Ablation curves")
 if curves is not None:
     jobs.show_warnings(curves)
-    st.plotly_chart(figures.ablation_curves(curves, f"Ablating top heads: {s.model} · {s.task} · {s.shots} shots"),
+    st.plotly_chart(figures.ablation_curves(curves, f"{mode.capitalize()} ablation of the top k heads · "
+                                                    f"{figures.caption(s.model, s.task, curves['shots'], f'k ≤ {kmax}')}"),
                     key="curves_fig", config=figures.png_config(f"ablation-curves-{s.task}-{mode}"))
     st.caption(f"{mode.capitalize()} ablation of the k heads ranked highest by TR, TL or induction score; random: "
                f"k random heads, mean ± standard deviation over seeds {curves['curves'].get('random', {}).get('seeds', [0, 1, 2])}"
-               f" (grey band). {curves.get('prompts', s.prompts)} prompts per point.")
+               f" (grey band, clipped to 0–100%). {curves.get('prompts', s.prompts)} prompts per point · "
+               f"{jobs.timing(curves)}.")
+    snippets.show("ablation", curve_params, "r.ks, r.curves['tr'].tr_ratio   # per order: accuracy, label_accuracy, "
+                                            "tr_ratio")
     tr_curve = curves["curves"].get("tr")
     if tr_curve and len(curves["ks"]) > 1:
         st.caption(f"TR ratio with the top {curves['ks'][-1]} TR heads ablated: **{M.pct(tr_curve['tr_ratio'][-1])}** "
@@ -126,6 +131,7 @@ if curves is not None:
     d[0].download_button("Curves (CSV)", pd.DataFrame(flat).to_csv(index=False).encode(),
                          f"headlens-ablation-{s.task}-{mode}.csv".replace(":", "-"), "text/csv", key="dl_curves_csv",
                          on_click="ignore", icon=":material/table:")
-    d[1].download_button("Curves (JSON)", json.dumps(curves, indent=1).encode(),
+    d[1].download_button("Curves (JSON)", json.dumps({k: v for k, v in curves.items() if not k.startswith("_")},
+                                                     indent=1).encode(),
                          f"headlens-ablation-{s.task}-{mode}.json".replace(":", "-"), "application/json",
                          key="dl_curves_json", on_click="ignore", icon=":material/data_object:")

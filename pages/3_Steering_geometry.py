@@ -1,8 +1,9 @@
 """Steering & geometry: inject task vectors built from heads into zero-shot prompts, follow the hidden states
 through the layers against the label subspace, and perturb the demonstrations.
 
-Three service jobs, each cached by the service and run with a progress bar: `steer`, `geometry`, `perturb`.
-A section computes once its Run button is pressed, and then follows the settings.
+Three service jobs, each cached by the service and run with a progress bar and a Cancel button: `steer`,
+`geometry`, `perturb`. A section computes once its Run button is pressed and then follows the settings; a result
+the service already has (a shared link) shows at once. Every setting is in the URL (`sg_*` fields).
 """
 from __future__ import annotations
 
@@ -13,11 +14,11 @@ from typing import Any, Iterator
 import pandas as pd
 import streamlit as st
 
-from ui import figures, heads, jobs, layout, state
+from ui import figures, fit, heads, jobs, layout, snippets, state
 from ui import metrics as M
 from ui import steering_figures as sf
 
-PERTURBATIONS = ["shuffled_inputs", "random_labels", "flipped_labels", "symbol_labels", "number_labels"]
+PERTURBATIONS = list(state.PERTURBATIONS)
 VECTOR_HELP = {
     "tr": "the summed last-token writes of the top TR heads",
     "tl": "the summed last-token writes of the top TL heads",
@@ -37,17 +38,18 @@ def guard(what: str) -> Iterator[None]:
         st.error(f"**{what}: could not draw the result.**\n\n{type(e).__name__}: {e}", icon=":material/error:")
 
 
-def local(name: str, default: Any) -> None:
-    """A page setting kept in the session (not the URL), bindable with `state.bind`."""
-    st.session_state.setdefault(f"s_{name}", default)
-
-
-def live(section: str, clicked: bool, kind: str, params: dict[str, Any]) -> bool:
-    """Whether a section computes: after its Run button was pressed once, or when its result is at hand."""
-    flag = f"_hl_sg_live_{section}"
+def section(name: str, clicked: bool, job: jobs.Job, waiting: str) -> dict[str, Any] | None:
+    """A section's result: computed after its Run button was pressed once (or while its job runs); before
+    that, only what the service already has (a shared link shows it at once); otherwise a hint to press Run."""
+    flag = f"_hl_sg_live_{name}"
     if clicked:
         st.session_state[flag] = True
-    return bool(st.session_state.get(flag)) or state.remembered(kind, params) is not None
+    if st.session_state.get(flag) or jobs.in_flight(job):
+        return jobs.fetch(job.kind, job.params, job.label, what=job.what)
+    found = jobs.peek(job.kind, job.params)
+    if found is None:
+        st.info(waiting, icon=":material/play_arrow:")
+    return found
 
 
 def run_row(text: str, caption: str, key: str) -> bool:
@@ -60,7 +62,8 @@ def run_row(text: str, caption: str, key: str) -> bool:
 
 
 def download(label: str, result: dict[str, Any], name: str, key: str) -> None:
-    st.download_button(label, json.dumps(result, indent=1).encode(), name.replace(":", "-").replace("/", "-"),
+    clean = {k: v for k, v in result.items() if not k.startswith("_")}
+    st.download_button(label, json.dumps(clean, indent=1).encode(), name.replace(":", "-").replace("/", "-"),
                        "application/json", icon=":material/data_object:", key=key, on_click="ignore")
 
 
@@ -70,47 +73,47 @@ st.caption("Add a task vector built from heads to zero-shot prompts and see whet
            "learning; follow the hidden states through the layers; perturb the demonstrations and see which "
            "heads still matter.")
 layout.need_task(s)
+fit_result = fit.check(s) or {}
 
 info = jobs.fetch("model_info", {"model": s.model}, "Loading the model", what="Model")
 if info is None:
     st.stop()
 L, H = int(info["n_layers"]), int(info["n_heads"])
+ctx = figures.caption(s.model, s.task, s.shots, s.top_label())
 
-# -- settings shared by the sections -----------------------------------------------------------------------------
-local("sg_vectors", ["tr", "tl", "random", "fv", "vanilla"])
-local("sg_layer", L // 2)
-local("sg_alpha", 1.0)
-local("sg_pca_layer", L - 1)
-local("sg_final_norm", False)
-local("sg_perturbations", list(PERTURBATIONS))
-if st.session_state["s_sg_layer"] != "all" and not 0 <= int(st.session_state["s_sg_layer"]) < L:
-    state.put("sg_layer", L // 2)  # a layer of another model
-if not 0 <= int(st.session_state["s_sg_pca_layer"]) < L:
-    state.put("sg_pca_layer", L - 1)
+# -- settings shared by the sections (all in the URL) ------------------------------------------------------------
+if state.value("sg_layer") not in (None, "all") and not 0 <= int(state.value("sg_layer")) < L:
+    state.put("sg_layer", None)  # a layer of another model: the middle one
+if state.value("sg_pca_layer") is not None and not 0 <= int(state.value("sg_pca_layer")) < L:
+    state.put("sg_pca_layer", None)
 
 st.subheader("Vectors", divider="gray")
-c1, c2, c3 = st.columns([3, 1.3, 1], vertical_alignment="bottom")
-with c3:
-    state.bind(st.number_input, "α (scale)", "sg_alpha", min_value=-100.0, max_value=100.0, step=0.5, format="%.2f",
-               help="The vector is added as α·v. α = 0 leaves the model untouched.")
+selected = heads.current(L, H)
+options = list(sf.VECTOR_TYPES) if selected else [v for v in sf.VECTOR_TYPES if v != "custom"]
+vecs_now = [v for v in state.value("sg_vectors") if v in options]
+seen = st.session_state.get("_hl_sg_custom_for")
+if seen is None and state.opened_from_link():
+    st.session_state["_hl_sg_custom_for"] = selected  # a shared link: its vector types exactly as they are
+elif selected and seen != selected:
+    st.session_state["_hl_sg_custom_for"] = selected
+    if "custom" not in vecs_now:
+        vecs_now.append("custom")  # a new selection (e.g. from the Head map) joins the comparison
+if vecs_now != state.value("sg_vectors"):
+    state.put("sg_vectors", vecs_now)
+state.bind(st.multiselect, "Vector types", "sg_vectors", options=options, format_func=sf.vector_name,
+           placeholder="Pick at least one",
+           help=" · ".join(f"{sf.vector_name(k)}: {v}" for k, v in VECTOR_HELP.items() if k in options))
+c2, c3, _ = st.columns([1.3, 1, 2], vertical_alignment="bottom")
 with c2:
     state.bind(st.selectbox, "Injection layer", "sg_layer", options=[*range(L), "all"],
+               to_widget=lambda v: L // 2 if v is None else v, from_widget=lambda v: None if v == L // 2 else v,
                format_func=lambda l: "all (layer sweep)" if l == "all"
                else f"layer {l}" + (" (middle)" if l == L // 2 else ""),
                help="The vector is added to the residual stream at the output of this decoder layer, at the last "
                     "token. `all` sweeps every layer.")
-selected = heads.current(L, H)
-options = list(sf.VECTOR_TYPES) if selected else [v for v in sf.VECTOR_TYPES if v != "custom"]
-vecs_now = [v for v in st.session_state["s_sg_vectors"] if v in options]
-if selected and st.session_state.get("_hl_sg_custom_for") != selected:
-    st.session_state["_hl_sg_custom_for"] = selected
-    if "custom" not in vecs_now:
-        vecs_now.append("custom")  # a new selection (e.g. from the Head map) joins the comparison
-state.put("sg_vectors", vecs_now)
-with c1:
-    state.bind(st.multiselect, "Vector types", "sg_vectors", options=options, format_func=sf.vector_name,
-               placeholder="Pick at least one",
-               help=" · ".join(f"{sf.vector_name(k)}: {v}" for k, v in VECTOR_HELP.items() if k in options))
+with c3:
+    state.bind(st.number_input, "α (scale)", "sg_alpha", min_value=-100.0, max_value=100.0, step=0.5, format="%.2f",
+               help="The vector is added as α·v. α = 0 leaves the model untouched.")
 with st.expander(f"Selected heads ({len(selected)}): the custom vector", icon=":material/touch_app:",
                  expanded=False):
     selected = heads.multiselect(L, H, label="Selected heads")
@@ -118,11 +121,11 @@ with st.expander(f"Selected heads ({len(selected)}): the custom vector", icon=":
                "their summed last-token writes, like the TR and TL vectors.")
     st.page_link("pages/1_Head_map.py", label="Pick heads on the Head map", icon=":material/grid_on:",
                  query_params=state.query())
-vectors = [v for v in st.session_state["s_sg_vectors"] if v in options]
+vectors = [v for v in state.value("sg_vectors") if v in options]
 if not selected:
     vectors = [v for v in vectors if v != "custom"]
-layer = st.session_state["s_sg_layer"]
-alpha = float(st.session_state["s_sg_alpha"])
+layer = L // 2 if state.value("sg_layer") is None else state.value("sg_layer")
+alpha = float(state.value("sg_alpha"))
 st.caption(f"Vectors come from ICL prompts of another seed than the ones evaluated; head sets are the "
            f"{s.top_label()} by each score (the sidebar's *Top heads*).")
 
@@ -140,25 +143,24 @@ else:
                       f"**{s.shots}** shots · **{s.prompts}** prompts",
                       "Zero-shot prompts with α·v added at the last token; compared with zero-shot and ICL.",
                       "run_steer")
-    steer = None
-    if live("steer", clicked, "steer", steer_params):
-        steer = jobs.fetch("steer", steer_params, "Steering", what="Steering")
-    else:
-        st.info("Press **Run** to inject the vectors.", icon=":material/play_arrow:")
+    steer = section("steer", clicked, jobs.Job("steer", steer_params, "Steering", "Steering"),
+                    "Press **Run** to inject the vectors.")
 if steer is not None:
     with guard("Steering"):
         jobs.show_warnings(steer)
         layers = [int(l) for l in steer["layers"]]
         idx = 0
         if len(layers) > 1:
-            st.plotly_chart(sf.steer_sweep(steer, vectors), key="steer_sweep",
+            st.plotly_chart(sf.steer_sweep(steer, vectors, f"Layer sweep, α = {alpha:g} · {ctx}"), key="steer_sweep",
                             config=figures.png_config(f"steer-sweep-{s.task}"))
             best = max(range(len(layers)), key=lambda i: max(
                 (steer["vectors"][v]["accuracy"][i] for v in vectors if v in steer["vectors"]), default=0))
-            at = st.select_slider("Bars at layer", options=layers, value=layers[best], key="w_sg_bar_layer",
-                                  help="The layer of the bar chart below (initially the one with the best accuracy).")
-            idx = layers.index(at)
-        st.plotly_chart(sf.steer_bars(steer, vectors, idx), key="steer_bars",
+            at = state.bind(st.select_slider, "Bars at layer", "sg_bar_layer", options=layers,
+                            to_widget=lambda v: v if v in layers else layers[best],
+                            help="The layer of the bar chart below (initially the one with the best accuracy).")
+            idx = layers.index(at if at in layers else layers[best])
+        st.plotly_chart(sf.steer_bars(steer, vectors, idx, f"Zero-shot prompts steered at layer {layers[idx]}, "
+                                                           f"α = {alpha:g} · {ctx}"), key="steer_bars",
                         config=figures.png_config(f"steer-{s.task}-layer{layers[idx]}"))
         cols = st.columns(3)
         for col, name in zip(cols, M.NAMES):
@@ -179,9 +181,13 @@ if steer is not None:
                                         "‖v‖": st.column_config.NumberColumn(format="%.4g")})
             st.caption("‖v‖ is the vector's norm before scaling by α. " + " · ".join(
                 f"{sf.vector_name(k)}: {VECTOR_HELP[k]}" for k in vectors if k in VECTOR_HELP) + ".")
-        st.caption(f"{steer.get('prompts', s.prompts)} prompts · "
-                   + ("from the cache" if steer.get("cache_hit") else "computed"))
-        download("Steering result (JSON)", steer, f"headlens-steer-{s.task}.json", "dl_steer")
+        st.caption(f"{steer.get('prompts', s.prompts)} prompts · {jobs.timing(steer)}")
+        d1, d2 = st.columns([1, 4])
+        with d1:
+            download("Steering result (JSON)", steer, f"headlens-steer-{s.task}.json", "dl_steer")
+        with d2:
+            snippets.show("steer", steer_params, "r.zero_shot, r.icl            # Metrics\n"
+                                                 "r.vectors['tr'].tr_ratio       # per injection layer (r.layers)")
 
 # -- geometry ------------------------------------------------------------------------------------------------------
 st.subheader("Hidden-state geometry", divider="gray")
@@ -189,27 +195,27 @@ inject = L // 2 if layer == "all" else int(layer)
 g1, g2 = st.columns([1.3, 1], vertical_alignment="bottom")
 with g1:
     state.bind(st.selectbox, "PCA layer", "sg_pca_layer", options=list(range(L)),
+               to_widget=lambda v: L - 1 if v is None else v, from_widget=lambda v: None if v == L - 1 else v,
                format_func=lambda l: f"after layer {l}" + (" (last)" if l == L - 1 else ""),
                help="The layer whose hidden states the PCA view shows.")
 with g2:
     state.bind(st.toggle, "Final norm applied", "sg_final_norm",
                help="Measure the hidden states after the model's final normalisation, as the unembedding sees them.")
-geo_params = s.job(layer=inject, alpha=alpha, **s.selection(), pca_layer=int(st.session_state["s_sg_pca_layer"]),
-                   final_norm=bool(st.session_state["s_sg_final_norm"]))
+pca_layer = L - 1 if state.value("sg_pca_layer") is None else int(state.value("sg_pca_layer"))
+geo_params = s.job(layer=inject, alpha=alpha, **s.selection(), pca_layer=pca_layer,
+                   final_norm=bool(state.value("sg_final_norm")))
 clicked = run_row(f"Five conditions: zero-shot; zero-shot + TR, TL and random vectors at layer {inject}, "
                   f"α = {alpha:g}; ICL",
                   "Last-token hidden states after every layer, measured against the label subspace"
                   + (" (the sweep's middle layer: the steered conditions need one layer)." if layer == "all" else "."),
                   "run_geometry")
-geo = None
-if live("geometry", clicked, "geometry", geo_params):
-    geo = jobs.fetch("geometry", geo_params, "Geometry", what="Geometry")
-else:
-    st.info("Press **Run** to measure the hidden states.", icon=":material/play_arrow:")
+geo = section("geometry", clicked, jobs.Job("geometry", geo_params, "Geometry", "Geometry"),
+              "Press **Run** to measure the hidden states.")
 if geo is not None:
     with guard("Geometry"):
         jobs.show_warnings(geo)
-        st.plotly_chart(sf.geometry_curves(geo), key="geometry_curves",
+        st.plotly_chart(sf.geometry_curves(geo, title=f"Hidden states per layer (vectors at layer {inject}, "
+                                                      f"α = {alpha:g}) · {ctx}"), key="geometry_curves",
                         config=figures.png_config(f"geometry-{s.task}"))
         cols = st.columns(3)
         cols[0].caption("**Alignment** ‖Ph‖/‖h‖: the share of the hidden state lying in the span of the label "
@@ -220,41 +226,64 @@ if geo is not None:
                         "subspace; under 90° leans to the correct label.")
         st.caption(f"Lines: means over {geo.get('prompts', s.prompts)} prompts; bands: ±1 standard deviation; "
                    f"dotted line: the injection layer. "
-                   + ("Final norm applied. " if geo.get("final_norm") else "")
-                   + ("From the cache." if geo.get("cache_hit") else "Computed."))
+                   + ("Final norm applied. " if geo.get("final_norm") else "") + jobs.timing(geo) + ".")
 
         st.markdown(f"**PCA of the hidden states after layer {geo['pca'].get('layer')}**")
         p1, p2, p3 = st.columns([1.4, 1, 1], vertical_alignment="bottom")
-        color_by = p1.segmented_control("Colour by", ["condition", "gold"], default="condition", key="w_sg_color",
-                                        format_func=lambda c: {"condition": "Condition", "gold": "Gold label"}[c],
-                                        required=True) or "condition"
-        arrows = p2.toggle("Arrows zero-shot → steered", key="w_sg_arrows",
-                           help="From each zero-shot point to the same prompt with a vector added.")
-        dirs = p3.toggle("Label directions", value=True, key="w_sg_dirs",
-                         help="The label tokens' unembedding rows, projected into the same PCA basis.")
+        with p1:
+            color_by = state.bind(st.segmented_control, "Colour by", "sg_color", options=["condition", "gold"],
+                                  format_func=lambda c: {"condition": "Condition", "gold": "Gold label"}[c],
+                                  required=True) or "condition"
+        with p2:
+            arrows = state.bind(st.toggle, "Arrows zero-shot → steered", "sg_arrows",
+                                help="From each zero-shot point to the same prompt with a vector added.")
+        with p3:
+            dirs = state.bind(st.toggle, "Label directions", "sg_dirs",
+                              help="The label tokens' unembedding rows, projected into the same PCA basis.")
         t2, t3 = st.tabs(["2D", "3D"])
+        pca_title = f"PCA after layer {geo['pca'].get('layer')} · {ctx}"
         with t2:
-            st.plotly_chart(sf.pca_scatter(geo, 2, color_by, arrows, label_directions=dirs), key="pca_2d",
-                            config=figures.png_config(f"pca2d-{s.task}"))
+            st.plotly_chart(sf.pca_scatter(geo, 2, color_by, arrows, label_directions=dirs, title=pca_title),
+                            key="pca_2d", config=figures.png_config(f"pca2d-{s.task}"))
         with t3:
-            st.plotly_chart(sf.pca_scatter(geo, 3, color_by, arrows, label_directions=dirs), key="pca_3d",
-                            config=figures.png_config(f"pca3d-{s.task}"))
+            st.plotly_chart(sf.pca_scatter(geo, 3, color_by, arrows, label_directions=dirs, title=pca_title),
+                            key="pca_3d", config=figures.png_config(f"pca3d-{s.task}"))
         evr = geo["pca"].get("explained_variance_ratio") or []
         st.caption("PCA (scikit-learn) fitted on the five conditions' states together"
                    + (f"; the components explain {', '.join(f'{100 * e:.0f}%' for e in evr)} of the variance"
                       if evr else "")
                    + ". Label directions are drawn from the cloud's centre and scaled to the cloud: only their "
                      "direction matters. Click legend entries to hide conditions.")
-        download("Geometry result (JSON)", geo, f"headlens-geometry-{s.task}.json", "dl_geometry")
+        d1, d2 = st.columns([1, 4])
+        with d1:
+            download("Geometry result (JSON)", geo, f"headlens-geometry-{s.task}.json", "dl_geometry")
+        with d2:
+            snippets.show("geometry", geo_params, "r.conditions['zero_shot+tr']['alignment'].mean   # per layer\n"
+                                                  "r.pca.points                                    # per condition")
 
 # -- perturbations -------------------------------------------------------------------------------------------------
 st.subheader("Perturbed demonstrations", divider="gray")
+can_run = fit_result.get("perturbations") or {}
+runnable = [p for p in PERTURBATIONS if not can_run.get(p)]
+
+
+def perturbation_label(p: str) -> str:
+    return sf.perturbation_name(p) + ("" if not can_run.get(p) else " (cannot run here)")
+
+
 state.bind(st.multiselect, "Perturbations", "sg_perturbations", options=PERTURBATIONS,
-           format_func=sf.perturbation_name, placeholder="Pick at least one",
+           to_widget=lambda v: runnable if v is None else v,
+           from_widget=lambda v: None if v == runnable else v,
+           format_func=perturbation_label, placeholder="Pick at least one",
            help="Applied to the demonstrations only. Shuffled inputs: the input-label pairing broken, labels kept. "
                 "Random labels: drawn from the label set. Flipped labels: binary tasks. Symbol labels: @ # ! $ & *. "
-                "Number labels: 0 1 2 …")
-chosen = [p for p in PERTURBATIONS if p in st.session_state["s_sg_perturbations"]]
+                "Number labels: 0 1 2 … Preselected: those that can run on this model and task.")
+not_here = [p for p in PERTURBATIONS if can_run.get(p)]
+if not_here:
+    st.caption("Cannot run here (and so not preselected): " + "; ".join(
+        f"**{sf.perturbation_name(p)}**: {can_run[p]}" for p in not_here))
+picked = state.value("sg_perturbations")
+chosen = [p for p in PERTURBATIONS if p in (runnable if picked is None else picked)]
 pert = None
 if not chosen:
     st.info("Pick at least one perturbation.", icon=":material/arrow_upward:")
@@ -263,22 +292,26 @@ else:
     clicked = run_row(f"**{len(chosen)}** perturbation{'s' if len(chosen) != 1 else ''} of the demonstrations",
                       "ICL accuracy, TR ratio and head maps under each, and what ablating the original top heads does.",
                       "run_perturb")
-    if live("perturb", clicked, "perturb", pert_params):
-        pert = jobs.fetch("perturb", pert_params, "Perturbations", what="Perturbations")
-    else:
-        st.info("Press **Run** to perturb the demonstrations.", icon=":material/play_arrow:")
+    pert = section("perturb", clicked, jobs.Job("perturb", pert_params, "Perturbations", "Perturbations"),
+                   "Press **Run** to perturb the demonstrations.")
 if pert is not None:
     with guard("Perturbations"):
         jobs.show_warnings(pert)
         rows, skipped = sf.perturbation_table(pert)
         for name, why in skipped:
             st.warning(f"**{sf.perturbation_name(name)}** skipped: {why}", icon=":material/block:")
-        st.plotly_chart(sf.perturbation_bars(pert), key="perturb_bars",
+        st.plotly_chart(sf.perturbation_bars(pert, f"ICL under each perturbation ({pert.get('shots')} "
+                                                   f"demonstrations) · {ctx}"), key="perturb_bars",
                         config=figures.png_config(f"perturb-{s.task}"))
         st.caption("**ICL accuracy** and **TR ratio** (top prediction is a label) with perturbed demonstrations; "
                    "symbol and number labels rename the classes in the query's label set too.")
-        st.plotly_chart(sf.ablation_effects(pert), key="perturb_ablation",
-                        config=figures.png_config(f"perturb-ablation-{s.task}"))
+        st.plotly_chart(sf.ablation_effects(pert, f"Ablating the original top {pert.get('top_k')} heads · {ctx}"),
+                        key="perturb_ablation", config=figures.png_config(f"perturb-ablation-{s.task}"))
+        changes = sf.ablation_changes(pert)
+        if max(changes.values(), default=0.0) < 1e-9:
+            st.info(f"Every change is 0: ablating the original top {pert.get('top_k')} TR, TL or random heads moves "
+                    "neither the accuracy nor the TR ratio under any of these perturbations, so the bars above are "
+                    "empty.", icon=":material/horizontal_rule:")
         hs = pert.get("heads") or {}
         st.caption(f"Change when the **unperturbed** top {pert.get('top_k')} TR heads "
                    f"({', '.join(figures.head_name(h) for h in hs.get('tr', []))}), top TL heads "
@@ -299,9 +332,12 @@ if pert is not None:
                                     if c != "perturbation"})
         applied = [r["key"] for r in rows if r["key"] != "none"]
         if applied:
-            pick = st.segmented_control("Head maps under", applied, default=applied[0], key="w_sg_pmap",
-                                        format_func=sf.perturbation_name, required=True) or applied[0]
-            st.plotly_chart(sf.map_differences(pert, pick), key="perturb_maps",
+            pick = state.bind(st.segmented_control, "Head maps under", "sg_pmap", options=applied,
+                              to_widget=lambda v: v if v in applied else applied[0],
+                              format_func=sf.perturbation_name, required=True)
+            pick = pick if pick in applied else applied[0]
+            st.plotly_chart(sf.map_differences(pert, pick, f"Head maps: unperturbed vs "
+                                                           f"{sf.perturbation_name(pick)} · {ctx}"), key="perturb_maps",
                             config=figures.png_config(f"perturb-maps-{pick}-{s.task}"))
             st.caption("Difference maps: perturbed minus unperturbed, on a diverging scale centred at 0 (red: the "
                        "head scores higher under the perturbation, blue: lower). " + figures.METRICS["tr"]["caption"])
@@ -310,5 +346,10 @@ if pert is not None:
                 with st.expander("An example perturbed prompt (its end)"):
                     st.code(ex, language=None, wrap_lines=True)
         st.caption(f"{pert.get('prompts', s.prompts)} prompts, {pert.get('shots', s.shots)} demonstrations · "
-                   + ("from the cache" if pert.get("cache_hit") else "computed"))
-        download("Perturbation result (JSON)", pert, f"headlens-perturb-{s.task}.json", "dl_perturb")
+                   + jobs.timing(pert))
+        d1, d2 = st.columns([1, 4])
+        with d1:
+            download("Perturbation result (JSON)", pert, f"headlens-perturb-{s.task}.json", "dl_perturb")
+        with d2:
+            snippets.show("perturb", pert_params, "r.perturbations['shuffled_inputs'].icl   # Metrics\n"
+                                                  "r.perturbations['shuffled_inputs'].tr_diff  # (layers, heads)")

@@ -156,7 +156,11 @@ def test_geometry_and_pca_figures():
     assert np.allclose(zs_align.y, conds["zero_shot"]["alignment"]["mean"])
     band = bands[0]  # mean + sd going up the layers, mean - sd coming back
     m, s = np.asarray(conds["zero_shot"]["alignment"]["mean"]), np.asarray(conds["zero_shot"]["alignment"]["std"])
-    assert np.allclose(band.y, list(m + s) + list((m - s)[::-1]))
+    # clipped to the metric's range (alignment is a share, 0..1), drawn as lines (no stray markers)
+    assert np.allclose(band.y, list(np.clip(m + s, 0, 1)) + list(np.clip(m - s, 0, 1)[::-1])) and band.mode == "lines"
+    ld_band = next(t for t in bands if t.xaxis == "x2")  # the logit difference is unbounded: not clipped
+    m2, s2 = np.asarray(conds["zero_shot"]["ld"]["mean"]), np.asarray(conds["zero_shot"]["ld"]["std"])
+    assert np.allclose(ld_band.y, list(m2 + s2) + list((m2 - s2)[::-1]))
 
     two = sf.pca_scatter(geo, 2, "condition", arrows=True)
     points = [t for t in two.data if t.mode == "markers"]
@@ -166,6 +170,8 @@ def test_geometry_and_pca_figures():
     assert (ann.ax, ann.ay) == tuple(pts["zero_shot"][0][:2]) and (ann.x, ann.y) == tuple(pts["zero_shot+tr"][0][:2])
     dirs = [t for t in two.data if t.name and t.name.startswith("label ")]
     assert len(dirs) == 2 and list(dirs[0].x) == [0.0, 1.0]
+    assert dirs[0].line.color != dirs[1].line.color  # each label direction its own colour
+    assert [t.name for t in points][-2:] == ["zero-shot", "ICL"]  # the references on top of the steered clouds
     by_gold = sf.pca_scatter(geo, 2, "gold")
     assert len([t for t in by_gold.data if t.mode == "markers"]) == 10  # conditions x gold labels
     many = [f"w{i}" for i in range(15)] + ["w0", "w0", "w1"]  # a generation task: many gold words
@@ -236,7 +242,7 @@ def test_page_renders_and_waits_for_run(inprocess, setup):
 
 
 def test_steering_bars_show_the_job_numbers(inprocess, setup):
-    at = open_page(setup, heads="0.0,1.1")
+    at = open_page(setup, heads="0.0,1.1", sg_vectors="tr,tl,random,fv,vanilla,custom")
     L, _ = model_shape(inprocess, setup)
     assert "custom" in at.multiselect(key="w_sg_vectors").value  # the selected heads join as a vector
     at.button(key="run_steer").click().run()
@@ -331,9 +337,13 @@ def test_geometry_curves_and_pca(inprocess, setup):
 
 def test_perturbation_panel_lists_every_perturbation(inprocess, setup):
     at = open_page(setup)
+    want = inprocess.run("perturb", {**base_params(setup), "perturbations": PERTURBATIONS})
+    runnable = [p for p in PERTURBATIONS if not want["perturbations"][p].get("skipped")]
+    assert at.multiselect(key="w_sg_perturbations").value == runnable  # preselected: only what can run here
+    at.multiselect(key="w_sg_perturbations").set_value(PERTURBATIONS).run()
+    assert str(at.query_params["sg_perturbations"]).strip("[]'") == ",".join(PERTURBATIONS)
     at.button(key="run_perturb").click().run()
     assert_clean(at)
-    want = inprocess.run("perturb", {**base_params(setup), "perturbations": PERTURBATIONS})
     table = frame_with(at, "ICL accuracy %")
     listed = table["perturbation"].tolist()
     from ui.steering_figures import perturbation_name
@@ -369,3 +379,33 @@ def test_perturbations_that_do_not_apply_show_their_reason(inprocess, setup):
         assert any(name in w and "skipped" in w and "classification" in w for w in warned), warned
     listed = frame_with(at, "ICL accuracy %")["perturbation"].tolist()
     assert listed == ["unperturbed", "shuffled inputs", "flipped labels (skipped)", "number labels (skipped)"]
+
+
+def test_a_steering_link_reopens_every_setting_and_its_cached_result(inprocess, setup):
+    """Every setting is in the URL; a fresh session opened from it shows the same settings, and what the service
+    has cached shows without pressing Run (only uncached work waits)."""
+    at = open_page(setup)
+    L, _ = model_shape(inprocess, setup)
+    at.multiselect(key="w_sg_vectors").set_value(["tl", "random"]).run()
+    at.selectbox(key="w_sg_layer").set_value(L - 1).run()
+    at.number_input(key="w_sg_alpha").set_value(2.5).run()
+    at.toggle(key="w_sg_final_norm").set_value(True).run()
+    at.selectbox(key="w_sg_pca_layer").set_value(0).run()
+    at.multiselect(key="w_sg_perturbations").set_value(["shuffled_inputs"]).run()
+    at.button(key="run_steer").click().run()
+    assert_clean(at)
+    first = figure(at, "steer_bars")["data"][0]
+    link = {k: str(v).strip("[]'") for k, v in at.query_params.items()}
+    assert link["sg_vectors"] == "tl,random" and link["sg_layer"] == str(L - 1) and link["sg_alpha"] == "2.5"
+    assert link["sg_final_norm"] == "1" and link["sg_pca_layer"] == "0" and link["sg_perturbations"] == "shuffled_inputs"
+
+    fresh = page(**link)  # a colleague opens the link
+    fresh.run()
+    assert_clean(fresh)
+    assert fresh.multiselect(key="w_sg_vectors").value == ["tl", "random"]
+    assert fresh.selectbox(key="w_sg_layer").value == L - 1 and fresh.number_input(key="w_sg_alpha").value == 2.5
+    assert fresh.toggle(key="w_sg_final_norm").value is True and fresh.selectbox(key="w_sg_pca_layer").value == 0
+    assert fresh.multiselect(key="w_sg_perturbations").value == ["shuffled_inputs"]
+    again = figure(fresh, "steer_bars")["data"][0]  # shown without a click: the service had it cached
+    assert again["x"] == first["x"] and np.allclose(vals(again["y"]), vals(first["y"]))
+    assert sum("Press **Run**" in i.value for i in fresh.info) == 2  # geometry and perturbations: not computed

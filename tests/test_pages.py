@@ -9,6 +9,7 @@ HEADLENS_UI_TEST_MODEL / HEADLENS_UI_TEST_TASK run these against another model f
 from __future__ import annotations
 
 import ast
+import json
 import os
 import subprocess
 import sys
@@ -196,13 +197,29 @@ def test_upload_validates_and_picks_the_task(inprocess):
                                                 "application/jsonl")).run()
     assert not at.exception
     assert at.error and "bad.jsonl" in at.error[0].value and "line 2" in at.error[0].value.lower()
-    good = "input,output\n" + "".join(f"w{i},{'ab'[i % 2]}\n" for i in range(12))
+    from backend.tasks.registry import load_task
+
+    words = load_task("syn-sentiment").examples  # words the default model knows
+    good = "input,output\n" + "".join(f"{x},{y}\n" for x, y in words[:24])
     at.file_uploader(key="w_upload").set_value(("mine.csv", good.encode(), "text/csv")).run()
     assert_clean(at)
     assert any("mine" in m.value and "classification" in m.value for m in at.success)
+    # its words are known, the upload template's ("Q: … A: …") are not: a warning, shown with the confirmation
+    assert any("may not fit model `default`" in w.value and "0% of the input tokens" in w.value
+               and "template" in w.value for w in at.warning)
     picked = at.selectbox(key="w_task").value
     assert picked.startswith("upload:")
     assert str(at.query_params["task"]).strip("[]'") == picked  # the link names the upload
+    # English words on the default model: valid as a file, refused by the fit check, nothing runs
+    english = "input,output\n" + "".join(f"{w} {n},{'pos' if i % 2 else 'neg'}\n" for i, (w, n) in enumerate(
+        (w, n) for n in ("film", "play") for w in "great awful lovely boring superb dull charming tedious brilliant "
+                                                  "weak fine poor".split()))
+    at.file_uploader(key="w_upload").set_value(("english.csv", english.encode(), "text/csv")).run()
+    assert not at.exception
+    assert any("english" in m.value for m in at.success)
+    refused = [e.value for e in at.error]
+    assert len(refused) == 1 and "does not fit model `default`" in refused[0] and "100% of the input tokens" in refused[0]
+    assert not any(b.key == "run" for b in at.button)  # the page stops before Run
 
 
 def test_unknown_task_and_model_are_errors(inprocess):
@@ -377,3 +394,72 @@ def test_tr_ratio_moves_on_head_map_ablation_and_steering(inprocess):
     text = next(m.value for m in at.markdown if m.value.startswith("TR ratio:"))
     assert _pct_after(text, "TR ratio:") == zero  # the same zero-shot prompts as the Head map's
     assert _pct_after(text, "TR vector") > zero, text
+
+
+HEAD_PAGE = "pages/4_Head.py"
+
+
+@needs_model
+def test_head_map_drill_down_shows_the_clicked_heads_pattern(inprocess, task_name):
+    at = page(HEAD_MAP, model=MODEL, task=task_name, head="1.2", **SMALL)
+    at.run()
+    assert_clean(at)
+    want = inprocess.run("head", {"model": MODEL, "task": task_name, "shots": 4, "prompts": 16, "seed": 0,
+                                  "head": [1, 2], "prompt": 0, "logit_lens": False})
+    views = [h.proto.body for h in at.get("html")]
+    assert any('class="hl-tv"' in v and "L1.H2" in v for v in views)  # the token view
+    token_view = next(v for v in views if 'class="hl-tv"' in v)
+    assert token_view.count('class="hl-tok') == len(want["tokens"])
+    att = [json.loads(el.proto.spec) for el in at.get("plotly_chart") if el.proto.id.endswith("hm_drill_att")]
+    assert att and np.allclose(att[0]["data"][0]["y"], want["attention"][-1])
+    dla = frame_with(at, "DLA")
+    assert np.allclose(dla["DLA"], want["label_dla"])
+    at.number_input(key="w_prompt").set_value(3).run()  # another prompt: in the link too
+    assert_clean(at)
+    assert str(at.query_params["prompt"]).strip("[]'") == "3" and str(at.query_params["head"]).strip("[]'") == "1.2"
+
+
+@needs_model
+def test_head_page_takes_your_own_prompt_and_shows_the_logit_lens(inprocess, task_name):
+    text = inprocess.run("head", {"model": MODEL, "task": task_name, "shots": 4, "prompts": 16, "seed": 0,
+                                  "head": [0, 1]})["text"]
+    at = page(HEAD_PAGE, model=MODEL, task=task_name, head="0.1", text=text[:-6] + text[-6:], lens="1", **SMALL)
+    at.run()
+    assert_clean(at)
+    assert at.toggle(key="w_own_prompt").value is True and at.text_area(key="w_text").value == text
+    lens = frame_with(at, "#1")
+    assert len(lens) == 4 and list(lens["layer"]) == [0, 1, 2, 3]  # the default model's 4 layers
+    assert len(frame_with(at, "p with the head ablated")) == 10  # top next tokens
+    code = [c.value for c in at.code if "head_view(" in c.value]
+    assert code and "text=" in code[0] and "logit_lens=True" in code[0]
+
+
+@needs_model
+def test_copy_as_python_reproduces_the_view(inprocess, task_name):
+    """The Head map's snippet, run as a notebook would, gives the numbers the page shows."""
+    from ui import snippets
+
+    from backend.analysis.kinds import KINDS
+
+    assert {k.name: k.api for k in KINDS.values()}.items() >= {k: v for k, v in snippets.API.items()
+                                                               if k in KINDS}.items()
+    at = page(HEAD_MAP, model=MODEL, task=task_name, **SMALL)
+    at.run()
+    assert_clean(at)
+    code = next(c.value for c in at.code if "head_scores(" in c.value)
+    assert code.startswith("from backend import load_model, load_task, head_scores")
+    scope: dict = {}
+    exec(code.split("\nr.")[0], scope)  # the lines that compute r
+    shown = inprocess.run("scores", {"model": MODEL, "task": task_name, "shots": 4, "prompts": 16, "seed": 0,
+                                     "top_pct": 3.0})
+    assert np.allclose(scope["r"].tr, shown["tr"]) and scope["r"].icl.accuracy == shown["icl"]["accuracy"]
+
+
+def test_natural_language_tasks_are_marked_for_the_default_model():
+    from ui import layout
+
+    nl = {"id": "sentiment", "name": "sentiment", "kind": "classification", "n_examples": 224, "models": "any"}
+    syn = {"id": "syn-size", "name": "syn-size", "kind": "classification", "n_examples": 40, "models": "default"}
+    assert "words unknown to this model" in layout.task_label(nl, "default")
+    assert "⊘" not in layout.task_label(syn, "default")
+    assert "for the default model" in layout.task_label(syn, "gpt2") and "⊘" not in layout.task_label(nl, "gpt2")

@@ -18,7 +18,9 @@ OnProgress = Callable[[float, str], None]
 
 # page name -> service job kind
 KINDS = {"scores": "scores", "icl": "icl", "ablation": "ablation_curves", "ablate": "ablate",
-         "model_info": "model_info", "steer": "steer", "geometry": "geometry", "perturb": "perturb"}
+         "model_info": "model_info", "steer": "steer", "geometry": "geometry", "perturb": "perturb", "fit": "fit",
+         "head": "head"}
+UNCACHED = frozenset({"model_info"})  # kinds the service never caches: no cache lookup first
 JOB_TIMEOUT_S = 3600.0
 
 
@@ -79,9 +81,26 @@ def reset_clients() -> None:
         _clients.clear()
 
 
+UI_WORDS = (  # the service's words for API users -> what a dashboard user does instead
+    ("upload it with POST /tasks/upload and use the `upload:<hash>` id it returns",
+     "upload it on the Home page (*Bring your own task*); it then appears in the sidebar's task list"),
+    ("submit it with POST /jobs", "press Run"),
+    ("submit the job with POST /jobs", "press Run"),
+)
+
+
+def for_users(message: str) -> str:
+    """A service message in the dashboard's words (no routes to POST to)."""
+    for api_words, ui_words in UI_WORDS:
+        message = message.replace(api_words, ui_words)
+    return message
+
+
 def _translate(e: Exception) -> ApiError:
     if isinstance(e, ApiError):
         return e
+    if isinstance(e, ClientError):
+        e.message = for_users(e.message)
     if isinstance(e, JobCancelled):
         return ApiError("The job was cancelled.", kind="cancelled")
     if isinstance(e, JobTimeout):
@@ -143,8 +162,20 @@ def run(kind: str, params: dict[str, Any], on_progress: OnProgress | None = None
 
 
 def submit(kind: str, params: dict[str, Any]) -> str:
+    """Queue a job of page-kind `kind`; its id."""
     return _call(lambda: client().submit(KINDS.get(kind, kind), **params))
 
 
-def cancel(job_id: str) -> None:
-    _call(lambda: client().cancel(job_id))
+def job(job_id: str) -> dict[str, Any]:
+    """{id, kind, status, progress, message, result, error, ...} of a submitted job."""
+    return _call(lambda: client().job(job_id))
+
+
+def cancel(job_id: str) -> dict[str, Any]:
+    """Withdraw this session from a job (`DELETE /jobs/{id}`): cancelled when no one else waits for it."""
+    return _call(lambda: client().cancel(job_id))
+
+
+def cached(kind: str, params: dict[str, Any]) -> dict[str, Any] | None:
+    """The result when the service has it cached (None otherwise); never starts a computation."""
+    return _call(lambda: client().cached(KINDS.get(kind, kind), **params))

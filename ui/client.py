@@ -143,6 +143,15 @@ class HeadlensClient:
     def cancel(self, job_id: str) -> dict[str, Any]:
         return self._request("DELETE", f"/jobs/{job_id}")
 
+    def cached(self, kind: str, **params: Any) -> dict[str, Any] | None:
+        """The job's result when the service has it cached, else None; never starts a computation."""
+        try:
+            return self._request("POST", "/jobs/cached", json={"kind": kind, **params})["result"]
+        except ClientError as e:
+            if e.status == 404:
+                return None
+            raise
+
     def wait(self, job_id: str, on_progress: OnProgress | None = None, timeout: float | None = 3600.0,
              poll: float = 0.2) -> dict[str, Any]:
         """Poll until the job ends; its result. Raises JobFailed, JobCancelled or JobTimeout."""

@@ -44,6 +44,17 @@ SELECT_COLOR = "#00e0ff"
 FONT = "Inter, 'Source Sans Pro', system-ui, sans-serif"
 
 
+def caption(model: str, task: str | None, shots: int | None = None, k: int | str | None = None) -> str:
+    """What a figure was computed on, for its title (exported PNGs carry it): "default · syn-sentiment · 8 shots ·
+    top 4 heads"."""
+    parts = [str(model), str(task)]
+    if shots is not None:
+        parts.append(f"{shots} shot{'s' if shots != 1 else ''}")
+    if k is not None:
+        parts.append(f"top {k} heads" if isinstance(k, int) else str(k))
+    return " · ".join(parts)
+
+
 def png_config(filename: str, scale: int = 2) -> dict[str, Any]:
     """`config=` for st.plotly_chart: the modebar's camera button saves a `filename`.png at `scale`x."""
     return {"displaylogo": False, "toImageButtonOptions": {"format": "png", "filename": filename, "scale": scale},
@@ -126,20 +137,24 @@ def head_heatmap(values: Any, metric: str, selected: Iterable[Sequence[int]] = (
     return _style(fig, height)
 
 
-def all_maps(result: dict[str, Any], selected: Iterable[Sequence[int]] = ()) -> go.Figure:
-    """The five maps side by side, each on its own colour scale (hover for value and rank)."""
+def all_maps(result: dict[str, Any], selected: Iterable[Sequence[int]] = (), title: str | None = None) -> go.Figure:
+    """The five maps side by side, each on its own colour scale with its own colour bar (hover for value and
+    rank)."""
     names = list(METRICS)
     sel = [(int(l), int(h)) for l, h in selected]
     fig = make_subplots(rows=1, cols=len(names), subplot_titles=[METRICS[m]["label"] for m in names],
-                        shared_yaxes=True, horizontal_spacing=0.02)
+                        shared_yaxes=True, horizontal_spacing=0.055)
     for i, m in enumerate(names, start=1):
         z = np.asarray(result[m], dtype=float)
         L, H = z.shape
         rk = ranks(z)
         text = [[f"L{l}.H{h}<br>{METRICS[m]['label']} = {_fmt(z[l, h])}<br>rank {rk[l, h]} of {L * H}"
                  for h in range(H)] for l in range(L)]
-        fig.add_trace(go.Heatmap(z=z, showscale=False, text=text, hovertemplate="%{text}<extra></extra>",
-                                 xgap=1, ygap=1, **_colorscale(m)), row=1, col=i)
+        right = fig.layout[f"xaxis{i if i > 1 else ''}"].domain[1]
+        fig.add_trace(go.Heatmap(z=z, showscale=True, text=text, hovertemplate="%{text}<extra></extra>",
+                                 name=METRICS[m]["label"], xgap=1, ygap=1,
+                                 colorbar=dict(x=right + 0.004, xanchor="left", thickness=9, len=0.9,
+                                               tickfont=dict(size=9)), **_colorscale(m)), row=1, col=i)
         if sel:
             fig.add_trace(go.Scatter(x=[h for _, h in sel], y=[l for l, _ in sel], mode="markers",
                                      hoverinfo="skip", showlegend=False,
@@ -150,11 +165,13 @@ def all_maps(result: dict[str, Any], selected: Iterable[Sequence[int]] = ()) -> 
     fig.update_yaxes(title_text="layer", row=1, col=1)
     L = np.asarray(result[names[0]]).shape[0]
     _style(fig, int(min(520, max(260, 22 * L + 140))))
-    fig.update_layout(margin=dict(t=60))
+    fig.update_layout(margin=dict(t=80 if title else 60, r=40))
+    if title:
+        fig.update_layout(title=dict(text=title, x=0.0))
     return fig
 
 
-def layer_distribution(result: dict[str, Any], k: int) -> go.Figure:
+def layer_distribution(result: dict[str, Any], k: int, title: str | None = None) -> go.Figure:
     """How many of the top-k heads by TR, TL and induction sit in each layer."""
     L = int(result["n_layers"])
     fig = go.Figure()
@@ -165,7 +182,7 @@ def layer_distribution(result: dict[str, Any], k: int) -> go.Figure:
         fig.add_trace(go.Bar(x=list(range(L)), y=counts, name=ORDER_STYLE[m]["name"],
                              marker_color=ORDER_STYLE[m]["color"],
                              hovertemplate="layer %{x}: %{y} head(s)<extra>" + ORDER_STYLE[m]["name"] + "</extra>"))
-    fig.update_layout(barmode="group", title=dict(text=f"Layer of the top {k} heads", x=0.0),
+    fig.update_layout(barmode="group", title=dict(text=title or f"Layer of the top {k} heads", x=0.0),
                       xaxis=dict(title="layer", dtick=1), yaxis=dict(title="heads", rangemode="tozero"))
     return _style(fig, 320)
 

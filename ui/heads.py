@@ -37,7 +37,10 @@ def multiselect(n_layers: int, n_heads: int, label: str = "Selected heads", key_
     state.bind(st.multiselect, label, "heads", options=names(n_layers, n_heads),
                to_widget=lambda hs: [figures.head_name(h) for h in hs], from_widget=state.parse_heads,
                placeholder="Click cells on the head map, or pick here", help="Heads are named L<layer>.H<head>.")
-    return current(n_layers, n_heads)
+    chosen = current(n_layers, n_heads)
+    if len(chosen) > 3:  # the chips of a long selection scroll inside the box: list them in full below it
+        st.caption(f"{len(chosen)} selected: " + ", ".join(figures.head_name(h) for h in chosen))
+    return chosen
 
 
 def chart_key(prefix: str) -> str:
@@ -62,6 +65,7 @@ def on_chart_select(key_prefix: str) -> Callable[[], None]:
         by_area = bool(sel.get("box") or sel.get("lasso"))
         if len(picked) == 1 and not by_area:
             cur ^= picked
+            state.put("head", next(iter(picked)))  # the clicked head is the one to drill into
         else:
             cur |= picked
         put(cur)

@@ -1,8 +1,22 @@
-"""Running jobs from a page: a progress bar fed by the job's progress, errors as `st.error`, results kept
-for the session so a rerun (a click, a page switch) does not ask the service again."""
+"""Running jobs from a page: cached results first, then the service's job queue, with progress and Cancel.
+
+- `fetch` / `fetch_many`: a result from this session's memory, else the service's cache (`POST /jobs/cached`:
+  no queue, no computation), else a job. Several jobs are submitted together and waited on together (the Home
+  page's scores and ICL curve), each with a progress bar showing the stage, the share done and the seconds
+  waited, and a **Cancel** button (`DELETE /jobs/{id}`).
+- A job belongs to a *slot* (by default its kind). A session has at most one job in flight per slot: when the
+  settings change while a job runs, Streamlit reruns the page, and the new request for that slot cancels the
+  superseded job before submitting its own, so nothing stale queues in front of it. A rerun that asks for the
+  same job again re-attaches to it (it never re-submits, so the service's submitter count stays one).
+- The bar is redrawn every poll, which is also where Streamlit stops a run when a button is clicked: a Cancel
+  click interrupts the wait at once, and its callback cancels the job before the page runs again.
+- `peek`: a result without computing anything (memory or the service's cache), for sections that wait for Run.
+Results carry `_waited` (seconds from the request to the result) next to the service's own `seconds`.
+"""
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from typing import Any
 
 import streamlit as st
@@ -18,6 +32,9 @@ ERROR_TITLES = {
     "internal": "The service hit an internal error.",
     "refused": "The service refused the request.",
 }
+POLL_FIRST_S = 0.02
+POLL_MAX_S = 0.15
+TIMEOUT_S = api.JOB_TIMEOUT_S
 
 
 def show_error(e: api.ApiError, what: str | None = None) -> None:
@@ -31,34 +48,195 @@ def show_error(e: api.ApiError, what: str | None = None) -> None:
     st.error(body, icon=":material/error:")
 
 
-def fetch(kind: str, params: dict[str, Any], label: str, *, what: str | None = None,
-          quiet: bool = False) -> dict[str, Any] | None:
-    """The result of a `kind` job with `params`, from this session's memory or the service.
-
-    Shows a progress bar while the job runs; on failure shows an error and returns None."""
-    hit = state.remembered(kind, params)
-    if hit is not None:
-        return hit
-    slot = st.empty()
-    bar = slot.progress(0.0, text=f"{label}: submitting…")
-    t0 = time.perf_counter()
-
-    def on_progress(frac: float, msg: str) -> None:
-        frac = min(max(float(frac or 0.0), 0.0), 1.0)
-        bar.progress(frac, text=f"{label}: {msg or 'working'} ({frac:.0%}, {time.perf_counter() - t0:.0f} s)")
-
-    try:
-        res = api.run(kind, params, on_progress=on_progress)
-    except api.ApiError as e:
-        slot.empty()
-        if not quiet:
-            show_error(e, what or label)
-        return None
-    slot.empty()
-    state.remember(kind, params, res)
-    return res
-
-
 def show_warnings(result: dict[str, Any] | None) -> None:
     for w in (result or {}).get("warnings") or []:
         st.warning(w, icon=":material/warning:")
+
+
+def timing(result: dict[str, Any]) -> str:
+    """Where a result came from and how long the user waited: "computed in 2.8 s (waited 3.1 s)"."""
+    waited = result.get("_waited")
+    src = (f"from the cache ({result.get('seconds', 0):.2f} s)" if result.get("cache_hit")
+           else f"computed in {result.get('seconds', 0):.1f} s")
+    return src + (f" · shown {waited:.1f} s after the request" if waited is not None else " · kept in this session")
+
+
+@dataclass
+class Job:
+    """One request of a page: a page-kind (a key of `api.KINDS`), its params, and the progress bar's label."""
+
+    kind: str
+    params: dict[str, Any]
+    label: str
+    what: str | None = None
+    slot: str | None = None
+
+    @property
+    def key(self) -> str:
+        return state.result_key(self.kind, self.params)
+
+    @property
+    def where(self) -> str:
+        return self.slot or self.kind
+
+
+def _inflight() -> dict[str, dict[str, Any]]:
+    return st.session_state.setdefault("_hl_inflight", {})
+
+
+def _cancelled() -> dict[str, str]:
+    return st.session_state.setdefault("_hl_cancelled", {})
+
+
+def cancel_slot(slot: str) -> None:
+    """Cancel this session's job in `slot` (a Cancel button's callback); the page then shows it cancelled."""
+    job = _inflight().pop(slot, None)
+    if job is None:
+        return
+    _cancelled()[slot] = job["key"]
+    try:
+        api.cancel(job["id"])
+    except api.ApiError:
+        pass  # already finished or forgotten: nothing left to cancel
+
+
+def _supersede(job: Job) -> dict[str, Any] | None:
+    """The slot's job in flight when it is this request's; a different one is cancelled (and None returned)."""
+    cur = _inflight().get(job.where)
+    if cur is None:
+        return None
+    if cur["key"] == job.key:
+        return cur
+    _inflight().pop(job.where, None)
+    try:
+        api.cancel(cur["id"])
+    except api.ApiError:
+        pass
+    return None
+
+
+def _remember(job: Job, result: dict[str, Any], t0: float) -> dict[str, Any]:
+    result = {**result, "_waited": time.monotonic() - t0}
+    state.remember(job.kind, job.params, result)
+    return result
+
+
+def peek(kind: str, params: dict[str, Any], *, ask_service: bool = True) -> dict[str, Any] | None:
+    """A result without computing: this session's memory, else (with `ask_service`) the service's cache."""
+    hit = state.remembered(kind, params)
+    if hit is not None or not ask_service or kind in api.UNCACHED:
+        return hit
+    t0 = time.monotonic()
+    try:
+        found = api.cached(kind, params)
+    except api.ApiError:
+        return None
+    return None if found is None else _remember(Job(kind, params, ""), found, t0)
+
+
+def _show_cancelled(job: Job) -> None:
+    c1, c2 = st.columns([5, 1], vertical_alignment="center")
+    c1.info(f"**{job.label}** was cancelled.", icon=":material/stop_circle:")
+    c2.button("Run again", key=f"rerun_{job.where}", icon=":material/replay:", width="stretch",
+              on_click=lambda slot=job.where: _cancelled().pop(slot, None))
+
+
+def fetch(kind: str, params: dict[str, Any], label: str, *, what: str | None = None, quiet: bool = False,
+          slot: str | None = None) -> dict[str, Any] | None:
+    """The result of a `kind` job with `params` (see the module docstring); None after a failure (shown as an
+    st.error unless `quiet`) or a cancel (shown with a Run again button)."""
+    return fetch_many([Job(kind, params, label, what, slot)], quiet=quiet)[0]
+
+
+def fetch_many(requests: list[Job], *, quiet: bool = False) -> list[dict[str, Any] | None]:
+    """Results of several jobs, submitted together and waited on together."""
+    out: list[dict[str, Any] | None] = [None] * len(requests)
+    pending: list[tuple[int, Job, dict[str, Any]]] = []
+    for i, job in enumerate(requests):
+        hit = state.remembered(job.kind, job.params)
+        if hit is not None:
+            out[i] = hit
+            continue
+        if _cancelled().get(job.where) == job.key:
+            _show_cancelled(job)
+            continue
+        _cancelled().pop(job.where, None)
+        cur = _supersede(job)
+        if cur is None:
+            t0 = time.monotonic()
+            try:
+                found = None if job.kind in api.UNCACHED else api.cached(job.kind, job.params)
+                if found is not None:
+                    out[i] = _remember(job, found, t0)
+                    continue
+                cur = {"key": job.key, "id": api.submit(job.kind, job.params), "t0": t0}
+            except api.ApiError as e:
+                if not quiet:
+                    show_error(e, job.what or job.label)
+                continue
+            _inflight()[job.where] = cur
+        pending.append((i, job, cur))
+    if pending:
+        for i, result in _wait(pending, quiet).items():
+            out[i] = result
+    return out
+
+
+def _wait(pending: list[tuple[int, Job, dict[str, Any]]], quiet: bool) -> dict[int, dict[str, Any] | None]:
+    """Poll the pending jobs until each ends, one progress bar and Cancel button each."""
+    slots = {}
+    for i, job, cur in pending:
+        holder = st.empty()
+        with holder.container():
+            c1, c2 = st.columns([6, 1], vertical_alignment="bottom")
+            bar = c1.progress(0.0, text=f"{job.label}: submitted")
+            c2.button("Cancel", key=f"cancel_{job.where}", icon=":material/stop_circle:", width="stretch",
+                      on_click=cancel_slot, args=(job.where,), help="Stop this job (DELETE /jobs/{id}).")
+        slots[i] = (job, cur, holder, bar)
+    results: dict[int, dict[str, Any] | None] = {}
+    delay = POLL_FIRST_S
+    while len(results) < len(slots):
+        for i, (job, cur, holder, bar) in slots.items():
+            if i in results:
+                continue
+            try:
+                j = api.job(cur["id"])
+            except api.ApiError as e:
+                _inflight().pop(job.where, None)
+                holder.empty()
+                if not quiet:
+                    show_error(e, job.what or job.label)
+                results[i] = None
+                continue
+            waited = time.monotonic() - cur["t0"]
+            frac = min(max(float(j.get("progress") or 0.0), 0.0), 1.0)
+            bar.progress(frac, text=f"{job.label}: {j.get('message') or j['status']} · {frac:.0%} · {waited:.1f} s")
+            if j["status"] in ("queued", "running"):
+                if waited > TIMEOUT_S:
+                    cancel_slot(job.where)
+                    holder.empty()
+                    show_error(api.ApiError(f"no result after {waited:.0f} s; the job was cancelled", "timeout"))
+                    results[i] = None
+                continue
+            _inflight().pop(job.where, None)
+            holder.empty()
+            if j["status"] == "done" and isinstance(j.get("result"), dict):
+                results[i] = _remember(job, j["result"], cur["t0"])
+            elif j["status"] == "cancelled":
+                _cancelled()[job.where] = job.key
+                _show_cancelled(job)
+                results[i] = None
+            else:
+                if not quiet:
+                    show_error(api.ApiError(j.get("error") or "the job failed", kind="job"), job.what or job.label)
+                results[i] = None
+        if len(results) < len(slots):
+            time.sleep(delay)
+            delay = min(delay * 1.5, POLL_MAX_S)
+    return results
+
+
+def in_flight(job: Job) -> bool:
+    """True when this session's job for `job` is still running on the service (a rerun re-attaches to it)."""
+    cur = _inflight().get(job.where)
+    return cur is not None and cur["key"] == job.key

@@ -22,7 +22,8 @@ CSS = """
 CAPS_TTL_S = 15.0
 PAGES = [("app.py", "Home", ":material/home:"), ("pages/1_Head_map.py", "Head map", ":material/grid_on:"),
          ("pages/2_Ablation.py", "Ablation", ":material/power_settings_new:"),
-         ("pages/3_Steering_geometry.py", "Steering & geometry", ":material/explore:")]
+         ("pages/3_Steering_geometry.py", "Steering & geometry", ":material/explore:"),
+         ("pages/4_Head.py", "Head drill-down", ":material/center_focus_strong:")]
 
 
 def capabilities(force: bool = False) -> dict[str, Any]:
@@ -45,8 +46,11 @@ def is_default_model(model: str) -> bool:
 
 
 def suitable(t: dict[str, Any], model: str) -> bool:
-    """Tasks written for the embedded model (`models: default`) only make sense on it."""
-    return t.get("models", "any") != "default" or is_default_model(model)
+    """Tasks written for the embedded model (`models: default`) only make sense on it, and the natural-language
+    built-ins (`models: any`) use words the embedded model's vocabulary does not have."""
+    if t.get("source") == "upload":
+        return True  # the fit check says
+    return (t.get("models", "any") == "default") == is_default_model(model)
 
 
 def task_options(caps: dict[str, Any], model: str, current: str | None) -> tuple[list[str], dict[str, dict]]:
@@ -74,7 +78,9 @@ def task_label(t: dict[str, Any], model: str = "default") -> str:
     if t.get("kind") == "?":
         return f"{t['name']}"
     name = t["name"] + (" (uploaded)" if t.get("source") == "upload" else "")
-    mark = "" if suitable(t, model) else " · for the default model"
+    mark = ""
+    if not suitable(t, model):
+        mark = " · ⊘ for the default model" if t.get("models") == "default" else " · ⊘ words unknown to this model"
     return f"{name} · {t['kind']} · {t['n_examples']} ex.{mark}"
 
 
@@ -127,7 +133,9 @@ def sidebar(caps: dict[str, Any]) -> None:
                 st.caption(t["description"])
             if t and not suitable(t, state.get().model):
                 st.caption(":orange[:material/warning: This task's words exist only in the default model's "
-                           "vocabulary.]")
+                           "vocabulary.]" if t.get("models") == "default" else
+                           ":orange[:material/block: A natural-language task: its words are not in the default "
+                           "model's vocabulary, so it cannot run on it. Pick a `syn-…` task, or another model.]")
         else:
             st.warning("The service lists no tasks.")
         _clamp("shots", 0, int(limits.get("max_shots", 32)))

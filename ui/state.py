@@ -7,7 +7,9 @@ every run writes it back, so a copied link reopens the same view:
 
     ?model=default&task=syn-sentiment&shots=8&prompts=50&seed=0&heads=2.6,1.5&mode=zero&map=tr
 
-Heads are written `layer.head`, comma-separated, as the CLI's `--heads` takes them.
+Heads are written `layer.head`, comma-separated, as the CLI's `--heads` takes them. Every setting of every
+page is a field here (the Steering page's `sg_*`, the drill-down's `head`, `prompt`, `text`, ...); view fields
+are left out of the URL while they hold their default, so links stay short.
 """
 from __future__ import annotations
 
@@ -78,14 +80,71 @@ def _pct(s: str) -> float:
 
 
 TOP_PCT, MIN_TOP_HEADS = 3.0, 4  # the backend's defaults (backend/options.py); the backend applies the rule
+VECTOR_TYPES = ("tr", "tl", "random", "fv", "vanilla", "custom")
+PERTURBATIONS = ("shuffled_inputs", "random_labels", "flipped_labels", "symbol_labels", "number_labels")
+
+
+def _flag(s: str) -> bool:
+    v = str(s).strip().lower()
+    if v not in ("1", "0", "true", "false", "yes", "no", "on", "off"):
+        raise ValueError("must be 1 or 0")
+    return v in ("1", "true", "yes", "on")
+
+
+def _fmt_flag(v: Any) -> str:
+    return "1" if v else "0"
+
+
+def _choices(options: Sequence[str]) -> Callable[[str], list[str]]:
+    def parse(s: str) -> list[str]:
+        items = [x.strip() for x in str(s).split(",") if x.strip()]
+        bad = [x for x in items if x not in options]
+        if bad:
+            raise ValueError(f"{bad[0]!r} is not one of {', '.join(options)}")
+        return list(dict.fromkeys(items))
+    return parse
+
+
+def _join(v: Iterable[str]) -> str:
+    return ",".join(v)
+
+
+def _layer_or_all(s: str) -> int | str:
+    return "all" if str(s).strip() == "all" else _int_in(0, 100000)(s)
+
+
+def _float_in(lo: float, hi: float) -> Callable[[str], float]:
+    def parse(s: str) -> float:
+        v = float(s)
+        if not lo <= v <= hi:
+            raise ValueError(f"must be between {lo:g} and {hi:g}")
+        return v
+    return parse
+
+
+def _raw_text(s: str) -> str:
+    if not str(s).strip():
+        raise ValueError("must not be empty")
+    return str(s)[:8192]
+
+
+def _head(s: str) -> Head:
+    hs = parse_heads(s)
+    if len(hs) != 1:
+        raise ValueError("one head, written layer.head")
+    return hs[0]
 
 
 @dataclass(frozen=True)
 class Field:
+    """A state field: its default, how the URL's text parses into it and back. A `view` field (how a page
+    shows things, not what it computes) is left out of the URL while it holds its default."""
+
     name: str
     default: Callable[[], Any]
     parse: Callable[[str], Any]
     fmt: Callable[[Any], str] = str
+    view: bool = False
 
 
 FIELDS: dict[str, Field] = {f.name: f for f in (
@@ -100,6 +159,27 @@ FIELDS: dict[str, Field] = {f.name: f for f in (
     Field("kmax", lambda: 16, _int_in(1, 100000)),
     Field("top_pct", lambda: TOP_PCT, _pct, lambda v: f"{float(v):g}"),
     Field("top_k", lambda: None, _int_in(1, 4096)),
+    # -- Home, Head map, Ablation: view settings
+    Field("ex_k", lambda: None, _int_in(0, 100000), view=True),
+    Field("top_n", lambda: 10, _int_in(1, 100000), view=True),
+    Field("only_changed", lambda: False, _flag, _fmt_flag, view=True),
+    # -- head drill-down (Head map panel, Head page)
+    Field("head", lambda: None, _head, lambda h: f"{int(h[0])}.{int(h[1])}", view=True),
+    Field("prompt", lambda: 0, _int_in(0, 100000), view=True),
+    Field("text", lambda: None, _raw_text, view=True),
+    Field("lens", lambda: False, _flag, _fmt_flag, view=True),
+    # -- Steering & geometry
+    Field("sg_vectors", lambda: ["tr", "tl", "random", "fv", "vanilla"], _choices(VECTOR_TYPES), _join, view=True),
+    Field("sg_layer", lambda: None, _layer_or_all, view=True),  # None: the middle layer
+    Field("sg_alpha", lambda: 1.0, _float_in(-100, 100), lambda v: f"{float(v):g}", view=True),
+    Field("sg_pca_layer", lambda: None, _int_in(0, 100000), view=True),  # None: the last layer
+    Field("sg_final_norm", lambda: False, _flag, _fmt_flag, view=True),
+    Field("sg_perturbations", lambda: None, _choices(PERTURBATIONS), _join, view=True),  # None: those that run
+    Field("sg_color", lambda: "condition", _choice(("condition", "gold")), view=True),
+    Field("sg_arrows", lambda: False, _flag, _fmt_flag, view=True),
+    Field("sg_dirs", lambda: True, _flag, _fmt_flag, view=True),
+    Field("sg_bar_layer", lambda: None, _int_in(0, 100000), view=True),
+    Field("sg_pmap", lambda: None, _choice(PERTURBATIONS), view=True),
 )}
 
 
@@ -133,6 +213,9 @@ class Settings:
         return f"top {self.top_k} heads" if self.top_k else f"top {self.top_pct:g}% of heads (at least {MIN_TOP_HEADS})"
 
 
+_SETTINGS_FIELDS = frozenset(Settings.__dataclass_fields__)
+
+
 def init() -> list[str]:
     """Load the state from the URL on a session's first run; later runs keep the session's state.
 
@@ -160,7 +243,12 @@ def init() -> list[str]:
 
 def get() -> Settings:
     ss = st.session_state
-    return Settings(**{name: ss[f"s_{name}"] for name in FIELDS})
+    return Settings(**{name: ss[f"s_{name}"] for name in FIELDS if name in _SETTINGS_FIELDS})
+
+
+def value(name: str) -> Any:
+    """A state field's value (page view fields are read this way rather than through `Settings`)."""
+    return st.session_state.get(f"s_{name}", FIELDS[name].default())
 
 
 def put(name: str, value: Any) -> None:
@@ -173,12 +261,12 @@ def opened_from_link() -> bool:
 
 
 def query(settings: Settings | None = None) -> dict[str, str]:
-    """The query parameters that reproduce `settings` (default: the current state)."""
+    """The query parameters that reproduce `settings` (default: the current state) and every page's view."""
     s = settings or get()
     out: dict[str, str] = {}
     for name, f in FIELDS.items():
-        v = getattr(s, name)
-        if v is None or (name == "heads" and not v):
+        v = getattr(s, name) if name in _SETTINGS_FIELDS else value(name)
+        if v is None or (name == "heads" and not v) or (f.view and v == f.default()):
             continue
         out[name] = f.fmt(v)
     return out

@@ -46,10 +46,10 @@ CONDITION_STYLE: dict[str, dict[str, Any]] = {
     "zero_shot+random": {"name": "zero-shot + random", "color": "#5f5f5f", "dash": "dash", "symbol": "x"},
     "icl": {"name": "ICL", "color": "#2ca02c", "dash": "solid", "symbol": "cross"},
 }
-GEOMETRY_METRICS: dict[str, dict[str, str]] = {
-    "alignment": {"title": "Subspace alignment", "axis": "‖Ph‖ / ‖h‖"},
+GEOMETRY_METRICS: dict[str, dict[str, Any]] = {
+    "alignment": {"title": "Subspace alignment", "axis": "‖Ph‖ / ‖h‖", "range": (0.0, 1.0)},
     "ld": {"title": "Logit difference", "axis": "LD"},
-    "rotation": {"title": "In-subspace rotation", "axis": "angle to gold direction (°)"},
+    "rotation": {"title": "In-subspace rotation", "axis": "angle to gold direction (°)", "range": (0.0, 180.0)},
 }
 PERTURBATION_NAMES = {
     "none": "unperturbed",
@@ -162,7 +162,8 @@ def steer_sweep(res: dict[str, Any], vectors: Sequence[str] | None = None, title
 
 
 # -- geometry -------------------------------------------------------------------------------------------------
-def geometry_curves(geo: dict[str, Any], metrics: Sequence[str] = tuple(GEOMETRY_METRICS)) -> go.Figure:
+def geometry_curves(geo: dict[str, Any], metrics: Sequence[str] = tuple(GEOMETRY_METRICS),
+                    title: str | None = None) -> go.Figure:
     """Per-layer mean of each metric for the five conditions, with a ±1 sd band; the injection layer marked."""
     layers = [int(l) for l in geo["layers"]]
     conds = geo["conditions"]
@@ -174,7 +175,9 @@ def geometry_curves(geo: dict[str, Any], metrics: Sequence[str] = tuple(GEOMETRY
             st = CONDITION_STYLE.get(c, {"name": c, "color": "#17becf", "dash": "solid"})
             mean = np.asarray(conds[c][m]["mean"], dtype=float)
             sd = np.asarray(conds[c][m].get("std") or np.zeros_like(mean), dtype=float)
-            fig.add_trace(go.Scatter(x=layers + layers[::-1], y=list(mean + sd) + list((mean - sd)[::-1]),
+            lo, hi = GEOMETRY_METRICS[m].get("range", (None, None))
+            up, down = np.clip(mean + sd, lo, hi), np.clip(mean - sd, lo, hi)
+            fig.add_trace(go.Scatter(x=layers + layers[::-1], y=list(up) + list(down[::-1]), mode="lines",
                                      fill="toself", fillcolor=_rgba(st["color"], 0.12), line=dict(width=0),
                                      hoverinfo="skip", showlegend=False, legendgroup=c, name=f"{st['name']} ± sd"),
                           row=1, col=col)
@@ -187,8 +190,8 @@ def geometry_curves(geo: dict[str, Any], metrics: Sequence[str] = tuple(GEOMETRY
             fig.add_vline(x=int(geo["inject_layer"]), line=dict(color="#bbbbbb", width=1, dash="dot"), row=1, col=col)
         fig.update_xaxes(title_text="layer", dtick=1 if len(layers) <= 24 else None, row=1, col=col)
         fig.update_yaxes(title_text=GEOMETRY_METRICS[m]["axis"], row=1, col=col)
-    fig.update_layout(title=dict(text=f"Hidden states at the last token, per layer (vectors injected at layer "
-                                      f"{geo.get('inject_layer')}, α = {geo.get('alpha', 1.0):g})", x=0.0))
+    fig.update_layout(title=dict(text=title or f"Hidden states at the last token, per layer (vectors injected at "
+                                               f"layer {geo.get('inject_layer')}, α = {geo.get('alpha', 1.0):g})", x=0.0))
     return _style(fig, 400)
 
 
@@ -213,13 +216,17 @@ def gold_groups(gold: Sequence[str]) -> tuple[list[str], dict[str, str]]:
 
 
 def pca_scatter(geo: dict[str, Any], dims: int = 2, color_by: str = "condition", arrows: bool = False,
-                conditions: Sequence[str] | None = None, label_directions: bool = True) -> go.Figure:
+                conditions: Sequence[str] | None = None, label_directions: bool = True,
+                title: str | None = None) -> go.Figure:
     """PCA of the hidden states at `pca.layer`, one trace per condition (or per condition and gold label);
     optional arrows from each zero-shot point to its steered counterparts; label unembedding directions
     drawn from the origin (the cloud's mean), scaled to the cloud."""
     pca = geo["pca"]
     pts = {c: np.asarray(p, dtype=float).reshape(len(p), -1) for c, p in pca["points"].items()}
-    order = [c for c in CONDITION_STYLE if c in pts] + [c for c in pts if c not in CONDITION_STYLE]
+    # the references (zero-shot, ICL) drawn last, on top of the steered clouds they would hide under
+    refs = ("zero_shot", "icl")
+    order = [c for c in CONDITION_STYLE if c in pts and c not in refs] + [c for c in pts if c not in CONDITION_STYLE] \
+        + [c for c in refs if c in pts]
     if conditions is not None:
         order = [c for c in order if c in conditions]
     ncomp = min(p.shape[1] for p in pts.values()) if pts else 0
@@ -293,7 +300,7 @@ def pca_scatter(geo: dict[str, Any], dims: int = 2, color_by: str = "condition",
             dirs = {k: dirs[k] for k in first[:MAX_DIRECTIONS]}
         for i, (lab, d) in enumerate(dirs.items()):
             v = np.pad(np.asarray(d, dtype=float), (0, max(0, dims - len(d))))[:dims]
-            color = gcol.get(lab, LABEL_COLORS[i % len(LABEL_COLORS)]) if color_by == "gold" else "#222222"
+            color = gcol.get(lab, LABEL_COLORS[i % len(LABEL_COLORS)])  # each label direction its own colour
             line = np.stack([np.zeros(dims), v])
             fig.add_trace(Scatter(**xyz(line), mode="lines+text", text=["", lab.strip()],
                                   textposition="top center", name=f"label {lab.strip()!r}", legendgroup="labels",
@@ -302,7 +309,7 @@ def pca_scatter(geo: dict[str, Any], dims: int = 2, color_by: str = "condition",
                                             dash="dot" if dims == 2 else None),
                                   hovertemplate=f"unembedding direction of {lab.strip()!r}<extra></extra>"))
     axis = [f"PC{i + 1}" + (f" ({100 * evr[i]:.0f}%)" if i < len(evr) else "") for i in range(dims)]
-    title = f"PCA of hidden states after layer {pca.get('layer')} ({dims}D)"
+    title = (title or f"PCA of hidden states after layer {pca.get('layer')}") + f" ({dims}D)"
     if dims == 3:
         fig.update_layout(scene=dict(xaxis_title=axis[0], yaxis_title=axis[1], zaxis_title=axis[2]),
                           title=dict(text=title, x=0.0))
@@ -389,7 +396,7 @@ def _sym(z: np.ndarray) -> float:
     return m if m > 0 else 1.0
 
 
-def map_differences(rep: dict[str, Any], name: str) -> go.Figure:
+def map_differences(rep: dict[str, Any], name: str, title: str | None = None) -> go.Figure:
     """TR (top row) and TL (bottom row) maps: unperturbed | under `name` | difference (perturbed − unperturbed).
 
     The two maps of a row share a colour range; differences use a diverging scale centred at 0."""
@@ -428,5 +435,5 @@ def map_differences(rep: dict[str, Any], name: str) -> go.Figure:
     for col in (1, 2, 3):
         fig.update_xaxes(title_text="head", row=2, col=col)
     _style(fig, int(min(900, max(460, 2 * (18 * L + 90)))))
-    fig.update_layout(title=dict(text=f"Head maps: unperturbed vs {pname}", x=0.0))
+    fig.update_layout(title=dict(text=title or f"Head maps: unperturbed vs {pname}", x=0.0))
     return fig

@@ -1,0 +1,70 @@
+"""Head drill-down: one head on one prompt (a task prompt, or one you type): its attention pattern as a token view,
+its write onto each label (per-label DLA), its TR / TL / induction ranks, its effect when ablated, and the model's
+top next tokens, optionally after every layer (logit lens). Every view has its Copy as Python."""
+from __future__ import annotations
+
+import streamlit as st
+
+from ui import figures, fit, head_view, jobs, layout, state
+
+s, caps = layout.page_setup("Head drill-down", ":material/center_focus_strong:")
+st.title(":material/center_focus_strong: Head drill-down")
+st.caption("What one attention head does on one prompt. Pick a head here, or click one on the Head map.")
+layout.need_task(s)
+fit.check(s)
+
+score_params = s.job(**s.selection())
+scores = jobs.fetch("scores", score_params, "Scoring heads", what="Head scores")
+if scores is None:
+    st.stop()
+L, H, n_prompts = int(scores["n_layers"]), int(scores["n_heads"]), int(scores["prompts"])
+if state.value("head") is None or not (0 <= state.value("head")[0] < L and 0 <= state.value("head")[1] < H):
+    state.put("head", tuple(scores["top_tr"][0]) if scores.get("top_tr") else (0, 0))
+
+
+def _own_prompt_changed() -> None:
+    if st.session_state.get("w_own_prompt"):
+        hv = state.remembered("head", head_view.job_params(s, tuple(state.value("head")),
+                                                           int(state.value("prompt")), None, False))
+        state.put("text", (hv or {}).get("text") or "Type a prompt that ends right before the answer")
+    else:
+        state.put("text", None)
+
+
+c1, c2, c3, c4 = st.columns([1.1, 1, 1.3, 1], vertical_alignment="bottom")
+with c1:
+    state.bind(st.selectbox, "Head", "head", options=[(l, h) for l in range(L) for h in range(H)],
+               format_func=figures.head_name, to_widget=lambda v: tuple(v),
+               help="L<layer>.H<head>. The Head map's last clicked head lands here.")
+with c2:
+    state.bind(st.number_input, "Task prompt", "prompt", min_value=0, max_value=max(n_prompts - 1, 0), step=1,
+               disabled=state.value("text") is not None,
+               help="Which of the task's prompts (0-based; the ones the maps average over).")
+with c3:
+    st.session_state["w_own_prompt"] = state.value("text") is not None
+    st.toggle("Type your own prompt", key="w_own_prompt", on_change=_own_prompt_changed,
+              help="Write any prompt; the labels are the task's (classification) or the top next tokens.")
+with c4:
+    state.bind(st.toggle, "Logit lens", "lens", help="The top next tokens after every layer (final norm + unembedding "
+                                                     "of the last token's hidden state).")
+text = state.value("text")
+if text is not None:
+    state.bind(st.text_area, "Your prompt (it ends right before the answer)", "text", height=110,
+               from_widget=lambda v: v if v and v.strip() else None,
+               help="Kept in the link. The model reads it as is (its tokenizer adds what it always adds, e.g. <s>).")
+    text = state.value("text")
+
+head = tuple(state.value("head"))
+prompt = min(int(state.value("prompt")), max(n_prompts - 1, 0))
+params = head_view.job_params(s, head, prompt, text, bool(state.value("lens")))
+r = jobs.fetch("head", params, f"Drilling into {figures.head_name(head)}", what="Head drill-down")
+if r is None:
+    st.stop()
+jobs.show_warnings(r)
+if r.get("prompt_index") is not None:
+    st.markdown(f"**Prompt {r['prompt_index']}** · query `{str(r.get('query', '')).strip()}` · gold "
+                f"`{str(r.get('gold', '')).strip()}`")
+with st.expander("The prompt as text", expanded=text is None and len(r["text"]) < 300):
+    st.code(r["text"], language=None, wrap_lines=True)
+head_view.render(r, s, params, L * H, key="head_page")
+st.caption(f"{jobs.timing(r)}. Ranks are over all {L * H} heads on the task's {n_prompts} prompts (1 = largest).")

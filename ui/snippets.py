@@ -1,0 +1,54 @@
+"""Copy as Python: the few lines of the product's API that reproduce a view in a notebook.
+
+Every view of every page offers them (a popover with a code block and its copy button). The lines call the
+Python API (`from backend import ...`, one function per analysis kind, named by the registry's `api`) with the
+very parameters the page sent, so a notebook gets the same cached result.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import streamlit as st
+
+from . import api
+
+API = {"scores": "head_scores", "icl": "icl_curve", "ablation_curves": "ablation_curves", "ablate": "ablate",
+       "vectors": "build_vectors", "steer": "steer", "geometry": "geometry", "perturb": "perturbation_report",
+       "fit": "task_fit", "head": "head_view", "model_info": "model_info"}
+"""Service kind -> Python API function (backend/analysis/kinds.py `api`; a test checks they agree)."""
+
+
+def _value(v: Any) -> str:
+    if isinstance(v, list) and v and all(isinstance(x, (list, tuple)) and len(x) == 2 for x in v):
+        return "[" + ", ".join(f"({int(a)}, {int(b)})" for a, b in v) + "]"
+    if isinstance(v, (list, tuple)) and len(v) == 2 and all(isinstance(x, int) for x in v):
+        return f"({int(v[0])}, {int(v[1])})"
+    return repr(v)
+
+
+def python(kind: str, params: dict[str, Any], then: str = "", task_file: str | None = None) -> str:
+    """The notebook lines for a page-kind `kind` job with `params` (as sent to the service), and `then`
+    (lines using the result `r`). An uploaded task is loaded from its file (`task_file`, its name)."""
+    service_kind = api.KINDS.get(kind, kind)
+    fn = API.get(service_kind, service_kind)
+    model, task = params.get("model", "default"), params.get("task")
+    args = ", ".join(f"{k}={_value(v)}" for k, v in params.items() if k not in ("model", "task"))
+    if task is None:
+        imports, load, call = f"load_model, {fn}", "", f"r = {fn}(lm{', ' + args if args else ''})"
+    elif str(task).startswith("upload:"):
+        imports = f"load_model, load_task_file, {fn}"
+        load = f"task = load_task_file({(task_file or 'my_task.csv')!r})  # the file you uploaded\n"
+        call = f"r = {fn}(lm, task{', ' + args if args else ''})"
+    else:
+        imports, load = f"load_model, load_task, {fn}", f"task = load_task({task!r})\n"
+        call = f"r = {fn}(lm, task{', ' + args if args else ''})"
+    return (f"from backend import {imports}\n\nlm = load_model({model!r})\n{load}{call}"
+            + (f"\n{then.strip()}" if then.strip() else ""))
+
+
+def show(kind: str, params: dict[str, Any], then: str = "") -> None:
+    """A "Copy as Python" popover with the lines that reproduce this view."""
+    upload = (st.session_state.get("_hl_uploads") or {}).get(str(params.get("task")), {})
+    with st.popover("Copy as Python", icon=":material/code:"):
+        st.caption("The same result in a notebook (run from the repository root; results come from the same cache):")
+        st.code(python(kind, params, then, upload.get("filename")), language="python")
