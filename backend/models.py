@@ -267,9 +267,29 @@ def _hub_access(name: str) -> bool:
 
 
 def _clip(text: str, n: int = 200) -> str:
-    from .service.errors import clip
+    """`service.errors.clip`, repeated here: this floor may not import the service."""
+    return text if len(text) <= n else f"{text[:n]}...[{len(text) - n} more characters]"
 
-    return clip(text, n)
+
+MAX_NAME_CHARS = 1024
+MAX_PART_BYTES = 255
+
+
+def model_name_problem(name: str) -> str | None:
+    """Why `name` cannot be a model name (too long for the filesystem: over MAX_NAME_CHARS characters or a
+    path part over MAX_PART_BYTES bytes; control characters), or None. The message names the field `model`
+    and shows at most ~200 characters of the name. `service.model_pool.model_name_problem` applies the same
+    rule without importing this module (torch); tests/test_hardening.py checks that the two agree."""
+    if len(name) > MAX_NAME_CHARS:
+        return f"model: the name is too long ({len(name)} characters; at most {MAX_NAME_CHARS}): {_clip(name)!r}"
+    longest = max((len(part.encode("utf-8", "surrogatepass")) for part in name.replace("\\", "/").split("/")),
+                  default=0)
+    if longest > MAX_PART_BYTES:
+        return (f"model: a part of the name between slashes is {longest} bytes long, over the filesystem's "
+                f"{MAX_PART_BYTES}: {_clip(name)!r}")
+    if any(ord(c) < 32 or ord(c) == 127 for c in name):
+        return f"model: the name holds control characters: {_clip(name)!r}"
+    return None
 
 
 def resolve_name(name_or_path: str) -> tuple[str, Path | None]:
@@ -277,8 +297,6 @@ def resolve_name(name_or_path: str) -> tuple[str, Path | None]:
 
     Names too long for the filesystem (or with control characters) are a ModelLoadError naming `model`.
     """
-    from .service.model_pool import model_name_problem
-
     problem = model_name_problem(name_or_path)
     if problem:
         raise ModelLoadError(problem)

@@ -242,6 +242,18 @@ def test_model_names_the_filesystem_refuses_are_a_422(name):
         assert len(str(e2.value)) < 400
 
 
+def test_both_name_rules_agree():
+    """models.model_name_problem (floor 1, with torch) and service.model_pool.model_name_problem (no torch)
+    are one rule written twice: the same verdicts, the same messages."""
+    from backend import models
+    from backend.service import model_pool
+
+    names = ["default", "org/m", "a" * 1024, "a" * 1025, "org/" + "b" * 255, "org/" + "b" * 256, "é" * 128,
+             "é" * 127 + "/x", "x\\" + "y" * 256, "bad\x00name", "tab\tname", "/tmp/" + "c" * 300]
+    assert [models.model_name_problem(n) for n in names] == [model_pool.model_name_problem(n) for n in names]
+    assert (models.MAX_NAME_CHARS, models.MAX_PART_BYTES) == (model_pool.MAX_NAME_CHARS, model_pool.MAX_PART_BYTES)
+
+
 def test_long_model_names_through_the_service():
     with _client() as c:
         for name in ("org/" + "b" * 300, "x" * 5000):
