@@ -29,7 +29,6 @@ from .errors import BadRequest, NotFound, ServiceError, clip
 from .jobs import JobRunner, LocalJobRunner, make_executor
 from .limits import Limits
 from .model_pool import ModelPool
-from .registry import job_kinds
 from .schemas import (Capabilities, ErrorResponse, Health, JobKindInfo, JobRequest, JobStatus, TaskInfo,
                       UploadRequest, UploadResponse)
 from .task_store import TaskStore, task_info
@@ -170,8 +169,10 @@ def create_app(runner: JobRunner | None = None, *, pool: ModelPool | None = None
     @app.get("/capabilities", response_model=Capabilities)
     def capabilities() -> Capabilities:
         device, dtype = pool.device_info()
-        kinds = [JobKindInfo(name=k.name, description=k.description, params=k.params.model_json_schema())
-                 for k in job_kinds().values()]
+        from ..analysis.kinds import KINDS
+
+        kinds = [JobKindInfo(name=k.name, description=k.description, uses_task=k.uses_task, params=k.schema(),
+                             result=k.result.model_json_schema()) for k in KINDS.values()]
         return Capabilities(version=VERSION, device=device, dtype=dtype, loaded_models=pool.loaded(),
                             tasks=tasks.list(), limits=limits.to_json(), job_kinds=kinds,
                             model_root=str(pool.root) if pool.root else None, allow_hub=pool.allow_hub,
