@@ -19,6 +19,7 @@ from torch import nn
 
 from .adapters import ArchSpec, UnsupportedArchitecture, config_attr, spec_for
 from .paths import DEFAULT_MODEL_DIR
+from .text import clip, model_name_problem
 
 
 
@@ -261,35 +262,9 @@ def _hub_access(name: str) -> bool:
         return True
     why = (f"{flag} is set" if flag else
            f"no answer from {hub_endpoint()} within {HUB_PROBE_TIMEOUT:g} s (HF_ENDPOINT)")
-    raise ModelLoadError(f"model {_clip(name)!r} is not cached locally and the Hugging Face hub is unreachable "
+    raise ModelLoadError(f"model {clip(name)!r} is not cached locally and the Hugging Face hub is unreachable "
                          f"(offline: {why}); give `default`, a local model folder, or an id already in the "
                          f"Hugging Face cache")
-
-
-def _clip(text: str, n: int = 200) -> str:
-    """`service.errors.clip`, repeated here: this floor may not import the service."""
-    return text if len(text) <= n else f"{text[:n]}...[{len(text) - n} more characters]"
-
-
-MAX_NAME_CHARS = 1024
-MAX_PART_BYTES = 255
-
-
-def model_name_problem(name: str) -> str | None:
-    """Why `name` cannot be a model name (too long for the filesystem: over MAX_NAME_CHARS characters or a
-    path part over MAX_PART_BYTES bytes; control characters), or None. The message names the field `model`
-    and shows at most ~200 characters of the name. `service.model_pool.model_name_problem` applies the same
-    rule without importing this module (torch); tests/test_hardening.py checks that the two agree."""
-    if len(name) > MAX_NAME_CHARS:
-        return f"model: the name is too long ({len(name)} characters; at most {MAX_NAME_CHARS}): {_clip(name)!r}"
-    longest = max((len(part.encode("utf-8", "surrogatepass")) for part in name.replace("\\", "/").split("/")),
-                  default=0)
-    if longest > MAX_PART_BYTES:
-        return (f"model: a part of the name between slashes is {longest} bytes long, over the filesystem's "
-                f"{MAX_PART_BYTES}: {_clip(name)!r}")
-    if any(ord(c) < 32 or ord(c) == 127 for c in name):
-        return f"model: the name holds control characters: {_clip(name)!r}"
-    return None
 
 
 def resolve_name(name_or_path: str) -> tuple[str, Path | None]:
@@ -309,13 +284,13 @@ def resolve_name(name_or_path: str) -> tuple[str, Path | None]:
         p = Path(name_or_path).expanduser()
         exists = p.exists()
     except (OSError, RuntimeError, ValueError) as e:
-        raise ModelLoadError(f"model: {_clip(name_or_path)!r} is not a usable name ({type(e).__name__})") from None
+        raise ModelLoadError(f"model: {clip(name_or_path)!r} is not a usable name ({type(e).__name__})") from None
     if exists:
         if not (p / "config.json").is_file():
-            raise ModelLoadError(f"{_clip(str(p))} exists but holds no config.json: not a Hugging Face model folder")
+            raise ModelLoadError(f"{clip(str(p))} exists but holds no config.json: not a Hugging Face model folder")
         return str(p.resolve()), p.resolve()
     if name_or_path.startswith((".", "/", "~")) or name_or_path.count("/") > 1:
-        raise ModelLoadError(f"model folder {_clip(name_or_path)!r} does not exist")
+        raise ModelLoadError(f"model folder {clip(name_or_path)!r} does not exist")
     return name_or_path, None
 
 
@@ -343,7 +318,7 @@ def load_model(name_or_path: str = "default", device: str | None = None, dtype: 
         config = AutoConfig.from_pretrained(source, trust_remote_code=trust_remote_code, **local_only)
     except Exception as e:  # hub unreachable, unknown id, bad folder
         raise ModelLoadError(
-            f"could not load the config of {_clip(name_or_path)!r}: {type(e).__name__}: "
+            f"could not load the config of {clip(name_or_path)!r}: {type(e).__name__}: "
             f"{(str(e).splitlines() or [''])[0][:300]}. "
             f"Give `default`, a local folder with config.json, or a Hugging Face id that is cached locally "
             f"or reachable.") from e
@@ -354,7 +329,7 @@ def load_model(name_or_path: str = "default", device: str | None = None, dtype: 
             **({"device_map": device_map} if device_map else {}))
         tok = AutoTokenizer.from_pretrained(source, trust_remote_code=trust_remote_code, **local_only)
     except Exception as e:
-        raise ModelLoadError(f"could not load {_clip(name_or_path)!r}: {type(e).__name__}: "
+        raise ModelLoadError(f"could not load {clip(name_or_path)!r}: {type(e).__name__}: "
                              f"{(str(e).splitlines() or [''])[0][:300]}") from e
     if not device_map:
         model.to(device)

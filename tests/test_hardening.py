@@ -242,16 +242,18 @@ def test_model_names_the_filesystem_refuses_are_a_422(name):
         assert len(str(e2.value)) < 400
 
 
-def test_both_name_rules_agree():
-    """models.model_name_problem (floor 1, with torch) and service.model_pool.model_name_problem (no torch)
-    are one rule written twice: the same verdicts, the same messages."""
-    from backend import models
+def test_one_name_rule_for_every_floor():
+    """The model-name rule is written once (backend.text) and used by the loader and the service alike."""
+    from backend import models, text
     from backend.service import model_pool
 
+    assert models.model_name_problem is text.model_name_problem is model_pool.model_name_problem
     names = ["default", "org/m", "a" * 1024, "a" * 1025, "org/" + "b" * 255, "org/" + "b" * 256, "é" * 128,
              "é" * 127 + "/x", "x\\" + "y" * 256, "bad\x00name", "tab\tname", "/tmp/" + "c" * 300]
-    assert [models.model_name_problem(n) for n in names] == [model_pool.model_name_problem(n) for n in names]
-    assert (models.MAX_NAME_CHARS, models.MAX_PART_BYTES) == (model_pool.MAX_NAME_CHARS, model_pool.MAX_PART_BYTES)
+    verdicts = [text.model_name_problem(n) for n in names]
+    assert [v is None for v in verdicts] == [True, True, False, False, True, False, False, True, False, False, False,
+                                             False]
+    assert all(len(v) < 400 for v in verdicts if v)
 
 
 def test_long_model_names_through_the_service():

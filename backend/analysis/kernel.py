@@ -58,6 +58,7 @@ class Context:
     progress: Progress = _noop
     store: Store | None = None
     warnings: list[str] = field(default_factory=list)
+    report: Callable[[dict[str, Any]], None] | None = None
 
     def stage(self, lo: float, hi: float, name: str = "") -> Progress:
         def report(fraction: float, message: str = "") -> None:
@@ -69,7 +70,13 @@ class Context:
     def call(self, kind: str, *, progress: Progress | None = None, **params: Any) -> Result:
         """Another kind's result on the same model and task, through the same cache."""
         return analyze(kind, self.lm, self.task, params, cache=self.store if self.store is not None else False,
-                       progress=progress)
+                       progress=progress, live=self.report)
+
+    def live(self, data: dict[str, Any]) -> None:
+        """Data a page may draw while the analysis runs (e.g. {"loss": [...]} of a training so far); the service
+        shows the latest as the job's `live` field. May raise (a cancelled job)."""
+        if self.report is not None:
+            self.report(data)
 
     def warn(self, message: str) -> None:
         if message not in self.warnings:
@@ -92,10 +99,11 @@ def validate_params(kind: Kind, params: "Params | Mapping[str, Any] | None" = No
 
 
 def cache_key(kind: Kind, lm: "LoadedModel | None", task: "Task | None", p: Params) -> str:
-    """The result's key: kind, model fingerprint, task content hash, requested params (not batch_size)."""
+    """The result's key: kind, model fingerprint, task content hash, requested params (not batch_size, unless the
+    kind's params say it changes the result: `Params.not_in_key`)."""
     return make_key(kind.name, model=lm.fingerprint if lm is not None else None,
                     task=task.content_hash() if task is not None else None,
-                    params=p.model_dump(mode="json", exclude=set(NOT_IN_KEY)))
+                    params=p.model_dump(mode="json", exclude=set(getattr(p, "not_in_key", NOT_IN_KEY))))
 
 
 def envelope(lm: "LoadedModel | None", task: "Task | None", p: Params) -> dict[str, Any]:
@@ -105,7 +113,8 @@ def envelope(lm: "LoadedModel | None", task: "Task | None", p: Params) -> dict[s
 
 def analyze(kind: str, lm: "LoadedModel | None", task: "Task | None" = None,
             params: "Params | Mapping[str, Any] | None" = None, *, cache: "bool | Store | None" = True,
-            progress: Progress | None = None, **overrides: Any) -> Result:
+            progress: Progress | None = None, live: Callable[[dict[str, Any]], None] | None = None,
+            **overrides: Any) -> Result:
     """Run analysis `kind` on `lm` and `task` with `params` (+ keyword overrides), cached; a typed result.
 
     A miss computes under the key's lock (threads and processes), so a key is never computed twice at once:
@@ -124,11 +133,7 @@ def analyze(kind: str, lm: "LoadedModel | None", task: "Task | None" = None,
     store = resolve_store(cache) if spec.cached else None
 
     def compute() -> dict[str, Any]:
-        ctx = Context(lm, task, progress, store)
-        if spec.uses_task and spec.uses_model and spec.name != "fit":
-            from .fit import require_fit
-
-            require_fit(lm, task)  # a task whose words the model does not know fails here, clearly
+        ctx = Context(lm, task, progress, store, report=live)
         value = spec.function()(ctx, p)
         value = to_jsonable({**value, "warnings": [*ctx.warnings, *value.get("warnings", [])]})
         spec.result.model_validate({**value, **env})  # a malformed result fails here, before it is stored

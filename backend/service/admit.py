@@ -82,7 +82,7 @@ def admit(body: dict[str, Any], pool: ModelPool, tasks: TaskStore, limits: Limit
         try:
             check_model_fit(p, model_info)
             if task is not None and spec.name != "fit":  # a task the model cannot read is refused (kind `fit`)
-                from ..analysis.fit import require_fit
+                from ..analysis.primitives.fit import require_fit
 
                 require_fit(resident, task)
         except ValueError as e:

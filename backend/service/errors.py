@@ -1,6 +1,8 @@
 """Errors the service answers with a 4xx status and a one-line message (`{"detail": message}`)."""
 from __future__ import annotations
 
+from ..text import clip  # noqa: F401  (re-exported: service modules echo input through it)
+
 
 class ServiceError(Exception):
     """A request the service refuses; `status` is the HTTP status, the message says why and what to do."""
@@ -38,10 +40,3 @@ class Busy(ServiceError):
     status = 429
 
 
-def clip(text: object, n: int = 200) -> str:
-    """`text` (any object, via str) cut to at most `n` characters, with the cut marked, for echoing user
-    input in an error message: `f"unknown task {clip(name)!r}"`. No error answer may echo more than this."""
-    s = text if isinstance(text, str) else str(text)
-    if len(s) <= n:
-        return s
-    return f"{s[:n]}...[{len(s) - n} more characters]"

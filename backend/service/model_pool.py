@@ -18,32 +18,13 @@ from collections import OrderedDict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
+from ..text import model_name_problem
 from .errors import BadRequest, Forbidden, NotFound, clip
 
 if TYPE_CHECKING:
     from ..models import LoadedModel
 
 DEFAULT_NAMES = ("default", "headlens-tiny")
-MAX_NAME_CHARS = 1024
-MAX_PART_BYTES = 255
-
-
-def model_name_problem(name: str) -> str | None:
-    """Why `name` cannot be a model name (too long for the filesystem, control characters), or None.
-    The message names the field `model` and shows at most ~200 characters of the name."""
-    if len(name) > MAX_NAME_CHARS:
-        return (f"model: the name is too long ({len(name)} characters; at most {MAX_NAME_CHARS}): "
-                f"{clip(name)!r}")
-    longest = max((len(part.encode("utf-8", "surrogatepass")) for part in name.replace("\\", "/").split("/")),
-                  default=0)
-    if longest > MAX_PART_BYTES:
-        return (f"model: a part of the name between slashes is {longest} bytes long, over the filesystem's "
-                f"{MAX_PART_BYTES}: {clip(name)!r}")
-    if any(ord(c) < 32 or ord(c) == 127 for c in name):
-        return f"model: the name holds control characters: {clip(name)!r}"
-    return None
-
-
 def _env_flag(name: str, default: bool) -> bool:
     raw = os.environ.get(name)
     if raw is None or raw.strip() == "":

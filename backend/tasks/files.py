@@ -38,6 +38,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any, Iterator
 
+from ..text import clip
 from .base import Kind, Prompt, Task, TaskError, Template
 
 DEFAULT_MAX_BYTES = 20 * 1024 * 1024
@@ -50,12 +51,6 @@ PROMPT_EXTENSIONS = (".jsonl", ".ndjson", ".json")
 _OBJECT_KEYS = {"name", "kind", "description", "template", "labels", "models", "examples", "version"}
 MAX_DEPTH = 64
 """JSON nesting deeper than this (a task record needs 3 levels) is refused."""
-
-
-def clip(text: object, n: int = 200) -> str:
-    """`service.errors.clip`, repeated here (this floor may not import the service): at most `n` characters."""
-    s = text if isinstance(text, str) else str(text)
-    return s if len(s) <= n else f"{s[:n]}...[{len(s) - n} more characters]"
 
 
 # -- kind inference -----------------------------------------------------------------------------------

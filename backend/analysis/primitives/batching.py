@@ -113,8 +113,12 @@ def build_prompts(lm: LoadedModel, task: Task, shots: int, n: int, seed: int, pe
 
     - `n` is capped at the task's query pool, so no query is scored twice (a warning says so);
     - demonstrations are dropped (k -> k // 2 ... 0) until every prompt fits the context window (a warning
-      says so); even zero-shot prompts not fitting is an error.
+      says so); even zero-shot prompts not fitting is an error;
+    - a task whose inputs the model cannot read (mostly unknown tokens) is an error (`fit.require_fit`).
     """
+    from .fit import require_fit
+
+    require_fit(lm, task)  # a task whose words the model does not know is an error, not a result
     warnings: list[str] = []
     pool = task.n_queries(seed)
     if task.fixed is not None:  # a given prompt set: as given, whatever the shots

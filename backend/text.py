@@ -1,0 +1,30 @@
+"""Checking and echoing user-given text: one rule for every floor (no imports beyond the standard library)."""
+from __future__ import annotations
+
+MAX_NAME_CHARS = 1024
+MAX_PART_BYTES = 255
+
+
+def clip(text: object, n: int = 200) -> str:
+    """`text` (any object, via str) cut to at most `n` characters, with the cut marked, for echoing user
+    input in an error message: `f"unknown task {clip(name)!r}"`. No error answer may echo more than this."""
+    s = text if isinstance(text, str) else str(text)
+    if len(s) <= n:
+        return s
+    return f"{s[:n]}...[{len(s) - n} more characters]"
+
+
+def model_name_problem(name: str) -> str | None:
+    """Why `name` cannot be a model name (too long for the filesystem: over MAX_NAME_CHARS characters or a
+    path part over MAX_PART_BYTES bytes; control characters), or None. The message names the field `model`
+    and shows at most ~200 characters of the name."""
+    if len(name) > MAX_NAME_CHARS:
+        return f"model: the name is too long ({len(name)} characters; at most {MAX_NAME_CHARS}): {clip(name)!r}"
+    longest = max((len(part.encode("utf-8", "surrogatepass")) for part in name.replace("\\", "/").split("/")),
+                  default=0)
+    if longest > MAX_PART_BYTES:
+        return (f"model: a part of the name between slashes is {longest} bytes long, over the filesystem's "
+                f"{MAX_PART_BYTES}: {clip(name)!r}")
+    if any(ord(c) < 32 or ord(c) == 127 for c in name):
+        return f"model: the name holds control characters: {clip(name)!r}"
+    return None
