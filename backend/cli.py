@@ -228,6 +228,10 @@ def run_kind(name: str, a: argparse.Namespace) -> None:
             raise UsageError(getattr(e, "message", str(e))) from None
         raise
     lm = load_model_from(a) if spec.uses_model else None
+    try:
+        Limits.from_env().check_work(p, lm.info() if lm is not None else None)
+    except Exception as e:
+        raise UsageError(getattr(e, "message", str(e))) from None
     bar = Bar(spec.cli)
     try:
         r = analyze(name, lm, task, p, cache=not a.no_cache, progress=bar)

@@ -587,3 +587,53 @@ def test_a_cached_hub_id_still_loads_offline(tmp_path):
         assert out.returncode == 0, out.stderr[-2000:]
         layers, seconds = out.stdout.split()
         assert int(layers) > 0 and float(seconds) < 20
+
+
+# -- bounded work (issue 14): an estimate per kind, refused over HEADLENS_MAX_WORK; a per-job time limit --------
+def test_work_estimates_refuse_huge_jobs(monkeypatch):
+    from backend.analysis.params import AblationCurvesParams
+    from backend.service.limits import Limits
+
+    probe = AblationCurvesParams(prompts=500, ks=list(range(33)), random_seeds=list(range(16)))
+    n, how = probe.work()
+    assert n == 500 * (3 + 16) * 33 + 1000 and "19 rankings x 33 values of k" in how
+    with _client() as c:
+        r = c.post("/jobs", json={"kind": "ablation_curves", "task": "sentiment", "prompts": 500,
+                                  "ks": list(range(33)), "random_seeds": list(range(16))})
+        assert r.status_code == 422 and "HEADLENS_MAX_WORK" in r.json()["detail"] and "314,500" in r.json()["detail"]
+    monkeypatch.setenv("HEADLENS_MAX_WORK", "10")
+    with pytest.raises(Exception, match="over this server's limit of 10"):
+        Limits.from_env().check_work(AblationCurvesParams(prompts=5))
+
+
+def test_a_job_past_the_time_limit_fails_clearly(monkeypatch):
+    import time as _time
+
+    from backend.analysis.kinds import Kind, register, unregister
+    from backend.analysis.params import Params
+    from backend.analysis.results import Result
+
+    class SlowParams(Params):
+        steps: int = 50
+
+    register(Kind("slow", SlowParams, Result, "test_hardening:_slow", "sleeps", api="slow", uses_task=False,
+                  uses_model=False, cached=False), replace=True)
+    monkeypatch.setenv("HEADLENS_JOB_TIMEOUT_S", "1")
+    try:
+        with _client() as c:
+            jid = c.post("/jobs", json={"kind": "slow"}).json()["id"]
+            deadline = _time.monotonic() + 30
+            while (j := c.get(f"/jobs/{jid}").json())["status"] in ("queued", "running") and _time.monotonic() < deadline:
+                _time.sleep(0.05)
+        assert j["status"] == "error" and "HEADLENS_JOB_TIMEOUT_S" in j["error"], j
+    finally:
+        unregister("slow")
+
+
+def _slow(ctx, p):
+    import time as _time
+
+    for i in range(p.steps):
+        ctx.progress(i / p.steps, "sleeping")
+        _time.sleep(0.1)
+    return {}

@@ -19,6 +19,8 @@ Float = Annotated[float, Field(allow_inf_nan=False)]
 Head = tuple[Int, Int]
 Layer = Annotated[int, Strict(), Field(ge=0)]
 
+ASSUMED_LAYERS = 32  # the work of a job on a model not loaded yet is estimated for a model this deep ...
+ASSUMED_HEADS = 1024  # ... with this many heads in all
 NOT_IN_KEY = frozenset({"batch_size"})
 """Fields that change how a result is computed but not the result."""
 
@@ -37,6 +39,14 @@ class Params(BaseModel):
     """Base of every kind's parameters: unknown fields are refused, so a typo is an error, not a default."""
 
     model_config = ConfigDict(extra="forbid")
+
+    def work(self, model: dict | None = None) -> tuple[int, str]:
+        """An estimate of the job's work in prompt passes (one prompt through the model once), and how it was
+        counted; `model` is the model's info when known (layers, heads), else a large model is assumed."""
+        n = getattr(self, "prompts", 1)
+        return n, f"{n} prompts"
+    not_in_key: ClassVar[frozenset[str]] = NOT_IN_KEY
+    """Fields left out of this kind's cache key (a kind whose `batch_size` changes its result keys it)."""
 
 
 class PromptParams(Params):
@@ -65,6 +75,9 @@ class ScoresParams(Selection, PromptParams):
 
     apply_ln: Bool = Field(False, description="scale head writes by the final norm's scale")
 
+    def work(self, model: dict | None = None) -> tuple[int, str]:
+        return 2 * self.prompts, f"{self.prompts} prompts x 2 (ICL, zero-shot)"
+
 
 class IclParams(Params):
     """kind `icl`: accuracy, label accuracy and TR ratio against the number of demonstrations."""
@@ -81,6 +94,9 @@ class IclParams(Params):
         if any(k < 0 for k in v):
             raise ValueError("shots must be non-negative")
         return sorted(set(v))
+
+    def work(self, model: dict | None = None) -> tuple[int, str]:
+        return self.prompts * len(self.shots), f"{self.prompts} prompts x {len(self.shots)} values of k"
 
 
 class AblationCurvesParams(PromptParams):
@@ -105,9 +121,19 @@ class AblationCurvesParams(PromptParams):
             raise ValueError("ks must be non-negative")
         return sorted(set(v))
 
+    def work(self, model: dict | None = None) -> tuple[int, str]:
+        rankings = len([o for o in self.orders if o != "random"]) + (len(self.random_seeds) if "random" in self.orders
+                                                                      else 0)
+        n = self.prompts * (rankings * len(self.ks) + 2)
+        return n, (f"{self.prompts} prompts x ({rankings} rankings x {len(self.ks)} values of k + 2 for the head "
+                   f"scores)")
+
 
 class AblateParams(PromptParams):
     """kind `ablate`: ablate one head set; metrics and per-prompt rows before and after."""
+
+    def work(self, model: dict | None = None) -> tuple[int, str]:
+        return 2 * self.prompts, f"{self.prompts} prompts x 2 (before, after)"
 
     heads: Heads = Field(..., description="[[layer, head], ...]")
     mode: o.Mode = "zero"
@@ -126,6 +152,14 @@ class VectorsParams(Selection, PromptParams):
     def _unique(cls, v: list[str]) -> list[str]:
         return list(dict.fromkeys(v))
 
+    def work(self, model: dict | None = None) -> tuple[int, str]:
+        heads = model["n_layers"] * model["n_heads"] if model else ASSUMED_HEADS
+        n, why = 4 * self.prompts, f"{self.prompts} prompts x 4 (head scores, head means, vanilla)"
+        if "fv" in self.types:
+            fv = min(self.prompts, o.FV_PROMPTS) * (heads + 1)
+            n, why = n + fv, why + f" + {min(self.prompts, o.FV_PROMPTS)} prompts x {heads + 1} head patches (FV)"
+        return n, why
+
 
 class SteerParams(Selection, PromptParams):
     """kind `steer`: zero-shot prompts with alpha * v added at a layer (or every layer), per vector type."""
@@ -141,6 +175,12 @@ class SteerParams(Selection, PromptParams):
     def _unique(cls, v: list[str]) -> list[str]:
         return list(dict.fromkeys(v))
 
+    def work(self, model: dict | None = None) -> tuple[int, str]:
+        layers = (model["n_layers"] if model else ASSUMED_LAYERS) if self.layer == "all" else 1
+        built, why = VectorsParams(types=self.vectors, shots=self.shots, prompts=self.prompts).work(model)
+        n = built + self.prompts * (2 + len(self.vectors) * layers)
+        return n, f"{why} + {self.prompts} prompts x ({len(self.vectors)} vectors x {layers} layers + 2 references)"
+
 
 class GeometryParams(Selection, PromptParams):
     """kind `geometry`: per-layer alignment, logit difference and rotation for five conditions, and PCA."""
@@ -149,6 +189,10 @@ class GeometryParams(Selection, PromptParams):
     alpha: Float = Field(1.0, ge=-100, le=100)
     final_norm: Bool = False
     pca_layer: Layer | None = Field(None, description="layer of the PCA view; None = the last")
+
+    def work(self, model: dict | None = None) -> tuple[int, str]:
+        built, why = VectorsParams(types=["tr", "tl", "random"], shots=self.shots, prompts=self.prompts).work(model)
+        return built + 5 * self.prompts, f"{why} + {self.prompts} prompts x 5 conditions"
 
 
 class PerturbParams(Selection, PromptParams):
@@ -160,6 +204,12 @@ class PerturbParams(Selection, PromptParams):
     @classmethod
     def _unique(cls, v: list[str]) -> list[str]:
         return list(dict.fromkeys(v))
+
+    def work(self, model: dict | None = None) -> tuple[int, str]:
+        per = len(self.perturbations)
+        return self.prompts * (6 + 5 * per), (f"{self.prompts} prompts x (6 + 5 x {per} perturbations: maps and "
+                                             f"4 ablation configurations each)")
+
 
 class FitParams(Params):
     """kind `fit`: does the task fit the model (unknown tokens in inputs and labels, prompt length)?"""

@@ -87,6 +87,7 @@ def admit(body: dict[str, Any], pool: ModelPool, tasks: TaskStore, limits: Limit
                 require_fit(resident, task)
         except ValueError as e:
             raise BadRequest(str(e)) from None
+    limits.check_work(p, model_info)
     params = {**({"model": jf.model} if spec.uses_model else {}), **({"task": jf.task} if spec.uses_task else {}),
               **p.model_dump(mode="json")}
     return Admitted(spec.name, params, job_key(spec.name, params, **identity))

@@ -123,7 +123,7 @@ def create_app(runner: JobRunner | None = None, *, pool: ModelPool | None = None
     """The service app. Defaults: limits and token from the environment, a `LocalJobRunner` over `pool`."""
     limits = limits or Limits.from_env()
     pool = pool or ModelPool(max_models=limits.max_models)
-    tasks = tasks or TaskStore()
+    tasks = tasks or TaskStore(memory_items=limits.upload_cache, quota_bytes=limits.upload_quota_bytes)
     runner = runner or LocalJobRunner(make_executor(pool, tasks), limits=limits)
     token = token if token is not None else os.environ.get("HEADLENS_TOKEN") or ""
 

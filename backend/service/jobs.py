@@ -59,6 +59,8 @@ def describe_error(e: BaseException) -> str:
                 f"try fewer prompts, fewer shots or a smaller batch_size")
     if isinstance(e, ServiceError):
         return e.message
+    if isinstance(e, JobTimeLimit):
+        return str(e)
     from ..adapters import UnsupportedArchitecture
     from ..models import ModelLoadError
 
@@ -71,6 +73,10 @@ def describe_error(e: BaseException) -> str:
 
 class Cancelled(Exception):
     """Raised inside a job (by its progress callback) once the job has been cancelled."""
+
+
+class JobTimeLimit(Exception):
+    """Raised inside a job (by its progress callback) once it has run past the per-job time limit."""
 
 
 @dataclass
@@ -153,7 +159,7 @@ class _Job:
                          message=self.message, result=self.result if include_result else None, error=self.error,
                          error_type=self.error_type, params=self.params, created=self.created, started=self.started,
                          finished=self.finished, cache_hit=hit if isinstance(hit, bool) else None,
-                         live=self.live if self.status in ACTIVE_STATES else None)
+                         live=self.live if self.status in ACTIVE_STATES else None, submitters=self.submitters)
 
 
 class LocalJobRunner(JobRunner):
@@ -278,6 +284,9 @@ class LocalJobRunner(JobRunner):
                 job.progress = min(max(float(fraction), 0.0), 1.0) if math.isfinite(fraction) else job.progress
                 job.message = message or job.message
 
+            if job.started is not None and time.time() - job.started > self._limits.job_timeout_s:
+                raise JobTimeLimit(f"the job ran past this server's time limit of {self._limits.job_timeout_s} s "
+                                   f"(HEADLENS_JOB_TIMEOUT_S); ask for fewer prompts or values")
         def live(data: dict[str, Any]) -> None:
             if job.cancel.is_set():
                 raise Cancelled()

@@ -11,6 +11,8 @@
 | HEADLENS_MAX_BODY_KB       | 256     | request body of every route but uploads (413 above it)    |
 | HEADLENS_UPLOAD_QUOTA_MB   | 200     | uploaded task files kept on disk (least recently used go) |
 | HEADLENS_UPLOAD_CACHE      | 32      | parsed uploads kept in memory (LRU; re-read from disk)    |
+| HEADLENS_MAX_WORK          | 200000  | estimated prompt passes of one job (the kind's `work`)    |
+| HEADLENS_JOB_TIMEOUT_S     | 3600    | seconds a job may run (it fails at its next progress step)|
 
 Every violation is a `ServiceError` (422, or 413 for uploads) whose message names the parameter, the
 value, the limit and the variable that raises it.
@@ -55,6 +57,8 @@ class Limits:
     max_body_bytes: int = 256 * 1024
     upload_quota_bytes: int = 200 * 1024 * 1024
     upload_cache: int = 32
+    max_work: int = 200_000
+    job_timeout_s: int = 3600
 
     @classmethod
     def from_env(cls) -> "Limits":
@@ -70,6 +74,8 @@ class Limits:
             upload_quota_bytes=int(_env_number("HEADLENS_UPLOAD_QUOTA_MB", d.upload_quota_bytes / 2**20, 0.001)
                                    * 2**20),
             upload_cache=int(_env_number("HEADLENS_UPLOAD_CACHE", d.upload_cache)),
+            max_work=int(_env_number("HEADLENS_MAX_WORK", d.max_work)),
+            job_timeout_s=int(_env_number("HEADLENS_JOB_TIMEOUT_S", d.job_timeout_s)),
         )
 
     def to_json(self) -> dict[str, int]:
@@ -95,6 +101,17 @@ class Limits:
                 raise BadRequest(f"shots={k} is over this server's limit of {self.max_shots} (HEADLENS_MAX_SHOTS)")
         if task is not None and shot_list:
             self._check_prompts(task, max(shot_list), prompts or 1, getattr(params, "seed", 0))
+
+    def check_work(self, params: Any, model: dict[str, Any] | None = None) -> None:
+        """Refuse a job whose estimated work (the params model's `work`, in prompt passes) is over the limit;
+        `model` is the model's info when it is loaded (otherwise a large model is assumed)."""
+        estimate = getattr(params, "work", None)
+        if estimate is None:
+            return
+        n, how = estimate(model)
+        if n > self.max_work:
+            raise BadRequest(f"this job would run about {n:,} prompt passes ({how}), over this server's limit of "
+                             f"{self.max_work:,} (HEADLENS_MAX_WORK); use fewer prompts, values or seeds")
 
     def _check_prompts(self, task: "Task", shots: int, n: int, seed: int) -> None:
         from ..tasks.base import TaskError

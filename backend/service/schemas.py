@@ -71,6 +71,7 @@ class JobStatus(BaseModel):
     started: float | None = None
     finished: float | None = None
     cache_hit: bool | None = None
+    submitters: int = Field(1, description="submissions sharing this job; a DELETE cancels it only at the last")
     live: dict[str, Any] | None = Field(None, description="while running: data a page draws live (e.g. the loss "
                                                             "curve so far of a training)")
 
