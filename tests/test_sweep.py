@@ -204,6 +204,18 @@ def test_work_done_is_what_the_configurations_change(gpt2_tokenizer, monkeypatch
     assert (got - ref).abs().max().item() <= 1e-5
 
 
+def test_passes_start_at_their_earliest_layer():
+    """Long prompts: one pass per start layer; short ones: start layers merge into fewer, fuller passes."""
+    plans = [S._Plan("all", start=s) for s in (5, 0, 9, 5, 2, 9)]
+    todo = list(range(len(plans)))
+    long = S._chunks(plans, todo, 12, tokens=8 * 512, per=4)
+    assert [(s, sorted(c)) for s, c in long] == [(9, [2, 5]), (5, [0, 3]), (2, [4]), (0, [1])]
+    short = S._chunks(plans, todo, 12, tokens=2, per=4)
+    assert len(short) < len(long) and all(len(c) <= 4 for _, c in short)
+    assert sorted(c for _, cs in short for c in cs) == todo
+    assert all(s == min(plans[c].start for c in cs) for s, cs in short)
+
+
 def test_each_pair_once_after_out_of_memory(gpt2_tokenizer, monkeypatch):
     """An OOM in the middle of a prompt batch halves the batch; pairs already delivered are not sent again."""
     lm = _lm("gpt2", gpt2_tokenizer)

@@ -19,9 +19,11 @@ engine="full" runs every pair as a full forward pass (configurations mixed in ro
   An all-position mask that changes nothing before the last layer is one of these too: only the last token's
   output of the last layer reaches the logits.
 * all-position masks: the residual stream up to the first layer a configuration changes is the clean one.
-  Configurations are grouped by that layer s (first layer with a mask entry != 1, or an injection layer + 1);
-  the clean pass records the output of layer s - 1, and each group's passes run with layers < s - 1 replaced
-  by pass-throughs and layer s - 1 returning the recorded clean output, so only layers >= s compute.
+  Each configuration's start layer is the first layer with a mask entry != 1 (or an injection layer + 1); the
+  configurations, sorted by start layer, are cut into passes (a pass starts at its earliest configuration's
+  layer s; with short prompts, a few start layers share one fuller pass, see `_chunks`). The clean pass records
+  the output of layer s - 1, and each pass runs with layers < s - 1 replaced by pass-throughs and layer s - 1
+  returning the recorded clean output, so only layers >= s compute.
 
 Per-architecture knowledge stays in `adapters.py`: the engine only needs the adapter's decoder layers and
 output projections, that a decoder layer takes the hidden states first and returns them as a tensor (checked
@@ -53,6 +55,9 @@ ENGINES = ("auto", "full")
 # prompt) rows when packed (the prefix cache is shared), batch_size rows when the cache is repeated per row.
 STEP_ROWS_FACTOR = 4
 PACKED = True  # tests switch it off to exercise the repeated-cache step on every family
+# The cost of one more pass, in tokens' worth of compute (weights read once per pass, per-layer overheads):
+# grouping all-position configurations weighs it against recomputing clean layers. See `_chunks`.
+PASS_OVERHEAD_TOKENS = 64
 
 
 @dataclass(frozen=True)
@@ -209,12 +214,12 @@ def _run_full(lm: LoadedModel, ids: Sequence[Sequence[int]], configs: Sequence[R
             return zero if v is None else v.to(dev, torch.float32)
 
         order = sorted(range(len(rows)), key=lambda r: -len(ids[rows[r][1]]))
-        pos_ids = [ids[i] for _, i in rows]
+        row_ids = [ids[i] for _, i in rows]
         done, bs = 0, batch_size
         while done < len(order):
             chunk = order[done:done + bs]
             try:
-                batch = make_batch(lm, pos_ids, chunk)
+                batch = make_batch(lm, row_ids, chunk)
                 cl = [rows[r][0] for r in chunk]
                 head_mask = torch.stack([masks[c] for c in cl]) if has_mask else None
                 inject = {l: torch.stack([vec(c, l) for c in cl]) for l in layers} or None
@@ -257,39 +262,65 @@ def _run_fast(lm: LoadedModel, ids: Sequence[Sequence[int]], plans: list[_Plan],
               batch_size: int, out: _Emitter) -> None:
     clean = [c for c, p in enumerate(plans) if p.kind == "clean"]
     last = [c for c, p in enumerate(plans) if p.kind == "last"]
-    starts: dict[int, list[int]] = {}
-    for c, p in enumerate(plans):
-        if p.kind == "all":
-            starts.setdefault(p.start, []).append(c)
+    every = [c for c, p in enumerate(plans) if p.kind == "all"]
     order = sorted(range(len(ids)), key=lambda i: -len(ids[i]))
     done, bs = 0, batch_size
     while done < len(order):
         prompts = order[done:done + bs]
         try:
-            _fast_batch(lm, make_batch(lm, ids, prompts), plans, clean, last, starts, fill, bs, out)
+            _fast_batch(lm, make_batch(lm, ids, prompts), plans, clean, last, every, fill, bs, out)
         except (torch.OutOfMemoryError, RuntimeError) as e:
             bs = _halve(lm, e, bs)
             continue
         done += len(prompts)
 
 
+def _chunks(plans: list[_Plan], todo: list[int], n_layers: int, tokens: int, per: int) -> list[tuple[int, list[int]]]:
+    """All-position configurations in passes of at most `per`, each pass starting at its earliest start layer.
+
+    Configurations sorted by start layer are cut into runs that minimise the modelled cost
+    sum over passes of (layers run) * (PASS_OVERHEAD_TOKENS + tokens * configurations): one pass per start
+    layer when prompts are long, fewer, fuller passes (recomputing a few clean layers) when they are short."""
+    items = sorted(todo, key=lambda c: -plans[c].start)
+    n = len(items)
+    best, cut = [0.0] + [float("inf")] * n, [0] * (n + 1)
+    for j in range(1, n + 1):
+        layers = n_layers - plans[items[j - 1]].start
+        for i in range(max(1, j - per + 1), j + 1):
+            cost = best[i - 1] + layers * (PASS_OVERHEAD_TOKENS + tokens * (j - i + 1))
+            if cost < best[j]:
+                best[j], cut[j] = cost, i
+    out, j = [], n
+    while j > 0:
+        i = cut[j]
+        out.append((plans[items[j - 1]].start, items[i - 1:j]))
+        j = i - 1
+    return out[::-1]
+
+
 def _fast_batch(lm: LoadedModel, batch: Batch, plans: list[_Plan], clean: list[int], last: list[int],
-                starts: dict[int, list[int]], fill: torch.Tensor | None, bs: int, out: _Emitter) -> None:
+                every: list[int], fill: torch.Tensor | None, bs: int, out: _Emitter) -> None:
     from transformers import DynamicCache
 
     P, W = batch.input_ids.shape
     dev = batch.input_ids.device
     prompts = batch.rows
     ps = torch.tensor(prompts, device=dev)
+    clean = out.pending(clean, prompts) if clean else []
     last = out.pending(last, prompts) if last else []
-    starts = {s: todo for s, cs in starts.items() if (todo := out.pending(cs, prompts))}
-    need = sorted({s - 1 for s in starts if s > 0})
+    every = out.pending(every, prompts) if every else []
+    passes = _chunks(plans, every, lm.n_layers, P * W, max(1, bs // P))
+    need = sorted({s - 1 for s, _ in passes if s > 0})
+    if not (clean or last or need):  # only passes from layer 0 left: no clean pass needed
+        for s, chunk in passes:
+            _from_layer(lm, batch, s, None, plans, chunk, fill, out)
+        return
     use_cache = bool(last) and W > 1
     cache = None
     if use_cache:
         cache = DynamicCache(config=lm.model.config)
         cache.activate_past_recording()  # sliding-window layers keep what `crop` needs
-    # 1. the clean pass: clean logits, the prefix cache, and the outputs of the layers groups restart after
+    # 1. the clean pass: clean logits, the prefix cache, and the outputs of the layers passes restart after
     recorded: dict[int, torch.Tensor] = {}
     with _record_outputs(lm, need, recorded):
         logits = _last_logits(lm, batch.input_ids, batch.attention_mask, batch.position_ids, cache)
@@ -300,9 +331,13 @@ def _fast_batch(lm: LoadedModel, batch: Batch, plans: list[_Plan], clean: list[i
         if cache is not None:
             cache.crop(-1)
         _last_token(lm, batch, cache, plans, last, fill, bs, out)
-    # 3. all-position masks: from the first changed layer on
-    for s in sorted(starts, reverse=True):
-        _from_layer(lm, batch, s, recorded.get(s - 1), plans, starts[s], fill, bs, out)
+        del cache
+    # 3. all-position masks: from the first changed layer on, latest first
+    for k, (s, chunk) in enumerate(passes):
+        later = {t - 1 for t, _ in passes[k + 1:]}
+        _from_layer(lm, batch, s, recorded.get(s - 1), plans, chunk, fill, out)
+        if s - 1 not in later:
+            recorded.pop(s - 1, None)
 
 
 @contextmanager
@@ -490,21 +525,18 @@ def _skip_until(lm: LoadedModel, start: int, clean_out: torch.Tensor | None) -> 
 
 
 def _from_layer(lm: LoadedModel, batch: Batch, start: int, clean_out: torch.Tensor | None, plans: list[_Plan],
-                todo: list[int], fill: torch.Tensor | None, bs: int, out: _Emitter) -> None:
-    """All-position configurations whose first changed layer is `start`, from that layer on."""
+                chunk: list[int], fill: torch.Tensor | None, out: _Emitter) -> None:
+    """One pass of all-position configurations (none changes a layer before `start`) from that layer on."""
     P, W = batch.input_ids.shape
     dev = batch.input_ids.device
     ps = torch.tensor(batch.rows, device=dev)
-    per = max(1, bs // P)
-    for k in range(0, len(todo), per):
-        chunk = todo[k:k + per]
-        c = len(chunk)
-        masks, vecs = _stack(lm, plans, chunk)  # row j * P + p is prompt p under configuration chunk[j]
-        masks = {l: m.repeat_interleave(P, 0)[:, None] for l, m in masks.items()}  # (c P, 1, H): all positions
-        vecs = {l: v.repeat_interleave(P, 0)[:, None] for l, v in vecs.items()}  # (c P, 1, d), last token
-        rec = None if clean_out is None else clean_out.repeat(c, 1, 1)
-        with _skip_until(lm, start, rec), _interventions(lm, masks, fill, vecs, last_only=True):
-            logits = _last_logits(lm, batch.input_ids.repeat(c, 1), batch.attention_mask.repeat(c, 1),
-                                  batch.position_ids.repeat(c, 1))
-        cs = torch.tensor(chunk, device=dev).repeat_interleave(P)
-        out.emit(logits, cs, ps.repeat(c), f"sweep: configurations from layer {start}")
+    c = len(chunk)
+    masks, vecs = _stack(lm, plans, chunk)  # row j * P + p is prompt p under configuration chunk[j]
+    masks = {l: m.repeat_interleave(P, 0)[:, None] for l, m in masks.items()}  # (c P, 1, H): all positions
+    vecs = {l: v.repeat_interleave(P, 0)[:, None] for l, v in vecs.items()}  # (c P, 1, d), last token
+    rec = None if clean_out is None else clean_out.repeat(c, 1, 1)
+    with _skip_until(lm, start, rec), _interventions(lm, masks, fill, vecs, last_only=True):
+        logits = _last_logits(lm, batch.input_ids.repeat(c, 1), batch.attention_mask.repeat(c, 1),
+                              batch.position_ids.repeat(c, 1))
+    cs = torch.tensor(chunk, device=dev).repeat_interleave(P)
+    out.emit(logits, cs, ps.repeat(c), f"sweep: configurations from layer {start}")
