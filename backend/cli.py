@@ -267,6 +267,13 @@ def cmd_launch(a: argparse.Namespace) -> None:
     launch(a)
 
 
+@command("sweep")
+def cmd_sweep(a: argparse.Namespace) -> None:
+    from .service.sweep_cli import run
+
+    run(a, emit)
+
+
 @command("serve")
 def cmd_serve(a: argparse.Namespace) -> None:
     import uvicorn
@@ -307,6 +314,10 @@ def build_parser() -> argparse.ArgumentParser:
     la.add_argument("--backend-port", type=int, default=8765)
     la.add_argument("--model", default="default", help="model the dashboard opens on")
     la.add_argument("--no-browser", action="store_true")
+
+    from .service.sweep_cli import add_parser as add_sweep_parser
+
+    add_sweep_parser(sub)  # python -m backend sweep --models ... --tasks ... --kinds ... --seeds ...
 
     v = sub.add_parser("serve", help="run the HTTP service (FastAPI + uvicorn)")
     v.add_argument("--host", default="127.0.0.1", help="interface to bind (default: loopback only)")

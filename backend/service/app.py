@@ -1,7 +1,8 @@
 """The FastAPI app: `create_app()` wires the routes to a job runner, the model pool and the task store.
 
 Routes: GET /health, GET /capabilities, GET /tasks, POST /tasks/upload, POST /jobs, GET /jobs,
-GET /jobs/{id}, DELETE /jobs/{id}. Errors are `{"detail": "<one-line message>"}` with a 4xx status.
+GET /jobs/{id}, DELETE /jobs/{id}; POST /sweeps, GET /sweeps, GET /sweeps/{id}, DELETE /sweeps/{id} (sweeps.py).
+Errors are `{"detail": "<one-line message>"}` with a 4xx status.
 When HEADLENS_TOKEN is set, every route but /health needs `Authorization: Bearer <token>` or
 `X-Headlens-Token: <token>`.
 
@@ -124,12 +125,16 @@ def create_app(runner: JobRunner | None = None, *, pool: ModelPool | None = None
     limits = limits or Limits.from_env()
     pool = pool or ModelPool(max_models=limits.max_models)
     tasks = tasks or TaskStore(memory_items=limits.upload_cache, quota_bytes=limits.upload_quota_bytes)
-    runner = runner or LocalJobRunner(make_executor(pool, tasks), limits=limits)
+    if runner is None:  # HEADLENS_RUNNER: `local` (one worker thread) or `ray` (see ray_runner.py)
+        from .ray_runner import make_runner
+
+        runner = make_runner(pool, tasks, limits)
     token = token if token is not None else os.environ.get("HEADLENS_TOKEN") or ""
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         yield
+        app.state.sweeps.close()
         runner.close()
 
     app = FastAPI(title="headlens", version=VERSION, lifespan=lifespan, responses=_ERRORS,
@@ -255,6 +260,9 @@ def create_app(runner: JobRunner | None = None, *, pool: ModelPool | None = None
     def cancel_job(job_id: str) -> JobStatus:
         return _found(runner.cancel(job_id), job_id)
 
+    from .sweeps import add_routes as add_sweep_routes
+
+    add_sweep_routes(app, runner, pool, tasks, limits)  # POST /sweeps, GET /sweeps, GET/DELETE /sweeps/{id}
     return app
 
 

@@ -163,11 +163,13 @@ class _Job:
 
 
 class LocalJobRunner(JobRunner):
-    """One worker thread, jobs in order; see the module docstring."""
+    """One worker thread, jobs in order; see the module docstring. `workers=N` runs N jobs at once (in
+    submission order of starting): what `ray_runner.RayJobRunner` uses, its executor shipping each job to Ray."""
 
     def __init__(self, execute: Executor, limits: Limits | None = None, locks: KeyLocks | None = None,
-                 keep_finished: int = 200):
+                 keep_finished: int = 200, workers: int = 1):
         self._execute = execute
+        self._n_workers = max(1, int(workers))  # >1: jobs run concurrently (a runner that ships them elsewhere)
         self._limits = limits or Limits.from_env()
         self._locks = locks or KeyLocks()
         self._keep = keep_finished
@@ -175,7 +177,7 @@ class LocalJobRunner(JobRunner):
         self._by_key: dict[str, str] = {}
         self._queue: deque[str] = deque()
         self._cond = threading.Condition()
-        self._worker: threading.Thread | None = None
+        self._workers: list[threading.Thread] = []
         self._closed = False
 
     # -- interface ------------------------------------------------------------------------------------
@@ -240,8 +242,8 @@ class LocalJobRunner(JobRunner):
             for job in self._jobs.values():
                 job.cancel.set()
             self._cond.notify_all()
-        if self._worker is not None:
-            self._worker.join(timeout)
+        for worker in self._workers:
+            worker.join(timeout)
 
     # -- internals ----------------------------------------------------------------------------------
     def _snapshot(self, job: _Job, include_result: bool = True) -> JobStatus:
@@ -261,9 +263,11 @@ class LocalJobRunner(JobRunner):
                 del self._by_key[job.key]
 
     def _start_worker(self) -> None:
-        if self._worker is None or not self._worker.is_alive():
-            self._worker = threading.Thread(target=self._loop, name="headlens-worker", daemon=True)
-            self._worker.start()
+        self._workers = [w for w in self._workers if w.is_alive()]
+        while len(self._workers) < self._n_workers:
+            worker = threading.Thread(target=self._loop, name=f"headlens-worker-{len(self._workers)}", daemon=True)
+            worker.start()
+            self._workers.append(worker)
 
     def _loop(self) -> None:
         while True:
