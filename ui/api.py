@@ -179,3 +179,23 @@ def cancel(job_id: str) -> dict[str, Any]:
 def cached(kind: str, params: dict[str, Any]) -> dict[str, Any] | None:
     """The result when the service has it cached (None otherwise); never starts a computation."""
     return _call(lambda: client().cached(KINDS.get(kind, kind), **params))
+
+# -- sweeps (the Sweeps page) -----------------------------------------------------------------------------
+def submit_sweep(models: list[str], tasks: list[str], kinds: list[str], seeds: list[int],
+                 params: dict[str, Any] | None = None, name: str | None = None) -> dict[str, Any]:
+    """Start a sweep on the service; its record (`id`, `status`, `counts`, per-model progress)."""
+    return _call(lambda: client().submit_sweep(models, tasks, kinds, seeds, params, name))
+
+
+def sweeps() -> list[dict[str, Any]]:
+    """The service's sweeps, newest first (no jobs)."""
+    return _call(lambda: client().sweeps())
+
+
+def sweep(sweep_id: str) -> dict[str, Any]:
+    """One sweep with its jobs and summary."""
+    return _call(lambda: client().sweep(sweep_id))
+
+
+def cancel_sweep(sweep_id: str) -> dict[str, Any]:
+    return _call(lambda: client().cancel_sweep(sweep_id))

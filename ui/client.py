@@ -174,6 +174,26 @@ class HeadlensClient:
             time.sleep(delay)
             delay = min(delay * 1.5, poll)
 
+    # -- sweeps -----------------------------------------------------------------------------------------------
+    def submit_sweep(self, models: list[str], tasks: list[str], kinds: list[str] | None = None,
+                     seeds: list[int] | None = None, params: dict[str, Any] | None = None,
+                     name: str | None = None) -> dict[str, Any]:
+        """Start a sweep (models x tasks x kinds x seeds as jobs); its record {id, status, counts, models, ...}."""
+        body = {"models": models, "tasks": tasks, "kinds": kinds or ["scores"], "seeds": seeds or [0],
+                "params": params or {}, **({"name": name} if name else {})}
+        return self._request("POST", "/sweeps", json=body)
+
+    def sweeps(self) -> list[dict[str, Any]]:
+        """Running and finished sweeps, newest first (no jobs)."""
+        return self._request("GET", "/sweeps")
+
+    def sweep(self, sweep_id: str) -> dict[str, Any]:
+        """A sweep with its jobs and `summary` ({rows: models x tasks, models: per-model TR/TL summary})."""
+        return self._request("GET", f"/sweeps/{sweep_id}")
+
+    def cancel_sweep(self, sweep_id: str) -> dict[str, Any]:
+        return self._request("DELETE", f"/sweeps/{sweep_id}")
+
     def run(self, kind: str, on_progress: OnProgress | None = None, timeout: float | None = 3600.0,
             **params: Any) -> dict[str, Any]:
         """submit + wait: the job's result."""

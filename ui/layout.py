@@ -23,7 +23,8 @@ CAPS_TTL_S = 15.0
 PAGES = [("app.py", "Home", ":material/home:"), ("pages/1_Head_map.py", "Head map", ":material/grid_on:"),
          ("pages/2_Ablation.py", "Ablation", ":material/power_settings_new:"),
          ("pages/3_Steering_geometry.py", "Steering & geometry", ":material/explore:"),
-         ("pages/4_Head.py", "Head drill-down", ":material/center_focus_strong:")]
+         ("pages/4_Head.py", "Head drill-down", ":material/center_focus_strong:"),
+         ("pages/6_Sweeps.py", "Sweeps", ":material/table_chart:")]
 
 
 def capabilities(force: bool = False) -> dict[str, Any]:

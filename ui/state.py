@@ -81,6 +81,8 @@ def _pct(s: str) -> float:
 
 TOP_PCT, MIN_TOP_HEADS = 3.0, 4  # the backend's defaults (backend/options.py); the backend applies the rule
 VECTOR_TYPES = ("tr", "tl", "random", "fv", "vanilla", "custom")
+SWEEP_METRICS = ("tr_depth", "tl_depth", "tr_induction", "tl_induction", "accuracy", "zero_shot_accuracy",
+                 "icl_accuracy", "icl_gain", "ablation_drop_tr", "ablation_drop_tl")
 PERTURBATIONS = ("shuffled_inputs", "random_labels", "flipped_labels", "symbol_labels", "number_labels")
 
 
@@ -180,6 +182,9 @@ FIELDS: dict[str, Field] = {f.name: f for f in (
     Field("sg_dirs", lambda: True, _flag, _fmt_flag, view=True),
     Field("sg_bar_layer", lambda: None, _int_in(0, 100000), view=True),
     Field("sg_pmap", lambda: None, _choice(PERTURBATIONS), view=True),
+    # -- Sweeps
+    Field("sweep", lambda: None, _text, view=True),  # the sweep shown
+    Field("sw_metric", lambda: "tr_depth", _choice(SWEEP_METRICS), view=True),
 )}
 
 

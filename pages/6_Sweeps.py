@@ -1,0 +1,162 @@
+"""Sweeps: one analysis over several models and tasks (and seeds), run as ordinary jobs by the service's runner
+(one machine, or a Ray cluster), and the cross-model view of their results: a models x tasks table and, per model,
+where the top TR / TL heads sit by relative depth and how much they overlap with induction heads."""
+from __future__ import annotations
+
+import time
+
+import pandas as pd
+import streamlit as st
+
+from ui import api, layout, state
+from ui import sweep_figures as SF
+from ui.jobs import show_error
+
+s, caps = layout.page_setup("Sweeps", ":material/table_chart:")
+st.title(":material/table_chart: Sweeps")
+st.caption("The same analysis over a model zoo and a task suite. Each cell is an ordinary job: cached results "
+           "are reused, identical requests are shared, and the service's runner spreads the jobs over its workers "
+           "(`HEADLENS_RUNNER=ray`: a Ray cluster). The command line does the same: `python -m backend sweep`.")
+
+SKIP_KINDS = {"model_info", "fit", "head", "ablate", "ltv_train", "ltv_tasks"}  # need inputs a sweep cannot vary
+
+
+def _ints(text: str) -> list[int]:
+    out = [int(x) for x in text.replace(";", ",").split(",") if x.strip()]
+    if not out or any(x < 0 for x in out):
+        raise ValueError("give non-negative integers, comma-separated")
+    return out
+
+
+# -- start one ----------------------------------------------------------------------------------------------
+with st.expander("Start a sweep", icon=":material/add_circle:", expanded=not state.value("sweep")):
+    task_ids = [t["id"] for t in caps.get("tasks", [])]
+    kinds = [k["name"] for k in caps.get("job_kinds", []) if k.get("uses_task", True) and k["name"] not in SKIP_KINDS]
+    loaded = [m["name"] for m in caps.get("loaded_models", []) if m.get("name")]
+    with st.form("sweep_form", border=False):
+        c1, c2 = st.columns(2)
+        with c1:
+            models = st.multiselect("Models", list(dict.fromkeys([s.model, "default", *loaded])), default=[s.model],
+                                    accept_new_options=True, key="w_sw_models",
+                                    help="`default`, model folders on the service's machine, or Hugging Face ids.")
+            kinds_sel = st.multiselect("Analyses", kinds, default=[k for k in ("scores",) if k in kinds],
+                                       key="w_sw_kinds", help="scores gives the TR/TL summary; icl and "
+                                                              "ablation_curves add their columns.")
+        with c2:
+            tasks_sel = st.multiselect("Tasks", task_ids, default=[t for t in [s.task] if t in task_ids],
+                                       key="w_sw_tasks")
+            seeds_text = st.text_input("Seeds", "0", key="w_sw_seeds", help="comma-separated, e.g. 0,1,2")
+        st.caption(f"Each job uses the sidebar's settings: {s.shots} shots (ICL curve: 0..{s.shots}), {s.prompts} "
+                   f"prompts, {s.top_label()}.")
+        start = st.form_submit_button("Start sweep", type="primary", icon=":material/play_arrow:")
+    if start:
+        try:
+            seeds = _ints(seeds_text)
+        except ValueError as e:
+            st.error(f"Seeds: {e}.", icon=":material/error:")
+        else:
+            if not (models and tasks_sel and kinds_sel):
+                st.error("Pick at least one model, one task and one analysis.", icon=":material/error:")
+            else:
+                ks = sorted({k for k in (0, 1, 2, 4, 8, 16, 32) if k <= s.shots} | {0, s.shots})
+                params = {"shots": s.shots, "prompts": s.prompts, **s.selection(),
+                          **({"icl.shots": ks} if "icl" in kinds_sel else {})}
+                params = {k: v for k, v in params.items()
+                          if "." in k or k in ("shots", "prompts") or "scores" in kinds_sel}
+                try:
+                    r = api.submit_sweep(models, tasks_sel, kinds_sel, seeds, params)
+                except api.ApiError as e:
+                    show_error(e, "Starting the sweep")
+                else:
+                    state.put("sweep", r["id"])
+                    st.rerun()
+
+# -- the list -----------------------------------------------------------------------------------------------
+try:
+    sweeps = api.sweeps()
+except api.ApiError as e:
+    show_error(e, "Listing the sweeps")
+    st.stop()
+st.subheader("Sweeps", divider="gray")
+if not sweeps:
+    st.info("No sweeps on this service yet. Start one above, or with `python -m backend sweep` against it.",
+            icon=":material/info:")
+    st.stop()
+st.dataframe(pd.DataFrame([{"id": w["id"], "name": w.get("name") or "", "status": w["status"],
+                            "progress": 100 * w["progress"], "jobs": w["counts"]["total"],
+                            "done": w["counts"]["done"], "cached": w["counts"]["cached"],
+                            "failed": w["counts"]["error"], "models": len(w["models"]),
+                            "started": time.strftime("%H:%M:%S", time.localtime(w["created"]))} for w in sweeps]),
+             hide_index=True, key="sweeps_table",
+             column_config={"progress": st.column_config.ProgressColumn("progress", format="%.0f%%", min_value=0,
+                                                                        max_value=100)})
+ids = [w["id"] for w in sweeps]
+if state.value("sweep") not in ids:
+    state.put("sweep", ids[0])
+by_id = {w["id"]: w for w in sweeps}
+state.bind(st.selectbox, "Sweep", "sweep", options=ids,
+           format_func=lambda i: f"{i} · {by_id[i]['status']} · {by_id[i]['counts']['total']} jobs"
+                                 + (f" · {by_id[i]['name']}" if by_id[i].get("name") else ""))
+
+
+# -- one sweep ----------------------------------------------------------------------------------------------
+@st.fragment(run_every=2.0 if by_id[state.value("sweep")]["status"] == "running" else None)
+def show(sweep_id: str) -> None:
+    try:
+        sw = api.sweep(sweep_id)
+    except api.ApiError as e:
+        show_error(e, "Reading the sweep")
+        return
+    c = sw["counts"]
+    left, right = st.columns([4, 1], vertical_alignment="center")
+    with left:
+        st.progress(sw["progress"], text=f"**{sw['status']}** · {c['done'] + c['error'] + c['cancelled']} of "
+                                         f"{c['total']} jobs · {c['cached']} from the cache · {c['error']} failed · "
+                                         f"{c['running']} running")
+    with right:
+        if sw["status"] == "running" and st.button("Cancel sweep", icon=":material/stop:", key="sw_cancel"):
+            try:
+                api.cancel_sweep(sweep_id)
+            except api.ApiError as e:
+                show_error(e, "Cancelling the sweep")
+            st.rerun()
+    if len(sw["models"]) > 1 or sw["status"] == "running":
+        for m in sw["models"]:
+            st.progress(m["progress"], text=f"`{SF.short(m['model'], 60)}` · {m['finished']}/{m['total']}"
+                                            + (f" · {m['errors']} failed" if m["errors"] else ""))
+    failed = [j for j in sw["jobs"] if j["status"] == "error"]
+    if failed:
+        with st.expander(f"{len(failed)} failed job{'s' if len(failed) != 1 else ''}", icon=":material/error:"):
+            st.dataframe(pd.DataFrame([{k: j[k] for k in ("kind", "model", "task", "seed", "error")} for j in failed]),
+                         hide_index=True, key="sw_failed")
+    summary = sw.get("summary") or {}
+    if not summary.get("rows"):
+        st.info("Results appear here as the jobs finish.", icon=":material/hourglass_top:")
+        return
+    st.subheader("Models × tasks", divider="gray")
+    present = SF.metrics_present(summary) or ["accuracy"]
+    if state.value("sw_metric") not in present:
+        state.put("sw_metric", present[0])
+    state.bind(st.segmented_control, "Metric", "sw_metric", options=present, required=True,
+               format_func=lambda m: SF.METRICS.get(m, (m,))[0])
+    metric = state.value("sw_metric")
+    st.caption(SF.METRICS.get(metric, ("", ""))[1].capitalize() + "; means over seeds.")
+    st.plotly_chart(SF.table_heatmap(summary, metric), key="sw_heatmap")
+    st.dataframe(SF.pivot(summary, metric), key="sw_pivot", column_config={
+        col: st.column_config.NumberColumn(format="%.3f") for col in SF.pivot(summary, metric).columns})
+    st.subheader("Where the top heads sit, per model", divider="gray")
+    st.caption("TR (task recognition) and TL (task learning) heads of the `scores` jobs: their relative depth "
+               "(layer / (layers − 1)) and their Jaccard overlap with the top induction heads, over tasks and seeds.")
+    table = SF.models_table(summary)
+    st.dataframe(table, hide_index=True, key="sw_models", column_config={
+        c: st.column_config.NumberColumn(format="%.3f") for c in table.columns if c not in ("model", "tasks",
+                                                                                          "n_layers")})
+    if any(m.get("tr_depth_hist") for m in summary.get("models", [])):
+        c1, c2 = st.columns(2)
+        with c1:
+            st.plotly_chart(SF.depth_profile(summary), key="sw_depth")
+        with c2:
+            st.plotly_chart(SF.overlap_scatter(summary), key="sw_overlap")
+
+
+show(state.value("sweep"))
