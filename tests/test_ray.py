@@ -59,7 +59,7 @@ def cluster():
     """A local Ray instance with 2 CPUs for this module (2 actors of 1 CPU at most)."""
     started = not ray.is_initialized()
     if started:
-        ray.init(num_cpus=2, include_dashboard=False, logging_level="warning", log_to_driver=False)
+        ray.init(address="local", num_cpus=2, include_dashboard=False, logging_level="warning", log_to_driver=False)
     yield ray
     if started:
         ray.shutdown()
@@ -132,6 +132,13 @@ def test_sweep_on_ray_equals_the_local_runner(cluster, models, baseline, tmp_pat
     for key in baseline:
         assert got[key] == baseline[key], key
     assert again == got
+    # a restarted service (a rerun of the sweep) finds every result in the cache without starting an actor: the
+    # fingerprints the actors reported are kept under the model files' signature
+    restarted = ray_runner(tmp_path / "ray-cache")
+    try:
+        assert sweep(restarted, models) == got and restarted.actors.describe() == []
+    finally:
+        restarted.close()
 
 
 def test_a_worker_killed_mid_sweep_loses_nothing(cluster, models, baseline, tmp_path):

@@ -21,7 +21,8 @@ Results: the actor runs `analyze` with a `RecordingStore`: reads go to the servi
 returned with the result. The service writes them, each under the kernel's per-key lock, after the job has
 succeeded: diskcache stays on one disk with one writer, and a job that dies writes nothing. Cache keys and
 the dedupe key are the kernel's and the admission's, unchanged. Once an actor has reported a model's
-fingerprint, a job whose result is cached is answered by the service without touching the cluster.
+fingerprint (kept in the cache under the model files' signature, so a restarted service or a rerun of a sweep
+knows it too), a job whose result is cached is answered by the service without touching the cluster.
 
 Progress and cancel: the service polls the actor (`poll`) while the job runs and feeds the job's progress and
 live data; a DELETE makes the job's progress callback raise `Cancelled` in the service, which then cancels the
@@ -203,6 +204,30 @@ def model_bytes(canonical: str | None, target_dtype: str | None = None, device: 
     target = target_dtype or ("bf16" if device.startswith("cuda") else "fp32")
     per_stored = _DTYPE_BYTES.get(str(stored or "float32").lower(), 4)
     return int(size * _DTYPE_BYTES.get(str(target).lower(), 2) / per_stored)
+
+
+def model_signature(canonical: str) -> str | None:
+    """What identifies a model's files without reading them: a folder's config and weight files (name, size,
+    mtime), or a hub id's cached snapshot (its revision). None when unknown. A restarted service finds the
+    fingerprint an actor reported under it, so its cached results need no actor (and no model load)."""
+    from ..cache import make_key
+    from ..paths import DEFAULT_MODEL_DIR
+
+    folder = DEFAULT_MODEL_DIR if canonical == "default" else Path(canonical)
+    try:
+        if folder.is_dir():
+            files = sorted(p for p in folder.iterdir() if p.suffix in (".safetensors", ".bin", ".pt", ".json"))
+            parts = [f"{p.name}:{p.stat().st_size}:{p.stat().st_mtime_ns}" for p in files]
+        else:
+            from huggingface_hub import try_to_load_from_cache
+
+            cfg = try_to_load_from_cache(canonical, "config.json")
+            if not isinstance(cfg, str):
+                return None
+            parts = [str(Path(cfg).parent)]  # .../snapshots/<revision>
+    except Exception:
+        return None
+    return make_key("fingerprint", model=canonical, files=parts) if parts else None
 
 
 # -- what runs on the cluster ---------------------------------------------------------------------------------
@@ -475,13 +500,18 @@ class _ModelRef:
 def connect(cfg: RayConfig) -> tuple[Any, bool]:
     """(the ray module, whether this call started a local instance). RunnerUnavailable when Ray is not
     installed or the cluster does not answer within cfg.connect_timeout_s."""
+    address = cfg.address
+    # a cluster started by `ray start --head` wants its token (token authentication, Ray's default): use the one
+    # this machine has (read when ray is imported, so set before)
+    if address and "RAY_AUTH_MODE" not in os.environ and (os.environ.get("RAY_AUTH_TOKEN") or os.environ.get(
+            "RAY_AUTH_TOKEN_PATH") or (Path.home() / ".ray" / "auth_token").is_file()):
+        os.environ["RAY_AUTH_MODE"] = "token"
     try:
         import ray
     except ImportError:
         raise RunnerUnavailable("HEADLENS_RUNNER=ray needs Ray: pip install -r requirements-ray.txt") from None
     if ray.is_initialized():
         return ray, False
-    address = cfg.address
     if address and address not in ("auto", "local") and not address.startswith("ray://"):
         host, _, port = address.rpartition(":")
         try:
@@ -494,15 +524,19 @@ def connect(cfg: RayConfig) -> tuple[Any, bool]:
                           "ignore_reinit_error": True}
     if address:
         kw["address"] = address
-    elif cfg.num_cpus:
-        kw["num_cpus"] = cfg.num_cpus
+    else:  # a new local instance, even when a cluster started by `ray start` runs on this machine
+        kw["address"] = "local"
+        if cfg.num_cpus:
+            kw["num_cpus"] = cfg.num_cpus
     where = f"the Ray cluster at RAY_ADDRESS={address}" if address else "a local Ray instance"
     t0 = time.monotonic()
     try:  # in the calling thread: Ray's driver must be initialised from the thread that later uses it
         ray.init(**kw)
     except Exception as e:
+        hint = ("; with token authentication, the head's token must be here too (~/.ray/auth_token, or "
+                "RAY_AUTH_TOKEN)" if address else "")
         raise RunnerUnavailable(f"could not connect to {where}: {type(e).__name__}: "
-                                f"{(str(e).splitlines() or [''])[0][:300]}") from None
+                                f"{(str(e).splitlines() or [''])[0][:300]}{hint}") from None
     if time.monotonic() - t0 > cfg.connect_timeout_s:
         log.warning("connecting to %s took %.0f s", where, time.monotonic() - t0)
     return ray, not address
@@ -545,7 +579,7 @@ class RayJobRunner(LocalJobRunner):
         model, task_id = fields.pop("model", None), fields.pop("task", None)
         task = self.tasks.get(task_id) if spec.uses_task else None
         canon = self.pool.check(model) if spec.uses_model else None
-        ref = self._fingerprints.get(canon) if canon else None
+        ref = self._fingerprint(canon) if canon else None
         if spec.cached and (ref is not None or not spec.uses_model):
             hit = lookup(kind, ref, task, fields, cache=self.store)
             if hit is not None:
@@ -566,7 +600,7 @@ class RayJobRunner(LocalJobRunner):
                 if a.busy and a in self.actors:
                     self.actors.release(a)
             if out.get("model") and canon:
-                self._fingerprints[canon] = _ModelRef(**out["model"])
+                self._remember(canon, _ModelRef(**out["model"]))
             self._write(out["puts"])
             return out["result"]
         raise WorkerLost(f"the worker running this job died {len(lost)} time{'s' if len(lost) != 1 else ''} "
@@ -627,6 +661,24 @@ class RayJobRunner(LocalJobRunner):
         else:
             log.warning("ray: a cancelled job did not stop within %.0f s; killing its actor", self.cfg.cancel_grace_s)
             self.actors.discard(a)
+
+    def _fingerprint(self, canon: str) -> _ModelRef | None:
+        """The model's name and fingerprint as an actor reported them (this run, or an earlier one on the same
+        files, from the cache), or None."""
+        ref = self._fingerprints.get(canon)
+        if ref is None:
+            sig = model_signature(canon)
+            got = self.store.get(sig) if sig else None
+            if got and isinstance(got.get("name"), str) and isinstance(got.get("fingerprint"), str):
+                ref = self._fingerprints[canon] = _ModelRef(got["name"], got["fingerprint"])
+        return ref
+
+    def _remember(self, canon: str, ref: _ModelRef) -> None:
+        if self._fingerprints.get(canon) != ref:
+            self._fingerprints[canon] = ref
+            sig = model_signature(canon)
+            if sig:
+                self.store.put(sig, {"name": ref.name, "fingerprint": ref.fingerprint})
 
     def _write(self, puts: list[tuple[str, dict[str, Any]]]) -> None:
         """Write an actor's results to the cache, each under the kernel's per-key lock (as the kernel does)."""

@@ -11,7 +11,8 @@ task), one without a task once per model. `params` go to every kind that has the
 has is refused); `"<kind>.<field>"` goes to that kind only (`{"shots": 8, "icl.shots": [0, 4, 8]}`). Everything is validated before any job is queued: an unknown model, task or kind is a 4xx
 naming it.
 
-The jobs go to the runner a window at a time (HEADLENS_SWEEP_WINDOW, at most half the job queue), so a sweep of
+The jobs go to the runner a window at a time (HEADLENS_SWEEP_WINDOW, default twice the runner's workers and at
+least 32, at most half the job queue HEADLENS_MAX_QUEUE), so a sweep of
 thousands of jobs neither overflows the queue nor starves interactive jobs; jobs whose results are cached end
 at once, so a sweep that is run again continues where the last one stopped. Cancelling a sweep withdraws its
 jobs (an identical job another client waits for goes on).
@@ -299,7 +300,10 @@ class SweepManager:
                  window: int | None = None, poll: float = 0.1):
         self.runner = runner
         limits = limits or Limits.from_env()
-        env = int(os.environ.get("HEADLENS_SWEEP_WINDOW") or 32)
+        # enough jobs in flight to keep every worker busy (a Ray runner's workers: HEADLENS_RAY_MAX_ACTORS), at most
+        # half the job queue (raise HEADLENS_MAX_QUEUE for a cluster of many GPUs)
+        workers = int(getattr(runner, "_n_workers", 1) or 1)
+        env = int(os.environ.get("HEADLENS_SWEEP_WINDOW") or max(32, 2 * workers))
         self.window = max(1, window or min(env, max(1, limits.max_queue // 2)))
         self.keep_results, self.poll = keep_results, poll
         self._sweeps: dict[str, _Sweep] = {}
