@@ -38,7 +38,7 @@ installed, or a cluster that does not answer within HEADLENS_RAY_CONNECT_TIMEOUT
 | variable | default | meaning |
 |---|---|---|
 | HEADLENS_RUNNER | local | `local` (one worker thread) or `ray` |
-| RAY_ADDRESS | unset | the cluster (`host:6379`, `auto`); unset: start a local Ray instance |
+| RAY_ADDRESS | unset | the cluster (`host:6379`, `auto`); unset: the `ray start` cluster of this machine, else a new local instance |
 | HEADLENS_RAY_MAX_ACTORS | 4 | model actors at most (also the jobs running at once) |
 | HEADLENS_RAY_IDLE_S | 300 | an actor idle this long is released |
 | HEADLENS_RAY_EVICT_S | 10 | an idle actor of another model gives way to one more replica after this long |
@@ -498,13 +498,15 @@ class _ModelRef:
 
 
 def connect(cfg: RayConfig) -> tuple[Any, bool]:
-    """(the ray module, whether this call started a local instance). RunnerUnavailable when Ray is not
-    installed or the cluster does not answer within cfg.connect_timeout_s."""
-    address = cfg.address
+    """(the ray module, whether this call started Ray). RAY_ADDRESS set: that cluster (RunnerUnavailable at once
+    when nothing answers there); unset: the cluster `ray start` runs on this machine, else a new local instance
+    (HEADLENS_RAY_NUM_CPUS set: always a new one, of that many CPUs). RunnerUnavailable when Ray is not installed."""
+    address = cfg.address or ("local" if cfg.num_cpus else None)
     # a cluster started by `ray start --head` wants its token (token authentication, Ray's default): use the one
-    # this machine has (read when ray is imported, so set before)
-    if address and "RAY_AUTH_MODE" not in os.environ and (os.environ.get("RAY_AUTH_TOKEN") or os.environ.get(
-            "RAY_AUTH_TOKEN_PATH") or (Path.home() / ".ray" / "auth_token").is_file()):
+    # this machine has (Ray reads the mode when it is imported, so set it before)
+    if address != "local" and "RAY_AUTH_MODE" not in os.environ and (
+            os.environ.get("RAY_AUTH_TOKEN") or os.environ.get("RAY_AUTH_TOKEN_PATH")
+            or (Path.home() / ".ray" / "auth_token").is_file()):
         os.environ["RAY_AUTH_MODE"] = "token"
     try:
         import ray
@@ -521,25 +523,25 @@ def connect(cfg: RayConfig) -> tuple[Any, bool]:
             raise RunnerUnavailable(f"the Ray cluster at RAY_ADDRESS={address} is unreachable "
                                     f"({type(e).__name__}: {e}); start it with `ray start --head`") from None
     kw: dict[str, Any] = {"include_dashboard": False, "logging_level": "warning", "log_to_driver": False,
-                          "ignore_reinit_error": True}
-    if address:
-        kw["address"] = address
-    else:  # a new local instance, even when a cluster started by `ray start` runs on this machine
-        kw["address"] = "local"
-        if cfg.num_cpus:
-            kw["num_cpus"] = cfg.num_cpus
-    where = f"the Ray cluster at RAY_ADDRESS={address}" if address else "a local Ray instance"
+                          "ignore_reinit_error": True, "address": address}
+    if address == "local" and cfg.num_cpus:
+        kw["num_cpus"] = cfg.num_cpus
+    where = (f"the Ray cluster at RAY_ADDRESS={address}" if cfg.address else
+             "a new local Ray instance" if address == "local" else "Ray (this machine's cluster, or a new instance)")
     t0 = time.monotonic()
     try:  # in the calling thread: Ray's driver must be initialised from the thread that later uses it
         ray.init(**kw)
     except Exception as e:
         hint = ("; with token authentication, the head's token must be here too (~/.ray/auth_token, or "
-                "RAY_AUTH_TOKEN)" if address else "")
+                "RAY_AUTH_TOKEN)" if address != "local" else "")
         raise RunnerUnavailable(f"could not connect to {where}: {type(e).__name__}: "
                                 f"{(str(e).splitlines() or [''])[0][:300]}{hint}") from None
     if time.monotonic() - t0 > cfg.connect_timeout_s:
         log.warning("connecting to %s took %.0f s", where, time.monotonic() - t0)
-    return ray, not address
+    # shut it down on close only when this process started it (not when it joined a running cluster)
+    started = address == "local" or (address is None and ray.get_runtime_context().gcs_address is not None
+                                     and _started_here(ray))
+    return ray, started
 
 
 class RayJobRunner(LocalJobRunner):
@@ -703,6 +705,14 @@ class RayJobRunner(LocalJobRunner):
             pass
         if self._owns_ray:
             self.ray.shutdown()
+
+
+def _started_here(ray: Any) -> bool:
+    """Whether this process started the Ray instance it is connected to (rather than joining one)."""
+    try:
+        return bool(ray._private.worker.global_worker.node.is_head())  # a driver that started Ray owns its head
+    except Exception:
+        return False
 
 
 class _Died(Exception):
