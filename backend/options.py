@@ -64,3 +64,26 @@ MAX_TEXT = 1024
 MAX_LIST = 4096
 """Longest list field (heads, ks, ...)."""
 
+
+# -- soft head selection (SITE, kinds `site`, `site_transfer`, `methods`) -------------------------------------
+SITE_M = 50
+"""Few-shot prompts averaged into the task embedding t (layers, heads, head_dim)."""
+SITE_SHOTS = 10
+"""Demonstrations in each of those prompts."""
+SITE_STEPS = 400
+SITE_LR = 0.2
+SITE_VAL_EVERY = 50
+SITE_VAL_PROMPTS = 100
+"""Validation prompts asked for; a small task validates on what its training split can spare (SITE_VAL_SHARE)."""
+SITE_VAL_SHARE = 0.3
+"""At most this share of the training split's queries is held out of the gradient steps for validation."""
+SITE_PROMPTS = 100
+"""Held-out test queries (capped at the task's query pool, with a warning)."""
+SITE_MAX_NEW_TOKENS = 20
+SITE_ICL_SHOTS = (8, 10)
+SITE_PATCH_KS = (1, 2, 4, 8, 16)
+SITE_BUDGET = (1, 5, 10, 50)
+SITE_DECISIVE = 0.1
+"""An alpha under this or over 1 - this counts as decided."""
+LORA_RANK = 8
+"""The LoRA the parameter counts are compared with: rank 8 on the q and v projections."""

@@ -24,7 +24,8 @@ PAGES = [("app.py", "Home", ":material/home:"), ("pages/1_Head_map.py", "Head ma
          ("pages/2_Ablation.py", "Ablation", ":material/power_settings_new:"),
          ("pages/3_Steering_geometry.py", "Steering & geometry", ":material/explore:"),
          ("pages/4_Head.py", "Head drill-down", ":material/center_focus_strong:"),
-         ("pages/6_Sweeps.py", "Sweeps", ":material/table_chart:")]
+         ("pages/6_Sweeps.py", "Sweeps", ":material/table_chart:"),
+         ("pages/6_Soft_head_selection.py", "Soft head selection", ":material/tune:")]
 
 
 def capabilities(force: bool = False) -> dict[str, Any]:

@@ -14,7 +14,8 @@ from . import api
 
 API = {"scores": "head_scores", "icl": "icl_curve", "ablation_curves": "ablation_curves", "ablate": "ablate",
        "vectors": "build_vectors", "steer": "steer", "geometry": "geometry", "perturb": "perturbation_report",
-       "fit": "task_fit", "head": "head_view", "model_info": "model_info"}
+       "fit": "task_fit", "head": "head_view", "model_info": "model_info", "site": "train_site",
+       "site_transfer": "site_transfer", "methods": "compare_methods"}
 """Service kind -> Python API function (backend/analysis/kinds.py `api`; a test checks they agree)."""
 
 

@@ -185,6 +185,10 @@ FIELDS: dict[str, Field] = {f.name: f for f in (
     # -- Sweeps
     Field("sweep", lambda: None, _text, view=True),  # the sweep shown
     Field("sw_metric", lambda: "tr_depth", _choice(SWEEP_METRICS), view=True),
+    # -- Soft head selection (SITE)
+    Field("site_m", lambda: 50, _int_in(1, 10000), view=True),
+    Field("site_shots", lambda: 10, _int_in(0, 1024), view=True),
+    Field("site_steps", lambda: 400, _int_in(0, 100000), view=True),
 )}
 
 

@@ -78,6 +78,16 @@ _ENTRIES: tuple[Kind, ...] = (
     Kind("head", P.HeadParams, R.HeadResult, "backend.analysis.head:head",
          "one head on one prompt: attention pattern, per-label DLA, TR / TL / induction ranks, effect when "
          "ablated; the model's top next tokens (and per layer)", api="head_view"),
+    Kind("site", P.SiteParams, R.SiteResult, "backend.analysis.site:site",
+         "soft head selection (SITE): per-head alphas trained to inject an ICL task embedding into zero-shot "
+         "prompts; alpha map, baselines, top/bottom-k patching, budget curve, correlations with head maps",
+         api="train_site"),
+    Kind("site_transfer", P.SiteTransferParams, R.SiteTransferResult, "backend.analysis.site_transfer:site_transfer",
+         "SITE alphas of each task applied to every task's embedding: a transfer accuracy matrix and head overlaps",
+         api="site_transfer", uses_task=False),
+    Kind("methods", P.MethodsParams, R.MethodsResult, "backend.analysis.methods:methods",
+         "every steering method on one task side by side: extracted vectors (vanilla, FV, TR / TL heads), LTV and "
+         "SITE, with accuracy, TR ratio, parameter count and training seconds", api="compare_methods"),
 )
 
 KINDS: dict[str, Kind] = {k.name: k for k in _ENTRIES}

@@ -241,3 +241,105 @@ class HeadParams(PromptParams):
             raise ValueError("layer and head indices must be non-negative")
         return v
 
+
+# -- soft head selection (SITE) ---------------------------------------------------------------------------------
+SiteComparison = Literal["zero_shot", "icl", "fv", "vanilla", "all_ones", "ltv"]
+SiteCorrelation = Literal["tr", "tl", "induction", "ltv"]
+
+
+def _unique_ints(v: list[int]) -> list[int]:
+    if any(k < 1 for k in v):
+        raise ValueError("values must be at least 1")
+    return sorted(set(v))
+
+
+class SiteRecipeParams(PromptParams):
+    """How soft head selection (SITE) trains: the task embedding t from `m` few-shot prompts of `shots`
+    demonstrations (training split); per-head alphas = sigmoid(logits), logits from 0, Adam (`lr`) for `steps`
+    steps of `train_batch` random zero-shot training prompts, validated every `val_every` steps on up to
+    `val_prompts` held-out training queries (the best alphas kept); tested on `prompts` held-out queries."""
+
+    m: Int = Field(o.SITE_M, ge=1, le=10_000, description="few-shot prompts averaged into the task embedding (M)")
+    shots: Int = Field(o.SITE_SHOTS, ge=0, description="demonstrations in each of those prompts (N)")
+    prompts: Int = Field(o.SITE_PROMPTS, ge=1, description="held-out test queries (zero-shot prompts)")
+    steps: Int = Field(o.SITE_STEPS, ge=0, le=100_000, description="Adam steps on the alpha logits")
+    lr: Float = Field(o.SITE_LR, gt=0, le=100, description="Adam learning rate")
+    train_batch: Int = Field(1, ge=1, le=1024, description="zero-shot training prompts per step")
+    val_every: Int = Field(o.SITE_VAL_EVERY, ge=1, le=100_000, description="validate (and keep the best) every so "
+                                                                           "many steps")
+    val_prompts: Int = Field(o.SITE_VAL_PROMPTS, ge=1, le=100_000,
+                             description="validation prompts (at most; held out of the training split)")
+    max_new_tokens: Int = Field(o.SITE_MAX_NEW_TOKENS, ge=1, le=256, description="greedy generation length")
+
+    def work(self, model: dict | None = None) -> tuple[int, str]:
+        n = self.m + self.steps * self.train_batch + (self.steps // self.val_every + 1) * min(self.val_prompts, 500)
+        return n + 4 * self.prompts, f"{self.m} embedding prompts, {self.steps} steps, validations, tests"
+
+
+class SiteParams(SiteRecipeParams):
+    """kind `site`: train SITE alphas (or load saved ones) and evaluate them zero-shot with generation; compare
+    with zero-shot, k-shot ICL, the function and vanilla task vectors, every alpha = 1 and LTV; patch the top /
+    bottom k heads by alpha; the alpha budget curve over M; rank correlations with the TR / TL / induction maps."""
+
+    compare: list[SiteComparison] = Field(default_factory=lambda: ["zero_shot", "icl", "fv", "vanilla", "all_ones",
+                                                                   "ltv"], max_length=6,
+                                          description="baselines (empty: none); ltv only when its result is cached")
+    icl_shots: list[Int] = Field(default_factory=lambda: list(o.SITE_ICL_SHOTS), max_length=8,
+                                 description="demonstrations of the ICL baselines (those that fit)")
+    patching: list[Int] = Field(default_factory=lambda: list(o.SITE_PATCH_KS), max_length=64,
+                                description="k of the top-k / bottom-k patching curves (empty: none)")
+    budget: list[Int] = Field(default_factory=lambda: list(o.SITE_BUDGET), max_length=16,
+                              description="M values of the budget curve, each a SITE run (empty: none)")
+    correlations: list[SiteCorrelation] = Field(default_factory=lambda: ["tr", "tl", "induction", "ltv"], max_length=4,
+                                                description="maps to rank-correlate alpha with (ltv: when cached)")
+    load: str | None = Field(None, min_length=1, max_length=o.MAX_TEXT,
+                             description="a saved SITE file (.safetensors: alphas and task embedding) to evaluate "
+                                         "instead of training")
+
+    @field_validator("compare", "correlations")
+    @classmethod
+    def _unique_names(cls, v: list[str]) -> list[str]:
+        return list(dict.fromkeys(v))
+
+    @field_validator("icl_shots")
+    @classmethod
+    def _shots_list(cls, v: list[int]) -> list[int]:
+        if any(k < 0 for k in v):
+            raise ValueError("shots must be non-negative")
+        return sorted(set(v))
+
+    @field_validator("patching", "budget")
+    @classmethod
+    def _positive(cls, v: list[int]) -> list[int]:
+        return _unique_ints(v)
+
+    def work(self, model: dict | None = None) -> tuple[int, str]:
+        n, _ = super().work(model)
+        runs = 1 + len(self.budget)
+        return n * runs + self.prompts * (len(self.compare) + 2 * len(self.patching)), \
+            f"{runs} SITE run(s), {len(self.compare)} baselines, {2 * len(self.patching)} patchings"
+
+
+class SiteTransferParams(SiteRecipeParams):
+    """kind `site_transfer`: SITE alphas of each task applied to every task's embedding: an accuracy matrix."""
+
+    tasks: list[Annotated[str, Field(min_length=1, max_length=200)]] | None = Field(
+        None, max_length=64, description="built-in task names; None = the model's built-in example tasks (the "
+                                         "default model: its 10 synthetic classification and generation tasks)")
+
+    def work(self, model: dict | None = None) -> tuple[int, str]:
+        n, _ = super().work(model)
+        k = len(self.tasks) if self.tasks else 10
+        return k * n + k * k * self.prompts, f"{k} SITE runs and {k * k} transfers"
+
+
+class MethodsParams(Selection, PromptParams):
+    """kind `methods`: every steering method on one task and model side by side: the extracted vectors (vanilla,
+    function vector, TR / TL head sets, from `steer`), LTV (its cached result) and SITE; accuracy, TR ratio,
+    parameter count and training seconds."""
+
+    layer: Layer | None = Field(None, description="injection layer of the extracted vectors; None = L/2")
+    site_m: Int = Field(o.SITE_M, ge=1, le=10_000, description="SITE: few-shot prompts of the task embedding")
+    site_shots: Int = Field(o.SITE_SHOTS, ge=0, description="SITE: demonstrations per embedding prompt")
+    site_steps: Int = Field(o.SITE_STEPS, ge=0, le=100_000, description="SITE: training steps")
+    ltv: Bool = Field(False, description="train the LTV when no cached result is found (else it is left out)")

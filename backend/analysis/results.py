@@ -335,3 +335,143 @@ class HeadResult(Result):
     ablated: HeadAblation
     logit_lens: list[list[TokenProb]] | None = None
     shots: int
+
+
+# -- soft head selection (SITE) ------------------------------------------------------------------------------------------
+class GenMetrics(Metrics):
+    """Metrics of greedy generation: the first-token ones (from the prefill's logits) and two answer matches of
+    the continuation cut at the task's separator or a newline."""
+
+    exact_match: float | None = Field(None, description="the cut continuation begins with the gold answer, ending "
+                                                        "at a word boundary (the reference's rule)")
+    strict_match: float | None = Field(None, description="the cut continuation is exactly the gold answer (the "
+                                                         "model also ended it)")
+
+
+class SiteRow(Model):
+    query: str
+    gold: str
+    output: str = Field(..., description="the continuation, cut at the separator or a newline")
+    correct: bool = Field(..., description="first token right")
+    exact: bool
+
+
+class ValPoint(Model):
+    step: int
+    loss: float = Field(..., description="mean cross-entropy of the gold first token on the validation prompts")
+    accuracy: float
+
+
+class SiteBaseline(Model):
+    """One row of the comparison table."""
+
+    label: str
+    metrics: GenMetrics | None = None
+    params: int | None = Field(None, description="numbers that define the method (trained or extracted)")
+    trainable: int = Field(0, description="trained parameters")
+    seconds: float | None = Field(None, description="training seconds (trained methods)")
+    note: str = ""
+
+
+class PatchCurve(Model):
+    accuracy: list[float]
+    label_accuracy: list[float]
+    tr_ratio: list[float]
+    heads: list[Head] = Field(default_factory=list, description="the ranking walked (largest k's set)")
+
+
+class SitePatching(Model):
+    """Zero-shot prompts with t injected outright (alpha = 1) at the top-k or bottom-k heads by alpha only."""
+
+    ks: list[int]
+    top: PatchCurve
+    bottom: PatchCurve
+
+
+class SiteBudget(Model):
+    """SITE trained with M few-shot prompts in the task embedding, per M."""
+
+    m: list[int]
+    accuracy: list[float]
+    exact_match: list[float]
+    tr_ratio: list[float]
+    decided: list[float] = Field(..., description="share of alphas under 0.1 or over 0.9")
+    train_seconds: list[float]
+
+
+class SiteResult(Result):
+    """kind `site`: soft head selection (SITE) on one task."""
+
+    n_layers: int
+    n_heads: int
+    head_dim: int
+    m: int = Field(..., description="few-shot prompts averaged into the task embedding")
+    shots: int = Field(..., description="demonstrations per embedding prompt (fewer than asked when the task or "
+                                        "the context is short)")
+    steps: int
+    prompts: int = Field(..., description="held-out test prompts")
+    n_train: int = Field(..., description="zero-shot training queries")
+    n_val: int = Field(..., description="validation queries")
+    alpha: Grid = Field(..., description="(layers, heads) sigmoid of the kept logits")
+    alpha_logits: Grid
+    decisive: dict[str, float] = Field(..., description="low: share of alpha < 0.1, high: > 0.9, decided: both; "
+                                                        "decided_2x: under 0.2 or over 0.8")
+    loss: list[float] = Field(default_factory=list, description="training loss per step")
+    val: list[ValPoint] = Field(default_factory=list)
+    best_step: int = Field(0, description="the validation step whose alphas are kept (0: the initial ones)")
+    site: GenMetrics = Field(..., description="zero-shot prompts with the soft injection (the test set)")
+    site_hard: GenMetrics = Field(..., description="the same with the alphas rounded to 0 / 1 at 0.5")
+    baselines: dict[str, SiteBaseline] = Field(default_factory=dict, description="zero_shot, icl_<k>, fv, vanilla, "
+                                                                                 "all_ones, ltv (those asked for)")
+    params_count: dict[str, int] = Field(..., description="site: layers x heads; lora: rank-8 LoRA on q and v")
+    patching: SitePatching | None = None
+    budget: SiteBudget | None = None
+    correlations: dict[str, Overlap] = Field(default_factory=dict, description="alpha against the tr, tl, induction "
+                                                                               "and LTV key-head saliency maps")
+    train_seconds: float = Field(..., description="the training loop (0 for loaded alphas)")
+    embed_seconds: float = Field(..., description="building the task embedding")
+    path: str | None = Field(None, description="the safetensors file with the alphas and the task embedding")
+    loaded: bool = False
+    stop: list[str] = Field(default_factory=list, description="where a generated answer is cut")
+    examples: list[SiteRow] = Field(default_factory=list)
+    multi_token_labels: list[str] = Field(default_factory=list)
+
+
+class SiteTransferResult(Result):
+    """kind `site_transfer`: task A's alphas with task B's task embedding, on B's test prompts."""
+
+    tasks: list[str]
+    kinds: dict[str, str]
+    accuracy: list[list[float]] = Field(..., description="[A][B]: first-token accuracy on B with A's alphas, B's t")
+    tr_ratio: list[list[float]]
+    zero_shot: list[float] = Field(..., description="per B, no injection")
+    all_ones: list[float] = Field(..., description="per B, every alpha = 1 with B's t")
+    alpha_spearman: list[list[float | None]] = Field(..., description="rank correlation of the alpha maps")
+    head_jaccard: list[list[float]] = Field(..., description="overlap of the heads with alpha > 0.5")
+    summary: dict[str, float | None] = Field(default_factory=dict)
+    paths: dict[str, str | None] = Field(default_factory=dict)
+
+
+class MethodRow(Model):
+    key: str
+    name: str
+    family: str = Field(..., description="reference | extracted | trained")
+    accuracy: float | None = None
+    label_accuracy: float | None = None
+    tr_ratio: float | None = None
+    exact_match: float | None = None
+    params: int | None = Field(None, description="numbers that define the method")
+    trainable: int = 0
+    train_seconds: float | None = None
+    source: str = Field("", description="the analysis kind the numbers come from")
+    note: str = ""
+
+
+class MethodsResult(Result):
+    """kind `methods`: every steering method on one task and model, side by side."""
+
+    layer: int
+    shots: int
+    prompts: int
+    rows: list[MethodRow]
+    missing: list[str] = Field(default_factory=list, description="methods left out, and why")

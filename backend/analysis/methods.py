@@ -1,0 +1,96 @@
+"""Kind `methods`: every steering method on one task and model, side by side.
+
+Rows: zero-shot and k-shot ICL (references); the extracted vectors — vanilla task vector, function vector, top-TR
+and top-TL head-set vectors — added at one layer's output at the last token (the cached `steer` result); the
+learned task vector (the cached `ltv` result, when there is one, or trained with `ltv=true`); SITE (the `site`
+kind with these settings). Each with first-token accuracy, label accuracy, TR ratio, the numbers that define the
+method, how many of them are trained, and the training seconds. All on the same zero-shot test queries (the task's
+held-out query pool, the first `prompts`).
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from .. import options as o
+from .kernel import Context, lookup
+from .kinds import KINDS, get_kind
+from .params import MethodsParams
+from .primitives.sweep import resolve_layers
+
+EXTRACTED = (("vanilla", "vanilla task vector", "mean ICL minus zero-shot hidden state at the layer"),
+             ("fv", "function vector", "summed mean writes of the top heads by causal indirect effect"),
+             ("tr", "TR heads", "summed mean writes of the top TR heads"),
+             ("tl", "TL heads", "summed mean writes of the top TL heads"))
+
+
+def methods(ctx: Context, p: MethodsParams) -> dict[str, Any]:
+    lm = ctx.lm
+    layer = resolve_layers(lm, p.layer)[0]
+    L, H, d = lm.n_layers, lm.n_heads, lm.d_model
+    sel = {"top_pct": p.top_pct, "top_k": p.top_k}
+    rows: list[dict[str, Any]] = []
+    missing: list[str] = []
+
+    steer = ctx.call("steer", vectors=[k for k, _, _ in EXTRACTED], layer=layer, shots=p.shots, prompts=p.prompts,
+                     seed=p.seed, batch_size=p.batch_size, progress=ctx.stage(0.0, 0.3, "extracted vectors"), **sel)
+    for w in steer.warnings:
+        ctx.warn(f"steer: {w}")
+    rows.append({"key": "zero_shot", "name": "0-shot", "family": "reference", **_m(steer.zero_shot), "params": 0,
+                 "source": "steer", "note": "no demonstrations, nothing injected"})
+    rows.append({"key": "icl", "name": f"{steer.shots}-shot ICL", "family": "reference", **_m(steer.icl), "params": 0,
+                 "source": "steer", "note": f"{steer.shots} demonstrations in the prompt"})
+    for key, name, how in EXTRACTED:
+        v = steer.vectors.get(key)
+        if v is None:
+            missing.append(f"{name}: not built for this task (see the warnings)")
+            continue
+        rows.append({"key": key, "name": name, "family": "extracted", "accuracy": v.accuracy[0],
+                     "label_accuracy": v.label_accuracy[0], "tr_ratio": v.tr_ratio[0], "params": d, "trainable": 0,
+                     "train_seconds": 0.0, "source": "steer",
+                     "note": f"{how}; added at layer {layer}'s output, last token; extracted, not trained"})
+
+    ltv = _ltv(ctx, p)
+    if ltv is None:
+        missing.append("LTV: no cached result for this model, task, shots, prompts and seed (run it on the LTV page, "
+                       "or ask for it here with ltv=true)")
+    else:
+        m = ltv.table.get("ltv")
+        train = next((pl.training for pl in ltv.per_layer if ltv.layer in pl.layers), None)
+        n_vec = len(train.layers) if train is not None else 1
+        rows.append({"key": "ltv", "name": "LTV", "family": "trained", **(_m(m) if m is not None else {}),
+                     "params": n_vec * d, "trainable": n_vec * d,
+                     "train_seconds": train.train_seconds if train is not None else None, "source": "ltv",
+                     "note": f"learned task vector at layer {ltv.layer}'s input"})
+
+    site = ctx.call("site", m=p.site_m, shots=p.site_shots, steps=p.site_steps, prompts=p.prompts, seed=p.seed,
+                    batch_size=p.batch_size, progress=ctx.stage(0.3 if ltv is not None else 0.6, 1.0, "SITE"))
+    rows.append({"key": "site", "name": "SITE", "family": "trained", **_m(site.site),
+                 "exact_match": site.site.exact_match, "params": L * H + L * H * lm.head_dim, "trainable": L * H,
+                 "train_seconds": site.train_seconds, "source": "site",
+                 "note": f"per-head alphas injecting a task embedding of {site.m} prompts x {site.shots} shots; "
+                         f"{L * H} alphas trained, {L * H * lm.head_dim} embedding values extracted"})
+    ctx.progress(1.0, "done")
+    return {"layer": layer, "shots": steer.shots, "prompts": steer.prompts, "rows": rows, "missing": missing}
+
+
+def _m(m: Any) -> dict[str, Any]:
+    return {"accuracy": m.accuracy, "label_accuracy": m.label_accuracy, "tr_ratio": m.tr_ratio}
+
+
+def _ltv(ctx: Context, p: MethodsParams) -> Any:
+    """The LTV result at these settings: cached, or (with `ltv`) computed; None when the kind is absent."""
+    if "ltv" not in KINDS:
+        return None
+    fields = get_kind("ltv").params.model_fields
+    params = {k: v for k, v in {"shots": p.shots, "prompts": p.prompts, "seed": p.seed, "top_pct": p.top_pct,
+                                "top_k": p.top_k}.items() if k in fields}
+    store = ctx.store if ctx.store is not None else False
+    try:
+        r = lookup("ltv", ctx.lm, ctx.task, params, cache=store)
+        if r is None and p.prompts != o.PROMPTS and "prompts" in fields:
+            r = lookup("ltv", ctx.lm, ctx.task, {**params, "prompts": o.PROMPTS}, cache=store)
+    except Exception:  # its params changed shape
+        return None
+    if r is None and p.ltv:
+        r = ctx.call("ltv", progress=ctx.stage(0.3, 0.6, "LTV"), **params)
+    return r

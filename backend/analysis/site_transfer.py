@@ -1,0 +1,131 @@
+"""Kind `site_transfer`: do tasks share heads? Task A's SITE alphas with task B's task embedding, on B's test prompts.
+
+Each task's SITE run comes from the cached `site` kind (a full run with the same recipe when one is cached, else one
+trained with the analyses off: the training is the same); its alphas and
+task embedding are read back from its safetensors file. accuracy[A][B] is the first-token accuracy of B's zero-shot
+test prompts with z[l, h] <- (1 - alpha_A) z + alpha_A t_B at the last token; the diagonal is SITE itself. Also:
+rank correlations and overlaps (alpha > 0.5) between the tasks' alpha maps, and whether the overlap predicts the
+transfer.
+"""
+from __future__ import annotations
+
+from itertools import combinations
+from typing import Any
+
+import numpy as np
+import torch
+from scipy import stats
+
+from .. import options as o
+from ..tasks.base import Task, TaskError
+from ..tasks.registry import builtin_tasks
+from .kernel import Context, analyze, lookup
+from .params import SiteTransferParams
+from .primitives.batching import encode
+from .primitives.capture import capture_means
+from .primitives.saved import SavedTensorError
+from .primitives.soft_select import few_threads, load_site, site_data
+from .primitives.sweep import RowConfig, sweep_outcomes
+
+DEFAULT_MODEL_NAMES = ("default", "headlens-tiny")
+RECIPE = ("m", "shots", "prompts", "steps", "lr", "train_batch", "val_every", "val_prompts", "max_new_tokens", "seed",
+          "batch_size")
+
+
+def default_tasks(lm: Any) -> list[Task]:
+    """The built-in tasks meant for this model that are made of examples (no prompt builders)."""
+    want = "default" if lm.name in DEFAULT_MODEL_NAMES else "any"
+    return [t for t in builtin_tasks().values() if t.models == want and t.builder is None and t.fixed is None]
+
+
+def resolve_tasks(lm: Any, names: list[str] | None) -> list[Task]:
+    if not names:
+        return default_tasks(lm)
+    known = builtin_tasks()
+    missing = [n for n in names if n not in known]
+    if missing:
+        raise TaskError(f"unknown built-in task(s) {missing[:5]}; site_transfer takes built-in task names: "
+                        f"{', '.join(known)}")
+    return [known[n] for n in dict.fromkeys(names)]
+
+
+def site_transfer(ctx: Context, p: SiteTransferParams) -> dict[str, Any]:
+    with few_threads(ctx.lm):
+        return _transfer(ctx, p)
+
+
+def _transfer(ctx: Context, p: SiteTransferParams) -> dict[str, Any]:
+    lm = ctx.lm
+    tasks = resolve_tasks(lm, p.tasks)
+    fields = {k: getattr(p, k) for k in RECIPE} | {"compare": [], "patching": [], "budget": [], "correlations": []}
+    runs: dict[str, tuple[torch.Tensor, torch.Tensor, str | None]] = {}
+    kept: list[Task] = []
+    for i, t in enumerate(tasks):
+        stage = ctx.stage(0.85 * i / len(tasks), 0.85 * (i + 1) / len(tasks), f"SITE on {t.name}")
+        store = ctx.store if ctx.store is not None else False
+        try:  # a full run with these settings (the page's, or the CLI's defaults) trained the same alphas
+            r = lookup("site", lm, t, {k: getattr(p, k) for k in RECIPE}, cache=store) or \
+                analyze("site", lm, t, fields, cache=store, progress=stage)
+        except TaskError as e:
+            ctx.warn(f"{t.name}: left out ({e})")
+            continue
+        try:
+            alpha, emb, _ = load_site(r.path, lm) if r.path else (None, None, None)
+        except SavedTensorError:
+            alpha = emb = None
+        if alpha is None:  # the file is gone (a cleaned tensors folder): the result's alphas, t rebuilt
+            data = site_data(lm, t, m=p.m, shots=p.shots, val_prompts=p.val_prompts, test_prompts=p.prompts,
+                             seed=p.seed)
+            alpha = torch.as_tensor(np.asarray(r.alpha), dtype=torch.float32)
+            emb = capture_means(lm, encode(lm, data.embed, t.kind), "z", p.batch_size)
+        runs[t.name] = (alpha.float().cpu(), emb.float(), r.path)
+        kept.append(t)
+    if len(kept) < 2:
+        raise TaskError("site_transfer needs at least two tasks SITE can run on")
+    names = [t.name for t in kept]
+    n = len(names)
+    acc = np.zeros((n, n))
+    trr = np.zeros((n, n))
+    zero, ones = np.zeros(n), np.zeros(n)
+    for j, b in enumerate(kept):
+        ctx.progress(0.85 + 0.15 * j / n, f"transfer onto {b.name}")
+        data = site_data(lm, b, m=1, shots=0, val_prompts=1, test_prompts=p.prompts, seed=p.seed)
+        enc = encode(lm, data.test, b.kind)
+        L, H = lm.n_layers, lm.n_heads
+        configs = [RowConfig(mask=1.0 - runs[a][0], positions="last") for a in names]
+        configs += [RowConfig(mask=torch.zeros(L, H), positions="last"), RowConfig()]
+        res = sweep_outcomes(lm, enc, configs, fill=runs[b.name][1], batch_size=o.SWEEP_BATCH_SIZE)
+        means = res.means()
+        acc[:, j] = means["accuracy"][:n]
+        trr[:, j] = means["tr_ratio"][:n]
+        ones[j], zero[j] = means["accuracy"][n], means["accuracy"][n + 1]
+    alphas = {a: runs[a][0].numpy() for a in names}
+    rho = [[None if a == b else _spearman(alphas[a], alphas[b]) for b in names] for a in names]
+    jac = [[_jaccard(alphas[a], alphas[b]) for b in names] for a in names]
+    kinds = {t.name: t.kind for t in kept}
+    off = [(i, j) for i in range(n) for j in range(n) if i != j]
+    same = [acc[i, j] for i, j in off if kinds[names[i]] == kinds[names[j]]]
+    cross = [acc[i, j] for i, j in off if kinds[names[i]] != kinds[names[j]]]
+    pairs = list(combinations(range(n), 2))
+    sym_acc = [(acc[i, j] + acc[j, i]) / 2 for i, j in pairs]
+    sym_jac = [jac[i][j] for i, j in pairs]
+    link = _spearman(np.array(sym_jac), np.array(sym_acc)) if len(pairs) > 2 else None
+    mean = lambda xs: float(np.mean(xs)) if len(xs) else None  # noqa: E731
+    summary = {"own": mean(np.diag(acc)), "others": mean([acc[i, j] for i, j in off]),
+               "same_kind": mean(same), "other_kind": mean(cross), "zero_shot": mean(zero), "all_ones": mean(ones),
+               "overlap_vs_transfer_spearman": link}
+    ctx.progress(1.0, "done")
+    return {"tasks": names, "kinds": kinds, "accuracy": acc.tolist(), "tr_ratio": trr.tolist(),
+            "zero_shot": zero.tolist(), "all_ones": ones.tolist(), "alpha_spearman": rho, "head_jaccard": jac,
+            "summary": summary, "paths": {a: runs[a][2] for a in names}}
+
+
+def _spearman(a: np.ndarray, b: np.ndarray) -> float | None:
+    r = stats.spearmanr(np.ravel(a), np.ravel(b)).statistic
+    return float(r) if r is not None and np.isfinite(r) else None
+
+
+def _jaccard(a: np.ndarray, b: np.ndarray) -> float:
+    sa, sb = np.ravel(a) > 0.5, np.ravel(b) > 0.5
+    union = (sa | sb).sum()
+    return float((sa & sb).sum() / union) if union else 1.0

@@ -1,0 +1,156 @@
+"""The Soft head selection page through Streamlit's AppTest, against the in-process service, and its figures.
+
+The page runs on the embedded default model (or, without it, a tiny random Llama with grouped-query attention saved
+to a folder) with small settings from the URL. Checked: nothing runs before Run; after Run the α map carries the
+result's alphas and is selectable like the Head map; the comparison table, patching and budget curves show the
+job's numbers; a second session opened from the same link shows the cached result without pressing Run; the
+transfer and all-methods sections run. The figure builders are also checked on hand-made results.
+"""
+from __future__ import annotations
+
+import base64
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytest.importorskip("streamlit.testing.v1")
+from streamlit.testing.v1 import AppTest  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
+APP = str(REPO / "app.py")
+PAGE = "pages/6_Soft_head_selection.py"
+TIMEOUT = 600
+DEFAULT_PRESENT = (REPO / "models" / "headlens-tiny" / "config.json").is_file()
+SMALL = {"site_m": "4", "site_shots": "2", "site_steps": "6", "prompts": "6", "seed": "0", "shots": "2"}
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory) -> dict:
+    if DEFAULT_PRESENT:
+        return {"model": "default", "task": "syn-sentiment"}
+    from tiny_models import GPT2_TOKENIZER, tiny_model
+
+    if not GPT2_TOKENIZER.is_dir():
+        pytest.skip("neither the default model nor ../shared/gpt2-tokenizer is present")
+    from transformers import AutoTokenizer
+
+    folder = tmp_path_factory.mktemp("tiny-llama")
+    tiny_model("llama").save_pretrained(folder)
+    AutoTokenizer.from_pretrained(str(GPT2_TOKENIZER)).save_pretrained(folder)
+    return {"model": str(folder), "task": "sentiment"}
+
+
+def page(setup: dict) -> AppTest:
+    at = AppTest.from_file(APP, default_timeout=TIMEOUT)
+    for k, v in {"model": setup["model"], "task": setup["task"], **SMALL}.items():
+        at.query_params[k] = v
+    at.switch_page(PAGE)
+    at.run()
+    assert_clean(at)
+    return at
+
+
+def assert_clean(at: AppTest) -> None:
+    assert not at.exception, [e.value for e in at.exception]
+    assert not at.error, [e.value for e in at.error]
+
+
+def vals(x) -> np.ndarray:
+    if isinstance(x, dict) and "bdata" in x:
+        a = np.frombuffer(base64.b64decode(x["bdata"]), dtype=np.dtype(x["dtype"]))
+        return a.reshape([int(n) for n in str(x["shape"]).split(",")]) if x.get("shape") else a
+    return np.asarray(x, dtype=float)
+
+
+def figure(at: AppTest, key: str) -> dict:
+    found = [json.loads(el.proto.spec) for el in at.get("plotly_chart") if el.proto.id.endswith(key)]
+    assert found, f"no chart {key!r} on the page"
+    return found[0]
+
+
+def site_params(setup: dict) -> dict:
+    return {"model": setup["model"], "task": setup["task"], "m": 4, "shots": 2, "steps": 6, "prompts": 6, "seed": 0}
+
+
+def test_page_trains_and_shows_the_result(inprocess, setup):
+    at = page(setup)
+    assert not at.get("plotly_chart")  # nothing computed before Run
+    at.button(key="run_site").click().run()
+    assert_clean(at)
+    res = inprocess.run("site", site_params(setup))  # the same job (answered by the finished one, or the cache)
+    amap = figure(at, "site_alpha_0")
+    assert np.allclose(vals(amap["data"][0]["z"]), np.asarray(res["alpha"]), atol=1e-9)
+    assert amap["data"][0]["zmin"] == 0 and amap["data"][0]["zmax"] == 1
+    assert "α =" in amap["data"][1]["hovertemplate"]
+    table = next(df.value for df in at.dataframe if "exact match %" in df.value.columns)
+    site_row = table[table["method"] == "SITE"].iloc[0]
+    assert site_row["accuracy %"] == pytest.approx(100 * res["site"]["accuracy"])
+    assert site_row["trained"] == res["params_count"]["site"]
+    assert "0-shot" in set(table["method"]) and any(str(m).endswith("-shot ICL") for m in table["method"])
+    patch = figure(at, "site_patching")
+    assert np.allclose(vals(patch["data"][0]["y"]), 100 * np.asarray(res["patching"]["top"]["accuracy"]))
+    budget = figure(at, "site_budget")
+    assert list(vals(budget["data"][0]["x"])) == res["budget"]["m"]
+
+    # a second session from the same link: the cached result, without Run
+    again = page(setup)
+    assert np.allclose(vals(figure(again, "site_alpha_0")["data"][0]["z"]), np.asarray(res["alpha"]), atol=1e-9)
+
+    # the transfer matrix and every method
+    again.button(key="run_methods").click().run()
+    assert_clean(again)
+    mt = next(df.value for df in again.dataframe if "family" in df.value.columns)
+    assert list(mt["method"])[-1] == "SITE" and "function vector" in set(mt["method"])
+
+
+def test_alpha_selection_feeds_the_heads_field(inprocess, setup):
+    at = page(setup)
+    at.button(key="run_site").click().run()
+    at.button(key="site_pick_half").click().run()
+    assert_clean(at)
+    res = inprocess.run("site", site_params(setup))
+    a = np.asarray(res["alpha"])
+    want = sorted((l, h) for l in range(a.shape[0]) for h in range(a.shape[1]) if a[l, h] > 0.5)
+    assert sorted(map(tuple, at.session_state["s_heads"])) == want
+    if want:
+        assert at.query_params.get("heads")
+
+
+# -- figure builders -----------------------------------------------------------------------------------------------------
+RES = {"alpha": [[0.05, 0.95], [0.5, 0.99]], "site": {"accuracy": 0.9, "exact_match": 0.8, "tr_ratio": 1.0,
+                                                      "label_accuracy": 1.0},
+       "site_hard": {"accuracy": 0.85, "exact_match": 0.8, "tr_ratio": 1.0, "label_accuracy": 1.0},
+       "baselines": {"zero_shot": {"label": "0-shot", "metrics": {"accuracy": 0.2, "exact_match": 0.1,
+                                                                  "tr_ratio": 0.3, "label_accuracy": 0.5},
+                                   "params": 0},
+                     "icl_10": {"label": "10-shot ICL", "note": "does not fit"}},
+       "params_count": {"site": 4, "lora": 100, "task_embedding": 32}, "train_seconds": 1.5,
+       "patching": {"ks": [1, 2, 4], "top": {"accuracy": [0.5, 0.7, 0.9], "label_accuracy": [1, 1, 1],
+                                             "tr_ratio": [1, 1, 1]},
+                    "bottom": {"accuracy": [0.1, 0.1, 0.9], "label_accuracy": [1, 1, 1], "tr_ratio": [1, 1, 1]}},
+       "budget": {"m": [1, 5], "accuracy": [0.5, 0.9], "exact_match": [0.4, 0.8], "tr_ratio": [1, 1],
+                  "decided": [0.1, 0.5], "train_seconds": [1, 1]}}
+
+
+def test_figures_carry_the_numbers():
+    from ui import site_figures as sf
+
+    rows = sf.comparison_rows(RES)
+    assert [r["method"] for r in rows] == ["0-shot", "10-shot ICL", "SITE", "SITE, α rounded"]
+    assert not rows[1]["ran"] and rows[2]["trainable"] == 4 and rows[2]["params"] == 36
+    bars = sf.comparison_bars(RES)
+    assert list(bars.data[0].x) == ["0-shot", "SITE", "SITE, α rounded"]  # the baseline that did not run is left out
+    assert np.allclose(bars.data[0].y, [20, 90, 85])
+    pc = sf.patching_curves(RES["patching"], {"site": 0.9})
+    assert np.allclose(pc.data[0].y, [50, 70, 90]) and np.allclose(pc.data[1].y, [10, 10, 90])
+    amap = sf.alpha_map(RES["alpha"], [(0, 1)])
+    assert amap.data[0].zmin == 0 and np.allclose(amap.data[0].z, RES["alpha"]) and "α =" in amap.data[1].hovertemplate
+    loss = sf.loss_curve([1.0, 0.5, 0.1], [{"step": 0, "loss": 1.2, "accuracy": 0.5}, {"step": 3, "loss": 0.2,
+                                                                                       "accuracy": 1.0}], 3)
+    assert len(loss.data) == 3
+    tr = sf.transfer_heatmap({"tasks": ["syn-a", "syn-b"], "accuracy": [[1.0, 0.5], [0.25, 0.75]]})
+    assert list(tr.data[0].x) == ["a", "b"] and np.allclose(tr.data[0].z, [[100, 50], [25, 75]])
+    bud = sf.budget_curve(RES["budget"])
+    assert list(bud.data[0].x) == [1, 5]
