@@ -1,6 +1,7 @@
 """The sweep engine against a TransformerLens-style peer (one hooked pass per configuration, prompts batched).
 
-    python bench/bench_sweep.py [--prompts 8] [--tokens 128] [--reps 1] [--json bench/sweep.json]
+    python bench/bench_sweep.py [--prompts 8] [--tokens 128] [--reps 1 [--min]] [--only last|all] [--threads N]
+                                [--no-peer-last] [--json out.json]
 
 Model: the GPT-2-small shape (12 layers x 12 heads, d 768, vocab 50257), random weights, CPU fp32.
 Prompts: random token ids, all `--tokens` long (so the peer needs no padding).
@@ -167,15 +168,18 @@ def ours(lm, ids: list[list[int]], configs: list[RowConfig], engine: str) -> tor
     return out
 
 
+STAT = statistics.median
+
+
 def timed(fn, reps: int):
-    """Median wall-clock and process CPU seconds over `reps` runs, and the last result."""
+    """Wall-clock and process CPU seconds over `reps` runs (median, or min with --min), and the last result."""
     wall, cpu, result = [], [], None
     for _ in range(reps):
         t, c = time.perf_counter(), time.process_time()
         result = fn()
         wall.append(time.perf_counter() - t)
         cpu.append(time.process_time() - c)
-    return statistics.median(wall), statistics.median(cpu), result
+    return STAT(wall), STAT(cpu), result
 
 
 def main() -> None:
@@ -185,10 +189,15 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=1)
     ap.add_argument("--no-peer-last", action="store_true", help="skip the peer with last-position logits only")
     ap.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
+    ap.add_argument("--only", choices=("last", "all"), default=None, help="run one of the two sweeps")
+    ap.add_argument("--min", action="store_true", help="report the fastest of --reps runs, not the median")
     ap.add_argument("--json", default=None)
     a = ap.parse_args()
     if a.threads:
         torch.set_num_threads(a.threads)
+    if a.min:
+        global STAT
+        STAT = min
 
     hf, tok = gpt2_small(), tokenizer()
     lm = wrap(hf, tok, "gpt2-small-random")
@@ -218,7 +227,10 @@ def main() -> None:
         peer(sweeps["last"][:2], False)
 
     results: dict = {"prompts": a.prompts, "tokens": a.tokens, "peer": peer_name, "threads": torch.get_num_threads()}
+    results["stat"] = f"{'min' if a.min else 'median'} of {a.reps}"
     for name, configs in sweeps.items():
+        if a.only and name != a.only:
+            continue
         row: dict = {"configs": len(configs)}
         row["auto_s"], row["auto_cpu_s"], got = timed(lambda: ours(lm, ids, configs, "auto"), a.reps)
         row["full_s"], row["full_cpu_s"], full = timed(lambda: ours(lm, ids, configs, "full"), a.reps)
