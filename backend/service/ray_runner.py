@@ -522,6 +522,7 @@ def connect(cfg: RayConfig) -> tuple[Any, bool]:
         except (OSError, ValueError) as e:
             raise RunnerUnavailable(f"the Ray cluster at RAY_ADDRESS={address} is unreachable "
                                     f"({type(e).__name__}: {e}); start it with `ray start --head`") from None
+        _probe_gcs(address, cfg.connect_timeout_s)
     kw: dict[str, Any] = {"include_dashboard": False, "logging_level": "warning", "log_to_driver": False,
                           "ignore_reinit_error": True, "address": address}
     if address == "local" and cfg.num_cpus:
@@ -705,6 +706,35 @@ class RayJobRunner(LocalJobRunner):
             pass
         if self._owns_ray:
             self.ray.shutdown()
+
+
+def _probe_gcs(address: str, timeout: float) -> None:
+    """RunnerUnavailable unless a Ray GCS answers at `address` within `timeout` s: something else listening there
+    (or a GCS that never answers) would otherwise hold `ray.init` for minutes. The probe runs in a helper thread
+    (ray.init itself must run in the caller's), which is left behind if it hangs."""
+    done: list[BaseException | None] = []
+
+    def probe() -> None:
+        try:
+            from ray._raylet import GcsClient
+
+            GcsClient(address=address)  # fetches the cluster id: a GCS answers at once
+            done.append(None)
+        except BaseException as e:  # noqa: BLE001  (reported below)
+            done.append(e)
+
+    t = threading.Thread(target=probe, name="headlens-ray-probe", daemon=True)
+    t.start()
+    t.join(timeout)
+    if not done:
+        raise RunnerUnavailable(f"no Ray cluster answered at RAY_ADDRESS={address} within {timeout:g} s "
+                                f"(HEADLENS_RAY_CONNECT_TIMEOUT_S); is it the head's GCS port (ray start --head "
+                                f"--port)?")
+    if done[0] is not None:
+        e = done[0]
+        raise RunnerUnavailable(f"no Ray cluster at RAY_ADDRESS={address}: {type(e).__name__}: "
+                                f"{(str(e).splitlines() or [''])[0][:300]}; with token authentication, the head's "
+                                f"token must be here too (~/.ray/auth_token, or RAY_AUTH_TOKEN)")
 
 
 def _started_here(ray: Any) -> bool:
