@@ -101,6 +101,17 @@ def _stop(proc: subprocess.Popen | None) -> None:
             continue
 
 
+def service_threads(env: dict[str, str]) -> dict[str, str]:
+    """The service's environment with torch's CPU threads set: HEADLENS_TORCH_THREADS (default 1) unless
+    OMP_NUM_THREADS is set already. On a CPU shared with other work, torch's intra-op threads wait for each
+    other and a small model's jobs run 5-30x slower (bench/RESULTS.md: `bench_ui.py`); one thread each is the
+    fast choice there, and a GPU does not care."""
+    if "OMP_NUM_THREADS" in env:
+        return env
+    n = env.get("HEADLENS_TORCH_THREADS", "1")
+    return {**env, "OMP_NUM_THREADS": n, "MKL_NUM_THREADS": n}
+
+
 def commands(a: argparse.Namespace) -> tuple[list[str], list[str]]:
     """The service and dashboard command lines."""
     service = [sys.executable, "-m", "backend", "serve", "--host", SERVICE_HOST, "--port", str(a.backend_port),
@@ -125,6 +136,7 @@ def launch(a: argparse.Namespace) -> None:
     env = dict(os.environ, HEADLENS_BACKEND_URL=service_url, HEADLENS_DEFAULT_MODEL=a.model,
                PYTHONUNBUFFERED="1")
     service_cmd, dashboard_cmd = commands(a)
+    service_env = service_threads(env)
 
     def on_term(signum: int, frame: object) -> None:
         raise KeyboardInterrupt
@@ -135,7 +147,7 @@ def launch(a: argparse.Namespace) -> None:
     service = dashboard = None
     try:
         print(f"starting the headlens service on {service_url} ...", file=sys.stderr, flush=True)
-        service = _start(service_cmd, env)
+        service = _start(service_cmd, service_env)
         _wait_healthy("service", f"{service_url}/health", service, START_TIMEOUT_S)
         print("starting the dashboard ...", file=sys.stderr, flush=True)
         dashboard = _start(dashboard_cmd, env, quiet_stdout=True)

@@ -25,7 +25,7 @@ if scores is None:
 jobs.show_warnings(scores)
 L, H = int(scores["n_layers"]), int(scores["n_heads"])
 selected = heads.current(L, H)
-ctx = figures.caption(s.model, s.task, scores["shots"], int(scores["top_k"]))
+ctx = figures.subtitle(figures.caption(s.model, s.task, scores["shots"], int(scores["top_k"])))
 
 k_shot, zero = scores["icl"], scores.get("zero_shot")
 m = st.columns(5)
@@ -49,7 +49,7 @@ metric = state.get().map or "tr"
 main, side = st.columns([3, 1.25], gap="medium")
 with main:
     fig = figures.head_heatmap(scores[metric], metric, selected=selected,
-                               title=f"{figures.METRICS[metric]['label']}: {figures.METRICS[metric]['long']} · {ctx}")
+                               title=f"{figures.METRICS[metric]['label']}: {figures.METRICS[metric]['long']}{ctx}")
     st.plotly_chart(fig, key=heads.chart_key("hm"), on_select=heads.on_chart_select("hm"),
                     selection_mode=("points", "box", "lasso"),
                     config=figures.png_config(f"headmap-{metric}-{s.task}"))
@@ -90,8 +90,9 @@ else:
     if hv is not None:
         head_view.render(hv, s, hp, L * H, compact=True, key="hm_drill")
 
-with st.expander("All five maps side by side", expanded=True):
-    st.plotly_chart(figures.all_maps(scores, selected, f"All five maps · {ctx}"), key="all_maps",
+if state.bind(st.toggle, "All five maps side by side", "all_maps",
+              help="Each map on its own colour scale, with its colour bar (drawn on demand: five more heatmaps)."):
+    st.plotly_chart(figures.all_maps(scores, selected, f"All five maps{ctx}"), key="all_maps",
                     config=figures.png_config(f"headmaps-all-{s.task}"))
     st.caption(" · ".join(f"{v['caption']}" for k, v in figures.METRICS.items() if k != metric))
 
@@ -135,7 +136,7 @@ with c2:
     n_top = int(scores.get("top_k", len(scores.get("top_tr", []))))
     st.caption(f"Jaccard: overlap of the top-head sets ({s.top_label()}: {n_top} head{'s' if n_top != 1 else ''} "
                "each). Spearman and Kendall: rank correlation over all heads.")
-    st.plotly_chart(figures.layer_distribution(scores, n, f"Layer of the top {n} heads · {ctx}"), key="layer_dist",
+    st.plotly_chart(figures.layer_distribution(scores, n, f"Layer of the top {n} heads{ctx}"), key="layer_dist",
                     config=figures.png_config(f"layer-distribution-{s.task}"))
 
 # -- downloads -----------------------------------------------------------------------------------------------------

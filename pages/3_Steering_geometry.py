@@ -79,7 +79,7 @@ info = jobs.fetch("model_info", {"model": s.model}, "Loading the model", what="M
 if info is None:
     st.stop()
 L, H = int(info["n_layers"]), int(info["n_heads"])
-ctx = figures.caption(s.model, s.task, s.shots, s.top_label())
+ctx = figures.subtitle(figures.caption(s.model, s.task, s.shots, s.top_label()))
 
 # -- settings shared by the sections (all in the URL) ------------------------------------------------------------
 if state.value("sg_layer") not in (None, "all") and not 0 <= int(state.value("sg_layer")) < L:
@@ -151,7 +151,7 @@ if steer is not None:
         layers = [int(l) for l in steer["layers"]]
         idx = 0
         if len(layers) > 1:
-            st.plotly_chart(sf.steer_sweep(steer, vectors, f"Layer sweep, α = {alpha:g} · {ctx}"), key="steer_sweep",
+            st.plotly_chart(sf.steer_sweep(steer, vectors, f"Layer sweep, α = {alpha:g}{ctx}"), key="steer_sweep",
                             config=figures.png_config(f"steer-sweep-{s.task}"))
             best = max(range(len(layers)), key=lambda i: max(
                 (steer["vectors"][v]["accuracy"][i] for v in vectors if v in steer["vectors"]), default=0))
@@ -160,7 +160,7 @@ if steer is not None:
                             help="The layer of the bar chart below (initially the one with the best accuracy).")
             idx = layers.index(at if at in layers else layers[best])
         st.plotly_chart(sf.steer_bars(steer, vectors, idx, f"Zero-shot prompts steered at layer {layers[idx]}, "
-                                                           f"α = {alpha:g} · {ctx}"), key="steer_bars",
+                                                           f"α = {alpha:g}{ctx}"), key="steer_bars",
                         config=figures.png_config(f"steer-{s.task}-layer{layers[idx]}"))
         cols = st.columns(3)
         for col, name in zip(cols, M.NAMES):
@@ -215,7 +215,7 @@ if geo is not None:
     with guard("Geometry"):
         jobs.show_warnings(geo)
         st.plotly_chart(sf.geometry_curves(geo, title=f"Hidden states per layer (vectors at layer {inject}, "
-                                                      f"α = {alpha:g}) · {ctx}"), key="geometry_curves",
+                                                      f"α = {alpha:g}){ctx}"), key="geometry_curves",
                         config=figures.png_config(f"geometry-{s.task}"))
         cols = st.columns(3)
         cols[0].caption("**Alignment** ‖Ph‖/‖h‖: the share of the hidden state lying in the span of the label "
@@ -241,7 +241,7 @@ if geo is not None:
             dirs = state.bind(st.toggle, "Label directions", "sg_dirs",
                               help="The label tokens' unembedding rows, projected into the same PCA basis.")
         t2, t3 = st.tabs(["2D", "3D"])
-        pca_title = f"PCA after layer {geo['pca'].get('layer')} · {ctx}"
+        pca_title = f"PCA after layer {geo['pca'].get('layer')}{ctx}"
         with t2:
             st.plotly_chart(sf.pca_scatter(geo, 2, color_by, arrows, label_directions=dirs, title=pca_title),
                             key="pca_2d", config=figures.png_config(f"pca2d-{s.task}"))
@@ -301,11 +301,11 @@ if pert is not None:
         for name, why in skipped:
             st.warning(f"**{sf.perturbation_name(name)}** skipped: {why}", icon=":material/block:")
         st.plotly_chart(sf.perturbation_bars(pert, f"ICL under each perturbation ({pert.get('shots')} "
-                                                   f"demonstrations) · {ctx}"), key="perturb_bars",
+                                                   f"demonstrations){ctx}"), key="perturb_bars",
                         config=figures.png_config(f"perturb-{s.task}"))
         st.caption("**ICL accuracy** and **TR ratio** (top prediction is a label) with perturbed demonstrations; "
                    "symbol and number labels rename the classes in the query's label set too.")
-        st.plotly_chart(sf.ablation_effects(pert, f"Ablating the original top {pert.get('top_k')} heads · {ctx}"),
+        st.plotly_chart(sf.ablation_effects(pert, f"Ablating the original top {pert.get('top_k')} heads{ctx}"),
                         key="perturb_ablation", config=figures.png_config(f"perturb-ablation-{s.task}"))
         changes = sf.ablation_changes(pert)
         if max(changes.values(), default=0.0) < 1e-9:
@@ -337,7 +337,7 @@ if pert is not None:
                               format_func=sf.perturbation_name, required=True)
             pick = pick if pick in applied else applied[0]
             st.plotly_chart(sf.map_differences(pert, pick, f"Head maps: unperturbed vs "
-                                                           f"{sf.perturbation_name(pick)} · {ctx}"), key="perturb_maps",
+                                                           f"{sf.perturbation_name(pick)}{ctx}"), key="perturb_maps",
                             config=figures.png_config(f"perturb-maps-{pick}-{s.task}"))
             st.caption("Difference maps: perturbed minus unperturbed, on a diverging scale centred at 0 (red: the "
                        "head scores higher under the perturbation, blue: lower). " + figures.METRICS["tr"]["caption"])

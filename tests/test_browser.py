@@ -28,6 +28,7 @@ REPO = Path(__file__).resolve().parents[1]
 ARTIFACTS = REPO / "tests" / "artifacts"
 MODEL = os.environ.get("HEADLENS_UI_TEST_MODEL", "default")
 WAIT_S = 240
+SERVICE: dict[str, str] = {}  # the launched service's URL (the app_url fixture fills it)
 CHROME_FLAGS = ["--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
                 "--disable-background-networking", "--disable-component-update", "--disable-sync",
                 "--no-first-run", "--window-size=1440,2000", "--force-device-scale-factor=1"]
@@ -94,6 +95,7 @@ def app_url(tmp_path_factory):
                 pytest.fail(f"launch did not come up (status {proc.poll()}):\n{log.read_text(errors='replace')[-3000:]}")
             time.sleep(0.5)
         assert _up(f"http://127.0.0.1:{backend_port}/health")
+        SERVICE["url"] = f"http://127.0.0.1:{backend_port}"
         yield url
     finally:
         if proc.poll() is None:
@@ -177,8 +179,12 @@ def test_dashboard_in_headless_chromium(app_url, driver):
     n_layers, n_heads = _shape()
     grid = ".js-plotly-plot .scatterlayer .trace:first-child .point"
     # drawn: the big map and the five small ones as heatmap images, a marker per head, three figures in all
-    _wait(d, lambda d: len(_css(d, ".js-plotly-plot .heatmaplayer image")) >= 6 and len(_css(d, ".js-plotly-plot")) >= 3
+    _wait(d, lambda d: _css(d, ".js-plotly-plot .heatmaplayer image") and len(_css(d, ".js-plotly-plot")) >= 2
           and _idle(d))
+    toggle = [e for e in _css(d, '[data-testid="stCheckbox"]') if "All five maps" in e.text][0]
+    toggle.find_element(By.CSS_SELECTOR, "label").click()  # all five maps, each with its colour bar
+    _wait(d, lambda d: len(_css(d, ".js-plotly-plot .heatmaplayer image")) >= 6 and len(_css(d, ".js-plotly-plot")) >= 3
+          and len(_css(d, ".js-plotly-plot .colorbar")) >= 6 and _idle(d))
     assert f"task={task}" in d.current_url
     first = _css(d, ".js-plotly-plot")[0]
     assert first.find_elements(By.CSS_SELECTOR, ".heatmaplayer image"), "the heatmap image is not drawn"
@@ -198,6 +204,13 @@ def test_dashboard_in_headless_chromium(app_url, driver):
     ActionChains(d).move_to_element_with_offset(drag, dx, dy).click().perform()
     _wait(d, lambda d: _selected_tags(d) == [name], timeout=60)
     _wait(d, lambda d: f"heads={layer}.{head}" in d.current_url and _idle(d), timeout=60)
+    # the clicked head's drill-down: its attention pattern as a token view, live on hover
+    _wait(d, lambda d: len(_css(d, ".hl-tv .hl-tok")) > 3 and _idle(d), timeout=120)
+    toks = _css(d, ".hl-tv .hl-tok")
+    assert "attention from the last token" in toks[1].get_attribute("title")
+    ActionChains(d).move_to_element(toks[3]).perform()  # hover another destination token
+    _wait(d, lambda d: '(token 3)' in _css(d, ".hl-tv .hl-tok")[1].get_attribute("title"), timeout=10)
+    assert _css(d, ".hl-tv .hl-tok")[3].get_attribute("class").endswith("hl-dest")
     time.sleep(1.5)  # let plotly finish drawing the selection outline
     _no_errors(d)
     d.save_screenshot(str(ARTIFACTS / "headmap.png"))
@@ -211,3 +224,93 @@ def test_dashboard_in_headless_chromium(app_url, driver):
     assert "Accuracy after" in text and f"zero ablation of {name}" in text
     time.sleep(1.0)
     d.save_screenshot(str(ARTIFACTS / "ablation.png"))
+
+
+def _text(d) -> str:
+    from selenium.webdriver.common.by import By
+
+    return d.find_element(By.CSS_SELECTOR, '[data-testid="stMain"]').text
+
+
+def _service_jobs() -> list[dict]:
+    with urllib.request.urlopen(f"{SERVICE['url']}/jobs", timeout=5) as r:
+        return json.loads(r.read())
+
+
+def test_upload_with_unknown_words_shows_the_fit_check(app_url, driver, tmp_path):
+    from selenium.webdriver.common.by import By
+
+    d = driver
+    d.get(f"{app_url}/?model={MODEL}&shots=4&prompts=16&seed=0")
+    _wait(d, lambda d: [e for e in d.find_elements(By.XPATH, "//*[contains(text(), 'Bring your own task')]")])[0].click()
+    words = "great awful lovely boring superb dull charming tedious brilliant weak fine poor".split()
+    f = tmp_path / "english.csv"
+    f.write_text("input,output\n" + "".join(f"{w} {n},{'pos' if i % 2 else 'neg'}\n"
+                                           for i, (w, n) in enumerate((w, n) for n in ("film", "play") for w in words)))
+    _wait(d, lambda d: _css(d, 'input[type="file"]'))[0].send_keys(str(f))
+    _wait(d, lambda d: "does not fit model" in _text(d) and _idle(d), timeout=120)
+    text = _text(d)
+    assert "english" in text and "100% of the input tokens" in text and "unknown token" in text
+    assert not _css(d, '[data-testid="stException"]')
+    d.save_screenshot(str(ARTIFACTS / "upload-fit.png"))
+
+
+def test_a_steering_link_reopens_settings_and_cached_result(app_url, driver):
+    from selenium.webdriver.common.by import By
+
+    d = driver
+    q = (f"model={MODEL}&task=syn-sentiment&shots=4&prompts=16&seed=0&sg_vectors=tl,random&sg_layer=1&"
+         f"sg_alpha=2.5&sg_pca_layer=0&sg_final_norm=1&sg_perturbations=shuffled_inputs")
+    d.get(f"{app_url}/Steering_geometry?{q}")
+    _wait(d, lambda d: "Press **Run**" not in _text(d) and _css(d, '[data-testid="stButton"] button') and _idle(d))
+    runs = [b for b in d.find_elements(By.XPATH, "//button[contains(., 'Run')]") if b.is_displayed()]
+    runs[0].click()  # the steering section's Run
+    _wait(d, lambda d: "Zero-shot prompts steered at layer 1" in d.page_source and _idle(d))
+    _no_errors(d)
+    link = d.current_url
+    for part in ("sg_vectors=tl%2Crandom", "sg_layer=1", "sg_alpha=2.5", "sg_final_norm=1", "sg_pca_layer=0"):
+        assert part in link or part.replace("%2C", ",") in link, (part, link)
+    d.delete_all_cookies()
+    d.get(link)  # a fresh session from the link: same settings, the cached result without a click
+    t0 = time.monotonic()
+    _wait(d, lambda d: "Zero-shot prompts steered at layer 1" in d.page_source and _idle(d), timeout=60)
+    shown_s = time.monotonic() - t0
+    tags = [e.text for e in _css(d, '[data-testid="stMultiSelect"] [data-tag]')]
+    assert "TL vector" in " ".join(tags) and "random-heads vector" in " ".join(tags)
+    assert "2.50" in [e.get_attribute("value") for e in _css(d, 'input[type="number"]')]
+    assert "2 vector types at layer 1, α = 2.5" in _text(d)
+    boxes = " ".join((e.get_attribute("value") or "") + " " + e.text for e in
+                     _css(d, '[data-testid="stSelectbox"] input, [data-testid="stSelectbox"] [value]'))
+    assert "after layer 0" in boxes or "after layer 0" in d.page_source
+    assert _text(d).count("Press Run") == 2  # geometry and perturbations: not cached, they wait for Run
+    _no_errors(d)
+    d.save_screenshot(str(ARTIFACTS / "steering-link.png"))
+    assert shown_s < 30
+
+
+def test_cancel_cancels_a_running_job(app_url, driver):
+    from selenium.webdriver.common.by import By
+
+    d = driver
+    d.get(f"{app_url}/Steering_geometry?model={MODEL}&task=syn-antonym&shots=8&prompts=40&seed=3&"
+          f"sg_vectors=fv,vanilla&sg_layer=all")
+    _wait(d, lambda d: "Press Run" in _text(d) and _idle(d))
+    d.save_screenshot(str(ARTIFACTS / "before-cancel.png"))
+    _wait(d, lambda d: [b for b in d.find_elements(By.XPATH, "//button[contains(., 'Run')]") if b.is_displayed()],
+          timeout=30)[0].click()
+    cancel = _wait(d, lambda d: [b for b in d.find_elements(By.XPATH, "//button[contains(., 'Cancel')]")
+                                 if b.is_displayed()], timeout=60)[0]
+    _wait(d, lambda d: any("%" in e.text for e in _css(d, '[data-testid="stProgress"]')), timeout=30)
+    d.save_screenshot(str(ARTIFACTS / "running.png"))
+    t0 = time.monotonic()
+    cancel.click()
+    _wait(d, lambda d: "was cancelled" in _text(d), timeout=30)
+    took = time.monotonic() - t0
+    steer = [j for j in _service_jobs() if j["kind"] == "steer" and j["params"].get("task") == "syn-antonym"]
+    assert steer and steer[0]["status"] in ("cancelled", "cancelling") or steer[0]["message"] == "cancelling", steer[:1]
+    _wait(d, lambda d: [j for j in _service_jobs() if j["id"] == steer[0]["id"]][0]["status"] == "cancelled",
+          timeout=60)
+    assert [b for b in d.find_elements(By.XPATH, "//button[contains(., 'Run again')]") if b.is_displayed()]
+    _no_errors(d)
+    d.save_screenshot(str(ARTIFACTS / "cancelled.png"))
+    assert took < 10, took

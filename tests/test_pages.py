@@ -280,7 +280,15 @@ def test_head_map_renders_maps_tables_and_picks_heads(inprocess, task_name):
     at = page(HEAD_MAP, model=MODEL, task=task_name, **SMALL)
     at.run()
     assert_clean(at)
-    assert len(plotly_charts(at)) == 3  # selectable map, all five maps, layer distribution
+    assert len(plotly_charts(at)) == 2  # the selectable map and the layer distribution
+    at.toggle(key="w_all_maps").set_value(True).run()  # all five maps, on demand
+    assert_clean(at)
+    charts = plotly_charts(at)
+    assert len(charts) == 3 and str(at.query_params["all_maps"]).strip("[]'") == "1"
+    five = next(json.loads(c.proto.spec) for c in charts if c.proto.id.endswith("all_maps"))
+    heat = [t for t in five["data"] if t["type"] == "heatmap"]
+    assert len(heat) == 5 and all(t.get("showscale") for t in heat)  # each map its colour bar
+    assert len({round(t["colorbar"]["x"], 3) for t in heat}) == 5  # each beside its own map
     scores = inprocess.run("scores", {"model": MODEL, "task": task_name, "shots": 4, "prompts": 16, "seed": 0})
     L, H = scores["n_layers"], scores["n_heads"]
     top = frame_with(at, "tr_rank")

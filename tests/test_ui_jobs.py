@@ -3,6 +3,8 @@ cancelled before the new one is submitted, a rerun re-attaches instead of re-sub
 and the page then offers Run again, and results carry the time the user waited."""
 from __future__ import annotations
 
+import time
+
 import pytest
 
 pytest.importorskip("streamlit.testing.v1")
@@ -90,7 +92,7 @@ def test_a_superseded_job_is_cancelled_before_the_new_one_is_submitted(fake):
 
     at = AppTest.from_function(script)
     old_key = state.result_key("steer", {"x": 1})
-    at.session_state["_hl_inflight"] = {"steer": {"key": old_key, "id": "j9", "t0": 0.0}}
+    at.session_state["_hl_inflight"] = {"steer": {"key": old_key, "id": "j9", "t0": time.monotonic()}}
     fake.jobs["j9"] = {"kind": "steer", "params": {"x": 1}, "seen": 0, "status": "running"}
     at.session_state["x"] = 2  # the settings changed while j9 ran
     at.run()
@@ -103,7 +105,7 @@ def test_a_rerun_reattaches_to_its_running_job(fake):
     from ui import state
 
     at = AppTest.from_function(script)
-    at.session_state["_hl_inflight"] = {"steer": {"key": state.result_key("steer", {"x": 1}), "id": "j9", "t0": 0.0}}
+    at.session_state["_hl_inflight"] = {"steer": {"key": state.result_key("steer", {"x": 1}), "id": "j9", "t0": time.monotonic()}}
     fake.jobs["j9"] = {"kind": "steer", "params": {"x": 1}, "seen": 0, "status": "running"}
     at.run()
     assert fake.calls == []  # no new submission (the service would count a second submitter)
@@ -115,7 +117,7 @@ def test_cancel_withdraws_the_job_and_offers_run_again(fake):
 
     at = AppTest.from_function(script)
     key = state.result_key("steer", {"x": 1})
-    at.session_state["_hl_inflight"] = {"steer": {"key": key, "id": "j9", "t0": 0.0}}
+    at.session_state["_hl_inflight"] = {"steer": {"key": key, "id": "j9", "t0": time.monotonic()}}
     fake.jobs["j9"] = {"kind": "steer", "params": {"x": 1}, "seen": 0, "status": "running"}
     at.session_state["do_cancel"] = True
     at.run()

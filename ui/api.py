@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -70,8 +71,17 @@ def client() -> HeadlensClient:
         return c
 
 
+_generation = [0]
+
+
+def generation() -> int:
+    """Bumped by `reset_clients`: what callers cache per service (e.g. its capabilities) is stale after it."""
+    return _generation[0]
+
+
 def reset_clients() -> None:
     """Forget the cached clients (tests that switch HEADLENS_BACKEND_URL or restart the in-process app)."""
+    _generation[0] += 1
     with _clients_lock:
         for c in _clients.values():
             try:
@@ -119,31 +129,45 @@ def _translate(e: Exception) -> ApiError:
     return ApiError(f"Unexpected error talking to the service: {type(e).__name__}: {e}", kind="internal")
 
 
-def _call(fn: Callable[[], Any]) -> Any:
+TRACE = os.environ.get("HEADLENS_UI_TRACE")
+"""When set (a file path), every service call appends `<unix time> <name> <milliseconds>` to it (bench/bench_ui.py)."""
+
+
+def trace(name: str, ms: float = 0.0) -> None:
+    """One line of the HEADLENS_UI_TRACE file (nothing when it is unset)."""
+    if TRACE:
+        with open(TRACE, "a") as f:
+            f.write(f"{time.time():.3f} {name} {ms:.1f}\n")
+
+
+def _call(fn: Callable[[], Any], name: str = "") -> Any:
+    t0 = time.perf_counter()
     try:
         return fn()
     except Exception as e:
         raise _translate(e) from None
+    finally:
+        trace(name or "call", 1000 * (time.perf_counter() - t0))
 
 
 # -- service ------------------------------------------------------------------------------------------
 def health() -> dict[str, Any]:
-    return _call(lambda: client().health())
+    return _call(lambda: client().health(), "health")
 
 
 def capabilities() -> dict[str, Any]:
     """{version, device, dtype, loaded_models, tasks, limits, job_kinds, model_root, allow_hub, auth_required}."""
-    return _call(lambda: client().capabilities())
+    return _call(lambda: client().capabilities(), "capabilities")
 
 
 def tasks() -> list[dict[str, Any]]:
     """[{id, source, name, kind, n_examples, labels, models, description}, ...]; `id` is what jobs take."""
-    return _call(lambda: client().tasks())
+    return _call(lambda: client().tasks(), "tasks")
 
 
 def upload_task(filename: str, content: bytes, kind: str | None = None) -> dict[str, Any]:
     """Validate and store a task file on the service: {"id": "upload:<hash>", "summary": {...}}."""
-    return _call(lambda: client().upload_task(filename, content, kind=kind))
+    return _call(lambda: client().upload_task(filename, content, kind=kind), "upload")
 
 
 # -- jobs -------------------------------------------------------------------------------------------------
@@ -158,27 +182,28 @@ def run(kind: str, params: dict[str, Any], on_progress: OnProgress | None = None
                            kind="internal")
         return res
 
-    return _call(go)
+    return _call(go, "run")
 
 
 def submit(kind: str, params: dict[str, Any]) -> str:
     """Queue a job of page-kind `kind`; its id."""
-    return _call(lambda: client().submit(KINDS.get(kind, kind), **params))
+    return _call(lambda: client().submit(KINDS.get(kind, kind), **params), "submit")
 
 
 def job(job_id: str) -> dict[str, Any]:
     """{id, kind, status, progress, message, result, error, ...} of a submitted job."""
-    return _call(lambda: client().job(job_id))
+    return _call(lambda: client().job(job_id), "job")
 
 
 def cancel(job_id: str) -> dict[str, Any]:
     """Withdraw this session from a job (`DELETE /jobs/{id}`): cancelled when no one else waits for it."""
-    return _call(lambda: client().cancel(job_id))
+    return _call(lambda: client().cancel(job_id), "cancel")
 
 
 def cached(kind: str, params: dict[str, Any]) -> dict[str, Any] | None:
     """The result when the service has it cached (None otherwise); never starts a computation."""
-    return _call(lambda: client().cached(KINDS.get(kind, kind), **params))
+    return _call(lambda: client().cached(KINDS.get(kind, kind), **params), "cached")
+
 
 # -- sweeps (the Sweeps page) -----------------------------------------------------------------------------
 def submit_sweep(models: list[str], tasks: list[str], kinds: list[str], seeds: list[int],

@@ -55,6 +55,11 @@ def caption(model: str, task: str | None, shots: int | None = None, k: int | str
     return " · ".join(parts)
 
 
+def subtitle(text: str) -> str:
+    """A figure title's second, smaller line (what it was computed on), clear of the modebar."""
+    return f"<br><span style='font-size:11px;color:#777'>{text}</span>"
+
+
 def png_config(filename: str, scale: int = 2) -> dict[str, Any]:
     """`config=` for st.plotly_chart: the modebar's camera button saves a `filename`.png at `scale`x."""
     return {"displaylogo": False, "toImageButtonOptions": {"format": "png", "filename": filename, "scale": scale},
@@ -84,8 +89,10 @@ def top_k(values: np.ndarray, k: int) -> list[Head]:
 
 
 def _style(fig: go.Figure, height: int) -> go.Figure:
-    fig.update_layout(height=height, margin=dict(l=10, r=10, t=40, b=10), font=dict(family=FONT),
-                      hoverlabel=dict(font=dict(family=FONT)), legend=dict(orientation="h", y=-0.2))
+    two_lines = "<br>" in str(fig.layout.title.text or "")
+    fig.update_layout(height=height + (30 if two_lines else 0), margin=dict(l=10, r=10, t=76 if two_lines else 40, b=10),
+                      font=dict(family=FONT), hoverlabel=dict(font=dict(family=FONT)),
+                      legend=dict(orientation="h", y=-0.2))
     return fig
 
 
@@ -164,10 +171,10 @@ def all_maps(result: dict[str, Any], selected: Iterable[Sequence[int]] = (), tit
     fig.update_yaxes(autorange="reversed", showgrid=False, zeroline=False)
     fig.update_yaxes(title_text="layer", row=1, col=1)
     L = np.asarray(result[names[0]]).shape[0]
-    _style(fig, int(min(520, max(260, 22 * L + 140))))
-    fig.update_layout(margin=dict(t=80 if title else 60, r=40))
     if title:
         fig.update_layout(title=dict(text=title, x=0.0))
+    _style(fig, int(min(520, max(260, 22 * L + 140))))
+    fig.update_layout(margin=dict(t=96 if title else 60, r=40))
     return fig
 
 

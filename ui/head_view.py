@@ -142,7 +142,7 @@ def render(r: dict[str, Any], s: state.Settings, params: dict[str, Any], n_heads
     """The drill-down views of a `head` result; `compact` (the Head map's panel) leaves out the pattern grid,
     the top tokens and the logit lens."""
     name = f"L{r['layer']}.H{r['head']}"
-    ctx = figures.caption(s.model, s.task, r.get("shots"))
+    ctx = figures.subtitle(figures.caption(s.model, s.task, r.get("shots")))
     where = "your own prompt" if r.get("prompt_index") is None else f"prompt {r['prompt_index']}"
     m = st.columns(5)
     m[0].metric(f"TR ({where})", f"{r['tr']:.3g}", help="‖P o‖: the head's write inside the span of the labels' "
@@ -157,10 +157,10 @@ def render(r: dict[str, Any], s: state.Settings, params: dict[str, Any], n_heads
     st.html(token_view_html(r, f"hl-tv-{key}"), unsafe_allow_javascript=True)
     c1, c2 = st.columns([3, 2], gap="medium")
     with c1:
-        st.plotly_chart(attention_figure(r, f"{name}: attention from the last token · {ctx}"), key=f"{key}_att",
+        st.plotly_chart(attention_figure(r, f"{name}: attention from the last token{ctx}"), key=f"{key}_att",
                         config=figures.png_config(f"attention-{name}-{s.task}"))
     with c2:
-        st.plotly_chart(dla_figure(r, f"{name}: per-label DLA · {ctx}"), key=f"{key}_dla",
+        st.plotly_chart(dla_figure(r, f"{name}: per-label DLA{ctx}"), key=f"{key}_dla",
                         config=figures.png_config(f"dla-{name}-{s.task}"))
     gold = r.get("gold")
     ab = r["ablated"]
@@ -180,7 +180,7 @@ def render(r: dict[str, Any], s: state.Settings, params: dict[str, Any], n_heads
     if compact:
         return
     with st.expander("The whole attention pattern (every destination token)"):
-        st.plotly_chart(pattern_figure(r, f"{name}: attention pattern · {ctx}"), key=f"{key}_pattern",
+        st.plotly_chart(pattern_figure(r, f"{name}: attention pattern{ctx}"), key=f"{key}_pattern",
                         config=figures.png_config(f"pattern-{name}-{s.task}"))
     t1, t2 = st.columns(2, gap="medium")
     with t1:

@@ -8,8 +8,9 @@
   settings change while a job runs, Streamlit reruns the page, and the new request for that slot cancels the
   superseded job before submitting its own, so nothing stale queues in front of it. A rerun that asks for the
   same job again re-attaches to it (it never re-submits, so the service's submitter count stays one).
-- The bar is redrawn every poll, which is also where Streamlit stops a run when a button is clicked: a Cancel
-  click interrupts the wait at once, and its callback cancels the job before the page runs again.
+- The bar is redrawn when the stage moves and every half second, which is also where Streamlit stops a run when
+  a button is clicked: a Cancel click interrupts the wait at once, and its callback cancels the job before the
+  page runs again. Quick jobs (under DRAW_AFTER_S) get no bar at all, so toggling does not flicker.
 - `peek`: a result without computing anything (memory or the service's cache), for sections that wait for Run.
 Results carry `_waited` (seconds from the request to the result) next to the service's own `seconds`.
 """
@@ -34,6 +35,8 @@ ERROR_TITLES = {
 }
 POLL_FIRST_S = 0.02
 POLL_MAX_S = 0.15
+DRAW_AFTER_S = 0.4  # a job still running after this gets its progress bar and Cancel button
+REDRAW_S = 0.5  # the bar's seconds counter moves at this pace (a stage change redraws at once)
 TIMEOUT_S = api.JOB_TIMEOUT_S
 
 
@@ -117,6 +120,8 @@ def _supersede(job: Job) -> dict[str, Any] | None:
 
 def _remember(job: Job, result: dict[str, Any], t0: float) -> dict[str, Any]:
     result = {**result, "_waited": time.monotonic() - t0}
+    api.trace(f"result:{job.kind}:{'hit' if result.get('cache_hit') else 'computed'}:{result.get('seconds', 0):.3f}",
+              1000 * result["_waited"])
     state.remember(job.kind, job.params, result)
     return result
 
@@ -183,43 +188,46 @@ def fetch_many(requests: list[Job], *, quiet: bool = False) -> list[dict[str, An
 
 
 def _wait(pending: list[tuple[int, Job, dict[str, Any]]], quiet: bool) -> dict[int, dict[str, Any] | None]:
-    """Poll the pending jobs until each ends, one progress bar and Cancel button each."""
-    slots = {}
-    for i, job, cur in pending:
-        holder = st.empty()
-        with holder.container():
-            c1, c2 = st.columns([6, 1], vertical_alignment="bottom")
-            bar = c1.progress(0.0, text=f"{job.label}: submitted")
-            c2.button("Cancel", key=f"cancel_{job.where}", icon=":material/stop_circle:", width="stretch",
-                      on_click=cancel_slot, args=(job.where,), help="Stop this job (DELETE /jobs/{id}).")
-        slots[i] = (job, cur, holder, bar)
+    """Poll the pending jobs until each ends. A job still running after DRAW_AFTER_S gets a progress bar (stage,
+    share done, seconds waited) and a Cancel button; a quick one (a cache hit, a small toggle) gets neither, so
+    the page does not flicker. The bar is redrawn at most every REDRAW_S unless the stage moves."""
+    slots: dict[int, dict[str, Any]] = {i: {"job": job, "cur": cur, "holder": None, "bar": None, "shown": None,
+                                            "drawn_at": 0.0} for i, job, cur in pending}
     results: dict[int, dict[str, Any] | None] = {}
-    delay = POLL_FIRST_S
+    delay, started = POLL_FIRST_S, time.monotonic()
     while len(results) < len(slots):
-        for i, (job, cur, holder, bar) in slots.items():
+        for i, sl in slots.items():
             if i in results:
                 continue
+            job, cur = sl["job"], sl["cur"]
             try:
                 j = api.job(cur["id"])
             except api.ApiError as e:
                 _inflight().pop(job.where, None)
-                holder.empty()
+                if sl["holder"] is not None:
+                    sl["holder"].empty()
                 if not quiet:
                     show_error(e, job.what or job.label)
                 results[i] = None
                 continue
-            waited = time.monotonic() - cur["t0"]
-            frac = min(max(float(j.get("progress") or 0.0), 0.0), 1.0)
-            bar.progress(frac, text=f"{job.label}: {j.get('message') or j['status']} · {frac:.0%} · {waited:.1f} s")
+            now = time.monotonic()
+            waited = now - cur["t0"]
             if j["status"] in ("queued", "running"):
+                on_live = getattr(job, "on_live", None)
+                if on_live is not None and j.get("live"):
+                    on_live(j["live"])  # e.g. a training's loss so far
                 if waited > TIMEOUT_S:
                     cancel_slot(job.where)
-                    holder.empty()
+                    if sl["holder"] is not None:
+                        sl["holder"].empty()
                     show_error(api.ApiError(f"no result after {waited:.0f} s; the job was cancelled", "timeout"))
                     results[i] = None
+                elif now - started >= DRAW_AFTER_S:
+                    _draw(sl, j, waited, now)
                 continue
             _inflight().pop(job.where, None)
-            holder.empty()
+            if sl["holder"] is not None:
+                sl["holder"].empty()
             if j["status"] == "done" and isinstance(j.get("result"), dict):
                 results[i] = _remember(job, j["result"], cur["t0"])
             elif j["status"] == "cancelled":
@@ -234,6 +242,25 @@ def _wait(pending: list[tuple[int, Job, dict[str, Any]]], quiet: bool) -> dict[i
             time.sleep(delay)
             delay = min(delay * 1.5, POLL_MAX_S)
     return results
+
+
+def _draw(sl: dict[str, Any], j: dict[str, Any], waited: float, now: float) -> None:
+    """Draw (the first time) or update a running job's progress bar and Cancel button."""
+    job = sl["job"]
+    frac = min(max(float(j.get("progress") or 0.0), 0.0), 1.0)
+    stage = (j.get("message") or j["status"], round(frac, 2))
+    if sl["holder"] is None:
+        sl["holder"] = st.empty()
+        with sl["holder"].container():
+            c1, c2 = st.columns([6, 1], vertical_alignment="bottom")
+            sl["bar"] = c1.progress(frac, text=f"{job.label}: {stage[0]} · {frac:.0%} · {waited:.1f} s")
+            c2.button("Cancel", key=f"cancel_{job.where}", icon=":material/stop_circle:", width="stretch",
+                      on_click=cancel_slot, args=(job.where,), help="Stop this job (DELETE /jobs/{id}).")
+    elif stage != sl["shown"] or now - sl["drawn_at"] >= REDRAW_S:
+        sl["bar"].progress(frac, text=f"{job.label}: {stage[0]} · {frac:.0%} · {waited:.1f} s")
+    else:
+        return
+    sl["shown"], sl["drawn_at"] = stage, now
 
 
 def in_flight(job: Job) -> bool:

@@ -28,19 +28,23 @@ PAGES = [("app.py", "Home", ":material/home:"), ("pages/1_Head_map.py", "Head ma
          ("pages/6_Soft_head_selection.py", "Soft head selection", ":material/tune:")]
 
 
+_CAPS: dict[tuple[str, int], tuple[float, dict[str, Any]]] = {}  # per service, shared by this process's sessions
+
+
 def capabilities(force: bool = False) -> dict[str, Any]:
-    """The service's capabilities, asked at most every CAPS_TTL_S seconds per session. Raises ApiError."""
-    ss = st.session_state
-    cached = ss.get("_hl_caps")
+    """The service's capabilities, asked at most every CAPS_TTL_S seconds by this process (a new session, e.g.
+    a shared link, does not wait for them: they take the service 0.1-0.3 s to build). Raises ApiError."""
+    url = (api.backend_url(), api.generation())
+    cached = _CAPS.get(url)
     if not force and cached and time.monotonic() - cached[0] < CAPS_TTL_S:
         return cached[1]
     caps = api.capabilities()
-    ss["_hl_caps"] = (time.monotonic(), caps)
+    _CAPS[url] = (time.monotonic(), caps)
     return caps
 
 
 def forget_capabilities() -> None:
-    st.session_state.pop("_hl_caps", None)
+    _CAPS.pop((api.backend_url(), api.generation()), None)
 
 
 def is_default_model(model: str) -> bool:
@@ -188,6 +192,7 @@ def top_heads_control() -> None:
 
 def page_setup(title: str, icon: str = ":material/search:") -> tuple[state.Settings, dict[str, Any]]:
     """Config, state, capabilities and sidebar. Stops the page with an error when the service is unreachable."""
+    api.trace(f"page:{title.replace(' ', '_')}")
     st.set_page_config(page_title=f"{title} · headlens", page_icon=icon, layout="wide",
                        initial_sidebar_state="expanded")
     st.markdown(CSS, unsafe_allow_html=True)

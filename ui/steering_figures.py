@@ -69,8 +69,10 @@ LABEL_COLORS = ["#e41a1c", "#377eb8", "#4daf4a", "#984ea3", "#ff7f00", "#a65628"
 
 
 def _style(fig: go.Figure, height: int) -> go.Figure:
-    fig.update_layout(height=height, margin=dict(l=10, r=10, t=50, b=10), font=dict(family=FONT),
-                      hoverlabel=dict(font=dict(family=FONT)), legend=dict(orientation="h", y=-0.18))
+    two_lines = "<br>" in str(fig.layout.title.text or "")
+    fig.update_layout(height=height + (30 if two_lines else 0), margin=dict(l=10, r=10, t=84 if two_lines else 50, b=10),
+                      font=dict(family=FONT), hoverlabel=dict(font=dict(family=FONT)),
+                      legend=dict(orientation="h", y=-0.18))
     return fig
 
 
@@ -309,7 +311,8 @@ def pca_scatter(geo: dict[str, Any], dims: int = 2, color_by: str = "condition",
                                             dash="dot" if dims == 2 else None),
                                   hovertemplate=f"unembedding direction of {lab.strip()!r}<extra></extra>"))
     axis = [f"PC{i + 1}" + (f" ({100 * evr[i]:.0f}%)" if i < len(evr) else "") for i in range(dims)]
-    title = (title or f"PCA of hidden states after layer {pca.get('layer')}") + f" ({dims}D)"
+    main, br, sub = (title or f"PCA of hidden states after layer {pca.get('layer')}").partition("<br>")
+    title = f"{main} ({dims}D){br}{sub}"
     if dims == 3:
         fig.update_layout(scene=dict(xaxis_title=axis[0], yaxis_title=axis[1], zaxis_title=axis[2]),
                           title=dict(text=title, x=0.0))
@@ -434,6 +437,5 @@ def map_differences(rep: dict[str, Any], name: str, title: str | None = None) ->
         fig.update_yaxes(title_text="layer", row=row, col=1)
     for col in (1, 2, 3):
         fig.update_xaxes(title_text="head", row=2, col=col)
-    _style(fig, int(min(900, max(460, 2 * (18 * L + 90)))))
     fig.update_layout(title=dict(text=title or f"Head maps: unperturbed vs {pname}", x=0.0))
-    return fig
+    return _style(fig, int(min(900, max(460, 2 * (18 * L + 90)))))
