@@ -11,6 +11,9 @@ from dataclasses import dataclass
 from typing import Literal
 
 WeightLayout = Literal["out_in", "in_out"]  # nn.Linear (d_model, H*dh) vs GPT-2 Conv1D (H*dh, d_model)
+QkvLayout = Literal["separate", "fused", "per_head"]
+"""Where the value vectors come from: a v_proj of its own; one projection whose output is q | k | v (GPT-2's
+c_attn); or one whose output is, per head, q | k | v of head_dim each (GPT-NeoX's query_key_value)."""
 NormKind = Literal["layernorm", "rmsnorm", "rmsnorm_plus1"]  # rmsnorm_plus1: Gemma's x/rms * (1 + w)
 
 
@@ -26,13 +29,18 @@ class ArchSpec:
     n_heads_attr: tuple[str, ...] = ("num_attention_heads",)
     n_kv_heads_attr: tuple[str, ...] = ("num_key_value_heads",)
     notes: str = ""
+    input_norm: str = "input_layernorm"  # dotted path from a decoder layer to the norm before attention
+    v_proj: str = "self_attn.v_proj"  # dotted path from a decoder layer to the value projection (see `qkv`)
+    qkv: QkvLayout = "separate"
 
 
 ARCHS: tuple[ArchSpec, ...] = (
     ArchSpec("GPT-2", ("gpt2",), "transformer.h", "attn.c_proj", "transformer.ln_f", layout="in_out",
-             norm="layernorm", n_heads_attr=("n_head",), n_kv_heads_attr=("n_head",)),
+             norm="layernorm", n_heads_attr=("n_head",), n_kv_heads_attr=("n_head",), input_norm="ln_1",
+             v_proj="attn.c_attn", qkv="fused"),
     ArchSpec("GPT-NeoX / Pythia", ("gpt_neox",), "gpt_neox.layers", "attention.dense", "gpt_neox.final_layer_norm",
-             norm="layernorm", n_kv_heads_attr=("num_attention_heads",)),
+             norm="layernorm", n_kv_heads_attr=("num_attention_heads",), v_proj="attention.query_key_value",
+             qkv="per_head"),
     ArchSpec("Llama", ("llama",), "model.layers", "self_attn.o_proj", "model.norm"),
     ArchSpec("Mistral", ("mistral",), "model.layers", "self_attn.o_proj", "model.norm"),
     ArchSpec("Qwen2", ("qwen2",), "model.layers", "self_attn.o_proj", "model.norm"),

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
 import types
 import typing
@@ -329,6 +330,19 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def negative_lists(argv: list[str]) -> list[str]:
+    """`--flag -1,-2` as `--flag=-1,-2`: argparse reads a value that starts with '-' and is not a plain negative
+    number as another option, so a list of negative offsets needs the `=` form; this writes it for the user."""
+    out: list[str] = []
+    for tok in argv:
+        if (out and out[-1].startswith("--") and "=" not in out[-1]
+                and re.fullmatch(r"-\d+(\s*,\s*-?\d+)+,?", tok)):
+            out[-1] = f"{out[-1]}={tok}"
+        else:
+            out.append(tok)
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     from .adapters import UnsupportedArchitecture
     from .models import ModelLoadError
@@ -339,7 +353,7 @@ def main(argv: list[str] | None = None) -> int:
         from .analysis.train_default import main as train_main
 
         return train_main(argv[1:])
-    a = build_parser().parse_args(argv)
+    a = build_parser().parse_args(negative_lists(argv))
     try:
         if a.cmd in COMMANDS:
             COMMANDS[a.cmd](a)

@@ -79,6 +79,22 @@ class LoadedModel:
     def o_proj(self, layer: int) -> nn.Module:
         return _get(self.layers[layer], self.spec.o_proj)
 
+    def input_norm(self, layer: int) -> nn.Module:
+        """The norm a decoder layer applies to its input before attention."""
+        return _get(self.layers[layer], self.spec.input_norm)
+
+    def values(self, layer: int, x: torch.Tensor) -> torch.Tensor:
+        """Value vectors of the attention of `layer` for its (already normed) input x (..., d_model):
+        (..., n_kv_heads, head_dim), bias included. Query head h reads kv head h // (n_heads // n_kv_heads)."""
+        proj = _get(self.layers[layer], self.spec.v_proj)
+        out = proj(x)
+        kv, dh = self.n_kv_heads, self.head_dim
+        if self.spec.qkv == "fused":  # q | k | v, each n_heads * head_dim wide
+            out = out[..., 2 * self.n_heads * dh:]
+        elif self.spec.qkv == "per_head":  # per head: q | k | v, each head_dim wide
+            out = out.reshape(*out.shape[:-1], kv, 3 * dh)[..., 2 * dh:]
+        return out.reshape(*out.shape[:-1], kv, dh) if self.spec.qkv != "per_head" else out
+
     @property
     def final_norm(self) -> nn.Module:
         return _get(self.model, self.spec.final_norm)

@@ -17,8 +17,8 @@ Results carry `_waited` (seconds from the request to the result) next to the ser
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, Callable
 
 import streamlit as st
 
@@ -73,6 +73,8 @@ class Job:
     label: str
     what: str | None = None
     slot: str | None = None
+    on_live: Callable[[dict[str, Any]], None] | None = field(default=None, compare=False)
+    """Called with the running job's `live` data (e.g. a training's loss so far) at every poll that has some."""
 
     @property
     def key(self) -> str:
@@ -147,10 +149,11 @@ def _show_cancelled(job: Job) -> None:
 
 
 def fetch(kind: str, params: dict[str, Any], label: str, *, what: str | None = None, quiet: bool = False,
-          slot: str | None = None) -> dict[str, Any] | None:
+          slot: str | None = None,
+          on_live: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any] | None:
     """The result of a `kind` job with `params` (see the module docstring); None after a failure (shown as an
     st.error unless `quiet`) or a cancel (shown with a Run again button)."""
-    return fetch_many([Job(kind, params, label, what, slot)], quiet=quiet)[0]
+    return fetch_many([Job(kind, params, label, what, slot, on_live)], quiet=quiet)[0]
 
 
 def fetch_many(requests: list[Job], *, quiet: bool = False) -> list[dict[str, Any] | None]:

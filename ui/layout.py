@@ -24,6 +24,7 @@ PAGES = [("app.py", "Home", ":material/home:"), ("pages/1_Head_map.py", "Head ma
          ("pages/2_Ablation.py", "Ablation", ":material/power_settings_new:"),
          ("pages/3_Steering_geometry.py", "Steering & geometry", ":material/explore:"),
          ("pages/4_Head.py", "Head drill-down", ":material/center_focus_strong:"),
+         ("pages/5_Learned_task_vectors.py", "Learned task vectors", ":material/model_training:"),
          ("pages/6_Sweeps.py", "Sweeps", ":material/table_chart:"),
          ("pages/6_Soft_head_selection.py", "Soft head selection", ":material/tune:")]
 

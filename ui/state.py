@@ -137,6 +137,18 @@ def _head(s: str) -> Head:
     return hs[0]
 
 
+def _offsets(s: str) -> list[int]:
+    """`-1,-2` -> [-1, -2]: negative offsets from the last prompt token."""
+    items = sorted({int(x) for x in str(s).split(",") if x.strip()}, reverse=True)
+    if not items or items[0] >= 0 or items[-1] < -4096:
+        raise ValueError("positions are negative offsets from the last token, e.g. -1 or -1,-2")
+    return items
+
+
+def _fmt_ints(v: Iterable[int]) -> str:
+    return ",".join(str(int(x)) for x in v)
+
+
 @dataclass(frozen=True)
 class Field:
     """A state field: its default, how the URL's text parses into it and back. A `view` field (how a page
@@ -183,6 +195,15 @@ FIELDS: dict[str, Field] = {f.name: f for f in (
     Field("sg_dirs", lambda: True, _flag, _fmt_flag, view=True),
     Field("sg_bar_layer", lambda: None, _int_in(0, 100000), view=True),
     Field("sg_pmap", lambda: None, _choice(PERTURBATIONS), view=True),
+    # -- Learned task vectors
+    Field("ltv_layer", lambda: "all", _layer_or_all, view=True),  # "all": the layer sweep
+    Field("ltv_positions", lambda: [-1], _offsets, _fmt_ints, view=True),
+    Field("ltv_lr", lambda: 5e-3, _float_in(1e-7, 10), lambda v: f"{float(v):g}", view=True),
+    Field("ltv_epochs", lambda: 10, _int_in(1, 1000), view=True),
+    Field("ltv_batch", lambda: 4, _int_in(1, 1024), view=True),
+    Field("ltv_units", lambda: "residual", _choice(("residual", "absolute")), view=True),
+    Field("ltv_show", lambda: None, _int_in(0, 100000), view=True),  # the layer whose mechanism is shown
+    Field("ltv_metric", lambda: "accuracy", _choice(("accuracy", "label_accuracy", "tr_ratio")), view=True),
     # -- Sweeps
     Field("sweep", lambda: None, _text, view=True),  # the sweep shown
     Field("sw_metric", lambda: "tr_depth", _choice(SWEEP_METRICS), view=True),

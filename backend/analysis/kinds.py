@@ -78,6 +78,15 @@ _ENTRIES: tuple[Kind, ...] = (
     Kind("head", P.HeadParams, R.HeadResult, "backend.analysis.head:head",
          "one head on one prompt: attention pattern, per-label DLA, TR / TL / induction ranks, effect when "
          "ablated; the model's top next tokens (and per layer)", api="head_view"),
+    Kind("ltv_train", P.LtvTrainParams, R.LtvTrainResult, "backend.analysis.ltv_train:ltv_train",
+         "train one learned task vector (added at a decoder layer's input) through the frozen model, saved as "
+         "safetensors", api="ltv_vector"),
+    Kind("ltv", P.LtvParams, R.LtvResult, "backend.analysis.ltv:ltv",
+         "learned task vectors per layer against zero-shot, ICL, vanilla / function / TR / TL vectors, on top of ICL; "
+         "key heads, OV reconstruction and linear propagation (rotation, stretch)", api="train_ltv"),
+    Kind("ltv_tasks", P.LtvTasksParams, R.LtvTasksResult, "backend.analysis.ltv_tasks:ltv_tasks",
+         "learned task vectors of several tasks at one layer: the comparison task by task, their cosine "
+         "similarity, and sums of two tasks' vectors on composed tasks", api="ltv_across_tasks", uses_task=False),
     Kind("site", P.SiteParams, R.SiteResult, "backend.analysis.site:site",
          "soft head selection (SITE): per-head alphas trained to inject an ICL task embedding into zero-shot "
          "prompts; alpha map, baselines, top/bottom-k patching, budget curve, correlations with head maps",

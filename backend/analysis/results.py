@@ -337,6 +337,167 @@ class HeadResult(Result):
     shots: int
 
 
+# -- learned task vectors ------------------------------------------------------------------------------------------------
+class LtvTraining(Model):
+    """One trained learned task vector (LTV) and its training: theta (one row per injection layer) is added at
+    the input of each layer of `layers`, at `positions` (negative offsets, -1 = the last prompt token)."""
+
+    layers: list[int] = Field(..., description="decoder layers whose input theta is added to (one row each)")
+    positions: list[int]
+    theta: Vector = Field(..., description="(len(layers), d_model): the best epoch's vector per layer")
+    norm: list[float] = Field(..., description="||theta|| per layer")
+    loss: list[float] = Field(..., description="training loss per step (the batch's mean CE of the gold first token)")
+    val_accuracy: list[float] = Field(..., description="held-out full-vocabulary accuracy after each epoch")
+    val_loss: list[float]
+    init_val_accuracy: float = Field(..., description="held-out accuracy of the initial (random) theta")
+    best_epoch: int = Field(..., description="the epoch whose theta is kept (1-based; 0: the initial one)")
+    epochs_run: int
+    stopped: str = Field(..., description="early stopping | max epochs")
+    train_seconds: float = Field(..., description="time the training itself took (0 for a loaded vector)")
+    n_train: int
+    n_val: int
+    recipe: dict[str, Any] = Field(default_factory=dict)
+    vector_path: str | None = Field(None, description="the safetensors file holding theta and its metadata")
+
+
+class LtvTrainResult(Result, LtvTraining):
+    """kind `ltv_train`: one trained LTV."""
+
+    d_model: int
+    multi_token_labels: list[str] = Field(default_factory=list)
+
+
+class MetricCurve(Model):
+    """accuracy, label_accuracy and TR ratio along the layer sweep (one value per layer of `LtvResult.layers`)."""
+
+    accuracy: list[float]
+    label_accuracy: list[float]
+    tr_ratio: list[float]
+
+
+class KeyHeads(Model):
+    """Saliency |a . dp(gold)/da| of each head's last-token output under the LTV, and what ablating the top heads
+    (zero, last token, LTV injected) costs against as many random heads."""
+
+    saliency: Grid = Field(..., description="(layers, heads), mean over the scored prompts")
+    heads: list[Head] = Field(..., description="the key heads: top `key_pct` percent by saliency, best first")
+    ltv: Metrics = Field(..., description="LTV, nothing ablated")
+    ablated: Metrics = Field(..., description="LTV with the key heads ablated")
+    random: list[Metrics] = Field(..., description="LTV with as many random heads ablated, one per draw")
+    random_heads: list[list[Head]]
+    random_accuracy_mean: float
+    random_accuracy_std: float
+    gold_prob: dict[str, float] = Field(default_factory=dict, description="mean probability of the gold first token: "
+                                                                          "ltv, ablated, random (mean of the draws)")
+    overlap: dict[str, Overlap] = Field(default_factory=dict, description="with the tr, tl and induction rankings: "
+                                                                          "top-k Jaccard and rank correlations")
+
+
+class OvReconstruction(Model):
+    """r = sum over heads of layers >= the injection layer of A(last -> theta's positions) * W_O W_V theta (through
+    the layer's input norm, linearised), mean over prompts; injected instead of theta."""
+
+    heads: Grid = Field(..., description="(layers, heads): norm of each head's mean OV write of theta")
+    norm: float = Field(..., description="||r||")
+    cosine: float = Field(..., description="cos(r, theta)")
+    final: Metrics = Field(..., description="r added to the last layer's output (last token) instead of theta")
+    same_layer: Metrics = Field(..., description="r added where theta was (the layer's input, last token)")
+    direct: Metrics = Field(..., description="theta itself added to the last layer's output: its residual path alone")
+    direct_and_ov: Metrics = Field(..., description="theta + r added to the last layer's output: the residual path and "
+                                                    "the heads' OV writes, without MLPs or attention-pattern changes")
+
+
+class Propagation(Model):
+    """The linear surrogate W (final hidden-state change ~ W theta), fitted on perturbed thetas; W = Q S."""
+
+    rotation: float = Field(..., description="cos(theta, Q theta)")
+    stretch: float = Field(..., description="||S theta|| / ||theta||")
+    r2: float = Field(..., description="share of the final-state changes' variance that W explains")
+    n: int = Field(..., description="perturbed vectors fitted")
+    surrogate: Metrics = Field(..., description="zero-shot prompts with W theta added to the final hidden state")
+    recovered: float | None = Field(None, description="(surrogate - zero-shot) / (LTV - zero-shot) accuracy; None "
+                                                      "when the LTV does not beat zero-shot")
+
+
+class LtvLayer(Model):
+    """Everything at one injection layer (or one joint multi-layer vector)."""
+
+    layers: list[int]
+    conditions: dict[str, Metrics] = Field(..., description="zero_shot, icl, vanilla, fv, tr, tl, ltv, ltv+icl "
+                                                            "(those available)")
+    training: LtvTraining
+    key_heads: KeyHeads | None = None
+    ov: OvReconstruction | None = None
+    propagation: Propagation | None = None
+
+
+class LtvResult(Result):
+    """kind `ltv`: learned task vectors compared with zero-shot, ICL and extracted vectors, and how they work.
+
+    `table` is the comparison at `layer`; `sweep` the same conditions at every layer of `layers`; the extracted
+    vectors (vanilla, fv, tr, tl) are added at the last token, the LTV at `positions`. Conditions:
+    zero_shot, icl (k-shot prompts), vanilla (mean ICL - zero-shot hidden state at the layer's input), fv
+    (function vector), tr / tl (top-TR / top-TL head-set vectors), ltv, ltv+icl (LTV on top of the ICL prompt).
+    """
+
+    n_layers: int
+    n_heads: int
+    d_model: int
+    layers: list[int] = Field(..., description="the injection layers of the sweep (a joint vector: its layers)")
+    layer: int = Field(..., description="the table's layer (L/2 when swept)")
+    joint: bool
+    positions: list[int]
+    shots: int
+    prompts: int
+    conditions: list[str] = Field(..., description="condition names, in display order")
+    table: dict[str, Metrics]
+    sweep: dict[str, MetricCurve]
+    rotation: list[float | None] = Field(..., description="per layer of `layers`: cos(theta, Q theta)")
+    stretch: list[float | None] = Field(..., description="per layer of `layers`: ||S theta|| / ||theta||")
+    per_layer: list[LtvLayer]
+    vector_path: str | None = Field(None, description="the table's LTV file")
+    heads: dict[str, list[Head]] = Field(default_factory=dict, description="head sets of the fv, tr and tl vectors")
+    multi_token_labels: list[str] = Field(default_factory=list)
+
+
+class Composition(Model):
+    """theta_a + theta_b on the composed task x -> b(a(x)), zero-shot."""
+
+    a: str
+    b: str
+    task: str = Field(..., description="the composed task")
+    zero_shot: Metrics
+    icl: Metrics = Field(..., description="k-shot prompts of the composed task (can the model compose at all?)")
+    a_only: Metrics
+    b_only: Metrics
+    sum: Metrics
+
+
+class LtvTasksResult(Result):
+    """kind `ltv_tasks`: LTVs of several tasks at one layer."""
+
+    layer: int
+    tasks: list[str]
+    kinds: dict[str, str] = Field(..., description="task -> classification | generation")
+    label_spaces: dict[str, str] = Field(..., description="task -> a name of its label space (tasks that share one "
+                                                          "have the same name)")
+    conditions: list[str]
+    table: dict[str, dict[str, Metrics]] = Field(..., description="task -> condition -> metrics")
+    mean: dict[str, float] = Field(..., description="condition -> accuracy, mean over the tasks")
+    ordering: dict[str, str] = Field(..., description="task -> the order of ltv, vanilla and fv accuracy")
+    ltv_beats_vanilla: dict[str, list[str]] = Field(..., description="task kind -> tasks where LTV's accuracy is "
+                                                                     "above the vanilla task vector's")
+    paper: dict[str, Any] = Field(..., description="the paper's anchor (Llama-3.1-8B, layer 16, mean accuracy %)")
+    similarity: list[list[float]] = Field(..., description="cosine similarity of the tasks' LTVs (tasks x tasks)")
+    within_space: float | None = Field(None, description="mean similarity of tasks sharing a label space")
+    across_spaces: float | None = Field(None, description="mean similarity of tasks with different label spaces")
+    within_kind: dict[str, float | None] = Field(default_factory=dict, description="mean similarity of pairs of "
+                                                                                  "classification / generation tasks")
+    across_kinds: float | None = Field(None, description="mean similarity of classification-generation pairs")
+    compositions: list[Composition] = Field(default_factory=list)
+    vector_paths: dict[str, str | None] = Field(default_factory=dict)
+
+
 # -- soft head selection (SITE) ------------------------------------------------------------------------------------------
 class GenMetrics(Metrics):
     """Metrics of greedy generation: the first-token ones (from the prefill's logits) and two answer matches of

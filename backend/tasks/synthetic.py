@@ -236,6 +236,41 @@ def synthetic_tasks() -> list[Task]:
     return out
 
 
+# -- compositions (evaluation only) ---------------------------------------------------------------
+COMPOSITIONS: tuple[tuple[str, str], ...] = (
+    ("successor", "plural"), ("predecessor", "plural"), ("antonym", "plural"),
+    ("successor", "capital"), ("predecessor", "capital"), ("antonym", "capital"), ("successor", "antonym"),
+)
+"""(a, b) pairs of generation tasks whose composition x -> b(a(x)) the language can say: every answer is a word
+of the vocabulary (`bako` -> next word's plural `fimes`). The model never trained on them: they are not in
+`synthetic_tasks()` and cost no retraining; they test whether a sum of two tasks' vectors composes them."""
+
+
+def composed_task(a: str, b: str) -> Task:
+    """The composed task x -> b(a(x)) over the inputs of task `a` (e.g. `syn-plural-of-successor`)."""
+    if (a, b) not in COMPOSITIONS:
+        raise TaskError(f"the synthetic language has no composition of {a!r} then {b!r}; pairs: {list(COMPOSITIONS)}")
+    world = build_world()
+    n, line = len(world.line), world.line
+    index = {w: i for i, w in enumerate(line)}
+    full = {"successor": lambda w: line[index[w] + 1] if index[w] + 1 < n else None,
+            "predecessor": lambda w: line[index[w] - 1] if index[w] > 0 else None,
+            "antonym": lambda w: line[n - 1 - index[w]] if abs(n - 1 - 2 * index[w]) > 1 else None,
+            "plural": lambda w: f"{w}s", "capital": lambda w: f"{w}ton"}
+    ex = []
+    for x, y in sorted(world.gen_facts[a].items()):
+        z = full[b](y)
+        if z is not None:
+            ex.append((x, z))
+    return Task(f"syn-{b}-of-{a}", "generation", ex, TEMPLATE, models="default", version=VERSION,
+                description=f"synthetic composition (never trained): the {b} of the {a} of a line word")
+
+
+def compositions() -> list[tuple[str, str, Task]]:
+    """(task a, task b, composed task) for every pair of `COMPOSITIONS`, by task name (`syn-successor`, ...)."""
+    return [(f"syn-{a}", f"syn-{b}", composed_task(a, b)) for a, b in COMPOSITIONS]
+
+
 # -- training episodes ----------------------------------------------------------------------------
 def icl_episode(rng: random.Random, name: str, n_demos: int, burst: float = 0.0) -> list[tuple[str, str]]:
     """One training episode of task `name`: `n_demos` (input, output) pairs, in order.

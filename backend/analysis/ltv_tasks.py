@@ -1,0 +1,157 @@
+"""Kind `ltv_tasks`: learned task vectors of several tasks at one layer.
+
+For each task (built-in names; default: the model's built-in tasks whose prompts a vector can learn, for the
+default model its 5 classification and 5 generation tasks) the `ltv` kind's comparison at `layer` (cached, the
+mechanism left out), then:
+- the table task by task and its means, against the paper's anchor (Llama-3.1-8B, layer 16, mean over tasks:
+  vanilla 37.8, FV 37.3, LTV 83.5) and, per task, the order of LTV, vanilla and FV accuracy;
+- the cosine similarity of the tasks' vectors; tasks whose outputs share a label space (half the smaller output
+  set in common) are grouped, and the mean similarity within and across groups is reported;
+- composition: where the task language defines a composed task x -> b(a(x)) of two listed tasks (the default
+  model's language: plural / capital of successor / predecessor / antonym, antonym of successor), zero-shot
+  prompts of it with theta_a, theta_b and theta_a + theta_b added, against k-shot ICL of the composed task.
+"""
+from __future__ import annotations
+
+from itertools import combinations
+from typing import Any
+
+import numpy as np
+import torch
+
+from .. import options as o
+from ..tasks.base import Task, TaskError
+from ..tasks.registry import builtin_tasks
+from .kernel import Context, analyze
+from .params import LtvTasksParams
+from .primitives.batching import build_prompts, encode
+from .primitives.inject import Injection, check_layers, evaluate_injections
+from .primitives.learn import cpu_threads
+
+DEFAULT_MODEL_NAMES = ("default", "headlens-tiny")
+RECIPE = ("positions", "lr", "epochs", "patience", "weight_decay", "init_scale", "train_prompts", "val_prompts",
+          "batch_size", "units", "seed", "shots", "prompts", "top_pct", "top_k")
+EVAL_BATCH = o.SWEEP_BATCH_SIZE
+
+
+def default_tasks(lm: Any) -> list[Task]:
+    """The built-in tasks meant for this model whose prompts a fixed vector can learn (no prompt builders)."""
+    want = "default" if lm.name in DEFAULT_MODEL_NAMES else "any"
+    return [t for t in builtin_tasks().values() if t.models == want and t.builder is None and t.fixed is None]
+
+
+def label_spaces(tasks: list[Task]) -> dict[str, str]:
+    """Task -> a name of its label space: tasks are joined when half the smaller output set is shared."""
+    outs = {t.name: {y for _, y in t.examples} for t in tasks}
+    parent = {t.name: t.name for t in tasks}
+
+    def find(x: str) -> str:
+        while parent[x] != x:
+            x = parent[x]
+        return x
+
+    for a, b in combinations(outs, 2):
+        if len(outs[a] & outs[b]) >= 0.5 * min(len(outs[a]), len(outs[b])):
+            parent[find(a)] = find(b)
+    groups: dict[str, list[str]] = {}
+    for t in outs:
+        groups.setdefault(find(t), []).append(t)
+    return {t: " | ".join(sorted(groups[find(t)])) for t in outs}
+
+
+def ordering(acc: dict[str, float]) -> str:
+    """'ltv > vanilla = fv' from {name: accuracy}."""
+    items = sorted(acc.items(), key=lambda kv: -kv[1])
+    text = items[0][0]
+    for (_, a), (nb, b) in zip(items, items[1:]):
+        text += (" = " if abs(a - b) < 1e-9 else " > ") + nb
+    return text
+
+
+def ltv_tasks(ctx: Context, p: LtvTasksParams) -> dict[str, Any]:
+    with cpu_threads(ctx.lm):
+        return _ltv_tasks(ctx, p)
+
+
+def _ltv_tasks(ctx: Context, p: LtvTasksParams) -> dict[str, Any]:
+    lm = ctx.lm
+    if p.tasks:
+        known = builtin_tasks()
+        missing = [n for n in p.tasks if n not in known and n.replace("_", "-") not in known]
+        if missing:
+            raise TaskError(f"unknown built-in task(s) {missing[:5]}; ltv_tasks takes built-in task names: "
+                            f"{', '.join(known)}")
+        tasks = [known.get(n) or known[n.replace("_", "-")] for n in dict.fromkeys(p.tasks)]
+    else:
+        tasks = default_tasks(lm)
+    if len(tasks) < 2:
+        raise TaskError("ltv_tasks compares at least two tasks")
+    layer = lm.n_layers // 2 if p.layer is None else check_layers(lm, [p.layer])[0]
+    fields = {k: getattr(p, k) for k in RECIPE}
+    results = {}
+    for i, t in enumerate(tasks):
+        stage = ctx.stage(0.85 * i / len(tasks), 0.85 * (i + 1) / len(tasks), t.name)
+        r = analyze("ltv", lm, t, {**fields, "layer": layer, "mechanism": False},
+                    cache=ctx.store if ctx.store is not None else False, progress=stage, live=ctx.report)
+        for w in r.warnings:
+            if "held-out queries" not in w and "demonstration pool" not in w and "an epoch draws" not in w:
+                ctx.warn(f"{t.name}: {w}")
+        results[t.name] = r
+    names = [t.name for t in tasks]
+    first = results[names[0]]
+    conditions = list(first.conditions)
+    table = {n: {c: m.model_dump() for c, m in results[n].table.items()} for n in names}
+    mean = {c: float(np.mean([results[n].table[c].accuracy for n in names if c in results[n].table]))
+            for c in conditions}
+    order = {n: ordering({c: results[n].table[c].accuracy for c in ("ltv", "vanilla", "fv") if c in results[n].table})
+             for n in names}
+    kinds = {t.name: t.kind for t in tasks}
+    beats: dict[str, list[str]] = {"classification": [], "generation": []}
+    for n in names:
+        tb = results[n].table
+        if "vanilla" in tb and tb["ltv"].accuracy > tb["vanilla"].accuracy:
+            beats[kinds[n]].append(n)
+
+    thetas = {n: torch.as_tensor(np.asarray(results[n].per_layer[0].training.theta)[0], dtype=torch.float32)
+              for n in names}
+    stack = torch.stack([thetas[n] for n in names])
+    unit = stack / stack.norm(dim=1, keepdim=True).clamp_min(1e-12)
+    sim = (unit @ unit.T).numpy()
+    spaces = label_spaces(tasks)
+    within = [sim[i, j] for i, j in combinations(range(len(names)), 2) if spaces[names[i]] == spaces[names[j]]]
+    across = [sim[i, j] for i, j in combinations(range(len(names)), 2) if spaces[names[i]] != spaces[names[j]]]
+
+    by_kind = {k: [sim[i, j] for i, j in combinations(range(len(names)), 2)
+                   if kinds[names[i]] == kinds[names[j]] == k] for k in ("classification", "generation")}
+    mixed = [sim[i, j] for i, j in combinations(range(len(names)), 2) if kinds[names[i]] != kinds[names[j]]]
+
+    comps = []
+    if p.compose:
+        from ..tasks import synthetic
+
+        pairs = [(a, b, ct) for a, b, ct in synthetic.compositions() if a in thetas and b in thetas]
+        for j, (a, b, ct) in enumerate(pairs):
+            ctx.progress(0.85 + 0.15 * j / max(len(pairs), 1), f"composition {ct.name}")
+            comps.append(_compose(lm, p, layer, results, thetas, a, b, ct))
+    ctx.progress(1.0, "done")
+    return {"layer": layer, "tasks": names, "kinds": kinds, "label_spaces": spaces, "conditions": conditions,
+            "table": table, "mean": mean, "ordering": order, "ltv_beats_vanilla": beats, "paper": dict(o.LTV_PAPER),
+            "similarity": sim.tolist(), "within_space": float(np.mean(within)) if within else None,
+            "across_spaces": float(np.mean(across)) if across else None,
+            "within_kind": {k: float(np.mean(v)) if v else None for k, v in by_kind.items()},
+            "across_kinds": float(np.mean(mixed)) if mixed else None, "compositions": comps,
+            "vector_paths": {n: results[n].vector_path for n in names}}
+
+
+def _compose(lm: Any, p: LtvTasksParams, layer: int, results: dict[str, Any], thetas: dict[str, torch.Tensor],
+             a: str, b: str, task: Task) -> dict[str, Any]:
+    """Zero-shot prompts of the composed task with theta_a, theta_b and their sum (at the LTVs' positions)."""
+    pos = tuple(results[a].positions)
+    built = build_prompts(lm, task, p.shots, p.prompts, p.seed)
+    zero = encode(lm, task.build_prompts(0, built.n, p.seed), task.kind)
+    out = evaluate_injections(lm, zero, [Injection(), Injection({layer: thetas[a]}, pos),
+                                         Injection({layer: thetas[b]}, pos),
+                                         Injection({layer: thetas[a] + thetas[b]}, pos)], EVAL_BATCH)
+    icl = evaluate_injections(lm, encode(lm, built.prompts, task.kind), [Injection()], EVAL_BATCH)
+    return {"a": a, "b": b, "task": task.name, "zero_shot": out.summary(0), "icl": icl.summary(0),
+            "a_only": out.summary(1), "b_only": out.summary(2), "sum": out.summary(3)}

@@ -1,0 +1,330 @@
+"""Learned task vectors: train a vector through the frozen model, compare it with extracted vectors, and see how it
+works (key heads, OV reconstruction, linear propagation), and how the tasks' vectors relate.
+
+Two service jobs, cached by the service, each with a progress bar and a Cancel button: `ltv` (train and compare;
+the loss curve is drawn live while it trains) and `ltv_tasks` (every task's vector at one layer: the paper's table,
+the similarity matrix, compositions). A job computes once its Run button is pressed; a result the service already
+has (a shared link) shows at once without retraining. Every setting is in the URL (`ltv_*` fields).
+"""
+from __future__ import annotations
+
+import json
+import time
+from contextlib import contextmanager
+from typing import Any, Iterator
+
+import pandas as pd
+import streamlit as st
+
+from ui import figures, fit, jobs, layout, state
+from ui import ltv_figures as lf
+from ui import metrics as M
+
+API = {"ltv": "train_ltv", "ltv_tasks": "ltv_across_tasks"}
+
+
+@contextmanager
+def guard(what: str) -> Iterator[None]:
+    """A result the page cannot draw is an st.error, never a traceback (st.stop/rerun pass through)."""
+    try:
+        yield
+    except Exception as e:
+        st.error(f"**{what}: could not draw the result.**\n\n{type(e).__name__}: {e}", icon=":material/error:")
+
+
+def section(name: str, clicked: bool, job: jobs.Job, waiting: str) -> dict[str, Any] | None:
+    """Computed after the Run button was pressed once (or while the job runs); before that, only what the service
+    already has (a shared link shows it at once, without retraining); otherwise a hint to press Run."""
+    flag = f"_hl_ltv_live_{name}"
+    if clicked:
+        st.session_state[flag] = True
+    if st.session_state.get(flag) or jobs.in_flight(job):
+        return jobs.fetch(job.kind, job.params, job.label, what=job.what, on_live=job.on_live)
+    found = jobs.peek(job.kind, job.params)
+    if found is None:
+        st.info(waiting, icon=":material/play_arrow:")
+    return found
+
+
+def run_row(text: str, caption: str, key: str) -> bool:
+    left, right = st.columns([4, 1], vertical_alignment="center")
+    with left:
+        st.markdown(text)
+        st.caption(caption)
+    with right:
+        return st.button("Run", type="primary", icon=":material/play_arrow:", width="stretch", key=key)
+
+
+def python(kind: str, params: dict[str, Any], then: str) -> str:
+    fn = API[kind]
+    args = ", ".join(f"{k}={v!r}" for k, v in params.items() if k not in ("model", "task"))
+    task = params.get("task")
+    load = f"task = load_task({task!r})\n" if task else ""
+    call = f"r = {fn}(lm, task, {args})" if task else f"r = {fn}(lm, {args})"
+    imports = f"load_model, load_task, {fn}" if task else f"load_model, {fn}"
+    return f"from backend import {imports}\n\nlm = load_model({params.get('model', 'default')!r})\n{load}{call}\n{then}"
+
+
+def tail(kind: str, result: dict[str, Any], params: dict[str, Any], then: str, key: str) -> None:
+    d1, d2 = st.columns([1, 4])
+    with d1:
+        clean = {k: v for k, v in result.items() if not k.startswith("_")}
+        st.download_button("Result (JSON)", json.dumps(clean, indent=1).encode(),
+                           f"headlens-{kind}-{params.get('task') or 'tasks'}.json".replace(":", "-"),
+                           "application/json", icon=":material/data_object:", key=f"dl_{key}", on_click="ignore")
+    with d2:
+        with st.popover("Copy as Python", icon=":material/code:"):
+            st.caption("The same result in a notebook (run from the repository root; it comes from the same cache):")
+            st.code(python(kind, params, then), language="python")
+
+
+def positions_from(text: str) -> list[int]:
+    """The typed offsets, or the current ones (with a warning on the next run) when they do not parse."""
+    try:
+        return state._offsets(text)
+    except ValueError:
+        st.session_state["_hl_ltv_bad_positions"] = text
+        return list(state.value("ltv_positions"))
+
+
+s, caps = layout.page_setup("Learned task vectors", ":material/model_training:")
+st.title(":material/model_training: Learned task vectors")
+st.caption("Train a task vector through the frozen model (added to the hidden state at a decoder layer's input), "
+           "compare it with the vectors extracted from demonstrations, and see how it works.")
+layout.need_task(s)
+fit.check(s)
+
+info = jobs.fetch("model_info", {"model": s.model}, "Loading the model", what="Model")
+if info is None:
+    st.stop()
+L, H = int(info["n_layers"]), int(info["n_heads"])
+ctx = figures.subtitle(figures.caption(s.model, s.task, s.shots))
+if state.value("ltv_layer") not in (None, "all") and not 0 <= int(state.value("ltv_layer")) < L:
+    state.put("ltv_layer", "all")  # a layer of another model: the sweep
+
+# -- settings (all in the URL) -------------------------------------------------------------------------------------
+st.subheader("Training", divider="gray")
+c1, c2, c3, c4, c5, c6 = st.columns([1.4, 1, 1, 0.8, 0.8, 1], vertical_alignment="bottom")
+with c1:
+    state.bind(st.selectbox, "Injection layer", "ltv_layer", options=["all", *range(L)],
+               format_func=lambda l: "every layer (sweep)" if l == "all"
+               else f"layer {l}" + (" (middle)" if l == L // 2 else ""),
+               help="θ is added to the hidden state at the INPUT of this decoder layer (layer 0: the embeddings). "
+                    "The sweep trains one vector per layer; the table shows the middle layer.")
+with c2:
+    state.bind(st.text_input, "Positions", "ltv_positions", to_widget=state._fmt_ints, from_widget=positions_from,
+               help="Negative offsets from the last prompt token where θ is added: -1 (the last token), or e.g. "
+                    "-1,-2.")
+with c3:
+    state.bind(st.number_input, "Learning rate", "ltv_lr", min_value=1e-7, max_value=10.0, format="%g", step=1e-3,
+               help="AdamW, decaying linearly to 0. The reference implementation uses 5e-3 (its paper's text: 1e-3).")
+with c4:
+    state.bind(st.number_input, "Epochs", "ltv_epochs", min_value=1, max_value=1000, step=1,
+               help="At most this many epochs of 100 training prompts; early stopping (patience 2) on held-out "
+                    "accuracy keeps the best vector.")
+with c5:
+    state.bind(st.number_input, "Batch", "ltv_batch", min_value=1, max_value=1024, step=1,
+               help="Training batch size. The reference uses 1; 4 (the default) trains ~3x faster on a CPU at "
+                    "the same held-out accuracy on the default model's tasks (bench/bench_ltv.py).")
+with c6:
+    state.bind(st.selectbox, "Units", "ltv_units", options=["residual", "absolute"],
+               format_func=lambda u: {"residual": "residual scale", "absolute": "absolute (reference)"}[u],
+               help="residual scale: θ = r·φ with r the RMS of the residual stream where θ is added; lr and the "
+                    "initial ±0.1 apply to φ, so they mean the same on every model. absolute: θ trained as is, "
+                    "as the reference implementation (tuned on Llama's scale).")
+bad = st.session_state.pop("_hl_ltv_bad_positions", None)
+if bad is not None:
+    st.warning(f"Positions {bad!r} ignored: give negative offsets from the last token, e.g. -1 or -1,-2.",
+               icon=":material/warning:")
+layer = state.value("ltv_layer")
+params = s.job(layer=layer, positions=list(state.value("ltv_positions")), lr=float(state.value("ltv_lr")),
+               epochs=int(state.value("ltv_epochs")), batch_size=int(state.value("ltv_batch")),
+               units=state.value("ltv_units"), **s.selection())
+
+live_box = st.empty()
+_last_drawn = {"n": -1, "t": 0.0, "draws": 0}
+
+
+def draw_live(data: dict[str, Any]) -> None:
+    """The running training's loss curve (redrawn when it grew, at most ~3 times a second)."""
+    n = len(data.get("loss") or [])
+    if n == _last_drawn["n"] or time.monotonic() - _last_drawn["t"] < 0.3:
+        return
+    _last_drawn.update(n=n, t=time.monotonic(), draws=_last_drawn["draws"] + 1)
+    where = ", ".join(str(x) for x in data.get("layers") or [])
+    with live_box.container():
+        st.plotly_chart(lf.loss_curve(data, f"Training at layer {where}: epoch {data.get('epoch')}/"
+                                            f"{data.get('epochs')}, step {data.get('step')}/{data.get('steps')}"),
+                        key=f"live_loss_{_last_drawn['draws']}", config=figures.png_config("ltv-loss-live"))
+
+
+where = "every layer (one vector each)" if layer == "all" else f"layer {layer}"
+clicked = run_row(f"Train at **{where}**, positions {state._fmt_ints(state.value('ltv_positions'))} · lr "
+                  f"{float(state.value('ltv_lr')):g} · ≤ {state.value('ltv_epochs')} epochs · batch "
+                  f"{state.value('ltv_batch')} · compared on **{s.prompts}** held-out queries, ICL with **{s.shots}** "
+                  f"shots",
+                  "Zero-shot training prompts come from the demonstration pool, never the scored queries. The loss "
+                  "curve is drawn while it trains; a finished result is cached (a shared link reopens it).",
+                  "run_ltv")
+res = section("ltv", clicked, jobs.Job("ltv", params, "Learned task vectors", "Learned task vectors",
+                                       on_live=draw_live),
+              "Press **Run** to train (a few seconds per layer on the default model).")
+live_box.empty()
+
+if res is not None:
+    with guard("Learned task vectors"):
+        jobs.show_warnings(res)
+        per = res["per_layer"]
+        layers = [int(x) for x in res["layers"]]
+        show_at = state.value("ltv_show")
+        idx = next((i for i, e in enumerate(per) if e["layers"][0] == show_at), None)
+        if idx is None:
+            idx = next(i for i, e in enumerate(per) if e["layers"][0] == res["layer"])
+        tr = per[idx]["training"]
+
+        # -- the table ----------------------------------------------------------------------------------------------
+        st.subheader(f"Comparison at layer {res['layer']}", divider="gray")
+        rows = [{"condition": lf.condition_name(c), **{f"{M.LABEL[m]} %": 100 * res["table"][c][m] for m in M.NAMES}}
+                for c in res["conditions"]]
+        st.dataframe(pd.DataFrame(rows), hide_index=True, key="ltv_table",
+                     column_config={f"{M.LABEL[m]} %": st.column_config.NumberColumn(format="%.1f") for m in M.NAMES})
+        t = res["table"]
+        acc = {c: t[c]["accuracy"] for c in ("ltv", "vanilla", "fv") if c in t}
+        if len(acc) == 3:
+            order = " > ".join(f"{lf.condition_name(c)} {M.pct(v)}" for c, v in sorted(acc.items(), key=lambda kv: -kv[1]))
+            holds = acc["ltv"] > max(acc["vanilla"], acc["fv"])
+            st.markdown(f"The paper (Llama-3.1-8B, layer 16, mean over its tasks): vanilla 37.8%, function vector "
+                        f"37.3%, LTV 83.5%. Here: {order} — LTV "
+                        + ("**above both**." if holds else
+                           "**not above both**" + (" (they tie at the ceiling)." if acc["ltv"] >= max(acc.values())
+                                                   else ".")))
+        st.caption(f"{res['prompts']} held-out queries; vanilla, FV, TR and TL vectors added at the last token, the LTV "
+                   f"at positions {res['positions']}; ICL and LTV + ICL with {res['shots']} demonstrations. "
+                   + " · ".join(f"**{M.LABEL[n]}**: {M.HELP[n]}" for n in M.NAMES) + " · " + jobs.timing(res))
+
+        # -- the sweep ------------------------------------------------------------------------------------------------
+        if len(layers) > 1:
+            st.subheader("Layer sweep", divider="gray")
+            metric = state.bind(st.segmented_control, "Measure", "ltv_metric", options=list(M.NAMES),
+                                format_func=lambda m: M.LABEL[m], required=True) or "accuracy"
+            st.plotly_chart(lf.layer_sweep(res, metric, f"{M.LABEL[metric]} against the injection layer{ctx}"),
+                            key="ltv_sweep", config=figures.png_config(f"ltv-sweep-{s.task}"))
+            st.plotly_chart(lf.rotation_stretch(res, f"Linear propagation of θ to the last layer (W = QS){ctx}"),
+                            key="ltv_rotation", config=figures.png_config(f"ltv-rotation-{s.task}"))
+            st.caption("W maps perturbed vectors θᵢ = θ + λᵢ‖θ‖εᵢ to the change of the last layer's output "
+                       "(least squares); its polar decomposition W = QS splits that map into a rotation Q and a "
+                       "stretch S. The paper finds early layers rotate θ (cosine well below 1) and late layers "
+                       "stretch it.")
+
+        # -- one layer in detail ------------------------------------------------------------------------------------
+        st.subheader("How it works", divider="gray")
+        if len(layers) > 1:
+            state.bind(st.select_slider, "Layer", "ltv_show", options=layers,
+                       to_widget=lambda v: v if v in layers else res["layer"],
+                       help="The injection layer whose training and mechanism are shown.")
+        e = per[idx]
+        at = e["layers"][0] if len(e["layers"]) == 1 else e["layers"]
+        g1, g2 = st.columns([1.3, 1])
+        with g1:
+            st.plotly_chart(lf.loss_curve(tr, f"Training at layer {at}: best epoch {tr['best_epoch']} of "
+                                              f"{tr['epochs_run']} ({tr['stopped']}){ctx}"),
+                            key="ltv_loss", config=figures.png_config(f"ltv-loss-{s.task}"))
+        with g2:
+            st.markdown(f"**‖θ‖** = {', '.join(f'{x:.3g}' for x in tr['norm'])} · trained on **{tr['n_train']}** "
+                        f"zero-shot prompts, early-stopped on **{tr['n_val']}** · {tr['train_seconds']:.1f} s")
+            st.caption(f"Saved as safetensors (model fingerprint, d_model, task hash and recipe in its metadata): "
+                       f"`{tr.get('vector_path')}`")
+            prop = e.get("propagation")
+            if prop:
+                rec = "n/a" if prop["recovered"] is None else f"{100 * prop['recovered']:.0f}%"
+                st.markdown(f"**Linear surrogate** (R² {prop['r2']:.3f}, {prop['n']} perturbations): rotation "
+                            f"cos {prop['rotation']:.3f}, stretch {prop['stretch']:.3g}×; zero-shot prompts with Wθ "
+                            f"added to the last layer's output reach accuracy **{M.pct(prop['surrogate']['accuracy'])}**"
+                            f" (LTV {M.pct(e['conditions']['ltv']['accuracy'])}, zero-shot "
+                            f"{M.pct(e['conditions']['zero_shot']['accuracy'])}): {rec} of LTV's gain.")
+            ov = e.get("ov")
+            if ov:
+                st.markdown(f"**OV reconstruction** r = Σ heads A·W_O W_V θ (‖r‖ {ov['norm']:.3g}, cos(r, θ) "
+                            f"{ov['cosine']:.2f}): accuracy **{M.pct(ov['final']['accuracy'])}** with r at the last "
+                            f"layer's output, {M.pct(ov['same_layer']['accuracy'])} with r where θ was; θ itself at "
+                            f"the last layer's output (its residual path alone) "
+                            f"{M.pct(ov['direct']['accuracy'])}, θ + r there {M.pct(ov['direct_and_ov']['accuracy'])}.")
+        kh = e.get("key_heads")
+        if kh:
+            k1, k2 = st.columns([1.4, 1])
+            with k1:
+                fig = figures.head_heatmap(kh["saliency"], "ltv_saliency", selected=lf.heads_of(kh),
+                                           title=f"Head saliency with the LTV at layer {at} (key heads outlined){ctx}")
+                st.plotly_chart(fig, key="ltv_saliency", config=figures.png_config(f"ltv-saliency-{s.task}"))
+                st.caption(figures.METRICS["ltv_saliency"]["caption"] + " Key heads: the top "
+                           f"{len(kh['heads'])} among the layers that see θ (≥ {at}).")
+            with k2:
+                st.plotly_chart(lf.ablation_bars(kh, f"Ablating the {len(kh['heads'])} key heads vs random sets"),
+                                key="ltv_ablation", config=figures.png_config(f"ltv-ablation-{s.task}"))
+                gp = kh.get("gold_prob") or {}
+                if gp:
+                    st.caption(f"Mean gold probability: LTV {gp['ltv']:.3f}, key heads ablated {gp['ablated']:.3f}, "
+                               f"random heads ablated {gp['random']:.3f} (zero ablation at the last token).")
+                ov_rows = [{"ranking": name.upper() if name != "induction" else "induction",
+                            "top-k Jaccard": o["jaccard"], "Spearman": o.get("spearman"), "Kendall": o.get("kendall")}
+                           for name, o in kh["overlap"].items()]
+                st.dataframe(pd.DataFrame(ov_rows), hide_index=True, key="ltv_overlap",
+                             column_config={c: st.column_config.NumberColumn(format="%.2f")
+                                            for c in ("top-k Jaccard", "Spearman", "Kendall")})
+                st.caption("Overlap of the saliency map with the TR, TL and induction maps of the Head map page "
+                           "(top-k sets of the same size, rank correlations over all heads).")
+        tail("ltv", res, params, "r.table['ltv'].accuracy, r.sweep['ltv'].accuracy, r.rotation, r.vector_path",
+             "ltv")
+
+# -- across tasks --------------------------------------------------------------------------------------------------
+st.subheader("Across tasks", divider="gray")
+one_layer = L // 2 if layer == "all" else int(layer)
+tparams = {"model": s.model, "layer": one_layer, "positions": list(state.value("ltv_positions")),
+           "lr": float(state.value("ltv_lr")), "epochs": int(state.value("ltv_epochs")),
+           "batch_size": int(state.value("ltv_batch")), "units": state.value("ltv_units"), "shots": s.shots,
+           "prompts": s.prompts, "seed": s.seed, **s.selection()}
+clicked = run_row(f"Every built-in task of this model at **layer {one_layer}**: the comparison task by task, the "
+                  f"similarity of their vectors, and sums of two tasks' vectors on composed tasks",
+                  "One vector per task (cached: a task trained above is not retrained).", "run_ltv_tasks")
+many = section("ltv_tasks", clicked, jobs.Job("ltv_tasks", tparams, "Learned task vectors of every task",
+                                              "Across tasks", slot="ltv_tasks", on_live=draw_live),
+               "Press **Run** to train a vector for every task.")
+if many is not None:
+    with guard("Across tasks"):
+        jobs.show_warnings(many)
+        rows = [{"task": n, "kind": many["kinds"][n],
+                 **{lf.condition_name(c): 100 * many["table"][n][c]["accuracy"] for c in many["conditions"]},
+                 "order": many["ordering"][n]} for n in many["tasks"]]
+        rows.append({"task": "mean", "kind": "",
+                     **{lf.condition_name(c): 100 * v for c, v in many["mean"].items()}, "order": ""})
+        rows.append({"task": "paper (Llama-3.1-8B, L16)", "kind": "",
+                     **{lf.condition_name(c): many["paper"].get(c) for c in ("vanilla", "fv", "ltv")}, "order": ""})
+        st.dataframe(pd.DataFrame(rows), hide_index=True, key="ltv_tasks_table",
+                     column_config={lf.condition_name(c): st.column_config.NumberColumn(format="%.0f")
+                                    for c in many["conditions"]})
+        beats = many["ltv_beats_vanilla"]
+        n_kind = {k: sum(1 for n in many["tasks"] if many["kinds"][n] == k) for k in beats}
+        st.caption("Accuracy (%) at layer " + str(many["layer"]) + ". LTV above the vanilla task vector on "
+                   + ", ".join(f"{len(v)} of {n_kind[k]} {k} tasks" for k, v in beats.items()) + ".")
+        st.plotly_chart(lf.similarity(many, f"Cosine similarity of the tasks' learned vectors (layer "
+                                            f"{many['layer']}){figures.subtitle(s.model)}"),
+                        key="ltv_similarity", config=figures.png_config("ltv-similarity"))
+        wk = many.get("within_kind") or {}
+        st.caption("Tasks that share a label space: "
+                   + "; ".join(sorted({v for v in many["label_spaces"].values() if "|" in v}) or ["none"])
+                   + f". Mean similarity within a shared label space {many['within_space'] if many['within_space'] is None else round(many['within_space'], 2)}, "
+                   f"across {many['across_spaces'] if many['across_spaces'] is None else round(many['across_spaces'], 2)}; "
+                   + ", ".join(f"within {k} {v:.2f}" for k, v in wk.items() if v is not None)
+                   + (f", classification-generation {many['across_kinds']:.2f}" if many.get("across_kinds") is not None
+                      else "") + ".")
+        if many["compositions"]:
+            st.markdown("**Composition**: θ_a + θ_b on zero-shot prompts of the composed task x → b(a(x))")
+            comp = pd.DataFrame([{"composed task": c["task"], "zero-shot": 100 * c["zero_shot"]["accuracy"],
+                                  "ICL": 100 * c["icl"]["accuracy"], "θ_a": 100 * c["a_only"]["accuracy"],
+                                  "θ_b": 100 * c["b_only"]["accuracy"], "θ_a + θ_b": 100 * c["sum"]["accuracy"]}
+                                 for c in many["compositions"]])
+            st.dataframe(comp, hide_index=True, key="ltv_compositions")
+            st.caption("Accuracy (%). The composed tasks are evaluation-only: their answers are words of the "
+                       "language, but the model never trained on a composition (the ICL column says whether it can "
+                       "compose at all).")
+        tail("ltv_tasks", many, tparams, "r.similarity, r.table, r.compositions", "ltv_tasks")
