@@ -8,8 +8,8 @@ validation every 50 steps) of `syn-sentiment`, `--timing-runs` times; wall-clock
 runs them (one, for a model this small on the CPU), and the load average.
 Analyses: the `site` kind with its defaults on each of the 10 non-random-mapping tasks (0-shot, 8/10-shot ICL,
 function vector, vanilla task vector, every alpha = 1, SITE: exact match, first-token accuracy, TR ratio; alpha
-decisiveness; top/bottom-k patching; budget curve), then `site_transfer` over them; results cached in a temporary
-folder (or HEADLENS_CACHE_DIR when set).
+decisiveness; top/bottom-k patching; budget curve), the alphas' decisiveness with Adam's beta2 = 0.9, then
+`site_transfer` over them; results cached in a temporary folder (or HEADLENS_CACHE_DIR when set).
 """
 from __future__ import annotations
 
@@ -112,6 +112,15 @@ def main() -> None:
           f"{report['decided_all']:.2f} · (0.2/0.8) {report['decided_2x_all']:.2f}", flush=True)
     print("patching (mean over tasks):", report["patching_mean"], flush=True)
     print("budget (mean over tasks):", report["budget_mean"], flush=True)
+    lean = {"compare": [], "patching": [], "budget": [], "correlations": []}
+    b2 = {n: analyze("site", lm, tasks[n], beta2=0.9, **lean) for n in names}
+    a2 = np.concatenate([np.ravel(r.alpha) for r in b2.values()])
+    report["beta2_0.9"] = {"decided_all": float(((a2 < 0.1) | (a2 > 0.9)).mean()),
+                           "decided": {n: r.decisive["decided"] for n, r in b2.items()},
+                           "accuracy": {n: r.site.accuracy for n, r in b2.items()},
+                           "train_seconds": {n: r.train_seconds for n, r in b2.items()}}
+    print(f"Adam beta2 = 0.9: decided (0.1/0.9) {report['beta2_0.9']['decided_all']:.2f}; accuracy "
+          f"{np.mean(list(report['beta2_0.9']['accuracy'].values())):.3f} (mean over tasks)", flush=True)
     t0 = time.perf_counter()
     tr = analyze("site_transfer", lm, None, tasks=names)
     report["transfer"] = {"tasks": tr.tasks, "accuracy": tr.accuracy, "summary": tr.summary,

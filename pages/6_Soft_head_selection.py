@@ -6,7 +6,6 @@ tasks and one view of every steering method side by side. Service jobs: `site`, 
 """
 from __future__ import annotations
 
-import inspect
 import json
 from pathlib import Path
 from typing import Any
@@ -47,7 +46,7 @@ def download(label: str, result: dict[str, Any], name: str, key: str) -> None:
 
 
 def fetch_live(kind: str, params: dict[str, Any], label: str, what: str, placeholder: Any) -> dict[str, Any] | None:
-    """jobs.fetch with the training's loss curve drawn live into `placeholder` (when jobs.fetch supports it)."""
+    """jobs.fetch with the training's loss curve drawn live into `placeholder`."""
     drawn = {"step": -1}
 
     def on_live(data: dict[str, Any]) -> None:
@@ -59,9 +58,9 @@ def fetch_live(kind: str, params: dict[str, Any], label: str, what: str, placeho
                                                title=f"Training: step {step} of {data.get('steps')}"),
                                  key=f"site_live_{step}")
 
-    if "on_live" in inspect.signature(jobs.fetch).parameters:
-        return jobs.fetch(kind, params, label, what=what, on_live=on_live)
-    return jobs.fetch(kind, params, label, what=what)
+    job = jobs.Job(kind, params, label, what)
+    job.on_live = on_live  # jobs._wait hands it the running job's `live` data at every poll
+    return jobs.fetch_many([job])[0]
 
 
 def pct_cols(table: pd.DataFrame, cols: list[str]) -> dict[str, Any]:

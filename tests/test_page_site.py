@@ -118,6 +118,28 @@ def test_alpha_selection_feeds_the_heads_field(inprocess, setup):
         assert at.query_params.get("heads")
 
 
+def test_a_running_training_shows_its_loss_and_can_be_cancelled(inprocess, setup):
+    import time
+
+    params = {**site_params(setup), "steps": 5000, "val_every": 100, "seed": 7}
+    job_id = inprocess.submit("site", params)
+    live, deadline = None, time.monotonic() + 300
+    while time.monotonic() < deadline:
+        j = inprocess.job(job_id)
+        if j.get("live") and len(j["live"].get("loss") or []) >= 10:
+            live = j["live"]
+            break
+        assert j["status"] in ("queued", "running"), j
+        time.sleep(0.2)
+    assert live is not None, "no live loss curve while the job ran"
+    assert live["steps"] == 5000 and live["val"][0]["step"] == 0 and all(x >= 0 for x in live["loss"])
+    inprocess.cancel(job_id)
+    deadline = time.monotonic() + 120
+    while inprocess.job(job_id)["status"] not in ("cancelled", "failed", "done") and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert inprocess.job(job_id)["status"] == "cancelled"
+
+
 # -- figure builders -----------------------------------------------------------------------------------------------------
 RES = {"alpha": [[0.05, 0.95], [0.5, 0.99]], "site": {"accuracy": 0.9, "exact_match": 0.8, "tr_ratio": 1.0,
                                                       "label_accuracy": 1.0},

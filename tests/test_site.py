@@ -27,6 +27,15 @@ SMALL = dict(m=4, shots=2, prompts=6, steps=6, val_every=3, val_prompts=3, max_n
 NO_EXTRAS = dict(compare=[], patching=[], budget=[], correlations=[])
 
 
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """Tiny models: one torch thread (as the kinds run them on the CPU), faster on a busy machine."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 @pytest.fixture(scope="module")
 def lms(gpt2_tokenizer):
     """Tiny llama (6 query heads over 2 KV heads), qwen2 (GQA) and gpt2 models."""
@@ -284,7 +293,7 @@ def test_cli_flags_and_api():
     out = subprocess.run([sys.executable, "-m", "backend", "site", "--help"], cwd=REPO, capture_output=True, text=True,
                          timeout=120)
     assert out.returncode == 0
-    for flag in ("--m ", "--shots", "--steps", "--json", "--load", "--patching", "--budget"):
+    for flag in ("--m ", "--shots", "--steps", "--json", "--load", "--patching", "--budget", "--beta2"):
         assert flag in out.stdout
 
 

@@ -54,13 +54,15 @@ def methods(ctx: Context, p: MethodsParams) -> dict[str, Any]:
         missing.append("LTV: no cached result for this model, task, shots, prompts and seed (run it on the LTV page, "
                        "or ask for it here with ltv=true)")
     else:
-        m = ltv.table.get("ltv")
-        train = next((pl.training for pl in ltv.per_layer if ltv.layer in pl.layers), None)
-        n_vec = len(train.layers) if train is not None else 1
-        rows.append({"key": "ltv", "name": "LTV", "family": "trained", **(_m(m) if m is not None else {}),
-                     "params": n_vec * d, "trainable": n_vec * d,
-                     "train_seconds": train.train_seconds if train is not None else None, "source": "ltv",
-                     "note": f"learned task vector at layer {ltv.layer}'s input"})
+        try:
+            m = ltv.table["ltv"]
+            train = next((pl.training for pl in ltv.per_layer if ltv.layer in pl.layers), None)
+            n_vec = len(train.layers) if train is not None else 1
+            rows.append({"key": "ltv", "name": "LTV", "family": "trained", **_m(m), "params": n_vec * d,
+                         "trainable": n_vec * d, "train_seconds": train.train_seconds if train is not None else None,
+                         "source": "ltv", "note": f"learned task vector at layer {ltv.layer}'s input"})
+        except (AttributeError, KeyError, TypeError):
+            missing.append("LTV: its cached result has another shape than this view reads")
 
     site = ctx.call("site", m=p.site_m, shots=p.site_shots, steps=p.site_steps, prompts=p.prompts, seed=p.seed,
                     batch_size=p.batch_size, progress=ctx.stage(0.3 if ltv is not None else 0.6, 1.0, "SITE"))

@@ -36,7 +36,8 @@ from .primitives.soft_select import (decisive_shares, encode_all, few_threads, h
                                      lora_params, ranked_heads, save_site, site_data, train_alphas)
 from .primitives.sweep import RowConfig, sweep_outcomes
 
-RECIPE = ("m", "shots", "prompts", "steps", "lr", "train_batch", "val_every", "val_prompts", "max_new_tokens", "seed")
+RECIPE = ("m", "shots", "prompts", "steps", "lr", "beta2", "train_batch", "val_every", "val_prompts",
+          "max_new_tokens", "seed")
 EXAMPLES = 10
 
 
@@ -79,7 +80,7 @@ def _site(ctx: Context, p: SiteParams) -> dict[str, Any]:
         embed_s = time.perf_counter() - t0
         tr = train_alphas(lm, t, enc["train"], enc["val"], steps=p.steps, lr=p.lr, batch=p.train_batch,
                           val_every=p.val_every, seed=p.seed, progress=ctx.stage(0.05, 0.45, "training"),
-                          live=ctx.live)
+                          live=ctx.live, beta2=p.beta2)
         logits, loss, val, best_step, train_s = tr.logits, tr.loss, tr.val, tr.best_step, tr.seconds
         alpha = tr.alpha
         recipe = {k: getattr(p, k) for k in RECIPE} | {"shots_used": data.shots, "best_step": best_step}
@@ -171,19 +172,18 @@ _LABELS = {"fv": "function vector", "vanilla": "vanilla task vector"}
 
 
 def ltv_row(ctx: Context, prompts: int, seed: int) -> dict[str, Any] | None:
-    """The cached LTV result's row (its table's `ltv` metrics at its layer), or None when the kind is absent or
-    nothing is cached for these prompts and seed."""
+    """The cached LTV result's row (its table's `ltv` metrics at its layer), or None when the kind is absent,
+    nothing is cached for these prompts and seed, or its result has another shape than this reads."""
     r = cached_ltv(ctx, prompts, seed)
-    if r is None:
+    try:
+        m = r.table["ltv"]
+        train = next((pl.training for pl in r.per_layer if r.layer in pl.layers), None)
+        n_vec = len(train.layers) if train is not None else 1
+        return {"label": "LTV", "metrics": m.model_dump(), "params": n_vec * ctx.lm.d_model,
+                "trainable": n_vec * ctx.lm.d_model, "seconds": train.train_seconds if train is not None else None,
+                "note": f"learned task vector at layer {r.layer}'s input (cached `ltv` result, {r.prompts} prompts)"}
+    except (AttributeError, KeyError, TypeError):
         return None
-    m = r.table.get("ltv")
-    if m is None:
-        return None
-    train = next((pl.training for pl in r.per_layer if r.layer in pl.layers), None)
-    n_vec = len(train.layers) if train is not None else 1
-    return {"label": "LTV", "metrics": m.model_dump(), "params": n_vec * ctx.lm.d_model, "trainable": n_vec * ctx.lm.d_model,
-            "seconds": train.train_seconds if train is not None else None,
-            "note": f"learned task vector at layer {r.layer}'s input (cached `ltv` result, {r.prompts} prompts)"}
 
 
 def cached_ltv(ctx: Context, prompts: int, seed: int) -> Any:
@@ -257,9 +257,13 @@ def _correlations(ctx: Context, p: SiteParams, alpha: np.ndarray) -> dict[str, A
             out[m] = overlap(alpha, np.asarray(getattr(r, m), dtype=float), k)
     if "ltv" in p.correlations:
         r = cached_ltv(ctx, p.prompts, p.seed)
-        kh = next((pl.key_heads for pl in (r.per_layer if r is not None else []) if r.layer in pl.layers
-                   and pl.key_heads is not None), None)
-        if kh is not None:
-            out["ltv"] = overlap(alpha, np.asarray(kh.saliency, dtype=float), k)
+        try:
+            kh = next((pl.key_heads for pl in (r.per_layer if r is not None else []) if r.layer in pl.layers
+                       and pl.key_heads is not None), None)
+            sal = None if kh is None else np.asarray(kh.saliency, dtype=float)
+        except (AttributeError, TypeError):  # its result has another shape than this reads
+            sal = None
+        if sal is not None and sal.shape == alpha.shape:
+            out["ltv"] = overlap(alpha, sal, k)
     return out
 

@@ -28,8 +28,8 @@ from .primitives.soft_select import few_threads, load_site, site_data
 from .primitives.sweep import RowConfig, sweep_outcomes
 
 DEFAULT_MODEL_NAMES = ("default", "headlens-tiny")
-RECIPE = ("m", "shots", "prompts", "steps", "lr", "train_batch", "val_every", "val_prompts", "max_new_tokens", "seed",
-          "batch_size")
+RECIPE = ("m", "shots", "prompts", "steps", "lr", "beta2", "train_batch", "val_every", "val_prompts",
+          "max_new_tokens", "seed", "batch_size")
 
 
 def default_tasks(lm: Any) -> list[Task]:

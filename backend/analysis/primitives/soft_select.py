@@ -221,15 +221,16 @@ def injected_last_logits(lm: LoadedModel, batch: Batch, alpha: torch.Tensor, t: 
 
 def train_alphas(lm: LoadedModel, t: torch.Tensor, train: Encoded, val: Encoded, *, steps: int, lr: float,
                  batch: int = 1, val_every: int = 50, seed: int = 0, progress: Progress | None = None,
-                 live: Live | None = None, live_every: int = 10, prefix_from: int = PREFIX_FROM) -> Trained:
+                 live: Live | None = None, live_every: int = 10, prefix_from: int = PREFIX_FROM,
+                 beta2: float = 0.999) -> Trained:
     """Adam on the alpha logits (start 0), one batch of `batch` random training prompts a step; every `val_every`
     steps (and after the last) the validation loss, and the logits of the lowest one are kept (ties: the
     earlier). `progress(f, msg)` and `live(data)` may raise to cancel. Prompts of `prefix_from` tokens or more
-    reuse their clean prefix (see `injected_last_logits`)."""
+    reuse their clean prefix (see `injected_last_logits`). `beta2`: Adam's second-moment decay."""
     L, H = lm.n_layers, lm.n_heads
     t = t.to(lm.device, torch.float32)
     logits = torch.zeros(L, H, device=lm.device, requires_grad=True)
-    opt = torch.optim.Adam([logits], lr=lr)
+    opt = torch.optim.Adam([logits], lr=lr, betas=(0.9, beta2))
     gold = gold_tokens(train).to(lm.device)
     rng = random.Random(f"site-train-{seed}")
     losses: list[float] = []
