@@ -29,6 +29,7 @@ Mode = Literal[MODES]  # type: ignore[valid-type]
 Positions = Literal[POSITIONS]  # type: ignore[valid-type]
 MapName = Literal[MAPS]  # type: ignore[valid-type]
 TaskKind = Literal[KINDS_OF_TASK]  # type: ignore[valid-type]
+LtvUnits = Literal["residual", "absolute"]
 
 # -- default sizes ---------------------------------------------------------------------------------------
 SHOTS = 8
@@ -57,6 +58,32 @@ HEAD_TOP_TOKENS = 10
 """Top next tokens the `head` kind lists (and per layer, with the logit lens: at most 5)."""
 HEAD_MAX_PATTERN = 256
 """Prompts up to this many tokens get a head's whole attention pattern; longer ones the last row only."""
+
+# -- learned task vectors (kinds ltv_train, ltv, ltv_tasks) -----------------------------------------------------
+LTV_LR = 5e-3
+"""The reference implementation's learning rate (the paper's text says 1e-3)."""
+LTV_EPOCHS = 10
+LTV_PATIENCE = 2
+LTV_WEIGHT_DECAY = 0.01
+LTV_INIT_SCALE = 0.1
+"""theta starts uniform in (-LTV_INIT_SCALE, LTV_INIT_SCALE)."""
+LTV_TRAIN_PROMPTS = 100
+LTV_VAL_PROMPTS = 20
+LTV_BATCH_SIZE = 4
+"""Training batch size. The reference uses 1; on the CPU batch 4 trains 3.2x faster (10.1 s against 32.4 s, median
+over the default model's 10 tasks) at the same held-out accuracy (100% on all 10); batch 8 loses some (98%, min 90%).
+See bench/bench_ltv.py and bench/RESULTS.md. Pass 1 for the reference recipe."""
+LTV_UNITS = "residual"
+"""theta = r * phi with r the residual stream's RMS at the injection site, phi trained by the recipe; `absolute`
+trains theta itself (the reference implementation, whose numbers assume Llama's residual scale)."""
+LTV_KEY_PCT = 10.0
+"""Key heads: the top this percent of heads by saliency."""
+LTV_RANDOM_DRAWS = 10
+LTV_MAX_PERTURBATIONS = 1024
+"""Linear propagation: perturbed vectors per layer (default 2 * d_model, at most this)."""
+LTV_PAPER = {"model": "Llama-3.1-8B", "layer": 16, "position": "last token", "vanilla": 37.8, "fv": 37.3,
+             "ltv": 83.5}
+"""The paper's anchor: accuracy (%) at layer 16 of Llama-3.1-8B, mean over its tasks."""
 
 # -- bounds every edge (service, CLI) applies through the params models --------------------------------------
 MAX_TEXT = 1024

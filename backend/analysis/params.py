@@ -242,6 +242,116 @@ class HeadParams(PromptParams):
         return v
 
 
+# -- learned task vectors -----------------------------------------------------------------------------------
+Offset = Annotated[int, Strict(), Field(lt=0, ge=-4096)]
+
+
+class LtvRecipeParams(Params):
+    """How a learned task vector (LTV) trains: theta ~ U(-init_scale, init_scale) (times r, see `units`) added at a
+    decoder layer's input at `positions`, AdamW with linear decay, at most `epochs` epochs of `train_prompts`
+    zero-shot prompts each, early stopping on the full-vocabulary accuracy of `val_prompts` held-out ones. Here
+    `batch_size` is the training batch size: it changes the vector, so it is part of the cache key."""
+
+    not_in_key: ClassVar[frozenset[str]] = frozenset()
+
+    positions: list[Offset] = Field(default_factory=lambda: [-1], min_length=1, max_length=64,
+                                    description="negative offsets from the last prompt token where theta is added "
+                                                "(-1 = the last token)")
+    lr: Float = Field(o.LTV_LR, gt=0, le=10, description="AdamW learning rate (decays linearly to 0)")
+    epochs: Int = Field(o.LTV_EPOCHS, ge=1, le=1000, description="most passes over the training prompts")
+    patience: Int = Field(o.LTV_PATIENCE, ge=1, le=1000, description="epochs without a better held-out accuracy "
+                                                                     "before stopping")
+    weight_decay: Float = Field(o.LTV_WEIGHT_DECAY, ge=0, le=10)
+    init_scale: Float = Field(o.LTV_INIT_SCALE, ge=0, le=100, description="theta starts uniform in +-init_scale")
+    train_prompts: Int = Field(o.LTV_TRAIN_PROMPTS, ge=1, le=100_000,
+                               description="zero-shot training prompts per epoch (from the demonstration pool; "
+                                           "a smaller pool is cycled through)")
+    val_prompts: Int = Field(o.LTV_VAL_PROMPTS, ge=1, le=100_000,
+                             description="held-out prompts for early stopping (at most; from the demonstration pool)")
+    batch_size: Int = Field(o.LTV_BATCH_SIZE, ge=1, le=1024, description="training batch size (part of the result)")
+    units: o.LtvUnits = Field(o.LTV_UNITS, description="residual: theta = r * phi, r the RMS of the residual stream "
+                                                       "at the injection site, phi trained (lr and init_scale in "
+                                                       "units of r); absolute: theta trained as is (the reference)")
+    seed: Int = Field(o.SEED, ge=0, description="seed of the split, theta's initialisation and the prompt order")
+
+    @field_validator("positions")
+    @classmethod
+    def _positions(cls, v: list[int]) -> list[int]:
+        return sorted(set(v), reverse=True)
+
+    def training_work(self) -> tuple[int, str]:
+        """One training: a forward and backward pass (~3 passes) per training prompt and epoch, the held-out
+        prompts after each epoch, and the residual scale's pass."""
+        n = 3 * self.epochs * self.train_prompts + self.epochs * self.val_prompts + self.train_prompts
+        return n, f"{self.epochs} epochs x ({self.train_prompts} training prompts x 3 + {self.val_prompts} held out)"
+
+
+class LtvTrainParams(LtvRecipeParams):
+    """kind `ltv_train`: train one learned task vector (several layers: one theta each, trained together)."""
+
+    layer: Layer | list[Layer] | None = Field(None, description="decoder layer whose input theta is added to; "
+                                                                "None = L/2; a list: one theta per layer, jointly")
+
+    def work(self, model: dict | None = None) -> tuple[int, str]:
+        return self.training_work()
+
+
+class LtvParams(Selection, LtvRecipeParams):
+    """kind `ltv`: train LTVs and compare them, at each injection layer, with zero-shot, k-shot ICL, the vanilla
+    task vector, the function vector and the TR / TL head-set vectors; LTV on top of ICL; and how it works
+    (key heads, OV reconstruction, linear propagation)."""
+
+    layer: Layer | list[Layer] | Literal["all"] | None = Field(
+        None, description="injection layer (a decoder layer's input); None = L/2; `all` or a list: one LTV per "
+                          "layer (the layer sweep), or one joint vector with `joint`")
+    joint: Bool = Field(False, description="with several layers: one theta per layer trained together")
+    shots: Int = Field(o.SHOTS, ge=0, description="demonstrations of the ICL conditions and extracted vectors")
+    prompts: Int = Field(o.PROMPTS, ge=1, description="held-out queries scored (zero-shot prompts)")
+    mechanism: Bool = Field(True, description="key heads, OV reconstruction and linear propagation per layer")
+    key_pct: Float = Field(o.LTV_KEY_PCT, gt=0, le=100, description="key heads: top percent by saliency")
+    random_draws: Int = Field(o.LTV_RANDOM_DRAWS, ge=1, le=100, description="random head sets ablated for contrast")
+    perturbations: Int | None = Field(None, ge=2, le=16384, description="linear propagation: perturbed vectors "
+                                                                        "(default 2 d_model, at most 1024)")
+    load: str | None = Field(None, min_length=1, max_length=o.MAX_TEXT,
+                             description="a saved LTV (.safetensors) to compare instead of training one")
+
+    def work(self, model: dict | None = None) -> tuple[int, str]:
+        L = model["n_layers"] if model else ASSUMED_LAYERS
+        d = int(model.get("d_model", 4096)) if model else 4096
+        layers = L if self.layer == "all" else len(self.layer) if isinstance(self.layer, list) else 1
+        trainings = 0 if self.load else (1 if self.joint else layers)
+        train, _ = self.training_work()
+        built, _ = VectorsParams(types=["tr", "tl", "fv", "vanilla"], shots=self.shots, prompts=self.prompts,
+                                 top_pct=self.top_pct, top_k=self.top_k).work(model)
+        per_layer = 8 * self.prompts  # the conditions, LTV + ICL
+        why = f"{trainings} trainings x {train} + vectors {built} + {layers} layers x ({self.prompts} prompts x 8"
+        if self.mechanism and not self.joint:
+            n_pert = self.perturbations or min(2 * d, o.LTV_MAX_PERTURBATIONS)
+            per_layer += self.prompts * (3 + self.random_draws + 6 + n_pert + 2)
+            why += f" + mechanism: {self.random_draws} random sets, {n_pert} perturbations"
+        return trainings * train + built + layers * per_layer, why + ")"
+
+
+class LtvTasksParams(Selection, LtvRecipeParams):
+    """kind `ltv_tasks`: LTVs of several tasks at one layer: the comparison task by task (the paper's ordering),
+    the cosine similarity of the vectors, and composition (the sum of two tasks' vectors on their composed task)."""
+
+    tasks: list[Annotated[str, Field(min_length=1, max_length=200)]] | None = Field(
+        None, max_length=64, description="built-in task names; None = the model's built-in tasks (the default "
+                                         "model: its 10 synthetic classification and generation tasks)")
+    layer: Layer | None = Field(None, description="injection layer; None = L/2")
+    shots: Int = Field(o.SHOTS, ge=0)
+    prompts: Int = Field(o.PROMPTS, ge=1)
+    compose: Bool = Field(True, description="evaluate vector sums on the composed tasks the task language defines")
+
+    def work(self, model: dict | None = None) -> tuple[int, str]:
+        fields = {k: getattr(self, k) for k in LtvRecipeParams.model_fields}
+        one, _ = LtvParams(**fields, layer=self.layer, shots=self.shots, prompts=self.prompts, top_pct=self.top_pct,
+                           top_k=self.top_k, mechanism=False).work(model)
+        n = len(self.tasks) if self.tasks else 10
+        return n * one + (7 * 5 * self.prompts if self.compose else 0), f"{n} tasks x {one} (one LTV each)"
+
+
 # -- soft head selection (SITE) ---------------------------------------------------------------------------------
 SiteComparison = Literal["zero_shot", "icl", "fv", "vanilla", "all_ones", "ltv"]
 SiteCorrelation = Literal["tr", "tl", "induction", "ltv"]
