@@ -113,6 +113,8 @@ SITE_MAX_NEW_TOKENS = 20
 SITE_ICL_SHOTS = (8, 10)
 SITE_PATCH_KS = (1, 2, 4, 8, 16)
 SITE_BUDGET = (1, 5, 10, 50)
+SITE_TRANSFER_TOP_K = 4
+"""Transfer: also inject only task A's top-k heads by alpha (soft alphas transfer almost everywhere on a small model)."""
 SITE_DECISIVE = 0.1
 """An alpha under this or over 1 - this counts as decided."""
 LORA_RANK = 8

@@ -230,9 +230,19 @@ if live("transfer", clicked, "site_transfer", tr_params):
     tr = jobs.fetch("site_transfer", tr_params, "Transfer", what="Transfer")
     if tr is not None:
         jobs.show_warnings(tr)
-        st.plotly_chart(sf.transfer_heatmap(tr), key="site_transfer",
-                        config=figures.png_config(f"site-transfer-{s.model}"))
         sm = tr.get("summary") or {}
+        k = tr.get("top_k")
+        modes = ["accuracy"] + (["accuracy_top_k"] if tr.get("accuracy_top_k") else [])
+        which = st.segmented_control("Inject", modes, default="accuracy", key="w_site_transfer_mode", required=True,
+                                     format_func=lambda m: "A's learned α" if m == "accuracy" else
+                                     f"only A's top {k} heads (α = 1)") or "accuracy"
+        st.plotly_chart(sf.transfer_heatmap(tr, which=which), key="site_transfer",
+                        config=figures.png_config(f"site-transfer-{s.model}"))
+        if which != "accuracy":
+            st.caption(f"Only A's top {k} heads: own task **{M.pct(sm.get('own_top_k'))}**, another task "
+                       f"**{M.pct(sm.get('others_top_k'))}** (same kind {M.pct(sm.get('same_kind_top_k'))}, the other "
+                       f"kind {M.pct(sm.get('other_kind_top_k'))}); mean top-{k} overlap (Jaccard) "
+                       f"{sm.get('top_k_overlap') or 0:.2f}.")
         st.caption(f"Own α (diagonal): **{M.pct(sm.get('own'))}**; another task's α: **{M.pct(sm.get('others'))}** "
                    f"(same kind of task {M.pct(sm.get('same_kind'))}, the other kind {M.pct(sm.get('other_kind'))}); "
                    f"no injection {M.pct(sm.get('zero_shot'))}, every α = 1 {M.pct(sm.get('all_ones'))}. Overlap of "

@@ -101,6 +101,11 @@ def test_page_trains_and_shows_the_result(inprocess, setup):
     # the transfer matrix and every method
     again.button(key="run_methods").click().run()
     assert_clean(again)
+    again.button(key="run_transfer").click().run()
+    assert_clean(again)
+    tr = figure(again, "site_transfer")
+    n = len(tr["data"][0]["x"])
+    assert n >= 2 and vals(tr["data"][0]["z"]).shape == (n, n)
     mt = next(df.value for df in again.dataframe if "family" in df.value.columns)
     assert list(mt["method"])[-1] == "SITE" and "function vector" in set(mt["method"])
 
@@ -172,7 +177,11 @@ def test_figures_carry_the_numbers():
     loss = sf.loss_curve([1.0, 0.5, 0.1], [{"step": 0, "loss": 1.2, "accuracy": 0.5}, {"step": 3, "loss": 0.2,
                                                                                        "accuracy": 1.0}], 3)
     assert len(loss.data) == 3
-    tr = sf.transfer_heatmap({"tasks": ["syn-a", "syn-b"], "accuracy": [[1.0, 0.5], [0.25, 0.75]]})
+    tr = sf.transfer_heatmap({"tasks": ["syn-a", "syn-b"], "accuracy": [[1.0, 0.5], [0.25, 0.75]],
+                              "accuracy_top_k": [[0.5, 0.0], [0.0, 0.5]]})
     assert list(tr.data[0].x) == ["a", "b"] and np.allclose(tr.data[0].z, [[100, 50], [25, 75]])
+    assert np.allclose(sf.transfer_heatmap(tr_res := {"tasks": ["a", "b"], "accuracy": [[1, 1], [1, 1]],
+                                                      "accuracy_top_k": [[0.5, 0.0], [0.0, 0.5]]},
+                                           which="accuracy_top_k").data[0].z, [[50, 0], [0, 50]]) and tr_res
     bud = sf.budget_curve(RES["budget"])
     assert list(bud.data[0].x) == [1, 5]

@@ -276,6 +276,7 @@ def test_transfer_and_methods(lms, task, gen_task, monkeypatch):
     r = analyze("site_transfer", lm, None, **{k: v for k, v in SMALL.items()})
     assert r.tasks == ["tiny-yesno", "tiny-next"] and len(r.accuracy) == 2 and len(r.accuracy[0]) == 2
     assert r.head_jaccard[0][0] == 1.0 and r.alpha_spearman[0][0] is None
+    assert r.top_k == 4 and len(r.accuracy_top_k) == 2 and "own_top_k" in r.summary
     own = analyze("site", lm, task, **SMALL, **NO_EXTRAS)
     assert r.accuracy[0][0] == pytest.approx(own.site.accuracy)  # the diagonal is SITE itself
     m = analyze("methods", lm, task, shots=2, prompts=6, site_m=4, site_shots=2, site_steps=4)

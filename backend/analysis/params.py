@@ -438,6 +438,8 @@ class SiteTransferParams(SiteRecipeParams):
     tasks: list[Annotated[str, Field(min_length=1, max_length=200)]] | None = Field(
         None, max_length=64, description="built-in task names; None = the model's built-in example tasks (the "
                                          "default model: its 10 synthetic classification and generation tasks)")
+    top_k: Int = Field(o.SITE_TRANSFER_TOP_K, ge=1, le=o.MAX_LIST,
+                       description="also: only task A's top-k heads by alpha, injected outright (alpha = 1)")
 
     def work(self, model: dict | None = None) -> tuple[int, str]:
         n, _ = super().work(model)

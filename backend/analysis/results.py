@@ -607,6 +607,9 @@ class SiteTransferResult(Result):
     tr_ratio: list[list[float]]
     zero_shot: list[float] = Field(..., description="per B, no injection")
     all_ones: list[float] = Field(..., description="per B, every alpha = 1 with B's t")
+    top_k: int = Field(0, description="heads of the sparse transfer")
+    accuracy_top_k: list[list[float]] = Field(default_factory=list, description="[A][B]: only A's top-k heads by "
+                                                                                "alpha, alpha = 1, B's t, on B")
     alpha_spearman: list[list[float | None]] = Field(..., description="rank correlation of the alpha maps")
     head_jaccard: list[list[float]] = Field(..., description="overlap of the heads with alpha > 0.5")
     summary: dict[str, float | None] = Field(default_factory=dict)

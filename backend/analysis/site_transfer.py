@@ -3,7 +3,9 @@
 Each task's SITE run comes from the cached `site` kind (a full run with the same recipe when one is cached, else one
 trained with the analyses off: the training is the same); its alphas and
 task embedding are read back from its safetensors file. accuracy[A][B] is the first-token accuracy of B's zero-shot
-test prompts with z[l, h] <- (1 - alpha_A) z + alpha_A t_B at the last token; the diagonal is SITE itself. Also:
+test prompts with z[l, h] <- (1 - alpha_A) z + alpha_A t_B at the last token; the diagonal is SITE itself.
+accuracy_top_k[A][B]: only A's top-k heads by alpha, injected outright with t_B (soft alphas transfer almost
+everywhere on a small model, where every task runs through the same heads; a sparse set shows more). Also:
 rank correlations and overlaps (alpha > 0.5) between the tasks' alpha maps, and whether the overlap predicts the
 transfer.
 """
@@ -24,7 +26,7 @@ from .params import SiteTransferParams
 from .primitives.batching import encode
 from .primitives.capture import capture_means
 from .primitives.saved import SavedTensorError
-from .primitives.soft_select import few_threads, load_site, site_data
+from .primitives.soft_select import few_threads, hard_alpha, load_site, ranked_heads, site_data
 from .primitives.sweep import RowConfig, sweep_outcomes
 
 DEFAULT_MODEL_NAMES = ("default", "headlens-tiny")
@@ -85,6 +87,8 @@ def _transfer(ctx: Context, p: SiteTransferParams) -> dict[str, Any]:
     names = [t.name for t in kept]
     n = len(names)
     acc = np.zeros((n, n))
+    acc_k = np.zeros((n, n))
+    k = min(p.top_k, lm.n_layers * lm.n_heads)
     trr = np.zeros((n, n))
     zero, ones = np.zeros(n), np.zeros(n)
     for j, b in enumerate(kept):
@@ -94,11 +98,14 @@ def _transfer(ctx: Context, p: SiteTransferParams) -> dict[str, Any]:
         L, H = lm.n_layers, lm.n_heads
         configs = [RowConfig(mask=1.0 - runs[a][0], positions="last") for a in names]
         configs += [RowConfig(mask=torch.zeros(L, H), positions="last"), RowConfig()]
+        configs += [RowConfig(mask=1.0 - hard_alpha(lm, ranked_heads(runs[a][0].numpy())[:k]), positions="last")
+                    for a in names]
         res = sweep_outcomes(lm, enc, configs, fill=runs[b.name][1], batch_size=o.SWEEP_BATCH_SIZE)
         means = res.means()
         acc[:, j] = means["accuracy"][:n]
         trr[:, j] = means["tr_ratio"][:n]
         ones[j], zero[j] = means["accuracy"][n], means["accuracy"][n + 1]
+        acc_k[:, j] = means["accuracy"][n + 2:]
     alphas = {a: runs[a][0].numpy() for a in names}
     rho = [[None if a == b else _spearman(alphas[a], alphas[b]) for b in names] for a in names]
     jac = [[_jaccard(alphas[a], alphas[b]) for b in names] for a in names]
@@ -111,12 +118,21 @@ def _transfer(ctx: Context, p: SiteTransferParams) -> dict[str, Any]:
     sym_jac = [jac[i][j] for i, j in pairs]
     link = _spearman(np.array(sym_jac), np.array(sym_acc)) if len(pairs) > 2 else None
     mean = lambda xs: float(np.mean(xs)) if len(xs) else None  # noqa: E731
+    tops = {a: set(ranked_heads(alphas[a])[:k]) for a in names}
+    jac_k = [len(tops[names[i]] & tops[names[j]]) / len(tops[names[i]] | tops[names[j]]) for i, j in pairs]
+    link_k = _spearman(np.array(jac_k), np.array([(acc_k[i, j] + acc_k[j, i]) / 2 for i, j in pairs])) \
+        if len(pairs) > 2 else None
     summary = {"own": mean(np.diag(acc)), "others": mean([acc[i, j] for i, j in off]),
+               "own_top_k": mean(np.diag(acc_k)), "others_top_k": mean([acc_k[i, j] for i, j in off]),
+               "same_kind_top_k": mean([acc_k[i, j] for i, j in off if kinds[names[i]] == kinds[names[j]]]),
+               "other_kind_top_k": mean([acc_k[i, j] for i, j in off if kinds[names[i]] != kinds[names[j]]]),
+               "top_k_overlap": mean(jac_k), "overlap_vs_transfer_top_k_spearman": link_k,
                "same_kind": mean(same), "other_kind": mean(cross), "zero_shot": mean(zero), "all_ones": mean(ones),
                "overlap_vs_transfer_spearman": link}
     ctx.progress(1.0, "done")
     return {"tasks": names, "kinds": kinds, "accuracy": acc.tolist(), "tr_ratio": trr.tolist(),
-            "zero_shot": zero.tolist(), "all_ones": ones.tolist(), "alpha_spearman": rho, "head_jaccard": jac,
+            "zero_shot": zero.tolist(), "all_ones": ones.tolist(), "top_k": k, "accuracy_top_k": acc_k.tolist(),
+            "alpha_spearman": rho, "head_jaccard": jac,
             "summary": summary, "paths": {a: runs[a][2] for a in names}}
 
 
