@@ -70,9 +70,9 @@ LTV_INIT_SCALE = 0.1
 LTV_TRAIN_PROMPTS = 100
 LTV_VAL_PROMPTS = 20
 LTV_BATCH_SIZE = 4
-"""Training batch size. The reference uses 1; on the CPU batch 4 trains 3.2x faster (10.1 s against 32.4 s, median
-over the default model's 10 tasks) at the same held-out accuracy (100% on all 10); batch 8 loses some (98%, min 90%).
-See bench/bench_ltv.py and bench/RESULTS.md. Pass 1 for the reference recipe."""
+"""Training batch size. The reference uses 1; on the CPU batch 4 trains ~4x faster (8.0 s against 32.3 s, median over
+the default model's 10 tasks on a busy 2-core machine) at the same held-out accuracy (100% on all 10); batch 8 loses
+some (98%, min 90%). See bench/bench_ltv.py and bench/RESULTS.md. Pass 1 for the reference recipe."""
 LTV_UNITS = "residual"
 """theta = r * phi with r the residual stream's RMS at the injection site, phi trained by the recipe; `absolute`
 trains theta itself (the reference implementation, whose numbers assume Llama's residual scale)."""

@@ -124,7 +124,7 @@ with c4:
                     "accuracy keeps the best vector.")
 with c5:
     state.bind(st.number_input, "Batch", "ltv_batch", min_value=1, max_value=1024, step=1,
-               help="Training batch size. The reference uses 1; 4 (the default) trains ~3x faster on a CPU at "
+               help="Training batch size. The reference uses 1; 4 (the default) trains ~4x faster on a CPU at "
                     "the same held-out accuracy on the default model's tasks (bench/bench_ltv.py).")
 with c6:
     state.bind(st.selectbox, "Units", "ltv_units", options=["residual", "absolute"],

@@ -13,7 +13,7 @@ keeping the best theta (see `primitives.learn`). Three adaptations, all in the r
   (bench/RESULTS.md). units="absolute" is the reference as is.
 - an epoch always draws `train_prompts` prompts, cycling through a smaller training set (the synthetic tasks
   have 14-15), so a small task gets the recipe's number of steps (without it, 150 steps: 15-50% in absolute units).
-- batch 4 by default (the reference: 1): 3.2x faster on a CPU at the same accuracy (bench/RESULTS.md).
+- batch 4 by default (the reference: 1): ~4x faster on a CPU at the same accuracy (bench/RESULTS.md).
 
 Data: zero-shot prompts of the seed's demonstration pool (training and held-out); the seed's query pool, which
 every analysis scores, is never seen. Progress reports every step; `ctx.live` carries the loss curve so far
