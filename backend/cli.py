@@ -137,8 +137,9 @@ def add_params(p: argparse.ArgumentParser, model: Any) -> None:
         flag = "--" + name.replace("_", "-")
         default = f.get_default(call_default_factory=True)
         doc = f"{f.description + '; ' if f.description else ''}default: {default}"
-        if _is_bool(f.annotation):
-            p.add_argument(flag, dest=name, action="store_true", default=None, help=doc)
+        if _is_bool(f.annotation):  # a switch; one that defaults to on also gets --no-<name>
+            p.add_argument(flag, dest=name, default=None, help=doc,
+                           action=argparse.BooleanOptionalAction if default is True else "store_true")
         else:
             p.add_argument(flag, dest=name, default=None, metavar=name.upper(), help=doc)
 

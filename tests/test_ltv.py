@@ -320,6 +320,8 @@ def test_cli_flags_and_python_api():
     p = read_params(LtvParams, build_parser().parse_args(negative_lists(argv)))
     assert (p.layer, p.positions, p.lr, p.epochs, p.batch_size) == ("all", [-1, -2], 1e-3, 3, 1)
     p = read_params(LtvParams, build_parser().parse_args(["ltv", "--task", "t", "--layer", "2", "--positions", "-1"]))
-    assert p.layer == 2 and p.positions == [-1]
+    assert p.layer == 2 and p.positions == [-1] and p.mechanism is True
+    p = read_params(LtvParams, build_parser().parse_args(["ltv", "--task", "t", "--no-mechanism", "--joint"]))
+    assert p.mechanism is False and p.joint is True
     assert backend.train_ltv.__name__ == "train_ltv" and callable(backend.ltv_across_tasks)
     assert "batch_size" not in LtvParams.not_in_key  # the training batch size changes the vector: in the key
