@@ -42,10 +42,7 @@ import torch
 from ..hooks import hooked
 from ..models import LoadedModel
 
-try:  # the analysis helpers are moving into `primitives`; either layout works
-    from .primitives.batching import Batch, is_oom, make_batch
-except ImportError:  # pragma: no cover - the older layout
-    from .batching import Batch, is_oom, make_batch  # type: ignore[no-redef]
+from .primitives.batching import Batch, is_oom, make_batch
 
 OnLogits = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], None]
 Progress = Callable[[float, str], None]
