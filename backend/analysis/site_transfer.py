@@ -137,7 +137,11 @@ def _transfer(ctx: Context, p: SiteTransferParams) -> dict[str, Any]:
 
 
 def _spearman(a: np.ndarray, b: np.ndarray) -> float | None:
-    r = stats.spearmanr(np.ravel(a), np.ravel(b)).statistic
+    """None where it is undefined (a constant input)."""
+    a, b = np.ravel(a), np.ravel(b)
+    if np.ptp(a) == 0 or np.ptp(b) == 0:
+        return None
+    r = stats.spearmanr(a, b).statistic
     return float(r) if r is not None and np.isfinite(r) else None
 
 
