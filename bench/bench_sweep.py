@@ -41,7 +41,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 
-from backend.analysis.sweep import RowConfig, run_sweep  # noqa: E402
+from backend.analysis.primitives.engine import RowConfig, run_sweep  # noqa: E402
 from backend.models import wrap  # noqa: E402
 
 KS = (0, 1, 2, 4, 8, 16, 32, 64)

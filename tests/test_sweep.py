@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from backend.analysis import sweep as S
-from backend.analysis.sweep import RowConfig, run_sweep
+from backend.analysis.primitives import engine as S
+from backend.analysis.primitives.engine import RowConfig, run_sweep
 
 from tiny_models import CONFIGS, tiny_model
 
@@ -102,7 +102,7 @@ def test_zero_and_mean_ablation_both_step_kinds(arch, gpt2_tokenizer, monkeypatc
 
 def test_untouched_configurations_are_the_plain_forward_pass(tiny_lm, monkeypatch):  # the 2-layer models
     """All-ones masks (either position kind), zero vectors and empty configurations give the clean logits."""
-    from backend.analysis.sweep import make_batch
+    from backend.analysis.primitives.engine import make_batch
 
     lm, ids = tiny_lm, prompts()
     L, H, d = lm.n_layers, lm.n_heads, lm.d_model

@@ -39,10 +39,10 @@ from typing import Callable, Iterator, Literal, Sequence
 
 import torch
 
-from ..hooks import hooked
-from ..models import LoadedModel
+from ...hooks import hooked
+from ...models import LoadedModel
 
-from .primitives.batching import Batch, is_oom, make_batch
+from .batching import Batch, is_oom, make_batch
 
 OnLogits = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], None]
 Progress = Callable[[float, str], None]
