@@ -205,6 +205,10 @@ def test_perturbation_figures():
     assert rows[1]["d_accuracy_tr"] == pytest.approx(-0.3) and rows[1]["d_tr_ratio_tl"] == pytest.approx(0.0)
     bars = sf.perturbation_bars(rep)
     assert list(bars.data[0].x) == ["unperturbed", "shuffled inputs"] and np.allclose(bars.data[0].y, [80, 40])
+    assert sf.ablation_changes(rep) == {"accuracy": pytest.approx(0.3), "tr_ratio": pytest.approx(0.5)}
+    flat = {**rep, "perturbations": {k: ({**v, "ablation": {s: abl["none"] for s in abl}} if "ablation" in v else v)
+                                     for k, v in rep["perturbations"].items()}}
+    assert sf.ablation_changes(flat) == {"accuracy": 0.0, "tr_ratio": 0.0}  # the page then says every change is 0
     eff = sf.ablation_effects(rep)
     tr_acc = next(t for t in eff.data if t.name == "top TR ablated" and t.xaxis == "x")
     assert np.allclose(tr_acc.y, [-30, -30])

@@ -121,12 +121,25 @@ def test_curve_figures_from_result_dicts():
     fig = figures.ablation_curves(abl)
     names = {t.name for t in fig.data if t.name}
     assert {"top TR", "random (mean ± sd)"} <= names
-    assert any(t.fill == "toself" for t in fig.data)  # the random band
+    band = next(t for t in fig.data if t.fill == "toself")  # the random band: lines only, within 0..100
+    assert band.mode == "lines" and max(band.y) <= 100 and min(band.y) >= 0
+    assert len({(t.line.dash, t.marker.symbol) for t in fig.data if t.fill != "toself" and t.xaxis == "x"}) == 2
     icl = figures.icl_curve({"shots": [0, 2], "accuracy": [0.5, 0.75], "label_accuracy": [0.9, 1.0],
                              "tr_ratio": [0.1, 0.9]})
     assert [t.name for t in icl.data] == ["accuracy", "label accuracy", "TR ratio"]
     assert list(icl.data[0].y) == [50.0, 75.0] and list(icl.data[1].y) == [90.0, 100.0]
     assert len({(t.line.dash, t.marker.symbol) for t in icl.data}) == 3  # told apart where they overlap
+
+
+def test_changes_that_round_to_zero_show_no_arrow():
+    from ui import metrics as M
+
+    assert M.points(0.5, 0.5) is None and M.points(0.3334, 0.3333) is None  # no "-0.0" with a red arrow
+    assert M.points(0.75, 0.5) == "+25.0 pts" and M.pct(None) == "n/a"
+    zero = {"accuracy": 0.06, "label_accuracy": 1.0, "tr_ratio": 0.06}
+    said = M.zero_shot_sentence(zero, {"accuracy": 1.0, "label_accuracy": 1.0, "tr_ratio": 1.0}, 8)
+    assert said and "not which task is meant" in said and "6%" in said
+    assert M.zero_shot_sentence({**zero, "label_accuracy": 0.1}, zero, 8) is None
 
 
 def test_heads_in_the_url_round_trip():
@@ -227,6 +240,7 @@ def test_unknown_task_and_model_are_errors(inprocess):
     at.run()
     assert not at.exception
     assert at.error and "no-such-task" in at.error[0].value
+    assert "POST" not in at.error[0].value and "Home page" in at.error[0].value  # a UI user's words, not the API's
     at = page(model="/no/such/model/folder", task="sentiment", **SMALL)
     at.run()
     assert not at.exception
@@ -265,6 +279,9 @@ def test_home_runs_a_task_and_shows_the_summary(inprocess, task_name):
     assert_clean(at)
     for label in ("Accuracy (4-shot)", "Label accuracy (4-shot)", "TR ratio (4-shot)"):
         assert metric(at, label).endswith("%")
+    assert any("computed in" in c.value and "after the request" in c.value for c in at.caption)  # the wait, too
+    title = json.loads(plotly_charts(at)[0].proto.spec)["layout"]["title"]["text"]
+    assert task_name in title and MODEL in title  # an exported PNG says what it shows
     assert metric(at, "Heads").count("×") == 1
     assert len(plotly_charts(at)) == 1  # the ICL curve
     ex = frame_with(at, "prediction")
