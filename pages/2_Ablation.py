@@ -63,7 +63,7 @@ else:
         if len(rows):
             only = state.bind(st.toggle, "Only prompts whose prediction changed", "only_changed")
             view = rows[rows["pred_before"] != rows["pred_after"]] if only else rows
-            view = view.assign(delta_p=view["gold_prob_after"] - view["gold_prob_before"],
+            view = view.assign(delta_p=(view["gold_prob_after"] - view["gold_prob_before"]).round(4) + 0.0,  # no -0.000
                                query=view["query"].map(lambda t: str(t).strip()),
                                gold=view["gold"].map(lambda t: str(t).strip()),
                                pred_before=view["pred_before"].map(lambda t: str(t).strip() or "∅"),

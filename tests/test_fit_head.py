@@ -123,7 +123,9 @@ def test_head_view_pattern_dla_ablation_and_lens(lms, task, arch):
     with torch.inference_mode(), hooked(lm, head_mask=head_mask(lm, [(layer, h)])[None]):
         ab = lm.model(input_ids=torch.tensor([ids]), use_cache=False).logits[0, -1]
     gold_id = first[r.labels.index(r.gold)]
-    assert r.ablated.gold_prob == pytest.approx(float(torch.softmax(ab.float(), -1)[gold_id]), rel=1e-4)
+    p_ab = torch.softmax(ab.float(), -1)
+    assert r.ablated.gold_prob == pytest.approx(float(p_ab[gold_id]), rel=1e-4)
+    assert r.ablated.top_probs == pytest.approx([float(p_ab[t.id]) for t in r.top], rel=1e-4, abs=1e-9)
     # the logit lens after the last layer is the model's own next-token distribution
     assert len(r.logit_lens) == lm.n_layers and r.logit_lens[-1][0].token == r.top[0].token
     assert set(r.ranks) == {"tr", "tl", "induction"} and all(1 <= v <= lm.n_layers * lm.n_heads

@@ -123,7 +123,9 @@ def test_curve_figures_from_result_dicts():
     assert {"top TR", "random (mean ± sd)"} <= names
     band = next(t for t in fig.data if t.fill == "toself")  # the random band: lines only, within 0..100
     assert band.mode == "lines" and max(band.y) <= 100 and min(band.y) >= 0
-    assert len({(t.line.dash, t.marker.symbol) for t in fig.data if t.fill != "toself" and t.xaxis == "x"}) == 2
+    lines = [t for t in fig.data if t.fill != "toself" and t.xaxis == "x"]
+    assert len({(t.line.dash, t.marker.symbol) for t in lines}) == 2
+    assert lines[0].line.width > lines[1].line.width  # a line drawn over an equal one is thinner: both show
     icl = figures.icl_curve({"shots": [0, 2], "accuracy": [0.5, 0.75], "label_accuracy": [0.9, 1.0],
                              "tr_ratio": [0.1, 0.9]})
     assert [t.name for t in icl.data] == ["accuracy", "label accuracy", "TR ratio"]

@@ -90,7 +90,7 @@ def top_k(values: np.ndarray, k: int) -> list[Head]:
 
 def _style(fig: go.Figure, height: int) -> go.Figure:
     two_lines = "<br>" in str(fig.layout.title.text or "")
-    fig.update_layout(height=height + (30 if two_lines else 0), margin=dict(l=10, r=10, t=76 if two_lines else 40, b=10),
+    fig.update_layout(height=height + (30 if two_lines else 0), margin=dict(l=10, r=10, t=96 if two_lines else 40, b=10),
                       font=dict(family=FONT), hoverlabel=dict(font=dict(family=FONT)),
                       legend=dict(orientation="h", y=-0.2))
     return fig
@@ -195,24 +195,26 @@ def layer_distribution(result: dict[str, Any], k: int, title: str | None = None)
 
 
 METRIC_STYLE: dict[str, dict[str, Any]] = {
-    "accuracy": {"name": "accuracy", "color": "#1f77b4", "dash": "solid", "symbol": "circle"},
-    "label_accuracy": {"name": "label accuracy", "color": "#9467bd", "dash": "dash", "symbol": "square"},
-    "tr_ratio": {"name": "TR ratio", "color": "#ff7f0e", "dash": "dot", "symbol": "diamond"},
+    "accuracy": {"name": "accuracy", "title": "Accuracy", "color": "#1f77b4", "dash": "solid", "symbol": "circle"},
+    "label_accuracy": {"name": "label accuracy", "title": "Label accuracy", "color": "#9467bd", "dash": "dash",
+                       "symbol": "square"},
+    "tr_ratio": {"name": "TR ratio", "title": "TR ratio", "color": "#ff7f0e", "dash": "dot", "symbol": "diamond"},
 }
 ORDER_LINES = {"tr": ("solid", "circle"), "tl": ("dash", "square"), "induction": ("dashdot", "diamond"),
                "random": ("dot", "x")}
+LAYERED = [(5.0, 13), (3.5, 10), (2.5, 8), (2.0, 7)]
+"""(line width, marker size) by drawing order: a line drawn over an equal one stays thinner, so both show."""
 
 
 def icl_curve(icl: dict[str, Any], title: str | None = None) -> go.Figure:
     """Accuracy, label accuracy and TR ratio (in %) against the number of demonstrations k."""
     k = list(icl["shots"])
     fig = go.Figure()
-    for m, stl in METRIC_STYLE.items():
-        if m not in icl:
-            continue
+    for rank, (m, stl) in enumerate((m, stl) for m, stl in METRIC_STYLE.items() if m in icl):
+        width, size = LAYERED[min(rank, len(LAYERED) - 1)]
         fig.add_trace(go.Scatter(x=k, y=[100 * a for a in icl[m]], mode="lines+markers", name=stl["name"],
-                                 line=dict(color=stl["color"], width=3 if m == "accuracy" else 2, dash=stl["dash"]),
-                                 marker=dict(symbol=stl["symbol"], size=9 if m == "accuracy" else 7),
+                                 line=dict(color=stl["color"], width=width, dash=stl["dash"]),
+                                 marker=dict(symbol=stl["symbol"], size=size),
                                  hovertemplate=f"k=%{{x}}: {stl['name']} %{{y:.1f}}%<extra></extra>"))
     fig.update_layout(title=dict(text=title or "In-context learning curve", x=0.0),
                       xaxis=dict(title="demonstrations in the prompt (k)", tickmode="array", tickvals=k),
@@ -225,14 +227,17 @@ def ablation_curves(abl: dict[str, Any], title: str | None = None) -> go.Figure:
     random as its mean with a ±sd band (clipped to 0..100)."""
     ks = list(abl["ks"])
     metrics = [m for m in METRIC_STYLE if all(m in c for c in abl["curves"].values())]
-    fig = make_subplots(rows=1, cols=len(metrics), subplot_titles=[METRIC_STYLE[m]["name"].capitalize()
+    fig = make_subplots(rows=1, cols=len(metrics), subplot_titles=[METRIC_STYLE[m]["title"]
                                                                     for m in metrics], horizontal_spacing=0.06)
     curves = abl["curves"]
     for col, metric in enumerate(metrics, start=1):
-        for name in [o for o in ORDER_STYLE if o in curves] + [o for o in curves if o not in ORDER_STYLE]:
+        names = [o for o in ORDER_STYLE if o in curves] + [o for o in curves if o not in ORDER_STYLE]
+        for rank, name in enumerate(names):
             c = curves[name]
             style = ORDER_STYLE.get(name, {"name": name, "color": "#9467bd"})
             dash, symbol = ORDER_LINES.get(name, ("solid", "circle"))
+            # each later line thinner, with smaller markers, so equal curves still show every order
+            width, size = LAYERED[min(rank, len(LAYERED) - 1)]
             y = 100 * np.asarray(c[metric], dtype=float)
             sd = c.get(f"{metric}_std")
             if sd is not None:
@@ -244,8 +249,8 @@ def ablation_curves(abl: dict[str, Any], title: str | None = None) -> go.Figure:
                               row=1, col=col)
             fig.add_trace(go.Scatter(
                 x=ks, y=y, mode="lines+markers", name=style["name"], legendgroup=name, showlegend=col == 1,
-                line=dict(color=style["color"], width=3 if name == "tr" else 2, dash=dash),
-                marker=dict(symbol=symbol, size=8),
+                line=dict(color=style["color"], width=width, dash=dash),
+                marker=dict(symbol=symbol, size=size),
                 customdata=sd if sd is not None else None,
                 hovertemplate=(f"{style['name']}, k=%{{x}}: %{{y:.1f}}%"
                                + (" ± %{customdata:.1f}" if sd is not None else "") + "<extra></extra>")),

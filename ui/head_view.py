@@ -185,9 +185,10 @@ def render(r: dict[str, Any], s: state.Settings, params: dict[str, Any], n_heads
     t1, t2 = st.columns(2, gap="medium")
     with t1:
         st.markdown("**Top next tokens**")
-        st.dataframe(pd.DataFrame([{"token": t["token"], "p": t["prob"], "p with the head ablated":
-                                    next((a["prob"] for a in ab["top"] if a["id"] == t["id"]), None)}
-                                   for t in r["top"]]), hide_index=True, key=f"{key}_top",
+        after = ab.get("top_probs") or [next((a["prob"] for a in ab["top"] if a["id"] == t["id"]), None)
+                                        for t in r["top"]]
+        st.dataframe(pd.DataFrame([{"token": t["token"], "p": t["prob"], "p with the head ablated": a}
+                                   for t, a in zip(r["top"], after)]), hide_index=True, key=f"{key}_top",
                      column_config={"p": st.column_config.NumberColumn(format="%.4f"),
                                     "p with the head ablated": st.column_config.NumberColumn(format="%.4f")})
     with t2:

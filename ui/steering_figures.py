@@ -70,7 +70,7 @@ LABEL_COLORS = ["#e41a1c", "#377eb8", "#4daf4a", "#984ea3", "#ff7f00", "#a65628"
 
 def _style(fig: go.Figure, height: int) -> go.Figure:
     two_lines = "<br>" in str(fig.layout.title.text or "")
-    fig.update_layout(height=height + (30 if two_lines else 0), margin=dict(l=10, r=10, t=84 if two_lines else 50, b=10),
+    fig.update_layout(height=height + (30 if two_lines else 0), margin=dict(l=10, r=10, t=104 if two_lines else 50, b=10),
                       font=dict(family=FONT), hoverlabel=dict(font=dict(family=FONT)),
                       legend=dict(orientation="h", y=-0.18))
     return fig
@@ -142,13 +142,14 @@ def steer_sweep(res: dict[str, Any], vectors: Sequence[str] | None = None, title
     fig = make_subplots(rows=1, cols=len(METRICS), subplot_titles=[METRIC_TITLES[m] for m in METRICS],
                         horizontal_spacing=0.06)
     for col, metric in enumerate(METRICS, start=1):
-        for k in keys:
+        for rank, k in enumerate(keys):
             st = VECTOR_STYLE.get(k, {"name": k, "color": "#17becf"})
             dash, symbol = VECTOR_LINES.get(k, ("solid", "circle"))
+            width, size = max(5.5 - 0.8 * rank, 1.5), max(14 - 1.5 * rank, 6)  # later lines thinner: all show
             fig.add_trace(go.Scatter(x=layers, y=[100 * float(a) for a in have[k][metric]], mode="lines+markers",
                                      name=st["name"], legendgroup=k, showlegend=col == 1,
-                                     line=dict(color=st["color"], width=2.5, dash=dash),
-                                     marker=dict(symbol=symbol, size=9, line=dict(width=1, color="white")),
+                                     line=dict(color=st["color"], width=width, dash=dash),
+                                     marker=dict(symbol=symbol, size=size, line=dict(width=1, color="white")),
                                      hovertemplate=f"{st['name']}, layer %{{x}}: %{{y:.1f}}%<extra></extra>"),
                           row=1, col=col)
         for ref, dash in (("zero_shot", "dot"), ("icl", "dash")):  # drawn last: on top

@@ -121,6 +121,7 @@ def head(ctx: Context, p: HeadParams) -> dict[str, Any]:
         "gold_prob": float(probs[gold_id]) if gold_id is not None else None,
         "ablated": {"pred": tok.decode([int(ablated.argmax())]),
                     "gold_prob": float(probs_ab[gold_id]) if gold_id is not None else None,
-                    "label_probs": [float(probs_ab[i]) for i in first], "top": _top(lm, ablated, p.top_tokens)},
+                    "label_probs": [float(probs_ab[i]) for i in first], "top": _top(lm, ablated, p.top_tokens),
+                    "top_probs": [float(probs_ab[t["id"]]) for t in top]},
         "logit_lens": lens, "shots": pr["shots"],
     }

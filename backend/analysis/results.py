@@ -306,6 +306,8 @@ class HeadAblation(Model):
     gold_prob: float | None = None
     label_probs: list[float]
     top: list[TokenProb]
+    top_probs: list[float] = Field(default_factory=list, description="the probability, after ablation, of each "
+                                                                     "token of the unablated `top` list")
 
 
 class HeadResult(Result):
