@@ -288,11 +288,33 @@ def test_a_steering_link_reopens_settings_and_cached_result(app_url, driver):
     assert shown_s < 30
 
 
-def test_cancel_cancels_a_running_job(app_url, driver):
+@pytest.fixture(scope="module")
+def slow_model(tmp_path_factory) -> str:
+    """A random-weight Llama with the default model's tokenizer (so its tasks fit) that is big enough for a
+    steering sweep to run for many seconds: a job to cancel (the default model finishes any job in about a second)."""
+    if MODEL != "default":
+        pytest.skip("the slow model borrows the default model's tokenizer")
+    import torch
+    import transformers as T
+
+    folder = tmp_path_factory.mktemp("slow-llama")
+    src = REPO / "models" / "headlens-tiny"
+    for f in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(src / f, folder / f)
+    vocab = json.loads((src / "config.json").read_text())["vocab_size"]
+    torch.manual_seed(0)
+    cfg = T.LlamaConfig(num_hidden_layers=8, num_attention_heads=8, num_key_value_heads=8, hidden_size=512,
+                        intermediate_size=2048, vocab_size=vocab, max_position_embeddings=64, bos_token_id=1,
+                        eos_token_id=2, pad_token_id=0)
+    T.AutoModelForCausalLM.from_config(cfg).save_pretrained(folder)
+    return str(folder)
+
+
+def test_cancel_cancels_a_running_job(app_url, driver, slow_model):
     from selenium.webdriver.common.by import By
 
     d = driver
-    d.get(f"{app_url}/Steering_geometry?model={MODEL}&task=syn-antonym&shots=8&prompts=40&seed=3&"
+    d.get(f"{app_url}/Steering_geometry?model={slow_model}&task=syn-antonym&shots=8&prompts=40&seed=3&"
           f"sg_vectors=fv,vanilla&sg_layer=all")
     _wait(d, lambda d: "Press Run" in _text(d) and _idle(d))
     d.save_screenshot(str(ARTIFACTS / "before-cancel.png"))
@@ -306,7 +328,7 @@ def test_cancel_cancels_a_running_job(app_url, driver):
     cancel.click()
     _wait(d, lambda d: "was cancelled" in _text(d), timeout=30)
     took = time.monotonic() - t0
-    steer = [j for j in _service_jobs() if j["kind"] == "steer" and j["params"].get("task") == "syn-antonym"]
+    steer = [j for j in _service_jobs() if j["kind"] == "steer" and j["params"].get("model") == slow_model]
     assert steer and steer[0]["status"] in ("cancelled", "cancelling") or steer[0]["message"] == "cancelling", steer[:1]
     _wait(d, lambda d: [j for j in _service_jobs() if j["id"] == steer[0]["id"]][0]["status"] == "cancelled",
           timeout=60)
