@@ -135,8 +135,9 @@ def add_params(p: argparse.ArgumentParser, model: Any) -> None:
     """One flag per field of a params model: `--field-name`; booleans are switches."""
     for name, f in model.model_fields.items():
         flag = "--" + name.replace("_", "-")
-        default = f.get_default(call_default_factory=True)
-        doc = f"{f.description + '; ' if f.description else ''}default: {default}"
+        default = None if f.is_required() else f.get_default(call_default_factory=True)
+        doc = f"{f.description + '; ' if f.description else ''}" + ("required" if f.is_required() else
+                                                                   f"default: {default}")
         if _is_bool(f.annotation):  # a switch; one that defaults to on also gets --no-<name>
             p.add_argument(flag, dest=name, default=None, help=doc,
                            action=argparse.BooleanOptionalAction if default is True else "store_true")

@@ -17,7 +17,6 @@ from backend.analysis.primitives.capture import capture_means
 from backend.analysis.primitives.generate import (GenerationError, cut, evaluate_generation, exact_match, generate,
                                                   require_kv_cache, stop_strings, strict_match)
 from backend.analysis.primitives.saved import SavedTensorError
-from backend.hooks import hooked
 from backend.models import wrap
 from backend.tasks.base import Task, TaskError, Template
 from tiny_models import tiny_model

@@ -42,7 +42,7 @@ from .kernel import Context
 from .params import LtvParams
 from .primitives.batching import build_prompts, encode
 from .primitives.inject import Injection, check_layers, check_positions, evaluate_injections
-from .primitives.learn import cpu_threads
+from .primitives.threads import cpu_threads
 from .primitives.propagation import head_saliency, linear_propagation, ov_reconstruction
 from .primitives.saved import load_tensors
 from .primitives.selection import n_top, overlap, top_heads

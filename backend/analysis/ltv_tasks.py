@@ -26,7 +26,7 @@ from .kernel import Context, analyze
 from .params import LtvTasksParams
 from .primitives.batching import build_prompts, encode
 from .primitives.inject import Injection, check_layers, evaluate_injections
-from .primitives.learn import cpu_threads
+from .primitives.threads import cpu_threads
 
 DEFAULT_MODEL_NAMES = ("default", "headlens-tiny")
 RECIPE = ("positions", "lr", "epochs", "patience", "weight_decay", "init_scale", "train_prompts", "val_prompts",

@@ -264,6 +264,7 @@ class PerturbResult(Result):
     heads: dict[str, list[Head]]
     perturbations: dict[str, PerturbEntry]
 
+
 # -- fit ---------------------------------------------------------------------------------------------------------------
 class ContextFit(Model):
     longest_prompt: int = Field(..., description="tokens of the longest of a few prompts at `shots`")

@@ -32,7 +32,8 @@ from .primitives.capture import capture_means
 from .primitives.generate import evaluate_generation, require_kv_cache, stop_strings
 from .primitives.saved import default_path
 from .primitives.selection import n_top, overlap
-from .primitives.soft_select import (decisive_shares, encode_all, few_threads, hard_alpha, hook_factory, load_site,
+from .primitives.threads import cpu_threads
+from .primitives.soft_select import (decisive_shares, encode_all, hard_alpha, hook_factory, load_site,
                                      lora_params, ranked_heads, save_site, site_data, train_alphas)
 from .primitives.sweep import RowConfig, sweep_outcomes
 
@@ -46,7 +47,7 @@ def gen_metrics(ev: dict[str, Any]) -> dict[str, Any]:
 
 
 def site(ctx: Context, p: SiteParams) -> dict[str, Any]:
-    with few_threads(ctx.lm):
+    with cpu_threads(ctx.lm):
         return _site(ctx, p)
 
 

@@ -26,7 +26,8 @@ from .params import SiteTransferParams
 from .primitives.batching import encode
 from .primitives.capture import capture_means
 from .primitives.saved import SavedTensorError
-from .primitives.soft_select import few_threads, hard_alpha, load_site, ranked_heads, site_data
+from .primitives.threads import cpu_threads
+from .primitives.soft_select import hard_alpha, load_site, ranked_heads, site_data
 from .primitives.sweep import RowConfig, sweep_outcomes
 
 DEFAULT_MODEL_NAMES = ("default", "headlens-tiny")
@@ -52,7 +53,7 @@ def resolve_tasks(lm: Any, names: list[str] | None) -> list[Task]:
 
 
 def site_transfer(ctx: Context, p: SiteTransferParams) -> dict[str, Any]:
-    with few_threads(ctx.lm):
+    with cpu_threads(ctx.lm):
         return _transfer(ctx, p)
 
 

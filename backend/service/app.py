@@ -27,7 +27,7 @@ from pydantic import ValidationError
 
 from .admit import admit, describe_validation
 from .errors import BadRequest, NotFound, ServiceError, clip
-from .jobs import JobRunner, LocalJobRunner, make_executor
+from .jobs import JobRunner
 from .limits import Limits
 from .model_pool import ModelPool
 from .schemas import (Capabilities, ErrorResponse, Health, JobKindInfo, JobRequest, JobStatus, TaskInfo,

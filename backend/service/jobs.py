@@ -284,13 +284,13 @@ class LocalJobRunner(JobRunner):
         def report(fraction: float, message: str = "") -> None:
             if job.cancel.is_set():
                 raise Cancelled()
+            if job.started is not None and time.time() - job.started > self._limits.job_timeout_s:
+                raise JobTimeLimit(f"the job ran past this server's time limit of {self._limits.job_timeout_s} s "
+                                   f"(HEADLENS_JOB_TIMEOUT_S); ask for fewer prompts or values")
             with self._cond:
                 job.progress = min(max(float(fraction), 0.0), 1.0) if math.isfinite(fraction) else job.progress
                 job.message = message or job.message
 
-            if job.started is not None and time.time() - job.started > self._limits.job_timeout_s:
-                raise JobTimeLimit(f"the job ran past this server's time limit of {self._limits.job_timeout_s} s "
-                                   f"(HEADLENS_JOB_TIMEOUT_S); ask for fewer prompts or values")
         def live(data: dict[str, Any]) -> None:
             if job.cancel.is_set():
                 raise Cancelled()

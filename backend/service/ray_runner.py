@@ -57,7 +57,6 @@ import logging
 import math
 import os
 import socket
-import sys
 import threading
 import time
 import uuid

@@ -18,39 +18,20 @@ from __future__ import annotations
 import math
 import random
 import time
-from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Callable, Iterator, Sequence
+from typing import Callable, Sequence
 
 import torch
 
 from ...models import LoadedModel
 from ...tasks.base import Prompt, Task, TaskError
+from .threads import cpu_threads
 from .batching import Encoded, make_batch, map_batches
 from .inject import Injection, gold_tokens, injected_logits
 
 MIN_TRAIN = 4
 MIN_VAL = 2
 VAL_SHARE = 0.25  # of a demonstration pool too small for the requested sizes
-SMALL_D_MODEL = 512
-"""On the CPU, models this narrow train on one intra-op thread: their matrices are too small to share out, and
-on a busy machine waiting threads cost 10-30x (see bench/bench_ltv.py)."""
-
-
-@contextmanager
-def cpu_threads(lm: LoadedModel) -> Iterator[None]:
-    """One torch intra-op thread while a small model trains on the CPU (restored after)."""
-    if lm.device.type != "cpu" or lm.d_model > SMALL_D_MODEL or torch.get_num_threads() == 1:
-        yield
-        return
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
-
-
 def residual_rms(lm: LoadedModel, enc: Encoded, layer: int, positions: Sequence[int], batch_size: int = 32) -> float:
     """Mean over prompts and `positions` of the root-mean-square of the hidden state entering decoder `layer`
     (||h|| / sqrt(d_model)): the residual stream's size where a vector is injected."""

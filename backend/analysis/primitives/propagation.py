@@ -75,7 +75,7 @@ def ov_reconstruction(lm: LoadedModel, enc: Encoded, layer: int, theta: torch.Te
                       batch_size: int = 32, progress: Progress | None = None) -> tuple[torch.Tensor, np.ndarray]:
     """(r (d_model,), per-head norms of the mean write ||r[l', h]|| (layers, heads)) of theta injected at the
     input of `layer` at `positions` (see the module docstring). Heads before `layer` write nothing (zeros)."""
-    L, H, dh, d = lm.n_layers, lm.n_heads, lm.head_dim, lm.d_model
+    L, H, d = lm.n_layers, lm.n_heads, lm.d_model
     group = H // lm.n_kv_heads
     later = list(range(layer, L))
     pos = tuple(positions)

@@ -18,10 +18,9 @@ from __future__ import annotations
 
 import random
 import time
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, ContextManager, Iterator, Sequence
+from typing import Any, Callable, ContextManager, Sequence
 
 import numpy as np
 import torch
@@ -335,19 +334,3 @@ def encode_all(lm: LoadedModel, task: Task, data: SiteData) -> dict[str, Encoded
     return {name: encode(lm, getattr(data, name), task.kind) for name in ("embed", "train", "val", "test")}
 
 
-SMALL_D_MODEL = 1024
-
-
-@contextmanager
-def few_threads(lm: LoadedModel) -> Iterator[None]:
-    """One torch intra-op thread while a small model runs on the CPU (restored after): its matrices are too small
-    to split, and spinning threads on a shared, busy machine make each op tens of times slower."""
-    if lm.device.type != "cpu" or lm.d_model > SMALL_D_MODEL or torch.get_num_threads() == 1:
-        yield
-        return
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
