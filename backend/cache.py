@@ -28,7 +28,7 @@ from diskcache.core import DEFAULT_SETTINGS, METADATA, MODE_RAW, UNKNOWN
 from .locks import KeyLocks
 from .paths import cache_dir
 
-CODE_VERSION = "tsla-1"  # bump when a change alters cached numbers
+CODE_VERSION = "kernel-2"  # bump when a change alters cached numbers (kernel-2: vectors from the demonstration pool)
 SIZE_LIMIT = 4 << 30
 log = logging.getLogger(__name__)
 

@@ -400,3 +400,16 @@ def test_synthetic_tasks_are_merged_and_only_their_absence_is_tolerated(monkeypa
     finally:
         monkeypatch.undo()
         registry.clear_cache()
+
+
+def test_prompts_from_the_demonstration_pool_never_show_a_held_out_query():
+    """Vectors are extracted (and trained) from the demonstration pool: no held-out query appears in them."""
+    from backend.tasks.registry import load_task
+
+    task = load_task("sentiment")
+    held_out = {x for x, _ in task.split(3)[1]}
+    pool = task.build_prompts(4, 40, 3, queries="pool")
+    assert len({p.query for p in pool}) == 40 and not {p.query for p in pool} & held_out
+    assert all(x not in p.text for p in pool for x in held_out)
+    assert all(p.text.count(p.query) == 1 for p in pool)  # a prompt's query is not among its own demonstrations
+    assert task.n_queries(3, "pool") == len(task.split(3)[0])

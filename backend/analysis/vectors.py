@@ -5,7 +5,8 @@ Function vector: the same sum over the top heads by causal indirect effect (CIE)
     CIE(l, h) = mean_prompts [ p(gold | corrupted, z[l,h] <- mean clean z[l,h]) - p(gold | corrupted) ]
     on shuffled-input prompts, patching the last token only.
 Vanilla task vector, per layer l: mean_prompts (h_ICL[l] - h_zero[l]) at the last token, (layers, d_model).
-Vectors come from prompts of seed + EXTRACTION_SEED_OFFSET, so they are not built from the evaluation prompts.
+Vectors come from prompts whose queries and demonstrations are the seed's demonstration pool, so no held-out
+(evaluated) query is ever seen (tasks that build their own prompts: prompts of seed + EXTRACTION_SEED_OFFSET).
 """
 from __future__ import annotations
 
@@ -33,14 +34,20 @@ def head_set_vector(lm: Any, z_mean: torch.Tensor, heads: Sequence[Head]) -> tor
     return v
 
 
+def extraction(task: Any, seed: int) -> tuple[int, str]:
+    """Where vectors are extracted from: (seed, "pool") — the seed's demonstration pool, disjoint from the queries
+    scored; a task that builds its own prompts cannot draw from its pool: (seed + EXTRACTION_SEED_OFFSET, "held_out")."""
+    return (seed, "pool") if task.builder is None else (seed + EXTRACTION_SEED_OFFSET, "held_out")
+
+
 def causal_indirect_effects(ctx: Context, p: VectorsParams, clean: Encoded, z_clean: torch.Tensor,
                             progress: Progress) -> np.ndarray:
     """CIE of every head, (layers, heads): the gain in gold probability on shuffled-input prompts when the
     head's last-token z is patched with its mean over the clean ICL prompts."""
     lm, task = ctx.lm, ctx.task
     n = min(p.prompts, FV_PROMPTS)
-    corrupt = task.build_prompts(max(clean.prompts[0].n_shots, 1), n, p.seed + EXTRACTION_SEED_OFFSET,
-                                 perturb=get_perturbation("shuffled_inputs"))
+    corrupt = task.build_prompts(max(clean.prompts[0].n_shots, 1), n, p.seed, perturb=get_perturbation(
+        "shuffled_inputs"), queries="pool")
     enc = encode(lm, corrupt, task.kind)
     L, H = lm.n_layers, lm.n_heads
     configs = [RowConfig()] + [RowConfig(mask=head_mask(lm, [(l, h)]), positions="last")
@@ -55,7 +62,8 @@ def vectors(ctx: Context, p: VectorsParams) -> dict[str, Any]:
     lm, task = ctx.lm, ctx.task
     if p.heads:
         head_mask(lm, p.heads)  # out-of-range heads are an error before any pass
-    built = build_prompts(lm, task, p.shots, p.prompts, p.seed + EXTRACTION_SEED_OFFSET)
+    seed, queries = extraction(task, p.seed)
+    built = build_prompts(lm, task, p.shots, p.prompts, seed, queries=queries)
     for w in built.warnings:
         ctx.warn(w)
     enc = encode(lm, built.prompts, task.kind)
@@ -86,7 +94,7 @@ def vectors(ctx: Context, p: VectorsParams) -> dict[str, Any]:
     out: dict[str, dict[str, Any]] = {name: {"vector": head_set_vector(lm, z_mean, hs), "heads": hs}
                                       for name, hs in sets.items()}
     if "vanilla" in types:
-        zero = encode(lm, task.build_prompts(0, built.n, p.seed + EXTRACTION_SEED_OFFSET), task.kind)
+        zero = encode(lm, task.build_prompts(0, built.n, seed, queries=queries), task.kind)
         out["vanilla"] = {"vector": capture_means(lm, enc, "hidden", p.batch_size,
                                                   ctx.stage(0.9, 0.95, "vanilla task vector: ICL states"))
                           - capture_means(lm, zero, "hidden", p.batch_size,

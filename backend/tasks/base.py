@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Literal, Protocol, Sequence
 
 Kind = Literal["classification", "generation"]
+Queries = Literal["held_out", "pool"]
 
 DEFAULT_TEMPLATE = "Q: {input}\nA: {output}\n\n"
 
@@ -154,11 +155,11 @@ class Task:
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
     # -- prompts --------------------------------------------------------------------------------
-    def n_queries(self, seed: int) -> int:
-        """How many distinct held-out queries the prompts of `seed` can draw on."""
+    def n_queries(self, seed: int, queries: Queries = "held_out") -> int:
+        """How many distinct queries the prompts of `seed` can draw on (held-out ones, or the demonstration pool)."""
         if self.fixed is not None:
             return len(self.fixed)
-        return len(self.split(seed)[1])
+        return len(self.split(seed)[0 if queries == "pool" else 1])
 
     def split(self, seed: int) -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:
         """Seeded disjoint split of the examples into (demonstration pool, query pool), about 1:1."""
@@ -187,10 +188,22 @@ class Task:
             words.append(pool.pop())
         return tuple(dict.fromkeys(t.answer(y) for y in words))
 
-    def build_prompts(self, shots: int, n: int, seed: int = 0, perturb: DemoPerturbation | None = None) -> list[Prompt]:
-        """`n` prompts of `shots` demonstrations each, seeded; demos come from a pool disjoint from queries.
+    def prompt(self, x: str, y: str, demos: Sequence[tuple[str, str]], rng: random.Random) -> Prompt:
+        """The prompt of query (x, y) after `demos` (raw pairs), its label words drawn with `rng` (`label_words`)."""
+        t = self.template
+        text = "".join(t.demo(dx, dy) for dx, dy in demos) + t.query(x)
+        return Prompt(text=text, gold=t.answer(y), labels=self.label_words(y, demos, rng), query=x,
+                      n_shots=len(demos))
 
-        `perturb` (see `tasks.perturb`) changes the demonstrations only, and may rename the classes.
+    def build_prompts(self, shots: int, n: int, seed: int = 0, perturb: DemoPerturbation | None = None,
+                      queries: Queries = "held_out") -> list[Prompt]:
+        """`n` prompts of `shots` demonstrations each, seeded.
+
+        queries="held_out" (what is scored): queries from the seed's query pool, demonstrations from its
+        demonstration pool, disjoint from every query. queries="pool" (what vectors are extracted or trained from):
+        queries from the demonstration pool too, each prompt's demonstrations the pool's other examples, so no
+        held-out query is ever seen. `perturb` (see `tasks.perturb`) changes the demonstrations only, and may rename
+        the classes.
         """
         if shots < 0 or n <= 0:
             raise TaskError(f"need shots >= 0 and prompts > 0, got shots={shots}, prompts={n}")
@@ -199,20 +212,29 @@ class Task:
         if self.builder is not None:
             return self.builder(self, shots, n, seed)
         demo_pool, query_pool = self.split(seed)
-        if shots > len(demo_pool):
-            raise TaskError(f"task {self.name!r}: {shots} shots asked, but only {len(demo_pool)} examples "
-                            f"are in the demonstration pool")
-        rng = random.Random(f"prompts-{seed}-{shots}")
-        prng = random.Random(f"perturb-{seed}-{shots}-{perturb.name}") if perturb else None
-        rename = perturb.relabel(self) if perturb and perturb.relabel else None
+        if queries == "pool":
+            if shots > len(demo_pool) - 1:
+                raise TaskError(f"task {self.name!r}: {shots} shots asked, but the demonstration pool has "
+                                f"{len(demo_pool)} examples, one of which is each prompt's query")
+            rng = random.Random(f"pool-prompts-{seed}-{shots}")
+            pairs = ((*demo_pool[i % len(demo_pool)], demo_pool[:i % len(demo_pool)]
+                      + demo_pool[i % len(demo_pool) + 1:]) for i in range(n))
+        else:
+            if shots > len(demo_pool):
+                raise TaskError(f"task {self.name!r}: {shots} shots asked, but only {len(demo_pool)} examples "
+                                f"are in the demonstration pool")
+            rng = random.Random(f"prompts-{seed}-{shots}")
+            pairs = ((*query_pool[i % len(query_pool)], demo_pool) for i in range(n))
+        if perturb is None:
+            return [self.prompt(x, y, rng.sample(pool, shots), rng) for x, y, pool in pairs]
+        prng = random.Random(f"perturb-{seed}-{shots}-{perturb.name}")
+        rename = perturb.relabel(self) if perturb.relabel else None
         t = self.template
         out = []
-        for i in range(n):
-            x, y = query_pool[i % len(query_pool)]
-            demos = rng.sample(demo_pool, shots)
+        for x, y, pool in pairs:
+            demos = rng.sample(pool, shots)
             labels = self.label_words(y, demos, rng)
-            if perturb is not None:
-                demos = perturb.demos(self, demos, prng)
+            demos = perturb.demos(self, demos, prng)
             if rename is not None:
                 demos = [(dx, rename[dy]) for dx, dy in demos]
                 y, labels = rename[y], tuple(t.answer(v) for v in rename.values())

@@ -11,7 +11,7 @@ from typing import Callable, Sequence
 import torch
 
 from ...models import LoadedModel
-from ...tasks.base import Prompt, Task, TaskError
+from ...tasks.base import Prompt, Queries, Task, TaskError
 
 Progress = Callable[[float, str], None]
 
@@ -108,29 +108,32 @@ class Built:
         return len(self.prompts)
 
 
-def build_prompts(lm: LoadedModel, task: Task, shots: int, n: int, seed: int, perturb=None) -> Built:
+def build_prompts(lm: LoadedModel, task: Task, shots: int, n: int, seed: int, perturb=None,
+                  queries: Queries = "held_out") -> Built:
     """`n` prompts of `shots` demonstrations, seeded, that the model can read.
 
     - `n` is capped at the task's query pool, so no query is scored twice (a warning says so);
     - demonstrations are dropped (k -> k // 2 ... 0) until every prompt fits the context window (a warning
       says so); even zero-shot prompts not fitting is an error;
     - a task whose inputs the model cannot read (mostly unknown tokens) is an error (`fit.require_fit`).
+    `queries` picks the held-out queries (scoring) or the demonstration pool (extracting or training vectors).
     """
     from .fit import require_fit
 
     require_fit(lm, task)  # a task whose words the model does not know is an error, not a result
     warnings: list[str] = []
-    pool = task.n_queries(seed)
+    pool = task.n_queries(seed, queries)
     if task.fixed is not None:  # a given prompt set: as given, whatever the shots
         prompts = task.build_prompts(shots, min(n, pool), seed)
         return Built(prompts, max(p.n_shots for p in prompts), warnings)
     if n > pool:
-        warnings.append(f"task {task.name!r} has {pool} held-out queries for seed {seed}; scored {pool} prompts, "
+        what = "held-out queries" if queries == "held_out" else "examples in its demonstration pool"
+        warnings.append(f"task {task.name!r} has {pool} {what} for seed {seed}; used {pool} prompts, "
                         f"not the {n} asked (each query once)")
         n = pool
     k = shots
     while True:
-        prompts = task.build_prompts(k, n, seed, perturb=perturb)
+        prompts = task.build_prompts(k, n, seed, perturb=perturb, queries=queries)
         if not lm.max_positions:
             break
         longest = max(len(lm.tokenizer(p.text)["input_ids"]) for p in prompts)

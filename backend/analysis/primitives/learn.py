@@ -63,12 +63,6 @@ class Split:
     warnings: list[str] = field(default_factory=list)
 
 
-def zero_shot_prompt(task: Task, x: str, y: str, rng: random.Random) -> Prompt:
-    """The zero-shot prompt of example (x, y): the query alone, with the task's label words."""
-    t = task.template
-    return Prompt(text=t.query(x), gold=t.answer(y), labels=task.label_words(y, [], rng), query=x, n_shots=0)
-
-
 def training_split(task: Task, seed: int, n_train: int, n_val: int) -> Split:
     """Zero-shot training and held-out prompts from the seed's demonstration pool (never its query pool).
 
@@ -98,8 +92,8 @@ def training_split(task: Task, seed: int, n_train: int, n_val: int) -> Split:
                         f"training prompts (asked: {n_train}) and {nv} are held out for early stopping (asked: "
                         f"{n_val}); its query pool stays held out for scoring")
     rng = random.Random(f"ltv-labels-{seed}")
-    val = [zero_shot_prompt(task, x, y, rng) for x, y in pool[:nv]]
-    train = [zero_shot_prompt(task, x, y, rng) for x, y in pool[nv:nv + nt]]
+    val = [task.prompt(x, y, [], rng) for x, y in pool[:nv]]
+    train = [task.prompt(x, y, [], rng) for x, y in pool[nv:nv + nt]]
     return Split(train, val, warnings)
 
 

@@ -62,17 +62,6 @@ def require_template_task(task: Task) -> None:
                         f"zero-shot prompt of such a task has no defined answer; pick a task of examples")
 
 
-def zero_shot(task: Task, x: str, y: str, rng: random.Random) -> Prompt:
-    t = task.template
-    return Prompt(text=t.query(x), gold=t.answer(y), labels=task.label_words(y, [], rng), query=x, n_shots=0)
-
-
-def few_shot(task: Task, x: str, y: str, demos: Sequence[tuple[str, str]], rng: random.Random) -> Prompt:
-    t = task.template
-    text = "".join(t.demo(dx, dy) for dx, dy in demos) + t.query(x)
-    return Prompt(text=text, gold=t.answer(y), labels=task.label_words(y, demos, rng), query=x, n_shots=len(demos))
-
-
 def _fits(lm: LoadedModel, prompts: Sequence[Prompt]) -> bool:
     return not lm.max_positions or max(len(lm.tokenizer(p.text)["input_ids"]) for p in prompts) <= lm.max_positions
 
@@ -100,8 +89,8 @@ def site_data(lm: LoadedModel, task: Task, *, m: int, shots: int, val_prompts: i
     if n_val < val_prompts:
         warnings.append(f"validated on {n_val} queries held out of the training split ({len(order)} examples), "
                         f"not the {val_prompts} asked; trained on the other {len(order) - n_val}")
-    val = [zero_shot(task, x, y, rng) for x, y in order[:n_val]]
-    train = [zero_shot(task, x, y, rng) for x, y in order[n_val:]]
+    val = [task.prompt(x, y, [], rng) for x, y in order[:n_val]]
+    train = [task.prompt(x, y, [], rng) for x, y in order[n_val:]]
     # the task embedding's few-shot prompts: queries and demonstrations from the training split
     k = shots
     if k > len(pool) - 1:
@@ -115,7 +104,7 @@ def site_data(lm: LoadedModel, task: Task, *, m: int, shots: int, val_prompts: i
             j = i % len(pool)
             x, y = pool[j]
             demos = erng.sample(pool[:j] + pool[j + 1:], k)
-            embed.append(few_shot(task, x, y, demos, erng))
+            embed.append(task.prompt(x, y, demos, erng))
         if _fits(lm, embed):
             break
         if k == 0:
