@@ -79,6 +79,19 @@ def test_a_cache_hit_costs_no_tokenising(lm, tmp_path, monkeypatch):
     assert head_scores(lm, task, shots=2, prompts=6, cache=cache).cache_hit
 
 
+def test_a_new_selection_size_reuses_the_cached_maps(lm, tmp_path, monkeypatch):
+    cache = ResultCache(tmp_path / "c")
+    task = sentiment_task()
+    a = head_scores(lm, task, shots=2, prompts=6, cache=cache)
+
+    def no(*args, **kw):
+        raise AssertionError("ran the model for a new selection size")
+
+    monkeypatch.setattr("backend.analysis.scores.head_maps", no)
+    b = head_scores(lm, task, shots=2, prompts=6, top_k=2, cache=cache)
+    assert not b.cache_hit and b.top_tr == a.top_tr[:2] and np.array_equal(a.tr, b.tr)
+
+
 def test_cache_key_separates_parameters(lm, tmp_path):
     cache = ResultCache(tmp_path / "c")
     task = sentiment_task()

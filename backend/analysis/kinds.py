@@ -51,6 +51,8 @@ class Kind:
 _ENTRIES: tuple[Kind, ...] = (
     Kind("model_info", P.ModelInfoParams, R.ModelInfoResult, "backend.analysis.model_info:model_info",
          "load a model (it stays resident) and describe it", api="model_info", uses_task=False, cached=False),
+    Kind("maps", P.MapsParams, R.MapsResult, "backend.analysis.scores:maps",
+         "TR, TL, DLA-TR, DLA-TL and induction head maps with accuracies (no head selection)", api="head_maps"),
     Kind("scores", P.ScoresParams, R.ScoresResult, "backend.analysis.scores:scores",
          "TR, TL, DLA-TR, DLA-TL and induction head maps, accuracies, top heads and their overlaps",
          api="head_scores"),

@@ -70,13 +70,17 @@ class ModelInfoParams(Params):
     """kind `model_info`: no parameters besides the model."""
 
 
-class ScoresParams(Selection, PromptParams):
-    """kind `scores`: TR / TL / DLA / induction head maps, accuracies, top heads and overlaps."""
+class MapsParams(PromptParams):
+    """kind `maps`: TR / TL / DLA / induction head maps and accuracies (no head selection)."""
 
     apply_ln: Bool = Field(False, description="scale head writes by the final norm's scale")
 
     def work(self, model: dict | None = None) -> tuple[int, str]:
         return 2 * self.prompts, f"{self.prompts} prompts x 2 (ICL, zero-shot)"
+
+
+class ScoresParams(Selection, MapsParams):
+    """kind `scores`: the head maps with top heads and overlaps (a new selection size reuses the cached maps)."""
 
 
 class IclParams(Params):

@@ -95,8 +95,8 @@ class ModelInfoResult(Result):
 
 
 # -- scores ---------------------------------------------------------------------------------------------------
-class ScoresResult(Result):
-    """TSLA head maps (layers, heads), means over the prompts, with metrics, top heads and overlaps."""
+class MapsResult(Result):
+    """TSLA head maps (layers, heads), means over the prompts, with the prompt-level metrics."""
 
     n_layers: int
     n_heads: int
@@ -110,12 +110,17 @@ class ScoresResult(Result):
     flagged: Grid = Field(..., description="share of prompts where a head's TR was zero (TL set to 0)")
     icl: Metrics
     zero_shot: Metrics | None = None
+    multi_token_labels: list[str] = Field(default_factory=list)
+
+
+class ScoresResult(MapsResult):
+    """The head maps with the top heads by TR and TL, a random set of the same size, and overlaps."""
+
     top_k: int = Field(..., description="size of the top-head sets")
     top_tr: list[Head]
     top_tl: list[Head]
     random_heads: list[Head]
     overlap: dict[str, Overlap]
-    multi_token_labels: list[str] = Field(default_factory=list)
 
 
 # -- icl ---------------------------------------------------------------------------------------------------------
