@@ -10,6 +10,7 @@ Adding a kind: a params and a result model (params.py, results.py), one analysis
 """
 from __future__ import annotations
 
+import functools
 import importlib
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -44,8 +45,17 @@ class Kind:
         return getattr(importlib.import_module(module), attr)
 
     def schema(self) -> dict[str, Any]:
-        """JSON schema of the params (what GET /capabilities lists)."""
-        return self.params.model_json_schema()
+        """JSON schema of the params (what GET /capabilities lists; built once per model class)."""
+        return json_schema(self.params)
+
+    def result_schema(self) -> dict[str, Any]:
+        """JSON schema of the result."""
+        return json_schema(self.result)
+
+
+@functools.cache
+def json_schema(model: type[BaseModel]) -> dict[str, Any]:
+    return model.model_json_schema()
 
 
 _ENTRIES: tuple[Kind, ...] = (

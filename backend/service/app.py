@@ -177,7 +177,7 @@ def create_app(runner: JobRunner | None = None, *, pool: ModelPool | None = None
         from ..analysis.kinds import KINDS
 
         kinds = [JobKindInfo(name=k.name, description=k.description, uses_task=k.uses_task, params=k.schema(),
-                             result=k.result.model_json_schema()) for k in KINDS.values()]
+                             result=k.result_schema()) for k in KINDS.values()]
         return Capabilities(version=VERSION, device=device, dtype=dtype, loaded_models=pool.loaded(),
                             tasks=tasks.list(), limits=limits.to_json(), job_kinds=kinds,
                             model_root=str(pool.root) if pool.root else None, allow_hub=pool.allow_hub,
