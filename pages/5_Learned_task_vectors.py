@@ -256,7 +256,7 @@ if res is not None:
                 fig = figures.head_heatmap(kh["saliency"], "ltv_saliency", selected=lf.heads_of(kh),
                                            title=f"Head saliency with the LTV at layer {at} (key heads outlined){ctx}")
                 st.plotly_chart(fig, key="ltv_saliency", config=figures.png_config(f"ltv-saliency-{s.task}"))
-                st.caption(figures.METRICS["ltv_saliency"]["caption"] + " Key heads: the top "
+                st.caption(figures.map_spec("ltv_saliency")["caption"] + " Key heads: the top "
                            f"{len(kh['heads'])} among the layers that see θ (≥ {at}).")
             with k2:
                 st.plotly_chart(lf.ablation_bars(kh, f"Ablating the {len(kh['heads'])} key heads vs random sets"),

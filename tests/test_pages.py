@@ -110,6 +110,17 @@ def test_heatmap_hover_shows_value_and_rank_and_selection():
     assert figures.png_config("x")["toImageButtonOptions"]["format"] == "png"
 
 
+def test_other_pages_leave_the_five_head_maps_alone():
+    """The LTV and SITE figures draw their maps with the same component without adding to the Head map's list
+    (a page that ran earlier in the session must not give the Head map a sixth map it has no values for)."""
+    from ui import figures, ltv_figures, site_figures  # noqa: F401
+
+    assert list(figures.METRICS) == ["tr", "tl", "dla_tr", "dla_tl", "induction"]
+    fig = site_figures.alpha_map(np.array([[0.0, 1.0], [0.5, 0.25]]))
+    assert fig.data[0].colorbar.title.text == "α" and "α = %{customdata[0]" in fig.data[1].hovertemplate
+    assert figures.head_heatmap(np.ones((1, 2)), "ltv_saliency").data[0].colorbar.title.text == "Saliency"
+
+
 def test_curve_figures_from_result_dicts():
     from ui import figures
 

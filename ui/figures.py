@@ -34,6 +34,21 @@ METRICS: dict[str, dict[str, Any]] = {
                              "current token, on repeated random sequences (0..1).",
                   "signed": False},
 }
+# other per-head maps drawn with the same heatmap component (never listed among the five head maps)
+OTHER_MAPS: dict[str, dict[str, Any]] = {
+    "ltv_saliency": {"label": "Saliency", "long": "saliency under the learned task vector",
+                     "caption": "Saliency |a · ∂p(gold)/∂a| of each head's last-token output with the LTV injected, "
+                                "mean over the scored prompts: how much the gold answer's probability leans on the "
+                                "head.",
+                     "signed": False},
+    "ltv_ov": {"label": "OV write", "long": "norm of the head's OV write of theta",
+               "caption": "‖A(last → θ's positions) · W_O W_V θ‖ per head (mean over prompts): how much of θ the "
+                          "head carries to the last token through its OV circuit.",
+               "signed": False},
+    "alpha": {"label": "α", "long": "SITE's learned head weight",
+              "caption": "α per head: how far SITE moves the head's last-token output towards its task embedding.",
+              "signed": False},
+}
 ORDER_STYLE = {
     "tr": {"name": "top TR", "color": "#1f77b4"},
     "tl": {"name": "top TL", "color": "#ff7f0e"},
@@ -96,8 +111,13 @@ def _style(fig: go.Figure, height: int) -> go.Figure:
     return fig
 
 
+def map_spec(metric: str) -> dict[str, Any]:
+    """The label, long name, caption and sign of a per-head map: one of the five head maps or another heatmap."""
+    return METRICS[metric] if metric in METRICS else OTHER_MAPS[metric]
+
+
 def _colorscale(metric: str) -> dict[str, Any]:
-    if METRICS[metric]["signed"]:
+    if map_spec(metric)["signed"]:
         return {"colorscale": "RdBu_r", "zmid": 0.0}
     return {"colorscale": "Viridis"}
 
@@ -114,7 +134,7 @@ def head_heatmap(values: Any, metric: str, selected: Iterable[Sequence[int]] = (
     z = np.asarray(values, dtype=float)
     L, H = z.shape
     rk = ranks(z)
-    label = METRICS[metric]["label"]
+    label = map_spec(metric)["label"]
     height = height or int(min(760, max(320, 40 * L + 120)))
     fig = go.Figure()
     fig.add_trace(go.Heatmap(z=z, x=list(range(H)), y=list(range(L)), hoverinfo="skip", xgap=1, ygap=1,
@@ -138,7 +158,7 @@ def head_heatmap(values: Any, metric: str, selected: Iterable[Sequence[int]] = (
                      range=[-0.5, H - 0.5], showgrid=False, zeroline=False)
     fig.update_yaxes(title_text="layer", range=[L - 0.5, -0.5], tickmode="linear" if L <= 40 else "auto",
                      dtick=1 if L <= 40 else None, showgrid=False, zeroline=False)
-    fig.update_layout(title=dict(text=title or f"{label}: {METRICS[metric]['long']}", x=0.0, xanchor="left"),
+    fig.update_layout(title=dict(text=title or f"{label}: {map_spec(metric)['long']}", x=0.0, xanchor="left"),
                       clickmode="event+select", dragmode="zoom", hovermode="closest",
                       plot_bgcolor="rgba(0,0,0,0)")
     return _style(fig, height)

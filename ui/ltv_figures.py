@@ -34,18 +34,6 @@ CONDITION_STYLE: dict[str, dict[str, Any]] = {
 }
 METRIC_TITLES = {"accuracy": "Accuracy", "label_accuracy": "Label accuracy", "tr_ratio": "TR ratio"}
 
-# the saliency map is drawn with the Head map's heatmap component
-figures.METRICS.setdefault("ltv_saliency", {
-    "label": "Saliency", "long": "saliency under the learned task vector",
-    "caption": "Saliency |a · ∂p(gold)/∂a| of each head's last-token output with the LTV injected, mean over the "
-               "scored prompts: how much the gold answer's probability leans on the head.",
-    "signed": False})
-figures.METRICS.setdefault("ltv_ov", {
-    "label": "OV write", "long": "norm of the head's OV write of theta",
-    "caption": "‖A(last → θ's positions) · W_O W_V θ‖ per head (mean over prompts): how much of θ the head carries "
-               "to the last token through its OV circuit.", "signed": False})
-
-
 def condition_name(c: str) -> str:
     return CONDITION_STYLE.get(c, {"name": c})["name"]
 

@@ -27,9 +27,8 @@ def _style(fig: go.Figure, height: int) -> go.Figure:
 
 def alpha_map(alpha: Any, selected: Sequence[Sequence[int]] = (), title: str | None = None) -> go.Figure:
     """The alpha map with the Head map's heatmap (clickable the same way), on a 0..1 scale labelled α."""
-    fig = figures.head_heatmap(np.asarray(alpha, dtype=float), "tr", selected=selected, title=title)
-    fig.data[0].update(zmin=0.0, zmax=1.0, name="α", colorbar=dict(title=dict(text="α", side="right"), thickness=14))
-    fig.data[1].hovertemplate = str(fig.data[1].hovertemplate).replace(f"{figures.METRICS['tr']['label']} =", "α =")
+    fig = figures.head_heatmap(np.asarray(alpha, dtype=float), "alpha", selected=selected, title=title)
+    fig.data[0].update(zmin=0.0, zmax=1.0)
     return fig
 
 
