@@ -13,7 +13,7 @@ from streamlit.testing.v1 import AppTest  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 APP = str(REPO / "app.py")
-PAGE = "pages/6_Sweeps.py"
+PAGE = "pages/7_Sweeps.py"
 TASKS = ["syn-sentiment", "syn-antonym"]
 needs_model = pytest.mark.skipif(not (REPO / "models" / "headlens-tiny" / "config.json").is_file(),
                                  reason="the default model is absent")

@@ -25,8 +25,8 @@ PAGES = [("app.py", "Home", ":material/home:"), ("pages/1_Head_map.py", "Head ma
          ("pages/3_Steering_geometry.py", "Steering & geometry", ":material/explore:"),
          ("pages/4_Head.py", "Head drill-down", ":material/center_focus_strong:"),
          ("pages/5_Learned_task_vectors.py", "Learned task vectors", ":material/model_training:"),
-         ("pages/6_Sweeps.py", "Sweeps", ":material/table_chart:"),
-         ("pages/6_Soft_head_selection.py", "Soft head selection", ":material/tune:")]
+         ("pages/6_Soft_head_selection.py", "Soft head selection", ":material/tune:"),
+         ("pages/7_Sweeps.py", "Sweeps", ":material/table_chart:")]
 
 
 _CAPS: dict[tuple[str, int], tuple[float, dict[str, Any]]] = {}  # per service, shared by this process's sessions
