@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import streamlit as st
 
-from ui import figures, fit, head_view, jobs, layout, state
+from ui import figures, fit, head_view, jobs, layout, snippets, state
 
 s, caps = layout.page_setup("Head drill-down", ":material/center_focus_strong:")
 st.title(":material/center_focus_strong: Head drill-down")
@@ -67,4 +67,5 @@ if r.get("prompt_index") is not None:
 with st.expander("The prompt as text", expanded=text is None and len(r["text"]) < 300):
     st.code(r["text"], language=None, wrap_lines=True)
 head_view.render(r, s, params, L * H, key="head_page")
+snippets.show("head", params, "r.attention, r.label_dla   # (destination, source) attention; the write per label")
 st.caption(f"{jobs.timing(r)}. Ranks are over all {L * H} heads on the task's {n_prompts} prompts (1 = largest).")

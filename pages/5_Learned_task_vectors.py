@@ -16,7 +16,7 @@ from typing import Any, Iterator
 import pandas as pd
 import streamlit as st
 
-from ui import figures, fit, jobs, layout, state
+from ui import figures, fit, jobs, layout, snippets, state
 from ui import ltv_figures as lf
 from ui import metrics as M
 
@@ -184,6 +184,8 @@ if res is not None:
 
         # -- the table ----------------------------------------------------------------------------------------------
         st.subheader(f"Comparison at layer {res['layer']}", divider="gray")
+        snippets.show("ltv", params, "r.table['ltv'].accuracy      # Metrics per condition at r.layer\n"
+                                     "r.per_layer[0].training.theta  # (layers, d_model)")
         rows = [{"condition": lf.condition_name(c), **{f"{M.LABEL[m]} %": 100 * res["table"][c][m] for m in M.NAMES}}
                 for c in res["conditions"]]
         st.dataframe(pd.DataFrame(rows), hide_index=True, key="ltv_table",
@@ -292,6 +294,7 @@ many = section("ltv_tasks", clicked, jobs.Job("ltv_tasks", tparams, "Learned tas
 if many is not None:
     with guard("Across tasks"):
         jobs.show_warnings(many)
+        snippets.show("ltv_tasks", tparams, "r.table['syn-sentiment']['ltv'].accuracy   # task -> condition -> Metrics")
         rows = [{"task": n, "kind": many["kinds"][n],
                  **{lf.condition_name(c): 100 * many["table"][n][c]["accuracy"] for c in many["conditions"]},
                  "order": many["ordering"][n]} for n in many["tasks"]]

@@ -230,6 +230,7 @@ if live("transfer", clicked, "site_transfer", tr_params):
     tr = jobs.fetch("site_transfer", tr_params, "Transfer", what="Transfer")
     if tr is not None:
         jobs.show_warnings(tr)
+        snippets.show("site_transfer", tr_params, "r.tasks, r.accuracy   # accuracy[a][b]: task a's alpha on task b")
         sm = tr.get("summary") or {}
         k = tr.get("top_k")
         modes = ["accuracy"] + (["accuracy_top_k"] if tr.get("accuracy_top_k") else [])
@@ -263,6 +264,7 @@ if live("methods", clicked, "methods", me_params):
     me = jobs.fetch("methods", me_params, "All methods", what="All methods")
     if me is not None:
         jobs.show_warnings(me)
+        snippets.show("methods", me_params, "r.rows   # one row per steering method: accuracy, TR ratio, parameters")
         st.plotly_chart(sf.methods_bars(me), key="site_methods_bars",
                         config=figures.png_config(f"methods-{s.task}"))
         mt = pd.DataFrame([{"method": r["name"], "family": r["family"],
