@@ -253,3 +253,19 @@ def test_labels_unknown_to_a_word_level_tokenizer_are_an_error(lm):
     assert ok.label_ids == [[3, 4]]
     with pytest.raises(TaskError, match="' maybe' is unknown to this model's tokenizer"):
         encode(word, [Prompt("x yes ; x", " yes", (" yes", " maybe"))], "classification")
+
+
+def test_context_cached_finds_the_first_cached_variant_and_never_computes(lm, tmp_path):
+    """One feature shows another's result only when it is cached (e.g. SITE's LTV row, at L/2 or from the sweep)."""
+    from backend.analysis.kernel import Context, analyze
+
+    cache = ResultCache(tmp_path / "c")
+    task = sentiment_task()
+    ctx = Context(lm, task, store=cache)
+    assert ctx.cached("icl", [{"shots": [0, 2], "prompts": 4}]) is None  # nothing cached: nothing computed
+    assert not list(cache.dc.iterkeys())
+    done = analyze("icl", lm, task, shots=[0, 2], prompts=4, cache=cache)
+    got = ctx.cached("icl", [{"shots": [0, 1], "prompts": 4}, {"shots": [0, 2], "prompts": 4, "no_such_field": 1}])
+    assert got is not None and got.cache_hit and got.accuracy == done.accuracy
+    assert ctx.cached("no-such-kind", [{}]) is None
+    assert ctx.cached("icl", [{"shots": [0, 2], "prompts": -3}]) is None  # params it would refuse: absent

@@ -78,6 +78,25 @@ class Context:
         if self.report is not None:
             self.report(data)
 
+    def cached(self, kind: str, tries: "list[dict[str, Any]]") -> Result | None:
+        """The first of `tries` (param sets, best first) whose `kind` result on this model and task is cached;
+        None when none is, or `kind` is not registered, or its params no longer take these fields. Never
+        computes (one feature shows another's result only when the user already ran it)."""
+        from .kinds import KINDS
+
+        if kind not in KINDS:
+            return None
+        fields = get_kind(kind).params.model_fields
+        store = self.store if self.store is not None else False
+        for params in tries:
+            try:
+                r = lookup(kind, self.lm, self.task, {k: v for k, v in params.items() if k in fields}, cache=store)
+            except (ValueError, TypeError):  # the kind's params changed shape: treat as absent
+                return None
+            if r is not None:
+                return r
+        return None
+
     def warn(self, message: str) -> None:
         if message not in self.warnings:
             self.warnings.append(message)

@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from .. import options as o
-from .kernel import Context, lookup
+from .kernel import Context
 from .kinds import KINDS, get_kind
 from .params import MethodsParams
 from .primitives.sweep import resolve_layers
@@ -80,19 +80,13 @@ def _m(m: Any) -> dict[str, Any]:
 
 
 def _ltv(ctx: Context, p: MethodsParams) -> Any:
-    """The LTV result at these settings: cached, or (with `ltv`) computed; None when the kind is absent."""
-    if "ltv" not in KINDS:
-        return None
-    fields = get_kind("ltv").params.model_fields
-    params = {k: v for k, v in {"shots": p.shots, "prompts": p.prompts, "seed": p.seed, "top_pct": p.top_pct,
-                                "top_k": p.top_k}.items() if k in fields}
-    store = ctx.store if ctx.store is not None else False
-    try:
-        r = lookup("ltv", ctx.lm, ctx.task, params, cache=store)
-        if r is None and p.prompts != o.PROMPTS and "prompts" in fields:
-            r = lookup("ltv", ctx.lm, ctx.task, {**params, "prompts": o.PROMPTS}, cache=store)
-    except Exception:  # its params changed shape
-        return None
-    if r is None and p.ltv:
-        r = ctx.call("ltv", progress=ctx.stage(0.3, 0.6, "LTV"), **params)
+    """The LTV result at these settings: cached (at the default layer L/2 or from the layer sweep; these prompts,
+    else the default count), or (with `ltv`) computed; None when the kind is absent."""
+    base = {"shots": p.shots, "seed": p.seed, "top_pct": p.top_pct, "top_k": p.top_k}
+    r = ctx.cached("ltv", [{**base, "prompts": n, "layer": layer}
+                           for n in dict.fromkeys((p.prompts, o.PROMPTS)) for layer in (None, "all")])
+    if r is None and p.ltv and "ltv" in KINDS:
+        fields = get_kind("ltv").params.model_fields
+        r = ctx.call("ltv", progress=ctx.stage(0.3, 0.6, "LTV"), **{k: v for k, v in {**base, "prompts": p.prompts}
+                                                                      .items() if k in fields})
     return r

@@ -24,8 +24,8 @@ import torch
 
 from .. import options as o
 from ..hooks import hooked
-from .kernel import Context, cache_key, lookup
-from .kinds import KINDS, get_kind
+from .kernel import Context, cache_key
+from .kinds import get_kind
 from .params import SiteParams
 from .primitives.batching import build_prompts, encode
 from .primitives.capture import capture_means
@@ -188,20 +188,10 @@ def ltv_row(ctx: Context, prompts: int, seed: int) -> dict[str, Any] | None:
 
 
 def cached_ltv(ctx: Context, prompts: int, seed: int) -> Any:
-    """The `ltv` kind's cached result on this model and task with its defaults and this seed (and these prompts, or
-    the default count), or None."""
-    if "ltv" not in KINDS:
-        return None
-    fields = get_kind("ltv").params.model_fields
-    tries = [{"seed": seed, "prompts": n} for n in dict.fromkeys((prompts, o.PROMPTS)) if "prompts" in fields]
-    for params in tries or [{"seed": seed}]:
-        try:
-            r = lookup("ltv", ctx.lm, ctx.task, params, cache=ctx.store if ctx.store is not None else False)
-        except Exception:  # its params changed shape: treat as absent
-            return None
-        if r is not None:
-            return r
-    return None
+    """The `ltv` kind's cached result on this model and task at this seed (these prompts, else the default count;
+    the default layer L/2, else the layer sweep, whose table is at L/2), or None."""
+    return ctx.cached("ltv", [{"seed": seed, "prompts": n, "layer": layer}
+                              for n in dict.fromkeys((prompts, o.PROMPTS)) for layer in (None, "all")])
 
 
 # -- patching -----------------------------------------------------------------------------------------------------------
