@@ -7,14 +7,12 @@ the service already has (a shared link) shows at once. Every setting is in the U
 """
 from __future__ import annotations
 
-import json
-from contextlib import contextmanager
-from typing import Any, Iterator
 
 import pandas as pd
 import streamlit as st
 
 from ui import figures, fit, heads, jobs, layout, snippets, state
+from ui.sections import download, guard, run_row, section
 from ui import metrics as M
 from ui import steering_figures as sf
 
@@ -27,44 +25,6 @@ VECTOR_HELP = {
     "vanilla": "the ICL hidden state minus the zero-shot one at the injection layer",
     "custom": "the heads selected on the Head map (or below)",
 }
-
-
-@contextmanager
-def guard(what: str) -> Iterator[None]:
-    """A result the page cannot draw is an st.error, never a traceback (st.stop/rerun pass through)."""
-    try:
-        yield
-    except Exception as e:
-        st.error(f"**{what}: could not draw the result.**\n\n{type(e).__name__}: {e}", icon=":material/error:")
-
-
-def section(name: str, clicked: bool, job: jobs.Job, waiting: str) -> dict[str, Any] | None:
-    """A section's result: computed after its Run button was pressed once (or while its job runs); before
-    that, only what the service already has (a shared link shows it at once); otherwise a hint to press Run."""
-    flag = f"_hl_sg_live_{name}"
-    if clicked:
-        st.session_state[flag] = True
-    if st.session_state.get(flag) or jobs.in_flight(job):
-        return jobs.fetch(job.kind, job.params, job.label, what=job.what)
-    found = jobs.peek(job.kind, job.params)
-    if found is None:
-        st.info(waiting, icon=":material/play_arrow:")
-    return found
-
-
-def run_row(text: str, caption: str, key: str) -> bool:
-    left, right = st.columns([4, 1], vertical_alignment="center")
-    with left:
-        st.markdown(text)
-        st.caption(caption)
-    with right:
-        return st.button("Run", type="primary", icon=":material/play_arrow:", width="stretch", key=key)
-
-
-def download(label: str, result: dict[str, Any], name: str, key: str) -> None:
-    clean = {k: v for k, v in result.items() if not k.startswith("_")}
-    st.download_button(label, json.dumps(clean, indent=1).encode(), name.replace(":", "-").replace("/", "-"),
-                       "application/json", icon=":material/data_object:", key=key, on_click="ignore")
 
 
 s, caps = layout.page_setup("Steering & geometry", ":material/explore:")

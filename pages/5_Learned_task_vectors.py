@@ -8,75 +8,16 @@ has (a shared link) shows at once without retraining. Every setting is in the UR
 """
 from __future__ import annotations
 
-import json
 import time
-from contextlib import contextmanager
-from typing import Any, Iterator
+from typing import Any
 
 import pandas as pd
 import streamlit as st
 
 from ui import figures, fit, jobs, layout, snippets, state
+from ui.sections import download, guard, run_row, section
 from ui import ltv_figures as lf
 from ui import metrics as M
-
-API = {"ltv": "train_ltv", "ltv_tasks": "ltv_across_tasks"}
-
-
-@contextmanager
-def guard(what: str) -> Iterator[None]:
-    """A result the page cannot draw is an st.error, never a traceback (st.stop/rerun pass through)."""
-    try:
-        yield
-    except Exception as e:
-        st.error(f"**{what}: could not draw the result.**\n\n{type(e).__name__}: {e}", icon=":material/error:")
-
-
-def section(name: str, clicked: bool, job: jobs.Job, waiting: str) -> dict[str, Any] | None:
-    """Computed after the Run button was pressed once (or while the job runs); before that, only what the service
-    already has (a shared link shows it at once, without retraining); otherwise a hint to press Run."""
-    flag = f"_hl_ltv_live_{name}"
-    if clicked:
-        st.session_state[flag] = True
-    if st.session_state.get(flag) or jobs.in_flight(job):
-        return jobs.fetch(job.kind, job.params, job.label, what=job.what, on_live=job.on_live)
-    found = jobs.peek(job.kind, job.params)
-    if found is None:
-        st.info(waiting, icon=":material/play_arrow:")
-    return found
-
-
-def run_row(text: str, caption: str, key: str) -> bool:
-    left, right = st.columns([4, 1], vertical_alignment="center")
-    with left:
-        st.markdown(text)
-        st.caption(caption)
-    with right:
-        return st.button("Run", type="primary", icon=":material/play_arrow:", width="stretch", key=key)
-
-
-def python(kind: str, params: dict[str, Any], then: str) -> str:
-    fn = API[kind]
-    args = ", ".join(f"{k}={v!r}" for k, v in params.items() if k not in ("model", "task"))
-    task = params.get("task")
-    load = f"task = load_task({task!r})\n" if task else ""
-    call = f"r = {fn}(lm, task, {args})" if task else f"r = {fn}(lm, {args})"
-    imports = f"load_model, load_task, {fn}" if task else f"load_model, {fn}"
-    return f"from backend import {imports}\n\nlm = load_model({params.get('model', 'default')!r})\n{load}{call}\n{then}"
-
-
-def tail(kind: str, result: dict[str, Any], params: dict[str, Any], then: str, key: str) -> None:
-    d1, d2 = st.columns([1, 4])
-    with d1:
-        clean = {k: v for k, v in result.items() if not k.startswith("_")}
-        st.download_button("Result (JSON)", json.dumps(clean, indent=1).encode(),
-                           f"headlens-{kind}-{params.get('task') or 'tasks'}.json".replace(":", "-"),
-                           "application/json", icon=":material/data_object:", key=f"dl_{key}", on_click="ignore")
-    with d2:
-        with st.popover("Copy as Python", icon=":material/code:"):
-            st.caption("The same result in a notebook (run from the repository root; it comes from the same cache):")
-            st.code(python(kind, params, then), language="python")
-
 
 def positions_from(text: str) -> list[int]:
     """The typed offsets, or the current ones (with a warning on the next run) when they do not parse."""
@@ -184,8 +125,6 @@ if res is not None:
 
         # -- the table ----------------------------------------------------------------------------------------------
         st.subheader(f"Comparison at layer {res['layer']}", divider="gray")
-        snippets.show("ltv", params, "r.table['ltv'].accuracy      # Metrics per condition at r.layer\n"
-                                     "r.per_layer[0].training.theta  # (layers, d_model)")
         rows = [{"condition": lf.condition_name(c), **{f"{M.LABEL[m]} %": 100 * res["table"][c][m] for m in M.NAMES}}
                 for c in res["conditions"]]
         st.dataframe(pd.DataFrame(rows), hide_index=True, key="ltv_table",
@@ -275,8 +214,11 @@ if res is not None:
                                             for c in ("top-k Jaccard", "Spearman", "Kendall")})
                 st.caption("Overlap of the saliency map with the TR, TL and induction maps of the Head map page "
                            "(top-k sets of the same size, rank correlations over all heads).")
-        tail("ltv", res, params, "r.table['ltv'].accuracy, r.sweep['ltv'].accuracy, r.rotation, r.vector_path",
-             "ltv")
+        d1, d2 = st.columns([1, 4])
+        with d1:
+            download("Result (JSON)", res, f"headlens-ltv-{s.task}.json", "dl_ltv")
+        with d2:
+            snippets.show("ltv", params, "r.table['ltv'].accuracy, r.sweep['ltv'].accuracy, r.rotation, r.vector_path")
 
 # -- across tasks --------------------------------------------------------------------------------------------------
 st.subheader("Across tasks", divider="gray")
@@ -294,7 +236,6 @@ many = section("ltv_tasks", clicked, jobs.Job("ltv_tasks", tparams, "Learned tas
 if many is not None:
     with guard("Across tasks"):
         jobs.show_warnings(many)
-        snippets.show("ltv_tasks", tparams, "r.table['syn-sentiment']['ltv'].accuracy   # task -> condition -> Metrics")
         rows = [{"task": n, "kind": many["kinds"][n],
                  **{lf.condition_name(c): 100 * many["table"][n][c]["accuracy"] for c in many["conditions"]},
                  "order": many["ordering"][n]} for n in many["tasks"]]
@@ -330,4 +271,8 @@ if many is not None:
             st.caption("Accuracy (%). The composed tasks are evaluation-only: their answers are words of the "
                        "language, but the model never trained on a composition (the ICL column says whether it can "
                        "compose at all).")
-        tail("ltv_tasks", many, tparams, "r.similarity, r.table, r.compositions", "ltv_tasks")
+        d1, d2 = st.columns([1, 4])
+        with d1:
+            download("Result (JSON)", many, "headlens-ltv_tasks.json", "dl_ltv_tasks")
+        with d2:
+            snippets.show("ltv_tasks", tparams, "r.similarity, r.table, r.compositions")

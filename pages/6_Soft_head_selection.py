@@ -6,7 +6,6 @@ tasks and one view of every steering method side by side. Service jobs: `site`, 
 """
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +14,7 @@ import pandas as pd
 import streamlit as st
 
 from ui import figures, heads, jobs, layout, snippets, state
+from ui.sections import download, run_row
 from ui import metrics as M
 from ui import site_figures as sf
 
@@ -29,20 +29,6 @@ def live(section: str, clicked: bool, kind: str, params: dict[str, Any]) -> bool
     if clicked:
         st.session_state[flag] = True
     return bool(st.session_state.get(flag)) or jobs.peek(kind, params) is not None
-
-
-def run_row(text: str, caption: str, key: str, label: str = "Run") -> bool:
-    left, right = st.columns([4, 1], vertical_alignment="center")
-    with left:
-        st.markdown(text)
-        st.caption(caption)
-    with right:
-        return st.button(label, type="primary", icon=":material/play_arrow:", width="stretch", key=key)
-
-
-def download(label: str, result: dict[str, Any], name: str, key: str) -> None:
-    st.download_button(label, json.dumps(result, indent=1).encode(), name.replace(":", "-").replace("/", "-"),
-                       "application/json", icon=":material/data_object:", key=key, on_click="ignore")
 
 
 def fetch_live(kind: str, params: dict[str, Any], label: str, what: str, placeholder: Any) -> dict[str, Any] | None:
