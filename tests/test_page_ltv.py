@@ -9,7 +9,6 @@ result without pressing Run (and without retraining).
 """
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 
@@ -18,6 +17,7 @@ import pytest
 
 pytest.importorskip("streamlit.testing.v1")
 from streamlit.testing.v1 import AppTest  # noqa: E402
+from page_checks import assert_clean, figure  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 APP = str(REPO / "app.py")
@@ -51,17 +51,6 @@ def page(setup: dict, **extra: str) -> AppTest:
     at.run()
     assert_clean(at)
     return at
-
-
-def assert_clean(at: AppTest) -> None:
-    assert not at.exception, [e.value for e in at.exception]
-    assert not at.error, [e.value for e in at.error]
-
-
-def figure(at: AppTest, key: str) -> dict:
-    found = [json.loads(el.proto.spec) for el in at.get("plotly_chart") if el.proto.id.endswith(key)]
-    assert found, f"no chart {key!r} on the page"
-    return found[0]
 
 
 def run_button(at: AppTest, key: str):

@@ -8,8 +8,6 @@ transfer and all-methods sections run. The figure builders are also checked on h
 """
 from __future__ import annotations
 
-import base64
-import json
 from pathlib import Path
 
 import numpy as np
@@ -17,6 +15,7 @@ import pytest
 
 pytest.importorskip("streamlit.testing.v1")
 from streamlit.testing.v1 import AppTest  # noqa: E402
+from page_checks import assert_clean, figure, vals  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 APP = str(REPO / "app.py")
@@ -50,24 +49,6 @@ def page(setup: dict) -> AppTest:
     at.run()
     assert_clean(at)
     return at
-
-
-def assert_clean(at: AppTest) -> None:
-    assert not at.exception, [e.value for e in at.exception]
-    assert not at.error, [e.value for e in at.error]
-
-
-def vals(x) -> np.ndarray:
-    if isinstance(x, dict) and "bdata" in x:
-        a = np.frombuffer(base64.b64decode(x["bdata"]), dtype=np.dtype(x["dtype"]))
-        return a.reshape([int(n) for n in str(x["shape"]).split(",")]) if x.get("shape") else a
-    return np.asarray(x, dtype=float)
-
-
-def figure(at: AppTest, key: str) -> dict:
-    found = [json.loads(el.proto.spec) for el in at.get("plotly_chart") if el.proto.id.endswith(key)]
-    assert found, f"no chart {key!r} on the page"
-    return found[0]
 
 
 def site_params(setup: dict) -> dict:

@@ -10,8 +10,6 @@ maps centred at 0. The figure builders are also checked on hand-made result dict
 """
 from __future__ import annotations
 
-import base64
-import json
 from pathlib import Path
 
 import numpy as np
@@ -19,6 +17,7 @@ import pytest
 
 pytest.importorskip("streamlit.testing.v1")
 from streamlit.testing.v1 import AppTest  # noqa: E402
+from page_checks import assert_clean, figure, vals  # noqa: E402
 
 from ui.steering_figures import MAX_DIRECTIONS  # noqa: E402
 
@@ -74,25 +73,6 @@ def open_page(setup: dict, task: str | None = None, **extra: str) -> AppTest:
 def base_params(setup: dict, task: str | None = None) -> dict:
     return {"model": setup["model"], "task": task or setup["task"], "shots": setup["shots"],
             "prompts": setup["prompts"], "seed": 0}
-
-
-def assert_clean(at: AppTest) -> None:
-    assert not at.exception, [e.value for e in at.exception]
-    assert not at.error, [e.value for e in at.error]
-
-
-def vals(x) -> np.ndarray:
-    """An array of a figure's JSON: a list, or plotly's typed form {"dtype", "bdata" (base64), "shape"}."""
-    if isinstance(x, dict) and "bdata" in x:
-        a = np.frombuffer(base64.b64decode(x["bdata"]), dtype=np.dtype(x["dtype"]))
-        return a.reshape([int(n) for n in str(x["shape"]).split(",")]) if x.get("shape") else a
-    return np.asarray(x, dtype=float)
-
-
-def figure(at: AppTest, key: str) -> dict:
-    found = [json.loads(el.proto.spec) for el in at.get("plotly_chart") if el.proto.id.endswith(key)]
-    assert found, f"no chart {key!r} on the page"
-    return found[0]
 
 
 def frame_with(at: AppTest, column: str):

@@ -22,6 +22,7 @@ import pytest
 
 pytest.importorskip("streamlit.testing.v1")
 from streamlit.testing.v1 import AppTest  # noqa: E402
+from page_checks import assert_clean  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 APP = str(REPO / "app.py")
@@ -65,11 +66,6 @@ def page(path: str | None = None, **query: str) -> AppTest:
     if path:
         at.switch_page(path)
     return at
-
-
-def assert_clean(at: AppTest) -> None:
-    assert not at.exception, [e.value for e in at.exception]
-    assert not at.error, [e.value for e in at.error]
 
 
 def metric(at: AppTest, label_start: str) -> str:
