@@ -50,6 +50,9 @@ def model_card(m: dict[str, Any]) -> str:
         f"{c['rep_tokens']} tokens of list-repetition rows (distinct random words: a prefix, a list of n words, a "
         "gap, the list again, a fill; n, gap and prefix vary; loss on the copy; a quarter without `<s>`), the rows "
         f"growing {' -> '.join(map(str, c['rep_lengths']))} tokens over the first {c['rep_curriculum']:.0%} of training.",
+        *([f"- {c['permute']:.0%} of the classification episodes relabel their classes by a random permutation "
+           "of the task's own labels: the label set stays, and which class takes which label must be read off the "
+           "demonstrations (a query alone never says it)."] if c.get("permute") else []),
         f"- AdamW (betas 0.9/0.98, weight decay {c['weight_decay']}), lr {c['lr']} with {c['warmup']} warm-up "
         f"steps and cosine decay to 5%, gradient clipping 1.0, {c['steps']} steps, seed {m['seed']}.",
         "",

@@ -91,3 +91,22 @@ def test_lr_schedule():
     assert lr_factor(cfg, 0) == pytest.approx(0.01)
     assert lr_factor(cfg, 99) == pytest.approx(1.0)
     assert lr_factor(cfg, 999) == pytest.approx(0.05, abs=1e-3)
+
+
+def test_permuted_episodes_keep_the_label_set_and_vary_the_mapping():
+    """`permute`: a classification episode relabels its classes by a permutation of the task's own labels, so the
+    label set is the task's and the class -> label mapping has to be read off the demonstrations."""
+    from backend.tasks.synthetic import CLASS_TASKS, icl_episode
+
+    facts = build_world().facts("category")
+    plain = icl_episode(random.Random(0), "syn-category", 12)
+    assert all(y == facts[x] for x, y in plain)
+    mappings = set()
+    for s in range(20):
+        ep = icl_episode(random.Random(s), "syn-category", 12, permute=1.0)
+        assert {y for _, y in ep} <= set(CLASS_TASKS["category"])
+        m = {facts[x]: y for x, y in ep}
+        assert len(set(m.values())) == len(m)  # a permutation: distinct classes keep distinct labels
+        mappings.add(tuple(sorted(m.items())))
+    assert len(mappings) > 1
+    assert CONFIGS["default"].permute == 0.0  # the shipped model: a lever, off (see bench/FINDINGS.md)

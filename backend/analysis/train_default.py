@@ -81,6 +81,7 @@ class TrainConfig:
     rep_no_bos: float = 0.25  # share of repetition rows without BOS (the induction test may omit it)
     rep_weight: float = 1.0
     eval_every: int = 250
+    permute: float = 0.0  # share of classification episodes relabelled by a permutation of the task's own labels
 
 
 CONFIGS: dict[str, TrainConfig] = {
@@ -154,7 +155,8 @@ def icl_batch(rng: random.Random, cfg: TrainConfig, vocab: dict[str, int], burst
     for b in range(cfg.batch_icl):
         group = rng.choices(GROUPS, weights=cfg.group_weights)[0]
         name = rng.choice(names[group])
-        ep = icl_episode(rng, name, cfg.icl_demos, burst if group == "random-mapping" else 0.0)
+        ep = icl_episode(rng, name, cfg.icl_demos, burst if group == "random-mapping" else 0.0,
+                         cfg.permute if group == "classification" else 0.0)
         row = [BOS]
         for x, y in ep:
             row += [vocab[x], vocab[y], vocab[";"]]
@@ -278,7 +280,7 @@ def train(cfg: TrainConfig, out: Path, seed: int = 0, device: str | None = None,
     from transformers import LlamaForCausalLM
 
     dev = pick_device(device)
-    if dev.type == "cpu":
+    if dev.type == "cpu":  # the weights depend on the thread count (a float sum's order does)
         torch.set_num_threads(max(1, os.cpu_count() or 1))
     random.seed(seed)
     np.random.seed(seed)
@@ -364,6 +366,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--config", choices=sorted(CONFIGS), default="default")
     ap.add_argument("--steps", type=int, default=None, help="training steps (default: the config's)")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--permute", type=float, default=None,
+                    help="share of classification episodes whose labels are permuted among the task's own labels "
+                         "(default: the config's; a lever tried for the TSLA findings, off in the shipped model)")
     ap.add_argument("--device", default=None, help="cuda / cpu (default: cuda when present)")
     ap.add_argument("--eval-prompts", type=int, default=300, help="prompts per task and k in the final table (0: skip)")
     ap.add_argument("--no-progress", action="store_true", help="log JSON lines instead of a progress bar")
@@ -375,6 +380,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     cfg = CONFIGS[args.config]
     if args.steps is not None:
         cfg = replace(cfg, steps=args.steps, warmup=min(cfg.warmup, max(1, args.steps // 10)))
+    if args.permute is not None:
+        if not 0.0 <= args.permute <= 1.0:
+            ap.error(f"--permute is a share in [0, 1], got {args.permute}")
+        cfg = replace(cfg, permute=args.permute)
     cmd = "python -m backend train-default " + " ".join(sys.argv[1:] if argv is None else argv)
     m = train(cfg, args.out, args.seed, args.device, not args.no_progress, args.eval_prompts, cmd.strip())
     summary(m)

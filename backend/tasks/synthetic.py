@@ -272,12 +272,15 @@ def compositions() -> list[tuple[str, str, Task]]:
 
 
 # -- training episodes ----------------------------------------------------------------------------
-def icl_episode(rng: random.Random, name: str, n_demos: int, burst: float = 0.0) -> list[tuple[str, str]]:
+def icl_episode(rng: random.Random, name: str, n_demos: int, burst: float = 0.0,
+                permute: float = 0.0) -> list[tuple[str, str]]:
     """One training episode of task `name`: `n_demos` (input, output) pairs, in order.
 
     Inputs are drawn without replacement while the task has unused ones; with probability `burst`
     (from the second pair on) an input repeats an earlier one instead. Random-mapping episodes draw
-    a fresh class -> nonsense-word mapping.
+    a fresh class -> nonsense-word mapping. With probability `permute`, a classification episode
+    relabels its classes by a random permutation of the task's own labels: the label set stays, and
+    the class -> label mapping must be read off the demonstrations.
     """
     world = build_world()
     base = base_task(name)
@@ -286,6 +289,9 @@ def icl_episode(rng: random.Random, name: str, n_demos: int, burst: float = 0.0)
     if group_of(name) == "random-mapping":
         classes = CLASS_TASKS[base]
         mapping = dict(zip(classes, rng.sample(world.nonsense, len(classes))))
+    elif permute and base in CLASS_TASKS and rng.random() < permute:
+        classes = CLASS_TASKS[base]
+        mapping = dict(zip(classes, rng.sample(classes, len(classes))))
     fresh = list(facts)
     rng.shuffle(fresh)
     xs: list[str] = []
