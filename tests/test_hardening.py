@@ -604,6 +604,10 @@ def test_work_estimates_refuse_huge_jobs(monkeypatch):
     monkeypatch.setenv("HEADLENS_MAX_WORK", "10")
     with pytest.raises(Exception, match="over this server's limit of 10"):
         Limits.from_env().check_work(AblationCurvesParams(prompts=5))
+    for bad, why in (("lots", "must be a number, not .lots."), ("nan", "must be at least 1"), ("0", "must be at least 1")):
+        monkeypatch.setenv("HEADLENS_MAX_WORK", bad)  # a bad setting names its variable, never a bare int() error
+        with pytest.raises(ValueError, match=f"HEADLENS_MAX_WORK {why}"):
+            Limits.from_env()
 
 
 def test_a_job_past_the_time_limit_fails_clearly(monkeypatch):

@@ -31,16 +31,18 @@ if TYPE_CHECKING:
 BYTES_PER_TOKEN = 4  # rough UTF-8 bytes per BPE token of natural text; the token limit is an estimate
 
 
-def _env_number(name: str, default: float, minimum: float = 1) -> float:
+def env_number(name: str, default: float, minimum: float = 1) -> float:
+    """The number in environment variable `name` (`default` when unset or blank); ValueError naming the variable
+    when it is not a number or below `minimum`."""
     raw = os.environ.get(name)
     if raw is None or raw.strip() == "":
         return default
     try:
         value = float(raw)
     except ValueError:
-        raise ValueError(f"{name} must be a number, not {raw!r}") from None
-    if value < minimum:
-        raise ValueError(f"{name} must be at least {minimum:g}, not {raw!r}")
+        raise ValueError(f"{name} must be a number, not {raw[:60]!r}") from None
+    if not value >= minimum:  # also refuses nan
+        raise ValueError(f"{name} must be at least {minimum:g}, not {raw[:60]!r}")
     return value
 
 
@@ -64,18 +66,18 @@ class Limits:
     def from_env(cls) -> "Limits":
         d = cls()
         return cls(
-            max_prompts=int(_env_number("HEADLENS_MAX_PROMPTS", d.max_prompts)),
-            max_shots=int(_env_number("HEADLENS_MAX_SHOTS", d.max_shots, minimum=0)),
-            max_tokens=int(_env_number("HEADLENS_MAX_TOKENS", d.max_tokens)),
-            max_upload_bytes=int(_env_number("HEADLENS_MAX_UPLOAD_MB", d.max_upload_bytes / 2**20, 0.001) * 2**20),
-            max_models=int(_env_number("HEADLENS_MAX_MODELS", d.max_models)),
-            max_queue=int(_env_number("HEADLENS_MAX_QUEUE", d.max_queue)),
-            max_body_bytes=int(_env_number("HEADLENS_MAX_BODY_KB", d.max_body_bytes / 1024, 1) * 1024),
-            upload_quota_bytes=int(_env_number("HEADLENS_UPLOAD_QUOTA_MB", d.upload_quota_bytes / 2**20, 0.001)
+            max_prompts=int(env_number("HEADLENS_MAX_PROMPTS", d.max_prompts)),
+            max_shots=int(env_number("HEADLENS_MAX_SHOTS", d.max_shots, minimum=0)),
+            max_tokens=int(env_number("HEADLENS_MAX_TOKENS", d.max_tokens)),
+            max_upload_bytes=int(env_number("HEADLENS_MAX_UPLOAD_MB", d.max_upload_bytes / 2**20, 0.001) * 2**20),
+            max_models=int(env_number("HEADLENS_MAX_MODELS", d.max_models)),
+            max_queue=int(env_number("HEADLENS_MAX_QUEUE", d.max_queue)),
+            max_body_bytes=int(env_number("HEADLENS_MAX_BODY_KB", d.max_body_bytes / 1024, 1) * 1024),
+            upload_quota_bytes=int(env_number("HEADLENS_UPLOAD_QUOTA_MB", d.upload_quota_bytes / 2**20, 0.001)
                                    * 2**20),
-            upload_cache=int(_env_number("HEADLENS_UPLOAD_CACHE", d.upload_cache)),
-            max_work=int(_env_number("HEADLENS_MAX_WORK", d.max_work)),
-            job_timeout_s=int(_env_number("HEADLENS_JOB_TIMEOUT_S", d.job_timeout_s)),
+            upload_cache=int(env_number("HEADLENS_UPLOAD_CACHE", d.upload_cache)),
+            max_work=int(env_number("HEADLENS_MAX_WORK", d.max_work)),
+            job_timeout_s=int(env_number("HEADLENS_JOB_TIMEOUT_S", d.job_timeout_s)),
         )
 
     def to_json(self) -> dict[str, int]:

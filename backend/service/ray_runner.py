@@ -66,7 +66,7 @@ from typing import Any, Callable
 
 from .errors import ServiceError
 from .jobs import Cancelled, JobProgress, LocalJobRunner, Progress
-from .limits import Limits
+from .limits import Limits, env_number
 from ..paths import REPO_ROOT, cache_dir
 
 log = logging.getLogger(__name__)
@@ -88,16 +88,10 @@ class WorkerLost(ServiceError):
 
 
 def _env_num(name: str, default: float, minimum: float = 0) -> float:
-    raw = (os.environ.get(name) or "").strip()
-    if not raw:
-        return default
     try:
-        v = float(raw)
-    except ValueError:
-        raise RunnerUnavailable(f"{name} must be a number, not {raw[:60]!r}") from None
-    if v < minimum:
-        raise RunnerUnavailable(f"{name} must be at least {minimum:g}, not {raw[:60]!r}")
-    return v
+        return env_number(name, default, minimum)
+    except ValueError as e:
+        raise RunnerUnavailable(str(e)) from None
 
 
 @dataclass(frozen=True)

@@ -26,7 +26,6 @@ of the top TR and TL heads (5 bins). Only result fields, no architecture knowled
 from __future__ import annotations
 
 import logging
-import os
 import secrets
 import threading
 import time
@@ -38,7 +37,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from .admit import Admitted, admit, describe_validation
 from .errors import BadRequest, NotFound, ServiceError, clip
-from .limits import Limits
+from .limits import Limits, env_number
 
 log = logging.getLogger(__name__)
 
@@ -136,7 +135,7 @@ def plan(req: SweepRequest, pool: Any, tasks: Any, limits: Limits) -> list[Cell]
                 tasks.get(t)
             except ServiceError as e:
                 raise type(e)(f"sweep: task {clip(t)!r}: {e.message}", e.status) from None
-    limit = int(os.environ.get("HEADLENS_MAX_SWEEP_JOBS") or 10000)
+    limit = int(env_number("HEADLENS_MAX_SWEEP_JOBS", 10000))
     cells: list[Cell] = []
     seen: set[str] = set()
     for m in models:
@@ -303,7 +302,7 @@ class SweepManager:
         # enough jobs in flight to keep every worker busy (a Ray runner's workers: HEADLENS_RAY_MAX_ACTORS), at most
         # half the job queue (raise HEADLENS_MAX_QUEUE for a cluster of many GPUs)
         workers = int(getattr(runner, "_n_workers", 1) or 1)
-        env = int(os.environ.get("HEADLENS_SWEEP_WINDOW") or max(32, 2 * workers))
+        env = int(env_number("HEADLENS_SWEEP_WINDOW", max(32, 2 * workers)))
         self.window = max(1, window or min(env, max(1, limits.max_queue // 2)))
         self.keep_results, self.poll = keep_results, poll
         self._sweeps: dict[str, _Sweep] = {}
