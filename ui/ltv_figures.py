@@ -20,6 +20,7 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from . import figures
+from . import metrics as M
 
 FONT = figures.FONT
 CONDITION_STYLE: dict[str, dict[str, Any]] = {
@@ -32,7 +33,6 @@ CONDITION_STYLE: dict[str, dict[str, Any]] = {
     "ltv": {"name": "learned task vector", "color": "#d62728", "dash": "solid", "symbol": "star"},
     "ltv+icl": {"name": "LTV + ICL", "color": "#e377c2", "dash": "dashdot", "symbol": "star-open"},
 }
-METRIC_TITLES = {"accuracy": "Accuracy", "label_accuracy": "Label accuracy", "tr_ratio": "TR ratio"}
 
 def condition_name(c: str) -> str:
     return CONDITION_STYLE.get(c, {"name": c})["name"]
@@ -82,7 +82,7 @@ def layer_sweep(result: dict[str, Any], metric: str = "accuracy", title: str | N
                                  marker=dict(symbol=st["symbol"], size=10 if c == "ltv" else 7),
                                  hovertemplate=f"{st['name']}<br>layer %{{x}}: %{{y:.2f}}<extra></extra>"))
     fig.update_xaxes(title_text="injection layer (input of the decoder layer)", tickmode="array", tickvals=layers)
-    fig.update_yaxes(title_text=METRIC_TITLES.get(metric, metric), range=[-0.03, 1.03])
+    fig.update_yaxes(title_text=M.LABEL.get(metric, metric), range=[-0.03, 1.03])
     return _style(fig, height, title)
 
 

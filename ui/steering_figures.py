@@ -20,8 +20,9 @@ import numpy as np
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-METRICS = ("accuracy", "label_accuracy", "tr_ratio")
-METRIC_TITLES = {"accuracy": "Accuracy", "label_accuracy": "Label accuracy", "tr_ratio": "TR ratio"}
+from . import metrics as M
+
+METRICS = M.NAMES
 
 FONT = "Inter, 'Source Sans Pro', system-ui, sans-serif"
 
@@ -111,7 +112,7 @@ def steer_bars(res: dict[str, Any], vectors: Sequence[str] | None = None, layer_
                title: str | None = None) -> go.Figure:
     """Accuracy, label accuracy and TR ratio (in %) for zero-shot, ICL and each injected vector, side by side."""
     rows = steer_rows(res, vectors, layer_index)
-    fig = make_subplots(rows=1, cols=len(METRICS), subplot_titles=[METRIC_TITLES[m] for m in METRICS],
+    fig = make_subplots(rows=1, cols=len(METRICS), subplot_titles=[M.LABEL[m] for m in METRICS],
                         horizontal_spacing=0.06)
     names = [r["name"] for r in rows]
     colors = [VECTOR_STYLE.get(r["key"], {"color": "#17becf"})["color"] for r in rows]
@@ -139,7 +140,7 @@ def steer_sweep(res: dict[str, Any], vectors: Sequence[str] | None = None, title
     layers = [int(l) for l in res["layers"]]
     have = res.get("vectors") or {}
     keys = [v for v in (vectors if vectors is not None else have) if v in have]
-    fig = make_subplots(rows=1, cols=len(METRICS), subplot_titles=[METRIC_TITLES[m] for m in METRICS],
+    fig = make_subplots(rows=1, cols=len(METRICS), subplot_titles=[M.LABEL[m] for m in METRICS],
                         horizontal_spacing=0.06)
     for col, metric in enumerate(METRICS, start=1):
         for rank, k in enumerate(keys):
@@ -356,9 +357,9 @@ def perturbation_bars(rep: dict[str, Any], title: str | None = None) -> go.Figur
     fig = go.Figure()
     for metric, color in zip(METRICS, ("#1f77b4", "#9467bd", "#ff7f0e")):
         y = [100 * r[metric] for r in rows]
-        fig.add_trace(go.Bar(x=names, y=y, name=METRIC_TITLES[metric], marker_color=color,
+        fig.add_trace(go.Bar(x=names, y=y, name=M.LABEL[metric], marker_color=color,
                              text=[f"{v:.0f}%" for v in y], textposition="outside", cliponaxis=False,
-                             hovertemplate="%{x}: " + METRIC_TITLES[metric] + " %{y:.1f}%<extra></extra>"))
+                             hovertemplate="%{x}: " + M.LABEL[metric] + " %{y:.1f}%<extra></extra>"))
     fig.update_layout(barmode="group", yaxis=dict(title="% of prompts", range=[0, 112]),
                       title=dict(text=title or f"ICL under each perturbation ({rep.get('shots')} demonstrations)",
                                  x=0.0))
