@@ -294,7 +294,7 @@ def resolve_name(name_or_path: str) -> tuple[str, Path | None]:
     if name_or_path in ("default", "headlens-tiny"):
         if not DEFAULT_MODEL_DIR.is_dir():
             raise ModelLoadError(f"the embedded default model is missing at {DEFAULT_MODEL_DIR}; "
-                                 f"regenerate it with `python -m backend.train_default`")
+                                 f"regenerate it with `python -m backend train-default`")
         return "default", DEFAULT_MODEL_DIR
     try:
         p = Path(name_or_path).expanduser()

@@ -74,7 +74,7 @@ def _up(url: str) -> bool:
 def app_url(tmp_path_factory):
     """`python -m backend launch` on free ports; yields the dashboard URL; stops it with SIGINT."""
     if not _model_present():
-        pytest.skip(f"model {MODEL!r} is absent (models/headlens-tiny comes from `python -m backend.train_default`)")
+        pytest.skip(f"model {MODEL!r} is absent (models/headlens-tiny comes from `python -m backend train-default`)")
     _browser()
     pytest.importorskip("selenium")
     port, backend_port = _free_port(), _free_port()

@@ -41,7 +41,7 @@ def _model_present() -> bool:
 
 needs_model = pytest.mark.skipif(not _model_present(), reason=(
     f"model {MODEL!r} is absent (the default model lives in models/headlens-tiny; regenerate it with "
-    f"`python -m backend.train_default`)"))
+    f"`python -m backend train-default`)"))
 
 
 @pytest.fixture(scope="module")

@@ -80,7 +80,7 @@ class ModelPool:
 
             if not DEFAULT_MODEL_DIR.is_dir():
                 raise NotFound(f"the embedded default model is missing at {DEFAULT_MODEL_DIR}; regenerate it "
-                               f"with `python -m backend.train_default`")
+                               f"with `python -m backend train-default`")
             return "default"
         path = Path(name).expanduser()
         if self.root is not None and not path.is_absolute() and (self.root / path).exists():
