@@ -216,9 +216,8 @@ def _wait(pending: list[tuple[int, Job, dict[str, Any]]], quiet: bool) -> dict[i
             now = time.monotonic()
             waited = now - cur["t0"]
             if j["status"] in ("queued", "running"):
-                on_live = getattr(job, "on_live", None)
-                if on_live is not None and j.get("live"):
-                    on_live(j["live"])  # e.g. a training's loss so far
+                if job.on_live is not None and j.get("live"):
+                    job.on_live(j["live"])  # e.g. a training's loss so far
                 if waited > TIMEOUT_S:
                     cancel_slot(job.where)
                     if sl["holder"] is not None:
