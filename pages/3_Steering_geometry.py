@@ -49,7 +49,7 @@ if state.value("sg_pca_layer") is not None and not 0 <= int(state.value("sg_pca_
 
 st.subheader("Vectors", divider="gray")
 selected = heads.current(L, H)
-options = list(sf.VECTOR_TYPES) if selected else [v for v in sf.VECTOR_TYPES if v != "custom"]
+options = list(state.VECTOR_TYPES) if selected else [v for v in state.VECTOR_TYPES if v != "custom"]
 vecs_now = [v for v in state.value("sg_vectors") if v in options]
 seen = st.session_state.get("_hl_sg_custom_for")
 if seen is None and state.opened_from_link():

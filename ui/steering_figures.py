@@ -37,7 +37,6 @@ VECTOR_STYLE: dict[str, dict[str, str]] = {
     "vanilla": {"name": "vanilla task vector", "color": "#8c564b"},
     "custom": {"name": "selected heads", "color": "#00acc1"},
 }
-VECTOR_TYPES = ("tr", "tl", "random", "fv", "vanilla", "custom")
 
 # the five conditions of the geometry report
 CONDITION_STYLE: dict[str, dict[str, Any]] = {
