@@ -41,10 +41,6 @@ OTHER_MAPS: dict[str, dict[str, Any]] = {
                                 "mean over the scored prompts: how much the gold answer's probability leans on the "
                                 "head.",
                      "signed": False},
-    "ltv_ov": {"label": "OV write", "long": "norm of the head's OV write of theta",
-               "caption": "‖A(last → θ's positions) · W_O W_V θ‖ per head (mean over prompts): how much of θ the "
-                          "head carries to the last token through its OV circuit.",
-               "signed": False},
     "alpha": {"label": "α", "long": "SITE's learned head weight",
               "caption": "α per head: how far SITE moves the head's last-token output towards its task embedding.",
               "signed": False},
@@ -280,16 +276,3 @@ def ablation_curves(abl: dict[str, Any], title: str | None = None) -> go.Figure:
     if title:
         fig.update_layout(title=dict(text=title, x=0.0))
     return _style(fig, 400)
-
-
-def before_after(ab: dict[str, Any]) -> go.Figure:
-    """Accuracy, label accuracy and TR ratio before and after ablating a head set, as paired bars (in %)."""
-    metrics = [("accuracy", "Accuracy"), ("label_accuracy", "Label accuracy"), ("tr_ratio", "TR ratio")]
-    fig = go.Figure()
-    for key, name, color in (("before", "before", "#9ecae1"), ("after", "after ablation", "#08519c")):
-        fig.add_trace(go.Bar(x=[m[1] for m in metrics], y=[100 * ab[key][m[0]] for m in metrics], name=name,
-                             marker_color=color, text=[f"{100 * ab[key][m[0]]:.1f}%" for m in metrics],
-                             textposition="outside", hovertemplate="%{x} " + name + ": %{y:.1f}%<extra></extra>"))
-    fig.update_layout(barmode="group", yaxis=dict(title="% of prompts", range=[0, 112]),
-                      title=dict(text="Before vs after", x=0.0))
-    return _style(fig, 300)
