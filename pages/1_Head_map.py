@@ -2,14 +2,13 @@
 into one (its attention pattern, per-label DLA and ablation effect on a prompt)."""
 from __future__ import annotations
 
-import json
-
 import numpy as np
 import pandas as pd
 import streamlit as st
 
 from ui import figures, fit, head_view, heads, jobs, layout, snippets, state
 from ui import metrics as M
+from ui.sections import download
 
 s, caps = layout.page_setup("Head map", ":material/grid_on:")
 st.title(":material/grid_on: Head map")
@@ -145,7 +144,6 @@ stem = f"headlens-{s.task}-{s.shots}shot-seed{s.seed}".replace(":", "-").replace
 d = st.columns(3)
 d[0].download_button("Per-head table (CSV)", table.to_csv(index=False).encode(), f"{stem}-heads.csv",
                      "text/csv", icon=":material/table:", key="dl_csv", on_click="ignore")
-clean = {k: v for k, v in scores.items() if not k.startswith("_")}
-d[1].download_button("Full result (JSON)", json.dumps(clean, indent=1).encode(), f"{stem}-scores.json",
-                     "application/json", icon=":material/data_object:", key="dl_json", on_click="ignore")
+with d[1]:
+    download("Full result (JSON)", scores, f"{stem}-scores.json", "dl_json")
 d[2].caption("Figures: the camera button in each figure's toolbar saves a PNG.")

@@ -2,13 +2,12 @@
 top heads ablated (TR, TL and induction orders, and random heads over 3 seeds)."""
 from __future__ import annotations
 
-import json
-
 import pandas as pd
 import streamlit as st
 
 from ui import figures, fit, heads, jobs, layout, snippets, state
 from ui import metrics as M
+from ui.sections import download
 
 MODE_HELP = ("zero: the head's output is replaced by zeros. mean: by the head's mean last-token output over the "
              "task's prompts (a gentler, in-distribution knock-out).")
@@ -131,7 +130,5 @@ if curves is not None:
     d[0].download_button("Curves (CSV)", pd.DataFrame(flat).to_csv(index=False).encode(),
                          f"headlens-ablation-{s.task}-{mode}.csv".replace(":", "-"), "text/csv", key="dl_curves_csv",
                          on_click="ignore", icon=":material/table:")
-    d[1].download_button("Curves (JSON)", json.dumps({k: v for k, v in curves.items() if not k.startswith("_")},
-                                                     indent=1).encode(),
-                         f"headlens-ablation-{s.task}-{mode}.json".replace(":", "-"), "application/json",
-                         key="dl_curves_json", on_click="ignore", icon=":material/data_object:")
+    with d[1]:
+        download("Curves (JSON)", curves, f"headlens-ablation-{s.task}-{mode}.json", "dl_curves_json")
