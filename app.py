@@ -12,6 +12,7 @@ import streamlit as st
 
 from ui import api, figures, fit, jobs, layout, snippets, state
 from ui import metrics as M
+from ui.sections import run_row
 
 s, caps = layout.page_setup("Home", ":material/search:")
 st.title(":material/search: headlens")
@@ -75,20 +76,16 @@ elif (state.remembered("fit", fit.params(s)) or {}).get("verdict") == "refuse":
     st.stop()
 
 # -- run ----------------------------------------------------------------------------------------------------
-ks = sorted({k for k in (0, 1, 2, 4, 8, 16, 32) if k <= s.shots} | {0, s.shots})
+ks = s.icl_shots()
 score_job = jobs.Job("scores", s.job(**s.selection()), "Scoring heads", "Head scores")
 icl_job = jobs.Job("icl", s.job(shots=ks, examples=3), "ICL curve", "ICL curve")
 
 st.subheader("Run", divider="gray")
-left, right = st.columns([4, 1], vertical_alignment="center")
-with left:
-    st.markdown(f"**Model** `{s.model}` · **task** `{s.task}` · **{s.shots}** shots · **{s.prompts}** prompts · "
-                f"seed {s.seed}")
-    st.caption("Scores every head (TR, TL, DLA, induction) and measures accuracy for k = "
-               f"{', '.join(map(str, ks))} demonstrations. Results are cached by the service, so a rerun or a "
-               "collaborator opening your link gets them at once.")
-with right:
-    clicked = st.button("Run", type="primary", icon=":material/play_arrow:", width="stretch", key="run")
+clicked = run_row(f"**Model** `{s.model}` · **task** `{s.task}` · **{s.shots}** shots · **{s.prompts}** prompts · "
+                  f"seed {s.seed}",
+                  "Scores every head (TR, TL, DLA, induction) and measures accuracy for k = "
+                  f"{', '.join(map(str, ks))} demonstrations. Results are cached by the service, so a rerun or a "
+                  "collaborator opening your link gets them at once.", "run")
 
 if clicked or jobs.in_flight(score_job) or jobs.in_flight(icl_job):
     scores, icl = jobs.fetch_many([score_job, icl_job])

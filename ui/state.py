@@ -235,6 +235,10 @@ class Settings:
         return {"model": self.model, "task": self.task, "shots": self.shots, "prompts": self.prompts,
                 "seed": self.seed, **extra}
 
+    def icl_shots(self) -> list[int]:
+        """The demonstration counts of an ICL curve: 0, 1, 2, 4, ... up to `shots`, and `shots` itself."""
+        return sorted({k for k in (0, 1, 2, 4, 8, 16, 32) if k <= self.shots} | {0, self.shots})
+
     def selection(self) -> dict[str, Any]:
         """The top-head set size as the service takes it: `top_k` when set, else `top_pct`."""
         return {"top_k": int(self.top_k)} if self.top_k else {"top_pct": float(self.top_pct)}
