@@ -58,9 +58,8 @@ with st.expander("Start a sweep", icon=":material/add_circle:", expanded=not sta
             if not (models and tasks_sel and kinds_sel):
                 st.error("Pick at least one model, one task and one analysis.", icon=":material/error:")
             else:
-                ks = sorted({k for k in (0, 1, 2, 4, 8, 16, 32) if k <= s.shots} | {0, s.shots})
                 params = {"shots": s.shots, "prompts": s.prompts, **s.selection(),
-                          **({"icl.shots": ks} if "icl" in kinds_sel else {})}
+                          **({"icl.shots": s.icl_shots()} if "icl" in kinds_sel else {})}
                 params = {k: v for k, v in params.items()
                           if "." in k or k in ("shots", "prompts") or "scores" in kinds_sel}
                 try:
@@ -141,9 +140,10 @@ def show(sweep_id: str) -> None:
                format_func=lambda m: SF.METRICS.get(m, (m,))[0])
     metric = state.value("sw_metric")
     st.caption(SF.METRICS.get(metric, ("", ""))[1].capitalize() + "; means over seeds.")
-    st.plotly_chart(SF.table_heatmap(summary, metric), key="sw_heatmap")
-    st.dataframe(SF.pivot(summary, metric), key="sw_pivot", column_config={
-        col: st.column_config.NumberColumn(format="%.3f") for col in SF.pivot(summary, metric).columns})
+    pivot = SF.pivot(summary, metric)
+    st.plotly_chart(SF.table_heatmap(summary, metric, pivot), key="sw_heatmap")
+    st.dataframe(pivot, key="sw_pivot", column_config={
+        col: st.column_config.NumberColumn(format="%.3f") for col in pivot.columns})
     st.subheader("Where the top heads sit, per model", divider="gray")
     st.caption("TR (task recognition) and TL (task learning) heads of the `scores` jobs: their relative depth "
                "(layer / (layers − 1)) and their Jaccard overlap with the top induction heads, over tasks and seeds.")

@@ -64,9 +64,10 @@ def models_table(summary: dict[str, Any]) -> pd.DataFrame:
     return pd.DataFrame(out)
 
 
-def table_heatmap(summary: dict[str, Any], metric: str) -> go.Figure:
-    """The models x tasks table of `metric` as a heatmap, values written in the cells."""
-    df = pivot(summary, metric)
+def table_heatmap(summary: dict[str, Any], metric: str, table: pd.DataFrame | None = None) -> go.Figure:
+    """The models x tasks table of `metric` as a heatmap, values written in the cells (`table`: that table when
+    the caller already has it from `pivot`)."""
+    df = pivot(summary, metric) if table is None else table
     label, help_text, rng, signed = METRICS.get(metric, (metric, "", None, False))
     z = df.to_numpy(dtype=float)
     text = [["" if pd.isna(v) else f"{v:.2f}" for v in row] for row in z]
