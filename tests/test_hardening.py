@@ -610,6 +610,31 @@ def test_work_estimates_refuse_huge_jobs(monkeypatch):
             Limits.from_env()
 
 
+def test_sweep_settings_are_limits_checked_at_start_up(monkeypatch):
+    """HEADLENS_MAX_SWEEP_JOBS and HEADLENS_SWEEP_WINDOW are read with the other limits: a bad value fails
+    Limits.from_env() (start-up), naming the variable, instead of every POST /sweeps."""
+    from backend.service.limits import Limits
+    from backend.service.sweeps import SweepManager
+
+    for var in ("HEADLENS_MAX_SWEEP_JOBS", "HEADLENS_SWEEP_WINDOW", "HEADLENS_MAX_QUEUE"):
+        monkeypatch.delenv(var, raising=False)
+    d = Limits.from_env()
+    assert d.max_sweep_jobs == 10000 and d.sweep_window is None
+    assert d.to_json()["max_sweep_jobs"] == 10000 and d.to_json()["sweep_window"] is None
+    assert SweepManager(object(), d).window == 32  # max(32, 2 x 1 worker), under half of 64
+    monkeypatch.setenv("HEADLENS_MAX_SWEEP_JOBS", "7")
+    monkeypatch.setenv("HEADLENS_SWEEP_WINDOW", "5")
+    lim = Limits.from_env()
+    assert lim.max_sweep_jobs == 7 and lim.sweep_window == 5 and SweepManager(object(), lim).window == 5
+    for var in ("HEADLENS_MAX_SWEEP_JOBS", "HEADLENS_SWEEP_WINDOW"):
+        for bad, why in (("lots", "must be a number, not .lots."), ("nan", "must be at least 1"),
+                         ("0", "must be at least 1")):
+            monkeypatch.setenv(var, bad)
+            with pytest.raises(ValueError, match=f"{var} {why}"):
+                Limits.from_env()
+        monkeypatch.setenv(var, "3")
+
+
 def test_a_job_past_the_time_limit_fails_clearly(monkeypatch):
     import time as _time
 

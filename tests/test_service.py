@@ -54,7 +54,8 @@ COUNT = Kind("count", CountParams, CountResult, "test_service:run_count", "test 
 @pytest.fixture(autouse=True)
 def _service_env(monkeypatch):
     for var in ("HEADLENS_TOKEN", "HEADLENS_MODEL_ROOT", "HEADLENS_ALLOW_HUB", "HEADLENS_BACKEND_URL",
-                "HEADLENS_MAX_PROMPTS", "HEADLENS_MAX_SHOTS", "HEADLENS_MAX_TOKENS", "HEADLENS_MAX_UPLOAD_MB"):
+                "HEADLENS_MAX_PROMPTS", "HEADLENS_MAX_SHOTS", "HEADLENS_MAX_TOKENS", "HEADLENS_MAX_UPLOAD_MB",
+                "HEADLENS_MAX_SWEEP_JOBS", "HEADLENS_SWEEP_WINDOW"):
         monkeypatch.delenv(var, raising=False)
     CALLS.clear()
     register(COUNT, replace=True)
@@ -106,6 +107,7 @@ def test_health_and_capabilities():
         cap = c.get("/capabilities").json()
         assert {"model_info", "scores", "icl", "ablation_curves", "ablate", "count"} <= {k["name"] for k in cap["job_kinds"]}
         assert cap["limits"]["max_prompts"] == 500 and cap["limits"]["max_models"] == 2
+        assert cap["limits"]["max_sweep_jobs"] == 10000 and cap["limits"]["sweep_window"] is None  # None: unset
         assert "sentiment" in {t["id"] for t in cap["tasks"]}
         assert cap["device"] == "cpu" and cap["loaded_models"] == [] and cap["auth_required"] is False
         assert c.get("/tasks").json()[0]["source"] == "builtin"

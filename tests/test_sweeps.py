@@ -19,6 +19,7 @@ from backend.analysis.kernel import Context
 from backend.analysis.kinds import Kind, register, unregister
 from backend.analysis.results import Result
 from backend.service.app import create_app
+from backend.service.limits import Limits
 from backend.service.ray_runner import Placement, RunnerUnavailable, connect, make_runner, model_bytes, placement
 from backend.service.ray_runner import RayConfig
 from backend.service.sweeps import Cell, compact, summarize
@@ -124,6 +125,10 @@ def test_sweep_bad_inputs_are_4xx_naming_them():
         r = c.post("/sweeps", content=b"[1, 2]", headers={"content-type": "application/json"})
         assert r.status_code == 422
         assert c.get("/sweeps").json() == []  # nothing was started
+    with TestClient(create_app(limits=Limits(max_sweep_jobs=3))) as c:  # HEADLENS_MAX_SWEEP_JOBS
+        r = c.post("/sweeps", json=SPEC)
+        assert r.status_code == 422 and "more than 3 jobs (HEADLENS_MAX_SWEEP_JOBS)" in r.json()["detail"], r.text
+        assert c.get("/sweeps").json() == []
 
 
 def test_cancel_a_sweep_withdraws_its_jobs():

@@ -13,8 +13,12 @@
 | HEADLENS_UPLOAD_CACHE      | 32      | parsed uploads kept in memory (LRU; re-read from disk)    |
 | HEADLENS_MAX_WORK          | 200000  | estimated prompt passes of one job (the kind's `work`)    |
 | HEADLENS_JOB_TIMEOUT_S     | 3600    | seconds a job may run (it fails at its next progress step)|
+| HEADLENS_MAX_SWEEP_JOBS    | 10000   | jobs of one sweep                                         |
+| HEADLENS_SWEEP_WINDOW      | unset   | a sweep's jobs in flight (unset: 2 x the runner's workers |
+|                            |         | and at least 32; never over half HEADLENS_MAX_QUEUE)      |
 
-Every violation is a `ServiceError` (422, or 413 for uploads) whose message names the parameter, the
+A bad setting (not a number, or too small) is a ValueError naming the variable, raised by `Limits.from_env()`,
+i.e. at start-up. Every violation is a `ServiceError` (422, or 413 for uploads) whose message names the parameter, the
 value, the limit and the variable that raises it.
 """
 from __future__ import annotations
@@ -61,6 +65,8 @@ class Limits:
     upload_cache: int = 32
     max_work: int = 200_000
     job_timeout_s: int = 3600
+    max_sweep_jobs: int = 10_000
+    sweep_window: int | None = None  # None: max(32, 2 x the runner's workers) (sweeps.SweepManager)
 
     @classmethod
     def from_env(cls) -> "Limits":
@@ -78,9 +84,12 @@ class Limits:
             upload_cache=int(env_number("HEADLENS_UPLOAD_CACHE", d.upload_cache)),
             max_work=int(env_number("HEADLENS_MAX_WORK", d.max_work)),
             job_timeout_s=int(env_number("HEADLENS_JOB_TIMEOUT_S", d.job_timeout_s)),
+            max_sweep_jobs=int(env_number("HEADLENS_MAX_SWEEP_JOBS", d.max_sweep_jobs)),
+            # unset gives 0 (the default is not checked against the minimum; a value set must be at least 1)
+            sweep_window=int(env_number("HEADLENS_SWEEP_WINDOW", 0)) or d.sweep_window,
         )
 
-    def to_json(self) -> dict[str, int]:
+    def to_json(self) -> dict[str, int | None]:
         return asdict(self)
 
     # -- checks ------------------------------------------------------------------------------------

@@ -125,7 +125,7 @@ class Capabilities(BaseModel):
     dtype: str
     loaded_models: list[dict[str, Any]]
     tasks: list[TaskInfo]
-    limits: dict[str, int]
+    limits: dict[str, int | None]  # Limits.to_json(); sweep_window None: from the runner
     job_kinds: list[JobKindInfo]
     model_root: str | None = None
     allow_hub: bool = True

@@ -11,8 +11,8 @@ task), one without a task once per model. `params` go to every kind that has the
 has is refused); `"<kind>.<field>"` goes to that kind only (`{"shots": 8, "icl.shots": [0, 4, 8]}`). Everything is validated before any job is queued: an unknown model, task or kind is a 4xx
 naming it.
 
-The jobs go to the runner a window at a time (HEADLENS_SWEEP_WINDOW, default twice the runner's workers and at
-least 32, at most half the job queue HEADLENS_MAX_QUEUE), so a sweep of
+The jobs go to the runner a window at a time (`Limits.sweep_window`, HEADLENS_SWEEP_WINDOW: default twice the
+runner's workers and at least 32, at most half the job queue HEADLENS_MAX_QUEUE), so a sweep of
 thousands of jobs neither overflows the queue nor starves interactive jobs; jobs whose results are cached end
 at once, so a sweep that is run again continues where the last one stopped. Cancelling a sweep withdraws its
 jobs (an identical job another client waits for goes on).
@@ -37,7 +37,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from .admit import Admitted, admit, describe_validation
 from .errors import BadRequest, NotFound, ServiceError, clip
-from .limits import Limits, env_number
+from .limits import Limits
 
 log = logging.getLogger(__name__)
 
@@ -135,7 +135,7 @@ def plan(req: SweepRequest, pool: Any, tasks: Any, limits: Limits) -> list[Cell]
                 tasks.get(t)
             except ServiceError as e:
                 raise type(e)(f"sweep: task {clip(t)!r}: {e.message}", e.status) from None
-    limit = int(env_number("HEADLENS_MAX_SWEEP_JOBS", 10000))
+    limit = limits.max_sweep_jobs
     cells: list[Cell] = []
     seen: set[str] = set()
     for m in models:
@@ -302,8 +302,8 @@ class SweepManager:
         # enough jobs in flight to keep every worker busy (a Ray runner's workers: HEADLENS_RAY_MAX_ACTORS), at most
         # half the job queue (raise HEADLENS_MAX_QUEUE for a cluster of many GPUs)
         workers = int(getattr(runner, "_n_workers", 1) or 1)
-        env = int(env_number("HEADLENS_SWEEP_WINDOW", max(32, 2 * workers)))
-        self.window = max(1, window or min(env, max(1, limits.max_queue // 2)))
+        wanted = limits.sweep_window or max(32, 2 * workers)
+        self.window = max(1, window or min(wanted, max(1, limits.max_queue // 2)))
         self.keep_results, self.poll = keep_results, poll
         self._sweeps: dict[str, _Sweep] = {}
         self._lock = threading.Lock()
