@@ -223,10 +223,7 @@ if res is not None:
 # -- across tasks --------------------------------------------------------------------------------------------------
 st.subheader("Across tasks", divider="gray")
 one_layer = L // 2 if layer == "all" else int(layer)
-tparams = {"model": s.model, "layer": one_layer, "positions": list(state.value("ltv_positions")),
-           "lr": float(state.value("ltv_lr")), "epochs": int(state.value("ltv_epochs")),
-           "batch_size": int(state.value("ltv_batch")), "units": state.value("ltv_units"), "shots": s.shots,
-           "prompts": s.prompts, "seed": s.seed, **s.selection()}
+tparams = {**{k: v for k, v in params.items() if k != "task"}, "layer": one_layer}  # the same recipe, every task
 clicked = run_row(f"Every built-in task of this model at **layer {one_layer}**: the comparison task by task, the "
                   f"similarity of their vectors, and sums of two tasks' vectors on composed tasks",
                   "One vector per task (cached: a task trained above is not retrained).", "run_ltv_tasks")

@@ -241,8 +241,7 @@ else:
 
 # -- every steering method -------------------------------------------------------------------------------------------------
 st.subheader("Every steering method", divider="gray")
-me_params = {"model": s.model, "task": s.task, "shots": s.shots, "prompts": s.prompts, "seed": s.seed,
-             **s.selection(), "site_m": recipe["m"], "site_shots": recipe["shots"], "site_steps": recipe["steps"]}
+me_params = s.job(**s.selection(), site_m=recipe["m"], site_shots=recipe["shots"], site_steps=recipe["steps"])
 clicked = run_row(f"The extracted vectors (vanilla, function vector, top-TR / top-TL heads at the middle layer, "
                   f"{s.shots} shots), LTV (when cached) and SITE on the same zero-shot prompts",
                   "Accuracy, TR ratio, parameter count and training seconds side by side.", "run_methods")
