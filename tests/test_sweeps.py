@@ -202,6 +202,29 @@ def test_summary_rows_and_depths():
     assert abl == {"ablation_drop_tr": pytest.approx(0.7), "ablation_drop_random": pytest.approx(0.1)}
 
 
+def test_the_summary_is_rebuilt_only_when_a_job_finishes():
+    from types import SimpleNamespace
+
+    from backend.service.sweeps import SweepManager, SweepRequest, _Sweep
+
+    done = Cell("m1", "t1", "scores", 0, admitted=None, status="done", job_id="a")  # type: ignore[arg-type]
+    done.summary = compact("scores", _scores([[4, 0]], [[2, 0]], 1.0, 0.5))
+    late = Cell("m1", "t1", "scores", 1, admitted=None, status="running", job_id="b")  # type: ignore[arg-type]
+    sw = _Sweep("s", SweepRequest(models=["m1"], tasks=["t1"]), [done, late])
+    first = sw.snapshot()["summary"]
+    assert first["rows"][0]["jobs"] == 1
+    late.progress = 0.5  # a poll's progress update: the same summary, not rebuilt
+    assert sw.snapshot()["summary"] is first and sw.snapshot(detail=False).get("summary") is None
+    result = {**_scores([[0, 0]], [[2, 0]], 0.5, 0.25), "cache_hit": False}
+    job = SimpleNamespace(status="done", error=None, result=result)
+    manager = SweepManager(SimpleNamespace(get=lambda job_id, include_result=False: job), window=1)
+    late.status = "done"
+    manager._finish(sw, late, job)  # a job finished: the summary is rebuilt with it
+    again = sw.snapshot()["summary"]
+    assert again is not first and again["rows"][0]["jobs"] == 2 and again["rows"][0]["accuracy"] == 0.75
+    assert again == summarize(sw.cells)
+
+
 # -- runner configuration ----------------------------------------------------------------------------------------
 def test_placement_from_model_size():
     gb = 2**30

@@ -260,6 +260,18 @@ class _Sweep:
     message: str = ""
     cancel: threading.Event = field(default_factory=threading.Event)
     thread: threading.Thread | None = None
+    # summarize(cells), built on demand and kept until a job finishes (`stale()`): polls do not rebuild it
+    _summary: dict[str, Any] | None = field(default=None, repr=False)
+
+    def stale(self) -> None:
+        """A job finished (its status or compact result changed): the next detailed snapshot rebuilds the summary."""
+        self._summary = None
+
+    def summary(self) -> dict[str, Any]:
+        """The summary of the finished jobs (shared between snapshots: read it, do not change it)."""
+        if self._summary is None:
+            self._summary = summarize(self.cells)
+        return self._summary
 
     def counts(self) -> dict[str, int]:
         out = {s: 0 for s in ("pending", "queued", "running", "done", "error", "cancelled")}
@@ -288,7 +300,7 @@ class _Sweep:
                "models": list(per_model.values()), "request": self.request.model_dump()}
         if detail:
             out["jobs"] = [c.to_json() for c in self.cells]
-            out["summary"] = summarize(self.cells)
+            out["summary"] = self.summary()
         return out
 
 
@@ -392,7 +404,7 @@ class SweepManager:
                     with self._lock:
                         c.status, c.progress = j.status, j.progress
                     if j.status in FINISHED:
-                        self._finish(c, j)
+                        self._finish(sw, c, j)
                         active.remove(c)
                 time.sleep(self.poll)
             with self._lock:
@@ -408,10 +420,11 @@ class SweepManager:
                 sw.status, sw.finished = "error", time.time()
                 sw.message = getattr(e, "message", None) or f"{type(e).__name__}: {e}"
 
-    def _finish(self, c: Cell, j: Any) -> None:
+    def _finish(self, sw: _Sweep, c: Cell, j: Any) -> None:
         full = self.runner.get(c.job_id, include_result=True) if j.status == "done" else j
         result = full.result if full is not None else None
         with self._lock:
+            sw.stale()
             c.progress = 1.0 if j.status == "done" else c.progress
             c.cache_hit = bool(result.get("cache_hit")) if result else None
             c.error = j.error
