@@ -61,8 +61,10 @@ def test_a_task_of_unknown_words_is_refused_and_analyses_fail_clearly(word_lm):
     assert r.unknown_inputs == pytest.approx(12 / 14) and r.unknown_input_tokens > 0.8
     assert "great" in r.unknown_words and "film" in r.unknown_words
     assert any("unknown token" in m for m in r.messages)
-    with pytest.raises(TaskError, match="does not fit model 'word-level'.*unknown token"):
-        analyze("scores", word_lm, english, shots=1, prompts=2, cache=False)
+    # every analysis, also those that build no prompts through build_prompts (the trained vectors)
+    for kind, params in (("scores", {"shots": 1, "prompts": 2}), ("ltv_train", {}), ("site", {})):
+        with pytest.raises(TaskError, match="does not fit model 'word-level'.*unknown token"):
+            analyze(kind, word_lm, english, params, cache=False)
 
 
 def test_a_few_unknown_words_warn(word_lm):

@@ -8,8 +8,8 @@ Two things make a task unusable on a model, and neither shows in the results:
 `fit` measures the share of inputs, input tokens, labels and template tokens that are unknown, and the longest
 prompt at the asked shots against the context window, and gives a verdict: `ok`, `warn` or `refuse` (inputs
 mostly unknown, classification labels unknown, or not even zero-shot prompts fit). The shots-independent part
-(`primitives.fit.require_fit`) runs before every analysis builds its prompts, so a task that does not fit fails
-with a clear TaskError instead of running to meaningless results.
+(`primitives.fit.require_fit`) runs before every other analysis computes (`kernel.analyze`, the kinds with
+`needs_fit`), so a task that does not fit fails with a clear TaskError instead of running to meaningless results.
 """
 from __future__ import annotations
 

@@ -22,6 +22,7 @@ from ..jsonable import to_jsonable
 from ..locks import KeyLocks
 from .kinds import Kind, get_kind
 from .params import NOT_IN_KEY, Params
+from .primitives.fit import require_fit
 from .results import Result
 
 if TYPE_CHECKING:
@@ -152,6 +153,8 @@ def analyze(kind: str, lm: "LoadedModel | None", task: "Task | None" = None,
     store = resolve_store(cache) if spec.cached else None
 
     def compute() -> dict[str, Any]:
+        if spec.needs_fit and lm is not None and task is not None:
+            require_fit(lm, task)  # a task whose words the model does not know is an error, not a result
         ctx = Context(lm, task, progress, store, report=live)
         value = spec.function()(ctx, p)
         value = to_jsonable({**value, "warnings": [*ctx.warnings, *value.get("warnings", [])]})

@@ -34,6 +34,7 @@ class Kind:
     uses_task: bool = True
     uses_model: bool = True
     cached: bool = True
+    needs_fit: bool = True  # refuse (TaskError) a task whose words the model mostly cannot read, before computing
 
     @property
     def cli(self) -> str:
@@ -86,7 +87,7 @@ _ENTRIES: tuple[Kind, ...] = (
          api="perturbation_report"),
     Kind("fit", P.FitParams, R.FitResult, "backend.analysis.fit:fit",
          "does the task fit the model: unknown tokens in inputs and labels, prompt length vs the context window",
-         api="task_fit"),
+         api="task_fit", needs_fit=False),
     Kind("head", P.HeadParams, R.HeadResult, "backend.analysis.head:head",
          "one head on one prompt: attention pattern, per-label DLA, TR / TL / induction ranks, effect when "
          "ablated; the model's top next tokens (and per layer)", api="head_view"),

@@ -12,6 +12,7 @@ import torch
 
 from ...models import LoadedModel
 from ...tasks.base import Prompt, Queries, Task, TaskError
+from .fit import unknown_id
 
 Progress = Callable[[float, str], None]
 
@@ -61,7 +62,7 @@ def encode(lm: LoadedModel, prompts: Sequence[Prompt], kind: str) -> Encoded:
             raise TaskError(f"{len(too_long)} prompt(s) exceed the model's context window of {lm.max_positions} "
                             f"tokens (prompt {i + 1} has {len(ids[i])} tokens); use fewer shots or shorter inputs")
     memo: dict[tuple[str, str], list[int]] = {}
-    unk = tok.unk_token_id if tok.unk_token is not None and tok.unk_token != tok.eos_token else None
+    unk = unknown_id(tok)
     label_ids, gold, multi = [], [], set()
     for p in prompts:
         firsts = []
@@ -115,12 +116,9 @@ def build_prompts(lm: LoadedModel, task: Task, shots: int, n: int, seed: int, pe
     - `n` is capped at the task's query pool, so no query is scored twice (a warning says so);
     - demonstrations are dropped (k -> k // 2 ... 0) until every prompt fits the context window (a warning
       says so); even zero-shot prompts not fitting is an error;
-    - a task whose inputs the model cannot read (mostly unknown tokens) is an error (`fit.require_fit`).
+    (A task whose inputs the model cannot read is refused before any analysis runs: `kernel.analyze`.)
     `queries` picks the held-out queries (scoring) or the demonstration pool (extracting or training vectors).
     """
-    from .fit import require_fit
-
-    require_fit(lm, task)  # a task whose words the model does not know is an error, not a result
     warnings: list[str] = []
     pool = task.n_queries(seed, queries)
     if task.fixed is not None:  # a given prompt set: as given, whatever the shots
