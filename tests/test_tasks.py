@@ -413,3 +413,6 @@ def test_prompts_from_the_demonstration_pool_never_show_a_held_out_query():
     assert all(x not in p.text for p in pool for x in held_out)
     assert all(p.text.count(p.query) == 1 for p in pool)  # a prompt's query is not among its own demonstrations
     assert task.n_queries(3, "pool") == len(task.split(3)[0])
+    rmap = load_task("syn-rmap-sentiment")  # builds its own prompts: asking its pool is an error, not held-out queries
+    with pytest.raises(TaskError, match="builds its own prompts"):
+        rmap.build_prompts(2, 4, 3, queries="pool")

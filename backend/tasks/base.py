@@ -210,6 +210,9 @@ class Task:
         if perturb is not None:
             perturb.check(self)
         if self.builder is not None:
+            if queries == "pool":  # never fall back to the scored queries without saying so
+                raise TaskError(f"task {self.name!r} builds its own prompts: it has no demonstration pool to draw "
+                                f"queries from (use held-out prompts of another seed)")
             return self.builder(self, shots, n, seed)
         demo_pool, query_pool = self.split(seed)
         if queries == "pool":
