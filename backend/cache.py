@@ -20,12 +20,11 @@ import logging
 import os
 import sqlite3
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import diskcache
 from diskcache.core import DEFAULT_SETTINGS, METADATA, MODE_RAW, UNKNOWN
 
-from .locks import KeyLocks
 from .paths import cache_dir
 
 CODE_VERSION = "kernel-2"  # bump when a change alters cached numbers (kernel-2: vectors from the demonstration pool)
@@ -154,27 +153,12 @@ class ResultCache:
         except Exception as e:
             log.warning("could not write cache entry %s: %s", key, e)
 
-    def get_or_compute(self, key: str, compute: Callable[[], dict[str, Any]]) -> tuple[dict[str, Any], bool]:
-        """(value, hit). On a miss, computes under the key's lock (threads and processes), so a key is
-        never computed twice at once: a second caller waits, then reads the first one's result."""
-        v = self.get(key)
-        if v is not None:
-            return v, True
-        with _LOCKS.hold(key):
-            v = self.get(key)
-            if v is not None:
-                return v, True
-            v = compute()
-            self.put(key, v)
-        return v, False
-
     def close(self) -> None:
         if self._dc is not None:
             self._dc.close()
             self._dc = None
 
 
-_LOCKS = KeyLocks()  # its folder follows HEADLENS_CACHE_DIR
 _default: ResultCache | None = None
 
 

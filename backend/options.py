@@ -19,7 +19,6 @@ MODES = ("zero", "mean")
 POSITIONS = ("all", "last")
 """Where an ablation acts: every token, or the last prompt token only."""
 GEOMETRY_CONDITIONS = ("zero_shot", "zero_shot+tr", "zero_shot+tl", "zero_shot+random", "icl")
-KINDS_OF_TASK = ("classification", "generation")
 
 # Literal types of the same lists, for the params models (Literal[tuple] is Literal of its items)
 VectorType = Literal[VECTOR_TYPES]  # type: ignore[valid-type]
@@ -27,8 +26,6 @@ Perturbation = Literal[PERTURBATIONS]  # type: ignore[valid-type]
 Order = Literal[ORDERS]  # type: ignore[valid-type]
 Mode = Literal[MODES]  # type: ignore[valid-type]
 Positions = Literal[POSITIONS]  # type: ignore[valid-type]
-MapName = Literal[MAPS]  # type: ignore[valid-type]
-TaskKind = Literal[KINDS_OF_TASK]  # type: ignore[valid-type]
 LtvUnits = Literal["residual", "absolute"]
 
 # -- default sizes ---------------------------------------------------------------------------------------

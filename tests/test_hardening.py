@@ -51,9 +51,15 @@ def _env(monkeypatch):
 
 # -- 1. no code from the cache ---------------------------------------------------------------------------
 def _recompute(cache, key):
+    """What the kernel does with an entry: use it (a hit), or compute and write it (a miss)."""
     calls = []
-    value, hit = cache.get_or_compute(key, lambda: calls.append(1) or {"fresh": True})
-    return value, hit, len(calls)
+    value = cache.get(key)
+    if value is None:
+        calls.append(1)
+        value = {"fresh": True}
+        cache.put(key, value)
+        return value, False, len(calls)
+    return value, True, len(calls)
 
 
 def test_cache_never_unpickles_a_planted_row(tmp_path):

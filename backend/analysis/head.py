@@ -105,12 +105,14 @@ def head(ctx: Context, p: HeadParams) -> dict[str, Any]:
     T = len(ids)
     rows = list(range(T)) if T <= HEAD_MAX_PATTERN else [T - 1]
     ctx.progress(0.7, "ranks")
-    ind = induction_scores(lm)
-    ranks = {"induction": _rank(ind, layer, h)}
-    if p.ranks:
+    if p.ranks:  # the task's cached head maps hold the induction map too
         sc = ctx.call("scores", shots=p.shots, prompts=p.prompts, seed=p.seed, batch_size=p.batch_size,
                       progress=ctx.stage(0.7, 1.0, "head scores"))
-        ranks.update(tr=_rank(sc.tr, layer, h), tl=_rank(sc.tl, layer, h))
+        ind = np.asarray(sc.induction, dtype=float)
+        ranks = {"induction": _rank(ind, layer, h), "tr": _rank(sc.tr, layer, h), "tl": _rank(sc.tl, layer, h)}
+    else:
+        ind = induction_scores(lm)
+        ranks = {"induction": _rank(ind, layer, h)}
     return {
         "layer": layer, "head": h, "prompt_index": pr["index"], "text": pr["text"],
         "tokens": [tok.decode([i]) for i in ids], "attention": att[rows].tolist(), "attention_rows": rows,

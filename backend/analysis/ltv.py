@@ -39,7 +39,8 @@ import torch
 from .. import options as o
 from ..tasks.base import TaskError
 from .kernel import Context
-from .params import LtvParams
+from .params import LtvParams, LtvRecipeParams
+from .results import LtvTraining
 from .primitives.batching import build_prompts, encode
 from .primitives.inject import Injection, check_layers, check_positions, evaluate_injections
 from .primitives.threads import cpu_threads
@@ -50,8 +51,7 @@ from .primitives.sweep import head_mask
 
 CONDITIONS = ("zero_shot", "icl", "vanilla", "fv", "tr", "tl", "ltv", "ltv+icl")
 EXTRACTED = ("vanilla", "fv", "tr", "tl")
-RECIPE = ("positions", "lr", "epochs", "patience", "weight_decay", "init_scale", "train_prompts", "val_prompts",
-          "batch_size", "units", "seed")
+RECIPE = tuple(LtvRecipeParams.model_fields)  # what ltv_train takes
 EVAL_BATCH = o.SWEEP_BATCH_SIZE
 
 
@@ -128,9 +128,7 @@ def _ltv(ctx: Context, p: LtvParams) -> dict[str, Any]:
                                             f"LTV {i + 1}/{len(groups)}"))
             for w in r.warnings:
                 ctx.warn(w)
-            trainings.append(r.model_dump(include=set(r.model_fields) - {"model", "task", "params", "warnings",
-                                                                           "cache_hit", "seconds", "d_model",
-                                                                           "multi_token_labels"}))
+            trainings.append(r.model_dump(include=set(LtvTraining.model_fields)))
     joint = len(groups) == 1 and len(groups[0]) > 1
     positions = tuple(trainings[0]["positions"])
 
@@ -182,7 +180,8 @@ def _ltv(ctx: Context, p: LtvParams) -> dict[str, Any]:
             if scores is None:
                 scores = ctx.call("scores", shots=p.shots, prompts=p.prompts, seed=p.seed, top_pct=p.top_pct,
                                   top_k=p.top_k, batch_size=o.BATCH_SIZE)
-            entry.update(_mechanism(ctx, p, zero, g[0], thetas[g[0]], positions, conditions, scores,
+            entry.update(_mechanism(ctx, p, zero, g[0], thetas[g[0]], positions, conditions,
+                                    float(out.gold_prob[names.index("ltv")].mean()), scores,
                                     ctx.stage(lo + 0.1 * (hi - lo), hi, f"mechanism at layer {g[0]}")))
         per_layer.append(entry)
 
@@ -201,9 +200,10 @@ def _ltv(ctx: Context, p: LtvParams) -> dict[str, Any]:
 
 
 def _mechanism(ctx: Context, p: LtvParams, zero: Any, layer: int, theta: torch.Tensor, positions: tuple[int, ...],
-               conditions: dict[str, Any], scores: Any, progress: Any) -> dict[str, Any]:
+               conditions: dict[str, Any], ltv_gold_prob: float, scores: Any, progress: Any) -> dict[str, Any]:
     """Key heads (saliency, ablation against random sets, overlaps), OV reconstruction and linear propagation of
-    theta at the input of `layer`."""
+    theta at the input of `layer`; `conditions` and `ltv_gold_prob` (mean gold probability) are theta's own scores on
+    `zero`, already measured."""
     lm = ctx.lm
     L, H, d = lm.n_layers, lm.n_heads, lm.d_model
     inj = Injection({layer: theta}, positions)
@@ -222,8 +222,7 @@ def _mechanism(ctx: Context, p: LtvParams, zero: Any, layer: int, theta: torch.T
     rand = [abl.summary(i + 1) for i in range(len(draws))]
     racc = np.array([r["accuracy"] for r in rand])
     ov_overlap = {nm: overlap(sal, np.asarray(getattr(scores, nm)), k) for nm in ("tr", "tl", "induction")}
-    plain = evaluate_injections(lm, zero, [inj], EVAL_BATCH)
-    probs = {"ltv": float(plain.gold_prob[0].mean()), "ablated": float(abl.gold_prob[0].mean()),
+    probs = {"ltv": ltv_gold_prob, "ablated": float(abl.gold_prob[0].mean()),
              "random": float(abl.gold_prob[1:].mean())}
     key_heads = {"saliency": sal, "heads": key, "ltv": conditions["ltv"], "ablated": abl.summary(0), "random": rand,
                  "random_heads": draws, "random_accuracy_mean": float(racc.mean()),

@@ -23,14 +23,13 @@ from .. import options as o
 from ..tasks.base import Task, TaskError
 from ..tasks.registry import builtin_tasks
 from .kernel import Context, analyze
-from .params import LtvTasksParams
+from .params import LtvRecipeParams, LtvTasksParams
 from .primitives.batching import build_prompts, encode
 from .primitives.inject import Injection, check_layers, evaluate_injections
 from .primitives.threads import cpu_threads
 
 DEFAULT_MODEL_NAMES = ("default", "headlens-tiny")
-RECIPE = ("positions", "lr", "epochs", "patience", "weight_decay", "init_scale", "train_prompts", "val_prompts",
-          "batch_size", "units", "seed", "shots", "prompts", "top_pct", "top_k")
+RECIPE = (*LtvRecipeParams.model_fields, "shots", "prompts", "top_pct", "top_k")  # what each task's ltv call takes
 EVAL_BATCH = o.SWEEP_BATCH_SIZE
 
 

@@ -26,7 +26,7 @@ from .. import options as o
 from ..hooks import hooked
 from .kernel import Context, cache_key
 from .kinds import get_kind
-from .params import SiteParams
+from .params import SiteParams, SiteRecipeParams
 from .primitives.batching import build_prompts, encode
 from .primitives.capture import capture_means
 from .primitives.generate import evaluate_generation, require_kv_cache, stop_strings
@@ -37,8 +37,7 @@ from .primitives.soft_select import (decisive_shares, encode_all, hard_alpha, ho
                                      lora_params, ranked_heads, save_site, site_data, train_alphas)
 from .primitives.sweep import RowConfig, sweep_outcomes
 
-RECIPE = ("m", "shots", "prompts", "steps", "lr", "beta2", "train_batch", "val_every", "val_prompts",
-          "max_new_tokens", "seed")
+RECIPE = tuple(k for k in SiteRecipeParams.model_fields if k != "batch_size")  # the saved recipe (not the batching)
 EXAMPLES = 10
 
 

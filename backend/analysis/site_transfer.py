@@ -22,7 +22,7 @@ from .. import options as o
 from ..tasks.base import Task, TaskError
 from ..tasks.registry import builtin_tasks
 from .kernel import Context, analyze, lookup
-from .params import SiteTransferParams
+from .params import SiteRecipeParams, SiteTransferParams
 from .primitives.batching import encode
 from .primitives.capture import capture_means
 from .primitives.saved import SavedTensorError
@@ -31,8 +31,7 @@ from .primitives.soft_select import hard_alpha, load_site, ranked_heads, site_da
 from .primitives.sweep import RowConfig, sweep_outcomes
 
 DEFAULT_MODEL_NAMES = ("default", "headlens-tiny")
-RECIPE = ("m", "shots", "prompts", "steps", "lr", "beta2", "train_batch", "val_every", "val_prompts",
-          "max_new_tokens", "seed", "batch_size")
+RECIPE = tuple(SiteRecipeParams.model_fields)  # what each task's site call takes
 
 
 def default_tasks(lm: Any) -> list[Task]:

@@ -30,6 +30,7 @@ from ...models import LoadedModel
 from ...options import LORA_RANK, SITE_DECISIVE, SITE_VAL_SHARE
 from ...tasks.base import Prompt, Task, TaskError
 from .batching import Batch, Encoded, Progress, encode, forward_last_logits, make_batch, map_batches
+from .inject import gold_tokens
 from .saved import load_tensors, save_tensors
 
 KIND = "site"
@@ -121,11 +122,6 @@ def site_data(lm: LoadedModel, task: Task, *, m: int, shots: int, val_prompts: i
         raise TaskError(f"the zero-shot prompts of task {task.name!r} exceed the context window of "
                         f"{lm.max_positions} tokens")
     return SiteData(embed, train, val, test, k, warnings)
-
-
-def gold_tokens(enc: Encoded) -> torch.Tensor:
-    """First token of each prompt's gold answer, (prompts,)."""
-    return torch.tensor([ids[g] for ids, g in zip(enc.label_ids, enc.gold)], dtype=torch.long)
 
 
 # -- injection -----------------------------------------------------------------------------------------------------
