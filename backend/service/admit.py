@@ -9,16 +9,19 @@ same message.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
 
-from .errors import BadRequest
+from .errors import BadRequest, clip
 from .jobs import job_key
 from .limits import Limits
 from .model_pool import ModelPool
 from .schemas import JobFields
 from .task_store import TaskStore
+
+if TYPE_CHECKING:
+    from fastapi.exceptions import RequestValidationError
 
 
 @dataclass(frozen=True)
@@ -28,18 +31,19 @@ class Admitted:
     key: str
 
 
-def describe_validation(e: ValidationError, allowed: list[str] | None = None) -> str:
-    """One line per field: `shots: Input should be a valid integer (got 'x')`."""
+def describe_validation(e: ValidationError | RequestValidationError, allowed: list[str] | None = None) -> str:
+    """One line per field: `shots: Input should be a valid integer (got 'x')` (pydantic's ValidationError, or
+    FastAPI's RequestValidationError of a route's body model); the echoed input is clipped."""
     parts = []
     for err in e.errors():
-        loc = (".".join(str(x) for x in err["loc"] if x != "body") or "request")[:60]
-        if err["type"] == "extra_forbidden":
+        loc = clip(".".join(str(x) for x in err.get("loc", ()) if x != "body") or "request", 60)
+        if err.get("type") == "extra_forbidden":
             hint = f"; allowed fields: {', '.join(allowed)}" if allowed else ""
             parts.append(f"unknown field {loc!r}{hint}")
             continue
         got = err.get("input")
-        shown = f" (got {got!r:.60})" if got is not None and not isinstance(got, dict) else ""
-        parts.append(f"{loc}: {err['msg']}{shown}")
+        shown = f" (got {clip(repr(got), 60)})" if got is not None and not isinstance(got, dict) else ""
+        parts.append(f"{loc}: {clip(err.get('msg', 'invalid'))}{shown}")
     return "; ".join(parts)
 
 
@@ -54,7 +58,7 @@ def admit(body: dict[str, Any], pool: ModelPool, tasks: TaskStore, limits: Limit
     try:
         spec = get_kind(str(kind))
     except KeyError:
-        raise BadRequest(f"unknown job kind {str(kind)[:60]!r}; kinds: {', '.join(KINDS)}") from None
+        raise BadRequest(f"unknown job kind {clip(str(kind), 60)!r}; kinds: {', '.join(KINDS)}") from None
     allowed = ["kind", *(["model"] if spec.uses_model else []), *(["task"] if spec.uses_task else []),
                *spec.params.model_fields]
     shared = {k: body[k] for k in ("model", "task") if k in body and k in allowed}

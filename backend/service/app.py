@@ -158,7 +158,7 @@ def create_app(runner: JobRunner | None = None, *, pool: ModelPool | None = None
 
     @app.exception_handler(RequestValidationError)
     async def invalid_request(_: Request, e: RequestValidationError) -> JSONResponse:
-        detail = "invalid request: " + (_describe(e.errors()) or "malformed body")
+        detail = "invalid request: " + (describe_validation(e) or "malformed body")
         return JSONResponse({"detail": clip(detail, MAX_DETAIL)}, status_code=422)
 
     @app.exception_handler(Exception)
@@ -190,9 +190,7 @@ def create_app(runner: JobRunner | None = None, *, pool: ModelPool | None = None
 
     @app.post("/tasks/upload", response_model=UploadResponse, openapi_extra=_UPLOAD_DOC)
     async def upload_task(request: Request) -> UploadResponse:
-        declared = int(request.headers.get("content-length") or 0)
-        if declared > 2 * limits.max_upload_bytes + (1 << 16):  # refuse before reading the body
-            limits.check_upload(declared)
+        # the body's size is bounded by BodyLimit (limits.max_upload_body_bytes); here the file's own size
         if request.headers.get("content-type", "").startswith("multipart/form-data"):
             form = await request.form()
             f = form.get("file")
@@ -211,7 +209,7 @@ def create_app(runner: JobRunner | None = None, *, pool: ModelPool | None = None
                                                            400)
                                  + " (send JSON {filename, content, kind?} or a multipart form with `file`)") from None
             data, filename, kind = body.content.encode("utf-8"), body.filename, body.kind
-        limits.check_upload(len(data))
+            limits.check_upload(len(data))
         task_id, task = await run_in_threadpool(tasks.add, filename, data, kind)
         return UploadResponse(id=task_id, summary=task_info(task, task_id, "upload"))
 
@@ -271,11 +269,3 @@ def _found(job: JobStatus | None, job_id: str) -> JobStatus:
         raise NotFound(f"no job {clip(job_id, 100)!r} on this service (jobs live in memory and are forgotten on "
                        f"restart)")
     return job
-
-
-def _describe(errors: Any) -> str:
-    parts = []
-    for err in errors:
-        loc = ".".join(clip(x, 60) for x in err.get("loc", ()) if x != "body") or "body"
-        parts.append(f"{loc}: {clip(err.get('msg', 'invalid'))}")
-    return "; ".join(parts)
