@@ -17,6 +17,8 @@ import typing
 from pathlib import Path
 from typing import Any, Callable, Literal
 
+from .text import clip
+
 COMMANDS: dict[str, Callable[[argparse.Namespace], Any]] = {}
 MODEL_FIELDS = ("model", "device", "dtype", "device_map", "trust_remote_code")
 
@@ -88,7 +90,7 @@ def _members(t: Any) -> list[Any]:
 def _head(text: str) -> tuple[int, int]:
     layer, _, head = text.strip().partition(".")
     if not (layer.isdigit() and head.isdigit()):
-        raise ValueError(f"heads are written layer.head, comma-separated (3.5,10.2), not {text[:60]!r}")
+        raise ValueError(f"heads are written layer.head, comma-separated (3.5,10.2), not {clip(text, 60)!r}")
     return int(layer), int(head)
 
 
@@ -96,7 +98,7 @@ def _scalar(t: Any, text: str) -> Any:
     """Parse one value of type t (int, float, bool, str, a Literal or a (layer, head) tuple)."""
     if typing.get_origin(t) is Literal:
         if text not in typing.get_args(t):
-            raise ValueError(f"{text[:60]!r} is not one of {', '.join(map(str, typing.get_args(t)))}")
+            raise ValueError(f"{clip(text, 60)!r} is not one of {', '.join(map(str, typing.get_args(t)))}")
         return text
     if typing.get_origin(t) is tuple:
         return _head(text)
@@ -104,12 +106,12 @@ def _scalar(t: Any, text: str) -> Any:
         try:
             return int(text)
         except ValueError:
-            raise ValueError(f"expected an integer, got {text[:60]!r}") from None
+            raise ValueError(f"expected an integer, got {clip(text, 60)!r}") from None
     if t is float:
         try:
             return float(text)
         except ValueError:
-            raise ValueError(f"expected a number, got {text[:60]!r}") from None
+            raise ValueError(f"expected a number, got {clip(text, 60)!r}") from None
     return text
 
 
@@ -166,7 +168,7 @@ def read_params(model: Any, a: argparse.Namespace) -> Any:
         err = e.errors()[0]
         where = str(err["loc"][0]).replace("_", "-") if err["loc"] else "arguments"
         got = err.get("input")
-        shown = f" (got {str(got)[:60]})" if got is not None and not isinstance(got, dict) and err["loc"] else ""
+        shown = f" (got {clip(got, 60)})" if got is not None and not isinstance(got, dict) and err["loc"] else ""
         raise UsageError(f"--{where}: {err['msg']}{shown}") from None
 
 
@@ -194,8 +196,7 @@ def _out_args(p: argparse.ArgumentParser) -> None:
 def load_model_from(a: argparse.Namespace):
     from .models import load_model
 
-    if len(a.model) > 1024:
-        raise UsageError(f"--model: a name of {len(a.model)} characters is too long (at most 1024)")
+    # a name the filesystem cannot hold is a one-line ModelLoadError (text.model_name_problem), exit 2
     return load_model(a.model, device=a.device, dtype=a.dtype, device_map=a.device_map,
                       trust_remote_code=a.trust_remote_code)
 

@@ -108,7 +108,9 @@ def test_steer_geometry_perturb(model_dir, tmp_path):
     (["ablate", "--task", "sentiment", "--heads", "3"], "--heads: heads are written layer.head"),
     (["ablation-curves", "--task", "sentiment", "--ks", "1000000000", "--model", "MODEL", "--prompts", "2"],
      "exceed this model's 8 heads"),
-    (["scores", "--task", "sentiment", "--model", "x" * 2000], "--model: a name of 2000 characters is too long"),
+    (["scores", "--task", "sentiment", "--model", "x" * 256], "model: a part of the name between slashes is 256 bytes"),
+    (["scores", "--task", "sentiment", "--model", "x" * 2000], "model: the name is too long (2000 characters; at most"),
+    (["scores", "--task", "sentiment", "--model", "x" * 5000], "model: the name is too long (5000 characters; at most"),
 ])
 def test_cli_validates_like_the_service(args, message, model_dir, capsys):
     """Every bad value is one line on stderr and exit 2 (issue 14's CLI probes), through the params models."""

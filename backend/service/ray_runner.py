@@ -64,7 +64,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from .errors import ServiceError
+from .errors import ServiceError, clip
 from .jobs import Cancelled, JobProgress, LocalJobRunner, Progress
 from .limits import Limits, env_number
 from ..paths import REPO_ROOT, cache_dir
@@ -769,4 +769,4 @@ def make_runner(pool: Any, tasks: Any, limits: Limits | None = None) -> LocalJob
         return LocalJobRunner(make_executor(pool, tasks), limits=limits)
     if name == "ray":
         return RayJobRunner(pool, tasks, limits=limits)
-    raise RunnerUnavailable(f"HEADLENS_RUNNER must be `local` or `ray`, not {name[:60]!r}")
+    raise RunnerUnavailable(f"HEADLENS_RUNNER must be `local` or `ray`, not {clip(name, 60)!r}")

@@ -15,6 +15,8 @@ import sys
 import time
 from typing import Any, Callable
 
+from ..text import clip
+
 
 class UsageError(ValueError):
     """A sweep command line that cannot run: one line on stderr, exit status 2 (`backend.cli.main`)."""
@@ -51,12 +53,12 @@ def request_from(a: argparse.Namespace) -> Any:
     try:
         seeds = [int(s) for s in _list(a.seeds, "--seeds")]
     except ValueError:
-        raise UsageError(f"--seeds: expected comma-separated integers, got {a.seeds[:60]!r}") from None
+        raise UsageError(f"--seeds: expected comma-separated integers, got {clip(a.seeds, 60)!r}") from None
     params: dict[str, Any] = {}
     for item in a.sets:
         name, eq, value = item.partition("=")
         if not eq or not name.strip():
-            raise UsageError(f"--set: expected FIELD=VALUE, got {item[:60]!r}")
+            raise UsageError(f"--set: expected FIELD=VALUE, got {clip(item, 60)!r}")
         try:
             params[name.strip()] = json.loads(value)
         except ValueError:
