@@ -220,22 +220,22 @@ def run_kind(name: str, a: argparse.Namespace) -> None:
     """Validate the flags, load the model and task, run the analysis with a progress bar, write the JSON."""
     from .analysis.kernel import analyze
     from .analysis.kinds import get_kind
+    from .service.errors import ServiceError
     from .service.limits import Limits
 
     spec = get_kind(name)
     p = read_params(spec.params, a)
     task = load_task_from(a) if spec.uses_task else None
-    try:
-        Limits.from_env().check_job(p, task)
-    except Exception as e:  # the service's limits, the same messages
-        if type(e).__name__ in ("BadRequest", "TooLarge", "ServiceError"):
-            raise UsageError(getattr(e, "message", str(e))) from None
-        raise
+    limits = Limits.from_env()  # a bad HEADLENS_MAX_* setting: a ValueError naming it (one line, exit 2)
+    try:  # the service's limits, with the same messages
+        limits.check_job(p, task)
+    except ServiceError as e:
+        raise UsageError(e.message) from None
     lm = load_model_from(a) if spec.uses_model else None
     try:
-        Limits.from_env().check_work(p, lm.info() if lm is not None else None)
-    except Exception as e:
-        raise UsageError(getattr(e, "message", str(e))) from None
+        limits.check_work(p, lm.info() if lm is not None else None)
+    except ServiceError as e:
+        raise UsageError(e.message) from None
     bar = Bar(spec.cli)
     try:
         r = analyze(name, lm, task, p, cache=not a.no_cache, progress=bar)
