@@ -269,3 +269,6 @@ def test_context_cached_finds_the_first_cached_variant_and_never_computes(lm, tm
     assert got is not None and got.cache_hit and got.accuracy == done.accuracy
     assert ctx.cached("no-such-kind", [{}]) is None
     assert ctx.cached("icl", [{"shots": [0, 2], "prompts": -3}]) is None  # params it would refuse: absent
+    called = Context(lm, task, store=cache)
+    r = called.call("icl", shots=[0, 2], prompts=10_000, warn_prefix="icl: ")  # more prompts than queries: a warning
+    assert r.warnings and called.warnings == [f"icl: {w}" for w in r.warnings]  # a sub-call's warnings are passed on

@@ -68,10 +68,14 @@ class Context:
             self.progress(lo + (hi - lo) * f, text)
         return report
 
-    def call(self, kind: str, *, progress: Progress | None = None, **params: Any) -> Result:
-        """Another kind's result on the same model and task, through the same cache."""
-        return analyze(kind, self.lm, self.task, params, cache=self.store if self.store is not None else False,
-                       progress=progress, live=self.report)
+    def call(self, kind: str, *, progress: Progress | None = None, warn_prefix: str = "", **params: Any) -> Result:
+        """Another kind's result on the same model and task, through the same cache; its warnings become this
+        analysis's warnings too (after `warn_prefix`)."""
+        r = analyze(kind, self.lm, self.task, params, cache=self.store if self.store is not None else False,
+                    progress=progress, live=self.report)
+        for w in r.warnings:
+            self.warn(warn_prefix + w)
+        return r
 
     def live(self, data: dict[str, Any]) -> None:
         """Data a page may draw while the analysis runs (e.g. {"loss": [...]} of a training so far); the service

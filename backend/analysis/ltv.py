@@ -126,8 +126,6 @@ def _ltv(ctx: Context, p: LtvParams) -> dict[str, Any]:
             r = ctx.call("ltv_train", layer=g[0] if len(g) == 1 else g, **{k: getattr(p, k) for k in RECIPE},
                          progress=ctx.stage(0.3 * i / len(groups), 0.3 * (i + 1) / len(groups),
                                             f"LTV {i + 1}/{len(groups)}"))
-            for w in r.warnings:
-                ctx.warn(w)
             trainings.append(r.model_dump(include=set(LtvTraining.model_fields)))
     joint = len(groups) == 1 and len(groups[0]) > 1
     positions = tuple(trainings[0]["positions"])
@@ -147,8 +145,6 @@ def _ltv(ctx: Context, p: LtvParams) -> dict[str, Any]:
     vec = ctx.call("vectors", types=list(EXTRACTED), shots=p.shots, prompts=p.prompts, seed=p.seed,
                    top_pct=p.top_pct, top_k=p.top_k, batch_size=o.BATCH_SIZE,
                    progress=ctx.stage(0.3, 0.45, "extracted vectors"))
-    for w in vec.warnings:
-        ctx.warn(w)
     if joint:
         ctx.warn("extracted vectors and the mechanism analyses are single-layer comparisons: a joint vector over "
                  f"layers {groups[0]} is compared with zero-shot and ICL only")

@@ -32,9 +32,7 @@ def methods(ctx: Context, p: MethodsParams) -> dict[str, Any]:
     missing: list[str] = []
 
     steer = ctx.call("steer", vectors=[k for k, _, _ in EXTRACTED], layer=layer, shots=p.shots, prompts=p.prompts,
-                     seed=p.seed, batch_size=p.batch_size, progress=ctx.stage(0.0, 0.3, "extracted vectors"), **sel)
-    for w in steer.warnings:
-        ctx.warn(f"steer: {w}")
+                     seed=p.seed, batch_size=p.batch_size, progress=ctx.stage(0.0, 0.3, "extracted vectors"), warn_prefix="steer: ", **sel)
     rows.append({"key": "zero_shot", "name": "0-shot", "family": "reference", **_m(steer.zero_shot), "params": 0,
                  "source": "steer", "note": "no demonstrations, nothing injected"})
     rows.append({"key": "icl", "name": f"{steer.shots}-shot ICL", "family": "reference", **_m(steer.icl), "params": 0,

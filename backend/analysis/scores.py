@@ -41,8 +41,6 @@ def maps(ctx: Context, p: MapsParams) -> dict[str, Any]:
 def scores(ctx: Context, p: ScoresParams) -> dict[str, Any]:
     """The cached `maps` of the same prompts, with top heads, a random set of the same size and overlaps."""
     m = ctx.call("maps", **p.model_dump(include=set(MapsParams.model_fields)), progress=ctx.stage(0.0, 1.0))
-    for w in m.warnings:
-        ctx.warn(w)
     L, H = m.n_layers, m.n_heads
     k = n_top(L, H, p.top_pct, p.top_k)
     return {**m.model_dump(exclude=set(Result.model_fields)), "top_k": k,

@@ -139,9 +139,7 @@ def _baselines(ctx: Context, p: SiteParams, enc: dict[str, Any], t: torch.Tensor
                 continue
             want = [v for v in ("fv", "vanilla") if v in todo]
             r = ctx.call("vectors", types=want, shots=shots_used, prompts=min(p.prompts, o.PROMPTS), seed=p.seed,
-                         batch_size=p.batch_size, progress=stage(i))
-            for w in r.warnings:
-                ctx.warn(f"vectors: {w}")
+                         batch_size=p.batch_size, progress=stage(i), warn_prefix="vectors: ")
             for v in want:
                 if v in out:
                     continue
