@@ -14,39 +14,12 @@ import pandas as pd
 import streamlit as st
 
 from ui import figures, heads, jobs, layout, snippets, state
-from ui.sections import download, run_row
+from ui.sections import download, guard, run_row, section
 from ui import metrics as M
 from ui import site_figures as sf
 
 
 LTV_PAGE = Path(__file__).resolve().parent / "5_Learned_task_vectors.py"
-
-
-def live(section: str, clicked: bool, kind: str, params: dict[str, Any]) -> bool:
-    """Whether a section computes: after its Run button was pressed once, or when its result is at hand (this
-    session's, or the service's cache: a shared link reopens the cached result)."""
-    flag = f"_hl_site_live_{section}"
-    if clicked:
-        st.session_state[flag] = True
-    return bool(st.session_state.get(flag)) or jobs.peek(kind, params) is not None
-
-
-def fetch_live(kind: str, params: dict[str, Any], label: str, what: str, placeholder: Any) -> dict[str, Any] | None:
-    """jobs.fetch with the training's loss curve drawn live into `placeholder`."""
-    drawn = {"step": -1}
-
-    def on_live(data: dict[str, Any]) -> None:
-        step = int(data.get("step") or 0)
-        if step == drawn["step"]:
-            return
-        drawn["step"] = step
-        placeholder.plotly_chart(sf.loss_curve(data.get("loss") or [], data.get("val") or [], data.get("steps"),
-                                               title=f"Training: step {step} of {data.get('steps')}"),
-                                 key=f"site_live_{step}")
-
-    job = jobs.Job(kind, params, label, what)
-    job.on_live = on_live  # jobs._wait hands it the running job's `live` data at every poll
-    return jobs.fetch_many([job])[0]
 
 
 def pct_cols(table: pd.DataFrame, cols: list[str]) -> dict[str, Any]:
@@ -87,134 +60,146 @@ clicked = run_row(f"**M = {recipe['m']}** prompts × **N = {recipe['shots']}** s
                   f"{L} × {H} = **{L * H}** α to learn",
                   "Then: SITE against 0-shot, 8- and 10-shot ICL, the function and vanilla task vectors, every α = 1 "
                   "and LTV (when cached); patching; the budget curve over M = 1, 5, 10, 50.", "run_site")
-res = None
-if live("site", clicked, "site", params):
-    live_box = st.empty()
-    res = fetch_live("site", params, "Soft head selection", "SITE", live_box)
-    live_box.empty()
-else:
-    st.info("Press **Run** to train the α (a shared link with a cached result opens it directly).",
-            icon=":material/play_arrow:")
+live_box = st.empty()
+_drawn = {"step": -1}
+
+
+def draw_live(data: dict[str, Any]) -> None:
+    """The running training's loss curve, redrawn into `live_box` when its step moved."""
+    step = int(data.get("step") or 0)
+    if step == _drawn["step"]:
+        return
+    _drawn["step"] = step
+    live_box.plotly_chart(sf.loss_curve(data.get("loss") or [], data.get("val") or [], data.get("steps"),
+                                        title=f"Training: step {step} of {data.get('steps')}"),
+                          key=f"site_live_{step}")
+
+
+res = section("site", clicked, jobs.Job("site", params, "Soft head selection", "SITE", on_live=draw_live),
+              "Press **Run** to train the α (a shared link with a cached result opens it directly).")
+live_box.empty()
 if res is None:
     st.stop()
 
-jobs.show_warnings(res)
-base = res.get("baselines") or {}
-site, zero = res["site"], (base.get("zero_shot") or {}).get("metrics")
-icl8 = (base.get("icl_8") or {}).get("metrics")
-pc = res["params_count"]
-m = st.columns(5)
-m[0].metric("SITE accuracy (0-shot)", M.pct(site["accuracy"]),
-            delta=None if zero is None else M.points(site["accuracy"], zero["accuracy"]),
-            help=M.HELP["accuracy"] + " The arrow: against the same prompts without injection.", border=True)
-m[1].metric("Exact match", M.pct(site.get("exact_match")),
-            help="Greedy generation with the KV cache (the injection in the prefill only), cut at the task's "
-                 "separator or a newline: it begins with the whole gold answer. "
-                 f"Strictly the answer alone: {M.pct(site.get('strict_match'))}.", border=True)
-m[2].metric("TR ratio", M.pct(site["tr_ratio"]), help=M.HELP["tr_ratio"], border=True)
-m[3].metric("8-shot ICL", M.pct(icl8["accuracy"]) if icl8 else "n/a",
-            help="Accuracy of the same queries with 8 demonstrations in the prompt.", border=True)
-m[4].metric("Trained parameters", f"{pc['site']:,}",
-            help=f"L × H = {L} × {H}. A rank-8 LoRA on the q and v projections of this model trains "
-                 f"{pc['lora']:,}. The task embedding t holds {pc['task_embedding']:,} values (extracted, not "
-                 f"trained).", border=True)
-st.caption(f"Trained {res['steps']} steps in **{res['train_seconds']:.1f} s** (task embedding "
-           f"{res['embed_seconds']:.1f} s), α kept from step {res['best_step']}; {res['n_train']} training and "
-           f"{res['n_val']} validation queries from the training split, {res['prompts']} held-out test prompts. "
-           f"**{pc['site']:,}** trained parameters against **{pc['lora']:,}** for LoRA (rank 8 on q and v). "
-           + jobs.timing(res) + (" · α loaded from a file" if res.get("loaded") else ""))
+with guard("Soft head selection"):
+    jobs.show_warnings(res)
+    base = res.get("baselines") or {}
+    site, zero = res["site"], (base.get("zero_shot") or {}).get("metrics")
+    icl8 = (base.get("icl_8") or {}).get("metrics")
+    pc = res["params_count"]
+    m = st.columns(5)
+    m[0].metric("SITE accuracy (0-shot)", M.pct(site["accuracy"]),
+                delta=None if zero is None else M.points(site["accuracy"], zero["accuracy"]),
+                help=M.HELP["accuracy"] + " The arrow: against the same prompts without injection.", border=True)
+    m[1].metric("Exact match", M.pct(site.get("exact_match")),
+                help="Greedy generation with the KV cache (the injection in the prefill only), cut at the task's "
+                     "separator or a newline: it begins with the whole gold answer. "
+                     f"Strictly the answer alone: {M.pct(site.get('strict_match'))}.", border=True)
+    m[2].metric("TR ratio", M.pct(site["tr_ratio"]), help=M.HELP["tr_ratio"], border=True)
+    m[3].metric("8-shot ICL", M.pct(icl8["accuracy"]) if icl8 else "n/a",
+                help="Accuracy of the same queries with 8 demonstrations in the prompt.", border=True)
+    m[4].metric("Trained parameters", f"{pc['site']:,}",
+                help=f"L × H = {L} × {H}. A rank-8 LoRA on the q and v projections of this model trains "
+                     f"{pc['lora']:,}. The task embedding t holds {pc['task_embedding']:,} values (extracted, not "
+                     f"trained).", border=True)
+    st.caption(f"Trained {res['steps']} steps in **{res['train_seconds']:.1f} s** (task embedding "
+               f"{res['embed_seconds']:.1f} s), α kept from step {res['best_step']}; {res['n_train']} training and "
+               f"{res['n_val']} validation queries from the training split, {res['prompts']} held-out test prompts. "
+               f"**{pc['site']:,}** trained parameters against **{pc['lora']:,}** for LoRA (rank 8 on q and v). "
+               + jobs.timing(res) + (" · α loaded from a file" if res.get("loaded") else ""))
 
-# -- the alpha map ---------------------------------------------------------------------------------------------------
-st.subheader("α map", divider="gray")
-alpha = np.asarray(res["alpha"], dtype=float)
-selected = heads.current(L, H)
-ctx_label = figures.caption(s.model, s.task, res["shots"])
-main, side = st.columns([3, 1.25], gap="medium")
-with main:
-    st.plotly_chart(sf.alpha_map(alpha, selected, f"α per head · {ctx_label} · M = {res['m']}"),
-                    key=heads.chart_key("site_alpha"), on_select=heads.on_chart_select("site_alpha"),
-                    selection_mode=("points", "box", "lasso"), config=figures.png_config(f"site-alpha-{s.task}"))
-    dec = res["decisive"]
-    st.caption(f"**{M.pct(dec['decided'])}** of the α are decided (under 0.1: {M.pct(dec['low'])}, over 0.9: "
-               f"{M.pct(dec['high'])}); under 0.2 or over 0.8: {M.pct(dec.get('decided_2x'))}. With the α rounded to "
-               f"0 / 1 the accuracy is {M.pct(res['site_hard']['accuracy'])} (learned α: "
-               f"{M.pct(site['accuracy'])}). Click a cell to select a head, drag a box or lasso to add several.")
-with side:
-    selected = heads.multiselect(L, H)
-    k_pick = st.number_input("Top k by α", min_value=1, max_value=L * H, value=min(4, L * H), key="w_site_k")
-    b1, b2 = st.columns(2)
-    b1.button("Top k", on_click=lambda: heads.put(figures.top_k(alpha, int(st.session_state["w_site_k"]))),
-              key="site_pick_top", width="stretch")
-    b2.button("α > 0.5", on_click=lambda: heads.put([(l, h) for l in range(L) for h in range(H) if alpha[l, h] > 0.5]),
-              key="site_pick_half", width="stretch")
-    if selected:
-        st.page_link("pages/2_Ablation.py", label="Ablate this head" if len(selected) == 1 else
-                     f"Ablate these {len(selected)} heads", icon=":material/power_settings_new:",
-                     query_params=state.query())
-    snippets.show("site", params, "r.alpha          # numpy (layers, heads)\nr.site, r.baselines, r.patching")
-corr = res.get("correlations") or {}
-a1, a2 = st.columns([1.2, 1])
-with a1:
-    st.plotly_chart(sf.alpha_histogram(alpha), key="site_alpha_hist", config=figures.png_config(f"site-hist-{s.task}"))
-with a2:
-    if corr:
-        names = {"tr": "TR", "tl": "TL", "induction": "induction", "ltv": "LTV key-head saliency"}
-        table = pd.DataFrame([{"map": names.get(k, k), "Spearman ρ": v.get("spearman"), "Kendall τ": v.get("kendall"),
-                               "top-k Jaccard": v.get("jaccard")} for k, v in corr.items()])
-        st.markdown("**Rank correlation of α with the head maps**")
-        st.dataframe(table, hide_index=True, key="site_corr",
-                     column_config={c: st.column_config.NumberColumn(format="%.2f") for c in table.columns[1:]})
-        st.caption("Over all heads; the maps are the Head map's (8 shots, 50 prompts, this seed). "
-                   + ("" if "ltv" in corr else "LTV's key-head saliency joins once an LTV result is cached."))
+    # -- the alpha map ---------------------------------------------------------------------------------------------------
+    st.subheader("α map", divider="gray")
+    alpha = np.asarray(res["alpha"], dtype=float)
+    selected = heads.current(L, H)
+    ctx_label = figures.caption(s.model, s.task, res["shots"])
+    main, side = st.columns([3, 1.25], gap="medium")
+    with main:
+        st.plotly_chart(sf.alpha_map(alpha, selected, f"α per head · {ctx_label} · M = {res['m']}"),
+                        key=heads.chart_key("site_alpha"), on_select=heads.on_chart_select("site_alpha"),
+                        selection_mode=("points", "box", "lasso"), config=figures.png_config(f"site-alpha-{s.task}"))
+        dec = res["decisive"]
+        st.caption(f"**{M.pct(dec['decided'])}** of the α are decided (under 0.1: {M.pct(dec['low'])}, over 0.9: "
+                   f"{M.pct(dec['high'])}); under 0.2 or over 0.8: {M.pct(dec.get('decided_2x'))}. With the α rounded to "
+                   f"0 / 1 the accuracy is {M.pct(res['site_hard']['accuracy'])} (learned α: "
+                   f"{M.pct(site['accuracy'])}). Click a cell to select a head, drag a box or lasso to add several.")
+    with side:
+        selected = heads.multiselect(L, H)
+        k_pick = st.number_input("Top k by α", min_value=1, max_value=L * H, value=min(4, L * H), key="w_site_k")
+        b1, b2 = st.columns(2)
+        b1.button("Top k", on_click=lambda: heads.put(figures.top_k(alpha, int(st.session_state["w_site_k"]))),
+                  key="site_pick_top", width="stretch")
+        b2.button("α > 0.5", on_click=lambda: heads.put([(l, h) for l in range(L) for h in range(H) if alpha[l, h] > 0.5]),
+                  key="site_pick_half", width="stretch")
+        if selected:
+            st.page_link("pages/2_Ablation.py", label="Ablate this head" if len(selected) == 1 else
+                         f"Ablate these {len(selected)} heads", icon=":material/power_settings_new:",
+                         query_params=state.query())
+        snippets.show("site", params, "r.alpha          # numpy (layers, heads)\nr.site, r.baselines, r.patching")
+    corr = res.get("correlations") or {}
+    a1, a2 = st.columns([1.2, 1])
+    with a1:
+        st.plotly_chart(sf.alpha_histogram(alpha), key="site_alpha_hist", config=figures.png_config(f"site-hist-{s.task}"))
+    with a2:
+        if corr:
+            names = {"tr": "TR", "tl": "TL", "induction": "induction", "ltv": "LTV key-head saliency"}
+            table = pd.DataFrame([{"map": names.get(k, k), "Spearman ρ": v.get("spearman"), "Kendall τ": v.get("kendall"),
+                                   "top-k Jaccard": v.get("jaccard")} for k, v in corr.items()])
+            st.markdown("**Rank correlation of α with the head maps**")
+            st.dataframe(table, hide_index=True, key="site_corr",
+                         column_config={c: st.column_config.NumberColumn(format="%.2f") for c in table.columns[1:]})
+            st.caption("Over all heads; the maps are the Head map's (8 shots, 50 prompts, this seed). "
+                       + ("" if "ltv" in corr else "LTV's key-head saliency joins once an LTV result is cached."))
 
-with st.expander("Training curve", expanded=False):
-    st.plotly_chart(sf.loss_curve(res.get("loss") or [], res.get("val") or [], res["steps"]), key="site_loss",
-                    config=figures.png_config(f"site-loss-{s.task}"))
-    st.caption("Cross-entropy of the gold answer's first token: per step (one random zero-shot training prompt) and "
-               "on the validation prompts every 50 steps; the α of the lowest validation loss are kept.")
+    with st.expander("Training curve", expanded=False):
+        st.plotly_chart(sf.loss_curve(res.get("loss") or [], res.get("val") or [], res["steps"]), key="site_loss",
+                        config=figures.png_config(f"site-loss-{s.task}"))
+        st.caption("Cross-entropy of the gold answer's first token: per step (one random zero-shot training prompt) and "
+                   "on the validation prompts every 50 steps; the α of the lowest validation loss are kept.")
 
-# -- comparison ---------------------------------------------------------------------------------------------------------
-st.subheader("Comparison", divider="gray")
-st.plotly_chart(sf.comparison_bars(res, f"Zero-shot prompts: SITE against the baselines · {ctx_label}"),
-                key="site_bars", config=figures.png_config(f"site-compare-{s.task}"))
-rows = sf.comparison_rows(res)
-table = pd.DataFrame([{"method": r["method"], "accuracy %": None if r["accuracy"] is None else 100 * r["accuracy"],
-                       "exact match %": None if r["exact_match"] is None else 100 * r["exact_match"],
-                       "label accuracy %": None if r["label_accuracy"] is None else 100 * r["label_accuracy"],
-                       "TR ratio %": None if r["tr_ratio"] is None else 100 * r["tr_ratio"],
-                       "parameters": r["params"], "trained": r["trainable"], "train s": r["seconds"],
-                       "note": r["note"]} for r in rows])
-st.dataframe(table, hide_index=True, key="site_table",
-             column_config={**pct_cols(table, ["accuracy %", "exact match %", "label accuracy %", "TR ratio %"]),
-                            "train s": st.column_config.NumberColumn(format="%.1f")})
-st.caption("Accuracy: the first generated token is the gold answer's first token. Exact match: the generation, cut "
-           "at the separator or a newline, begins with the whole gold answer. All on the same held-out queries.")
+    # -- comparison ---------------------------------------------------------------------------------------------------------
+    st.subheader("Comparison", divider="gray")
+    st.plotly_chart(sf.comparison_bars(res, f"Zero-shot prompts: SITE against the baselines · {ctx_label}"),
+                    key="site_bars", config=figures.png_config(f"site-compare-{s.task}"))
+    rows = sf.comparison_rows(res)
+    table = pd.DataFrame([{"method": r["method"], "accuracy %": None if r["accuracy"] is None else 100 * r["accuracy"],
+                           "exact match %": None if r["exact_match"] is None else 100 * r["exact_match"],
+                           "label accuracy %": None if r["label_accuracy"] is None else 100 * r["label_accuracy"],
+                           "TR ratio %": None if r["tr_ratio"] is None else 100 * r["tr_ratio"],
+                           "parameters": r["params"], "trained": r["trainable"], "train s": r["seconds"],
+                           "note": r["note"]} for r in rows])
+    st.dataframe(table, hide_index=True, key="site_table",
+                 column_config={**pct_cols(table, ["accuracy %", "exact match %", "label accuracy %", "TR ratio %"]),
+                                "train s": st.column_config.NumberColumn(format="%.1f")})
+    st.caption("Accuracy: the first generated token is the gold answer's first token. Exact match: the generation, cut "
+               "at the separator or a newline, begins with the whole gold answer. All on the same held-out queries.")
 
-# -- patching and budget ---------------------------------------------------------------------------------------------------
-p1, p2 = st.columns(2)
-refs = {"site": site["accuracy"], "zero_shot": zero["accuracy"] if zero else None}
-with p1:
-    if res.get("patching"):
-        st.plotly_chart(sf.patching_curves(res["patching"], refs), key="site_patching",
-                        config=figures.png_config(f"site-patching-{s.task}"))
-        pt = res["patching"]
-        st.caption(f"t injected outright (α = 1) at the k heads with the largest or the smallest α only. At k = "
-                   f"{pt['ks'][min(2, len(pt['ks']) - 1)]}: top {M.pct(pt['top']['accuracy'][min(2, len(pt['ks']) - 1)])}"
-                   f", bottom {M.pct(pt['bottom']['accuracy'][min(2, len(pt['ks']) - 1)])} (the paper: 57.3 against 6.2).")
-with p2:
-    if res.get("budget"):
-        st.plotly_chart(sf.budget_curve(res["budget"], {"icl": icl8["accuracy"] if icl8 else None}),
-                        key="site_budget", config=figures.png_config(f"site-budget-{s.task}"))
-        st.caption("SITE retrained with M few-shot prompts in the task embedding (each a cached run).")
+    # -- patching and budget ---------------------------------------------------------------------------------------------------
+    p1, p2 = st.columns(2)
+    refs = {"site": site["accuracy"], "zero_shot": zero["accuracy"] if zero else None}
+    with p1:
+        if res.get("patching"):
+            st.plotly_chart(sf.patching_curves(res["patching"], refs), key="site_patching",
+                            config=figures.png_config(f"site-patching-{s.task}"))
+            pt = res["patching"]
+            st.caption(f"t injected outright (α = 1) at the k heads with the largest or the smallest α only. At k = "
+                       f"{pt['ks'][min(2, len(pt['ks']) - 1)]}: top {M.pct(pt['top']['accuracy'][min(2, len(pt['ks']) - 1)])}"
+                       f", bottom {M.pct(pt['bottom']['accuracy'][min(2, len(pt['ks']) - 1)])} (the paper: 57.3 against 6.2).")
+    with p2:
+        if res.get("budget"):
+            st.plotly_chart(sf.budget_curve(res["budget"], {"icl": icl8["accuracy"] if icl8 else None}),
+                            key="site_budget", config=figures.png_config(f"site-budget-{s.task}"))
+            st.caption("SITE retrained with M few-shot prompts in the task embedding (each a cached run).")
 
 # -- transfer ---------------------------------------------------------------------------------------------------------------
 st.subheader("Transfer across tasks", divider="gray")
 tr_params = {"model": s.model, **recipe}
 clicked = run_row("Task A's α with task B's task embedding, on B's test prompts, for every pair of this model's "
                   "built-in tasks", "A SITE run per task (cached); similar tasks should share heads.", "run_transfer")
-if live("transfer", clicked, "site_transfer", tr_params):
-    tr = jobs.fetch("site_transfer", tr_params, "Transfer", what="Transfer")
-    if tr is not None:
+tr = section("site_transfer", clicked, jobs.Job("site_transfer", tr_params, "Transfer", "Transfer"),
+             "Press **Run** to build the transfer matrix.")
+if tr is not None:
+    with guard("Transfer"):
         jobs.show_warnings(tr)
         snippets.show("site_transfer", tr_params, "r.tasks, r.accuracy   # accuracy[a][b]: task a's alpha on task b")
         sm = tr.get("summary") or {}
@@ -236,8 +221,6 @@ if live("transfer", clicked, "site_transfer", tr_params):
                    f"the heads with α > 0.5 against transfer accuracy, over pairs: Spearman "
                    f"{'n/a' if sm.get('overlap_vs_transfer_spearman') is None else format(sm['overlap_vs_transfer_spearman'], '.2f')}.")
         download("Transfer result (JSON)", tr, f"headlens-site-transfer-{s.model}.json", "dl_transfer")
-else:
-    st.info("Press **Run** to build the transfer matrix.", icon=":material/play_arrow:")
 
 # -- every steering method -------------------------------------------------------------------------------------------------
 st.subheader("Every steering method", divider="gray")
@@ -245,9 +228,10 @@ me_params = s.job(**s.selection(), site_m=recipe["m"], site_shots=recipe["shots"
 clicked = run_row(f"The extracted vectors (vanilla, function vector, top-TR / top-TL heads at the middle layer, "
                   f"{s.shots} shots), LTV (when cached) and SITE on the same zero-shot prompts",
                   "Accuracy, TR ratio, parameter count and training seconds side by side.", "run_methods")
-if live("methods", clicked, "methods", me_params):
-    me = jobs.fetch("methods", me_params, "All methods", what="All methods")
-    if me is not None:
+me = section("site_methods", clicked, jobs.Job("methods", me_params, "All methods", "All methods"),
+             "Press **Run** to compare every method.")
+if me is not None:
+    with guard("All methods"):
         jobs.show_warnings(me)
         snippets.show("methods", me_params, "r.rows   # one row per steering method: accuracy, TR ratio, parameters")
         st.plotly_chart(sf.methods_bars(me), key="site_methods_bars",
@@ -266,7 +250,5 @@ if live("methods", clicked, "methods", me_params):
         if LTV_PAGE.is_file():
             st.page_link("pages/5_Learned_task_vectors.py", label="Train an LTV on the Learned task vectors page",
                          icon=":material/model_training:", query_params=state.query())
-else:
-    st.info("Press **Run** to compare every method.", icon=":material/play_arrow:")
 
 download("SITE result (JSON)", res, f"headlens-site-{s.task}.json", "dl_site")

@@ -58,6 +58,7 @@ def site_params(setup: dict) -> dict:
 def test_page_trains_and_shows_the_result(inprocess, setup):
     at = page(setup)
     assert not at.get("plotly_chart")  # nothing computed before Run
+    assert any("Press **Run** to train the α" in i.value for i in at.info)
     at.button(key="run_site").click().run()
     assert_clean(at)
     res = inprocess.run("site", site_params(setup))  # the same job (answered by the finished one, or the cache)
@@ -79,7 +80,11 @@ def test_page_trains_and_shows_the_result(inprocess, setup):
     again = page(setup)
     assert np.allclose(vals(figure(again, "site_alpha_0")["data"][0]["z"]), np.asarray(res["alpha"]), atol=1e-9)
 
-    # the transfer matrix and every method
+    # the transfer matrix and every method: each waits for its Run button
+    hints = [i.value for i in again.info]
+    assert any("Press **Run** to build the transfer matrix" in h for h in hints), hints
+    assert any("Press **Run** to compare every method" in h for h in hints), hints
+    assert not [el for el in again.get("plotly_chart") if el.proto.id.endswith(("site_transfer", "site_methods_bars"))]
     again.button(key="run_methods").click().run()
     assert_clean(again)
     again.button(key="run_transfer").click().run()
