@@ -17,14 +17,11 @@ import typing
 from pathlib import Path
 from typing import Any, Callable, Literal
 
+from .service.errors import UsageError  # also raised by service.sweep_cli (one class; defined below both)
 from .text import clip
 
 COMMANDS: dict[str, Callable[[argparse.Namespace], Any]] = {}
 MODEL_FIELDS = ("model", "device", "dtype", "device_map", "trust_remote_code")
-
-
-class UsageError(ValueError):
-    """A command line that cannot run; printed as one line, exit status 2."""
 
 
 def command(name: str):

@@ -1,4 +1,5 @@
-"""Errors the service answers with a 4xx status and a one-line message (`{"detail": message}`)."""
+"""Errors the service answers with a 4xx status and a one-line message (`{"detail": message}`), and the
+command line's UsageError (one line on stderr, exit status 2)."""
 from __future__ import annotations
 
 from ..text import clip  # noqa: F401  (re-exported: service modules echo input through it)
@@ -14,6 +15,11 @@ class ServiceError(Exception):
         self.message = message
         if status is not None:
             self.status = status
+
+
+class UsageError(ValueError):
+    """A command line that cannot run (`python -m backend ...`, the sweep command too): printed as one line by
+    `backend.cli.main`, exit status 2. Defined here, below both backend.cli and backend.service.sweep_cli."""
 
 
 class BadRequest(ServiceError):

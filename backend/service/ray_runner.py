@@ -685,11 +685,7 @@ class RayJobRunner(LocalJobRunner):
                 if self.store.get(key) is None:
                     self.store.put(key, value)
 
-    # -- introspection and shutdown ---------------------------------------------------------------------------
-    def describe(self) -> dict[str, Any]:
-        return {"runner": "ray", "address": self.cfg.address or "local", "max_actors": self.cfg.max_actors,
-                "actors": self.actors.describe()}
-
+    # -- shutdown (the actors: self.actors.describe()) ----------------------------------------------------------
     def close(self, timeout: float = 5.0) -> None:
         super().close(timeout)
         self.actors.close()

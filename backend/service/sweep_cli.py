@@ -16,10 +16,7 @@ import time
 from typing import Any, Callable
 
 from ..text import clip
-
-
-class UsageError(ValueError):
-    """A sweep command line that cannot run: one line on stderr, exit status 2 (`backend.cli.main`)."""
+from .errors import UsageError
 
 
 def add_parser(sub: Any) -> None:
@@ -133,7 +130,8 @@ def run(a: argparse.Namespace, emit: Callable[[Any, str | None], None]) -> None:
 
     req = request_from(a)
     limits = Limits.from_env()
-    pool, tasks = ModelPool(max_models=limits.max_models), TaskStore()
+    pool = ModelPool(max_models=limits.max_models)
+    tasks = TaskStore(memory_items=limits.upload_cache, quota_bytes=limits.upload_quota_bytes)  # as create_app
     try:
         cells = plan(req, pool, tasks, limits)
     except ServiceError as e:
