@@ -242,10 +242,10 @@ def induction_summary(lm: LoadedModel) -> dict[str, Any]:
 
 # -- training -------------------------------------------------------------------------------------
 def pick_device(device: str | None = None) -> torch.device:
-    """CUDA when present (or as asked), else CPU."""
-    if device:
-        return torch.device(device)
-    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    """The device asked for, else the loader's default (`models.default_device`: CUDA when present, else CPU)."""
+    from ..models import default_device
+
+    return torch.device(device or default_device())
 
 
 def lr_factor(cfg: TrainConfig, step: int) -> float:
