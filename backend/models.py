@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 from .adapters import ArchSpec, UnsupportedArchitecture, config_attr, spec_for
-from .paths import DEFAULT_MODEL_DIR
+from .paths import DEFAULT_MODEL_DIR, DEFAULT_MODEL_NAMES
 from .text import clip, model_name_problem
 
 
@@ -291,7 +291,7 @@ def resolve_name(name_or_path: str) -> tuple[str, Path | None]:
     problem = model_name_problem(name_or_path)
     if problem:
         raise ModelLoadError(problem)
-    if name_or_path in ("default", "headlens-tiny"):
+    if name_or_path in DEFAULT_MODEL_NAMES:
         if not DEFAULT_MODEL_DIR.is_dir():
             raise ModelLoadError(f"the embedded default model is missing at {DEFAULT_MODEL_DIR}; "
                                  f"regenerate it with `python -m backend train-default`")

@@ -9,6 +9,8 @@ from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_MODEL_DIR = REPO_ROOT / "models" / "headlens-tiny"
+DEFAULT_MODEL_NAMES = ("default", "headlens-tiny")
+"""The names that load the embedded default model."""
 
 
 def cache_dir() -> Path:

@@ -20,7 +20,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from backend import load_model, load_task, ltv_across_tasks, train_ltv  # noqa: E402
-from backend.analysis.ltv_tasks import default_tasks  # noqa: E402
+from backend.tasks.registry import model_tasks  # noqa: E402
 
 COND = ("zero_shot", "icl", "vanilla", "fv", "tr", "tl", "ltv", "ltv+icl")
 SHORT = {"zero_shot": "zero-shot", "icl": "ICL", "vanilla": "vanilla", "fv": "FV", "tr": "TR", "tl": "TL",
@@ -40,7 +40,7 @@ def main() -> None:
     a = ap.parse_args()
     t0 = time.perf_counter()
     lm = load_model(a.model)
-    names = a.tasks.split(",") if a.tasks else [t.name for t in default_tasks(lm)]
+    names = a.tasks.split(",") if a.tasks else [t.name for t in model_tasks(lm.name)]
     runs = {}
     for n in names:
         t1 = time.perf_counter()

@@ -272,7 +272,7 @@ def test_ltv_tasks_table_similarity_and_composition(llama, monkeypatch):
     from backend.tasks import synthetic
 
     tasks = {"tiny-parity": parity_task(), "tiny-gen": plural_task()}
-    monkeypatch.setattr(lt, "builtin_tasks", lambda: dict(tasks))
+    monkeypatch.setattr(lt, "model_tasks", lambda name: list(tasks.values()))
     monkeypatch.setattr(synthetic, "compositions", lambda: [("tiny-parity", "tiny-gen", plural_task())])
     fast = {k: v for k, v in FAST.items() if k not in ("random_draws", "perturbations")}
     r = analyze("ltv_tasks", llama, None, cache=True, **fast)

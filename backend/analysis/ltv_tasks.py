@@ -21,22 +21,15 @@ import torch
 
 from .. import options as o
 from ..tasks.base import Task, TaskError
-from ..tasks.registry import builtin_tasks
+from ..tasks.registry import builtin_by_names, model_tasks
 from .kernel import Context, analyze
 from .params import LtvRecipeParams, LtvTasksParams
 from .primitives.batching import build_prompts, encode
 from .primitives.inject import Injection, check_layers, evaluate_injections
 from .primitives.threads import cpu_threads
 
-DEFAULT_MODEL_NAMES = ("default", "headlens-tiny")
 RECIPE = (*LtvRecipeParams.model_fields, "shots", "prompts", "top_pct", "top_k")  # what each task's ltv call takes
 EVAL_BATCH = o.SWEEP_BATCH_SIZE
-
-
-def default_tasks(lm: Any) -> list[Task]:
-    """The built-in tasks meant for this model whose prompts a fixed vector can learn (no prompt builders)."""
-    want = "default" if lm.name in DEFAULT_MODEL_NAMES else "any"
-    return [t for t in builtin_tasks().values() if t.models == want and t.builder is None and t.fixed is None]
 
 
 def label_spaces(tasks: list[Task]) -> dict[str, str]:
@@ -74,15 +67,7 @@ def ltv_tasks(ctx: Context, p: LtvTasksParams) -> dict[str, Any]:
 
 def _ltv_tasks(ctx: Context, p: LtvTasksParams) -> dict[str, Any]:
     lm = ctx.lm
-    if p.tasks:
-        known = builtin_tasks()
-        missing = [n for n in p.tasks if n not in known and n.replace("_", "-") not in known]
-        if missing:
-            raise TaskError(f"unknown built-in task(s) {missing[:5]}; ltv_tasks takes built-in task names: "
-                            f"{', '.join(known)}")
-        tasks = [known.get(n) or known[n.replace("_", "-")] for n in dict.fromkeys(p.tasks)]
-    else:
-        tasks = default_tasks(lm)
+    tasks = builtin_by_names(p.tasks, "ltv_tasks") if p.tasks else model_tasks(lm.name)
     if len(tasks) < 2:
         raise TaskError("ltv_tasks compares at least two tasks")
     layer = lm.n_layers // 2 if p.layer is None else check_layers(lm, [p.layer])[0]

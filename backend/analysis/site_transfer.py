@@ -20,7 +20,7 @@ from scipy import stats
 
 from .. import options as o
 from ..tasks.base import Task, TaskError
-from ..tasks.registry import builtin_tasks
+from ..tasks.registry import builtin_by_names, model_tasks
 from .kernel import Context, analyze, lookup
 from .params import SiteRecipeParams, SiteTransferParams
 from .primitives.batching import encode
@@ -30,25 +30,11 @@ from .primitives.threads import cpu_threads
 from .primitives.soft_select import hard_alpha, load_site, ranked_heads, site_data
 from .primitives.sweep import RowConfig, sweep_outcomes
 
-DEFAULT_MODEL_NAMES = ("default", "headlens-tiny")
 RECIPE = tuple(SiteRecipeParams.model_fields)  # what each task's site call takes
 
 
-def default_tasks(lm: Any) -> list[Task]:
-    """The built-in tasks meant for this model that are made of examples (no prompt builders)."""
-    want = "default" if lm.name in DEFAULT_MODEL_NAMES else "any"
-    return [t for t in builtin_tasks().values() if t.models == want and t.builder is None and t.fixed is None]
-
-
 def resolve_tasks(lm: Any, names: list[str] | None) -> list[Task]:
-    if not names:
-        return default_tasks(lm)
-    known = builtin_tasks()
-    missing = [n for n in names if n not in known]
-    if missing:
-        raise TaskError(f"unknown built-in task(s) {missing[:5]}; site_transfer takes built-in task names: "
-                        f"{', '.join(known)}")
-    return [known[n] for n in dict.fromkeys(names)]
+    return builtin_by_names(names, "site_transfer") if names else model_tasks(lm.name)
 
 
 def site_transfer(ctx: Context, p: SiteTransferParams) -> dict[str, Any]:

@@ -18,13 +18,14 @@ from collections import OrderedDict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
+from ..paths import DEFAULT_MODEL_NAMES
 from ..text import model_name_problem
 from .errors import BadRequest, Forbidden, NotFound, clip
 
 if TYPE_CHECKING:
     from ..models import LoadedModel
 
-DEFAULT_NAMES = ("default", "headlens-tiny")
+
 def _env_flag(name: str, default: bool) -> bool:
     raw = os.environ.get(name)
     if raw is None or raw.strip() == "":
@@ -75,7 +76,7 @@ class ModelPool:
         with self._lock:
             if name in self._models:  # made resident with put()
                 return name
-        if name in DEFAULT_NAMES:
+        if name in DEFAULT_MODEL_NAMES:
             from ..paths import DEFAULT_MODEL_DIR
 
             if not DEFAULT_MODEL_DIR.is_dir():

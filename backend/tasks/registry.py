@@ -8,6 +8,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from ..paths import DEFAULT_MODEL_NAMES
 from .base import Kind, Task, TaskError
 from .files import load_task_file
 
@@ -61,6 +62,24 @@ def clear_cache() -> None:
     """Forget the parsed built-ins (after the data files or the synthetic module change)."""
     for f in (_file_tasks, _synthetic_tasks, _builtin):
         f.cache_clear()
+
+
+def model_tasks(model_name: str) -> list[Task]:
+    """The built-in tasks meant for model `model_name` that are made of examples (no prompt builders, no fixed
+    prompt sets): the tasks a vector or a head selection can be learned for, one per task."""
+    want = "default" if model_name in DEFAULT_MODEL_NAMES else "any"
+    return [t for t in builtin_tasks().values() if t.models == want and t.builder is None and t.fixed is None]
+
+
+def builtin_by_names(names: list[str], what: str) -> list[Task]:
+    """The built-in tasks `names` (in order, once each; `_` may stand for `-`), or a TaskError naming the unknown
+    ones and listing the known, for analysis `what`."""
+    known = builtin_tasks()
+    missing = [n for n in names if n not in known and n.replace("_", "-") not in known]
+    if missing:
+        raise TaskError(f"unknown built-in task(s) {missing[:5]}; {what} takes built-in task names: "
+                        f"{', '.join(known)}")
+    return [known.get(n) or known[n.replace("_", "-")] for n in dict.fromkeys(names)]
 
 
 def load_task(name_or_path: str | os.PathLike, kind: Kind | None = None) -> Task:
