@@ -97,7 +97,7 @@ def ablate(ctx: Context, p: AblateParams) -> dict[str, Any]:
     after = head_mask(lm, p.heads)  # out-of-range heads are an error before any pass
     enc, fill = _prompts(ctx, p, p.mode, ctx.stage(0.0, 0.2, "mean head outputs"))
     res = sweep_outcomes(lm, enc, [RowConfig(), RowConfig(mask=after, positions=p.positions)], fill=fill,
-                         batch_size=p.batch_size, progress=ctx.stage(0.0, 1.0, "ablating"))
+                         batch_size=p.batch_size, progress=ctx.stage(0.2, 1.0, "ablating"))
     rows = []
     for i, pr in enumerate(enc.prompts):
         pred = [predicted_label(lm, enc, i, int(res.pred_label[c, i]), int(res.pred_token[c, i])) for c in (0, 1)]

@@ -138,7 +138,3 @@ def get_kind(name: str) -> Kind:
 
 def by_api(name: str) -> Kind | None:
     return next((k for k in KINDS.values() if k.api == name), None)
-
-
-def result_model(name: str) -> type[BaseModel]:
-    return get_kind(name).result

@@ -41,7 +41,7 @@ from ..tasks.base import TaskError
 from .kernel import Context
 from .params import LtvParams, LtvRecipeParams
 from .results import LtvTraining
-from .primitives.batching import build_prompts, encode
+from .primitives.batching import build_prompts, encode, multi_token_note
 from .primitives.inject import Injection, check_layers, check_positions, evaluate_injections
 from .primitives.threads import cpu_threads
 from .primitives.propagation import head_saliency, linear_propagation, ov_reconstruction
@@ -139,8 +139,7 @@ def _ltv(ctx: Context, p: LtvParams) -> dict[str, Any]:
     positions = check_positions(zero.ids, positions)
     multi = sorted(set(zero.multi_token) | set(icl.multi_token))
     if multi:
-        ctx.warn(f"{len(multi)} label(s) span several tokens with this tokenizer (e.g. "
-                 f"{', '.join(map(repr, multi[:4]))}): training and every accuracy score the answer's first token")
+        ctx.warn(multi_token_note(multi))
 
     vec = ctx.call("vectors", types=list(EXTRACTED), shots=p.shots, prompts=p.prompts, seed=p.seed,
                    top_pct=p.top_pct, top_k=p.top_k, batch_size=o.BATCH_SIZE,

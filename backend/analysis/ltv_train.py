@@ -32,17 +32,12 @@ import torch
 from ..cache import make_key
 from .kernel import Context
 from .params import LtvTrainParams
-from .primitives.batching import encode
+from .primitives.batching import encode, multi_token_note
 from .primitives.inject import check_layers, check_positions
 from .primitives.learn import Recipe, residual_rms, train_injection, training_split
 from .primitives.saved import default_path, save_tensors
 
 LIVE_EVERY_S = 0.25
-
-
-def multi_token_note(labels: list[str]) -> str:
-    return (f"{len(labels)} label(s) span several tokens with this tokenizer (e.g. {', '.join(map(repr, labels[:4]))}): "
-            f"the training loss and every accuracy score the first token of the answer")
 
 
 def ltv_train(ctx: Context, p: LtvTrainParams) -> dict[str, Any]:

@@ -30,6 +30,7 @@ from .params import SiteParams, SiteRecipeParams
 from .primitives.batching import build_prompts, encode
 from .primitives.capture import capture_means
 from .primitives.generate import evaluate_generation, require_kv_cache, stop_strings
+from .primitives.inject import vector_at
 from .primitives.saved import default_path
 from .primitives.selection import n_top, overlap
 from .primitives.threads import cpu_threads
@@ -146,8 +147,7 @@ def _baselines(ctx: Context, p: SiteParams, enc: dict[str, Any], t: torch.Tensor
                 if v not in r.vectors:
                     out[v] = {"label": _LABELS[v], "note": "not available for this task"}
                     continue
-                vec = torch.as_tensor(np.asarray(r.vectors[v].vector), dtype=torch.float32)
-                vec = vec[layer] if vec.dim() == 2 else vec
+                vec = vector_at(r.vectors[v].vector, layer)
                 hooks = lambda b, vec=vec: hooked(lm, inject={layer: vec}, last=b.last, prefill_only=True)  # noqa: E731
                 ev = evaluate_generation(lm, enc["test"], hooks=hooks, **gen)
                 out[v] = {"label": _LABELS[v], "metrics": gen_metrics(ev), "params": d,

@@ -8,20 +8,14 @@ from __future__ import annotations
 
 from typing import Any
 
-import numpy as np
 import torch
 
 from .kernel import Context
 from .params import SteerParams
 from .primitives.batching import build_prompts, encode
+from .primitives.inject import vector_at
 from .primitives.predict import evaluate
 from .primitives.sweep import RowConfig, resolve_layers, sweep_outcomes
-
-
-def vector_at(vector: np.ndarray, layer: int) -> torch.Tensor:
-    """The vector to inject at `layer`: itself (d_model,), or its row of a per-layer (layers, d_model) vector."""
-    v = torch.as_tensor(vector, dtype=torch.float32)
-    return v[layer] if v.dim() == 2 else v
 
 
 def steer(ctx: Context, p: SteerParams) -> dict[str, Any]:

@@ -109,6 +109,12 @@ class Built:
         return len(self.prompts)
 
 
+def multi_token_note(labels: Sequence[str]) -> str:
+    """The warning for answers that span several tokens: every score (and a training loss) uses the first one."""
+    return (f"{len(labels)} label(s) span several tokens with this tokenizer (e.g. {', '.join(map(repr, labels[:4]))}): "
+            f"the training loss and every accuracy score the first token of the answer")
+
+
 def build_prompts(lm: LoadedModel, task: Task, shots: int, n: int, seed: int, perturb=None,
                   queries: Queries = "held_out") -> Built:
     """`n` prompts of `shots` demonstrations, seeded, that the model can read.

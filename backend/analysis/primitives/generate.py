@@ -120,10 +120,11 @@ def generate(lm: LoadedModel, ids: Sequence[Sequence[int]], *, max_new_tokens: i
             nxt_pos = pos[:, -1:] + 1
             for t in range(max_new_tokens):
                 nxt = logits.argmax(-1)
+                nxt_ids = nxt.tolist()  # one device -> host copy per step, not one per row
                 for i, r in enumerate(batch.rows):
                     if done[i]:
                         continue
-                    tok = int(nxt[i])
+                    tok = nxt_ids[i]
                     if eos is not None and tok == eos:
                         done[i] = True
                         continue

@@ -106,6 +106,12 @@ def final_states(lm: LoadedModel, ids: Sequence[Sequence[int]], rows: Sequence[i
     return out
 
 
+def vector_at(vector: np.ndarray | torch.Tensor, layer: int) -> torch.Tensor:
+    """The vector to inject at `layer`: itself (d_model,), or its row of a per-layer (layers, d_model) vector."""
+    v = torch.as_tensor(np.asarray(vector), dtype=torch.float32)
+    return v[layer] if v.dim() == 2 else v
+
+
 def gold_tokens(enc: Encoded) -> torch.Tensor:
     """The gold answer's first token id of every encoded prompt, (prompts,)."""
     return torch.tensor([enc.label_ids[i][enc.gold[i]] for i in range(len(enc.ids))], dtype=torch.long)
