@@ -2,7 +2,12 @@
 
 Each `ArchSpec` says where a family keeps its decoder layers, the attention output projection (whose
 input `z` is the concatenation of the per-head results, shape `(batch, seq, heads * head_dim)`), how
-that projection's weight is laid out, and which final norm precedes the unembedding.
+that projection's weight is laid out, which final norm precedes the unembedding, and, where the family has one,
+the norm that rescales the attention block's output before the residual add (Gemma 2 / 3's post-attention
+RMSNorm): a head's write into the residual stream is then taken after that norm, linearised at each position,
+    write[l, h] = g ⊙ (z[l, h] @ W_O[l, h]) / rms(o_proj(z[l]))            (d_model,)
+so that the writes of a layer's heads (plus g ⊙ b / rms for an output bias b) sum to what the attention block
+adds to the residual stream.
 Adding a model family means adding one entry to `ARCHS`.
 """
 from __future__ import annotations
@@ -32,6 +37,9 @@ class ArchSpec:
     input_norm: str = "input_layernorm"  # dotted path from a decoder layer to the norm before attention
     v_proj: str = "self_attn.v_proj"  # dotted path from a decoder layer to the value projection (see `qkv`)
     qkv: QkvLayout = "separate"
+    post_attn_norm: str | None = None
+    """Dotted path from a decoder layer to a norm applied to the attention output before the residual add, or None
+    (pre-norm families: o_proj's output is added as is). Its gain follows `norm` (Gemma: 1 + w)."""
 
 
 ARCHS: tuple[ArchSpec, ...] = (
@@ -47,9 +55,9 @@ ARCHS: tuple[ArchSpec, ...] = (
     ArchSpec("Qwen3", ("qwen3",), "model.layers", "self_attn.o_proj", "model.norm"),
     ArchSpec("Gemma", ("gemma",), "model.layers", "self_attn.o_proj", "model.norm", norm="rmsnorm_plus1"),
     ArchSpec("Gemma 2 / 3 (text)", ("gemma2", "gemma3_text"), "model.layers", "self_attn.o_proj", "model.norm",
-             norm="rmsnorm_plus1",
+             norm="rmsnorm_plus1", post_attn_norm="post_attention_layernorm",
              notes="a post-attention RMSNorm rescales the summed head writes before the residual add; "
-                   "per-head writes are taken at o_proj, before that norm"),
+                   "per-head writes are taken after it, linearised at each position: g * o_h / rms(sum_h o_h)"),
 )
 
 BY_MODEL_TYPE: dict[str, ArchSpec] = {t: spec for spec in ARCHS for t in spec.model_types}

@@ -23,6 +23,9 @@ class Trace:
     """What a hooked forward pass recorded.
 
     z_last:      per layer, the output projection's input at the last token, (batch, heads * head_dim).
+    write_scale: per layer, where the family has a post-attention norm (Gemma 2 / 3), that norm linearised at the
+                 last token: g / rms(o_proj output), (batch, d_model) float32; a head's write into the residual
+                 stream is (z_h @ W_O[h]) * write_scale. None per layer for pre-norm families. Captured with z.
     resid_final: the final norm's input at the last token, (batch, d_model).
     hidden:      per layer, the decoder layer's output at the last token, (batch, d_model).
     """
@@ -30,6 +33,7 @@ class Trace:
     z_last: list[torch.Tensor | None] = field(default_factory=list)
     resid_final: torch.Tensor | None = None
     hidden: list[torch.Tensor | None] = field(default_factory=list)
+    write_scale: list[torch.Tensor | None] = field(default_factory=list)
 
     def z(self, heads: int) -> torch.Tensor:
         """Stacked last-token head inputs, shape (batch, layers, heads, head_dim)."""
@@ -88,6 +92,8 @@ def hooked(
 ) -> Iterator[Trace]:
     """Install hooks for one or more forward passes; they are removed on exit, exceptions included.
 
+    capture_z: record z at the last token per layer (and, for post-attention-norm families, `write_scale`).
+
     head_mask: (batch, layers, heads) multipliers on each head's z (1 keeps, 0 ablates), applied at the
                output projection's input at `mask_positions`; per-row, so one batch can hold many
                ablation configurations.
@@ -102,7 +108,7 @@ def hooked(
     prefill_only: interventions act on the first forward pass only (the prompt's prefill); later passes
                in the context (decoding steps over the KV cache) run untouched. Captures follow the same rule.
     """
-    trace = Trace(z_last=[None] * lm.n_layers, hidden=[None] * lm.n_layers)
+    trace = Trace(z_last=[None] * lm.n_layers, hidden=[None] * lm.n_layers, write_scale=[None] * lm.n_layers)
     handles = []
     H, dh = lm.n_heads, lm.head_dim
     passes = [0]  # forward passes begun in this context (counted at the first decoder layer)
@@ -150,6 +156,15 @@ def hooked(
             return args, kwargs
         return pre_hook
 
+    def make_post_norm_hook(layer: int):
+        gain, eps = lm.post_attn_gain(layer), lm.post_attn_eps(layer)
+
+        def pre_hook(module, args):
+            if active():
+                x = take_last(args[0], last).float()  # (batch, d_model): the summed head writes plus the bias
+                trace.write_scale[layer] = gain.to(x.device) * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
+        return pre_hook
+
     def make_layer_hook(layer: int):
         def hook(module, args, output):
             if not active():
@@ -177,6 +192,9 @@ def hooked(
         if capture_z or head_mask is not None:
             for layer in range(lm.n_layers):
                 handles.append(lm.o_proj(layer).register_forward_pre_hook(make_pre_hook(layer), with_kwargs=True))
+        if capture_z and lm.spec.post_attn_norm:
+            for layer in range(lm.n_layers):
+                handles.append(lm.post_attn_norm(layer).register_forward_pre_hook(make_post_norm_hook(layer)))
         if inject or capture_hidden:
             for layer in range(lm.n_layers):
                 if capture_hidden or layer in (inject or {}):

@@ -121,19 +121,39 @@ class LoadedModel:
     def o_bias(self, layer: int) -> torch.Tensor | None:
         return getattr(self.o_proj(layer), "bias", None)
 
-    def norm_gain(self) -> torch.Tensor:
-        """Effective elementwise gain of the final norm, shape (d_model,)."""
-        norm = self.final_norm
+    def post_attn_norm(self, layer: int) -> nn.Module | None:
+        """The norm that rescales the attention output of `layer` before the residual add (Gemma 2 / 3), or None."""
+        return _get(self.layers[layer], self.spec.post_attn_norm) if self.spec.post_attn_norm else None
+
+    def _gain(self, norm: nn.Module) -> torch.Tensor:
         w = getattr(norm, "weight", None)
         if w is None:
             return torch.ones(self.d_model, device=self.device)
         w = w.float()
         return 1.0 + w if self.spec.norm == "rmsnorm_plus1" else w
 
+    def norm_gain(self) -> torch.Tensor:
+        """Effective elementwise gain of the final norm, shape (d_model,)."""
+        return self._gain(self.final_norm)
+
+    def post_attn_gain(self, layer: int) -> torch.Tensor:
+        """Effective elementwise gain g of the post-attention norm of `layer`, (d_model,) float32 (Gemma: 1 + w);
+        only for families that have one."""
+        norm = self.post_attn_norm(layer)
+        if norm is None:
+            raise ValueError(f"{self.spec.family} has no post-attention norm")
+        return self._gain(norm)
+
+    @staticmethod
+    def _eps(norm: nn.Module) -> float:
+        return float(getattr(norm, "eps", None) or getattr(norm, "variance_epsilon", None) or 1e-5)
+
     @property
     def norm_eps(self) -> float:
-        n = self.final_norm
-        return float(getattr(n, "eps", None) or getattr(n, "variance_epsilon", None) or 1e-5)
+        return self._eps(self.final_norm)
+
+    def post_attn_eps(self, layer: int) -> float:
+        return self._eps(self.post_attn_norm(layer))
 
     def info(self) -> dict[str, Any]:
         return {"name": self.name, "family": self.spec.family, "model_type": self.model.config.model_type,
@@ -170,10 +190,15 @@ def _params_digest(model: nn.Module) -> str:
 
 def fingerprint(model: nn.Module, name: str, folder: Path | None = None) -> str:
     """Identity of the weights: name, config, and the weight files' hash (local), the hub revision, or
-    the parameters themselves (in-memory models)."""
+    the parameters themselves (in-memory models). Families whose head writes are taken after a post-attention norm
+    (`ArchSpec.post_attn_norm`) add that site, so results computed when writes were taken at o_proj are never
+    served again; every other fingerprint is unchanged."""
     cfg = model.config.to_dict()
     cfg.pop("_commit_hash", None)
     parts = [name, json.dumps(cfg, sort_keys=True, default=str)]
+    site = spec_for(model.config.model_type).post_attn_norm
+    if site:
+        parts.append(f"head writes after {site}")
     if folder is not None and folder.is_dir():
         files = sorted(p for p in folder.iterdir() if p.suffix in (".safetensors", ".bin", ".pt"))
         parts += [f"{p.name}:{_file_digest(p)}" for p in files]

@@ -130,6 +130,28 @@ def test_batched_injections_equal_single_runs(lm):
         np.testing.assert_allclose(together.gold_prob[c], alone.gold_prob[0], rtol=1e-5, atol=1e-9)
 
 
+def test_post_norm_head_set_vector_is_the_mean_of_writes_after_the_norm(gpt2_tokenizer):
+    """Gemma 3 (post-attention gains not 1): a head-set vector is the mean over prompts of the heads' writes through
+    the norm, linearised per prompt; the o_proj-site vector differs from it."""
+    from backend.analysis.primitives.tsla import head_writes
+
+    lm = wrap(tiny_model("gemma3_text"), gpt2_tokenizer, "tiny-gemma3")
+    task = sentiment_task()
+    heads = [(0, 1), (1, 2)]
+    built = build_vectors(lm, task, types=["random"], heads=heads, shots=2, prompts=4, cache=False)
+    # the vectors kind extracts from the seed's demonstration pool (vectors.extraction)
+    enc = encode(lm, task.build_prompts(2, 4, 0, queries="pool"), task.kind)
+    b = make_batch(lm, enc.ids, list(range(len(enc.ids))))
+    with torch.inference_mode(), hooked(lm, capture_z=True) as tr:
+        forward_last_logits(lm, b)
+    z = tr.z(lm.n_heads).float()
+    expect = sum(head_writes(z[:, l], lm.w_o(l), tr.write_scale[l])[:, h] for l, h in heads).mean(0)
+    got = torch.as_tensor(np.asarray(built.vectors["custom"].vector), dtype=torch.float32)
+    torch.testing.assert_close(got, expect, rtol=1e-4, atol=1e-5)
+    at_o_proj = sum(z[:, l, h] @ lm.w_o(l)[h] for l, h in heads).mean(0)
+    assert not torch.allclose(at_o_proj, expect, rtol=0.1)
+
+
 def test_head_set_vector_is_the_mean_sum_of_head_writes(lm):
     task = sentiment_task()
     enc = encode(lm, task.build_prompts(2, 4, 0), task.kind)

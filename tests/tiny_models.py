@@ -10,6 +10,7 @@ SHARED = Path(__file__).resolve().parents[2] / "shared"
 GPT2_TOKENIZER = SHARED / "gpt2-tokenizer"
 FV_DATASETS = SHARED / "fv_datasets"
 VOCAB = 50257
+POST_NORM_TYPES = ("gemma2", "gemma3_text")  # families whose attention output passes a norm before the residual add
 
 _common = dict(num_hidden_layers=2, hidden_size=48, intermediate_size=96, vocab_size=VOCAB,
                max_position_embeddings=256)
@@ -36,4 +37,9 @@ def tiny_model(arch: str, seed: int = 0) -> torch.nn.Module:
     for name, mod in model.named_modules():
         if getattr(mod, "bias", None) is not None and isinstance(mod.bias, torch.nn.Parameter):
             torch.nn.init.normal_(mod.bias, std=0.02)
+    # post-attention norms (Gemma 2 / 3) with per-dimension gains far from 1 (1 + w, w ~ N(1, 0.5)), so the tests
+    # of head writes taken after that norm have teeth
+    for name, mod in model.named_modules():
+        if name.endswith("post_attention_layernorm") and cfg.model_type in POST_NORM_TYPES:
+            torch.nn.init.normal_(mod.weight, mean=1.0, std=0.5)
     return model.eval()

@@ -91,7 +91,7 @@ def head(ctx: Context, p: HeadParams) -> dict[str, Any]:
             lens_logits = lm.model.get_output_embeddings()(lm.final_norm(hs)).float()
             lens = [_top(lm, lens_logits[i], LENS_TOP) for i in range(lm.n_layers)]
     z = trace.z(lm.n_heads)[0, layer, h].float()  # (head_dim,)
-    o = head_writes(z[None, None], lm.w_o(layer)[h:h + 1])[0, 0]  # (d_model,)
+    o = head_writes(z[None, None], lm.w_o(layer)[h:h + 1], trace.write_scale[layer])[0, 0]  # (d_model,)
     top = _top(lm, logits, p.top_tokens)
     labels = pr["labels"] or [t["token"] for t in top]
     first = [answer_tokens(lm, pr["text"][-32:], lab)[0] for lab in labels]

@@ -1,6 +1,8 @@
 """Kind `vectors`: task vectors extracted from ICL prompts.
 
-Head-set vector (TR, TL, random or a user set S):  v = mean_prompts sum_{(l,h) in S} z[l,h] @ W_O[l,h]  (d_model,)
+Head-set vector (TR, TL, random or a user set S):  v = mean_prompts sum_{(l,h) in S} o[l,h]  (d_model,), with
+o[l,h] the head's write into the residual stream (z[l,h] @ W_O[l,h]; through the post-attention norm, linearised,
+where the family has one: `primitives.tsla`)
 Function vector: the same sum over the top heads by causal indirect effect (CIE), where
     CIE(l, h) = mean_prompts [ p(gold | corrupted, z[l,h] <- mean clean z[l,h]) - p(gold | corrupted) ]
     on shuffled-input prompts, patching the last token only.
@@ -25,12 +27,14 @@ from .primitives.selection import Head, n_top, random_heads, top_heads
 from .primitives.sweep import RowConfig, head_mask, sweep_outcomes
 
 
-def head_set_vector(lm: Any, z_mean: torch.Tensor, heads: Sequence[Head]) -> torch.Tensor:
-    """v = sum_{(l,h) in heads} z_mean[l,h] @ W_O[l,h], (d_model,): the mean of sums is the sum of means.
-    z_mean: (layers, heads, head_dim)."""
+def head_set_vector(lm: Any, means: torch.Tensor, heads: Sequence[Head], writes: bool = False) -> torch.Tensor:
+    """v = sum_{(l,h) in heads} mean write of (l, h), (d_model,): the mean of sums is the sum of means.
+    means: the mean z (layers, heads, head_dim), whose mean write is z_mean[l,h] @ W_O[l,h] (exact where no
+    post-attention norm rescales the writes); with `writes`, the mean writes themselves (layers, heads, d_model)."""
     v = torch.zeros(lm.d_model, device=lm.device)
     for l, h in heads:
-        v = v + z_mean[l, h].to(lm.device) @ lm.w_o(l)[h]
+        m = means[l, h].to(lm.device)
+        v = v + (m if writes else m @ lm.w_o(l)[h])
     return v
 
 
@@ -86,12 +90,15 @@ def vectors(ctx: Context, p: VectorsParams) -> dict[str, Any]:
         sets["random"] = random_heads(L, H, k, p.seed)
     z_mean = capture_means(lm, enc, "z", p.batch_size, ctx.stage(0.4, 0.5, "head means")) if (
         sets or "fv" in types or p.heads) else None
+    # post-attention-norm families: the mean of each head's linearised write (its scale varies per prompt)
+    writes = z_mean is not None and lm.spec.post_attn_norm is not None
+    means = capture_means(lm, enc, "write", p.batch_size) if writes else z_mean
     if "fv" in types:
         cie = causal_indirect_effects(ctx, p, enc, z_mean, ctx.stage(0.5, 0.9, "function vector"))
         sets["fv"] = top_heads(cie, k=k)
     if p.heads:
         sets["custom"] = list(p.heads)
-    out: dict[str, dict[str, Any]] = {name: {"vector": head_set_vector(lm, z_mean, hs), "heads": hs}
+    out: dict[str, dict[str, Any]] = {name: {"vector": head_set_vector(lm, means, hs, writes), "heads": hs}
                                       for name, hs in sets.items()}
     if "vanilla" in types:
         zero = encode(lm, task.build_prompts(0, built.n, seed, queries=queries), task.kind)

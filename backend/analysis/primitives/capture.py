@@ -2,6 +2,8 @@
 
 Sites (all at each row's last prompt token):
     z:      the attention output projection's input, split by head   -> (layers, heads, head_dim) per prompt
+    write:  each head's write into the residual stream (`tsla.head_writes`: through a post-attention norm,
+            linearised, where the family has one)                     -> (layers, heads, d_model) per prompt
     hidden: each decoder layer's output (optionally through the final norm) -> (layers, d_model) per prompt
 """
 from __future__ import annotations
@@ -13,8 +15,9 @@ import torch
 from ...hooks import hooked
 from ...models import LoadedModel
 from .batching import Batch, Encoded, Progress, forward_last_logits, map_batches
+from .tsla import head_writes
 
-Site = Literal["z", "hidden"]
+Site = Literal["z", "write", "hidden"]
 
 
 def capture(lm: LoadedModel, enc: Encoded, site: Site, *, reduce: Literal["mean", "rows"] = "mean",
@@ -26,16 +29,20 @@ def capture(lm: LoadedModel, enc: Encoded, site: Site, *, reduce: Literal["mean"
     model's device (summed in float64); reduce="rows": one per prompt, (prompts, ...) float32 on the CPU.
     `inject` ({layer: (d_model,)}) is added at the output of those layers (last token) while capturing.
     """
-    shape = (lm.n_layers, lm.n_heads, lm.head_dim) if site == "z" else (lm.n_layers, lm.d_model)
+    shape = {"z": (lm.n_layers, lm.n_heads, lm.head_dim), "write": (lm.n_layers, lm.n_heads, lm.d_model),
+             "hidden": (lm.n_layers, lm.d_model)}[site]
     total = torch.zeros(shape, dtype=torch.float64, device=lm.device)
     rows = torch.zeros((len(enc.ids), *shape)) if reduce == "rows" else None
 
     def step(batch: Batch) -> None:
-        with hooked(lm, capture_z=site == "z", capture_hidden=site == "hidden", inject=inject,
+        with hooked(lm, capture_z=site != "hidden", capture_hidden=site == "hidden", inject=inject,
                     last=batch.last) as tr:
             forward_last_logits(lm, batch)
         if site == "z":
             x = tr.z(lm.n_heads)  # (batch, layers, heads, head_dim)
+        elif site == "write":
+            z = tr.z(lm.n_heads).float()
+            x = torch.stack([head_writes(z[:, l], lm.w_o(l), tr.write_scale[l]) for l in range(lm.n_layers)], 1)
         else:
             x = torch.stack(tr.hidden, 1)  # (batch, layers, d_model)
             if final_norm:
@@ -51,5 +58,6 @@ def capture(lm: LoadedModel, enc: Encoded, site: Site, *, reduce: Literal["mean"
 
 def capture_means(lm: LoadedModel, enc: Encoded, site: Site, batch_size: int = 16,
                   progress: Progress | None = None) -> torch.Tensor:
-    """Mean last-token activation at `site` over the prompts: (layers, heads, head_dim) or (layers, d_model)."""
+    """Mean last-token activation at `site` over the prompts: (layers, heads, head_dim | d_model) or
+    (layers, d_model)."""
     return capture(lm, enc, site, batch_size=batch_size, progress=progress)

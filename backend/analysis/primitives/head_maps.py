@@ -56,7 +56,7 @@ def head_maps(lm: LoadedModel, enc: Encoded, batch_size: int = 16, apply_ln: boo
         ls = label_space(unembed, lab, gold, pinv_cache)
         z = trace.z(H).float()  # (batch, layers, heads, head_dim)
         for layer in range(L):
-            o = head_writes(z[:, layer], lm.w_o(layer))  # (batch, heads, d)
+            o = head_writes(z[:, layer], lm.w_o(layer), trace.write_scale[layer])  # (batch, heads, d)
             if apply_ln:
                 o = apply_final_ln(o, trace.resid_final, gain, lm.norm_eps, centered)
             st = tsla(o, ls)

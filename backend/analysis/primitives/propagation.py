@@ -8,7 +8,9 @@ OV reconstruction of theta injected at the input of layer l at positions P: ever
 reads theta through its value path and writes it to the last token with weight A[l', h](last -> p):
     r = mean_prompts sum_{l' >= l} sum_h sum_{p in P} A[l', h](last, p) * (J_{l'} theta) W_V[kv(h)] W_O[h]
 with J_{l'} theta the layer's input norm linearised at the run's residual at p (a Jacobian-vector product), so
-the norm's scale is in; kv(h) is the key-value head that query head h reads (grouped-query attention).
+the norm's scale is in; kv(h) is the key-value head that query head h reads (grouped-query attention). Where a
+post-attention norm follows (Gemma 2 / 3), each write is taken through it, linearised at the run's last token
+(`hooks.Trace.write_scale`), as every head write is.
 
 Linear propagation: perturbed vectors theta_i = theta + lambda_i ||theta|| e_i (e_i random unit vectors) are
 injected, and W (d, d) is fitted by least squares to Delta_i = mean_prompts (h_final(theta_i) - h_final(0)) ~ W
@@ -29,6 +31,7 @@ from ...models import LoadedModel
 from .batching import Batch, Encoded, Progress, make_batch, map_batches
 from .induction import eager_attention
 from .inject import Injection, final_states, gold_tokens, injected_logits
+from .tsla import head_writes
 
 
 def head_saliency(lm: LoadedModel, enc: Encoded, inj: Injection, batch_size: int = 32,
@@ -84,8 +87,8 @@ def ov_reconstruction(lm: LoadedModel, enc: Encoded, layer: int, theta: torch.Te
 
     def step(batch: Batch) -> None:
         inputs: dict[int, torch.Tensor] = {}
-        with hooked(lm, inject_input={layer: theta}, inject_positions=pos, last=batch.last), \
-                _layer_inputs(lm, later, inputs):
+        with hooked(lm, inject_input={layer: theta}, inject_positions=pos, last=batch.last,
+                    capture_z=lm.spec.post_attn_norm is not None) as trace, _layer_inputs(lm, later, inputs):
             out = lm.model(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
                            position_ids=batch.position_ids, use_cache=False, logits_to_keep=1,
                            output_attentions=True)
@@ -98,7 +101,11 @@ def ov_reconstruction(lm: LoadedModel, enc: Encoded, layer: int, theta: torch.Te
             a = out.attentions[l][:, :, -1, idx]  # (b, H, P)
             v = tangent[:, :, torch.arange(H, device=lm.device) // group]  # (b, P, H, dh)
             z = torch.einsum("bhp,bphd->bhd", a.to(v.dtype), v)  # (b, H, dh)
-            write = torch.einsum("bhd,hdm->hm", z.float(), lm.w_o(l))  # summed over the batch, (H, d)
+            scale = trace.write_scale[l]
+            if scale is None:
+                write = torch.einsum("bhd,hdm->hm", z.float(), lm.w_o(l))  # summed over the batch, (H, d)
+            else:
+                write = head_writes(z.float(), lm.w_o(l), scale).sum(0)
             total[l] += write.double()
 
     with eager_attention(lm):

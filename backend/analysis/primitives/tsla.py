@@ -2,6 +2,8 @@
 
 For head (l, h) at a prompt's last token, its write into the residual stream is
     o[l, h] = z[l, h] @ W_O[l, h]                      (d_model,)
+or, where a post-attention norm follows (Gemma 2 / 3), that write through the norm linearised at the position,
+    o[l, h] = g ⊙ (z[l, h] @ W_O[l, h]) / rms(sum_h z[l, h] @ W_O[l, h] + b)    (`hooks.Trace.write_scale`)
 With U the unembedding rows of the prompt's label first tokens, shape (n_labels, d_model),
     P = U^T (U U^T)^+ U                                  projector onto the label subspace
     TR = ||P o||_2 = sqrt(a^T G^+ a),  a = U o,  G = U U^T
@@ -18,9 +20,12 @@ import torch
 ZERO_TOL = 1e-9  # TR below this fraction of ||o|| counts as zero: TL is set to 0 and the head flagged
 
 
-def head_writes(z: torch.Tensor, w_o: torch.Tensor) -> torch.Tensor:
-    """Per-head writes o = z_h @ W_O[h]: z (batch, heads, head_dim), w_o (heads, head_dim, d) -> (batch, heads, d)."""
-    return torch.einsum("bhk,hkd->bhd", z, w_o)
+def head_writes(z: torch.Tensor, w_o: torch.Tensor, scale: torch.Tensor | None = None) -> torch.Tensor:
+    """Per-head writes o = (z_h @ W_O[h]) * scale: z (batch, heads, head_dim), w_o (heads, head_dim, d),
+    scale (batch, d) the post-attention norm linearised at the position, or None (no such norm)
+    -> (batch, heads, d)."""
+    o = torch.einsum("bhk,hkd->bhd", z, w_o)
+    return o if scale is None else o * scale[:, None, :].to(o.dtype)
 
 
 def gram_pinv(u: torch.Tensor) -> torch.Tensor:
