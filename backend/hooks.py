@@ -28,12 +28,15 @@ class Trace:
                  stream is (z_h @ W_O[h]) * write_scale. None per layer for pre-norm families. Captured with z.
     resid_final: the final norm's input at the last token, (batch, d_model).
     hidden:      per layer, the decoder layer's output at the last token, (batch, d_model).
+    embed:       the input of decoder layer 0 (the embeddings) at the last token, (batch, d_model), captured with
+                 `hidden` (before any injection there); with `hidden[:-1]`, the input of every decoder layer.
     """
 
     z_last: list[torch.Tensor | None] = field(default_factory=list)
     resid_final: torch.Tensor | None = None
     hidden: list[torch.Tensor | None] = field(default_factory=list)
     write_scale: list[torch.Tensor | None] = field(default_factory=list)
+    embed: torch.Tensor | None = None
 
     def z(self, heads: int) -> torch.Tensor:
         """Stacked last-token head inputs, shape (batch, layers, heads, head_dim)."""
@@ -93,6 +96,7 @@ def hooked(
     """Install hooks for one or more forward passes; they are removed on exit, exceptions included.
 
     capture_z: record z at the last token per layer (and, for post-attention-norm families, `write_scale`).
+    capture_hidden: record each decoder layer's output and the embeddings (`embed`) at the last token.
 
     head_mask: (batch, layers, heads) multipliers on each head's z (1 keeps, 0 ablates), applied at the
                output projection's input at `mask_positions`; per-row, so one batch can hold many
@@ -118,6 +122,8 @@ def hooked(
 
     def count_pass(module, args, kwargs):
         passes[0] += 1
+        if capture_hidden and active():
+            trace.embed = take_last(args[0] if args else kwargs["hidden_states"], last).clone()
 
     def make_input_hook(layer: int):
         def pre_hook(module, args, kwargs):

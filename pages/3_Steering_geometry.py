@@ -22,7 +22,7 @@ VECTOR_HELP = {
     "tl": "the summed last-token writes of the top TL heads",
     "random": "as many random heads (seeded)",
     "fv": "function vector: the top heads by causal indirect effect (patching into shuffled-label prompts)",
-    "vanilla": "the ICL hidden state minus the zero-shot one at the injection layer",
+    "vanilla": "the ICL hidden state minus the zero-shot one at the injection layer's input",
     "custom": "the heads selected on the Head map (or below)",
 }
 
@@ -69,8 +69,8 @@ with c2:
                to_widget=lambda v: L // 2 if v is None else v, from_widget=lambda v: None if v == L // 2 else v,
                format_func=lambda l: "all (layer sweep)" if l == "all"
                else f"layer {l}" + (" (middle)" if l == L // 2 else ""),
-               help="The vector is added to the residual stream at the output of this decoder layer, at the last "
-                    "token. `all` sweeps every layer.")
+               help="The vector is added to the residual stream at the input of this decoder layer (layer 0: the "
+                    "embeddings), at the last token, as on every page. `all` sweeps every layer.")
 with c3:
     state.bind(st.number_input, "α (scale)", "sg_alpha", min_value=-100.0, max_value=100.0, step=0.5, format="%.2f",
                help="The vector is added as α·v. α = 0 leaves the model untouched.")

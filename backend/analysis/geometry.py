@@ -5,7 +5,8 @@ their span and t = U[y*] - mean_{c != y*} U[c] (which lies in that span, so P t 
     alignment  cos = ||P h|| / ||h||
     LD         = <h, t>
     rotation   = angle(P h, t) in degrees, cos = <h, t> / (||P h|| ||t||)
-Five conditions: zero-shot; zero-shot + the TR, TL and random vectors injected at `layer`; ICL.
+Five conditions: zero-shot; zero-shot + the TR, TL and random vectors injected at the input of decoder layer `layer`
+(last token; `primitives.layer_inputs`); ICL. States are read at each decoder layer's output.
 """
 from __future__ import annotations
 

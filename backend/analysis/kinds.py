@@ -35,6 +35,10 @@ class Kind:
     uses_model: bool = True
     cached: bool = True
     needs_fit: bool = True  # refuse (TaskError) a task whose words the model mostly cannot read, before computing
+    version: int = 0
+    """Bumped when a change alters what this kind computes, so its older cached results are not served (part of
+    the cache key when > 0; 0 leaves the key as before). 1 for steer, vectors, geometry, site and methods: every
+    vector "at layer l" is added at the INPUT of decoder layer l (they added it at the output before)."""
 
     @property
     def cli(self) -> str:
@@ -76,12 +80,12 @@ _ENTRIES: tuple[Kind, ...] = (
          "ablate one head set: metrics and per-prompt predictions before and after", api="ablate"),
     Kind("vectors", P.VectorsParams, R.VectorsResult, "backend.analysis.vectors:vectors",
          "task vectors extracted from ICL prompts: TR / TL / random head sets, function vector, vanilla",
-         api="build_vectors"),
+         api="build_vectors", version=1),
     Kind("steer", P.SteerParams, R.SteerResult, "backend.analysis.steering:steer",
-         "inject extracted task vectors into zero-shot prompts, at a layer or every layer", api="steer"),
+         "inject extracted task vectors into zero-shot prompts, at a layer or every layer", api="steer", version=1),
     Kind("geometry", P.GeometryParams, R.GeometryResult, "backend.analysis.geometry:geometry",
          "hidden-state alignment with the label subspace, logit difference, rotation and PCA per layer",
-         api="geometry"),
+         api="geometry", version=1),
     Kind("perturb", P.PerturbParams, R.PerturbResult, "backend.analysis.perturbations:perturb",
          "demonstration perturbations: metrics, TR/TL map differences, effect of ablating the top heads",
          api="perturbation_report"),
@@ -103,13 +107,13 @@ _ENTRIES: tuple[Kind, ...] = (
     Kind("site", P.SiteParams, R.SiteResult, "backend.analysis.site:site",
          "soft head selection (SITE): per-head alphas trained to inject an ICL task embedding into zero-shot "
          "prompts; alpha map, baselines, top/bottom-k patching, budget curve, correlations with head maps",
-         api="train_site"),
+         api="train_site", version=1),
     Kind("site_transfer", P.SiteTransferParams, R.SiteTransferResult, "backend.analysis.site_transfer:site_transfer",
          "SITE alphas of each task applied to every task's embedding: a transfer accuracy matrix and head overlaps",
          api="site_transfer", uses_task=False),
     Kind("methods", P.MethodsParams, R.MethodsResult, "backend.analysis.methods:methods",
          "every steering method on one task side by side: extracted vectors (vanilla, FV, TR / TL heads), LTV and "
-         "SITE, with accuracy, TR ratio, parameter count and training seconds", api="compare_methods"),
+         "SITE, with accuracy, TR ratio, parameter count and training seconds", api="compare_methods", version=1),
 )
 
 KINDS: dict[str, Kind] = {k.name: k for k in _ENTRIES}

@@ -42,7 +42,7 @@ from .kernel import Context
 from .params import LtvParams, LtvRecipeParams
 from .results import LtvTraining
 from .primitives.batching import build_prompts, encode, multi_token_note
-from .primitives.inject import Injection, check_layers, check_positions, evaluate_injections
+from .primitives.inject import Injection, check_layers, check_positions, evaluate_injections, vector_at
 from .primitives.threads import cpu_threads
 from .primitives.propagation import head_saliency, linear_propagation, ov_reconstruction
 from .primitives.saved import load_tensors
@@ -86,17 +86,11 @@ def _loaded(ctx: Context, p: LtvParams) -> dict[str, Any]:
             "n_val": int(recipe.get("n_val", 0)), "recipe": recipe, "vector_path": str(path)}
 
 
-def _extracted_at(vectors: Any, name: str, layer: int, d: int) -> torch.Tensor | None:
-    """The extracted vector `name` to add at the INPUT of `layer`: a head-set vector as is; the vanilla vector's
-    row of layer - 1 (captured at layer outputs), zero at layer 0 (the last token's embedding is the same with
-    and without demonstrations)."""
+def _extracted_at(vectors: Any, name: str, layer: int) -> torch.Tensor | None:
+    """The extracted vector `name` to add at the INPUT of `layer`: a head-set vector as is; the vanilla vector's row
+    of `layer` (the ICL-minus-zero-shot difference of that same state)."""
     entry = vectors.vectors.get(name)
-    if entry is None:
-        return None
-    v = torch.as_tensor(np.asarray(entry.vector), dtype=torch.float32)
-    if v.dim() == 2:
-        return v[layer - 1] if layer > 0 else torch.zeros(d)
-    return v
+    return None if entry is None else vector_at(entry.vector, layer)
 
 
 def ltv(ctx: Context, p: LtvParams) -> dict[str, Any]:
@@ -160,7 +154,7 @@ def _ltv(ctx: Context, p: LtvParams) -> dict[str, Any]:
         names, injections = [], []
         if not joint:
             for name in EXTRACTED:
-                v = _extracted_at(vec, name, g[0], d)
+                v = _extracted_at(vec, name, g[0])
                 if v is not None:
                     names.append(name)
                     injections.append(Injection({g[0]: v}, (-1,)))

@@ -1,7 +1,7 @@
 """Kind `methods`: every steering method on one task and model, side by side.
 
 Rows: zero-shot and k-shot ICL (references); the extracted vectors — vanilla task vector, function vector, top-TR
-and top-TL head-set vectors — added at one layer's output at the last token (the cached `steer` result); the
+and top-TL head-set vectors — added at one layer's input at the last token (the cached `steer` result); the
 learned task vector (the cached `ltv` result, when there is one, or trained with `ltv=true`); SITE (the `site`
 kind with these settings). Each with first-token accuracy, label accuracy, TR ratio, the numbers that define the
 method, how many of them are trained, and the training seconds. All on the same zero-shot test queries (the task's
@@ -45,7 +45,7 @@ def methods(ctx: Context, p: MethodsParams) -> dict[str, Any]:
         rows.append({"key": key, "name": name, "family": "extracted", "accuracy": v.accuracy[0],
                      "label_accuracy": v.label_accuracy[0], "tr_ratio": v.tr_ratio[0], "params": d, "trainable": 0,
                      "train_seconds": 0.0, "source": "steer",
-                     "note": f"{how}; added at layer {layer}'s output, last token; extracted, not trained"})
+                     "note": f"{how}; added at layer {layer}'s input, last token; extracted, not trained"})
 
     ltv = _ltv(ctx, p)
     if ltv is None:

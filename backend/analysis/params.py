@@ -169,7 +169,8 @@ class SteerParams(Selection, PromptParams):
     """kind `steer`: zero-shot prompts with alpha * v added at a layer (or every layer), per vector type."""
 
     vectors: list[o.VectorType] = Field(default_factory=lambda: list(o.VECTOR_TYPES), min_length=1)
-    layer: Layer | Literal["all"] | None = Field(None, description="decoder layer (output); None = L/2; `all` sweeps")
+    layer: Layer | Literal["all"] | None = Field(None, description="decoder layer whose input the vector is added "
+                                                                   "to; None = L/2; `all` sweeps")
     alpha: Float = Field(1.0, ge=-100, le=100)
     heads: Heads | None = Field(None, description="an extra user head set")
     batch_size: Int = Field(o.SWEEP_BATCH_SIZE, ge=1, le=1024)
@@ -189,7 +190,8 @@ class SteerParams(Selection, PromptParams):
 class GeometryParams(Selection, PromptParams):
     """kind `geometry`: per-layer alignment, logit difference and rotation for five conditions, and PCA."""
 
-    layer: Layer | None = Field(None, description="injection layer of the steered conditions; None = L/2")
+    layer: Layer | None = Field(None, description="injection layer of the steered conditions (a decoder layer's "
+                                                  "input); None = L/2")
     alpha: Float = Field(1.0, ge=-100, le=100)
     final_norm: Bool = False
     pca_layer: Layer | None = Field(None, description="layer of the PCA view; None = the last")
@@ -456,7 +458,8 @@ class MethodsParams(Selection, PromptParams):
     function vector, TR / TL head sets, from `steer`), LTV (its cached result) and SITE; accuracy, TR ratio,
     parameter count and training seconds."""
 
-    layer: Layer | None = Field(None, description="injection layer of the extracted vectors; None = L/2")
+    layer: Layer | None = Field(None, description="injection layer of the extracted vectors (a decoder layer's "
+                                                  "input); None = L/2")
     site_m: Int = Field(o.SITE_M, ge=1, le=10_000, description="SITE: few-shot prompts of the task embedding")
     site_shots: Int = Field(o.SITE_SHOTS, ge=0, description="SITE: demonstrations per embedding prompt")
     site_steps: Int = Field(o.SITE_STEPS, ge=0, le=100_000, description="SITE: training steps")

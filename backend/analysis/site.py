@@ -9,7 +9,7 @@ generation with the KV cache (the injection in the prefill only), the answer cut
 newline; first-token accuracy, label accuracy, TR ratio, exact match.
 
 Besides: baselines (zero-shot, k-shot ICL where the context fits, the function vector and the vanilla task vector
-at the middle layer as on the Steering page, every alpha = 1, the cached LTV), top-k / bottom-k patching by alpha,
+at the input of the middle layer as on the Steering page, every alpha = 1, the cached LTV), top-k / bottom-k patching by alpha,
 the budget curve over M (a SITE run per M, through the cache), and rank correlations of alpha with the TR, TL and
 induction maps (and the LTV's key-head saliency, when cached). The alphas and t are saved as safetensors.
 """
@@ -148,10 +148,11 @@ def _baselines(ctx: Context, p: SiteParams, enc: dict[str, Any], t: torch.Tensor
                     out[v] = {"label": _LABELS[v], "note": "not available for this task"}
                     continue
                 vec = vector_at(r.vectors[v].vector, layer)
-                hooks = lambda b, vec=vec: hooked(lm, inject={layer: vec}, last=b.last, prefill_only=True)  # noqa: E731
+                hooks = lambda b, vec=vec: hooked(lm, inject_input={layer: vec}, inject_positions=(-1,),  # noqa: E731
+                                                  last=b.last, prefill_only=True)
                 ev = evaluate_generation(lm, enc["test"], hooks=hooks, **gen)
                 out[v] = {"label": _LABELS[v], "metrics": gen_metrics(ev), "params": d,
-                          "note": f"added at the output of layer {layer}, last token (as on the Steering page)"
+                          "note": f"added at the input of layer {layer}, last token (as on the Steering page)"
                                   + (f"; heads {', '.join(f'L{a}.H{b}' for a, b in r.vectors[v].heads)}"
                                      if r.vectors[v].heads else "")}
         elif name == "all_ones":

@@ -1,8 +1,9 @@
 """Kind `steer`: inject extracted task vectors into zero-shot prompts.
 
-Injection: h[l] <- h[l] + alpha * v at the output of decoder layer l, at the last prompt token of a zero-shot
-prompt (vanilla vectors: their layer-l row). Compared with the same prompts untouched (zero-shot) and with
-k-shot ICL prompts of the same queries.
+Injection: h[l] <- h[l] + alpha * v at the INPUT of decoder layer l (layer 0: the embeddings; the convention of
+every kind, `primitives.layer_inputs`), at the last prompt token of a zero-shot prompt (vanilla vectors: their
+layer-l row, the ICL-minus-zero-shot difference of that same state). Compared with the same prompts untouched
+(zero-shot) and with k-shot ICL prompts of the same queries.
 """
 from __future__ import annotations
 
@@ -14,8 +15,9 @@ from .kernel import Context
 from .params import SteerParams
 from .primitives.batching import build_prompts, encode
 from .primitives.inject import vector_at
+from .primitives.layer_inputs import sweep_at_inputs
 from .primitives.predict import evaluate
-from .primitives.sweep import RowConfig, resolve_layers, sweep_outcomes
+from .primitives.sweep import resolve_layers
 
 
 def steer(ctx: Context, p: SteerParams) -> dict[str, Any]:
@@ -35,10 +37,9 @@ def steer(ctx: Context, p: SteerParams) -> dict[str, Any]:
     icl = evaluate(lm, encode(lm, icl_built.prompts, task.kind), p.batch_size, ctx.stage(0.6, 0.7, "ICL reference"))
     names = list(built.vectors)
     # configuration 0 adds a zero vector: bit-identical to the plain zero-shot pass, in the same sweep
-    configs = [RowConfig(inject={layers[0]: torch.zeros(lm.d_model)})]
-    configs += [RowConfig(inject={l: p.alpha * vector_at(built.vectors[nm].vector, l)}) for nm in names
-                for l in layers]
-    res = sweep_outcomes(lm, zero, configs, batch_size=p.batch_size, progress=ctx.stage(0.7, 1.0, "steering"))
+    configs = [{layers[0]: torch.zeros(lm.d_model)}]
+    configs += [{l: p.alpha * vector_at(built.vectors[nm].vector, l)} for nm in names for l in layers]
+    res = sweep_at_inputs(lm, zero, configs, batch_size=p.batch_size, progress=ctx.stage(0.7, 1.0, "steering"))
     means = res.means()
     out = {}
     for i, nm in enumerate(names):

@@ -6,7 +6,9 @@ where the family has one: `primitives.tsla`)
 Function vector: the same sum over the top heads by causal indirect effect (CIE), where
     CIE(l, h) = mean_prompts [ p(gold | corrupted, z[l,h] <- mean clean z[l,h]) - p(gold | corrupted) ]
     on shuffled-input prompts, patching the last token only.
-Vanilla task vector, per layer l: mean_prompts (h_ICL[l] - h_zero[l]) at the last token, (layers, d_model).
+Vanilla task vector, per layer l: mean_prompts (h_ICL[l] - h_zero[l]) at the last token, (layers, d_model), with
+h[l] the residual stream at the INPUT of decoder layer l (row 0: the embeddings), where every vector "at layer l"
+is added (`primitives.layer_inputs`).
 Vectors come from prompts whose queries and demonstrations are the seed's demonstration pool, so no held-out
 (evaluated) query is ever seen (tasks that build their own prompts: prompts of seed + EXTRACTION_SEED_OFFSET).
 """
@@ -102,9 +104,9 @@ def vectors(ctx: Context, p: VectorsParams) -> dict[str, Any]:
                                       for name, hs in sets.items()}
     if "vanilla" in types:
         zero = encode(lm, task.build_prompts(0, built.n, seed, queries=queries), task.kind)
-        out["vanilla"] = {"vector": capture_means(lm, enc, "hidden", p.batch_size,
+        out["vanilla"] = {"vector": capture_means(lm, enc, "resid", p.batch_size,
                                                   ctx.stage(0.9, 0.95, "vanilla task vector: ICL states"))
-                          - capture_means(lm, zero, "hidden", p.batch_size,
+                          - capture_means(lm, zero, "resid", p.batch_size,
                                           ctx.stage(0.95, 1.0, "vanilla task vector: zero-shot states")), "heads": []}
     order = [t for t in (*p.types, "custom") if t in out]
     return {"d_model": lm.d_model, "shots": built.shots, "vectors": {t: out[t] for t in order}}

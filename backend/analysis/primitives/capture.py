@@ -5,6 +5,8 @@ Sites (all at each row's last prompt token):
     write:  each head's write into the residual stream (`tsla.head_writes`: through a post-attention norm,
             linearised, where the family has one)                     -> (layers, heads, d_model) per prompt
     hidden: each decoder layer's output (optionally through the final norm) -> (layers, d_model) per prompt
+    resid:  the residual stream at each decoder layer's INPUT (row 0: the embeddings; row l: the output of layer
+            l - 1), where every vector "at layer l" is added (`primitives.layer_inputs`) -> (layers, d_model)
 """
 from __future__ import annotations
 
@@ -17,7 +19,7 @@ from ...models import LoadedModel
 from .batching import Batch, Encoded, Progress, forward_last_logits, map_batches
 from .tsla import head_writes
 
-Site = Literal["z", "write", "hidden"]
+Site = Literal["z", "write", "hidden", "resid"]
 
 
 def capture(lm: LoadedModel, enc: Encoded, site: Site, *, reduce: Literal["mean", "rows"] = "mean",
@@ -27,15 +29,16 @@ def capture(lm: LoadedModel, enc: Encoded, site: Site, *, reduce: Literal["mean"
 
     reduce="mean": their mean over prompts, (layers, heads, head_dim) or (layers, d_model), float32 on the
     model's device (summed in float64); reduce="rows": one per prompt, (prompts, ...) float32 on the CPU.
-    `inject` ({layer: (d_model,)}) is added at the output of those layers (last token) while capturing.
+    `inject` ({layer: (d_model,)}) is added at the INPUT of those layers (last token) while capturing.
     """
     shape = {"z": (lm.n_layers, lm.n_heads, lm.head_dim), "write": (lm.n_layers, lm.n_heads, lm.d_model),
-             "hidden": (lm.n_layers, lm.d_model)}[site]
+             "hidden": (lm.n_layers, lm.d_model), "resid": (lm.n_layers, lm.d_model)}[site]
+    states = site in ("hidden", "resid")
     total = torch.zeros(shape, dtype=torch.float64, device=lm.device)
     rows = torch.zeros((len(enc.ids), *shape)) if reduce == "rows" else None
 
     def step(batch: Batch) -> None:
-        with hooked(lm, capture_z=site != "hidden", capture_hidden=site == "hidden", inject=inject,
+        with hooked(lm, capture_z=not states, capture_hidden=states, inject_input=inject, inject_positions=(-1,),
                     last=batch.last) as tr:
             forward_last_logits(lm, batch)
         if site == "z":
@@ -43,6 +46,8 @@ def capture(lm: LoadedModel, enc: Encoded, site: Site, *, reduce: Literal["mean"
         elif site == "write":
             z = tr.z(lm.n_heads).float()
             x = torch.stack([head_writes(z[:, l], lm.w_o(l), tr.write_scale[l]) for l in range(lm.n_layers)], 1)
+        elif site == "resid":
+            x = torch.stack([tr.embed, *tr.hidden[:-1]], 1)  # (batch, layers, d_model): each layer's input
         else:
             x = torch.stack(tr.hidden, 1)  # (batch, layers, d_model)
             if final_norm:
