@@ -112,6 +112,26 @@ def test_one_vanilla_vector_in_steer_ltv_and_site():
     assert "input of layer" in site.baselines["vanilla"].note
 
 
+def test_methods_at_a_fixed_layer_and_at_each_vectors_best_layer():
+    from backend import load_model, load_task
+
+    lm, t = load_model("default"), load_task("syn-antonym")
+    common = dict(shots=2, prompts=10, site_m=4, site_shots=2, site_steps=2)
+    fixed = analyze("methods", lm, t, cache=False, **common)
+    swept = analyze("methods", lm, t, cache=False, sweep=True, **common)
+    steer = analyze("steer", lm, t, cache=False, vectors=["vanilla", "fv", "tr", "tl"], layer="all", shots=2,
+                    prompts=10)
+    mid = lm.n_layers // 2
+    for a, b in zip(fixed.rows, swept.rows):
+        assert a.key == b.key and a.accuracy == b.accuracy  # the fixed layer reads the same either way
+        if a.family == "extracted":
+            acc = steer.vectors[a.key].accuracy
+            assert a.layer == mid and a.best_layer is None and a.accuracy == acc[mid]
+            assert b.best_accuracy == max(acc) and acc[b.best_layer] == max(acc) and b.best_accuracy >= b.accuracy
+    vanilla = next(r for r in swept.rows if r.key == "vanilla")
+    assert vanilla.best_layer == mid + 1 and vanilla.best_accuracy == 1.0 > vanilla.accuracy
+
+
 def test_kinds_whose_site_moved_have_a_new_key():
     assert {k: get_kind(k).version for k in ("vectors", "steer", "geometry", "site", "methods")} == dict.fromkeys(
         ("vectors", "steer", "geometry", "site", "methods"), 1)

@@ -6,6 +6,10 @@ learned task vector (the cached `ltv` result, when there is one, or trained with
 kind with these settings). Each with first-token accuracy, label accuracy, TR ratio, the numbers that define the
 method, how many of them are trained, and the training seconds. All on the same zero-shot test queries (the task's
 held-out query pool, the first `prompts`).
+
+Layers: every vector is compared at one fixed layer (`layer`, default L/2: the input of that decoder layer, as the
+LTV paper compares them); with `sweep`, also at its own best layer (the extracted vectors from a `steer` sweep over
+every layer, the LTV from its cached layer sweep), chosen on the same prompts (an upper bound, said in the note).
 """
 from __future__ import annotations
 
@@ -31,8 +35,10 @@ def methods(ctx: Context, p: MethodsParams) -> dict[str, Any]:
     rows: list[dict[str, Any]] = []
     missing: list[str] = []
 
-    steer = ctx.call("steer", vectors=[k for k, _, _ in EXTRACTED], layer=layer, shots=p.shots, prompts=p.prompts,
-                     seed=p.seed, batch_size=p.batch_size, progress=ctx.stage(0.0, 0.3, "extracted vectors"), warn_prefix="steer: ", **sel)
+    steer = ctx.call("steer", vectors=[k for k, _, _ in EXTRACTED], layer="all" if p.sweep else layer,
+                     shots=p.shots, prompts=p.prompts, seed=p.seed, batch_size=p.batch_size,
+                     progress=ctx.stage(0.0, 0.3, "extracted vectors"), warn_prefix="steer: ", **sel)
+    at = steer.layers.index(layer)
     rows.append({"key": "zero_shot", "name": "0-shot", "family": "reference", **_m(steer.zero_shot), "params": 0,
                  "source": "steer", "note": "no demonstrations, nothing injected"})
     rows.append({"key": "icl", "name": f"{steer.shots}-shot ICL", "family": "reference", **_m(steer.icl), "params": 0,
@@ -42,9 +48,10 @@ def methods(ctx: Context, p: MethodsParams) -> dict[str, Any]:
         if v is None:
             missing.append(f"{name}: not built for this task (see the warnings)")
             continue
-        rows.append({"key": key, "name": name, "family": "extracted", "accuracy": v.accuracy[0],
-                     "label_accuracy": v.label_accuracy[0], "tr_ratio": v.tr_ratio[0], "params": d, "trainable": 0,
-                     "train_seconds": 0.0, "source": "steer",
+        rows.append({"key": key, "name": name, "family": "extracted", "accuracy": v.accuracy[at],
+                     "label_accuracy": v.label_accuracy[at], "tr_ratio": v.tr_ratio[at], "params": d, "trainable": 0,
+                     "train_seconds": 0.0, "source": "steer", "layer": layer,
+                     **(best_of(steer.layers, v.accuracy) if p.sweep else {}),
                      "note": f"{how}; added at layer {layer}'s input, last token; extracted, not trained"})
 
     ltv = _ltv(ctx, p)
@@ -56,9 +63,14 @@ def methods(ctx: Context, p: MethodsParams) -> dict[str, Any]:
             m = ltv.table["ltv"]
             train = next((pl.training for pl in ltv.per_layer if ltv.layer in pl.layers), None)
             n_vec = len(train.layers) if train is not None else 1
+            best = (best_of(ltv.layers, ltv.sweep["ltv"].accuracy) if p.sweep and len(ltv.layers) > 1
+                    and not ltv.joint else {})
+            if p.sweep and not best:
+                missing.append("LTV's best layer: no cached layer sweep (run `ltv --layer all`)")
             rows.append({"key": "ltv", "name": "LTV", "family": "trained", **_m(m), "params": n_vec * d,
                          "trainable": n_vec * d, "train_seconds": train.train_seconds if train is not None else None,
-                         "source": "ltv", "note": f"learned task vector at layer {ltv.layer}'s input"})
+                         "source": "ltv", "layer": ltv.layer, **best,
+                         "note": f"learned task vector at layer {ltv.layer}'s input"})
         except (AttributeError, KeyError, TypeError):
             missing.append("LTV: its cached result has another shape than this view reads")
 
@@ -71,6 +83,13 @@ def methods(ctx: Context, p: MethodsParams) -> dict[str, Any]:
                          f"{L * H} alphas trained, {L * H * lm.head_dim} embedding values extracted"})
     ctx.progress(1.0, "done")
     return {"layer": layer, "shots": steer.shots, "prompts": steer.prompts, "rows": rows, "missing": missing}
+
+
+def best_of(layers: list[int], accuracy: list[float]) -> dict[str, Any]:
+    """{"best_layer", "best_accuracy"}: the first layer of the highest accuracy (an upper bound: chosen on the
+    prompts it is measured on)."""
+    i = max(range(len(layers)), key=lambda j: (accuracy[j], -j))
+    return {"best_layer": int(layers[i]), "best_accuracy": float(accuracy[i])}
 
 
 def _m(m: Any) -> dict[str, Any]:

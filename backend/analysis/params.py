@@ -464,3 +464,6 @@ class MethodsParams(Selection, PromptParams):
     site_shots: Int = Field(o.SITE_SHOTS, ge=0, description="SITE: demonstrations per embedding prompt")
     site_steps: Int = Field(o.SITE_STEPS, ge=0, le=100_000, description="SITE: training steps")
     ltv: Bool = Field(False, description="train the LTV when no cached result is found (else it is left out)")
+    sweep: Bool = Field(False, description="also each extracted vector's best layer over every layer (a `steer` "
+                                           "sweep) and the LTV's (when its layer sweep is cached); chosen on the "
+                                           "same prompts, so an upper bound")

@@ -637,6 +637,10 @@ class MethodRow(Model):
     train_seconds: float | None = None
     source: str = Field("", description="the analysis kind the numbers come from")
     note: str = ""
+    layer: int | None = Field(None, description="the decoder layer whose input the vector is added to (vectors)")
+    best_layer: int | None = Field(None, description="with `sweep`: the layer of the best accuracy over the sweep")
+    best_accuracy: float | None = Field(None, description="with `sweep`: the accuracy there (chosen on these "
+                                                          "prompts: an upper bound)")
 
 
 class MethodsResult(Result):
