@@ -1,0 +1,218 @@
+"""SITE on a real model (a section of bench/real_findings.py): SITE against 10-shot ICL, top-alpha against
+bottom-alpha (and random) patching, and transfer between similar and dissimilar tasks.
+
+Per task (seed 0, `--site-prompts` held-out test queries): the `site` kind with its recipe (M = 50 prompts of 10
+shots, 400 Adam steps at lr 0.2), its baselines (0-shot, 8- and 10-shot ICL, the function and vanilla task vectors at
+the middle layer's input, every alpha = 1), top-k / bottom-k patching by alpha at k = 1, 2, 4, 8, 16 and 10%, 25%,
+50% of the heads, and rank correlations of alpha with the TR, TL and induction maps. Besides, from the saved alphas
+and task embedding: random-k patching (3 draws) and the top-k heads at their own trained alpha (not 1), to tell the
+ranking from the size of the injection. Transfer: `site_transfer` over the built-in tasks.
+"""
+from __future__ import annotations
+
+import random
+from typing import Any, Callable
+
+import numpy as np
+
+from .common import pct, verdict
+
+PAPER = "SITE"
+GROUPS = {"sentiment": "classification", "topic": "classification", "antonym": "word transform",
+          "english-french": "word transform", "present-past": "word transform", "country-capital": "fact recall",
+          "syn-sentiment": "classification", "syn-antonym": "word transform"}  # the last two: the smoke run's
+"""Similarity groups of the transfer, fixed before any result: tasks of one group are 'similar'."""
+RANDOM_DRAWS = 3
+
+
+def patch_ks(lm: Any) -> list[int]:
+    total = lm.n_layers * lm.n_heads
+    return sorted({min(k, total) for k in (1, 2, 4, 8, 16)} | {max(1, round(total * f)) for f in (0.1, 0.25, 0.5)})
+
+
+def plan(a: Any, tasks: list) -> str:
+    t = [n for n in GROUPS if n in dict(tasks)]
+    return (f"{len(tasks)} site runs ({a.site_prompts} test prompts, seed 0; patching, correlations), random-k "
+            f"patching, then site_transfer over {len(t)} built-in tasks ({', '.join(t)})")
+
+
+def measure(lm: Any, tasks: list, a: Any, log: Callable[[str], None]) -> dict[str, Any]:
+    from backend.analysis.kernel import analyze
+
+    ks = patch_ks(lm)
+    rows = {}
+    for name, task in tasks:
+        r = analyze("site", lm, task, prompts=a.site_prompts, seed=0, patching=ks, budget=[],
+                    compare=["zero_shot", "icl", "fv", "vanilla", "all_ones"], correlations=["tr", "tl", "induction"],
+                    **a.site_recipe)
+        b = r.baselines
+        get = lambda k, m: None if k not in b or b[k].metrics is None else getattr(b[k].metrics, m)  # noqa: E731
+        alpha = np.asarray(r.alpha, float)
+        extra = _extra_patching(lm, task, r, ks, a.site_prompts)
+        rows[name] = {
+            "kind": task.kind, "n": r.site.n, "shots": r.shots,
+            "methods": {k: {"accuracy": get(k, "accuracy"), "exact_match": get(k, "exact_match")}
+                        for k in ("zero_shot", "icl_8", "icl_10", "fv", "vanilla", "all_ones")}
+            | {"site": {"accuracy": r.site.accuracy, "exact_match": r.site.exact_match},
+               "site_hard": {"accuracy": r.site_hard.accuracy, "exact_match": r.site_hard.exact_match}},
+            "patching": {"ks": r.patching.ks, "top": r.patching.top.accuracy, "bottom": r.patching.bottom.accuracy,
+                         **extra},
+            "alpha": {"decided": r.decisive["decided"], "over_half": float((alpha > 0.5).mean()),
+                      "max": float(alpha.max()), "min": float(alpha.min()), "mean": float(alpha.mean()),
+                      "top_layers": sorted({int(l) for l, _ in r.patching.top.heads[:16]})},
+            "correlations": {k: v.spearman for k, v in r.correlations.items()},
+            "best_step": r.best_step, "train_seconds": r.train_seconds}
+        log(f"{name}: SITE {r.site.accuracy:.2f} (EM {r.site.exact_match:.2f}), ICL10 {get('icl_10', 'accuracy')}")
+    names = [n for n in GROUPS if n in dict(tasks)]
+    transfer = None
+    if len(names) >= 2:
+        tr = analyze("site_transfer", lm, None, tasks=names, prompts=a.site_prompts, seed=0,
+                     **a.site_recipe)
+        transfer = {"tasks": tr.tasks, "accuracy": tr.accuracy, "accuracy_top_k": tr.accuracy_top_k,
+                    "top_k": tr.top_k, "zero_shot": tr.zero_shot, "summary": tr.summary}
+        log("transfer: done")
+    return {"ks": ks, "heads": lm.n_layers * lm.n_heads, "rows": rows, "transfer": transfer}
+
+
+def _extra_patching(lm: Any, task: Any, r: Any, ks: list[int], prompts: int) -> dict[str, Any]:
+    """Random-k patching (mean of RANDOM_DRAWS draws) and top-k at the trained alphas, from the saved alphas and
+    task embedding; and whether the sweep engine's top-k patching equals the SITE hooks' (max |delta accuracy|)."""
+    import torch
+
+    from backend.analysis.primitives.batching import encode
+    from backend.analysis.primitives.soft_select import hard_alpha, load_site, ranked_heads, site_data, soft_logits
+    from backend.analysis.primitives.sweep import RowConfig, sweep_outcomes
+
+    alpha, t, _ = load_site(r.path, lm)
+    alpha = alpha.float().cpu()
+    enc = encode(lm, site_data(lm, task, m=1, shots=0, val_prompts=1, test_prompts=prompts, seed=0).test, task.kind)
+    L, H = lm.n_layers, lm.n_heads
+    heads = [(l, h) for l in range(L) for h in range(H)]
+    order = ranked_heads(alpha.numpy())
+    configs = []
+    for k in ks:
+        for d in range(RANDOM_DRAWS):
+            configs.append(RowConfig(mask=1.0 - hard_alpha(lm, random.Random(f"site-random-{k}-{d}").sample(heads, k)),
+                                     positions="last"))
+    for k in ks:
+        soft = torch.zeros(L, H)
+        for l, h in order[:k]:
+            soft[l, h] = alpha[l, h]
+        configs.append(RowConfig(mask=1.0 - soft, positions="last"))
+    res = sweep_outcomes(lm, enc, configs, fill=t.float(), batch_size=32)
+    acc = res.means()["accuracy"]
+    n = len(ks)
+    rand = acc[: n * RANDOM_DRAWS].reshape(n, RANDOM_DRAWS)
+    # the same top-k patching through the SITE hooks (full passes), at the largest k and at 4
+    gold = torch.tensor([enc.label_ids[i][enc.gold[i]] for i in range(len(enc.ids))])
+    check = {}
+    for k in sorted({min(4, ks[-1]), ks[-1]}):
+        logits = soft_logits(lm, enc, hard_alpha(lm, order[:k]), t.float())
+        check[k] = float((logits.argmax(-1) == gold).float().mean())
+    return {"random": rand.mean(1).tolist(), "random_std": rand.std(1).tolist(), "top_soft": acc[n * RANDOM_DRAWS:].tolist(),
+            "hooks_check": check}
+
+
+def _groups_transfer(tr: dict) -> tuple[float | None, float | None, float | None, float | None]:
+    names = tr["tasks"]
+    acc, acck = np.asarray(tr["accuracy"]), np.asarray(tr["accuracy_top_k"])
+    same = [(i, j) for i in range(len(names)) for j in range(len(names)) if i != j
+            and GROUPS[names[i]] == GROUPS[names[j]]]
+    diff = [(i, j) for i in range(len(names)) for j in range(len(names)) if GROUPS[names[i]] != GROUPS[names[j]]]
+    m = lambda x, ij: float(np.mean([x[i, j] for i, j in ij])) if ij else None  # noqa: E731
+    return m(acc, same), m(acc, diff), m(acck, same), m(acck, diff)
+
+
+def _at(ks: list[int], curve: list[float], k: int) -> float:
+    return curve[ks.index(k)]
+
+
+def summary(models: dict, a: dict) -> list[dict[str, Any]]:
+    r_icl, r_patch, r_tr = {}, {}, {}
+    for m, e in models.items():
+        res = e.get("site")
+        if not res:
+            continue
+        rows = res["rows"]
+        n = len(rows)
+        d_em = [x["methods"]["site"]["exact_match"] - x["methods"]["icl_10"]["exact_match"] for x in rows.values()
+                if x["methods"]["icl_10"]["exact_match"] is not None]
+        wins = sum(d > 0 for d in d_em)
+        r_icl[m] = (f"{verdict(wins, len(d_em))}: {np.mean(d_em) * 100:+.1f} points exact match (SITE above ICL on "
+                    f"{wins}/{len(d_em)})")
+        k10 = max(1, round(res["heads"] * 0.1))
+        ok = 0
+        tops, bots = [], []
+        for x in rows.values():
+            p = x["patching"]
+            top, bot, rnd = (_at(p["ks"], p[c], k10) for c in ("top", "bottom", "random"))
+            tops.append(top)
+            bots.append(bot)
+            ok += top >= bot + 0.1 and top > rnd
+        r_patch[m] = (f"{verdict(ok, n)}: k = {k10} (10%): top {pct(np.mean(tops))} vs bottom {pct(np.mean(bots))} "
+                      f"(holds on {ok}/{n})")
+        tr = res.get("transfer")
+        if tr:
+            s, d, sk, dk = _groups_transfer(tr)
+            holds = (s is not None and d is not None and s > d) + (sk is not None and dk is not None and sk > dk)
+            r_tr[m] = (f"{'holds' if holds == 2 else 'partly' if holds else 'does not hold'}: soft alphas "
+                       f"{pct(s)} similar vs {pct(d)} dissimilar; top-{tr['top_k']} {pct(sk)} vs {pct(dk)}")
+    return [
+        {"paper": PAPER, "finding": "SITE against 10-shot ICL", "paper_figure": "+13.26 points (FV tasks, the paper's "
+         "mean over 12 LLMs of 4-70B; exact match)", "ours": r_icl},
+        {"paper": PAPER, "finding": "top-alpha vs bottom-alpha patching", "paper_figure": "57.3 vs 6.2 (%)",
+         "ours": r_patch},
+        {"paper": PAPER, "finding": "transfer: similar tasks transfer, dissimilar ones do not",
+         "paper_figure": "qualitative (heatmaps)", "ours": r_tr},
+    ]
+
+
+def render(models: dict, a: dict) -> list[str]:
+    out = ["## SITE: soft head selection", "",
+           f"Seed 0, {a['site_prompts']} held-out test queries per task (zero-shot prompts), the `site` kind's recipe "
+           "(M = 50 prompts of 10 shots for the task embedding, 400 Adam steps at lr 0.2, beta2 0.999, the best "
+           "validation alphas kept" + (f"; here {a['site_recipe']}" if a.get("site_recipe") else "") + "). Accuracy "
+           "(first token) / exact match, %. Vectors at the middle layer's input.", ""]
+    for m, e in models.items():
+        res = e.get("site")
+        if not res:
+            continue
+        rows = res["rows"]
+        cols = ("zero_shot", "icl_8", "icl_10", "fv", "vanilla", "all_ones", "site", "site_hard")
+        out += [f"### `{m}` ({e['shape']})", "", "| task | " + " | ".join(cols) + " | SITE - ICL10 (EM) |",
+                "|---|" + "---|" * (len(cols) + 1)]
+        for t, x in rows.items():
+            me = x["methods"]
+            d = (None if me["icl_10"]["exact_match"] is None else me["site"]["exact_match"] - me["icl_10"]["exact_match"])
+            out.append(f"| {t} | " + " | ".join(f"{pct(me[c]['accuracy'])} / {pct(me[c]['exact_match'])}" for c in cols)
+                       + f" | {'n/a' if d is None else f'{100 * d:+.0f}'} |")
+        ks = res["ks"]
+        out += ["", "Patching: t injected outright (alpha = 1) at the top-k / bottom-k heads by alpha, at k random heads "
+                f"(mean of {RANDOM_DRAWS}), and at the top-k heads with their own trained alpha (accuracy %). Alphas: "
+                "share decided (< 0.1 or > 0.9), share > 0.5, max.", "",
+                "| task | " + " | ".join(f"k={k}: top / bottom / random / top at alpha" for k in ks)
+                + " | alphas | hooks check |", "|---|" + "---|" * (len(ks) + 2)]
+        for t, x in rows.items():
+            p, al = x["patching"], x["alpha"]
+            out.append(f"| {t} | " + " | ".join(f"{pct(p['top'][i])} / {pct(p['bottom'][i])} / {pct(p['random'][i])}"
+                                                f" / {pct(p['top_soft'][i])}" for i in range(len(ks)))
+                       + f" | {al['decided']:.2f}, {al['over_half']:.2f}, {al['max']:.2f} | "
+                       + ", ".join(f"k={k}: {pct(v)}" for k, v in p["hooks_check"].items()) + " |")
+        out += ["", "Rank correlation (Spearman) of alpha with the head maps: "
+                + "; ".join(f"{t}: " + ", ".join(f"{k} {v:+.2f}" for k, v in x["correlations"].items() if v is not None)
+                            for t, x in rows.items()) + ".", ""]
+        tr = res.get("transfer")
+        if tr:
+            names = tr["tasks"]
+            out += [f"Transfer (task A's alphas, B's embedding, on B; accuracy %; groups: "
+                    + ", ".join(f"{n} = {GROUPS[n]}" for n in names) + "):", "",
+                    "| A \\ B | " + " | ".join(names) + " |", "|---|" + "---|" * len(names)]
+            for i, n in enumerate(names):
+                out.append(f"| {n} | " + " | ".join(f"{pct(tr['accuracy'][i][j])} ({pct(tr['accuracy_top_k'][i][j])})"
+                                                    for j in range(len(names))) + " |")
+            s, d, sk, dk = _groups_transfer(tr)
+            out += ["", f"In brackets: only A's top-{tr['top_k']} heads, alpha = 1. Zero-shot on B: "
+                    + ", ".join(f"{n} {pct(z)}" for n, z in zip(names, tr["zero_shot"]))
+                    + f". Similar pairs {pct(s)} vs dissimilar {pct(d)} (top-{tr['top_k']}: {pct(sk)} vs {pct(dk)}).",
+                    ""]
+    return out
