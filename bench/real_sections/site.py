@@ -2,11 +2,11 @@
 bottom-alpha (and random) patching, and transfer between similar and dissimilar tasks.
 
 Per task (seed 0, `--site-prompts` held-out test queries): the `site` kind with its recipe (M = 50 prompts of 10
-shots, 400 Adam steps at lr 0.2), its baselines (0-shot, 8- and 10-shot ICL, the function and vanilla task vectors at
-the middle layer's input, every alpha = 1), top-k / bottom-k patching by alpha at k = 1, 2, 4, 8, 16 and 10%, 25%,
-50% of the heads, and rank correlations of alpha with the TR, TL and induction maps. Besides, from the saved alphas
-and task embedding: random-k patching (3 draws) and the top-k heads at their own trained alpha (not 1), to tell the
-ranking from the size of the injection. Transfer: `site_transfer` over the built-in tasks.
+shots, 400 Adam steps at lr 0.2), its baselines (0-shot, 10-shot ICL, the function and vanilla task vectors at the middle
+layer's input, every alpha = 1), top-k / bottom-k patching by alpha at k = 1, 2, 4, 8, 16 and 10%, 25%, 50% of the
+heads (8-shot ICL and the correlations with the head maps left out for the CPU budget). Besides, from the saved
+alphas and task embedding: random-k patching (3 draws), the top-k heads at their own trained alpha (not 1), to tell
+the ranking from the size of the injection, and k = the heads SITE switched on (alpha > 0.5): top, bottom, random. Transfer: `site_transfer` over the built-in tasks.
 """
 from __future__ import annotations
 
@@ -32,7 +32,7 @@ def patch_ks(lm: Any) -> list[int]:
 
 def plan(a: Any, tasks: list) -> str:
     t = [n for n in GROUPS if n in dict(tasks)]
-    return (f"{len(tasks)} site runs ({a.site_prompts} test prompts, seed 0; patching, correlations), random-k "
+    return (f"{len(tasks)} site runs ({a.site_prompts} test prompts, seed 0; patching), random-k "
             f"patching, then site_transfer over {len(t)} built-in tasks ({', '.join(t)})")
 
 
@@ -43,7 +43,7 @@ def measure(lm: Any, tasks: list, a: Any, log: Callable[[str], None]) -> dict[st
     rows = {}
     for name, task in tasks:
         r = analyze("site", lm, task, prompts=a.site_prompts, seed=0, patching=ks, budget=[],
-                    compare=["zero_shot", "icl", "fv", "vanilla", "all_ones"], correlations=["tr", "tl", "induction"],
+                    compare=["zero_shot", "icl", "fv", "vanilla", "all_ones"], icl_shots=[10], correlations=[],
                     **a.site_recipe)
         b = r.baselines
         get = lambda k, m: None if k not in b or b[k].metrics is None else getattr(b[k].metrics, m)  # noqa: E731
@@ -52,7 +52,7 @@ def measure(lm: Any, tasks: list, a: Any, log: Callable[[str], None]) -> dict[st
         rows[name] = {
             "kind": task.kind, "n": r.site.n, "shots": r.shots,
             "methods": {k: {"accuracy": get(k, "accuracy"), "exact_match": get(k, "exact_match")}
-                        for k in ("zero_shot", "icl_8", "icl_10", "fv", "vanilla", "all_ones")}
+                        for k in ("zero_shot", "icl_10", "fv", "vanilla", "all_ones")}
             | {"site": {"accuracy": r.site.accuracy, "exact_match": r.site.exact_match},
                "site_hard": {"accuracy": r.site_hard.accuracy, "exact_match": r.site_hard.exact_match}},
             "patching": {"ks": r.patching.ks, "top": r.patching.top.accuracy, "bottom": r.patching.bottom.accuracy,
@@ -60,7 +60,6 @@ def measure(lm: Any, tasks: list, a: Any, log: Callable[[str], None]) -> dict[st
             "alpha": {"decided": r.decisive["decided"], "over_half": float((alpha > 0.5).mean()),
                       "max": float(alpha.max()), "min": float(alpha.min()), "mean": float(alpha.mean()),
                       "top_layers": sorted({int(l) for l, _ in r.patching.top.heads[:16]})},
-            "correlations": {k: v.spearman for k, v in r.correlations.items()},
             "best_step": r.best_step, "train_seconds": r.train_seconds}
         log(f"{name}: SITE {r.site.accuracy:.2f} (EM {r.site.exact_match:.2f}), ICL10 {get('icl_10', 'accuracy')}")
     names = [n for n in GROUPS if n in dict(tasks)]
@@ -99,9 +98,16 @@ def _extra_patching(lm: Any, task: Any, r: Any, ks: list[int], prompts: int) -> 
         for l, h in order[:k]:
             soft[l, h] = alpha[l, h]
         configs.append(RowConfig(mask=1.0 - soft, positions="last"))
+    # k = the heads SITE switched on (alpha > 0.5): those, as many of the lowest, as many random ones
+    on = int((alpha > 0.5).sum())
+    sets = [order[:on], order[::-1][:on]] + [random.Random(f"site-random-on-{d}").sample(heads, on)
+                                              for d in range(RANDOM_DRAWS)]
+    configs += [RowConfig(mask=1.0 - hard_alpha(lm, s), positions="last") for s in sets]
     res = sweep_outcomes(lm, enc, configs, fill=t.float(), batch_size=32)
     acc = res.means()["accuracy"]
     n = len(ks)
+    at_on = acc[n * (RANDOM_DRAWS + 1):]
+    acc = acc[: n * (RANDOM_DRAWS + 1)]
     rand = acc[: n * RANDOM_DRAWS].reshape(n, RANDOM_DRAWS)
     # the same top-k patching through the SITE hooks (full passes), at the largest k and at 4
     gold = torch.tensor([enc.label_ids[i][enc.gold[i]] for i in range(len(enc.ids))])
@@ -110,7 +116,9 @@ def _extra_patching(lm: Any, task: Any, r: Any, ks: list[int], prompts: int) -> 
         logits = soft_logits(lm, enc, hard_alpha(lm, order[:k]), t.float())
         check[k] = float((logits.argmax(-1) == gold).float().mean())
     return {"random": rand.mean(1).tolist(), "random_std": rand.std(1).tolist(), "top_soft": acc[n * RANDOM_DRAWS:].tolist(),
-            "hooks_check": check}
+            "hooks_check": check, "on": {"k": on, "top": float(at_on[0]), "bottom": float(at_on[1]),
+                                         "random": float(at_on[2:].mean()),
+                                         "saturated": int((alpha > 0.99).sum())}}
 
 
 def _groups_transfer(tr: dict) -> tuple[float | None, float | None, float | None, float | None]:
@@ -178,7 +186,7 @@ def render(models: dict, a: dict) -> list[str]:
         if not res:
             continue
         rows = res["rows"]
-        cols = ("zero_shot", "icl_8", "icl_10", "fv", "vanilla", "all_ones", "site", "site_hard")
+        cols = ("zero_shot", "icl_10", "fv", "vanilla", "all_ones", "site", "site_hard")
         out += [f"### `{m}` ({e['shape']})", "", "| task | " + " | ".join(cols) + " | SITE - ICL10 (EM) |",
                 "|---|" + "---|" * (len(cols) + 1)]
         for t, x in rows.items():
@@ -191,16 +199,17 @@ def render(models: dict, a: dict) -> list[str]:
                 f"(mean of {RANDOM_DRAWS}), and at the top-k heads with their own trained alpha (accuracy %). Alphas: "
                 "share decided (< 0.1 or > 0.9), share > 0.5, max.", "",
                 "| task | " + " | ".join(f"k={k}: top / bottom / random / top at alpha" for k in ks)
-                + " | alphas | hooks check |", "|---|" + "---|" * (len(ks) + 2)]
+                + " | k = heads with alpha > 0.5: top / bottom / random | alphas | hooks check |",
+                "|---|" + "---|" * (len(ks) + 3)]
         for t, x in rows.items():
             p, al = x["patching"], x["alpha"]
             out.append(f"| {t} | " + " | ".join(f"{pct(p['top'][i])} / {pct(p['bottom'][i])} / {pct(p['random'][i])}"
                                                 f" / {pct(p['top_soft'][i])}" for i in range(len(ks)))
+                       + f" | k={p['on']['k']} ({p['on']['saturated']} at alpha > 0.99): {pct(p['on']['top'])} / "
+                       f"{pct(p['on']['bottom'])} / {pct(p['on']['random'])}"
                        + f" | {al['decided']:.2f}, {al['over_half']:.2f}, {al['max']:.2f} | "
                        + ", ".join(f"k={k}: {pct(v)}" for k, v in p["hooks_check"].items()) + " |")
-        out += ["", "Rank correlation (Spearman) of alpha with the head maps: "
-                + "; ".join(f"{t}: " + ", ".join(f"{k} {v:+.2f}" for k, v in x["correlations"].items() if v is not None)
-                            for t, x in rows.items()) + ".", ""]
+        out.append("")
         tr = res.get("transfer")
         if tr:
             names = tr["tasks"]
