@@ -150,15 +150,19 @@ def summary(models: dict, a: dict) -> list[dict[str, Any]]:
                     f"{wins}/{len(d_em)})")
         k10 = max(1, round(res["heads"] * 0.1))
         ok = 0
-        tops, bots = [], []
+        tops, bots, on_t, on_b, on_k = [], [], [], [], []
         for x in rows.values():
             p = x["patching"]
             top, bot, rnd = (_at(p["ks"], p[c], k10) for c in ("top", "bottom", "random"))
             tops.append(top)
             bots.append(bot)
+            on_t.append(p["on"]["top"])
+            on_b.append(p["on"]["bottom"])
+            on_k.append(p["on"]["k"])
             ok += top >= bot + 0.1 and top > rnd
         r_patch[m] = (f"{verdict(ok, n)}: k = {k10} (10%): top {pct(np.mean(tops))} vs bottom {pct(np.mean(bots))} "
-                      f"(holds on {ok}/{n})")
+                      f"(holds on {ok}/{n}); at k = the heads SITE turned on ({min(on_k)}-{max(on_k)}): top "
+                      f"{pct(np.mean(on_t))} vs bottom {pct(np.mean(on_b))}")
         tr = res.get("transfer")
         if tr:
             s, d, sk, dk = _groups_transfer(tr)
@@ -173,6 +177,43 @@ def summary(models: dict, a: dict) -> list[dict[str, Any]]:
         {"paper": PAPER, "finding": "transfer: similar tasks transfer, dissimilar ones do not",
          "paper_figure": "qualitative (heatmaps)", "ours": r_tr},
     ]
+
+
+REFERENCE = """**Top-alpha patching at small k: the implementation against the reference (SNU-DRL/Soft_Injection).** The
+reference's code holds the injection and the training, not the patching experiment (no top/bottom-k script in
+`eval.py` / `utils.py`), so the comparison is of how it injects: the task embedding is the mean of each head's
+output-projection input at the last token over 50 prompts of 10 demonstrations drawn from the training split (ours:
+the same); the injection replaces z at the last prompt token, in the prefill only, by (1 - alpha) z + alpha t at
+every o_proj (ours: the same, through the head mask with a fill); prompts are `Q: x\nA: y\n\n` demonstrations
+and zero-shot `Q: x\nA:` queries (ours: the same template); alphas = sigmoid(logits) from 0, Adam lr 0.2, 400
+steps of one zero-shot training prompt, validation every 50 steps (ours: the same). Patching at alpha = 1 on the top
+/ bottom heads by alpha is that injection with alpha in {0, 1}; `tests/test_site_patching.py` checks that the
+kind's curves equal the soft-injection hooks run as full passes (gold probabilities within 1e-4), and the "hooks
+check" column above repeats it on the real model."""
+
+
+def explain(models: dict) -> list[str]:
+    """The numbers behind the top-alpha patching question, per model, on present-past when measured."""
+    out = [REFERENCE, ""]
+    for m, e in models.items():
+        rows = (e.get("site") or {}).get("rows") or {}
+        x = rows.get("present-past")
+        if not x:
+            continue
+        p, ks = x["patching"], x["patching"]["ks"]
+        small = ", ".join(f"k = {k}: {pct(p['top'][ks.index(k)])} / {pct(p['bottom'][ks.index(k)])}"
+                          for k in (4, 16) if k in ks)
+        big = ", ".join(f"k = {k}: {pct(p['top'][i])} / {pct(p['bottom'][i])} / {pct(p['random'][i])}"
+                        for i, k in enumerate(ks) if k > 16)
+        on = p["on"]
+        out.append(f"On `{m}`, present-past: SITE {pct(x['methods']['site']['accuracy'])}% (10-shot ICL "
+                   f"{pct(x['methods']['icl_10']['accuracy'])}%); top / bottom patching {small}; {big} (top / bottom / "
+                   f"random). SITE switched on {on['k']} of the {e['site']['heads']} heads (alpha > 0.5; "
+                   f"{on['saturated']} above 0.99, so the order among the top ones is set by differences in the third "
+                   f"decimal): those heads at alpha = 1 give {pct(on['top'])}%, as many of the lowest {pct(on['bottom'])}%, "
+                   f"as many random ones {pct(on['random'])}%.")
+    out.append("")
+    return out
 
 
 def render(models: dict, a: dict) -> list[str]:
@@ -224,4 +265,4 @@ def render(models: dict, a: dict) -> list[str]:
                     + ", ".join(f"{n} {pct(z)}" for n, z in zip(names, tr["zero_shot"]))
                     + f". Similar pairs {pct(s)} vs dissimilar {pct(d)} (top-{tr['top_k']}: {pct(sk)} vs {pct(dk)}).",
                     ""]
-    return out
+    return out + explain(models)
