@@ -123,7 +123,7 @@ def main() -> None:
     for name, label in zip(models, labels):
         lm = load_model(name)
         entry = {"label": label, "name": name, "shape": f"{lm.n_layers} layers x {lm.n_heads} heads "
-                 f"({lm.n_kv_heads} KV), d_model {lm.d_model}", "device": str(lm.device)}
+                 f"({lm.n_kv_heads} KV), d_model {lm.d_model}", "device": str(lm.device), "_args_shots": a.shots}
         for s in sections:
             t1 = time.time()
             entry[s] = runners[s].measure(lm, tasks, a, log=lambda m: print(f"[{label} {s}] {m}", file=sys.stderr,
@@ -187,7 +187,54 @@ def render(data: dict, sections: list[str]) -> str:
     out.append("")
     for s in sections:
         out += runners[s].render(models, a)
+    out += defaults_section(models)
     return "\n".join(out) + "\n"
+
+
+DEFAULTS_RULE = """The dashboard's starting settings per model (`backend/model_defaults.py`), by a rule fixed before the
+results: the task is the built-in task with the largest 0-shot -> k-shot accuracy gain among those whose TR ratio
+rises by at least 0.2 (TSLA section); shots = the measured k; top-k = the ablation k (3% or 10% of the heads) at which
+F1 and F2 hold on the most tasks (ties: the smaller); the ablation curve runs to 10% of the heads; the Steering
+page's layer is the layer where the vanilla task vector is best on that task (seed 0, checked on seed 1; LTV section);
+the LTV page's layer is the LTV's best measured layer on that task (else the middle layer)."""
+
+
+def choose_defaults(entry: dict) -> dict:
+    """The rule above, applied to one model's measurements (whatever sections were run)."""
+    from backend.tasks.registry import builtin_tasks
+
+    known = builtin_tasks()
+    out: dict = {}
+    tsla = entry.get("tsla")
+    if tsla:
+        rows = {t: r for t, r in tsla["rows"].items() if t in known}
+        ok = {t: r for t, r in rows.items() if r["icl"]["tr_ratio"][1] - r["icl"]["tr_ratio"][0] >= 0.2} or rows
+        out["task"] = max(ok, key=lambda t: (ok[t]["icl"]["accuracy"][1] - ok[t]["icl"]["accuracy"][0], t))
+        out["shots"] = entry["_args_shots"]
+        from real_sections.tsla import _f1, _f2
+
+        score = {}
+        for j, k in enumerate(next(iter(tsla["rows"].values()))["ks"]):
+            if j:
+                score[k] = sum(_f1(r, j)[0] + _f2(r, j) for r in tsla["rows"].values())
+        out["top_k"] = max(score, key=lambda k: (score[k], -k)) if score else None
+        out["kmax"] = tsla["k10"]
+    ltv = entry.get("ltv")
+    task = out.get("task")
+    if ltv and task in ltv["rows"]:
+        x = ltv["rows"][task]
+        out["sg_layer"] = x["extracted"]["vanilla"]["best_layer"] if "vanilla" in x["extracted"] else ltv["mid"]
+        pl = x["per_layer"]
+        out["ltv_layer"] = int(max(pl, key=lambda l: (pl[l]["ltv"], -int(l)))) if pl else ltv["mid"]
+    return out
+
+
+def defaults_section(models: dict) -> list[str]:
+    out = ["## Dashboard defaults", "", DEFAULTS_RULE, "", "| model | chosen |", "|---|---|"]
+    for m, e in models.items():
+        d = choose_defaults(e)
+        out.append(f"| `{m}` | " + (", ".join(f"{k} = {v}" for k, v in d.items()) or "nothing measured") + " |")
+    return out + [""]
 
 
 if __name__ == "__main__":
