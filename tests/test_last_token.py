@@ -214,3 +214,24 @@ def test_ltv_kind_fast_paths_equal_the_full_pass_reference(gpt2_tokenizer, monke
     assert a.ov.final == b.ov.final and a.propagation.surrogate == b.propagation.surrogate
     assert a.propagation.rotation == pytest.approx(b.propagation.rotation, abs=1e-5)
     assert a.propagation.stretch == pytest.approx(b.propagation.stretch, rel=1e-4)
+
+
+@pytest.mark.parametrize("arch", ["llama", "gemma3_text"])
+def test_training_steps_over_kept_prefixes_equal_full_passes(arch, gpt2_tokenizer, monkeypatch):
+    """A training at the last token (one token step per prompt over its kept prefix) gives the full passes' losses,
+    held-out scores and vector; also for two layers trained jointly."""
+    from backend.analysis.primitives import learn as LE
+
+    lm, task = _lm(arch, gpt2_tokenizer), _task()
+    train, val = (encode(lm, task.build_prompts(0, n, s), task.kind) for n, s in ((12, 0), (4, 1)))
+    recipe = LE.Recipe(epochs=2, batch_size=3, lr=5e-2, patience=5)
+    for layers in ([1], [1, 2]):
+        fast = LE.train_injection(lm, layers, (-1,), train, val, recipe)
+        with monkeypatch.context() as m:
+            m.setattr(LE, "clean_prefixes", lambda *a, **k: None)  # the reference: full passes
+            ref = LE.train_injection(lm, layers, (-1,), train, val, recipe)
+        np.testing.assert_allclose(fast.loss, ref.loss, rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(fast.val_loss, ref.val_loss, rtol=1e-5, atol=1e-5)
+        assert fast.val_accuracy == ref.val_accuracy
+        for l in layers:
+            assert torch.allclose(fast.vectors[l], ref.vectors[l], atol=1e-5)

@@ -1,13 +1,14 @@
 """Progress tells the truth: a long kind's bar moves with the work done (not the number of stages), so the time
-left a bar extrapolates from it holds. Work is counted as tokens through each layer's output projection (a pass
-under autograd, followed by its backward, as 3); no clocks."""
+left a bar extrapolates from it holds. The work is what actually ran, counted in the estimate's units
+(`primitives.stages`): at each layer's output projection its tokens plus a pass's weight-reading cost, at the
+unembedding its rows of logits; a pass under autograd (followed by its backward) as 3. No clocks."""
 from __future__ import annotations
 
 import torch
 import transformers as T
 
 from backend.analysis.kernel import analyze
-from backend.analysis.primitives.stages import spans
+from backend.analysis.primitives.stages import OVERHEAD_TOKENS, spans, unembed_layers
 from backend.models import wrap
 from backend.tasks.base import Task, Template
 from tiny_models import CONFIGS
@@ -27,11 +28,16 @@ def test_ltv_progress_follows_the_work_done(gpt2_tokenizer):
     task = Task("tiny-parity", "classification", [(str(i), "even" if i % 2 == 0 else "odd") for i in range(60)],
                 Template("{input} is {output}\n"))
     work = [0.0]
+    u = unembed_layers(lm)
 
-    def count(module, args):
-        work[0] += args[0].shape[0] * args[0].shape[1] * (3 if torch.is_grad_enabled() else 1)
+    def count(module, args):  # a layer's pass: its tokens, and what reading its weights costs (stages.pass_cost)
+        work[0] += (args[0].shape[0] * args[0].shape[1] + OVERHEAD_TOKENS) * (3 if torch.is_grad_enabled() else 1)
+
+    def count_logits(module, args):  # rows of full-vocabulary logits
+        work[0] += args[0].shape[0] * args[0].shape[1] * u * (3 if torch.is_grad_enabled() else 1)
 
     handles = [lm.o_proj(l).register_forward_pre_hook(count) for l in range(lm.n_layers)]
+    handles.append(lm.model.get_output_embeddings().register_forward_pre_hook(count_logits))
     seen: list[tuple[float, float]] = []
     try:
         analyze("ltv", lm, task, cache=True, progress=lambda f, m="": seen.append((f, work[0])), layer=2,

@@ -17,7 +17,7 @@ from .primitives.head_maps import head_maps
 from .primitives.induction import induction_length, induction_scores
 from .primitives.predict import evaluate
 from .primitives.selection import n_top, overlap, random_heads, top_heads
-from .primitives.stages import spans, tokens
+from .primitives.stages import pass_cost, spans, tokens, unembed_layers
 
 
 def maps(ctx: Context, p: MapsParams) -> dict[str, Any]:
@@ -28,9 +28,11 @@ def maps(ctx: Context, p: MapsParams) -> dict[str, Any]:
         ctx.warn(w)
     enc = encode(lm, built.prompts, task.kind)
     zenc = encode(lm, task.build_prompts(0, built.n, p.seed), task.kind) if task.fixed is None else None
-    # progress by each pass's tokens (the induction pass: 4 repeated random sequences, eager attention ~2x)
-    share = spans({"heads": tokens(enc.ids), "zero": tokens(zenc.ids) if zenc else 0,
-                   "induction": 2 * 4 * (2 * induction_length(lm) + 1)})
+    # progress by each pass's cost (`stages`; the induction pass: 4 repeated random sequences, eager attention ~2x)
+    L, U, bs = lm.n_layers, unembed_layers(lm), p.batch_size
+    share = spans({"heads": pass_cost(L, tokens(enc.ids), len(enc.ids) / bs) + len(enc.ids) * U,
+                   "zero": pass_cost(L, tokens(zenc.ids), len(zenc.ids) / bs) + len(zenc.ids) * U if zenc else 0,
+                   "induction": 2 * pass_cost(L, 4 * (2 * induction_length(lm) + 1)) + 4 * U})
     # the prompts' clean prefix stays in memory: the Ablation page's first live toggle of them needs no clean pass
     hm = head_maps(lm, enc, p.batch_size, p.apply_ln, ctx.stage(*share["heads"], "scoring heads"), keep_prefix=True)
     zero = None

@@ -25,7 +25,7 @@ from .primitives.batching import Encoded, Progress, build_prompts, encode
 from .primitives.capture import capture_means, capture_sites
 from .primitives.induction import induction_length
 from .primitives.selection import Head, n_top, random_heads, top_heads
-from .primitives.stages import spans, tokens
+from .primitives.stages import OVERHEAD_TOKENS, pass_cost, spans, tokens, unembed_layers
 from .primitives.sweep import RowConfig, head_mask, sweep_outcomes
 
 
@@ -84,18 +84,20 @@ def vectors(ctx: Context, p: VectorsParams) -> dict[str, Any]:
     heads = bool({"tr", "tl", "random", "fv"} & set(types) or p.heads)
     vanilla = "vanilla" in types
     zero = encode(lm, task.build_prompts(0, built.n, seed, queries=queries), task.kind) if vanilla else None
-    # progress by tokens through the model: the scores' passes (unless cached; the ICL and zero-shot prompts, the
+    # progress by each stage's cost (`stages`): the scores' passes (unless cached; ICL and zero-shot prompts, the
     # induction pass), the ICL means' pass, the function vector's clean pass and one last-token step per head from
-    # its layer on, the zero-shot states
+    # its layer on (with its logits), the zero-shot states
     scores_params = dict(shots=p.shots, prompts=p.prompts, seed=p.seed, top_pct=p.top_pct, top_k=p.top_k)
     need_scores = bool({"tr", "tl"} & set(types))
-    n_fv = min(p.prompts, FV_PROMPTS)
+    n_fv, P, U, bs = min(p.prompts, FV_PROMPTS), len(enc.ids), unembed_layers(lm), p.batch_size
+    icl_pass = pass_cost(L, tokens(enc.ids), P / bs) + P * U
     share = spans({
-        "scores": 2 * tokens(enc.ids) + 8 * (2 * induction_length(lm) + 1)
+        "scores": 2 * icl_pass + 2 * pass_cost(L, 4 * (2 * induction_length(lm) + 1))
         if need_scores and ctx.cached("scores", [scores_params]) is None else 0,
-        "means": tokens(enc.ids) if heads or vanilla else 0,
-        "fv": n_fv * (tokens(enc.ids) / len(enc.ids) + H * (L + 1) / 2) if "fv" in types else 0,
-        "zero": tokens(zero.ids) if zero is not None else 0})
+        "means": icl_pass if heads or vanilla else 0,
+        "fv": (icl_pass * n_fv / P + n_fv * L * H * ((L + 1) / 2 + U)
+               + L * L / 2 * OVERHEAD_TOKENS * H * n_fv / (4 * 2 * bs)) if "fv" in types else 0,
+        "zero": pass_cost(L, tokens(zero.ids), P / bs) + P * U if zero is not None else 0})
     if need_scores:
         r = ctx.call("scores", **scores_params, batch_size=p.batch_size,
                      progress=ctx.stage(*share["scores"], "head scores"))

@@ -17,6 +17,10 @@ attention kernel takes none, the cache is repeated over rows instead (`engine._p
 
 is what linear propagation fits W to (`propagation.linear_propagation`); None where the model's decoder layers do
 not return plain tensors (the caller then runs full passes, the reference).
+
+A training over the same prompts (`learn.train_injection`) keeps each prompt's prefix once (`clean_prefixes`, no
+autograd) and runs every gradient step as that one token (`step_logits`): the backward pass reaches layers >= l of
+the last token only.
 """
 from __future__ import annotations
 
@@ -165,3 +169,75 @@ def final_change(lm: LoadedModel, ids: Sequence[Sequence[int]], layer: int, vect
             total += part
             done += len(prompts)
     return (total / len(order)).float()
+
+
+# -- many steps over the same prompts (a training) -------------------------------------------------------------------
+class Prefixes:
+    """Each prompt's clean prefix (per layer, keys and values (kv_heads, T - 1, head_dim)) and its last token's
+    input of `layer` (d_model,), computed once without autograd, for the many gradient steps of a training over
+    the same prompts (`step_logits`). Built by `clean_prefixes`."""
+
+    def __init__(self, lm: LoadedModel, ids: Sequence[Sequence[int]], layer: int):
+        self.lm, self.ids, self.layer = lm, [list(x) for x in ids], layer
+        self.keys: list[list[torch.Tensor]] = [[] for _ in ids]
+        self.values: list[list[torch.Tensor]] = [[] for _ in ids]
+        self.h = torch.zeros(len(ids), lm.d_model, dtype=lm.dtype, device=lm.device)
+
+
+def clean_prefixes(lm: LoadedModel, ids: Sequence[Sequence[int]], layer: int, batch_size: int = 32) -> Prefixes | None:
+    """The prompts' `Prefixes` at `layer` (one clean pass each, under no_grad: the tensors may enter a backward
+    pass); None where the model's layers do not fit (then train with full passes)."""
+    pre = Prefixes(lm, ids, layer)
+    order = sorted(range(len(ids)), key=lambda i: -len(ids[i]))
+    with lm.lock, torch.no_grad():
+        for s in range(0, len(order), batch_size):
+            rows = order[s:s + batch_size]
+            batch = make_batch(lm, ids, rows)
+            try:
+                cache, h, _ = _clean(lm, batch, layer)
+            except _Unsupported:
+                return None
+            W = batch.input_ids.shape[1]
+            for i, r in enumerate(rows):
+                keep = slice(W - len(ids[r]), W - 1)
+                layers = cache.layers if cache is not None else []
+                if any(getattr(c, "keys", None) is None or c.keys.shape[-2] != W - 1 for c in layers):
+                    return None  # a sliding window shorter than the prompts keeps only part of the prefix
+                pre.keys[r] = [c.keys[i, :, keep].clone() for c in layers]
+                pre.values[r] = [c.values[i, :, keep].clone() for c in layers]
+                pre.h[r] = h[i]
+    return pre
+
+
+def step_logits(pre: Prefixes, rows: Sequence[int], inject: dict[int, torch.Tensor]) -> torch.Tensor:
+    """Last-token logits (rows, vocab) float32 of prompts `rows` with `inject` ({layer >= pre.layer: (d_model,)})
+    added at those layers' inputs at the last token: one token over each prompt's clean prefix, from `pre.layer` on.
+    Runs no inference mode of its own: gradients flow to the injected vectors."""
+    from transformers import DynamicCache
+
+    from ...hooks import hooked
+
+    lm = pre.lm
+    if any(l < pre.layer for l in inject):
+        raise ValueError(f"vectors below layer {pre.layer} need their own prefixes")
+    rows = list(rows)
+    batch = make_batch(lm, pre.ids, rows)
+    W = batch.input_ids.shape[1]
+    cache = None
+    if W > 1:
+        cache = DynamicCache(config=lm.model.config)
+        for l in range(len(pre.keys[rows[0]])):
+            k0 = pre.keys[rows[0]][l]
+            keys = torch.zeros(len(rows), k0.shape[0], W - 1, k0.shape[-1], dtype=k0.dtype, device=k0.device)
+            values = torch.zeros_like(keys)
+            for i, r in enumerate(rows):
+                n = pre.keys[r][l].shape[1]
+                keys[i, :, W - 1 - n:] = pre.keys[r][l]
+                values[i, :, W - 1 - n:] = pre.values[r][l]
+            cache.update(keys, values, l)
+    x = [pre.h[rows][:, None, :]]  # (rows, 1, d): the clean input of pre.layer at the last token
+    with _at_layer_input(lm, pre.layer, x), hooked(lm, inject_input=inject or None, inject_positions=(-1,)):
+        o = lm.model(input_ids=batch.input_ids[:, -1:], attention_mask=batch.attention_mask,
+                     position_ids=batch.position_ids[:, -1:], cache=cache, use_cache=cache is not None,
+                     logits_to_keep=1)
+    return o.logits[:, -1].float()
