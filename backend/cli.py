@@ -2,7 +2,7 @@
 
 One subcommand per analysis kind of the registry (`backend.analysis.kinds`), its flags generated from the
 kind's params model and validated by it and by the service's limits, plus `tasks`, `serve`, `launch` and
-`train-default`. Results go to `--json OUT` (or stdout) as strict JSON (no NaN); progress bars and errors
+`train-default` and `warm`. Results go to `--json OUT` (or stdout) as strict JSON (no NaN); progress bars and errors
 go to stderr. A bad input is one line on stderr and exit status 2, never a traceback (unless --debug).
 """
 from __future__ import annotations
@@ -275,6 +275,13 @@ def cmd_sweep(a: argparse.Namespace) -> None:
     run(a, emit)
 
 
+@command("warm")
+def cmd_warm(a: argparse.Namespace) -> None:
+    from .service.warm import warm
+
+    emit(warm(a.model, a.task, say=lambda line: print(line, file=sys.stderr)), a.json)
+
+
 @command("serve")
 def cmd_serve(a: argparse.Namespace) -> None:
     import uvicorn
@@ -319,6 +326,12 @@ def build_parser() -> argparse.ArgumentParser:
     from .service.sweep_cli import add_parser as add_sweep_parser
 
     add_sweep_parser(sub)  # python -m backend sweep --models ... --tasks ... --kinds ... --seeds ...
+
+    w = sub.add_parser("warm", help="compute a model's default demo into the result cache (the Home page's scores and "
+                                    "ICL curve on its first task), so the dashboard's first view of it is a cache hit")
+    w.add_argument("--model", default="default")
+    w.add_argument("--task", default=None, help="default: the task the dashboard opens on for the model")
+    w.add_argument("--json", default=None, metavar="OUT", help="write the summary here (default: stdout)")
 
     v = sub.add_parser("serve", help="run the HTTP service (FastAPI + uvicorn)")
     v.add_argument("--host", default="127.0.0.1", help="interface to bind (default: loopback only)")

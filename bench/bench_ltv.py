@@ -7,8 +7,8 @@
 Per (task, batch size, threads, units): one `ltv_train` at L/2 (the default recipe otherwise), uncached, in its
 own cache folder; reports the training's own seconds (`train_seconds`), the whole call's wall time (split, residual
 scale, training, saving), the steps and epochs run, and the vector's full-vocabulary accuracy on the task's held-out
-queries (zero-shot prompts, the same ones every analysis scores) next to zero-shot. `--threads 2` lifts the
-one-thread rule that small models train under (primitives/learn.py `cpu_threads`).
+queries (zero-shot prompts, the same ones every analysis scores) next to zero-shot. `--threads 1,2` trains with
+each thread count in turn instead of the measured choice (primitives/threads.py `cpu_threads`).
 """
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ os.environ["HEADLENS_CACHE_DIR"] = tempfile.mkdtemp(prefix="bench-ltv-")
 import torch  # noqa: E402
 
 from backend.analysis.kernel import analyze  # noqa: E402
-from backend.analysis.primitives import learn  # noqa: E402
+from backend.analysis.primitives import threads as thread_choice  # noqa: E402
 from backend.analysis.primitives.batching import encode  # noqa: E402
 from backend.analysis.primitives.inject import Injection, evaluate_injections  # noqa: E402
 from backend.models import load_model  # noqa: E402
@@ -56,7 +56,8 @@ def main() -> None:
     rows = []
     for threads in ints(a.threads):
         torch.set_num_threads(threads)
-        learn.SMALL_D_MODEL = lm.d_model if threads == 1 else 0  # 1: the default rule; 2: lifted
+        # this many threads, not the measured choice (primitives/threads.py `cpu_threads`)
+        thread_choice.best_threads = lambda lm, max_age_s=0.0, n=threads: n
         for name in a.tasks.split(","):
             task = load_task(name)
             zero = encode(lm, task.build_prompts(0, task.n_queries(0), 0), task.kind)

@@ -41,17 +41,21 @@ if info is None:
 L, H = int(info["n_layers"]), int(info["n_heads"])
 ctx = figures.subtitle(figures.caption(s.model, s.task, s.shots))
 if state.value("ltv_layer") not in (None, "all") and not 0 <= int(state.value("ltv_layer")) < L:
-    state.put("ltv_layer", "all")  # a layer of another model: the sweep
+    state.put("ltv_layer", None)  # a layer of another model: what fits this one
+default_layer = state.ltv_default_layer(L)  # the sweep on a shallow model, else the middle layer
 
 # -- settings (all in the URL) -------------------------------------------------------------------------------------
 st.subheader("Training", divider="gray")
 c1, c2, c3, c4, c5, c6 = st.columns([1.4, 1, 1, 0.8, 0.8, 1], vertical_alignment="bottom")
 with c1:
     state.bind(st.selectbox, "Injection layer", "ltv_layer", options=["all", *range(L)],
+               to_widget=lambda v: default_layer if v is None else v,
                format_func=lambda l: "every layer (sweep)" if l == "all"
                else f"layer {l}" + (" (middle)" if l == L // 2 else ""),
                help="θ is added to the hidden state at the INPUT of this decoder layer (layer 0: the embeddings). "
-                    "The sweep trains one vector per layer; the table shows the middle layer.")
+                    "The sweep trains one vector per layer; the table shows the middle layer. It is the default on "
+                    f"models of at most {state.LTV_SWEEP_MAX_LAYERS} layers; a deeper model starts at its middle layer "
+                    "(a sweep of SmolLM2-135M's 30 layers takes hours on a CPU).")
 with c2:
     state.bind(st.text_input, "Positions", "ltv_positions", to_widget=state._fmt_ints, from_widget=positions_from,
                help="Negative offsets from the last prompt token where θ is added: -1 (the last token), or e.g. "
@@ -77,7 +81,7 @@ bad = st.session_state.pop("_hl_ltv_bad_positions", None)
 if bad is not None:
     st.warning(f"Positions {bad!r} ignored: give negative offsets from the last token, e.g. -1 or -1,-2.",
                icon=":material/warning:")
-layer = state.value("ltv_layer")
+layer = default_layer if state.value("ltv_layer") is None else state.value("ltv_layer")
 params = s.job(layer=layer, positions=list(state.value("ltv_positions")), lr=float(state.value("ltv_lr")),
                epochs=int(state.value("ltv_epochs")), batch_size=int(state.value("ltv_batch")),
                units=state.value("ltv_units"), **s.selection())

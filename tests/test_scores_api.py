@@ -193,6 +193,7 @@ def test_out_of_memory_halves_the_batch(lm, monkeypatch):
     """A CUDA OOM at large batch sizes is retried at half the size; results do not change."""
     import backend.analysis.primitives.batching as batching
 
+    monkeypatch.setenv("HEADLENS_PREFIX_CACHE_MB", "0")  # no prefix kept: the maps' pass is forward_last_logits
     task = sentiment_task()
     ref = head_scores(lm, task, shots=2, prompts=8, cache=False, batch_size=8)
     real = batching.forward_last_logits

@@ -111,6 +111,17 @@ def _join(v: Iterable[str]) -> str:
     return ",".join(v)
 
 
+LTV_SWEEP_MAX_LAYERS = 8
+"""The LTV page sweeps every layer by default only on a model this shallow: the sweep trains one vector and runs
+its mechanism per layer (on the embedded model, seconds each; on SmolLM2-135M's 30 layers on a CPU, hours)."""
+
+
+def ltv_default_layer(n_layers: int) -> int | str:
+    """The LTV page's injection layer when the link names none: "all" (the sweep) on a model of at most
+    LTV_SWEEP_MAX_LAYERS layers, else the middle layer."""
+    return "all" if n_layers <= LTV_SWEEP_MAX_LAYERS else n_layers // 2
+
+
 def _layer_or_all(s: str) -> int | str:
     return "all" if str(s).strip() == "all" else _int_in(0, 100000)(s)
 
@@ -177,6 +188,7 @@ FIELDS: dict[str, Field] = {f.name: f for f in (
     Field("ex_k", lambda: None, _int_in(0, 100000), view=True),
     Field("top_n", lambda: 10, _int_in(1, 100000), view=True),
     Field("only_changed", lambda: False, _flag, _fmt_flag, view=True),
+    Field("ab_positions", lambda: "last", _choice(("last", "all")), view=True),  # where the live toggle ablates
     Field("all_maps", lambda: False, _flag, _fmt_flag, view=True),
     # -- head drill-down (Head map panel, Head page)
     Field("head", lambda: None, _head, lambda h: f"{int(h[0])}.{int(h[1])}", view=True),
@@ -196,7 +208,7 @@ FIELDS: dict[str, Field] = {f.name: f for f in (
     Field("sg_bar_layer", lambda: None, _int_in(0, 100000), view=True),
     Field("sg_pmap", lambda: None, _choice(PERTURBATIONS), view=True),
     # -- Learned task vectors
-    Field("ltv_layer", lambda: "all", _layer_or_all, view=True),  # "all": the layer sweep
+    Field("ltv_layer", lambda: None, _layer_or_all, view=True),  # None: what fits the model (ltv_default_layer)
     Field("ltv_positions", lambda: [-1], _offsets, _fmt_ints, view=True),
     Field("ltv_lr", lambda: 5e-3, _float_in(1e-7, 10), lambda v: f"{float(v):g}", view=True),
     Field("ltv_epochs", lambda: 10, _int_in(1, 1000), view=True),

@@ -17,6 +17,7 @@ from .params import AblateParams, AblationCurvesParams, PromptParams
 from .primitives.batching import Encoded, build_prompts, encode
 from .primitives.capture import capture_means
 from .primitives.predict import predicted_label
+from .primitives.prefix_store import stored_z_mean
 from .primitives.selection import Head, random_heads, ranking
 from .primitives.sweep import RowConfig, head_mask, sweep_outcomes
 
@@ -27,7 +28,11 @@ def _prompts(ctx: Context, p: PromptParams, mode: str, progress: Any = None) -> 
     for w in built.warnings:
         ctx.warn(w)
     enc = encode(ctx.lm, built.prompts, ctx.task.kind)
-    fill = capture_means(ctx.lm, enc, "z", p.batch_size, progress) if mode == "mean" else None
+    fill = None
+    if mode == "mean":  # from the prompts' kept clean states when the head maps' pass left them, else a pass
+        fill = stored_z_mean(ctx.lm, enc.ids)
+        if fill is None:
+            fill = capture_means(ctx.lm, enc, "z", p.batch_size, progress)
     return enc, fill
 
 
@@ -96,8 +101,9 @@ def ablate(ctx: Context, p: AblateParams) -> dict[str, Any]:
     lm = ctx.lm
     after = head_mask(lm, p.heads)  # out-of-range heads are an error before any pass
     enc, fill = _prompts(ctx, p, p.mode, ctx.stage(0.0, 0.2, "mean head outputs"))
+    # the prompts' clean prefix stays in memory: the next toggle of a last-token ablation is one token step each
     res = sweep_outcomes(lm, enc, [RowConfig(), RowConfig(mask=after, positions=p.positions)], fill=fill,
-                         batch_size=p.batch_size, progress=ctx.stage(0.2, 1.0, "ablating"))
+                         batch_size=p.batch_size, progress=ctx.stage(0.2, 1.0, "ablating"), keep_prefix=True)
     rows = []
     for i, pr in enumerate(enc.prompts):
         pred = [predicted_label(lm, enc, i, int(res.pred_label[c, i]), int(res.pred_token[c, i])) for c in (0, 1)]

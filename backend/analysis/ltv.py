@@ -42,11 +42,15 @@ from .kernel import Context
 from .params import LtvParams, LtvRecipeParams
 from .results import LtvTraining
 from .primitives.batching import build_prompts, encode, multi_token_note
+from .primitives.induction import induction_length
 from .primitives.inject import Injection, check_layers, check_positions, evaluate_injections, vector_at
 from .primitives.threads import cpu_threads
 from .primitives.propagation import head_saliency, linear_propagation, ov_reconstruction
 from .primitives.saved import load_tensors
 from .primitives.selection import n_top, overlap, top_heads
+from .primitives import last_token
+from .primitives.prefix_store import STORE, fits
+from .primitives.stages import OVERHEAD_TOKENS, pass_cost, spans, tokens, unembed_layers
 from .primitives.sweep import head_mask
 
 CONDITIONS = ("zero_shot", "icl", "vanilla", "fv", "tr", "tl", "ltv", "ltv+icl")
@@ -61,6 +65,74 @@ def _layers(lm: Any, p: LtvParams) -> list[int]:
     if p.layer == "all":
         return list(range(lm.n_layers))
     return check_layers(lm, sorted(set([p.layer] if isinstance(p.layer, int) else p.layer)))
+
+
+def _mechanism_costs(lm: Any, p: LtvParams, zero: Any, layer: int, positions: tuple[int, ...]) -> dict[str, float]:
+    """The mechanism's stages in token-layers (`primitives.stages`) on the zero-shot prompts `zero`."""
+    L, P, T, U = lm.n_layers, len(zero.ids), tokens(zero.ids), unembed_layers(lm)
+    n = p.perturbations or min(2 * lm.d_model, o.LTV_MAX_PERTURBATIONS)
+    clean = pass_cost(L, T, P / EVAL_BATCH)
+    if tuple(positions) == (-1,) and layer >= 1:  # last-token steps over the clean prefix (`engine`)
+        step = P * (L - layer + 1 + U)  # one more configuration, its logits included
+    else:
+        step = pass_cost(L, T, P / EVAL_BATCH) + P * U
+    if tuple(positions) == (-1,):  # one token step per perturbation from `layer` on, no logits (`last_token`)
+        prop = clean + pass_cost(L - layer, n * P, n * P / last_token.STEP_ROWS)
+    else:
+        prop = n * pass_cost(L, T, P / 64)
+    return {"saliency": 3 * clean + P * U, "ablation": clean + (1 + p.random_draws) * step,
+            "ov": 2 * clean + 4 * step, "propagation": prop + step}
+
+
+def _training_cost(lm: Any, p: LtvParams, layer: int, t0: float, positions: tuple[int, ...]) -> float:
+    """One `ltv_train` in token-layers: `epochs` epochs of `train_prompts` prompts in batches (forward and
+    backward: 3 passes), the held-out prompts after each, the residual scale's pass."""
+    L, U = lm.n_layers, unembed_layers(lm)
+    steps = p.epochs * math.ceil(p.train_prompts / p.batch_size)
+    n_val = (p.epochs + 1) * p.val_prompts
+    if tuple(positions) == (-1,):  # one token step over each prompt's kept prefix, from the layer on
+        prefixes = pass_cost(L, (p.train_prompts + p.val_prompts) * t0, (p.train_prompts + p.val_prompts) / 32)
+        return (2 * prefixes + 3 * steps * (pass_cost(L - layer, p.batch_size) + p.batch_size * U)
+                + pass_cost(L - layer, n_val, n_val / 16) + n_val * U)
+    return (pass_cost(L, p.train_prompts * t0, p.train_prompts / 32)
+            + 3 * steps * (pass_cost(L, p.batch_size * t0) + p.batch_size * U)
+            + pass_cost(L, n_val * t0, n_val / 16) + n_val * U)
+
+
+def _costs(ctx: Context, p: LtvParams, groups: list[list[int]], zero: Any, icl: Any,
+           positions: tuple[int, ...]) -> dict[str, float]:
+    """Each stage of `ltv` in token-layers (`primitives.stages`); trainings and vectors already cached cost 0."""
+    lm = ctx.lm
+    L, H, P, U = lm.n_layers, lm.n_heads, len(zero.ids), unembed_layers(lm)
+    t0, ti = tokens(zero.ids) / P, tokens(icl.ids) / max(len(icl.ids), 1)  # tokens per prompt
+    costs: dict[str, float] = {}
+    if not p.load:
+        recipe = {k: getattr(p, k) for k in RECIPE}
+        for i, g in enumerate(groups):
+            done = ctx.cached("ltv_train", [{"layer": g[0] if len(g) == 1 else g, **recipe}]) is not None
+            costs[f"train {i}"] = 0.0 if done else _training_cost(lm, p, min(g), t0, positions)
+    vec = {"types": list(EXTRACTED), "shots": p.shots, "prompts": p.prompts, "seed": p.seed, "top_pct": p.top_pct,
+           "top_k": p.top_k}
+    icl_pass = pass_cost(L, P * ti, P / o.BATCH_SIZE)
+    scored = True
+    if ctx.cached("vectors", [vec]) is not None:
+        costs["vectors"] = 0.0
+    else:
+        scored = ctx.cached("scores", [{k: v for k, v in vec.items() if k != "types"}]) is not None
+        induction = 2 * pass_cost(L, 4 * (2 * induction_length(lm) + 1))  # eager attention: ~2x
+        fv = min(p.prompts, o.FV_PROMPTS)  # a clean pass, then a last-token step per head from its layer on
+        fv_steps = fv * H * L * ((L + 1) / 2 + U) + L * L / 2 * OVERHEAD_TOKENS * H * fv / (4 * o.SWEEP_BATCH_SIZE)
+        zero_pass = pass_cost(L, P * t0, P / o.BATCH_SIZE)
+        costs["vectors"] = ((0 if scored else icl_pass + zero_pass + induction) + icl_pass
+                            + pass_cost(L, fv * ti) + fv_steps + zero_pass)
+    # the k-shot prompts' prefixes kept already, or by the scores' pass the vectors are about to run
+    kept = STORE.get(lm, icl.ids) is not None or (costs["vectors"] > 0 and not scored and fits(lm, P * ti))
+    costs["icl"] = (0 if kept else icl_pass) + len(groups) * P * (L + U)
+    for i, g in enumerate(groups):
+        costs[f"compare {i}"] = pass_cost(L, P * t0, P / EVAL_BATCH) + 5 * P * (L - min(g) + 1 + U)
+        if p.mechanism and len(groups[0]) == 1:
+            costs[f"mechanism {i}"] = sum(_mechanism_costs(lm, p, zero, g[0], positions).values())
+    return costs
 
 
 def _loaded(ctx: Context, p: LtvParams) -> dict[str, Any]:
@@ -111,18 +183,11 @@ def _ltv(ctx: Context, p: LtvParams) -> dict[str, Any]:
         groups = [layers]
         if p.positions != [-1] and p.positions != trainings[0]["positions"]:
             ctx.warn(f"positions {p.positions} ignored: {Path(p.load).name} was trained at {trainings[0]['positions']}")
-        ctx.progress(0.3, "loaded the vector")
+        ctx.progress(0.0, "loaded the vector")
     else:
         layers = _layers(lm, p)
         groups = [layers] if p.joint and len(layers) > 1 else [[l] for l in layers]
-        trainings = []
-        for i, g in enumerate(groups):
-            r = ctx.call("ltv_train", layer=g[0] if len(g) == 1 else g, **{k: getattr(p, k) for k in RECIPE},
-                         progress=ctx.stage(0.3 * i / len(groups), 0.3 * (i + 1) / len(groups),
-                                            f"LTV {i + 1}/{len(groups)}"))
-            trainings.append(r.model_dump(include=set(LtvTraining.model_fields)))
     joint = len(groups) == 1 and len(groups[0]) > 1
-    positions = tuple(trainings[0]["positions"])
 
     # the scored prompts: the seed's held-out queries, zero-shot and k-shot
     built = build_prompts(lm, task, p.shots, p.prompts, p.seed)
@@ -130,27 +195,40 @@ def _ltv(ctx: Context, p: LtvParams) -> dict[str, Any]:
         ctx.warn(w)
     zero = encode(lm, task.build_prompts(0, built.n, p.seed), task.kind)
     icl = encode(lm, built.prompts, task.kind)
-    positions = check_positions(zero.ids, positions)
     multi = sorted(set(zero.multi_token) | set(icl.multi_token))
     if multi:
         ctx.warn(multi_token_note(multi))
+    # the progress bar: each stage's share is its estimated cost (cached sub-results cost nothing)
+    share = spans(_costs(ctx, p, groups, zero, icl, tuple(p.positions) if not p.load else
+                         tuple(trainings[0]["positions"])))
+    if not p.load:
+        trainings = []
+        for i, g in enumerate(groups):
+            r = ctx.call("ltv_train", layer=g[0] if len(g) == 1 else g, **{k: getattr(p, k) for k in RECIPE},
+                         progress=ctx.stage(*share[f"train {i}"], f"LTV {i + 1}/{len(groups)}"))
+            trainings.append(r.model_dump(include=set(LtvTraining.model_fields)))
+    positions = check_positions(zero.ids, tuple(trainings[0]["positions"]))
 
     vec = ctx.call("vectors", types=list(EXTRACTED), shots=p.shots, prompts=p.prompts, seed=p.seed,
                    top_pct=p.top_pct, top_k=p.top_k, batch_size=o.BATCH_SIZE,
-                   progress=ctx.stage(0.3, 0.45, "extracted vectors"))
+                   progress=ctx.stage(*share["vectors"], "extracted vectors"))
     if joint:
         ctx.warn("extracted vectors and the mechanism analyses are single-layer comparisons: a joint vector over "
                  f"layers {groups[0]} is compared with zero-shot and ICL only")
+    def ltv_injection(g: list[int], tr: dict[str, Any]) -> Injection:
+        theta = torch.as_tensor(np.asarray(tr["theta"]), dtype=torch.float32)
+        return Injection({l: theta[i] for i, l in enumerate(g)}, positions)
+
     base = evaluate_injections(lm, zero, [Injection()], EVAL_BATCH)
-    base_icl = evaluate_injections(lm, icl, [Injection()], EVAL_BATCH)
-    ref = {"zero_shot": base.summary(0), "icl": base_icl.summary(0)}
+    # k-shot prompts alone and with each LTV: one sweep (one clean pass; a last-token LTV is one step over it)
+    with_icl = evaluate_injections(lm, icl, [Injection()] + [ltv_injection(g, tr) for g, tr in zip(groups, trainings)],
+                                   EVAL_BATCH, ctx.stage(*share["icl"], "k-shot prompts"))
+    ref = {"zero_shot": base.summary(0), "icl": with_icl.summary(0)}
     scores = None
     per_layer = []
     for gi, (g, tr) in enumerate(zip(groups, trainings)):
-        lo, hi = 0.45 + 0.55 * gi / len(groups), 0.45 + 0.55 * (gi + 1) / len(groups)
-        theta = torch.as_tensor(np.asarray(tr["theta"]), dtype=torch.float32)
-        thetas = {l: theta[i] for i, l in enumerate(g)}
-        ltv_inj = Injection(thetas, positions)
+        ltv_inj = ltv_injection(g, tr)
+        thetas = ltv_inj.vectors
         names, injections = [], []
         if not joint:
             for name in EXTRACTED:
@@ -160,9 +238,8 @@ def _ltv(ctx: Context, p: LtvParams) -> dict[str, Any]:
                     injections.append(Injection({g[0]: v}, (-1,)))
         names.append("ltv")
         injections.append(ltv_inj)
-        out = evaluate_injections(lm, zero, injections, EVAL_BATCH, ctx.stage(lo, lo + 0.1 * (hi - lo), "comparing"))
-        combined = evaluate_injections(lm, icl, [ltv_inj], EVAL_BATCH)
-        conditions = {**ref, **{nm: out.summary(i) for i, nm in enumerate(names)}, "ltv+icl": combined.summary(0)}
+        out = evaluate_injections(lm, zero, injections, EVAL_BATCH, ctx.stage(*share[f"compare {gi}"], "comparing"))
+        conditions = {**ref, **{nm: out.summary(i) for i, nm in enumerate(names)}, "ltv+icl": with_icl.summary(gi + 1)}
         entry: dict[str, Any] = {"layers": g, "conditions": {c: conditions[c] for c in CONDITIONS if c in conditions},
                                  "training": tr}
         if p.mechanism and not joint:
@@ -171,7 +248,7 @@ def _ltv(ctx: Context, p: LtvParams) -> dict[str, Any]:
                                   top_k=p.top_k, batch_size=o.BATCH_SIZE)
             entry.update(_mechanism(ctx, p, zero, g[0], thetas[g[0]], positions, conditions,
                                     float(out.gold_prob[names.index("ltv")].mean()), scores,
-                                    ctx.stage(lo + 0.1 * (hi - lo), hi, f"mechanism at layer {g[0]}")))
+                                    ctx.stage(*share[f"mechanism {gi}"], f"mechanism at layer {g[0]}")))
         per_layer.append(entry)
 
     main = layers.index(L // 2) if (L // 2 in layers and not joint) else 0
@@ -196,6 +273,8 @@ def _mechanism(ctx: Context, p: LtvParams, zero: Any, layer: int, theta: torch.T
     lm = ctx.lm
     L, H, d = lm.n_layers, lm.n_heads, lm.d_model
     inj = Injection({layer: theta}, positions)
+    n = p.perturbations or min(2 * d, o.LTV_MAX_PERTURBATIONS)
+    share = spans(_mechanism_costs(lm, p, zero, layer, positions))
     progress(0.0, "head saliency")
     sal = head_saliency(lm, zero, inj, EVAL_BATCH)
     # heads before the injection layer never see theta: key heads and random sets come from layers >= layer
@@ -205,7 +284,7 @@ def _mechanism(ctx: Context, p: LtvParams, zero: Any, layer: int, theta: torch.T
     k = min(n_top(L, H, p.key_pct), len(pool))
     key = top_heads(later, k=k)
     draws = [sorted(random.Random(f"ltv-random-{p.seed}-{i}").sample(pool, k)) for i in range(p.random_draws)]
-    progress(0.15, "ablating key and random heads")
+    progress(share["ablation"][0], "ablating key and random heads")
     abl = evaluate_injections(lm, zero, [Injection({layer: theta}, positions, mask=head_mask(lm, hs))
                                          for hs in [key, *draws]], EVAL_BATCH)
     rand = [abl.summary(i + 1) for i in range(len(draws))]
@@ -217,7 +296,7 @@ def _mechanism(ctx: Context, p: LtvParams, zero: Any, layer: int, theta: torch.T
                  "random_heads": draws, "random_accuracy_mean": float(racc.mean()),
                  "random_accuracy_std": float(racc.std()), "gold_prob": probs, "overlap": ov_overlap}
 
-    progress(0.3, "OV reconstruction")
+    progress(share["ov"][0], "OV reconstruction")
     rec, head_norms = ov_reconstruction(lm, zero, layer, theta, positions, EVAL_BATCH)
     ov_out = evaluate_injections(lm, zero, [Injection(final=rec), Injection({layer: rec}, (-1,)),
                                             Injection(final=theta), Injection(final=theta.cpu() + rec)], EVAL_BATCH)
@@ -225,11 +304,12 @@ def _mechanism(ctx: Context, p: LtvParams, zero: Any, layer: int, theta: torch.T
     ov = {"heads": head_norms, "norm": float(rec.norm()), "cosine": cos, "final": ov_out.summary(0),
           "same_layer": ov_out.summary(1), "direct": ov_out.summary(2), "direct_and_ov": ov_out.summary(3)}
 
-    n = p.perturbations or min(2 * d, o.LTV_MAX_PERTURBATIONS)
     if n < d:
         ctx.warn(f"linear propagation: {n} perturbations for d_model {d}: W is the minimum-norm fit in their span")
+    lo, hi = share["propagation"]
+    progress(lo, "linear propagation")
     fit = linear_propagation(lm, zero, layer, theta, positions, n, seed=p.seed,
-                             progress=lambda f, m="": progress(0.45 + 0.5 * f, "linear propagation"))
+                             progress=lambda f, m="": progress(lo + (hi - lo) * f, "linear propagation"))
     if not math.isfinite(fit["r2"]):
         raise TaskError("linear propagation: the least-squares fit failed (non-finite R^2)")
     sur = evaluate_injections(lm, zero, [Injection(final=fit["w"] @ theta.cpu())], EVAL_BATCH).summary(0)

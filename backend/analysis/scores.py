@@ -14,9 +14,10 @@ from .params import MapsParams, ScoresParams
 from .results import Result
 from .primitives.batching import build_prompts, encode
 from .primitives.head_maps import head_maps
-from .primitives.induction import induction_scores
+from .primitives.induction import induction_length, induction_scores
 from .primitives.predict import evaluate
 from .primitives.selection import n_top, overlap, random_heads, top_heads
+from .primitives.stages import pass_cost, spans, tokens, unembed_layers
 
 
 def maps(ctx: Context, p: MapsParams) -> dict[str, Any]:
@@ -26,12 +27,18 @@ def maps(ctx: Context, p: MapsParams) -> dict[str, Any]:
     for w in built.warnings:
         ctx.warn(w)
     enc = encode(lm, built.prompts, task.kind)
-    hm = head_maps(lm, enc, p.batch_size, p.apply_ln, ctx.stage(0.0, 0.75, "scoring heads"))
+    zenc = encode(lm, task.build_prompts(0, built.n, p.seed), task.kind) if task.fixed is None else None
+    # progress by each pass's cost (`stages`; the induction pass: 4 repeated random sequences, eager attention ~2x)
+    L, U, bs = lm.n_layers, unembed_layers(lm), p.batch_size
+    share = spans({"heads": pass_cost(L, tokens(enc.ids), len(enc.ids) / bs) + len(enc.ids) * U,
+                   "zero": pass_cost(L, tokens(zenc.ids), len(zenc.ids) / bs) + len(zenc.ids) * U if zenc else 0,
+                   "induction": 2 * pass_cost(L, 4 * (2 * induction_length(lm) + 1)) + 4 * U})
+    # the prompts' clean prefix stays in memory: the Ablation page's first live toggle of them needs no clean pass
+    hm = head_maps(lm, enc, p.batch_size, p.apply_ln, ctx.stage(*share["heads"], "scoring heads"), keep_prefix=True)
     zero = None
-    if task.fixed is None:  # a given prompt set has no zero-shot counterpart
-        zenc = encode(lm, task.build_prompts(0, built.n, p.seed), task.kind)
-        zero = evaluate(lm, zenc, p.batch_size, ctx.stage(0.75, 0.95, "zero-shot")).metrics
-    ctx.progress(0.95, "induction scores")
+    if zenc is not None:  # a given prompt set has no zero-shot counterpart
+        zero = evaluate(lm, zenc, p.batch_size, ctx.stage(*share["zero"], "zero-shot")).metrics
+    ctx.progress(share["induction"][0], "induction scores")
     ind = induction_scores(lm)
     return {"n_layers": lm.n_layers, "n_heads": lm.n_heads, "shots": built.shots, "prompts": built.n,
             "tr": hm.tr, "tl": hm.tl, "dla_tr": hm.dla_tr, "dla_tl": hm.dla_tl, "flagged": hm.flagged,

@@ -24,8 +24,10 @@ from ..tasks.perturb import get_perturbation
 from .kernel import Context
 from .params import VectorsParams
 from .primitives.batching import Encoded, Progress, build_prompts, encode
-from .primitives.capture import capture_means
+from .primitives.capture import capture_means, capture_sites
+from .primitives.induction import induction_length
 from .primitives.selection import Head, n_top, random_heads, top_heads
+from .primitives.stages import OVERHEAD_TOKENS, pass_cost, spans, tokens, unembed_layers
 from .primitives.sweep import RowConfig, head_mask, sweep_outcomes
 
 
@@ -81,32 +83,51 @@ def vectors(ctx: Context, p: VectorsParams) -> dict[str, Any]:
         ctx.warn(f"no function vector for {task.name!r}: its causal indirect effects need shuffled-input prompts, "
                  f"and this task builds its own prompts")
     sets: dict[str, list[Head]] = {}
-    if {"tr", "tl"} & set(types):
-        r = ctx.call("scores", shots=p.shots, prompts=p.prompts, seed=p.seed, top_pct=p.top_pct, top_k=p.top_k,
-                     batch_size=p.batch_size, progress=ctx.stage(0.0, 0.4, "head scores"))
+    heads = bool({"tr", "tl", "random", "fv"} & set(types) or p.heads)
+    vanilla = "vanilla" in types
+    zero = encode(lm, task.build_prompts(0, built.n, seed, queries=queries), task.kind) if vanilla else None
+    # progress by each stage's cost (`stages`): the scores' passes (unless cached; ICL and zero-shot prompts, the
+    # induction pass), the ICL means' pass, the function vector's clean pass and one last-token step per head from
+    # its layer on (with its logits), the zero-shot states
+    scores_params = dict(shots=p.shots, prompts=p.prompts, seed=p.seed, top_pct=p.top_pct, top_k=p.top_k)
+    need_scores = bool({"tr", "tl"} & set(types))
+    n_fv, P, U, bs = min(p.prompts, FV_PROMPTS), len(enc.ids), unembed_layers(lm), p.batch_size
+    icl_pass = pass_cost(L, tokens(enc.ids), P / bs) + P * U
+    share = spans({
+        "scores": 2 * icl_pass + 2 * pass_cost(L, 4 * (2 * induction_length(lm) + 1))
+        if need_scores and ctx.cached("scores", [scores_params]) is None else 0,
+        "means": icl_pass if heads or vanilla else 0,
+        "fv": (icl_pass * n_fv / P + n_fv * L * H * ((L + 1) / 2 + U)
+               + L * L / 2 * OVERHEAD_TOKENS * H * n_fv / (4 * 2 * bs)) if "fv" in types else 0,
+        "zero": pass_cost(L, tokens(zero.ids), P / bs) + P * U if zero is not None else 0})
+    if need_scores:
+        r = ctx.call("scores", **scores_params, batch_size=p.batch_size,
+                     progress=ctx.stage(*share["scores"], "head scores"))
         if "tr" in types:
             sets["tr"] = r.top_tr
         if "tl" in types:
             sets["tl"] = r.top_tl
     if "random" in types:
         sets["random"] = random_heads(L, H, k, p.seed)
-    z_mean = capture_means(lm, enc, "z", p.batch_size, ctx.stage(0.4, 0.5, "head means")) if (
-        sets or "fv" in types or p.heads) else None
-    # post-attention-norm families: the mean of each head's linearised write (its scale varies per prompt)
-    writes = z_mean is not None and lm.spec.post_attn_norm is not None
-    means = capture_means(lm, enc, "write", p.batch_size) if writes else z_mean
+    # one pass over the ICL prompts for every mean taken from them: head z (head-set vectors, the function
+    # vector's patches); post-attention-norm families: each head's linearised write (its scale varies per prompt);
+    # the layers' inputs (the vanilla task vector)
+    writes = heads and lm.spec.post_attn_norm is not None
+    sites = (["z"] if heads else []) + (["write"] if writes else []) + (["resid"] if vanilla else [])
+    got = capture_sites(lm, enc, sites, batch_size=p.batch_size, progress=ctx.stage(*share["means"], "ICL means")) \
+        if sites else {}
+    z_mean = got.get("z")
+    means = got["write"] if writes else z_mean
     if "fv" in types:
-        cie = causal_indirect_effects(ctx, p, enc, z_mean, ctx.stage(0.5, 0.9, "function vector"))
+        cie = causal_indirect_effects(ctx, p, enc, z_mean, ctx.stage(*share["fv"], "function vector"))
         sets["fv"] = top_heads(cie, k=k)
     if p.heads:
         sets["custom"] = list(p.heads)
     out: dict[str, dict[str, Any]] = {name: {"vector": head_set_vector(lm, means, hs, writes), "heads": hs}
                                       for name, hs in sets.items()}
-    if "vanilla" in types:
-        zero = encode(lm, task.build_prompts(0, built.n, seed, queries=queries), task.kind)
-        out["vanilla"] = {"vector": capture_means(lm, enc, "resid", p.batch_size,
-                                                  ctx.stage(0.9, 0.95, "vanilla task vector: ICL states"))
-                          - capture_means(lm, zero, "resid", p.batch_size,
-                                          ctx.stage(0.95, 1.0, "vanilla task vector: zero-shot states")), "heads": []}
+    if zero is not None:
+        zero_states = capture_means(lm, zero, "resid", p.batch_size,
+                                    ctx.stage(*share["zero"], "vanilla task vector: zero-shot states"))
+        out["vanilla"] = {"vector": got["resid"] - zero_states, "heads": []}
     order = [t for t in (*p.types, "custom") if t in out]
     return {"d_model": lm.d_model, "shots": built.shots, "vectors": {t: out[t] for t in order}}

@@ -43,6 +43,7 @@ from ...hooks import hooked
 from ...models import LoadedModel
 
 from .batching import Batch, is_oom, make_batch
+from .prefix_store import STORE, batch_prefix, entries_of, fits
 
 OnLogits = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], None]
 Progress = Callable[[float, str], None]
@@ -77,7 +78,7 @@ class _Plan:
     """What the engine does with one configuration."""
 
     kind: Literal["clean", "last", "all"]
-    start: int = 0  # "all": first decoder layer whose input differs from the clean run's
+    start: int = 0  # first decoder layer that computes anything other than the clean run does
     mask: torch.Tensor | None = None  # non-trivial mask, on the model's device
     inject: dict[int, torch.Tensor] | None = None  # non-zero vectors only, on the model's device
 
@@ -107,14 +108,14 @@ def _plan(lm: LoadedModel, i: int, cfg: RowConfig) -> _Plan:
     inject = inject or None
     if mask is None and inject is None:
         return _Plan("clean")
-    if mask is None or cfg.positions == "last":
-        return _Plan("last", mask=mask, inject=inject)
-    rows = (mask != 1).any(1).nonzero()
-    start = int(rows[0])
+    start = L  # the first decoder layer whose input (or, for a mask, whose own output) differs from the clean run's
+    if mask is not None:
+        start = int((mask != 1).any(1).nonzero()[0])
     if inject:
         start = min(start, min(inject) + 1)
-    if start >= L - 1:  # only the last token leaves the last layer: a mask there acts as a last-token one
-        return _Plan("last", mask=mask, inject=inject)
+    if mask is None or cfg.positions == "last" or start >= L - 1:
+        # only the last token leaves the last layer: an all-position mask there acts as a last-token one
+        return _Plan("last", start=start, mask=mask, inject=inject)
     return _Plan("all", start=start, mask=mask, inject=inject)
 
 
@@ -148,7 +149,7 @@ class _Emitter:
 
 def run_sweep(lm: LoadedModel, ids: Sequence[Sequence[int]], configs: Sequence[RowConfig], on_logits: OnLogits, *,
               fill: torch.Tensor | None = None, batch_size: int = 32, progress: Progress | None = None,
-              engine: str = "auto") -> None:
+              engine: str = "auto", keep_prefix: bool = False) -> None:
     """Call `on_logits(logits, config_idx, prompt_idx)` with the last-token logits of every (configuration,
     prompt) pair exactly once: logits (rows, vocab) float32, indices (rows,) long, all on the model's device.
 
@@ -156,6 +157,8 @@ def run_sweep(lm: LoadedModel, ids: Sequence[Sequence[int]], configs: Sequence[R
     shared by all configurations (None: zero ablation). batch_size: prompts per clean pass and rows per
     intervened pass (halved on out-of-memory). progress(fraction, message) after every delivered batch.
     engine: "auto" (recompute only what each configuration changes) or "full" (every pair a full pass).
+    A prompt batch whose clean prefix states are in `prefix_store.STORE` (kept by an earlier call with
+    `keep_prefix`, or by the head maps' pass) and needs no all-position pass skips its clean pass.
     """
     if engine not in ENGINES:
         raise ValueError(f"engine must be one of {ENGINES}, not {engine!r}")
@@ -179,7 +182,7 @@ def run_sweep(lm: LoadedModel, ids: Sequence[Sequence[int]], configs: Sequence[R
             _run_full(lm, ids, configs, fill, batch_size, out, [(c, i) for c in range(C) for i in range(N)])
             return
         try:
-            _run_fast(lm, ids, plans, fill, batch_size, out)
+            _run_fast(lm, ids, plans, fill, batch_size, out, keep_prefix)
         except _Unsupported:
             rest = (~out.done).nonzero().tolist()
             _run_full(lm, ids, configs, fill, batch_size, out, [(c, i) for c, i in rest])
@@ -256,7 +259,7 @@ class _Unsupported(Exception):
 
 
 def _run_fast(lm: LoadedModel, ids: Sequence[Sequence[int]], plans: list[_Plan], fill: torch.Tensor | None,
-              batch_size: int, out: _Emitter) -> None:
+              batch_size: int, out: _Emitter, keep_prefix: bool = False) -> None:
     clean = [c for c, p in enumerate(plans) if p.kind == "clean"]
     last = [c for c, p in enumerate(plans) if p.kind == "last"]
     every = [c for c, p in enumerate(plans) if p.kind == "all"]
@@ -265,7 +268,8 @@ def _run_fast(lm: LoadedModel, ids: Sequence[Sequence[int]], plans: list[_Plan],
     while done < len(order):
         prompts = order[done:done + bs]
         try:
-            _fast_batch(lm, make_batch(lm, ids, prompts), plans, clean, last, every, fill, bs, out)
+            _fast_batch(lm, make_batch(lm, ids, prompts), plans, clean, last, every, fill, bs, out,
+                        [ids[i] for i in prompts], keep_prefix)
         except (torch.OutOfMemoryError, RuntimeError) as e:
             bs = _halve(lm, e, bs)
             continue
@@ -296,7 +300,8 @@ def _chunks(plans: list[_Plan], todo: list[int], n_layers: int, tokens: int, per
 
 
 def _fast_batch(lm: LoadedModel, batch: Batch, plans: list[_Plan], clean: list[int], last: list[int],
-                every: list[int], fill: torch.Tensor | None, bs: int, out: _Emitter) -> None:
+                every: list[int], fill: torch.Tensor | None, bs: int, out: _Emitter,
+                rows_ids: Sequence[Sequence[int]] = (), keep: bool = False) -> None:
     from transformers import DynamicCache
 
     P, W = batch.input_ids.shape
@@ -312,23 +317,31 @@ def _fast_batch(lm: LoadedModel, batch: Batch, plans: list[_Plan], clean: list[i
         for s, chunk in passes:
             _from_layer(lm, batch, s, None, plans, chunk, fill, out)
         return
-    use_cache = bool(last) and W > 1
-    cache = None
-    if use_cache:
-        cache = DynamicCache(config=lm.model.config)
-        cache.activate_past_recording()  # sliding-window layers keep what `crop` needs
-    # 1. the clean pass: clean logits, the prefix cache, and the outputs of the layers passes restart after
     recorded: dict[int, torch.Tensor] = {}
-    with _record_outputs(lm, need, recorded):
-        logits = _last_logits(lm, batch.input_ids, batch.attention_mask, batch.position_ids, cache)
+    stored = STORE.get(lm, rows_ids) if rows_ids and not need and batch.last is None else None
+    if stored is not None:  # 1. the clean pass, kept from an earlier call
+        cache, logits, at_last = batch_prefix(lm, stored, W)
+    else:  # 1. the clean pass: clean logits, the prefix cache, the outputs of the layers passes restart after
+        keep = keep and bool(rows_ids) and batch.last is None and fits(lm, sum(len(x) for x in rows_ids))
+        cache = None
+        if (last or keep) and W > 1:
+            cache = DynamicCache(config=lm.model.config)
+            cache.activate_past_recording()  # sliding-window layers keep what `crop` needs
+        at_last: dict[int, torch.Tensor] = {}  # every layer's clean output at the last token (steps start later)
+        with _record_outputs(lm, need, recorded, at_last if (last or keep) else None):
+            logits = _last_logits(lm, batch.input_ids, batch.attention_mask, batch.position_ids, cache)
+        if cache is not None:
+            cache.crop(-1)
+        if keep:
+            entries = entries_of(cache, logits, at_last, [len(x) for x in rows_ids])
+            if entries is not None:
+                STORE.put(lm, rows_ids, entries)
     for c in clean:
         out.emit(logits, torch.full((P,), c, device=dev), ps, "sweep: untouched configurations")
     # 2. last-token configurations: one new token each over the prefix cache
     if last:
-        if cache is not None:
-            cache.crop(-1)
-        _last_token(lm, batch, cache, plans, last, fill, bs, out)
-        del cache
+        _last_token(lm, batch, cache, plans, last, fill, bs, out, at_last)
+    del cache, at_last
     # 3. all-position masks: from the first changed layer on, latest first
     for k, (s, chunk) in enumerate(passes):
         later = {t - 1 for t, _ in passes[k + 1:]}
@@ -338,8 +351,10 @@ def _fast_batch(lm: LoadedModel, batch: Batch, plans: list[_Plan], clean: list[i
 
 
 @contextmanager
-def _record_outputs(lm: LoadedModel, layers: Sequence[int], into: dict[int, torch.Tensor]) -> Iterator[None]:
-    """Record the output of the given decoder layers; every layer's output must be a plain tensor."""
+def _record_outputs(lm: LoadedModel, layers: Sequence[int], into: dict[int, torch.Tensor],
+                    last_into: dict[int, torch.Tensor] | None = None) -> Iterator[None]:
+    """Record the output of the given decoder layers (and, into `last_into`, every layer's output at the last
+    position, (batch, 1, d_model)); every layer's output must be a plain tensor."""
     handles = []
     bad: list[str] = []
 
@@ -347,8 +362,11 @@ def _record_outputs(lm: LoadedModel, layers: Sequence[int], into: dict[int, torc
         def hook(module, args, output):
             if not isinstance(output, torch.Tensor):
                 bad.append(type(output).__name__)
-            elif layer in layers:
+                return
+            if layer in layers:
                 into[layer] = output
+            if last_into is not None:
+                last_into[layer] = output[:, -1:].clone()
         return hook
 
     try:
@@ -460,13 +478,16 @@ def _packed_mask(lm: LoadedModel, batch: Batch, cache, c: int) -> torch.Tensor |
 
 
 def _last_token(lm: LoadedModel, batch: Batch, cache, plans: list[_Plan], todo: list[int],
-                fill: torch.Tensor | None, bs: int, out: _Emitter) -> None:
-    """Each configuration as one new token (the prompt's last) over the clean prefix cache."""
+                fill: torch.Tensor | None, bs: int, out: _Emitter, at_last: dict[int, torch.Tensor]) -> None:
+    """Each configuration as one new token (the prompt's last) over the clean prefix cache. Configurations go in
+    order of their start layer s; a step runs layers >= s of its chunk's earliest s only (layer s - 1 returns its
+    clean output at the last token, `at_last`)."""
     P, W = batch.input_ids.shape
     dev = batch.input_ids.device
     ps = torch.tensor(batch.rows, device=dev)
     tok, pos = batch.input_ids[:, -1:], batch.position_ids[:, -1:]
     per = max(1, STEP_ROWS_FACTOR * bs // P)
+    todo = sorted(todo, key=lambda c: plans[c].start)
     k = 0
     while k < len(todo):
         chunk = todo[k:k + per]
@@ -478,10 +499,15 @@ def _last_token(lm: LoadedModel, batch: Batch, cache, plans: list[_Plan], todo: 
         masks, vecs = _stack(lm, plans, chunk)
         step = None if cache is None else _shallow(cache)
         cs = torch.tensor(chunk, device=dev)
+        start = min(plans[i].start for i in chunk)
+        rec = at_last.get(start - 1) if start > 0 else None
+        if rec is None:
+            start = 0
         if mask4 is not None:  # packed: row p holds configurations chunk[0..c) side by side
             masks = {l: m[None] for l, m in masks.items()}  # (1, c, H)
             vecs = {l: v[None] for l, v in vecs.items()}  # (1, c, d)
-            with _interventions(lm, masks, fill, vecs, last_only=False):
+            with _skip_until(lm, start, None if rec is None else rec.expand(P, c, rec.shape[-1])), \
+                    _interventions(lm, masks, fill, vecs, last_only=False):
                 o = lm.model(input_ids=tok.expand(P, c), attention_mask=mask4, position_ids=pos.expand(P, c),
                              cache=step, use_cache=step is not None, logits_to_keep=0)
             logits = o.logits.reshape(P * c, -1)
@@ -491,7 +517,8 @@ def _last_token(lm: LoadedModel, batch: Batch, cache, plans: list[_Plan], todo: 
                 step.batch_repeat_interleave(c)
             masks = {l: m.repeat(P, 1)[:, None] for l, m in masks.items()}  # (P c, 1, H)
             vecs = {l: v.repeat(P, 1)[:, None] for l, v in vecs.items()}  # (P c, 1, d)
-            with _interventions(lm, masks, fill, vecs, last_only=False):
+            with _skip_until(lm, start, None if rec is None else rec.repeat_interleave(c, 0)), \
+                    _interventions(lm, masks, fill, vecs, last_only=False):
                 logits = _last_logits(lm, tok.repeat_interleave(c, 0), batch.attention_mask.repeat_interleave(c, 0),
                                       pos.repeat_interleave(c, 0), step)
             out.emit(logits, cs.repeat(P), ps.repeat_interleave(c), "sweep: last-token configurations")

@@ -15,6 +15,7 @@ from ...hooks import hooked
 from ...models import LoadedModel
 from .batching import Batch, Encoded, Progress, forward_last_logits, map_batches
 from .predict import Outcomes, predict_rows
+from .prefix_store import clean_forward, fits
 from .tsla import apply_final_ln, head_writes, label_space, tsla
 
 MAP_NAMES = ("tr", "tl", "dla_tr", "dla_tl", "flagged")
@@ -37,8 +38,9 @@ class HeadMaps:
 
 
 def head_maps(lm: LoadedModel, enc: Encoded, batch_size: int = 16, apply_ln: bool = False,
-              progress: Progress | None = None, padding: str = "left") -> HeadMaps:
-    """TSLA maps and outcomes of the encoded prompts."""
+              progress: Progress | None = None, padding: str = "left", keep_prefix: bool = False) -> HeadMaps:
+    """TSLA maps and outcomes of the encoded prompts. `keep_prefix`: keep the prompts' clean prefix states in
+    memory (`prefix_store`), so a later last-token ablation of them needs no clean pass."""
     L, H, dev = lm.n_layers, lm.n_heads, lm.device
     sums = torch.zeros(len(MAP_NAMES), L, H, dtype=torch.float64, device=dev)
     out = Outcomes.empty(1, len(enc.ids))
@@ -47,9 +49,18 @@ def head_maps(lm: LoadedModel, enc: Encoded, batch_size: int = 16, apply_ln: boo
     centered = lm.spec.norm == "layernorm"
     gain = lm.norm_gain().to(dev) if apply_ln else None
 
+    keep = keep_prefix and padding == "left" and fits(lm, sum(len(x) for x in enc.ids))
+
     def step(batch: Batch) -> None:
+        pending = None
         with hooked(lm, capture_z=True, capture_resid_final=apply_ln, last=batch.last) as trace:
-            logits = forward_last_logits(lm, batch)
+            if keep:
+                logits, pending = clean_forward(lm, batch.input_ids, batch.attention_mask, batch.position_ids,
+                                                [enc.ids[r] for r in batch.rows])
+            else:
+                logits = forward_last_logits(lm, batch)
+        if pending is not None:
+            pending.store(trace.z(H))
         lab = [enc.label_ids[r] for r in batch.rows]
         gold = [enc.gold[r] for r in batch.rows]
         out.record(np.zeros(len(batch.rows), np.int64), np.array(batch.rows), predict_rows(logits, lab, gold))

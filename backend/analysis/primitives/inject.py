@@ -9,7 +9,10 @@ unembedding reads), and zero-ablate heads at the last token with `mask` (layers,
     evaluate_injections(lm, enc, [Injection(), Injection({4: theta})])  # Outcomes, (configs, prompts)
 
 `injected_logits` runs no `inference_mode` of its own, so a trained vector (requires_grad) gets its gradient
-through it; the batch helpers here run under the model lock and inference mode (`map_batches`).
+through it; the batch helpers here run under the model lock and inference mode (`map_batches`). Where every
+injection acts at the last token only (above the embeddings), `evaluate_injections` runs them through the sweep
+engine: one token step each over the clean prefix's KV cache (`engine`), equal to full passes within float
+tolerance.
 """
 from __future__ import annotations
 
@@ -23,6 +26,7 @@ from ...hooks import hooked
 from ...models import LoadedModel
 from .batching import Batch, Encoded, Progress, forward_last_logits, map_batches
 from .predict import Outcomes, predict_rows
+from .sweep import RowConfig, sweep_outcomes
 
 
 @dataclass(frozen=True)
@@ -74,6 +78,9 @@ def evaluate_injections(lm: LoadedModel, enc: Encoded, injections: Sequence[Inje
                         progress: Progress | None = None) -> Outcomes:
     """Accuracy, label accuracy, TR ratio and predictions of every prompt under every injection,
     each (injections, prompts)."""
+    configs = as_row_configs(lm, injections)
+    if configs is not None:  # all at the last token: the sweep engine's steps over the clean prefix cache
+        return sweep_outcomes(lm, enc, configs, batch_size=batch_size, progress=progress)
     out = Outcomes.empty(len(injections), len(enc.ids))
     for c, inj in enumerate(injections):
         def step(batch: Batch, c: int = c, inj: Injection = inj) -> None:
@@ -83,6 +90,30 @@ def evaluate_injections(lm: LoadedModel, enc: Encoded, injections: Sequence[Inje
 
         sub = None if progress is None else (lambda f, m="", c=c: progress((c + f) / len(injections), m))
         map_batches(lm, enc.ids, batch_size, step, sub, "evaluating injections")
+    return out
+
+
+def as_row_configs(lm: LoadedModel, injections: Sequence[Injection]) -> list[RowConfig] | None:
+    """The injections as sweep configurations when each acts at the last prompt token only and above the
+    embeddings: a vector at the input of layer l >= 1 is one at the output of layer l - 1, `final` one at the last
+    layer's output, the mask a last-token mask (zero ablation). None when one of them does not fit (a vector at
+    the embeddings or at other positions, a per-row mask or vector)."""
+    out = []
+    for inj in injections:
+        inject: dict[int, torch.Tensor] = {}
+        if inj.vectors and (tuple(inj.positions) != (-1,) or min(inj.vectors) < 1):
+            return None
+        extra = [(int(l) - 1, v) for l, v in inj.vectors.items()]
+        if inj.final is not None:
+            extra.append((lm.n_layers - 1, inj.final))
+        for l, v in extra:
+            if v.dim() != 1:
+                return None
+            v = v.detach().float().cpu()
+            inject[l] = inject[l] + v if l in inject else v
+        if inj.mask is not None and inj.mask.dim() != 2:
+            return None
+        out.append(RowConfig(mask=inj.mask, positions="last", inject=inject or None))
     return out
 
 

@@ -9,7 +9,8 @@ vector at layer l is the mean ICL-minus-zero-shot difference of that same state 
     sweep_at_inputs(lm, enc, [{}, {4: v}, {0: w}])   # Outcomes (configs, prompts)
 
 Layers >= 1 run through the sweep engine (an addition to layer l - 1's output: one token over the clean prefix's
-KV cache); a configuration touching layer 0 runs as full passes with the hooks' input injection.
+KV cache, `inject.as_row_configs`); a configuration with a vector at layer 0 runs as full passes with the hooks'
+input injection, without sending the others there too.
 """
 from __future__ import annotations
 
@@ -20,50 +21,37 @@ import torch
 
 from ...models import LoadedModel
 from .batching import Encoded, Progress
-from .engine import RowConfig
-from .inject import Injection, evaluate_injections
+from .inject import Injection, as_row_configs, evaluate_injections
 from .predict import OUTCOMES, Outcomes
 from .sweep import sweep_outcomes
 
 Vectors = dict[int, torch.Tensor]
 
 
-def as_output_config(vectors: Vectors) -> RowConfig | None:
-    """The engine configuration adding `vectors` ({input layer: (d_model,)}) at the last token: each at the output
-    of layer l - 1; None when a non-zero vector sits at layer 0 (the embeddings, which the engine cannot reach)."""
-    inject = {}
-    for layer, v in vectors.items():
-        v = torch.as_tensor(v, dtype=torch.float32)
-        if int(layer) == 0:
-            if bool((v != 0).any()):
-                return None
-            continue
-        inject[int(layer) - 1] = v
-    return RowConfig(inject=inject or None)
-
-
 def sweep_at_inputs(lm: LoadedModel, enc: Encoded, configs: Sequence[Vectors], batch_size: int = 32,
                     progress: Progress | None = None) -> Outcomes:
     """Accuracy, label accuracy, TR ratio and predictions of every prompt with each configuration's vectors added at
-    their layers' inputs (last token), each (configs, prompts). An empty configuration is the plain pass."""
+    their layers' inputs (last token), each (configs, prompts). An empty configuration is the plain pass; a zero
+    vector at layer 0 is none."""
     for c, vectors in enumerate(configs):
         bad = [l for l in vectors if not 0 <= int(l) < lm.n_layers]
         if bad:
             raise ValueError(f"configuration {c}: layer {bad[0]} out of range: this model has decoder layers "
                              f"0..{lm.n_layers - 1} (a vector is added at a layer's input)")
-    rows = [as_output_config(v) for v in configs]
+    injections = [Injection({int(l): v for l, v in ((l, torch.as_tensor(v, dtype=torch.float32))
+                                                    for l, v in vectors.items()) if int(l) or bool((v != 0).any())})
+                  for vectors in configs]
+    rows = [as_row_configs(lm, [inj]) for inj in injections]  # None: a vector at the embeddings
     fast = [c for c, r in enumerate(rows) if r is not None]
     slow = [c for c, r in enumerate(rows) if r is None]
     out = Outcomes.empty(len(configs), len(enc.ids))
     share = len(fast) / max(len(configs), 1)
     if fast:
         sub = None if progress is None else (lambda f, m="": progress(share * f, m))
-        _place(out, fast, sweep_outcomes(lm, enc, [rows[c] for c in fast], batch_size=batch_size, progress=sub))
+        _place(out, fast, sweep_outcomes(lm, enc, [rows[c][0] for c in fast], batch_size=batch_size, progress=sub))
     if slow:
         sub = None if progress is None else (lambda f, m="": progress(share + (1 - share) * f, m))
-        _place(out, slow, evaluate_injections(lm, enc, [Injection({int(l): torch.as_tensor(v, dtype=torch.float32)
-                                                                  for l, v in configs[c].items()}) for c in slow],
-                                              batch_size, sub))
+        _place(out, slow, evaluate_injections(lm, enc, [injections[c] for c in slow], batch_size, sub))
     return out
 
 

@@ -9,7 +9,9 @@
     (higher accuracy, ties broken by lower loss); training stops after `patience` epochs without a better one.
 
 The model stays frozen (eval mode, no parameter gradients): only theta gets a gradient, through the hooks
-of `inject.injected_logits`. Training holds the model's lock. Data: zero-shot prompts (the query alone) of the
+of `inject.injected_logits`; with theta at the last token only, each prompt's clean prefix is computed once and
+every step is one token over it from the lowest injection layer on (`last_token.step_logits`; the same loss and
+gradient within float tolerance). Training holds the model's lock. Data: zero-shot prompts (the query alone) of the
 examples of the task's *demonstration* pool for the seed, split into training and held-out prompts, so the
 seed's query pool (what every analysis scores) is never trained or early-stopped on.
 """
@@ -28,6 +30,7 @@ from ...tasks.base import Prompt, Task, TaskError
 from .threads import cpu_threads
 from .batching import Encoded, make_batch, map_batches
 from .inject import Injection, gold_tokens, injected_logits
+from .last_token import Prefixes, clean_prefixes, step_logits
 
 MIN_TRAIN = 4
 MIN_VAL = 2
@@ -133,14 +136,17 @@ class TrainingDiverged(ValueError):
 OnStep = Callable[[int, int, float], None]  # (step, epoch, loss); may raise (a cancelled job)
 
 
-def _val(lm: LoadedModel, enc: Encoded, inj: Injection, gold: torch.Tensor, batch_size: int) -> tuple[float, float]:
-    """(full-vocabulary accuracy, mean CE of the gold first token) of the held-out prompts under `inj`."""
+def _val(lm: LoadedModel, enc: Encoded, inj: Injection, gold: torch.Tensor, batch_size: int,
+         pre: Prefixes | None = None) -> tuple[float, float]:
+    """(full-vocabulary accuracy, mean CE of the gold first token) of the held-out prompts under `inj` (with
+    `pre`, their kept prefixes: one token step each)."""
     correct, loss = 0, 0.0
     order = sorted(range(len(enc.ids)), key=lambda i: -len(enc.ids[i]))
     with torch.no_grad():
         for s in range(0, len(order), batch_size):
             rows = order[s:s + batch_size]
-            logits = injected_logits(lm, make_batch(lm, enc.ids, rows), inj)
+            logits = step_logits(pre, rows, inj.vectors) if pre is not None else \
+                injected_logits(lm, make_batch(lm, enc.ids, rows), inj)
             g = gold[rows].to(logits.device)
             correct += int((logits.argmax(-1) == g).sum())
             loss += float(torch.nn.functional.cross_entropy(logits, g, reduction="sum"))
@@ -183,7 +189,19 @@ def train_injection(lm: LoadedModel, layers: Sequence[int], positions: Sequence[
     val_loss: list[float] = []
     vb = max(recipe.batch_size, 16)
     with lm.lock, torch.enable_grad(), cpu_threads(lm):
-        init_acc, init_loss = _val(lm, val, Injection(vectors(), pos), gold_val, vb)
+        # theta at the last token only: each prompt's clean prefix once, then every step one token from the lowest
+        # injection layer on (`last_token`); other positions: full passes
+        pre_train = pre_val = None
+        if pos == (-1,):
+            pre_train = clean_prefixes(lm, train.ids, min(phi))
+            pre_val = clean_prefixes(lm, val.ids, min(phi)) if pre_train is not None else None
+
+        def logits_of(rows: list[int]) -> torch.Tensor:
+            if pre_train is not None:
+                return step_logits(pre_train, rows, vectors())
+            return injected_logits(lm, make_batch(lm, train.ids, rows), Injection(vectors(), pos))
+
+        init_acc, init_loss = _val(lm, val, Injection(vectors(), pos), gold_val, vb, pre_val)
         best = (init_acc, -init_loss)
         best_theta = {l: v.detach().clone() for l, v in vectors().items()}
         best_epoch, bad, stopped, epoch = 0, 0, "max epochs", 0
@@ -197,7 +215,7 @@ def train_injection(lm: LoadedModel, layers: Sequence[int], positions: Sequence[
                         order_rng.shuffle(stream)
                     rows.append(stream.pop(0))
                 drawn += len(rows)
-                logits = injected_logits(lm, make_batch(lm, train.ids, rows), Injection(vectors(), pos))
+                logits = logits_of(rows)
                 loss = torch.nn.functional.cross_entropy(logits, gold_train[rows].to(logits.device))
                 value = float(loss.detach())
                 if not math.isfinite(value):
@@ -211,7 +229,7 @@ def train_injection(lm: LoadedModel, layers: Sequence[int], positions: Sequence[
                 losses.append(value)
                 if on_step is not None:
                     on_step(len(losses), epoch, value)
-            acc, vloss = _val(lm, val, Injection(vectors(), pos), gold_val, vb)
+            acc, vloss = _val(lm, val, Injection(vectors(), pos), gold_val, vb, pre_val)
             if not math.isfinite(vloss):
                 raise TrainingDiverged(f"the held-out loss became {vloss} after epoch {epoch} (lr {recipe.lr}); "
                                        f"training stopped: try a smaller learning rate or init scale")

@@ -14,8 +14,10 @@ post-attention norm follows (Gemma 2 / 3), each write is taken through it, linea
 
 Linear propagation: perturbed vectors theta_i = theta + lambda_i ||theta|| e_i (e_i random unit vectors) are
 injected, and W (d, d) is fitted by least squares to Delta_i = mean_prompts (h_final(theta_i) - h_final(0)) ~ W
-theta_i, h_final the last layer's output at the last token. Its polar decomposition W = Q S (Q orthogonal, S
-symmetric positive semi-definite) splits propagation into a rotation, cos(theta, Q theta), and a stretch,
+theta_i, h_final the last layer's output at the last token. With theta at the last token only, each perturbation is
+one token step over the clean prefix's KV cache from layer l on (`last_token.final_change`); other positions run
+full passes. Its polar decomposition W = Q S (Q orthogonal, S symmetric positive semi-definite) splits
+propagation into a rotation, cos(theta, Q theta), and a stretch,
 ||S theta|| / ||theta||.
 """
 from __future__ import annotations
@@ -31,6 +33,7 @@ from ...models import LoadedModel
 from .batching import Batch, Encoded, Progress, make_batch, map_batches
 from .induction import eager_attention
 from .inject import Injection, final_states, gold_tokens, injected_logits
+from .last_token import final_change
 from .tsla import head_writes
 
 
@@ -155,12 +158,16 @@ def linear_propagation(lm: LoadedModel, enc: Encoded, layer: int, theta: torch.T
     lam = torch.rand(n, generator=g) * scale
     t = theta.detach().float().cpu()
     thetas = t[None] + lam[:, None] * t.norm() * e  # (n, d)
-    P = len(enc.ids)
-    base = final_states(lm, enc.ids, list(range(P)), {}, positions, batch_size)  # (P, d)
-    rows = [i for _ in range(n) for i in range(P)]
-    vec = thetas.repeat_interleave(P, dim=0)  # row r = (perturbation r // P, prompt r % P)
-    states = final_states(lm, enc.ids, rows, {layer: vec}, positions, batch_size, progress)
-    delta = (states - base.repeat(n, 1)).reshape(n, P, d).mean(1)  # (n, d)
+    # theta at the last token only: one token step per perturbation over the clean prefix, from `layer` on
+    delta = final_change(lm, enc.ids, layer, thetas, batch_size, progress=progress) if tuple(positions) == (-1,) \
+        else None
+    if delta is None:  # the reference: every (perturbation, prompt) pair a full pass
+        P = len(enc.ids)
+        base = final_states(lm, enc.ids, list(range(P)), {}, positions, batch_size)  # (P, d)
+        rows = [i for _ in range(n) for i in range(P)]
+        vec = thetas.repeat_interleave(P, dim=0)  # row r = (perturbation r // P, prompt r % P)
+        states = final_states(lm, enc.ids, rows, {layer: vec}, positions, batch_size, progress)
+        delta = (states - base.repeat(n, 1)).reshape(n, P, d).mean(1)  # (n, d)
     w, r2 = fit_linear(thetas, delta)
     rot, stretch = rotation_stretch(w, t)
     return {"w": w, "r2": r2, "rotation": rot, "stretch": stretch, "n": n}

@@ -22,9 +22,10 @@ __all__ = ["RowConfig", "run_sweep", "sweep_outcomes", "head_mask", "resolve_lay
 
 
 def sweep_outcomes(lm: LoadedModel, enc: Encoded, configs: Sequence[RowConfig], *, fill: torch.Tensor | None = None,
-                   batch_size: int = 32, progress: Progress | None = None) -> Outcomes:
+                   batch_size: int = 32, progress: Progress | None = None, keep_prefix: bool = False) -> Outcomes:
     """Accuracy, label accuracy, TR ratio and predictions of every prompt under every configuration,
-    each (configs, prompts)."""
+    each (configs, prompts). `keep_prefix`: keep the prompts' clean prefix states for later calls
+    (`prefix_store`)."""
     out = Outcomes.empty(len(configs), len(enc.ids))
 
     def on_logits(logits: torch.Tensor, cs: torch.Tensor, ps: torch.Tensor) -> None:
@@ -32,7 +33,8 @@ def sweep_outcomes(lm: LoadedModel, enc: Encoded, configs: Sequence[RowConfig], 
         rp = predict_rows(logits, [enc.label_ids[i] for i in pl], [enc.gold[i] for i in pl])
         out.record(cs.cpu().numpy(), np.array(pl), rp)
 
-    run_sweep(lm, enc.ids, configs, on_logits, fill=fill, batch_size=batch_size, progress=progress)
+    run_sweep(lm, enc.ids, configs, on_logits, fill=fill, batch_size=batch_size, progress=progress,
+              keep_prefix=keep_prefix)
     return out
 
 

@@ -1,0 +1,170 @@
+"""How fast a loaded model runs here: the CPU thread count that runs it fastest, and seconds per forward pass and
+per token, measured on the model itself and cached.
+
+Threads (`best_threads`): on the CPU the candidates are 1 and torch's current setting (the ceiling the process was
+given). A small model's matrices split badly across threads, and on a CPU shared with other work its intra-op
+threads wait for each other (each op can get 10-30x slower); on an idle machine, though, two threads run
+SmolLM2-135M and Gemma-3-270M 1.6-1.9x faster than one. Which one wins is measured, not guessed from the width: a
+probe of the model's first PROBE_LAYERS decoder layers (the rest pass their input through) on PROBE_TOKENS tokens,
+one thread first, then the ceiling (given up after its warm-up when that alone is GIVE_UP x slower), medians of
+REPEATS. Measured again after MAX_AGE_S: the machine's load changes. GPUs keep torch's setting.
+
+Seconds (`speed`, `pass_seconds`): a forward pass of `tokens` tokens in all is modelled as
+    seconds = per_pass + per_token * tokens
+(per_pass: the fixed cost of one pass, weights read and per-layer overheads; it dominates on a tiny model), fitted
+from whole passes of random token ids at two sizes (SMALL and LARGE tokens), at the best thread count; measured
+once per model and thread ceiling.
+
+    best_threads(lm)                            # 1 or torch's setting
+    pass_seconds(lm, tokens=4850, passes=4)     # what a cost model turns "passes" into
+"""
+from __future__ import annotations
+
+import statistics
+import threading
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Iterator
+
+import torch
+
+from ...models import LoadedModel
+
+SMALL, LARGE = 8, 64  # tokens of the two timed whole passes (one row each)
+PROBE_LAYERS, PROBE_TOKENS = 2, 64
+REPEATS = 2
+GIVE_UP = 3.0
+MAX_AGE_S = 600.0
+
+
+@dataclass(frozen=True)
+class Speed:
+    """threads: the thread count passes ran with; per_pass, per_token: seconds (see the module docstring)."""
+
+    threads: int
+    per_pass: float
+    per_token: float
+    measured_at: float = 0.0
+
+    def seconds(self, tokens: float, passes: float = 1.0) -> float:
+        return max(0.0, passes * self.per_pass + tokens * self.per_token)
+
+
+_SPEED: dict[tuple, Speed] = {}
+_THREADS: dict[tuple, tuple[int, float, dict[int, float]]] = {}
+_LOCK = threading.Lock()
+
+
+def _sync(lm: LoadedModel) -> None:
+    if lm.device.type == "cuda":
+        torch.cuda.synchronize(lm.device)
+
+
+def _timed(lm: LoadedModel, ids: torch.Tensor) -> float:
+    _sync(lm)
+    t0 = time.perf_counter()
+    lm.model(input_ids=ids, use_cache=False, logits_to_keep=1)
+    _sync(lm)
+    return time.perf_counter() - t0
+
+
+def _ids(lm: LoadedModel, rows: int, n: int) -> torch.Tensor:
+    vocab = min(len(lm.tokenizer), lm.unembed.shape[0])
+    g = torch.Generator().manual_seed(n)
+    return torch.randint(0, vocab, (rows, n), generator=g).to(lm.device)
+
+
+@contextmanager
+def _first_layers(lm: LoadedModel, k: int) -> Iterator[None]:
+    """Decoder layers >= k pass their input through (a probe of the first k layers)."""
+    def through(*args, **kwargs):
+        return args[0] if args else kwargs["hidden_states"]
+
+    rest = [lm.layers[i] for i in range(k, lm.n_layers)]
+    try:
+        for m in rest:
+            m.forward = through
+        yield
+    finally:
+        for m in rest:
+            m.__dict__.pop("forward", None)
+
+
+def _key(lm: LoadedModel) -> tuple:
+    return lm.fingerprint, str(lm.device), str(lm.dtype), torch.get_num_threads()
+
+
+def measure_threads(lm: LoadedModel) -> tuple[int, dict[int, float]]:
+    """(the faster of 1 and torch's current thread count for `lm` now, probe seconds per candidate); torch's
+    setting is restored."""
+    ceiling = torch.get_num_threads()
+    if lm.device.type != "cpu" or ceiling == 1:
+        return ceiling, {}
+    ids = _ids(lm, 2, PROBE_TOKENS // 2)
+    by: dict[int, float] = {}
+    try:
+        with lm.lock, torch.inference_mode(), _first_layers(lm, min(PROBE_LAYERS, lm.n_layers)):
+            torch.set_num_threads(1)
+            _timed(lm, ids)
+            by[1] = statistics.median(_timed(lm, ids) for _ in range(REPEATS))
+            torch.set_num_threads(ceiling)
+            warm = _timed(lm, ids)
+            if warm > GIVE_UP * by[1]:  # waiting threads: no need to time them twice more
+                by[ceiling] = warm
+            else:
+                by[ceiling] = statistics.median(_timed(lm, ids) for _ in range(REPEATS))
+    finally:
+        torch.set_num_threads(ceiling)
+    return min(by, key=lambda n: (by[n], n)), by
+
+
+def best_threads(lm: LoadedModel, max_age_s: float = MAX_AGE_S) -> int:
+    """The thread count `lm` runs fastest with here (cached per model and thread ceiling, for `max_age_s`)."""
+    key = _key(lm)
+    with _LOCK:
+        found = _THREADS.get(key)
+    if found is not None and time.time() - found[1] <= max_age_s:
+        return found[0]
+    n, by = measure_threads(lm)
+    with _LOCK:
+        _THREADS[key] = (n, time.time(), by)
+    return n
+
+
+def measure(lm: LoadedModel) -> Speed:
+    """Seconds per pass and per token now, from whole passes of SMALL and LARGE tokens at the best thread count
+    (torch's setting is restored)."""
+    before = torch.get_num_threads()
+    n = best_threads(lm)
+    small, large = _ids(lm, 1, SMALL), _ids(lm, 1, LARGE)
+    try:
+        torch.set_num_threads(n)
+        with lm.lock, torch.inference_mode():
+            _timed(lm, large)
+            t_large = statistics.median(_timed(lm, large) for _ in range(REPEATS))
+            t_small = statistics.median(_timed(lm, small) for _ in range(REPEATS + 1))
+    finally:
+        torch.set_num_threads(before)
+    per_token = max((t_large - t_small) / (LARGE - SMALL), 1e-9)
+    per_pass = max(t_small - SMALL * per_token, 0.0)
+    return Speed(n, per_pass, per_token, time.time())
+
+
+def speed(lm: LoadedModel) -> Speed:
+    """The model's `Speed`, measured once per model, device and thread ceiling."""
+    key = _key(lm)
+    with _LOCK:
+        found = _SPEED.get(key)
+    if found is not None:
+        return found
+    got = measure(lm)
+    with _LOCK:
+        _SPEED[key] = got
+    return got
+
+
+def pass_seconds(lm: LoadedModel, tokens: float, passes: float = 1.0) -> float:
+    """Estimated seconds of `passes` forward passes over `tokens` tokens in all, on this model here (a backward
+    pass costs about twice a forward one)."""
+    return speed(lm).seconds(tokens, passes)
