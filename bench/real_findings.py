@@ -83,14 +83,14 @@ def main() -> None:
     ap.add_argument("--shots", type=int, default=8, help="TSLA demonstrations per prompt")
     ap.add_argument("--random-sets", type=int, default=3, help="random head sets per k (TSLA ablation)")
     ap.add_argument("--site-prompts", type=int, default=50, help="SITE test prompts (seed 0)")
-    ap.add_argument("--ltv-tasks", default="present-past,country-capital,antonym,sentiment",
+    ap.add_argument("--ltv-tasks", default="present-past,country-capital,sentiment",
                     help="tasks of the LTV layer sweep (every task gets the middle layer)")
     ap.add_argument("--ltv-layers", default="quarters", help="'quarters' (L/4, L/2, 3L/4 and the vanilla vector's "
                                                              "best layer) or a comma list")
     ap.add_argument("--ltv-prompts", type=int, default=50, help="LTV and its steer sweeps: held-out queries")
     ap.add_argument("--ltv-shots", type=int, default=8)
-    ap.add_argument("--ltv-perturbations", type=int, default=256,
-                    help="linear propagation: perturbed vectors per layer (the kind's default: 2 d_model, <= 1024)")
+    ap.add_argument("--ltv-perturbations", type=int, default=None,
+                    help="linear propagation: perturbed vectors per layer (default: the kind's, 2 d_model, <= 1024)")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--out", default=None)
     ap.add_argument("--json", default=None)

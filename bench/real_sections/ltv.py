@@ -31,7 +31,7 @@ def sweep_layers(lm: Any, spec: str, vanilla_best: int | None) -> list[int]:
 
 def plan(a: Any, tasks: list) -> str:
     sub = [t for t in a.ltv_tasks.split(",") if t in dict(tasks)]
-    return (f"{len(tasks)} ltv runs at the middle layer (mechanism, {a.ltv_perturbations} perturbations) + 2 steer "
+    return (f"{len(tasks)} ltv runs at the middle layer (mechanism, {a.ltv_perturbations or 'default'} perturbations) + 2 steer "
             f"sweeps each; {len(sub)} tasks ({', '.join(sub)}) also at layers '{a.ltv_layers}'")
 
 
@@ -143,9 +143,10 @@ def render(models: dict, a: dict) -> list[str]:
     out = ["## LTV: learned task vectors", "",
            f"Seed 0, {a['ltv_prompts']} held-out queries, zero-shot prompts (ICL: {a['ltv_shots']} shots); the `ltv` "
            "kind's default recipe (residual units, lr 5e-3, AdamW, up to 10 epochs of 100 prompts, batch 4"
-           + (f"; here {a['ltv_recipe']}" if a.get("ltv_recipe") else "") + f"); mechanism with {a['ltv_perturbations']} "
-           "perturbations for the linear propagation (the kind's default is 2 d_model, at most 1024: "
-           "reduced for the CPU budget). The paper's 83.5 / 37.8 / 37.3 are LTV / vanilla TV / FV (`options."
+           + (f"; here {a['ltv_recipe']}" if a.get("ltv_recipe") else "") + "); mechanism with "
+           + (f"{a['ltv_perturbations']} perturbations" if a.get("ltv_perturbations") else
+              "the kind's default number of perturbations (2 d_model, at most 1024)") + " for the linear propagation. "
+           "The paper's 83.5 / 37.8 / 37.3 are LTV / vanilla TV / FV (`options."
            "LTV_PAPER`: the issue lists them as 37.8 / 37.3 / 83.5, vanilla and FV first). Accuracy %.", ""]
     for m, e in models.items():
         res = e.get("ltv")
