@@ -180,6 +180,13 @@ def render(models: dict, a: dict) -> list[str]:
             out.append(f"| {t} | {k['k']} | {pct(k['ltv'])} | {pct(k['ablated'])} | {pct(k['random_mean'])} ± "
                        f"{pct(k['random_std'])} | {', '.join(map(str, k['layers']))} |")
         out.append("")
+        shift = [f"{t} {pct(x['extracted']['vanilla']['curve'][res['mid']])} vs "
+                 f"{pct(x['extracted']['vanilla']['curve'][res['mid'] + 1])}" for t, x in rows.items()
+                 if "vanilla" in x["extracted"] and res["mid"] + 1 < len(x["extracted"]["vanilla"]["curve"])]
+        out.append(f"One definition: the vanilla task vector at layer {res['mid']}'s input (what `ltv` used) against "
+                   f"layer {res['mid']}'s output = layer {res['mid'] + 1}'s input (what `steer` and `site` used as "
+                   "\"the middle layer\" before): " + "; ".join(shift) + ". Every kind now uses the input.")
+        out.append("")
         out.append("Extracted vectors along every layer (steer sweep, seed 0, accuracy %): "
                    + "; ".join(f"{t} vanilla [" + " ".join(pct(v) for v in x["extracted"]["vanilla"]["curve"]) + "]"
                                for t, x in rows.items() if "vanilla" in x["extracted"]) + ".")
