@@ -37,8 +37,9 @@ Per task:
 - F2: ablating the top-k TL heads lowers accuracy by at least 0.1 and at least 2x as much as k random heads, while
   the TR ratio keeps at least 80% of its unablated value.
 - F3: Jaccard(top TR, top induction) > Jaccard(top TL, top induction) (top 3% sets, mean over seeds).
-- Geometry: the TR vector raises the last layer's label-subspace alignment more than the TL vector (4a); the TL
-  vector raises the logit difference more than the TR vector (4b).
+- Geometry: the TR vector raises the last layer's label-subspace alignment, and more than the TL vector (4a); the
+  TL vector raises the logit difference, and more than the TR vector (4b). (bench/FINDINGS.md compares the two
+  changes only, whatever their sign; that looser count is given beside.)
 - LTV vs vanilla / FV: the LTV's accuracy is above both.
 - Key heads: ablating the LTV's top-10% heads by saliency lowers its accuracy by more than the mean of random sets
   of the same size plus 2 standard deviations.
