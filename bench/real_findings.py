@@ -84,14 +84,18 @@ def main() -> None:
     ap.add_argument("--shots", type=int, default=8, help="TSLA demonstrations per prompt")
     ap.add_argument("--random-sets", type=int, default=3, help="random head sets per k (TSLA ablation)")
     ap.add_argument("--site-prompts", type=int, default=50, help="SITE test prompts (seed 0)")
-    ap.add_argument("--ltv-tasks", default="present-past,country-capital,sentiment",
+    ap.add_argument("--site-tasks", default="sentiment,topic,antonym,present-past",
+                    help="tasks of the SITE section (a subset of --tasks; SITE is the costliest kind on a CPU)")
+    ap.add_argument("--ltv-main-tasks", default="present-past,country-capital,sentiment,antonym",
+                    help="tasks of the LTV section at the middle layer (a subset of --tasks)")
+    ap.add_argument("--ltv-tasks", default="present-past",
                     help="tasks of the LTV layer sweep (every task gets the middle layer)")
     ap.add_argument("--ltv-layers", default="quarters", help="'quarters' (L/4, L/2, 3L/4 and the vanilla vector's "
                                                              "best layer) or a comma list")
-    ap.add_argument("--ltv-prompts", type=int, default=50, help="LTV and its steer sweeps: held-out queries")
+    ap.add_argument("--ltv-prompts", type=int, default=30, help="LTV and its steer sweeps: held-out queries")
     ap.add_argument("--ltv-shots", type=int, default=8)
-    ap.add_argument("--ltv-perturbations", type=int, default=None,
-                    help="linear propagation: perturbed vectors per layer (default: the kind's, 2 d_model, <= 1024)")
+    ap.add_argument("--ltv-perturbations", type=int, default=256,
+                    help="linear propagation: perturbed vectors per layer (the kind defaults to 2 d_model, <= 1024; 256 here for the CPU budget)")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--out", default=None)
     ap.add_argument("--json", default=None)
@@ -117,7 +121,7 @@ def main() -> None:
     tasks, notes = resolve_tasks(a.tasks.split(","), Path(a.fv_dir))
     if a.plan:
         for s in sections:
-            print(f"{s}: {runners[s].plan(a, tasks)}")
+            print(f"{s}: {runners[s].plan(a, section_tasks(a, s, tasks))}")
         return
     t0 = time.time()
     data: dict = {"args": {k: v for k, v in vars(a).items()}, "notes": notes, "models": {}}
@@ -127,7 +131,7 @@ def main() -> None:
                  f"({lm.n_kv_heads} KV), d_model {lm.d_model}", "device": str(lm.device), "_args_shots": a.shots}
         for s in sections:
             t1 = time.time()
-            entry[s] = runners[s].measure(lm, tasks, a, log=lambda m: print(f"[{label} {s}] {m}", file=sys.stderr,
+            entry[s] = runners[s].measure(lm, section_tasks(a, s, tasks), a, log=lambda m: print(f"[{label} {s}] {m}", file=sys.stderr,
                                                                              flush=True))
             entry[f"{s}_seconds"] = time.time() - t1
         data["models"][label] = entry
@@ -141,6 +145,15 @@ def main() -> None:
         print(report)
     if a.json:
         Path(a.json).write_text(json.dumps(data, indent=1, default=str))
+
+
+def section_tasks(a: argparse.Namespace, section: str, tasks: list) -> list:
+    """The tasks a section measures: every task for TSLA, --site-tasks / --ltv-main-tasks (in --tasks) for the others."""
+    pick = {"site": a.site_tasks, "ltv": a.ltv_main_tasks}.get(section)
+    if pick is None:
+        return tasks
+    names = set(pick.split(","))
+    return [(n, t) for n, t in tasks if n in names]
 
 
 def sections_by_name() -> dict:
@@ -157,6 +170,7 @@ def smoke(a: argparse.Namespace) -> None:
     os.environ["HEADLENS_CACHE_DIR"] = str(tmp / "cache")
     a.model, a.label, a.tasks, a.sections = "default", None, "syn-sentiment,syn-antonym", ",".join(SECTIONS)
     a.seeds, a.prompts, a.shots, a.random_sets, a.site_prompts = "0", 4, 2, 1, 4
+    a.site_tasks = a.ltv_main_tasks = a.tasks
     a.ltv_tasks, a.ltv_layers, a.ltv_perturbations, a.ltv_prompts, a.ltv_shots = "syn-antonym", "quarters", 8, 4, 2
     a.site_recipe = {"m": 4, "shots": 2, "steps": 4, "val_every": 2, "val_prompts": 3, "max_new_tokens": 2}
     a.ltv_recipe = {"epochs": 1, "train_prompts": 4, "val_prompts": 4, "random_draws": 2}
