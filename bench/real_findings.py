@@ -88,6 +88,9 @@ def main() -> None:
                     help="tasks of the SITE section (a subset of --tasks; SITE is the costliest kind on a CPU)")
     ap.add_argument("--ltv-main-tasks", default="present-past,country-capital,sentiment,antonym",
                     help="tasks of the LTV section at the middle layer (a subset of --tasks)")
+    ap.add_argument("--light", default="gemma3-270m",
+                    help="labels measured at a reduced scope for the CPU budget: TSLA on the first seed only, SITE on "
+                         "the first 2 --site-tasks, LTV on the first 2 --ltv-main-tasks and no layer sweep")
     ap.add_argument("--ltv-tasks", default="present-past",
                     help="tasks of the LTV layer sweep (every task gets the middle layer)")
     ap.add_argument("--ltv-layers", default="quarters", help="'quarters' (L/4, L/2, 3L/4 and the vanilla vector's "
@@ -129,9 +132,17 @@ def main() -> None:
         lm = load_model(name)
         entry = {"label": label, "name": name, "shape": f"{lm.n_layers} layers x {lm.n_heads} heads "
                  f"({lm.n_kv_heads} KV), d_model {lm.d_model}", "device": str(lm.device), "_args_shots": a.shots}
+        light = label in (a.light or "").split(",")
+        scope = argparse.Namespace(**vars(a))
+        if light:
+            scope.seeds, scope.ltv_tasks = a.seeds[:1], ""
+            scope.site_tasks = ",".join(a.site_tasks.split(",")[:2])
+            scope.ltv_main_tasks = ",".join(a.ltv_main_tasks.split(",")[:2])
+        entry["scope"] = {"seeds": scope.seeds, "site_tasks": scope.site_tasks, "ltv_main_tasks": scope.ltv_main_tasks,
+                          "ltv_tasks": scope.ltv_tasks, "light": light}
         for s in sections:
             t1 = time.time()
-            entry[s] = runners[s].measure(lm, section_tasks(a, s, tasks), a, log=lambda m: print(f"[{label} {s}] {m}", file=sys.stderr,
+            entry[s] = runners[s].measure(lm, section_tasks(scope, s, tasks), scope, log=lambda m: print(f"[{label} {s}] {m}", file=sys.stderr,
                                                                              flush=True))
             entry[f"{s}_seconds"] = time.time() - t1
         data["models"][label] = entry
@@ -191,6 +202,12 @@ def render(data: dict, sections: list[str]) -> str:
            "the last prompt token; the middle layer is L/2. `accuracy`: the full-vocabulary argmax is the gold "
            "answer's first token; exact match: the generated answer, cut at the separator or a newline, begins with "
            "the gold answer (SITE's rule).", "", RULES, ""]
+    light = [m for m in models.values() if m.get("scope", {}).get("light")]
+    for m in light:
+        sc = m["scope"]
+        out += [f"Scope of `{m['label']}` (reduced for the 2-core CPU budget, `--light`): TSLA on seed "
+                f"{', '.join(map(str, sc['seeds']))} only; SITE on {sc['site_tasks']}; LTV on {sc['ltv_main_tasks']} "
+                f"at the middle layer, no layer sweep.", ""]
     if data["notes"]:
         out += ["Left out: " + "; ".join(data["notes"]), ""]
     summary = [row for s in sections for row in runners[s].summary(models, a)]
