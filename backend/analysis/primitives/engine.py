@@ -56,6 +56,7 @@ PACKED = True  # tests switch it off to exercise the repeated-cache step on ever
 # The cost of one more pass, in tokens' worth of compute (weights read once per pass, per-layer overheads):
 # grouping all-position configurations weighs it against recomputing clean layers. See `_chunks`.
 PASS_OVERHEAD_TOKENS = 64
+STORED_BATCH = 128  # prompts per batch when every clean prefix is kept (`prefix_store`): steps read the weights once
 
 
 @dataclass(frozen=True)
@@ -265,6 +266,8 @@ def _run_fast(lm: LoadedModel, ids: Sequence[Sequence[int]], plans: list[_Plan],
     every = [c for c, p in enumerate(plans) if p.kind == "all"]
     order = sorted(range(len(ids)), key=lambda i: -len(ids[i]))
     done, bs = 0, batch_size
+    if not every and STORE.get(lm, ids) is not None:  # no clean pass at all: the prompts in fewer, fuller steps
+        bs = max(bs, min(len(ids), STORED_BATCH))
     while done < len(order):
         prompts = order[done:done + bs]
         try:
