@@ -377,6 +377,22 @@ def test_selecting_heads_changes_the_ablation_results(inprocess, task_name):
 
 
 @needs_model
+def test_live_toggle_at_the_last_token_or_every_position(inprocess, task_name):
+    """The live toggle ablates at the last token by default (what the kept clean prefix makes fast); a link or the
+    control switches it to every position, and the numbers follow the setting."""
+    at = page(ABLATION, model=MODEL, task=task_name, heads="0.1,1.0", **SMALL)
+    at.run()
+    assert_clean(at)
+    assert at.segmented_control(key="w_ab_positions").value == "last"
+    assert any("zero ablation of L0.H1, L1.H0 at the last token" in c.value for c in at.caption)
+    last = frame_with(at, "gold_prob_after")["gold_prob_after"].tolist()
+    at.segmented_control(key="w_ab_positions").set_value("all").run()
+    assert_clean(at)
+    assert any("zero ablation of L0.H1, L1.H0 at every position" in c.value for c in at.caption)
+    assert frame_with(at, "gold_prob_after")["gold_prob_after"].tolist() != last
+    assert at.query_params.get("ab_positions") in ("all", ["all"])
+
+
 def test_a_link_reopens_the_same_view(inprocess, task_name):
     at = page(ABLATION, model=MODEL, task=task_name, heads="0.1,1.0", mode="mean", kmax="2", **SMALL)
     at.run()

@@ -4,6 +4,7 @@ left a bar extrapolates from it holds. The work is what actually ran, counted in
 unembedding its rows of logits; a pass under autograd (followed by its backward) as 3. No clocks."""
 from __future__ import annotations
 
+import pytest
 import torch
 import transformers as T
 
@@ -20,13 +21,23 @@ def test_spans_share_the_bar_by_cost():
     assert spans({"cached": 0, "b": 2}) == {"cached": (0.0, 0.0), "b": (0.0, 1.0)}
 
 
-def test_ltv_progress_follows_the_work_done(gpt2_tokenizer):
+def _model(tok):
     d = CONFIGS["llama"]().to_dict()
     d["num_hidden_layers"] = 4
     torch.manual_seed(0)
-    lm = wrap(T.AutoModelForCausalLM.from_config(T.LlamaConfig(**d)).eval(), gpt2_tokenizer, "tiny-llama-4l")
-    task = Task("tiny-parity", "classification", [(str(i), "even" if i % 2 == 0 else "odd") for i in range(60)],
-                Template("{input} is {output}\n"))
+    return wrap(T.AutoModelForCausalLM.from_config(T.LlamaConfig(**d)).eval(), tok, "tiny-llama-4l")
+
+
+TASK = Task("tiny-parity", "classification", [(str(i), "even" if i % 2 == 0 else "odd") for i in range(60)],
+            Template("{input} is {output}\n"))
+RUNS = {"ltv": dict(layer=2, epochs=2, train_prompts=12, val_prompts=4, prompts=8, shots=2, top_k=2, random_draws=2,
+                    perturbations=96),
+        "site": dict(m=4, shots=2, prompts=6, steps=12, val_every=4, val_prompts=3, max_new_tokens=4, budget=[1, 4])}
+
+
+@pytest.mark.parametrize("kind", sorted(RUNS))
+def test_progress_follows_the_work_done(kind, gpt2_tokenizer):
+    lm, task = _model(gpt2_tokenizer), TASK
     work = [0.0]
     u = unembed_layers(lm)
 
@@ -40,13 +51,11 @@ def test_ltv_progress_follows_the_work_done(gpt2_tokenizer):
     handles.append(lm.model.get_output_embeddings().register_forward_pre_hook(count_logits))
     seen: list[tuple[float, float]] = []
     try:
-        analyze("ltv", lm, task, cache=True, progress=lambda f, m="": seen.append((f, work[0])), layer=2,
-                epochs=2, train_prompts=12, val_prompts=4, prompts=8, shots=2, top_k=2, random_draws=2,
-                perturbations=96)
+        analyze(kind, lm, task, cache=True, progress=lambda f, m="": seen.append((f, work[0])), **RUNS[kind])
     finally:
         for h in handles:
             h.remove()
     fractions = [f for f, _ in seen]
     assert fractions == sorted(fractions) and fractions[-1] == 1.0
     off = max(abs(f - w / work[0]) for f, w in seen)
-    assert off <= 0.15, off  # the fixed shares before read 0.27 off here
+    assert off <= 0.15, off  # the fixed shares before read 0.27 (ltv) off here

@@ -234,6 +234,21 @@ def test_training_moves_alphas_and_keeps_the_best(lms, task, arch):
     assert torch.equal(again.logits, tr.logits)  # seeded
 
 
+@pytest.mark.parametrize("arch", ["llama", "gpt2"])
+def test_training_over_kept_prefixes_equals_full_passes(lms, task, arch, monkeypatch):
+    """Steps of one token over each prompt's kept prefix give the full passes' losses, validations and alphas."""
+    lm = lms[arch]
+    d = S.site_data(lm, task, m=6, shots=2, val_prompts=3, test_prompts=4, seed=0)
+    enc = S.encode_all(lm, task, d)
+    t = capture_means(lm, enc["embed"], "z")
+    fast = S.train_alphas(lm, t, enc["train"], enc["val"], steps=8, lr=0.2, val_every=4, batch=2)
+    monkeypatch.setattr(S, "clean_prefixes", lambda *a, **k: None)  # the reference: full passes
+    ref = S.train_alphas(lm, t, enc["train"], enc["val"], steps=8, lr=0.2, val_every=4, batch=2)
+    assert fast.loss == pytest.approx(ref.loss, rel=1e-5, abs=1e-6)
+    assert [v["loss"] for v in fast.val] == pytest.approx([v["loss"] for v in ref.val], rel=1e-5, abs=1e-6)
+    assert fast.best_step == ref.best_step and torch.allclose(fast.logits, ref.logits, atol=1e-5)
+
+
 def test_site_kind_save_load_same_accuracy_and_refusals(lms, task, gpt2_tokenizer, tmp_path):
     lm = lms["llama"]
     r = analyze("site", lm, task, **SMALL, compare=["zero_shot", "icl", "all_ones"], icl_shots=[2], patching=[1, 2, 40],

@@ -14,7 +14,7 @@ import torch
 
 from .kernel import Context
 from .params import AblateParams, AblationCurvesParams, PromptParams
-from .primitives.batching import Encoded, build_prompts, encode
+from .primitives.batching import Encoded, built_and_encoded
 from .primitives.capture import capture_means
 from .primitives.predict import predicted_label
 from .primitives.prefix_store import stored_z_mean
@@ -24,10 +24,9 @@ from .primitives.sweep import RowConfig, head_mask, sweep_outcomes
 
 def _prompts(ctx: Context, p: PromptParams, mode: str, progress: Any = None) -> tuple[Encoded, torch.Tensor | None]:
     """The encoded ICL prompts, and the mean-ablation fill (layers, heads, head_dim) when mode is mean."""
-    built = build_prompts(ctx.lm, ctx.task, p.shots, p.prompts, p.seed)
+    built, enc = built_and_encoded(ctx.lm, ctx.task, p.shots, p.prompts, p.seed)  # a toggle's prompts: remembered
     for w in built.warnings:
         ctx.warn(w)
-    enc = encode(ctx.lm, built.prompts, ctx.task.kind)
     fill = None
     if mode == "mean":  # from the prompts' kept clean states when the head maps' pass left them, else a pass
         fill = stored_z_mean(ctx.lm, enc.ids)

@@ -31,13 +31,15 @@ def maps(ctx: Context, p: MapsParams) -> dict[str, Any]:
     # progress by each pass's cost (`stages`; the induction pass: 4 repeated random sequences, eager attention ~2x)
     L, U, bs = lm.n_layers, unembed_layers(lm), p.batch_size
     share = spans({"heads": pass_cost(L, tokens(enc.ids), len(enc.ids) / bs) + len(enc.ids) * U,
-                   "zero": pass_cost(L, tokens(zenc.ids), len(zenc.ids) / bs) + len(zenc.ids) * U if zenc else 0,
+                   "zero": pass_cost(L, tokens(zenc.ids)) + len(zenc.ids) * U if zenc else 0,
                    "induction": 2 * pass_cost(L, 4 * (2 * induction_length(lm) + 1)) + 4 * U})
     # the prompts' clean prefix stays in memory: the Ablation page's first live toggle of them needs no clean pass
     hm = head_maps(lm, enc, p.batch_size, p.apply_ln, ctx.stage(*share["heads"], "scoring heads"), keep_prefix=True)
     zero = None
     if zenc is not None:  # a given prompt set has no zero-shot counterpart
-        zero = evaluate(lm, zenc, p.batch_size, ctx.stage(*share["zero"], "zero-shot")).metrics
+        # the short zero-shot prompts in batches of as many tokens as the k-shot ones (fewer passes: speed only)
+        zbs = min(256, max(p.batch_size, p.batch_size * tokens(enc.ids) // max(tokens(zenc.ids), 1)))
+        zero = evaluate(lm, zenc, zbs, ctx.stage(*share["zero"], "zero-shot")).metrics
     ctx.progress(share["induction"][0], "induction scores")
     ind = induction_scores(lm)
     return {"n_layers": lm.n_layers, "n_heads": lm.n_heads, "shots": built.shots, "prompts": built.n,

@@ -33,6 +33,7 @@ from .primitives.generate import evaluate_generation, require_kv_cache, stop_str
 from .primitives.inject import vector_at
 from .primitives.saved import default_path
 from .primitives.selection import n_top, overlap
+from .primitives.stages import pass_cost, spans, tokens, unembed_layers
 from .primitives.threads import cpu_threads
 from .primitives.soft_select import (decisive_shares, encode_all, hard_alpha, hook_factory, load_site,
                                      lora_params, ranked_heads, save_site, site_data, train_alphas)
@@ -44,6 +45,48 @@ EXAMPLES = 10
 
 def gen_metrics(ev: dict[str, Any]) -> dict[str, Any]:
     return {k: ev[k] for k in ("accuracy", "label_accuracy", "tr_ratio", "n", "exact_match", "strict_match") if k in ev}
+
+
+def _generation_cost(L: int, U: float, n: int, n_tokens: float, new_tokens: int, bs: int) -> float:
+    """Greedy generation in token-layers (`stages`): the prefill, then up to `new_tokens` one-token steps."""
+    return pass_cost(L, n_tokens, n / bs) + new_tokens * (pass_cost(L, n, n / bs) + n * U)
+
+
+def _costs(ctx: Context, p: SiteParams, enc: dict[str, Any]) -> dict[str, float]:
+    """Each stage of `site` in token-layers (`primitives.stages`); sub-results already cached cost 0. A SITE
+    training is `steps` gradient steps of `train_batch` one-token rows (forward and backward: 3 passes) and a
+    validation every `val_every` steps; the budget curve runs a SITE (embedding, training, evaluation) per M."""
+    lm = ctx.lm
+    L, U, bs, n_new = lm.n_layers, unembed_layers(lm), p.batch_size, p.max_new_tokens
+    test, n_test = enc["test"], len(enc["test"].ids)
+    n_val = len(enc["val"].ids)
+    gen = _generation_cost(L, U, n_test, tokens(test.ids), n_new, bs)
+    train = (3 * p.steps * (pass_cost(L, p.train_batch) + p.train_batch * U)
+             + (p.steps // p.val_every + 1) * (pass_cost(L, n_val, n_val / 16) + n_val * U))
+    per_embed = tokens(enc["embed"].ids) / max(len(enc["embed"].ids), 1)
+    costs = {"embed": 0.0 if p.load else pass_cost(L, tokens(enc["embed"].ids), len(enc["embed"].ids) / bs),
+             "train": 0.0 if p.load else train, "evaluate": 2 * gen}
+    zero_len = tokens(test.ids) / max(n_test, 1)
+    base = 0.0
+    for name in p.compare:
+        if name in ("zero_shot", "all_ones", "fv", "vanilla"):
+            base += gen
+        elif name == "icl":  # k-shot prompts: about k + 1 times the zero-shot prompt each
+            base += sum(_generation_cost(L, U, n_test, n_test * zero_len * (k + 1), n_new, bs) for k in p.icl_shots)
+    if {"fv", "vanilla"} & set(p.compare):
+        fields = {"types": [v for v in ("fv", "vanilla") if v in p.compare], "prompts": min(p.prompts, o.PROMPTS),
+                  "seed": p.seed}
+        if ctx.cached("vectors", [fields]) is None:  # its ICL passes and the function vector's steps, roughly
+            base += 4 * pass_cost(L, o.PROMPTS * per_embed) + o.FV_PROMPTS * lm.n_heads * L * ((L + 1) / 2 + U)
+    costs["baselines"] = base
+    costs["patching"] = pass_cost(L, tokens(test.ids)) + 2 * len(p.patching) * n_test * (L + U) if p.patching else 0.0
+    extra = [m for m in p.budget if m != p.m] if not p.load else []
+    costs["budget"] = sum(pass_cost(L, m * per_embed, m / bs) + train + 2 * gen for m in extra)
+    costs["correlations"] = 0.0
+    if {"tr", "tl", "induction"} & set(p.correlations) and ctx.cached(
+            "scores", [{"shots": o.SHOTS, "prompts": o.PROMPTS, "seed": p.seed}]) is None:
+        costs["correlations"] = 2 * pass_cost(L, o.PROMPTS * per_embed * o.SHOTS / max(p.shots, 1))
+    return costs
 
 
 def site(ctx: Context, p: SiteParams) -> dict[str, Any]:
@@ -61,6 +104,7 @@ def _site(ctx: Context, p: SiteParams) -> dict[str, Any]:
     stop = stop_strings(task)
     L, H = lm.n_layers, lm.n_heads
     gen = dict(stop=stop, max_new_tokens=p.max_new_tokens, batch_size=p.batch_size)
+    share = spans(_costs(ctx, p, enc))  # the progress bar: each stage's share is its estimated cost
 
     # -- the task embedding and the alphas: trained, or loaded ---------------------------------------------------
     loss: list[float] = []
@@ -74,13 +118,13 @@ def _site(ctx: Context, p: SiteParams) -> dict[str, Any]:
                      f"{task.name!r} with their own task embedding")
         best_step = int((meta.get("recipe") or {}).get("best_step", 0))
         path = str(p.load)
-        ctx.progress(0.45, "loaded the alphas")
+        ctx.progress(share["evaluate"][0], "loaded the alphas")
     else:
         t0 = time.perf_counter()
-        t = capture_means(lm, enc["embed"], "z", p.batch_size, ctx.stage(0.0, 0.05, "task embedding"))
+        t = capture_means(lm, enc["embed"], "z", p.batch_size, ctx.stage(*share["embed"], "task embedding"))
         embed_s = time.perf_counter() - t0
         tr = train_alphas(lm, t, enc["train"], enc["val"], steps=p.steps, lr=p.lr, batch=p.train_batch,
-                          val_every=p.val_every, seed=p.seed, progress=ctx.stage(0.05, 0.45, "training"),
+                          val_every=p.val_every, seed=p.seed, progress=ctx.stage(*share["train"], "training"),
                           live=ctx.live, beta2=p.beta2)
         logits, loss, val, best_step, train_s = tr.logits, tr.loss, tr.val, tr.best_step, tr.seconds
         alpha = tr.alpha
@@ -92,14 +136,14 @@ def _site(ctx: Context, p: SiteParams) -> dict[str, Any]:
 
     # -- SITE on the test prompts --------------------------------------------------------------------------------
     ev = evaluate_generation(lm, enc["test"], hooks=hook_factory(lm, alpha, t), keep_rows=EXAMPLES,
-                             progress=ctx.stage(0.45, 0.5, "evaluating"), **gen)
+                             progress=ctx.stage(*share["evaluate"], "evaluating"), **gen)
     hard = evaluate_generation(lm, enc["test"], hooks=hook_factory(lm, (alpha > 0.5).float(), t), **gen)
     n_test = len(enc["test"].ids)
 
-    baselines = _baselines(ctx, p, enc, t, gen, n_test, data.shots)
-    patching = _patching(ctx, p, enc, alpha, t) if p.patching else None
-    budget = _budget(ctx, p, ev, alpha, train_s) if p.budget else None
-    correlations = _correlations(ctx, p, alpha.numpy()) if p.correlations else {}
+    baselines = _baselines(ctx, p, enc, t, gen, n_test, data.shots, share["baselines"])
+    patching = _patching(ctx, p, enc, alpha, t, share["patching"]) if p.patching else None
+    budget = _budget(ctx, p, ev, alpha, train_s, share["budget"]) if p.budget else None
+    correlations = _correlations(ctx, p, alpha.numpy(), share["correlations"]) if p.correlations else {}
     ctx.progress(1.0, "done")
     return {"n_layers": L, "n_heads": H, "head_dim": lm.head_dim, "m": len(data.embed), "shots": data.shots,
             "steps": p.steps, "prompts": n_test, "n_train": len(data.train), "n_val": len(data.val),
@@ -114,12 +158,13 @@ def _site(ctx: Context, p: SiteParams) -> dict[str, Any]:
 
 # -- baselines ---------------------------------------------------------------------------------------------------------
 def _baselines(ctx: Context, p: SiteParams, enc: dict[str, Any], t: torch.Tensor, gen: dict[str, Any], n_test: int,
-               shots_used: int) -> dict[str, Any]:
+               shots_used: int, span: tuple[float, float] = (0.5, 0.75)) -> dict[str, Any]:
     lm, task = ctx.lm, ctx.task
     L, H, d = lm.n_layers, lm.n_heads, lm.d_model
     out: dict[str, Any] = {}
     todo = list(p.compare)
-    stage = lambda i: ctx.stage(0.5 + 0.25 * i / max(len(todo), 1), 0.5 + 0.25 * (i + 1) / max(len(todo), 1))  # noqa: E731
+    lo, hi = span
+    stage = lambda i: ctx.stage(lo + (hi - lo) * i / max(len(todo), 1), lo + (hi - lo) * (i + 1) / max(len(todo), 1))  # noqa: E731
     layer = L // 2
     for i, name in enumerate(todo):
         if name == "zero_shot":
@@ -193,7 +238,8 @@ def cached_ltv(ctx: Context, prompts: int, seed: int) -> Any:
 
 
 # -- patching -----------------------------------------------------------------------------------------------------------
-def _patching(ctx: Context, p: SiteParams, enc: dict[str, Any], alpha: torch.Tensor, t: torch.Tensor) -> dict[str, Any]:
+def _patching(ctx: Context, p: SiteParams, enc: dict[str, Any], alpha: torch.Tensor, t: torch.Tensor,
+              span: tuple[float, float] = (0.75, 0.8)) -> dict[str, Any]:
     lm = ctx.lm
     total = lm.n_layers * lm.n_heads
     ks = sorted({min(k, total) for k in p.patching})
@@ -204,7 +250,7 @@ def _patching(ctx: Context, p: SiteParams, enc: dict[str, Any], alpha: torch.Ten
     for k in ks:
         configs.append(RowConfig(mask=1.0 - hard_alpha(lm, order[::-1][:k]), positions="last"))
     res = sweep_outcomes(lm, enc["test"], configs, fill=t, batch_size=o.SWEEP_BATCH_SIZE,
-                         progress=ctx.stage(0.75, 0.8, "patching"))
+                         progress=ctx.stage(*span, "patching"))
     means = res.means()
     n = len(ks)
     curve = lambda sl, heads: {m: [float(x) for x in v[sl]] for m, v in means.items()} | {"heads": heads}  # noqa: E731
@@ -212,11 +258,14 @@ def _patching(ctx: Context, p: SiteParams, enc: dict[str, Any], alpha: torch.Ten
 
 
 # -- budget -----------------------------------------------------------------------------------------------------------
-def _budget(ctx: Context, p: SiteParams, ev: dict[str, Any], alpha: torch.Tensor, train_s: float) -> dict[str, Any] | None:
+def _budget(ctx: Context, p: SiteParams, ev: dict[str, Any], alpha: torch.Tensor, train_s: float,
+            span: tuple[float, float] = (0.8, 0.95)) -> dict[str, Any] | None:
     if p.load:
         ctx.warn("no budget curve for loaded alphas (it trains SITE with each M)")
         return None
     ms = list(p.budget)
+    runs = [m for m in ms if m != p.m]
+    lo, hi = span
     rows: dict[str, list[float]] = {k: [] for k in ("accuracy", "exact_match", "tr_ratio", "decided", "train_seconds")}
     fields = {k: getattr(p, k) for k in RECIPE if k != "m"} | {"batch_size": p.batch_size}
     for i, m in enumerate(ms):
@@ -225,7 +274,8 @@ def _budget(ctx: Context, p: SiteParams, ev: dict[str, Any], alpha: torch.Tensor
                 decisive_shares(alpha.numpy())["decided"], train_s
         else:
             r = ctx.call("site", m=m, compare=[], patching=[], budget=[], correlations=[], **fields,
-                         progress=ctx.stage(0.8 + 0.15 * i / len(ms), 0.8 + 0.15 * (i + 1) / len(ms), f"budget M={m}"))
+                         progress=ctx.stage(lo + (hi - lo) * runs.index(m) / len(runs),
+                                            lo + (hi - lo) * (runs.index(m) + 1) / len(runs), f"budget M={m}"))
             acc, em, trr, dec, sec = r.site.accuracy, r.site.exact_match, r.site.tr_ratio, r.decisive["decided"], \
                 r.train_seconds
         for k, v in zip(rows, (acc, em, trr, dec, sec)):
@@ -234,14 +284,15 @@ def _budget(ctx: Context, p: SiteParams, ev: dict[str, Any], alpha: torch.Tensor
 
 
 # -- correlations -------------------------------------------------------------------------------------------------------
-def _correlations(ctx: Context, p: SiteParams, alpha: np.ndarray) -> dict[str, Any]:
+def _correlations(ctx: Context, p: SiteParams, alpha: np.ndarray,
+                  span: tuple[float, float] = (0.95, 1.0)) -> dict[str, Any]:
     lm = ctx.lm
     k = n_top(lm.n_layers, lm.n_heads)
     out: dict[str, Any] = {}
     maps = [m for m in p.correlations if m in ("tr", "tl", "induction")]
     if maps:
         r = ctx.call("scores", shots=o.SHOTS, prompts=o.PROMPTS, seed=p.seed, batch_size=p.batch_size,
-                     progress=ctx.stage(0.95, 1.0, "head scores"))
+                     progress=ctx.stage(*span, "head scores"))
         for m in maps:
             out[m] = overlap(alpha, np.asarray(getattr(r, m), dtype=float), k)
     if "ltv" in p.correlations:

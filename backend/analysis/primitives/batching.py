@@ -5,6 +5,8 @@ Left padding puts every row's last prompt token at position -1; explicit positio
 """
 from __future__ import annotations
 
+import threading
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
@@ -151,6 +153,28 @@ def build_prompts(lm: LoadedModel, task: Task, shots: int, n: int, seed: int, pe
         warnings.append(f"prompts with {shots} demonstrations exceed the context window of {lm.max_positions} "
                         f"tokens; used {k} demonstrations instead")
     return Built(prompts, k, warnings)
+
+
+_ENCODED: "OrderedDict[tuple, tuple[Built, Encoded]]" = OrderedDict()
+_ENCODED_LOCK = threading.Lock()
+
+
+def built_and_encoded(lm: LoadedModel, task: Task, shots: int, n: int, seed: int) -> tuple[Built, Encoded]:
+    """`build_prompts` then `encode` of the held-out queries, remembered for the last few (model, task, shots, n,
+    seed) in this process: a live toggle asks for the same prompts again and again. Treat the result as read-only."""
+    key = (lm.fingerprint, task.content_hash(), task.kind, shots, n, seed)
+    with _ENCODED_LOCK:
+        found = _ENCODED.get(key)
+        if found is not None:
+            _ENCODED.move_to_end(key)
+            return found
+    built = build_prompts(lm, task, shots, n, seed)
+    found = (built, encode(lm, built.prompts, task.kind))
+    with _ENCODED_LOCK:
+        _ENCODED[key] = found
+        while len(_ENCODED) > 16:
+            _ENCODED.popitem(last=False)
+    return found
 
 
 @dataclass

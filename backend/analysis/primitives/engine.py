@@ -15,7 +15,10 @@ engine="full" runs every pair as a full forward pass (configurations mixed in ro
   each see the prefix and itself only), so the prefix cache is read once for all of them; where one 4D mask
   cannot serve every layer (layers of different cache sizes, e.g. a sliding window already full) or the
   attention kernel takes no 4D mask (flash / flex attention), the cache is repeated over rows instead.
-  A configuration costs about 1/T of a pass.
+  A configuration costs about 1/T of a pass, less where it changes nothing below some layer s: its step runs
+  layers >= s only (layer s - 1 returns its clean output at the last token, recorded by the clean pass). Prompts
+  whose clean prefix states are kept (`prefix_store`: by the head maps' pass, or an earlier call with
+  `keep_prefix`) skip the clean pass.
   An all-position mask that changes nothing before the last layer is one of these too: only the last token's
   output of the last layer reaches the logits.
 * all-position masks: the residual stream up to the first layer a configuration changes is the clean one.
@@ -56,6 +59,7 @@ PACKED = True  # tests switch it off to exercise the repeated-cache step on ever
 # The cost of one more pass, in tokens' worth of compute (weights read once per pass, per-layer overheads):
 # grouping all-position configurations weighs it against recomputing clean layers. See `_chunks`.
 PASS_OVERHEAD_TOKENS = 64
+STORED_BATCH = 128  # prompts per batch when every clean prefix is kept (`prefix_store`): steps read the weights once
 
 
 @dataclass(frozen=True)
@@ -265,6 +269,8 @@ def _run_fast(lm: LoadedModel, ids: Sequence[Sequence[int]], plans: list[_Plan],
     every = [c for c, p in enumerate(plans) if p.kind == "all"]
     order = sorted(range(len(ids)), key=lambda i: -len(ids[i]))
     done, bs = 0, batch_size
+    if not every and STORE.get(lm, ids) is not None:  # no clean pass at all: the prompts in fewer, fuller steps
+        bs = max(bs, min(len(ids), STORED_BATCH))
     while done < len(order):
         prompts = order[done:done + bs]
         try:

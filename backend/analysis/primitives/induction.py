@@ -6,6 +6,7 @@ the mean attention probability on those targets, over positions and the batch: (
 """
 from __future__ import annotations
 
+import threading
 from contextlib import contextmanager
 from typing import Iterator
 
@@ -13,6 +14,7 @@ import numpy as np
 import torch
 
 from ...models import LoadedModel
+from .prefix_store import frozen
 
 
 @contextmanager
@@ -53,8 +55,28 @@ def induction_length(lm: LoadedModel, n: int = 50) -> int:
     return max(2, n)
 
 
+_MEMO: dict[tuple, np.ndarray] = {}
+_MEMO_LOCK = threading.Lock()
+
+
 def induction_scores(lm: LoadedModel, n: int = 50, batch: int = 4, seed: int = 0, bos: bool = True) -> np.ndarray:
-    """Prefix-matching score per head, (layers, heads), from one eager pass with attention probabilities."""
+    """Prefix-matching score per head, (layers, heads), from one eager pass with attention probabilities. They
+    depend on the model alone (not the task): computed once per (frozen) model and arguments in a process."""
+    key = (lm.fingerprint, str(lm.device), str(lm.dtype), n, batch, seed, bos)
+    if not frozen(lm):  # a model in training: its weights move under one fingerprint
+        return _induction_scores(lm, n, batch, seed, bos)
+    with _MEMO_LOCK:
+        found = _MEMO.get(key)
+    if found is None:
+        found = _induction_scores(lm, n, batch, seed, bos)
+        with _MEMO_LOCK:
+            if len(_MEMO) > 64:
+                _MEMO.clear()
+            _MEMO[key] = found
+    return found.copy()
+
+
+def _induction_scores(lm: LoadedModel, n: int, batch: int, seed: int, bos: bool) -> np.ndarray:
     n = induction_length(lm, n)
     ids, off = random_repeated_tokens(lm, n, batch, seed, bos)
     ids = ids.to(lm.device)

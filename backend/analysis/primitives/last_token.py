@@ -24,8 +24,8 @@ the last token only.
 """
 from __future__ import annotations
 
-from contextlib import contextmanager
-from typing import Iterator, Sequence
+from contextlib import contextmanager, nullcontext
+from typing import Any, Callable, ContextManager, Iterator, Sequence
 
 import torch
 
@@ -209,15 +209,18 @@ def clean_prefixes(lm: LoadedModel, ids: Sequence[Sequence[int]], layer: int, ba
     return pre
 
 
-def step_logits(pre: Prefixes, rows: Sequence[int], inject: dict[int, torch.Tensor]) -> torch.Tensor:
+def step_logits(pre: Prefixes, rows: Sequence[int], inject: dict[int, torch.Tensor] | None = None,
+                hooks: Callable[[int], ContextManager[Any]] | None = None) -> torch.Tensor:
     """Last-token logits (rows, vocab) float32 of prompts `rows` with `inject` ({layer >= pre.layer: (d_model,)})
-    added at those layers' inputs at the last token: one token over each prompt's clean prefix, from `pre.layer` on.
-    Runs no inference mode of its own: gradients flow to the injected vectors."""
+    added at those layers' inputs at the last token, and/or inside `hooks(n_rows)` (hooks acting at the last token,
+    at layers >= pre.layer): one token over each prompt's clean prefix, from `pre.layer` on. Runs no inference mode
+    of its own: gradients flow to the injected vectors and through the hooks."""
     from transformers import DynamicCache
 
     from ...hooks import hooked
 
     lm = pre.lm
+    inject = inject or {}
     if any(l < pre.layer for l in inject):
         raise ValueError(f"vectors below layer {pre.layer} need their own prefixes")
     rows = list(rows)
@@ -236,7 +239,8 @@ def step_logits(pre: Prefixes, rows: Sequence[int], inject: dict[int, torch.Tens
                 values[i, :, W - 1 - n:] = pre.values[r][l]
             cache.update(keys, values, l)
     x = [pre.h[rows][:, None, :]]  # (rows, 1, d): the clean input of pre.layer at the last token
-    with _at_layer_input(lm, pre.layer, x), hooked(lm, inject_input=inject or None, inject_positions=(-1,)):
+    with _at_layer_input(lm, pre.layer, x), hooked(lm, inject_input=inject or None, inject_positions=(-1,)), \
+            (hooks(len(rows)) if hooks is not None else nullcontext()):
         o = lm.model(input_ids=batch.input_ids[:, -1:], attention_mask=batch.attention_mask,
                      position_ids=batch.position_ids[:, -1:], cache=cache, use_cache=cache is not None,
                      logits_to_keep=1)

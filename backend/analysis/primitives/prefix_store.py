@@ -50,6 +50,13 @@ def budget_bytes() -> int:
     return max(0, int(mb * 2 ** 20))
 
 
+def frozen(lm: LoadedModel) -> bool:
+    """Whether the model's weights are fixed (eval mode, no parameter gradients): a model in training keeps its
+    fingerprint while its weights change, so nothing computed from it is kept."""
+    first = next(lm.model.parameters(), None)
+    return not lm.model.training and (first is None or not first.requires_grad)
+
+
 def prompt_key(lm: LoadedModel, ids: Sequence[int]) -> str:
     impl = getattr(lm.model.config, "_attn_implementation", None)
     h = hashlib.sha1(f"{lm.fingerprint}|{lm.dtype}|{lm.device}|{impl}|".encode())
@@ -66,7 +73,9 @@ class PrefixStore:
         self._lock = threading.Lock()
 
     def get(self, lm: LoadedModel, prompts: Sequence[Sequence[int]]) -> list[Entry] | None:
-        """Every prompt's entry, or None when one is missing."""
+        """Every prompt's entry, or None when one is missing (or the model is in training)."""
+        if not frozen(lm):
+            return None
         keys = [prompt_key(lm, x) for x in prompts]
         with self._lock:
             found = [self._entries.get(k) for k in keys]
@@ -80,7 +89,7 @@ class PrefixStore:
         """Keep the entries (a set larger than the budget is not kept); True when kept."""
         budget = budget_bytes()
         size = sum(e.nbytes for e in entries)
-        if size > budget:
+        if size > budget or not frozen(lm):
             return False
         with self._lock:
             for x, e in zip(prompts, entries):
@@ -114,7 +123,7 @@ def fits(lm: LoadedModel, n_tokens: int) -> bool:
     """Whether the prefix caches of prompts of `n_tokens` tokens in all fit the budget (checked before a pass
     spends memory on them)."""
     per_token = 2 * lm.n_layers * lm.n_kv_heads * lm.head_dim * lm.dtype.itemsize
-    return n_tokens * per_token <= budget_bytes()
+    return n_tokens * per_token <= budget_bytes() and frozen(lm)
 
 
 def entries_of(cache, logits: torch.Tensor, at_last: dict[int, torch.Tensor], lengths: Sequence[int],

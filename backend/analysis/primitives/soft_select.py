@@ -31,6 +31,7 @@ from ...options import LORA_RANK, SITE_DECISIVE, SITE_VAL_SHARE
 from ...tasks.base import Prompt, Task, TaskError
 from .batching import Batch, Encoded, Progress, encode, forward_last_logits, make_batch, map_batches
 from .inject import gold_tokens
+from .last_token import Prefixes, clean_prefixes, step_logits
 from .saved import load_tensors, save_tensors
 
 KIND = "site"
@@ -173,9 +174,18 @@ class Trained:
         return torch.sigmoid(self.logits)
 
 
-def validate(lm: LoadedModel, enc: Encoded, alpha: torch.Tensor, t: torch.Tensor, batch_size: int = 16) -> tuple[float, float]:
-    """(mean cross-entropy of the gold first token, first-token accuracy) on the prompts under the injection."""
-    logits = soft_logits(lm, enc, alpha, t, batch_size)
+def validate(lm: LoadedModel, enc: Encoded, alpha: torch.Tensor, t: torch.Tensor, batch_size: int = 16,
+             pre: Prefixes | None = None) -> tuple[float, float]:
+    """(mean cross-entropy of the gold first token, first-token accuracy) on the prompts under the injection (with
+    `pre`, the prompts' kept prefixes: one token step each)."""
+    if pre is None:
+        logits = soft_logits(lm, enc, alpha, t, batch_size)
+    else:
+        order = list(range(len(enc.ids)))
+        with lm.lock, torch.inference_mode():
+            logits = torch.cat([step_logits(pre, order[s:s + batch_size],
+                                            hooks=lambda n: soft_hooks(lm, alpha, t, n)).cpu()
+                                for s in range(0, len(order), batch_size)])
     gold = gold_tokens(enc)
     loss = torch.nn.functional.cross_entropy(logits, gold).item()
     return float(loss), float((logits.argmax(-1) == gold).float().mean())
@@ -209,8 +219,10 @@ def train_alphas(lm: LoadedModel, t: torch.Tensor, train: Encoded, val: Encoded,
                  beta2: float = 0.999) -> Trained:
     """Adam on the alpha logits (start 0), one batch of `batch` random training prompts a step; every `val_every`
     steps (and after the last) the validation loss, and the logits of the lowest one are kept (ties: the
-    earlier). `progress(f, msg)` and `live(data)` may raise to cancel. Prompts of `prefix_from` tokens or more
-    reuse their clean prefix (see `injected_last_logits`). `beta2`: Adam's second-moment decay."""
+    earlier). `progress(f, msg)` and `live(data)` may raise to cancel. Each training and validation prompt's clean
+    prefix is computed once and every step runs its last token only (`last_token.step_logits`); where that does not
+    fit the model, prompts of `prefix_from` tokens or more reuse their prefix per step (`injected_last_logits`).
+    `beta2`: Adam's second-moment decay."""
     L, H = lm.n_layers, lm.n_heads
     t = t.to(lm.device, torch.float32)
     logits = torch.zeros(L, H, device=lm.device, requires_grad=True)
@@ -226,21 +238,31 @@ def train_alphas(lm: LoadedModel, t: torch.Tensor, train: Encoded, val: Encoded,
         if live is not None and (force or step % live_every == 0):
             live({"step": step, "steps": steps, "loss": list(losses), "val": list(val_points)})
 
+    # alpha acts at the last token only: each prompt's clean prefix once, then every step (and validation) one
+    # token over it (`last_token`); a training set with one-token prompts runs full passes
+    pre = pre_val = None
+    if min(len(x) for x in train.ids) >= 2:
+        pre = clean_prefixes(lm, train.ids, 0)
+        pre_val = clean_prefixes(lm, val.ids, 0) if pre is not None else None
     t0 = time.perf_counter()
-    v0 = validate(lm, val, torch.sigmoid(logits.detach()), t)
+    v0 = validate(lm, val, torch.sigmoid(logits.detach()), t, pre=pre_val)
     val_points.append({"step": 0, "loss": v0[0], "accuracy": v0[1]})
     for step in range(1, steps + 1):
         rows = rng.sample(range(len(train.ids)), b)
         with lm.lock, torch.enable_grad():
-            bt = make_batch(lm, train.ids, rows)
-            out = injected_last_logits(lm, bt, torch.sigmoid(logits), t, prefix_from=prefix_from)
+            if pre is not None:
+                a = torch.sigmoid(logits)
+                out = step_logits(pre, rows, hooks=lambda n: soft_hooks(lm, a, t, n))
+            else:
+                out = injected_last_logits(lm, make_batch(lm, train.ids, rows), torch.sigmoid(logits), t,
+                                           prefix_from=prefix_from)
             loss = torch.nn.functional.cross_entropy(out, gold[rows])
             opt.zero_grad(set_to_none=True)
             loss.backward()
             opt.step()
         losses.append(float(loss.detach()))
         if step % val_every == 0 or step == steps:
-            vl, va = validate(lm, val, torch.sigmoid(logits.detach()), t)
+            vl, va = validate(lm, val, torch.sigmoid(logits.detach()), t, pre=pre_val)
             val_points.append({"step": step, "loss": vl, "accuracy": va})
             if best is None or vl < best[0]:
                 best = (vl, step, logits.detach().clone())
