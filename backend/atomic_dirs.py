@@ -93,3 +93,13 @@ def replace_dir(src: Path, target: Path) -> None:
         shutil.rmtree(old, ignore_errors=True)
     else:
         os.rename(src, target)
+
+
+def discard(path: Path) -> bool:
+    """Delete a folder so that it vanishes at once: renamed aside (one rename), then deleted. Whether it existed."""
+    if not path.exists():
+        return False
+    aside = path.parent / f"{PREFIX}{path.name}-{_host()}-{os.getpid()}-gone{secrets.token_hex(2)}"
+    os.rename(path, aside)
+    shutil.rmtree(aside, ignore_errors=True)
+    return True

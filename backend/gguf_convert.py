@@ -11,6 +11,8 @@ and the reloaded model's logits on it equal the GGUF load's within TOLERANCE (me
 from __future__ import annotations
 
 import json
+import os
+import threading
 import time
 from pathlib import Path
 from typing import Any, Callable
@@ -43,21 +45,35 @@ def check_architecture(path: Path) -> str:
     return arch
 
 
-def load_gguf(path: Path, dtype: torch.dtype = torch.float32) -> tuple[Any, Any]:
-    """(model, tokenizer) straight from the GGUF file, every weight dequantised to `dtype`, in eval mode."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
-    from transformers.utils import logging as hf_logging
+_load_lock = threading.Lock()  # one GGUF read at a time in a process (it patches transformers' progress bar)
 
-    bars = hf_logging.is_progress_bar_enabled()
-    hf_logging.disable_progress_bar()
-    try:
-        model = AutoModelForCausalLM.from_pretrained(
-            str(path.parent), gguf_file=path.name, dtype=dtype,
-            quantization_config=GgufConfig(dequantize=True))  # plain nn.Linear weights, even with `kernels`
-        tok = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
-    finally:
-        if bars:
-            hf_logging.enable_progress_bar()
+
+def load_gguf(path: Path, dtype: torch.dtype = torch.float32, progress: Progress | None = None) -> tuple[Any, Any]:
+    """(model, tokenizer) straight from the GGUF file, every weight dequantised to `dtype`, in eval mode.
+    `progress(fraction, message)` follows the tensors as they are dequantised (transformers' own bar is muted)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
+    from transformers import modeling_gguf_pytorch_utils as hf_gguf
+
+    say = progress or (lambda f, m: None)
+
+    def tensors(items: Any, desc: str = "", **_: Any) -> Any:  # stands in for tqdm over the file's tensors
+        n = max(len(items), 1)
+        for i, item in enumerate(items):
+            if i % 8 == 0:
+                say(0.1 + 0.6 * i / n, f"dequantising tensor {i} of {n}")
+            yield item
+
+    with _load_lock:
+        bar, hf_gguf.tqdm = hf_gguf.tqdm, tensors
+        try:
+            say(0.0, f"reading {path.name}")
+            model = AutoModelForCausalLM.from_pretrained(
+                str(path.parent), gguf_file=path.name, dtype=dtype,
+                quantization_config=GgufConfig(dequantize=True))  # plain nn.Linear weights, even with `kernels`
+            say(0.75, "building the tokenizer from the GGUF vocabulary")
+            tok = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+        finally:
+            hf_gguf.tqdm = bar
     return model.eval(), tok
 
 
@@ -94,8 +110,7 @@ def convert(path: str | Path, sha256: str | None = None, progress: Progress | No
             return target
         t0 = time.perf_counter()
         with staging(target, replace=True) as tmp:
-            say(0.05, f"reading {path.name} (dequantising; a minute at most)")
-            model, tok = load_gguf(path)
+            model, tok = load_gguf(path, progress=lambda f, m: say(0.05 + 0.65 * f, m))
             model_type = model.config.model_type
             spec_for(model_type)
             ids, ref = probe_logits(model, tok)
@@ -103,6 +118,8 @@ def convert(path: str | Path, sha256: str | None = None, progress: Progress | No
             forget_quantizer(model)
             model.save_pretrained(tmp)
             tok.save_pretrained(tmp)
+            for f in tmp.iterdir():  # safetensors writes 0600; the folder is as readable as any model folder
+                os.chmod(f, 0o644)
             del model
             say(0.85, "checking the conversion against the GGUF load")
             diff = _check(tmp, ids, ref, path)
