@@ -325,7 +325,12 @@ def cmd_serve(a: argparse.Namespace) -> None:
               file=sys.stderr)
     print(f"headlens service on http://{a.host}:{a.port} (clients find it through HEADLENS_BACKEND_URL)",
           file=sys.stderr)
-    uvicorn.run(create_app(), host=a.host, port=a.port, log_level=a.log_level)
+    pull = tuple(n for n in (a.pull or "").split(",") if n.strip() and n.strip().lower() not in ("0", "none"))
+    if pull:
+        print(f"pulling {', '.join(pull)} in the background (the dashboard's model box shows its progress)",
+              file=sys.stderr)
+    uvicorn.run(create_app(pull_on_start=tuple(n.strip() for n in pull)), host=a.host, port=a.port,
+                log_level=a.log_level)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -378,6 +383,8 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--host", default="127.0.0.1", help="interface to bind (default: loopback only)")
     v.add_argument("--port", type=int, default=8765)
     v.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
+    v.add_argument("--pull", default=None, metavar="NAMES", help="presets to pull in the background at start-up "
+                                                                 "(comma-separated; `launch` passes HEADLENS_AUTO_PULL)")
 
     sub.add_parser("train-default", help="train the embedded default model (python -m backend train-default --help "
                                          "for its options)", add_help=False)
@@ -399,7 +406,7 @@ def negative_lists(argv: list[str]) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     from .adapters import UnsupportedArchitecture
-    from .models import ModelLoadError
+    from .model_sources import ModelLoadError
     from .pull import PullError
     from .tasks.base import TaskError
 

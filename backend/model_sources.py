@@ -36,6 +36,10 @@ class Source:
     path: Path | None  # the model folder, or the GGUF file (a preset's too); None for a hub id
 
 
+class ModelLoadError(RuntimeError):
+    """A model that cannot be loaded, with the reason in words (raised by backend/models.py)."""
+
+
 class SourceError(ValueError):
     """A name that names no usable model; `reason`: missing (404), invalid (422) or not_pulled (404)."""
 

@@ -18,12 +18,9 @@ import torch
 from torch import nn
 
 from .adapters import ArchSpec, UnsupportedArchitecture, config_attr, spec_for
+from .model_sources import ModelLoadError  # defined without torch, so the CLI can catch it before torch loads
 from .text import clip, model_name_problem
 
-
-
-class ModelLoadError(RuntimeError):
-    """A model that cannot be loaded, with the reason in words."""
 
 
 def _get(obj: Any, dotted: str) -> Any:

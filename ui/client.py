@@ -126,6 +126,16 @@ class HeadlensClient:
         form = {"kind": kind} if kind else None
         return self._request("POST", "/tasks/upload", files={"file": (filename, data)}, data=form)
 
+    # -- presets (named real models) ----------------------------------------------------------------------------
+    def models(self) -> list[dict[str, Any]]:
+        """[{name, title, family, shape, licence, download_bytes, disk_bytes, pulled, converted, pull: {status,
+        progress, message, error}}, ...]: every preset, pulled or not."""
+        return self._request("GET", "/models")
+
+    def pull_model(self, name: str) -> dict[str, Any]:
+        """Start pulling a preset on the service (or join the pull running); its entry of `models()`."""
+        return self._request("POST", f"/models/{name}/pull")
+
     # -- jobs -------------------------------------------------------------------------------------------------
     def submit(self, kind: str, **params: Any) -> str:
         """Queue a job; its id (identical requests share one id and one computation)."""
