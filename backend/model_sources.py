@@ -108,3 +108,25 @@ def resolve(name: str) -> Source:
         what = "GGUF file" if name.lower().endswith(SUFFIX) else "model folder"
         raise SourceError(f"{what} {clip(name)!r} does not exist", "missing")
     return Source("hub", name, None)
+
+
+def weights_folder(canonical: str) -> Path | None:
+    """The folder a canonical name's weights are loaded from, when it is on this disk: the embedded model's, a
+    model folder, or a preset's / GGUF file's converted folder once it exists; None otherwise (a hub id, a GGUF
+    not converted yet). For sizing and signatures; never converts."""
+    from .gguf_files import converted_dir, converted_marker, sha256_file
+
+    if canonical == "default":
+        return DEFAULT_MODEL_DIR
+    try:
+        if canonical in presets.PRESETS:
+            rec = presets.record(canonical)
+            sha = rec["gguf_sha256"] if rec else None
+        elif canonical.lower().endswith(SUFFIX) and Path(canonical).is_file():
+            sha = sha256_file(canonical)
+        else:
+            folder = Path(canonical)
+            return folder if folder.is_dir() else None
+    except (OSError, ValueError):
+        return None
+    return converted_dir(sha) if sha and converted_marker(sha) is not None else None

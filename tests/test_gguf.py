@@ -240,6 +240,11 @@ def test_pull_verifies_extracts_converts_and_is_idempotent(fake_preset, converte
         raise AssertionError("downloaded again")
 
     assert pull(fake_preset.name, opener=offline) == folder  # a second pull downloads nothing
+    from backend.gguf_files import converted_dir
+    from backend.model_sources import weights_folder
+
+    assert weights_folder(fake_preset.name) == converted_dir(fake_preset.gguf_sha256)  # what Ray sizes models by
+    assert weights_folder(str(tiny_gguf)) == converted_dir(fake_preset.gguf_sha256)
     by_name = load_model(fake_preset.name, device="cpu")
     assert by_name.name == fake_preset.name
     assert by_name.fingerprint == load_model(str(tiny_gguf), device="cpu").fingerprint

@@ -137,7 +137,6 @@ def test_the_model_box_lists_the_presets_with_an_install_button(models_dir, inpr
     from ui.client import inprocess_app
 
     runner = FakeRunner()
-    runner.go.set()
     inprocess_app().state.pulls._runner = runner  # no network: the pull's orchestration only
     at = AppTest.from_file(str(Path(__file__).resolve().parents[1] / "app.py"), default_timeout=120)
     at.run()
@@ -149,7 +148,12 @@ def test_the_model_box_lists_the_presets_with_an_install_button(models_dir, inpr
     install = [b for b in at.sidebar.button if b.key == "pull_smollm2-135m"]
     assert install and install[0].label == "Install"
     install[0].click().run()
-    assert not at.exception
+    assert not at.exception and runner.halfway.wait(10)
+    at.run()  # the panel now shows the running pull's progress
+    bars = [e for e in at.get("progress") if "46 MB of 93 MB" in str(getattr(e, "proto", e))]
+    assert bars, [str(getattr(e, "proto", e))[:200] for e in at.get("progress")]
+    assert not [b for b in at.sidebar.button if b.key == "pull_smollm2-135m"]  # no second Install while it runs
+    runner.go.set()
     inprocess_app().state.pulls.wait("smollm2-135m", 10)
     assert runner.calls == ["smollm2-135m"]
     shutil.rmtree(models_dir, ignore_errors=True)

@@ -44,6 +44,11 @@ def model_box(caps: dict[str, Any], on_installed: Callable[[], None] = lambda: N
 
 
 def install_panel(missing: list[dict[str, Any]], model: str, allow: bool, on_installed: Callable[[], None]) -> None:
+    try:  # the capabilities may be a few seconds old: whether a pull runs now decides whether the panel polls
+        fresh = {p["name"]: p for p in api.models()}
+        missing = [fresh.get(p["name"], p) for p in missing]
+    except api.ApiError:
+        pass
     running = any(p.get("pull", {}).get("status") == "running" for p in missing)
     names = ", ".join(p["name"] for p in missing)
     with st.expander(f"Real models: {names}", icon=":material/download:",
@@ -85,6 +90,7 @@ def pulls(names: tuple[str, ...], allow: bool, running: bool, on_installed: Call
                     except api.ApiError as e:
                         st.caption(f":red[{e}]")
                     else:
+                        on_installed()
                         st.rerun()  # the whole page: the panel now polls
         if running and not still:  # a pull ended: the model box lists the model as installed
             on_installed()
