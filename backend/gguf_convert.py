@@ -67,9 +67,14 @@ def load_gguf(path: Path, dtype: torch.dtype = torch.float32, progress: Progress
         bar, hf_gguf.tqdm = hf_gguf.tqdm, tensors
         try:
             say(0.0, f"reading {path.name}")
-            model = AutoModelForCausalLM.from_pretrained(
-                str(path.parent), gguf_file=path.name, dtype=dtype,
+            model, info = AutoModelForCausalLM.from_pretrained(
+                str(path.parent), gguf_file=path.name, dtype=dtype, output_loading_info=True,
                 quantization_config=GgufConfig(dequantize=True))  # plain nn.Linear weights, even with `kernels`
+            missing = sorted(info.get("missing_keys") or ()) + sorted(str(k) for k in info.get("mismatched_keys") or ())
+            if missing:  # transformers would fill them with random numbers and go on
+                raise GgufError(f"{clip(path.name, 80)} lacks {len(missing)} weight(s) a {model.config.model_type} "
+                                f"model needs ({', '.join(missing[:3])}{' ...' if len(missing) > 3 else ''}); "
+                                f"transformers would fill them with random numbers, so it is not used")
             say(0.75, "building the tokenizer from the GGUF vocabulary")
             tok = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
         finally:
@@ -110,7 +115,14 @@ def convert(path: str | Path, sha256: str | None = None, progress: Progress | No
             return target
         t0 = time.perf_counter()
         with staging(target, replace=True) as tmp:
-            model, tok = load_gguf(path, progress=lambda f, m: say(0.05 + 0.65 * f, m))
+            try:
+                model, tok = load_gguf(path, progress=lambda f, m: say(0.05 + 0.65 * f, m))
+            except (MemoryError, KeyboardInterrupt, GgufError):
+                raise
+            except Exception as e:  # a quantisation type or layout this transformers cannot read
+                first = (str(e).splitlines() or [""])[0][:300]
+                raise GgufError(f"transformers could not read {clip(path.name, 80)}: {type(e).__name__}: {first}") \
+                    from e
             model_type = model.config.model_type
             spec_for(model_type)
             ids, ref = probe_logits(model, tok)

@@ -9,6 +9,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("HEADLENS_AUTO_PULL", "0")  # a `launch` in a test never downloads a model in the background
 
 from tiny_models import CONFIGS, GPT2_TOKENIZER, tiny_model  # noqa: E402
 

@@ -109,6 +109,20 @@ def test_an_unsupported_architecture_is_one_sentence_naming_it(tmp_path, models_
     assert not (models_dir / "converted").exists() or not any((models_dir / "converted").iterdir())
 
 
+def test_a_gguf_that_lacks_weights_is_refused_not_filled_with_random_numbers(tmp_path, models_dir, monkeypatch):
+    import gguf
+
+    from backend.models import ModelLoadError, load_model
+
+    add = gguf.GGUFWriter.add_tensor
+    monkeypatch.setattr(gguf.GGUFWriter, "add_tensor", lambda self, name, *a, **k: None if name ==
+                        "blk.1.ffn_down.weight" else add(self, name, *a, **k))
+    f = write_tiny_gguf(tmp_path / "holey.gguf")
+    monkeypatch.setattr(gguf.GGUFWriter, "add_tensor", add)
+    with pytest.raises(ModelLoadError, match=r"lacks 1 weight\(s\) .*model.layers.1.mlp.down_proj.weight.*random"):
+        load_model(str(f), device="cpu")
+
+
 def test_the_model_root_confines_gguf_files(tiny_gguf, tmp_path, models_dir):
     from backend.service.errors import Forbidden
     from backend.service.model_pool import ModelPool
