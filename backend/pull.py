@@ -182,6 +182,9 @@ def pull(name: str, progress: Progress | None = None, wheels_dir: str | Path | N
     return presets.preset_dir(name)
 
 
+pull_model = pull  # the name `from backend import pull_model` gives it
+
+
 def remove(name: str) -> list[Path]:
     """Delete a pulled preset and its conversion; the paths removed."""
     from .gguf_files import converted_dir
