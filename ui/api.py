@@ -156,7 +156,8 @@ def health() -> dict[str, Any]:
 
 
 def capabilities() -> dict[str, Any]:
-    """{version, device, dtype, loaded_models, tasks, limits, job_kinds, model_root, allow_hub, auth_required}."""
+    """{version, device, dtype, loaded_models, tasks, limits, job_kinds, model_root, allow_hub, auth_required,
+    presets, allow_pull}."""
     return _call(lambda: client().capabilities(), "capabilities")
 
 

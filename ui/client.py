@@ -113,7 +113,8 @@ class HeadlensClient:
         return self._request("GET", "/health")
 
     def capabilities(self) -> dict[str, Any]:
-        """{version, device, dtype, loaded_models, tasks, limits, job_kinds, model_root, allow_hub, auth_required}."""
+        """{version, device, dtype, loaded_models, tasks, limits, job_kinds, model_root, allow_hub, auth_required,
+        presets, allow_pull}."""
         return self._request("GET", "/capabilities")
 
     def tasks(self) -> list[dict[str, Any]]:
