@@ -351,7 +351,10 @@ def test_home_runs_on_smollm2(app_url, driver):
     d.get(f"{app_url}/?model=smollm2-135m&task=present-past&shots=4&prompts=8&seed=0")
     run = _wait(d, lambda d: [b for b in d.find_elements(By.XPATH, "//button[contains(., 'Run')]")
                               if b.is_displayed()])[0]
-    assert "smollm2-135m · SmolLM2-135M-Instruct" in d.find_element(By.CSS_SELECTOR, '[data-testid="stSidebar"]').text
+    boxes = " ".join((e.get_attribute("value") or "") + " " + (e.get_attribute("aria-label") or "") + " " + e.text
+                     for e in _css(d, '[data-testid="stSidebar"] [data-testid="stSelectbox"], '
+                                      '[data-testid="stSidebar"] [data-testid="stSelectbox"] *'))
+    assert "smollm2-135m" in boxes, boxes[:600]
     run.click()
     _wait(d, lambda d: len(_css(d, '[data-testid="stMetric"]')) >= 4 and _idle(d))
     _no_errors(d)
