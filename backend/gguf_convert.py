@@ -66,7 +66,7 @@ def load_gguf(path: Path, dtype: torch.dtype = torch.float32, progress: Progress
     with _load_lock:
         bar, hf_gguf.tqdm = hf_gguf.tqdm, tensors
         try:
-            say(0.0, f"reading {path.name}")
+            say(0.0, f"reading {path.name}: its header and vocabulary (up to a minute)")
             model, info = AutoModelForCausalLM.from_pretrained(
                 str(path.parent), gguf_file=path.name, dtype=dtype, output_loading_info=True,
                 quantization_config=GgufConfig(dequantize=True))  # plain nn.Linear weights, even with `kernels`
