@@ -19,6 +19,8 @@ _EXPORTS = {
     "load_model": "backend.models",
     "wrap": "backend.models",
     "LoadedModel": "backend.models",
+    "pull_model": "backend.pull",
+    "list_presets": "backend.presets",
     "load_task": "backend.tasks.registry",
     "load_task_file": "backend.tasks.files",
     "load_prompts_file": "backend.tasks.files",

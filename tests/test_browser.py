@@ -336,3 +336,28 @@ def test_cancel_cancels_a_running_job(app_url, driver, slow_model):
     _no_errors(d)
     d.save_screenshot(str(ARTIFACTS / "cancelled.png"))
     assert took < 10, took
+
+
+def test_home_runs_on_smollm2(app_url, driver):
+    """One page on the real SmolLM2-135M (the `smollm2-135m` preset; skipped when it is not pulled): the model box
+    offers it, and the Home page's Run gives accuracies at 4 shots."""
+    from selenium.webdriver.common.by import By
+
+    from backend import presets
+
+    if not presets.is_pulled("smollm2-135m"):
+        pytest.skip(f"smollm2-135m is not pulled: {presets.pull_command('smollm2-135m')}")
+    d = driver
+    d.get(f"{app_url}/?model=smollm2-135m&task=present-past&shots=4&prompts=8&seed=0")
+    run = _wait(d, lambda d: [b for b in d.find_elements(By.XPATH, "//button[contains(., 'Run')]")
+                              if b.is_displayed()])[0]
+    boxes = " ".join((e.get_attribute("value") or "") + " " + (e.get_attribute("aria-label") or "") + " " + e.text
+                     for e in _css(d, '[data-testid="stSidebar"] [data-testid="stSelectbox"], '
+                                      '[data-testid="stSidebar"] [data-testid="stSelectbox"] *'))
+    assert "smollm2-135m" in boxes, boxes[:600]
+    run.click()
+    _wait(d, lambda d: len(_css(d, '[data-testid="stMetric"]')) >= 4 and _idle(d))
+    _no_errors(d)
+    labels = " ".join(e.text for e in _css(d, '[data-testid="stMetric"]'))
+    assert "Accuracy (4-shot)" in labels and "TR ratio (4-shot)" in labels
+    d.save_screenshot(str(ARTIFACTS / "home-smollm2.png"))

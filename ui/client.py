@@ -113,7 +113,8 @@ class HeadlensClient:
         return self._request("GET", "/health")
 
     def capabilities(self) -> dict[str, Any]:
-        """{version, device, dtype, loaded_models, tasks, limits, job_kinds, model_root, allow_hub, auth_required}."""
+        """{version, device, dtype, loaded_models, tasks, limits, job_kinds, model_root, allow_hub, auth_required,
+        presets, allow_pull}."""
         return self._request("GET", "/capabilities")
 
     def tasks(self) -> list[dict[str, Any]]:
@@ -125,6 +126,16 @@ class HeadlensClient:
         data = content.encode("utf-8") if isinstance(content, str) else content
         form = {"kind": kind} if kind else None
         return self._request("POST", "/tasks/upload", files={"file": (filename, data)}, data=form)
+
+    # -- presets (named real models) ----------------------------------------------------------------------------
+    def models(self) -> list[dict[str, Any]]:
+        """[{name, title, family, shape, licence, download_bytes, disk_bytes, pulled, converted, pull: {status,
+        progress, message, error}}, ...]: every preset, pulled or not."""
+        return self._request("GET", "/models")
+
+    def pull_model(self, name: str) -> dict[str, Any]:
+        """Start pulling a preset on the service (or join the pull running); its entry of `models()`."""
+        return self._request("POST", f"/models/{name}/pull")
 
     # -- jobs -------------------------------------------------------------------------------------------------
     def submit(self, kind: str, **params: Any) -> str:

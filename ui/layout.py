@@ -10,6 +10,7 @@ import streamlit as st
 
 from . import api, state
 from .jobs import show_error
+from .model_box import model_box
 
 CSS = """
 <style>
@@ -120,12 +121,7 @@ def sidebar(caps: dict[str, Any]) -> None:
         for path, label, icon in PAGES:
             st.page_link(path, label=label, icon=icon, query_params=q)
         st.subheader("Settings", divider="gray")
-        loaded = [m["name"] for m in caps.get("loaded_models", []) if m.get("name")]
-        models = list(dict.fromkeys(["default", *loaded, s.model]))
-        state.bind(st.selectbox, "Model", "model", options=models, accept_new_options=True,
-                   format_func=lambda m: "default (headlens-tiny, embedded)" if m == "default" else m,
-                   help="`default` is the embedded headlens-tiny model. Type a Hugging Face id (e.g. `gpt2`) "
-                        "or a local folder on the service's machine to use another one.")
+        model_box(caps, on_installed=forget_capabilities)
         s = state.get()
         ids, info = task_options(caps, s.model, s.task)
         if s.task is None or s.task not in ids:

@@ -1,7 +1,8 @@
 """The FastAPI app: `create_app()` wires the routes to a job runner, the model pool and the task store.
 
 Routes: GET /health, GET /capabilities, GET /tasks, POST /tasks/upload, POST /jobs, GET /jobs,
-GET /jobs/{id}, DELETE /jobs/{id}; POST /sweeps, GET /sweeps, GET /sweeps/{id}, DELETE /sweeps/{id} (sweeps.py).
+GET /jobs/{id}, DELETE /jobs/{id}; POST /sweeps, GET /sweeps, GET /sweeps/{id}, DELETE /sweeps/{id} (sweeps.py);
+GET /models, POST /models/{name}/pull (the presets, pulled in the background: pulls.py).
 Errors are `{"detail": "<one-line message>"}` with a 4xx status.
 When HEADLENS_TOKEN is set, every route but /health needs `Authorization: Bearer <token>` or
 `X-Headlens-Token: <token>`.
@@ -30,6 +31,7 @@ from .errors import BadRequest, NotFound, ServiceError, clip
 from .jobs import JobRunner
 from .limits import Limits
 from .model_pool import ModelPool
+from .pulls import Pulls
 from .schemas import (Capabilities, ErrorResponse, Health, JobKindInfo, JobRequest, JobStatus, TaskInfo,
                       UploadRequest, UploadResponse)
 from .task_store import TaskStore, task_info
@@ -120,8 +122,10 @@ def _token_ok(request: Request, token: str) -> bool:
 
 
 def create_app(runner: JobRunner | None = None, *, pool: ModelPool | None = None, tasks: TaskStore | None = None,
-               limits: Limits | None = None, token: str | None = None) -> FastAPI:
-    """The service app. Defaults: limits and token from the environment, a `LocalJobRunner` over `pool`."""
+               limits: Limits | None = None, token: str | None = None, pulls: Pulls | None = None,
+               pull_on_start: tuple[str, ...] = ()) -> FastAPI:
+    """The service app. Defaults: limits and token from the environment, a `LocalJobRunner` over `pool`.
+    `pull_on_start`: presets to pull in the background once the service is up (`serve --pull`)."""
     limits = limits or Limits.from_env()
     pool = pool or ModelPool(max_models=limits.max_models)
     tasks = tasks or TaskStore(memory_items=limits.upload_cache, quota_bytes=limits.upload_quota_bytes)
@@ -130,16 +134,24 @@ def create_app(runner: JobRunner | None = None, *, pool: ModelPool | None = None
 
         runner = make_runner(pool, tasks, limits)
     token = token if token is not None else os.environ.get("HEADLENS_TOKEN") or ""
+    pulls = pulls or Pulls()
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        for name in pull_on_start:
+            try:
+                pulls.start(name)
+            except ServiceError as e:  # HEADLENS_ALLOW_PULL=0, an unknown name: a line in the log, nothing more
+                log.warning("not pulling %s: %s", name, e.message)
         yield
+        pulls.close()
         app.state.sweeps.close()
         runner.close()
 
     app = FastAPI(title="headlens", version=VERSION, lifespan=lifespan, responses=_ERRORS,
                   description="Which attention heads of a language model do in-context learning.")
     app.state.runner, app.state.pool, app.state.tasks, app.state.limits = runner, pool, tasks, limits
+    app.state.pulls = pulls
 
     # -- body size, auth and errors ------------------------------------------------------------------
     app.add_middleware(BodyLimit, limits=limits)  # added first: inside the token check, which runs before it
@@ -181,7 +193,7 @@ def create_app(runner: JobRunner | None = None, *, pool: ModelPool | None = None
         return Capabilities(version=VERSION, device=device, dtype=dtype, loaded_models=pool.loaded(),
                             tasks=tasks.list(), limits=limits.to_json(), job_kinds=kinds,
                             model_root=str(pool.root) if pool.root else None, allow_hub=pool.allow_hub,
-                            auth_required=bool(token))
+                            auth_required=bool(token), presets=pulls.list(), allow_pull=pulls.allow)
 
     # -- tasks ------------------------------------------------------------------------------------------
     @app.get("/tasks", response_model=list[TaskInfo])
@@ -261,6 +273,9 @@ def create_app(runner: JobRunner | None = None, *, pool: ModelPool | None = None
     from .sweeps import add_routes as add_sweep_routes
 
     add_sweep_routes(app, runner, pool, tasks, limits)  # POST /sweeps, GET /sweeps, GET/DELETE /sweeps/{id}
+    from .pulls import add_routes as add_pull_routes
+
+    add_pull_routes(app, pulls)  # GET /models, POST /models/{name}/pull
     return app
 
 

@@ -74,7 +74,7 @@ log = logging.getLogger(__name__)
 GPU_FRACTIONS = (0.125, 0.25, 0.5, 1.0)
 MEMORY_OVERHEAD = 1.3  # weights x this = what a model needs on its device (activations, CUDA context)
 PASS_ENV = ("HF_HOME", "HF_HUB_CACHE", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_ENDPOINT", "HF_TOKEN",
-            "HEADLENS_DTYPE", "HEADLENS_MODEL_ROOT")
+            "HEADLENS_DTYPE", "HEADLENS_MODEL_ROOT", "HEADLENS_MODELS_DIR")
 
 
 class RunnerUnavailable(ValueError):
@@ -168,9 +168,9 @@ def model_bytes(canonical: str | None, target_dtype: str | None = None, device: 
     from its files: a local folder's weight files, or a hub id's cached index or weights. None when unknown."""
     if not canonical:
         return None
-    from ..paths import DEFAULT_MODEL_DIR
+    from ..model_sources import weights_folder
 
-    folder = DEFAULT_MODEL_DIR if canonical == "default" else Path(canonical)
+    folder = weights_folder(canonical) or Path(canonical)  # a preset or GGUF file: its converted folder
     stored, size = None, None
     try:
         if folder.is_dir():
@@ -204,9 +204,9 @@ def model_signature(canonical: str) -> str | None:
     mtime), or a hub id's cached snapshot (its revision). None when unknown. A restarted service finds the
     fingerprint an actor reported under it, so its cached results need no actor (and no model load)."""
     from ..cache import make_key
-    from ..paths import DEFAULT_MODEL_DIR
+    from ..model_sources import weights_folder
 
-    folder = DEFAULT_MODEL_DIR if canonical == "default" else Path(canonical)
+    folder = weights_folder(canonical) or Path(canonical)  # a preset or GGUF file: its converted folder
     try:
         if folder.is_dir():
             files = sorted(p for p in folder.iterdir() if p.suffix in (".safetensors", ".bin", ".pt", ".json"))

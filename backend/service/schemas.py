@@ -119,6 +119,35 @@ class JobKindInfo(BaseModel):
     result: dict[str, Any] = Field(default_factory=dict, description="JSON schema of the kind's result")
 
 
+class PullInfo(BaseModel):
+    status: Literal["idle", "running", "done", "error"] = "idle"
+    progress: float = 0.0
+    message: str = ""
+    error: str | None = None
+    started: float | None = None
+    finished: float | None = None
+    seconds: float | None = None
+
+
+class PresetInfo(BaseModel):
+    """A named real model (backend/presets.py) and whether this server has it."""
+
+    name: str
+    title: str
+    family: str
+    shape: str
+    licence: str
+    download_bytes: int
+    disk_bytes: int
+    packages: list[str]
+    note: str = ""
+    pulled: bool
+    converted: bool
+    path: str | None = None
+    pull_command: str
+    pull: PullInfo = Field(default_factory=PullInfo, description="this service's pull of it")
+
+
 class Capabilities(BaseModel):
     version: str
     device: str
@@ -130,6 +159,8 @@ class Capabilities(BaseModel):
     model_root: str | None = None
     allow_hub: bool = True
     auth_required: bool = False
+    presets: list[PresetInfo] = Field(default_factory=list, description="the named real models (GET /models)")
+    allow_pull: bool = True
 
 
 class ErrorResponse(BaseModel):
