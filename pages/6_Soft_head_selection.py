@@ -14,7 +14,7 @@ import pandas as pd
 import streamlit as st
 
 from ui import figures, heads, jobs, layout, snippets, state
-from ui.sections import download, guard, run_row, section
+from ui.sections import LiveChart, download, guard, run_row, section
 from ui import metrics as M
 from ui import site_figures as sf
 
@@ -60,24 +60,19 @@ clicked = run_row(f"**M = {recipe['m']}** prompts × **N = {recipe['shots']}** s
                   f"{L} × {H} = **{L * H}** α to learn",
                   "Then: SITE against 0-shot, 8- and 10-shot ICL, the function and vanilla task vectors, every α = 1 "
                   "and LTV (when cached); patching; the budget curve over M = 1, 5, 10, 50.", "run_site")
-live_box = st.empty()
-_drawn = {"step": -1}
+live = LiveChart("site")
 
 
 def draw_live(data: dict[str, Any]) -> None:
-    """The running training's loss curve, redrawn into `live_box` when its step moved."""
-    step = int(data.get("step") or 0)
-    if step == _drawn["step"]:
-        return
-    _drawn["step"] = step
-    live_box.plotly_chart(sf.loss_curve(data.get("loss") or [], data.get("val") or [], data.get("steps"),
-                                        title=f"Training: step {step} of {data.get('steps')}"),
-                          key=f"site_live_{step}")
+    """The running training's loss curve (the main run's, then each budget run's: their steps restart at 0)."""
+    live.draw(lambda d: sf.loss_curve(d.get("loss") or [], d.get("val") or [], d.get("steps"),
+                                      title=f"Training: step {int(d.get('step') or 0)} of {d.get('steps')}"),
+              data, signature=(int(data.get("step") or 0), len(data.get("loss") or [])))
 
 
 res = section("site", clicked, jobs.Job("site", params, "Soft head selection", "SITE", on_live=draw_live),
               "Press **Run** to train the α (a shared link with a cached result opens it directly).")
-live_box.empty()
+live.clear()
 if res is None:
     st.stop()
 

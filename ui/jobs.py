@@ -216,8 +216,6 @@ def _wait(pending: list[tuple[int, Job, dict[str, Any]]], quiet: bool) -> dict[i
             now = time.monotonic()
             waited = now - cur["t0"]
             if j["status"] in ("queued", "running"):
-                if job.on_live is not None and j.get("live"):
-                    job.on_live(j["live"])  # e.g. a training's loss so far
                 if waited > TIMEOUT_S:
                     cancel_slot(job.where)
                     if sl["holder"] is not None:
@@ -226,6 +224,8 @@ def _wait(pending: list[tuple[int, Job, dict[str, Any]]], quiet: bool) -> dict[i
                     results[i] = None
                 elif now - started >= DRAW_AFTER_S:
                     _draw(sl, j, waited, now)
+                    if job.on_live is not None and j.get("live"):
+                        job.on_live(j["live"])  # e.g. a training's loss so far, drawn below the bar
                 continue
             _inflight().pop(job.where, None)
             if sl["holder"] is not None:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 from contextlib import contextmanager
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import streamlit as st
 
@@ -45,6 +45,39 @@ def section(name: str, clicked: bool, job: jobs.Job, waiting: str) -> dict[str, 
     if found is None:
         st.info(waiting, icon=":material/play_arrow:")
     return found
+
+
+class LiveChart:
+    """A running job's live figure (a training's loss so far), redrawn in one place below what the page drew before
+    it started. Each draw of a script run gets its own element key (`<name>_live_<n>`, n counting the draws of
+    this run): a key built from the data (a training's step) repeats when a job trains several times (SITE's
+    budget runs restart at step 0) and Streamlit refuses a key used twice in one run."""
+
+    def __init__(self, name: str, min_interval_s: float = 0.3):
+        self.name, self.min_interval_s = name, min_interval_s
+        self.box: Any = None
+        self.draws, self.last, self.shown_at = 0, None, 0.0
+
+    def draw(self, figure: Callable[[dict[str, Any]], Any], data: dict[str, Any], signature: Any = None,
+             config: dict[str, Any] | None = None) -> bool:
+        """Draw `figure(data)` unless `signature` (what changed, e.g. the step) is the one drawn last or the last
+        draw is under `min_interval_s` old; True when it drew. The placeholder is made at the first draw, so the
+        chart appears below the Run row and the progress bar, never above them."""
+        import time
+
+        now = time.monotonic()
+        if signature is not None and signature == self.last or now - self.shown_at < self.min_interval_s:
+            return False
+        if self.box is None:
+            self.box = st.empty()
+        self.draws += 1
+        self.last, self.shown_at = signature, now
+        self.box.plotly_chart(figure(data), key=f"{self.name}_live_{self.draws}", config=config)
+        return True
+
+    def clear(self) -> None:
+        if self.box is not None:
+            self.box.empty()
 
 
 def download(label: str, result: dict[str, Any], name: str, key: str) -> None:
