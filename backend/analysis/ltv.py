@@ -41,7 +41,7 @@ from ..tasks.base import TaskError
 from .kernel import Context
 from .params import LtvParams, LtvRecipeParams
 from .results import LtvTraining
-from .primitives.batching import build_prompts, encode, multi_token_note
+from .primitives.batching import build_prompts, encode
 from .primitives.inject import Injection, check_layers, check_positions, evaluate_injections
 from .primitives.threads import cpu_threads
 from .primitives.propagation import head_saliency, linear_propagation, ov_reconstruction
@@ -137,9 +137,7 @@ def _ltv(ctx: Context, p: LtvParams) -> dict[str, Any]:
     zero = encode(lm, task.build_prompts(0, built.n, p.seed), task.kind)
     icl = encode(lm, built.prompts, task.kind)
     positions = check_positions(zero.ids, positions)
-    multi = sorted(set(zero.multi_token) | set(icl.multi_token))
-    if multi:
-        ctx.warn(multi_token_note(multi))
+    multi = sorted(set(zero.multi_token) | set(icl.multi_token))  # the kernel warns once (primitives/notes.py)
 
     vec = ctx.call("vectors", types=list(EXTRACTED), shots=p.shots, prompts=p.prompts, seed=p.seed,
                    top_pct=p.top_pct, top_k=p.top_k, batch_size=o.BATCH_SIZE,

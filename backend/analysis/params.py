@@ -283,6 +283,12 @@ class LtvRecipeParams(Params):
     def _positions(cls, v: list[int]) -> list[int]:
         return sorted(set(v), reverse=True)
 
+    @classmethod
+    def recipe_changes(cls, params: dict) -> dict:
+        """The recipe fields of a result's `params` that are off their defaults (they change the trained vector)."""
+        defaults = LtvRecipeParams().model_dump(mode="json")
+        return {k: params[k] for k in defaults if k in params and params[k] != defaults[k]}
+
     def training_work(self) -> tuple[int, str]:
         """One training: a forward and backward pass (~3 passes) per training prompt and epoch, the held-out
         prompts after each epoch, and the residual scale's pass."""

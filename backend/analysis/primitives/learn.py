@@ -28,6 +28,7 @@ from ...tasks.base import Prompt, Task, TaskError
 from .threads import cpu_threads
 from .batching import Encoded, make_batch, map_batches
 from .inject import Injection, gold_tokens, injected_logits
+from .notes import Note
 
 MIN_TRAIN = 4
 MIN_VAL = 2
@@ -88,9 +89,9 @@ def training_split(task: Task, seed: int, n_train: int, n_val: int) -> Split:
     else:
         nv = min(n_val, max(MIN_VAL, round(n * VAL_SHARE)))
         nt = min(n_train, n - nv)
-        warnings.append(f"task {task.name!r} has {n} examples in its demonstration pool for seed {seed}: {nt} are "
-                        f"training prompts (asked: {n_train}) and {nv} are held out for early stopping (asked: "
-                        f"{n_val}); its query pool stays held out for scoring")
+        warnings.append(Note(f"task {task.name!r} has {n} examples in its demonstration pool for seed {seed}: {nt} "
+                             f"are training prompts (asked: {n_train}) and {nv} are held out for early stopping "
+                             f"(asked: {n_val}); its query pool stays held out for scoring"))
     rng = random.Random(f"ltv-labels-{seed}")
     val = [task.prompt(x, y, [], rng) for x, y in pool[:nv]]
     train = [task.prompt(x, y, [], rng) for x, y in pool[nv:nv + nt]]
