@@ -185,6 +185,23 @@ def test_layer_sweep_joint_vectors_and_multi_token_labels(llama):
     assert "vanilla" not in joint.table and "ltv+icl" in joint.table and joint.per_layer[0].key_heads is None
 
 
+def test_labels_spanning_several_tokens_are_one_warning_on_every_kind(llama):
+    """Issue 19, defect 8: `ltv` said it twice ("3 label(s) ...", "4 label(s) ..." from its training and its
+    scoring), `scores` and `icl` not at all. Now every kind says it once, for all the labels it tokenised."""
+    task = plural_task()
+    train = analyze("ltv_train", llama, task, epochs=1, train_prompts=12, val_prompts=4)
+    for kind, params in (("scores", dict(shots=2, prompts=8)), ("icl", dict(shots=[0, 2], prompts=8)),
+                         ("ltv", dict(FAST, mechanism=False)), ("ltv_train", dict(epochs=1, train_prompts=12,
+                                                                                    val_prompts=4))):
+        r = analyze(kind, llama, task, **params)
+        said = [w for w in r.warnings if "span several tokens" in w]
+        assert len(said) == 1 and r.multi_token_labels, (kind, r.warnings)
+        assert f": {len(r.multi_token_labels)} with this tokenizer" in said[0]
+        assert "first token" in said[0] and not any("span several tokens" in n for n in r.notes)
+        if kind == "ltv":  # its own prompts' labels and its trainings' together
+            assert set(train.multi_token_labels) <= set(r.multi_token_labels)
+
+
 def test_builder_tasks_are_refused_with_a_reason(llama):
     from backend.tasks.base import Prompt
 
