@@ -259,7 +259,7 @@ if pert is not None:
         jobs.show_warnings(pert)
         rows, skipped = sf.perturbation_table(pert)
         for name, why in skipped:
-            st.warning(f"**{sf.perturbation_name(name)}** skipped: {why}", icon=":material/block:")
+            jobs.warn(f"**{sf.perturbation_name(name)}** skipped: {why}")
         st.plotly_chart(sf.perturbation_bars(pert, f"ICL under each perturbation ({pert.get('shots')} "
                                                    f"demonstrations){ctx}"), key="perturb_bars",
                         config=figures.png_config(f"perturb-{s.task}"))

@@ -51,9 +51,41 @@ def show_error(e: api.ApiError, what: str | None = None) -> None:
     st.error(body, icon=":material/error:")
 
 
+def begin_page() -> None:
+    """Start this run's box of warnings and notes (`layout.page_setup` calls it first on every page)."""
+    st.session_state["_hl_box"] = {"warnings": [], "notes": [], "holder": None}
+
+
+def warn(text: str, note: bool = False) -> None:
+    """Add a warning (or a note) to the page's one box: each text once per page, all of them in one collapsible
+    box drawn where the first one came (the results' warnings, the fit check's, a link's ignored values)."""
+    box = st.session_state.get("_hl_box")
+    if box is None:
+        begin_page()
+        box = st.session_state["_hl_box"]
+    into = box["notes" if note else "warnings"]
+    if text in into:
+        return
+    into.append(text)
+    w, n = box["warnings"], box["notes"]
+    if box["holder"] is None:
+        box["holder"] = st.empty()
+    parts = ([f"{len(w)} warning{'s' if len(w) != 1 else ''}"] if w else []) + \
+            ([f"{len(n)} note{'s' if len(n) != 1 else ''}"] if n else [])
+    with box["holder"].container():
+        with st.expander(" · ".join(parts) + " on this page", icon=":material/warning:" if w else ":material/info:"):
+            for x in w:
+                st.warning(x, icon=":material/warning:")
+            for x in n:
+                st.caption(f":material/info: {x}")
+
+
 def show_warnings(result: dict[str, Any] | None) -> None:
+    """A result's warnings and notes, into the page's one box (see `warn`)."""
     for w in (result or {}).get("warnings") or []:
-        st.warning(w, icon=":material/warning:")
+        warn(w)
+    for n in (result or {}).get("notes") or []:
+        warn(n, note=True)
 
 
 def timing(result: dict[str, Any]) -> str:

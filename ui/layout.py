@@ -2,13 +2,14 @@
 sidebar holding the shared settings (model, task, shots, prompts, seed) and a shareable link."""
 from __future__ import annotations
 
+import dataclasses
 import time
 from typing import Any
 from urllib.parse import urlencode
 
 import streamlit as st
 
-from . import api, state
+from . import api, jobs, state
 from .jobs import show_error
 
 CSS = """
@@ -155,6 +156,9 @@ def sidebar(caps: dict[str, Any]) -> None:
             state.bind(st.number_input, "Prompts", "prompts", min_value=1,
                        max_value=int(limits.get("max_prompts", 500)), step=10,
                        help="Held-out queries scored; results are means over them.")
+        pool = task_info(caps, state.get().task).get("n_queries")
+        if pool and state.get().prompts > int(pool):
+            st.caption(f"This task has {pool} held-out queries: all {pool} are scored, each once.")
         state.bind(st.number_input, "Seed", "seed", min_value=0, step=1,
                    help="Seeds the split into demonstrations and queries.")
         top_heads_control()
@@ -197,6 +201,7 @@ def page_setup(title: str, icon: str = ":material/search:") -> tuple[state.Setti
     st.set_page_config(page_title=f"{title} · headlens", page_icon=icon, layout="wide",
                        initial_sidebar_state="expanded")
     st.markdown(CSS, unsafe_allow_html=True)
+    jobs.begin_page()
     problems = state.init()
     try:
         caps = capabilities()
@@ -208,10 +213,17 @@ def page_setup(title: str, icon: str = ":material/search:") -> tuple[state.Setti
             st.rerun()
         st.stop()
     for p in problems:
-        st.warning(p, icon=":material/link_off:")
+        jobs.warn(p)
     sidebar(caps)
     state.sync_url()
-    return state.get(), caps
+    return effective(state.get(), caps), caps
+
+
+def effective(s: state.Settings, caps: dict[str, Any]) -> state.Settings:
+    """The settings the jobs get: `prompts` at most the task's held-out queries (the sidebar says so), so the
+    default 50 on a task of 20 queries asks for 20 and no result warns that it had fewer than asked."""
+    pool = task_info(caps, s.task).get("n_queries")
+    return dataclasses.replace(s, prompts=int(pool)) if pool and s.prompts > int(pool) else s
 
 
 def need_task(s: state.Settings) -> None:
