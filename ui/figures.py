@@ -6,6 +6,7 @@ grid. A third trace outlines the heads already selected.
 """
 from __future__ import annotations
 
+import html
 from typing import Any, Iterable, Sequence
 
 import numpy as np
@@ -55,10 +56,16 @@ SELECT_COLOR = "#00e0ff"
 FONT = "Inter, 'Source Sans Pro', system-ui, sans-serif"
 
 
+def esc(text: Any) -> str:
+    """Text from a tokenizer, a task file or a user, fit for a plotly label, title or hover: plotly reads `<s>`,
+    `<b>`, `<i>`... in them as tags (a tokenizer's `<s>` vanished as a strikethrough); escaped, it shows as is."""
+    return html.escape(str(text), quote=False)
+
+
 def caption(model: str, task: str | None, shots: int | None = None, k: int | str | None = None) -> str:
     """What a figure was computed on, for its title (exported PNGs carry it): "default · syn-sentiment · 8 shots ·
-    top 4 heads"."""
-    parts = [str(model), str(task)]
+    top 4 heads" (the names escaped: see `esc`)."""
+    parts = [esc(model), esc(task)]
     if shots is not None:
         parts.append(f"{shots} shot{'s' if shots != 1 else ''}")
     if k is not None:

@@ -116,7 +116,7 @@ def similarity(result: dict[str, Any], title: str | None = None, height: int | N
     order = sorted(range(len(names)), key=lambda i: (result.get("kinds", {}).get(names[i], ""),
                                                      spaces.get(names[i], ""), names[i]))
     sim = np.asarray(result["similarity"], dtype=float)[np.ix_(order, order)]
-    labels = [names[i] for i in order]
+    labels = [figures.esc(names[i]) for i in order]
     n = len(labels)
     text = [[f"{v:.2f}" for v in row] for row in sim]
     fig = go.Figure(go.Heatmap(z=sim, x=labels, y=labels, zmin=-1, zmax=1, zmid=0, colorscale="RdBu_r",

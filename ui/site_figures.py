@@ -152,7 +152,7 @@ def transfer_heatmap(tr: dict[str, Any], title: str | None = None, which: str = 
     """The transfer matrix: `accuracy` (A's learned alphas) or `accuracy_top_k` (A's top-k heads only)."""
     names = tr["tasks"]
     z = 100 * np.asarray(tr[which], dtype=float)
-    short = [n.removeprefix("syn-") for n in names]
+    short = [figures.esc(n.removeprefix("syn-")) for n in names]
     fig = go.Figure(go.Heatmap(z=z, x=short, y=short, colorscale="Viridis", zmin=0, zmax=100, xgap=1, ygap=1,
                                text=np.round(z).astype(int), texttemplate="%{text}",
                                colorbar=dict(title=dict(text="accuracy %", side="right"), thickness=14),

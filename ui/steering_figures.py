@@ -20,6 +20,7 @@ import numpy as np
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from . import figures
 from . import metrics as M
 
 METRICS = M.NAMES
@@ -259,15 +260,16 @@ def pca_scatter(geo: dict[str, Any], dims: int = 2, color_by: str = "condition",
         if color_by == "gold":
             for lab in sorted(set(grp), key=lambda x: (x == OTHER, x)):
                 idx = [i for i, x in enumerate(grp) if x == lab]
-                fig.add_trace(Scatter(**xyz(p[idx]), mode="markers", name=f"{st['name']} · {lab.strip()}",
-                                      legendgroup=c, text=[f"prompt {i} · gold {g[i].strip()!r}" for i in idx],
+                fig.add_trace(Scatter(**xyz(p[idx]), mode="markers", name=f"{st['name']} · {figures.esc(lab.strip())}",
+                                      legendgroup=c, text=[f"prompt {i} · gold {figures.esc(repr(g[i].strip()))}"
+                                                           for i in idx],
                                       hovertemplate=hover,
                                       marker=dict(color=gcol.get(lab, "#17becf"), symbol=symbol,
                                                   size=9 if dims == 2 else 4, opacity=0.85,
                                                   line=dict(width=0.5, color="white") if dims == 2 else None)))
         else:
             fig.add_trace(Scatter(**xyz(p), mode="markers", name=st["name"], legendgroup=c,
-                                  text=[f"prompt {i} · gold {x.strip()!r}" for i, x in enumerate(g)],
+                                  text=[f"prompt {i} · gold {figures.esc(repr(x.strip()))}" for i, x in enumerate(g)],
                                   hovertemplate=hover,
                                   marker=dict(color=st["color"], symbol=symbol, size=9 if dims == 2 else 4,
                                               opacity=0.85,
@@ -305,12 +307,14 @@ def pca_scatter(geo: dict[str, Any], dims: int = 2, color_by: str = "condition",
             v = np.pad(np.asarray(d, dtype=float), (0, max(0, dims - len(d))))[:dims]
             color = gcol.get(lab, LABEL_COLORS[i % len(LABEL_COLORS)])  # each label direction its own colour
             line = np.stack([np.zeros(dims), v])
-            fig.add_trace(Scatter(**xyz(line), mode="lines+text", text=["", lab.strip()],
-                                  textposition="top center", name=f"label {lab.strip()!r}", legendgroup="labels",
+            fig.add_trace(Scatter(**xyz(line), mode="lines+text", text=["", figures.esc(lab.strip())],
+                                  textposition="top center", name=f"label {figures.esc(repr(lab.strip()))}",
+                                  legendgroup="labels",
                                   legendgrouptitle_text="label directions" if i == 0 else None,
                                   line=dict(color=color, width=3 if dims == 2 else 5,
                                             dash="dot" if dims == 2 else None),
-                                  hovertemplate=f"unembedding direction of {lab.strip()!r}<extra></extra>"))
+                                  hovertemplate=f"unembedding direction of {figures.esc(repr(lab.strip()))}"
+                                                "<extra></extra>"))
     axis = [f"PC{i + 1}" + (f" ({100 * evr[i]:.0f}%)" if i < len(evr) else "") for i in range(dims)]
     main, br, sub = (title or f"PCA of hidden states after layer {pca.get('layer')}").partition("<br>")
     title = f"{main} ({dims}D){br}{sub}"
