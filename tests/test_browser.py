@@ -80,7 +80,7 @@ def app_url(tmp_path_factory):
     port, backend_port = _free_port(), _free_port()
     log = tmp_path_factory.mktemp("launch") / "launch.log"
     env = dict(os.environ, HEADLENS_CACHE_DIR=str(tmp_path_factory.mktemp("browser-cache")), HF_HUB_OFFLINE="1",
-               PYTHONUNBUFFERED="1")
+               PYTHONUNBUFFERED="1", HEADLENS_LOG=str(log.parent / "servers.log"))
     for var in ("HEADLENS_BACKEND_URL", "HEADLENS_TOKEN", "HEADLENS_MODEL_ROOT"):
         env.pop(var, None)
     with open(log, "wb") as out:

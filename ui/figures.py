@@ -106,12 +106,27 @@ def top_k(values: np.ndarray, k: int) -> list[Head]:
     return [(int(i // H), int(i % H)) for i in order]
 
 
+MODEBAR_PX = 34
+"""Height of the band at a figure's top that plotly's toolbar (the modebar: camera, zoom, ...) covers."""
+
+
+def clear_of_modebar(fig: go.Figure) -> go.Figure:
+    """Put the title (and the subplots' titles) below the toolbar's band: it covered the titles' right ends. The
+    title hangs from MODEBAR_PX below the top; the top margin grows to hold it (at least the band when untitled)."""
+    text = str(fig.layout.title.text or "")
+    lines = (1 + text.count("<br>")) if text else 0
+    need = MODEBAR_PX + (8 + 22 * lines if lines else 0) + (18 if fig.layout.annotations else 0)
+    fig.update_layout(title=dict(yref="container", y=1, yanchor="top", pad=dict(t=MODEBAR_PX)),
+                      margin=dict(t=max(int(fig.layout.margin.t or 0), need)))
+    return fig
+
+
 def _style(fig: go.Figure, height: int) -> go.Figure:
     two_lines = "<br>" in str(fig.layout.title.text or "")
     fig.update_layout(height=height + (30 if two_lines else 0), margin=dict(l=10, r=10, t=96 if two_lines else 40, b=10),
                       font=dict(family=FONT), hoverlabel=dict(font=dict(family=FONT)),
                       legend=dict(orientation="h", y=-0.2))
-    return fig
+    return clear_of_modebar(fig)
 
 
 def map_spec(metric: str) -> dict[str, Any]:
@@ -198,7 +213,7 @@ def all_maps(result: dict[str, Any], selected: Iterable[Sequence[int]] = (), tit
         fig.update_layout(title=dict(text=title, x=0.0))
     _style(fig, int(min(520, max(260, 22 * L + 140))))
     fig.update_layout(margin=dict(t=96 if title else 60, r=40))
-    return fig
+    return clear_of_modebar(fig)
 
 
 def layer_distribution(result: dict[str, Any], k: int, title: str | None = None) -> go.Figure:

@@ -16,6 +16,7 @@ Results carry `_waited` (seconds from the request to the result) next to the ser
 """
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -40,15 +41,32 @@ REDRAW_S = 0.5  # the bar's seconds counter moves at this pace (a stage change r
 TIMEOUT_S = api.JOB_TIMEOUT_S
 
 
+def log_note() -> str:
+    """Where the servers' full output is, when `python -m backend launch` started them (it sets HEADLENS_LOG)."""
+    path = os.environ.get("HEADLENS_LOG")
+    return f"The servers' full output (tracebacks included) is in `{path}`." if path else \
+        "`python -m backend launch` writes the servers' full output to `logs/headlens.log`."
+
+
+def error_box(title: str, message: str, details: str, hint: str = "") -> None:
+    """An error as one sentence (`title`: what failed, and the message's first line), and an expander with
+    everything (`details`: the full message, a traceback) in a code block with a copy button, and the log."""
+    first = message.strip().splitlines()[0] if message.strip() else ""
+    st.error(f"**{title}**" + (f" {first}" if first else "") + (f"\n\n{hint}" if hint else ""),
+             icon=":material/error:")
+    with st.expander("Details", icon=":material/bug_report:"):
+        st.code(details, language=None, wrap_lines=True)  # its copy button copies it all
+        st.caption(log_note())
+
+
 def show_error(e: api.ApiError, what: str | None = None) -> None:
-    """One st.error: what failed, the service's message, and what to do where we know it."""
+    """What failed, the service's message, and what to do where we know it; the details in an expander."""
     title = ERROR_TITLES.get(e.kind, "Error.")
     if what:
         title = f"{what}: {title[0].lower()}{title[1:]}"
-    body = f"**{title}**\n\n{e.message}"
-    if e.hint:
-        body += f"\n\n{e.hint}"
-    st.error(body, icon=":material/error:")
+    details = f"{title}\n{e.message}\n\nkind: {e.kind}" + (f", HTTP status {e.status}" if e.status else "") + \
+              f"\nservice: {api.backend_url()}"
+    error_box(title, e.message, details, e.hint)
 
 
 def begin_page() -> None:

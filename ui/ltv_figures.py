@@ -43,7 +43,7 @@ def _style(fig: go.Figure, height: int, title: str | None) -> go.Figure:
                       margin=dict(l=10, r=10, t=76 if title and "<br>" in title else 40, b=10),
                       font=dict(family=FONT), hoverlabel=dict(font=dict(family=FONT)),
                       legend=dict(orientation="h", y=-0.22))
-    return fig
+    return figures.clear_of_modebar(fig)
 
 
 def loss_curve(training: dict[str, Any], title: str | None = None, height: int = 300) -> go.Figure:

@@ -6,6 +6,7 @@ service already has, so a shared link reopens a cached result at once, without r
 from __future__ import annotations
 
 import json
+import traceback
 from contextlib import contextmanager
 from typing import Any, Callable, Iterator
 
@@ -16,11 +17,12 @@ from . import jobs
 
 @contextmanager
 def guard(what: str) -> Iterator[None]:
-    """A result the page cannot draw is an st.error, never a traceback (st.stop/rerun pass through)."""
+    """A result the page cannot draw is one sentence, with the traceback in an expander (st.stop/rerun pass
+    through)."""
     try:
         yield
     except Exception as e:
-        st.error(f"**{what}: could not draw the result.**\n\n{type(e).__name__}: {e}", icon=":material/error:")
+        jobs.error_box(f"{what}: could not draw the result.", f"{type(e).__name__}: {e}", traceback.format_exc())
 
 
 def run_row(text: str, caption: str, key: str, label: str = "Run") -> bool:

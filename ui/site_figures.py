@@ -22,7 +22,7 @@ METHOD_NAMES = {"zero_shot": "0-shot", "fv": "function vector", "vanilla": "vani
 def _style(fig: go.Figure, height: int) -> go.Figure:
     fig.update_layout(height=height, margin=dict(l=10, r=10, t=50, b=10), font=dict(family=FONT),
                       legend=dict(orientation="h", y=-0.22))
-    return fig
+    return figures.clear_of_modebar(fig)
 
 
 def alpha_map(alpha: Any, selected: Sequence[Sequence[int]] = (), title: str | None = None) -> go.Figure:

@@ -74,7 +74,7 @@ def _style(fig: go.Figure, height: int) -> go.Figure:
     fig.update_layout(height=height + (30 if two_lines else 0), margin=dict(l=10, r=10, t=104 if two_lines else 50, b=10),
                       font=dict(family=FONT), hoverlabel=dict(font=dict(family=FONT)),
                       legend=dict(orientation="h", y=-0.18))
-    return fig
+    return figures.clear_of_modebar(fig)
 
 
 def _rgba(hex_color: str, alpha: float) -> str:

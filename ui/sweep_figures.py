@@ -10,7 +10,7 @@ from typing import Any
 import pandas as pd
 import plotly.graph_objects as go
 
-from .figures import esc
+from .figures import clear_of_modebar, esc
 
 METRICS = {  # summary field -> (label, help, range or None, signed)
     "tr_depth": ("TR depth", "mean relative depth (layer / (layers - 1)) of the top TR heads: 0 first layer, 1 last",
@@ -83,7 +83,7 @@ def table_heatmap(summary: dict[str, Any], metric: str, table: pd.DataFrame | No
                                **kw))
     fig.update_layout(title={"text": f"{label}: models × tasks", "x": 0}, height=140 + 42 * max(len(df.index), 1),
                       margin={"l": 10, "r": 10, "t": 50, "b": 10}, yaxis={"autorange": "reversed"})
-    return fig
+    return clear_of_modebar(fig)
 
 
 def depth_profile(summary: dict[str, Any]) -> go.Figure:
@@ -104,7 +104,7 @@ def depth_profile(summary: dict[str, Any]) -> go.Figure:
                       xaxis_title="relative depth (0 = first layer, 1 = last)", yaxis_title="share of top heads",
                       yaxis={"tickformat": ".0%", "rangemode": "tozero"}, height=360,
                       margin={"l": 10, "r": 10, "t": 50, "b": 10})
-    return fig
+    return clear_of_modebar(fig)
 
 
 def overlap_scatter(summary: dict[str, Any]) -> go.Figure:
@@ -120,4 +120,4 @@ def overlap_scatter(summary: dict[str, Any]) -> go.Figure:
                       xaxis={"title": "mean relative depth", "range": [-0.05, 1.05]},
                       yaxis={"title": "Jaccard with top induction heads", "range": [-0.05, 1.05]}, height=360,
                       margin={"l": 10, "r": 10, "t": 50, "b": 10})
-    return fig
+    return clear_of_modebar(fig)
