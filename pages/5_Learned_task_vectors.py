@@ -126,7 +126,7 @@ if res is not None:
         t = res["table"]
         acc = {c: t[c]["accuracy"] for c in ("ltv", "vanilla", "fv") if c in t}
         if len(acc) == 3:
-            order = " > ".join(f"{lf.condition_name(c)} {M.pct(v)}" for c, v in sorted(acc.items(), key=lambda kv: -kv[1]))
+            order = lf.ordering(acc)
             holds = acc["ltv"] > max(acc["vanilla"], acc["fv"])
             st.markdown(f"The paper (Llama-3.1-8B, layer 16, mean over its tasks): vanilla 37.8%, function vector "
                         f"37.3%, LTV 83.5%. Here: {order} — LTV "
@@ -164,6 +164,7 @@ if res is not None:
             st.plotly_chart(lf.loss_curve(tr, f"Training at layer {at}: best epoch {tr['best_epoch']} of "
                                               f"{tr['epochs_run']} ({tr['stopped']}){ctx}"),
                             key="ltv_loss", config=figures.png_config(f"ltv-loss-{s.task}"))
+            st.caption(lf.epoch_sentence(tr, int(res["params"].get("patience") or 2)))
         with g2:
             st.markdown(f"**‖θ‖** = {', '.join(f'{x:.3g}' for x in tr['norm'])} · trained on **{tr['n_train']}** "
                         f"zero-shot prompts, early-stopped on **{tr['n_val']}** · {tr['train_seconds']:.1f} s")
@@ -199,7 +200,11 @@ if res is not None:
                 gp = kh.get("gold_prob") or {}
                 if gp:
                     st.caption(f"Mean gold probability: LTV {gp['ltv']:.3f}, key heads ablated {gp['ablated']:.3f}, "
-                               f"random heads ablated {gp['random']:.3f} (zero ablation at the last token).")
+                               f"random heads ablated {gp['random']:.3f} (zero ablation at the last token)."
+                               + (" Ablating the key heads *raises* it: saliency |a · ∂p/∂a| ranks heads by the size "
+                                  "of their effect on p(gold), of either sign, so some key heads were holding the "
+                                  "answer back." if gp["ablated"] > gp["ltv"] else "")
+                               + " The random sets are drawn from the other heads of those layers.")
                 ov_rows = [{"ranking": name.upper() if name != "induction" else "induction",
                             "top-k Jaccard": o["jaccard"], "Spearman": o.get("spearman"), "Kendall": o.get("kendall")}
                            for name, o in kh["overlap"].items()]

@@ -260,7 +260,7 @@ def test_a_steering_link_reopens_settings_and_cached_result(app_url, driver):
 
     d = driver
     q = (f"model={MODEL}&task=syn-sentiment&shots=4&prompts=16&seed=0&sg_vectors=tl,random&sg_layer=1&"
-         f"sg_alpha=2.5&sg_pca_layer=0&sg_final_norm=1&sg_perturbations=shuffled_inputs")
+         f"sg_alpha=2.5&sg_pca_layer=0&sg_final_norm=0&sg_perturbations=shuffled_inputs")
     d.get(f"{app_url}/Steering_geometry?{q}")
     _wait(d, lambda d: "Press **Run**" not in _text(d) and _css(d, '[data-testid="stButton"] button') and _idle(d))
     runs = [b for b in d.find_elements(By.XPATH, "//button[contains(., 'Run')]") if b.is_displayed()]
@@ -268,7 +268,7 @@ def test_a_steering_link_reopens_settings_and_cached_result(app_url, driver):
     _wait(d, lambda d: "Zero-shot prompts steered at layer 1" in d.page_source and _idle(d))
     _no_errors(d)
     link = d.current_url
-    for part in ("sg_vectors=tl%2Crandom", "sg_layer=1", "sg_alpha=2.5", "sg_final_norm=1", "sg_pca_layer=0"):
+    for part in ("sg_vectors=tl%2Crandom", "sg_layer=1", "sg_alpha=2.5", "sg_final_norm=0", "sg_pca_layer=0"):
         assert part in link or part.replace("%2C", ",") in link, (part, link)
     d.delete_all_cookies()
     d.get(link)  # a fresh session from the link: same settings, the cached result without a click

@@ -127,6 +127,19 @@ def test_training_lowers_the_loss_and_reports_steps(llama):
     assert set(tr.vectors) == {1} and tr.vectors[1].shape == (llama.d_model,)
 
 
+def test_early_stopping_counts_epochs_without_a_higher_accuracy(llama, monkeypatch):
+    """Issue 19: "best epoch 10 of 10" while the held-out accuracy was flat from epoch 2 with patience 2 (a lower
+    loss at the same accuracy reset the patience). Held-out (accuracy, loss) scripted: flat from epoch 2."""
+    from backend.analysis.primitives import learn
+
+    script = iter([(0.1, 3.0), (0.5, 2.0), (0.9, 1.0), (0.9, 0.8), (0.9, 0.6), (0.9, 0.5), (0.9, 0.4)])
+    monkeypatch.setattr(learn, "_val", lambda *a, **k: next(script))
+    enc = _encoded(llama, n=4)
+    tr = train_injection(llama, [1], (-1,), enc, enc, Recipe(epochs=6, patience=2))
+    assert tr.stopped == "early stopping" and tr.epochs_run == 4  # epochs 3 and 4 brought no higher accuracy
+    assert tr.best_epoch == 4 and tr.val_accuracy == [0.5, 0.9, 0.9, 0.9]  # kept: the best accuracy, lowest loss
+
+
 # -- the kinds ----------------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("arch", ["llama", "qwen2"])
 def test_ltv_kind_on_gqa_models(lm_of, arch, tmp_path):

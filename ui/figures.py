@@ -260,6 +260,24 @@ def icl_curve(icl: dict[str, Any], title: str | None = None) -> go.Figure:
     return _style(fig, 360)
 
 
+def rises(abl: dict[str, Any], tol: float = 0.01) -> list[str]:
+    """Where a top-head ablation curve goes up as k grows (by more than `tol`), its largest rise per measure:
+    "top TL, TR ratio: k 4 → 8 (20% → 40%)" (the random curves' means wander by chance: left out)."""
+    ks = list(abl["ks"])
+    out = []
+    for name, c in abl["curves"].items():
+        if name == "random":
+            continue
+        for m in METRIC_STYLE:
+            ys = c.get(m) or []
+            ups = [i for i in range(1, len(ys)) if ys[i] > ys[i - 1] + tol]
+            if ups:
+                i = max(ups, key=lambda j: ys[j] - ys[j - 1])
+                out.append(f"{ORDER_STYLE.get(name, {'name': name})['name']}, {METRIC_STYLE[m]['name']}: k {ks[i - 1]} → "
+                           f"{ks[i]} ({100 * ys[i - 1]:.0f}% → {100 * ys[i]:.0f}%)")
+    return out
+
+
 def ablation_curves(abl: dict[str, Any], title: str | None = None) -> go.Figure:
     """Accuracy, label accuracy and TR ratio (in %) against the number of top heads ablated, per order;
     random as its mean with a ±sd band (clipped to 0..100)."""

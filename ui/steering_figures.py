@@ -172,8 +172,9 @@ def geometry_curves(geo: dict[str, Any], metrics: Sequence[str] = tuple(GEOMETRY
     layers = [int(l) for l in geo["layers"]]
     conds = geo["conditions"]
     order = [c for c in CONDITION_STYLE if c in conds] + [c for c in conds if c not in CONDITION_STYLE]
-    fig = make_subplots(rows=1, cols=len(metrics), subplot_titles=[GEOMETRY_METRICS[m]["title"] for m in metrics],
-                        horizontal_spacing=0.07)
+    raw = geo.get("final_norm") is False  # the raw residual: its "logit difference" is no logit difference
+    titles = [("⟨h, ΔW⟩ (no final norm)" if raw and m == "ld" else GEOMETRY_METRICS[m]["title"]) for m in metrics]
+    fig = make_subplots(rows=1, cols=len(metrics), subplot_titles=titles, horizontal_spacing=0.07)
     for col, m in enumerate(metrics, start=1):
         for c in order:
             st = CONDITION_STYLE.get(c, {"name": c, "color": "#17becf", "dash": "solid"})

@@ -17,7 +17,7 @@ conditions   zero_shot   the query alone
 mechanism    key heads   saliency |a . dp(gold)/da| per head at the last token with the LTV in; the top
                          `key_pct` % of all heads, taken from the layers that see theta (>= its layer), are
                          ablated (zero, last token) against `random_draws` random sets as large from the same
-                         layers; overlaps of the saliency map with the TR, TL and induction maps (kind `scores`)
+                         layers (from their other heads, when there are enough); overlaps of the saliency map with the TR, TL and induction maps (kind `scores`)
              ov          sum over later heads of A(last -> theta's positions) W_O W_V theta, injected instead of
                          theta: at the last layer's output (`final`) and at theta's own site (`same_layer`);
                          `direct` is theta itself at the last layer's output (the residual path alone)
@@ -208,6 +208,8 @@ def _mechanism(ctx: Context, p: LtvParams, zero: Any, layer: int, theta: torch.T
     pool = [(l, h) for l in range(layer, L) for h in range(H)]
     k = min(n_top(L, H, p.key_pct), len(pool))
     key = top_heads(later, k=k)
+    rest = [h for h in pool if h not in set(key)]  # the random sets: from the other heads, when there are enough
+    pool = rest if len(rest) >= k else pool
     draws = [sorted(random.Random(f"ltv-random-{p.seed}-{i}").sample(pool, k)) for i in range(p.random_draws)]
     progress(0.15, "ablating key and random heads")
     abl = evaluate_injections(lm, zero, [Injection({layer: theta}, positions, mask=head_mask(lm, hs))

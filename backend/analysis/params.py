@@ -191,7 +191,8 @@ class GeometryParams(Selection, PromptParams):
 
     layer: Layer | None = Field(None, description="injection layer of the steered conditions; None = L/2")
     alpha: Float = Field(1.0, ge=-100, le=100)
-    final_norm: Bool = False
+    final_norm: Bool = Field(True, description="measure the states after the final norm (as the unembedding reads "
+                                                "them: the logit difference is in logits); false: the raw residual")
     pca_layer: Layer | None = Field(None, description="layer of the PCA view; None = the last")
 
     def work(self, model: dict | None = None) -> tuple[int, str]:

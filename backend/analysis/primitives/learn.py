@@ -6,7 +6,8 @@
     AdamW(lr, weight_decay) on phi, learning rate decaying linearly to 0 over all steps; an epoch draws
     `samples_per_epoch` prompts (cycling through shuffled passes over a smaller training set)
     after every epoch: full-vocabulary accuracy (and loss) on held-out prompts; the best theta is kept
-    (higher accuracy, ties broken by lower loss); training stops after `patience` epochs without a better one.
+    (higher accuracy, ties broken by lower loss); training stops after `patience` epochs without a higher
+    held-out accuracy (a lower loss at the same accuracy does not hold it off: early stopping is on accuracy).
 
 The model stays frozen (eval mode, no parameter gradients): only theta gets a gradient, through the hooks
 of `inject.injected_logits`. Training holds the model's lock. Data: zero-shot prompts (the query alone) of the
@@ -186,6 +187,7 @@ def train_injection(lm: LoadedModel, layers: Sequence[int], positions: Sequence[
     with lm.lock, torch.enable_grad(), cpu_threads(lm):
         init_acc, init_loss = _val(lm, val, Injection(vectors(), pos), gold_val, vb)
         best = (init_acc, -init_loss)
+        best_acc = init_acc  # the early-stopping criterion: epochs without a higher held-out accuracy
         best_theta = {l: v.detach().clone() for l, v in vectors().items()}
         best_epoch, bad, stopped, epoch = 0, 0, "max epochs", 0
         for epoch in range(1, recipe.epochs + 1):
@@ -221,8 +223,10 @@ def train_injection(lm: LoadedModel, layers: Sequence[int], positions: Sequence[
             if on_epoch is not None:
                 on_epoch(epoch, acc, vloss)
             if (acc, -vloss) > best:
-                best, best_epoch, bad = (acc, -vloss), epoch, 0
+                best, best_epoch = (acc, -vloss), epoch
                 best_theta = {l: v.detach().clone() for l, v in vectors().items()}
+            if acc > best_acc:
+                best_acc, bad = acc, 0
             else:
                 bad += 1
                 if bad >= recipe.patience:
