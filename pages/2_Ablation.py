@@ -103,7 +103,7 @@ curves = jobs.fetch("ablation", curve_params, "Ablation curves", what="Ablation 
 if curves is not None:
     jobs.show_warnings(curves)
     st.plotly_chart(figures.ablation_curves(curves, f"{mode.capitalize()} ablation of the top k heads" + figures.subtitle(
-        figures.caption(s.model, s.task, curves['shots'], f'k ≤ {kmax}'))),
+        figures.caption(s.model, s.task_title, curves['shots'], f'k ≤ {kmax}'))),
                     key="curves_fig", config=figures.png_config(f"ablation-curves-{s.task}-{mode}"))
     st.caption(f"{mode.capitalize()} ablation of the k heads ranked highest by TR, TL or induction score; random: "
                f"k random heads, mean ± standard deviation over seeds {curves['curves'].get('random', {}).get('seeds', [0, 1, 2])}"

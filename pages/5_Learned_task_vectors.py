@@ -38,7 +38,7 @@ info = jobs.fetch("model_info", {"model": s.model}, "Loading the model", what="M
 if info is None:
     st.stop()
 L, H = int(info["n_layers"]), int(info["n_heads"])
-ctx = figures.subtitle(figures.caption(s.model, s.task, s.shots))
+ctx = figures.subtitle(figures.caption(s.model, s.task_title, s.shots))
 if state.value("ltv_layer") not in (None, "all") and not 0 <= int(state.value("ltv_layer")) < L:
     state.put("ltv_layer", "all")  # a layer of another model: the sweep
 
@@ -208,7 +208,7 @@ if res is not None:
                 ov_rows = [{"ranking": name.upper() if name != "induction" else "induction",
                             "top-k Jaccard": o["jaccard"], "Spearman": o.get("spearman"), "Kendall": o.get("kendall")}
                            for name, o in kh["overlap"].items()]
-                st.dataframe(pd.DataFrame(ov_rows), hide_index=True, key="ltv_overlap",
+                st.dataframe(pd.DataFrame(ov_rows), hide_index=True, key="ltv_overlap", placeholder="—",
                              column_config={c: st.column_config.NumberColumn(format="%.2f")
                                             for c in ("top-k Jaccard", "Spearman", "Kendall")})
                 st.caption("Overlap of the saliency map with the TR, TL and induction maps of the Head map page "

@@ -148,7 +148,7 @@ def render(r: dict[str, Any], s: state.Settings, params: dict[str, Any], n_heads
     """The drill-down views of a `head` result; `compact` (the Head map's panel) leaves out the pattern grid,
     the top tokens and the logit lens."""
     name = f"L{r['layer']}.H{r['head']}"
-    ctx = figures.subtitle(figures.caption(s.model, s.task, r.get("shots")))
+    ctx = figures.subtitle(figures.caption(s.model, s.task_title, r.get("shots")))
     where = "your own prompt" if r.get("prompt_index") is None else f"prompt {r['prompt_index']}"
     m = st.columns(5)
     m[0].metric(f"TR ({where})", f"{r['tr']:.3g}", help="‖P o‖: the head's write inside the span of the labels' "

@@ -15,9 +15,15 @@ from .jobs import show_error
 CSS = """
 <style>
   .block-container {padding-top: 2.2rem; padding-bottom: 3rem;}
-  [data-testid="stMetricValue"] {font-size: 1.9rem;}
+  [data-testid="stMetricValue"] {font-size: clamp(1.15rem, 2.1vw, 1.9rem);}  /* "100…" in narrow columns */
   [data-testid="stSidebar"] .hl-brand {font-size: 1.35rem; font-weight: 700; letter-spacing: .02em;}
   .hl-muted {color: rgba(120,120,140,.95); font-size: .88rem;}
+  /* labels wrap instead of ending in an ellipsis ("Label accuracy (8-s…", truncated button labels) */
+  [data-testid="stMetricLabel"], [data-testid="stMetricLabel"] * {white-space: normal !important;
+      overflow: visible !important; text-overflow: clip !important; height: auto !important;}
+  [data-testid^="stBaseButton"] p, [data-testid^="stBaseButton"] div {white-space: normal !important;
+      overflow: visible !important; text-overflow: clip !important; line-height: 1.25; word-break: normal !important;
+      overflow-wrap: normal !important;}
 </style>
 """
 CAPS_TTL_S = 15.0
@@ -198,8 +204,9 @@ def top_heads_control() -> None:
 def page_setup(title: str, icon: str = ":material/search:") -> tuple[state.Settings, dict[str, Any]]:
     """Config, state, capabilities and sidebar. Stops the page with an error when the service is unreachable."""
     api.trace(f"page:{title.replace(' ', '_')}")
+    # "auto": open on a wide screen, collapsed on a phone (expanded, it covered 75% of a 390 px screen)
     st.set_page_config(page_title=f"{title} · headlens", page_icon=icon, layout="wide",
-                       initial_sidebar_state="expanded")
+                       initial_sidebar_state="auto")
     st.markdown(CSS, unsafe_allow_html=True)
     jobs.begin_page()
     problems = state.init()
@@ -221,9 +228,12 @@ def page_setup(title: str, icon: str = ":material/search:") -> tuple[state.Setti
 
 def effective(s: state.Settings, caps: dict[str, Any]) -> state.Settings:
     """The settings the jobs get: `prompts` at most the task's held-out queries (the sidebar says so), so the
-    default 50 on a task of 20 queries asks for 20 and no result warns that it had fewer than asked."""
-    pool = task_info(caps, s.task).get("n_queries")
-    return dataclasses.replace(s, prompts=int(pool)) if pool and s.prompts > int(pool) else s
+    default 50 on a task of 20 queries asks for 20 and no result warns that it had fewer than asked; and the name
+    figures give the task (an upload's file name, not its id)."""
+    info = task_info(caps, s.task)
+    pool = info.get("n_queries")
+    name = (info.get("filename") or info.get("name")) if info.get("source") == "upload" else None
+    return dataclasses.replace(s, prompts=int(pool) if pool and s.prompts > int(pool) else s.prompts, task_name=name)
 
 
 def need_task(s: state.Settings) -> None:

@@ -229,6 +229,12 @@ class Settings:
     kmax: int = 16
     top_pct: float = TOP_PCT
     top_k: int | None = None
+    task_name: str | None = None
+    """What figures call the task: an upload's file name rather than its `upload:<hash>` id (`layout` sets it)."""
+
+    @property
+    def task_title(self) -> str | None:
+        return self.task_name or self.task
 
     def job(self, **extra: Any) -> dict[str, Any]:
         """Parameters common to every job; `extra` adds or overrides."""
