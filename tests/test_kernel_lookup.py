@@ -55,6 +55,12 @@ def reader(ctx: Context, p: ReaderParams) -> dict[str, Any]:
     return {"found": None if r is None else r.value, "found_params": None if r is None else r.params}
 
 
+def computer(ctx: Context, p: ReaderParams) -> dict[str, Any]:
+    """Shows the source when cached, else computes it (as `methods` with ltv=true)."""
+    r = ctx.cached("t_source", [{"seed": p.seed}]) or ctx.call("t_source", seed=p.seed, detail=2)
+    return {"found": r.value}
+
+
 def caller(ctx: Context, p: ReaderParams) -> dict[str, Any]:
     r = ctx.call("t_source", seed=p.seed, detail=7)
     ctx.warn("a real warning")
@@ -68,7 +74,9 @@ def registered():
             kinds.register(kinds.Kind("t_reader", ReaderParams, ReaderResult, "test_kernel_lookup:reader", "",
                                       "t_reader", uses_task=False, uses_model=False, needs_fit=False)),
             kinds.register(kinds.Kind("t_caller", ReaderParams, ReaderResult, "test_kernel_lookup:caller", "",
-                                      "t_caller", uses_task=False, uses_model=False, needs_fit=False))]
+                                      "t_caller", uses_task=False, uses_model=False, needs_fit=False)),
+            kinds.register(kinds.Kind("t_computer", ReaderParams, ReaderResult, "test_kernel_lookup:computer", "",
+                                      "t_computer", uses_task=False, uses_model=False, needs_fit=False))]
     CALLS.update(source=0, reader=0)
     yield
     for k in made:
@@ -107,6 +115,12 @@ def test_a_reader_cached_before_its_source_is_recomputed_once_the_source_is_cach
     assert not fresh.cache_hit and fresh.found == 411 and CALLS["reader"] == 2
     assert analyze("t_reader", None, None, seed=4).cache_hit and CALLS["reader"] == 2
     assert "absent_inputs" not in fresh.to_json()  # the kernel's bookkeeping stays out of the JSON
+
+
+def test_a_miss_the_reader_then_computed_itself_does_not_make_it_stale():
+    r = analyze("t_computer", None, None, seed=6)
+    assert r.found == 612 and not r.absent_inputs
+    assert analyze("t_computer", None, None, seed=6).cache_hit
 
 
 def test_notes_stay_apart_from_warnings_through_calls():

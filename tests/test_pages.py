@@ -213,6 +213,11 @@ def test_unreachable_backend_is_an_error_not_a_traceback(monkeypatch, path):
     assert not at.exception
     assert at.error and "unreachable" in at.error[0].value.lower()
     assert "HEADLENS_BACKEND_URL" in at.error[0].value
+    # issue 19, defect 2: one sentence, and the details in an expander (a code block: it has a copy button)
+    assert any(x.label == "Details" for x in at.expander)
+    details = [c.value for c in at.code if "unreachable" in c.value.lower()]
+    assert details and "service: http://127.0.0.1:9" in details[0] and "kind: unreachable" in details[0]
+    assert any("logs/headlens.log" in c.value for c in at.caption)  # where the servers' full output is
     api.reset_clients()
 
 

@@ -88,6 +88,9 @@ class Context:
                     progress=progress, live=self.report)
         self.multi_token.update(r.multi_token_labels)
         self.absent.extend(a for a in r.absent_inputs if a not in self.absent)
+        if any(a["kind"] == kind for a in self.absent):  # looked up, missed, then computed here: no longer missing
+            self.absent = [a for a in self.absent if a["kind"] != kind
+                           or find_cached(kind, self.lm, self.task, a["tries"], self.store) is None]
         for w in r.warnings:
             if not is_multi_token_warning(w):
                 self.warn(warn_prefix + w)
