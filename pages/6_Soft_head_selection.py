@@ -143,7 +143,8 @@ with guard("Soft head selection"):
             st.markdown("**Rank correlation of α with the head maps**")
             st.dataframe(table, hide_index=True, key="site_corr", placeholder="—",
                          column_config={c: st.column_config.NumberColumn(format="%.2f") for c in table.columns[1:]})
-            st.caption("Over all heads; the maps are the Head map's (8 shots, 50 prompts, this seed). "
+            st.caption(f"Over all heads; the maps are the Head map's (8 shots, {min(int(res['prompts']), 50)} prompts, "
+                       "this seed). "
                        + ("" if "ltv" in corr else "LTV's key-head saliency joins once an LTV result is cached."))
 
     with st.expander("Training curve", expanded=False):
