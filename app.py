@@ -124,7 +124,7 @@ if scores is not None:
         jobs.show_warnings(icl)
         c1, c2 = st.columns([1, 1], gap="medium")
         with c1:
-            st.plotly_chart(figures.icl_curve(icl, "In-context learning" + figures.subtitle(figures.caption(s.model, s.task))),
+            st.plotly_chart(figures.icl_curve(icl, "In-context learning" + figures.subtitle(figures.caption(s.model, s.task_title))),
                             config=figures.png_config(f"icl-curve-{s.task}"), key="icl_fig")
             st.caption(f"ICL curve {jobs.timing(icl)}.")
             snippets.show("icl", icl_job.params, "r.shots, r.accuracy, r.label_accuracy, r.tr_ratio")

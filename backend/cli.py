@@ -239,12 +239,10 @@ def run_kind(name: str, a: argparse.Namespace) -> None:
         r = analyze(name, lm, task, p, cache=not a.no_cache, progress=bar)
     finally:
         bar.close()
-    for w in r.warnings:
+    for w in r.warnings:  # labels spanning several tokens among them, once (the kernel says so on every kind)
         print(f"warning: {w}", file=sys.stderr)
-    multi = getattr(r, "multi_token_labels", None)
-    if multi:
-        print(f"note: {len(multi)} label(s) span several tokens and are scored by their first: {multi[:8]}",
-              file=sys.stderr)
+    for n in r.notes:
+        print(f"note: {n}", file=sys.stderr)
     emit(r.to_json(), a.out)
 
 

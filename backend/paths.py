@@ -14,6 +14,12 @@ DEFAULT_MODEL_NAMES = ("default", "headlens-tiny")
 """The names that load the embedded default model."""
 
 
+def log_file() -> Path:
+    """Where `launch` writes both servers' output (their tracebacks included): HEADLENS_LOG, else
+    `<repo>/logs/headlens.log`."""
+    return Path(os.environ.get("HEADLENS_LOG") or REPO_ROOT / "logs" / "headlens.log")
+
+
 def cache_dir() -> Path:
     """The result cache folder: HEADLENS_CACHE_DIR, else `<repo>/cache`. Uploads and locks live under it."""
     return Path(os.environ.get("HEADLENS_CACHE_DIR") or REPO_ROOT / "cache")

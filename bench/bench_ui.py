@@ -62,7 +62,7 @@ class Launch:
         self.log = open(Path(self.cache) / "launch.log", "wb")
         self.trace = str(Path(self.cache) / "ui-trace.log")
         env = dict(os.environ, HEADLENS_CACHE_DIR=self.cache, HF_HUB_OFFLINE="1", PYTHONUNBUFFERED="1",
-                   HEADLENS_UI_TRACE=self.trace)
+                   HEADLENS_UI_TRACE=self.trace, HEADLENS_LOG=str(Path(self.cache) / "servers.log"))
         for var in ("HEADLENS_BACKEND_URL", "HEADLENS_TOKEN", "HEADLENS_MODEL_ROOT"):
             env.pop(var, None)
         self.proc = subprocess.Popen([sys.executable, "-m", "backend", "launch", "--no-browser", "--host", "127.0.0.1",

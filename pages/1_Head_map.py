@@ -24,7 +24,7 @@ if scores is None:
 jobs.show_warnings(scores)
 L, H = int(scores["n_layers"]), int(scores["n_heads"])
 selected = heads.current(L, H)
-ctx = figures.subtitle(figures.caption(s.model, s.task, scores["shots"], int(scores["top_k"])))
+ctx = figures.subtitle(figures.caption(s.model, s.task_title, scores["shots"], int(scores["top_k"])))
 
 k_shot, zero = scores["icl"], scores.get("zero_shot")
 m = st.columns(5)
@@ -109,7 +109,7 @@ for l in range(L):
 table = pd.DataFrame(rows)
 
 st.subheader("Top heads", divider="gray")
-c1, c2 = st.columns([3, 2], gap="large")
+c1 = st.container()  # the table at full width (in a column its rank columns were clipped)
 with c1:
     if not 1 <= int(state.value("top_n")) <= L * H:
         state.put("top_n", min(10, L * H))
@@ -123,18 +123,20 @@ with c1:
                  column_order=["head", metric, f"{metric}_rank",
                                *[c for k in figures.METRICS if k != metric for c in (k, f"{k}_rank")], "selected"])
     st.caption(f"Sorted by {figures.METRICS[metric]['label']}; rank 1 = largest of {L * H}.")
+c2, c3 = st.columns([1, 1], gap="large")
 with c2:
     ov = scores.get("overlap", {})
     names = {"tr_tl": "TR vs TL", "tr_induction": "TR vs induction", "tl_induction": "TL vs induction"}
     odf = pd.DataFrame([{"pair": names.get(k, k), "Jaccard": v.get("jaccard"), "Spearman ρ": v.get("spearman"),
                          "Kendall τ": v.get("kendall")} for k, v in ov.items()])
     st.markdown("**Overlap between rankings**")
-    st.dataframe(odf, hide_index=True, key="overlap_table",
+    st.dataframe(odf, hide_index=True, key="overlap_table", placeholder="—",
                  column_config={c: st.column_config.NumberColumn(format="%.3f")
                                 for c in ("Jaccard", "Spearman ρ", "Kendall τ")})
     n_top = int(scores.get("top_k", len(scores.get("top_tr", []))))
     st.caption(f"Jaccard: overlap of the top-head sets ({s.top_label()}: {n_top} head{'s' if n_top != 1 else ''} "
                "each). Spearman and Kendall: rank correlation over all heads.")
+with c3:
     st.plotly_chart(figures.layer_distribution(scores, n, f"Layer of the top {n} heads{ctx}"), key="layer_dist",
                     config=figures.png_config(f"layer-distribution-{s.task}"))
 

@@ -103,12 +103,18 @@ curves = jobs.fetch("ablation", curve_params, "Ablation curves", what="Ablation 
 if curves is not None:
     jobs.show_warnings(curves)
     st.plotly_chart(figures.ablation_curves(curves, f"{mode.capitalize()} ablation of the top k heads" + figures.subtitle(
-        figures.caption(s.model, s.task, curves['shots'], f'k ≤ {kmax}'))),
+        figures.caption(s.model, s.task_title, curves['shots'], f'k ≤ {kmax}'))),
                     key="curves_fig", config=figures.png_config(f"ablation-curves-{s.task}-{mode}"))
     st.caption(f"{mode.capitalize()} ablation of the k heads ranked highest by TR, TL or induction score; random: "
                f"k random heads, mean ± standard deviation over seeds {curves['curves'].get('random', {}).get('seeds', [0, 1, 2])}"
-               f" (grey band, clipped to 0–100%). {curves.get('prompts', s.prompts)} prompts per point · "
-               f"{jobs.timing(curves)}.")
+               f" (grey band, clipped to 0–100%; drawn from all heads, so they may include top heads). "
+               f"{curves.get('prompts', s.prompts)} prompts per point · {jobs.timing(curves)}.")
+    rises = figures.rises(curves)
+    if rises:
+        st.caption(":material/info: Not monotonic in k: " + "; ".join(rises) + ". Ablating more heads can raise a "
+                   "score: a head ablated later may have been working against the answer, and with several heads "
+                   "out the rest compensate differently" + (" (mean ablation also writes every head's mean output, "
+                                                            "not nothing)" if mode == "mean" else "") + ".")
     snippets.show("ablation", curve_params, "r.ks, r.curves['tr'].tr_ratio   # per order: accuracy, label_accuracy, "
                                             "tr_ratio")
     tr_curve = curves["curves"].get("tr")

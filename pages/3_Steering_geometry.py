@@ -20,7 +20,7 @@ PERTURBATIONS = list(state.PERTURBATIONS)
 VECTOR_HELP = {
     "tr": "the summed last-token writes of the top TR heads",
     "tl": "the summed last-token writes of the top TL heads",
-    "random": "as many random heads (seeded)",
+    "random": "as many random heads (seeded; drawn from the heads in neither top set)",
     "fv": "function vector: the top heads by causal indirect effect (patching into shuffled-label prompts)",
     "vanilla": "the ICL hidden state minus the zero-shot one at the injection layer",
     "custom": "the heads selected on the Head map (or below)",
@@ -39,7 +39,7 @@ info = jobs.fetch("model_info", {"model": s.model}, "Loading the model", what="M
 if info is None:
     st.stop()
 L, H = int(info["n_layers"]), int(info["n_heads"])
-ctx = figures.subtitle(figures.caption(s.model, s.task, s.shots, s.top_label()))
+ctx = figures.subtitle(figures.caption(s.model, s.task_title, s.shots, s.top_label()))
 
 # -- settings shared by the sections (all in the URL) ------------------------------------------------------------
 if state.value("sg_layer") not in (None, "all") and not 0 <= int(state.value("sg_layer")) < L:
@@ -160,7 +160,9 @@ with g1:
                help="The layer whose hidden states the PCA view shows.")
 with g2:
     state.bind(st.toggle, "Final norm applied", "sg_final_norm",
-               help="Measure the hidden states after the model's final normalisation, as the unembedding sees them.")
+               help="Measure the hidden states after the model's final normalisation, as the unembedding reads them "
+                    "(the logit difference is then in logits, as the logit lens reads them). Off: the raw residual "
+                    "stream, whose scale grows along the layers.")
 pca_layer = L - 1 if state.value("sg_pca_layer") is None else int(state.value("sg_pca_layer"))
 geo_params = s.job(layer=inject, alpha=alpha, **s.selection(), pca_layer=pca_layer,
                    final_norm=bool(state.value("sg_final_norm")))
@@ -180,8 +182,12 @@ if geo is not None:
         cols = st.columns(3)
         cols[0].caption("**Alignment** ‖Ph‖/‖h‖: the share of the hidden state lying in the span of the label "
                         "unembeddings (1 = all of it).")
-        cols[1].caption("**Logit difference** ⟨h, W[gold] − mean W[other labels]⟩: how far the state favours the "
-                        "correct label over the others.")
+        cols[1].caption("**Logit difference** ⟨norm(h), W[gold] − mean W[other labels]⟩: how far the state favours "
+                        "the correct label over the others, in logits (the logit lens' reading at each layer)."
+                        if geo.get("final_norm") else
+                        "**⟨h, W[gold] − mean W[other labels]⟩ without the final norm**: not logits; its size grows "
+                        "with the residual stream along the layers (50–150 on small models). Turn on *Final norm "
+                        "applied* for the logit difference.")
         cols[2].caption("**Rotation**: the angle between Ph and that gold-minus-others direction inside the label "
                         "subspace; under 90° leans to the correct label.")
         st.caption(f"Lines: means over {geo.get('prompts', s.prompts)} prompts; bands: ±1 standard deviation; "
@@ -259,7 +265,7 @@ if pert is not None:
         jobs.show_warnings(pert)
         rows, skipped = sf.perturbation_table(pert)
         for name, why in skipped:
-            st.warning(f"**{sf.perturbation_name(name)}** skipped: {why}", icon=":material/block:")
+            jobs.warn(f"**{sf.perturbation_name(name)}** skipped: {why}")
         st.plotly_chart(sf.perturbation_bars(pert, f"ICL under each perturbation ({pert.get('shots')} "
                                                    f"demonstrations){ctx}"), key="perturb_bars",
                         config=figures.png_config(f"perturb-{s.task}"))

@@ -8,14 +8,13 @@ has (a shared link) shows at once without retraining. Every setting is in the UR
 """
 from __future__ import annotations
 
-import time
 from typing import Any
 
 import pandas as pd
 import streamlit as st
 
 from ui import figures, fit, jobs, layout, snippets, state
-from ui.sections import download, guard, run_row, section
+from ui.sections import LiveChart, download, guard, run_row, section
 from ui import ltv_figures as lf
 from ui import metrics as M
 
@@ -39,7 +38,7 @@ info = jobs.fetch("model_info", {"model": s.model}, "Loading the model", what="M
 if info is None:
     st.stop()
 L, H = int(info["n_layers"]), int(info["n_heads"])
-ctx = figures.subtitle(figures.caption(s.model, s.task, s.shots))
+ctx = figures.subtitle(figures.caption(s.model, s.task_title, s.shots))
 if state.value("ltv_layer") not in (None, "all") and not 0 <= int(state.value("ltv_layer")) < L:
     state.put("ltv_layer", "all")  # a layer of another model: the sweep
 
@@ -82,23 +81,18 @@ params = s.job(layer=layer, positions=list(state.value("ltv_positions")), lr=flo
                epochs=int(state.value("ltv_epochs")), batch_size=int(state.value("ltv_batch")),
                units=state.value("ltv_units"), **s.selection())
 
-live_box = st.empty()
-_last_drawn = {"n": -1, "t": 0.0, "draws": 0}
+
+def live_drawer(live: LiveChart):
+    """An `on_live` callback drawing the running training's loss curve into `live` (when it grew, ~3 times a second)."""
+    def draw(data: dict[str, Any]) -> None:
+        where = ", ".join(str(x) for x in data.get("layers") or [])
+        live.draw(lambda d: lf.loss_curve(d, f"Training at layer {where}: epoch {d.get('epoch')}/{d.get('epochs')}, "
+                                             f"step {d.get('step')}/{d.get('steps')}"),
+                  data, signature=(where, len(data.get("loss") or [])), config=figures.png_config("ltv-loss-live"))
+    return draw
 
 
-def draw_live(data: dict[str, Any]) -> None:
-    """The running training's loss curve (redrawn when it grew, at most ~3 times a second)."""
-    n = len(data.get("loss") or [])
-    if n == _last_drawn["n"] or time.monotonic() - _last_drawn["t"] < 0.3:
-        return
-    _last_drawn.update(n=n, t=time.monotonic(), draws=_last_drawn["draws"] + 1)
-    where = ", ".join(str(x) for x in data.get("layers") or [])
-    with live_box.container():
-        st.plotly_chart(lf.loss_curve(data, f"Training at layer {where}: epoch {data.get('epoch')}/"
-                                            f"{data.get('epochs')}, step {data.get('step')}/{data.get('steps')}"),
-                        key=f"live_loss_{_last_drawn['draws']}", config=figures.png_config("ltv-loss-live"))
-
-
+live = LiveChart("ltv")  # drawn below the Run row and the progress bar, so the page does not jump
 where = "every layer (one vector each)" if layer == "all" else f"layer {layer}"
 clicked = run_row(f"Train at **{where}**, positions {state._fmt_ints(state.value('ltv_positions'))} · lr "
                   f"{float(state.value('ltv_lr')):g} · ≤ {state.value('ltv_epochs')} epochs · batch "
@@ -108,9 +102,9 @@ clicked = run_row(f"Train at **{where}**, positions {state._fmt_ints(state.value
                   "curve is drawn while it trains; a finished result is cached (a shared link reopens it).",
                   "run_ltv")
 res = section("ltv", clicked, jobs.Job("ltv", params, "Learned task vectors", "Learned task vectors",
-                                       on_live=draw_live),
+                                       on_live=live_drawer(live)),
               "Press **Run** to train (a few seconds per layer on the default model).")
-live_box.empty()
+live.clear()
 
 if res is not None:
     with guard("Learned task vectors"):
@@ -132,7 +126,7 @@ if res is not None:
         t = res["table"]
         acc = {c: t[c]["accuracy"] for c in ("ltv", "vanilla", "fv") if c in t}
         if len(acc) == 3:
-            order = " > ".join(f"{lf.condition_name(c)} {M.pct(v)}" for c, v in sorted(acc.items(), key=lambda kv: -kv[1]))
+            order = lf.ordering(acc)
             holds = acc["ltv"] > max(acc["vanilla"], acc["fv"])
             st.markdown(f"The paper (Llama-3.1-8B, layer 16, mean over its tasks): vanilla 37.8%, function vector "
                         f"37.3%, LTV 83.5%. Here: {order} — LTV "
@@ -170,6 +164,7 @@ if res is not None:
             st.plotly_chart(lf.loss_curve(tr, f"Training at layer {at}: best epoch {tr['best_epoch']} of "
                                               f"{tr['epochs_run']} ({tr['stopped']}){ctx}"),
                             key="ltv_loss", config=figures.png_config(f"ltv-loss-{s.task}"))
+            st.caption(lf.epoch_sentence(tr, int(res["params"].get("patience") or 2)))
         with g2:
             st.markdown(f"**‖θ‖** = {', '.join(f'{x:.3g}' for x in tr['norm'])} · trained on **{tr['n_train']}** "
                         f"zero-shot prompts, early-stopped on **{tr['n_val']}** · {tr['train_seconds']:.1f} s")
@@ -205,11 +200,15 @@ if res is not None:
                 gp = kh.get("gold_prob") or {}
                 if gp:
                     st.caption(f"Mean gold probability: LTV {gp['ltv']:.3f}, key heads ablated {gp['ablated']:.3f}, "
-                               f"random heads ablated {gp['random']:.3f} (zero ablation at the last token).")
+                               f"random heads ablated {gp['random']:.3f} (zero ablation at the last token)."
+                               + (" Ablating the key heads *raises* it: saliency |a · ∂p/∂a| ranks heads by the size "
+                                  "of their effect on p(gold), of either sign, so some key heads were holding the "
+                                  "answer back." if gp["ablated"] > gp["ltv"] else "")
+                               + " The random sets are drawn from the other heads of those layers.")
                 ov_rows = [{"ranking": name.upper() if name != "induction" else "induction",
                             "top-k Jaccard": o["jaccard"], "Spearman": o.get("spearman"), "Kendall": o.get("kendall")}
                            for name, o in kh["overlap"].items()]
-                st.dataframe(pd.DataFrame(ov_rows), hide_index=True, key="ltv_overlap",
+                st.dataframe(pd.DataFrame(ov_rows), hide_index=True, key="ltv_overlap", placeholder="—",
                              column_config={c: st.column_config.NumberColumn(format="%.2f")
                                             for c in ("top-k Jaccard", "Spearman", "Kendall")})
                 st.caption("Overlap of the saliency map with the TR, TL and induction maps of the Head map page "
@@ -227,9 +226,11 @@ tparams = {**{k: v for k, v in params.items() if k != "task"}, "layer": one_laye
 clicked = run_row(f"Every built-in task of this model at **layer {one_layer}**: the comparison task by task, the "
                   f"similarity of their vectors, and sums of two tasks' vectors on composed tasks",
                   "One vector per task (cached: a task trained above is not retrained).", "run_ltv_tasks")
+live_tasks = LiveChart("ltv_tasks")
 many = section("ltv_tasks", clicked, jobs.Job("ltv_tasks", tparams, "Learned task vectors of every task",
-                                              "Across tasks", slot="ltv_tasks", on_live=draw_live),
+                                              "Across tasks", slot="ltv_tasks", on_live=live_drawer(live_tasks)),
                "Press **Run** to train a vector for every task.")
+live_tasks.clear()
 if many is not None:
     with guard("Across tasks"):
         jobs.show_warnings(many)

@@ -14,7 +14,7 @@ import pandas as pd
 import streamlit as st
 
 from ui import figures, heads, jobs, layout, snippets, state
-from ui.sections import download, guard, run_row, section
+from ui.sections import LiveChart, download, guard, run_row, section
 from ui import metrics as M
 from ui import site_figures as sf
 
@@ -60,24 +60,19 @@ clicked = run_row(f"**M = {recipe['m']}** prompts × **N = {recipe['shots']}** s
                   f"{L} × {H} = **{L * H}** α to learn",
                   "Then: SITE against 0-shot, 8- and 10-shot ICL, the function and vanilla task vectors, every α = 1 "
                   "and LTV (when cached); patching; the budget curve over M = 1, 5, 10, 50.", "run_site")
-live_box = st.empty()
-_drawn = {"step": -1}
+live = LiveChart("site")
 
 
 def draw_live(data: dict[str, Any]) -> None:
-    """The running training's loss curve, redrawn into `live_box` when its step moved."""
-    step = int(data.get("step") or 0)
-    if step == _drawn["step"]:
-        return
-    _drawn["step"] = step
-    live_box.plotly_chart(sf.loss_curve(data.get("loss") or [], data.get("val") or [], data.get("steps"),
-                                        title=f"Training: step {step} of {data.get('steps')}"),
-                          key=f"site_live_{step}")
+    """The running training's loss curve (the main run's, then each budget run's: their steps restart at 0)."""
+    live.draw(lambda d: sf.loss_curve(d.get("loss") or [], d.get("val") or [], d.get("steps"),
+                                      title=f"Training: step {int(d.get('step') or 0)} of {d.get('steps')}"),
+              data, signature=(int(data.get("step") or 0), len(data.get("loss") or [])))
 
 
 res = section("site", clicked, jobs.Job("site", params, "Soft head selection", "SITE", on_live=draw_live),
               "Press **Run** to train the α (a shared link with a cached result opens it directly).")
-live_box.empty()
+live.clear()
 if res is None:
     st.stop()
 
@@ -112,7 +107,7 @@ with guard("Soft head selection"):
     st.subheader("α map", divider="gray")
     alpha = np.asarray(res["alpha"], dtype=float)
     selected = heads.current(L, H)
-    ctx_label = figures.caption(s.model, s.task, res["shots"])
+    ctx_label = figures.caption(s.model, s.task_title, res["shots"])
     main, side = st.columns([3, 1.25], gap="medium")
     with main:
         st.plotly_chart(sf.alpha_map(alpha, selected, f"α per head · {ctx_label} · M = {res['m']}"),
@@ -146,9 +141,10 @@ with guard("Soft head selection"):
             table = pd.DataFrame([{"map": names.get(k, k), "Spearman ρ": v.get("spearman"), "Kendall τ": v.get("kendall"),
                                    "top-k Jaccard": v.get("jaccard")} for k, v in corr.items()])
             st.markdown("**Rank correlation of α with the head maps**")
-            st.dataframe(table, hide_index=True, key="site_corr",
+            st.dataframe(table, hide_index=True, key="site_corr", placeholder="—",
                          column_config={c: st.column_config.NumberColumn(format="%.2f") for c in table.columns[1:]})
-            st.caption("Over all heads; the maps are the Head map's (8 shots, 50 prompts, this seed). "
+            st.caption(f"Over all heads; the maps are the Head map's (8 shots, {min(int(res['prompts']), 50)} prompts, "
+                       "this seed). "
                        + ("" if "ltv" in corr else "LTV's key-head saliency joins once an LTV result is cached."))
 
     with st.expander("Training curve", expanded=False):
@@ -167,8 +163,8 @@ with guard("Soft head selection"):
                            "label accuracy %": None if r["label_accuracy"] is None else 100 * r["label_accuracy"],
                            "TR ratio %": None if r["tr_ratio"] is None else 100 * r["tr_ratio"],
                            "parameters": r["params"], "trained": r["trainable"], "train s": r["seconds"],
-                           "note": r["note"]} for r in rows])
-    st.dataframe(table, hide_index=True, key="site_table",
+                           "note": r["note"] or ""} for r in rows])
+    st.dataframe(table, hide_index=True, key="site_table", placeholder="—",
                  column_config={**pct_cols(table, ["accuracy %", "exact match %", "label accuracy %", "TR ratio %"]),
                                 "train s": st.column_config.NumberColumn(format="%.1f")})
     st.caption("Accuracy: the first generated token is the gold answer's first token. Exact match: the generation, cut "
@@ -242,12 +238,13 @@ if me is not None:
                             "label accuracy %": None if r.get("label_accuracy") is None else 100 * r["label_accuracy"],
                             "parameters": r.get("params"), "trained": r.get("trainable"),
                             "train s": r.get("train_seconds"), "note": r.get("note")} for r in sf.methods_rows(me)])
-        st.dataframe(mt, hide_index=True, key="site_methods_table",
+        st.dataframe(mt, hide_index=True, key="site_methods_table", placeholder="—",
                      column_config={**pct_cols(mt, ["accuracy %", "TR ratio %", "label accuracy %"]),
                                     "train s": st.column_config.NumberColumn(format="%.1f")})
         for x in me.get("missing") or []:
             st.caption(f":material/info: {x}")
-        if LTV_PAGE.is_file():
+        has_ltv = any(r.get("key") == "ltv" for r in me.get("rows") or [])
+        if not has_ltv and LTV_PAGE.is_file():  # only when there is none (it asked even with one cached)
             st.page_link("pages/5_Learned_task_vectors.py", label="Train an LTV on the Learned task vectors page",
                          icon=":material/model_training:", query_params=state.query())
 

@@ -126,6 +126,10 @@ def test_curve_figures_from_result_dicts():
                    "accuracy_std": [0, 0.05, 0.1], "label_accuracy_std": [0, 0, 0], "tr_ratio_std": [0, 0, 0],
                    "seeds": [0, 1, 2], "heads": []}}}
     fig = figures.ablation_curves(abl)
+    assert figures.rises(abl) == []  # every curve falls or stays: no note
+    up = {"ks": [0, 4, 8], "curves": {"tl": {"accuracy": [0.9, 0.2, 0.4], "label_accuracy": [1, 1, 1],
+                                             "tr_ratio": [1, 1, 1]}}}
+    assert figures.rises(up) == ["top TL, accuracy: k 4 → 8 (20% → 40%)"]  # issue 19: said beside the curves
     names = {t.name for t in fig.data if t.name}
     assert {"top TR", "random (mean ± sd)"} <= names
     band = next(t for t in fig.data if t.fill == "toself")  # the random band: lines only, within 0..100
@@ -149,6 +153,7 @@ def test_changes_that_round_to_zero_show_no_arrow():
     said = M.zero_shot_sentence(zero, {"accuracy": 1.0, "label_accuracy": 1.0, "tr_ratio": 1.0}, 8)
     assert said and "not which task is meant" in said and "6%" in said
     assert M.zero_shot_sentence({**zero, "label_accuracy": 0.1}, zero, 8) is None
+    assert M.zero_shot_sentence({**zero, "label_accuracy": 0.44}, zero, 8) is None  # issue 19: not "knows the facts"
 
 
 def test_heads_in_the_url_round_trip():
@@ -208,6 +213,11 @@ def test_unreachable_backend_is_an_error_not_a_traceback(monkeypatch, path):
     assert not at.exception
     assert at.error and "unreachable" in at.error[0].value.lower()
     assert "HEADLENS_BACKEND_URL" in at.error[0].value
+    # issue 19, defect 2: one sentence, and the details in an expander (a code block: it has a copy button)
+    assert any(x.label == "Details" for x in at.expander)
+    details = [c.value for c in at.code if "unreachable" in c.value.lower()]
+    assert details and "service: http://127.0.0.1:9" in details[0] and "kind: unreachable" in details[0]
+    assert any("logs/headlens.log" in c.value for c in at.caption)  # where the servers' full output is
     api.reset_clients()
 
 

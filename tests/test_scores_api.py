@@ -272,3 +272,18 @@ def test_context_cached_finds_the_first_cached_variant_and_never_computes(lm, tm
     called = Context(lm, task, store=cache)
     r = called.call("icl", shots=[0, 2], prompts=10_000, warn_prefix="icl: ")  # more prompts than queries: a warning
     assert r.warnings and called.warnings == [f"icl: {w}" for w in r.warnings]  # a sub-call's warnings are passed on
+
+
+def test_the_random_set_is_drawn_from_the_heads_in_neither_top_set(lm):
+    """Issue 19: the "random heads" control included top heads (L1.H1, L0.H4). The steering page's random-heads
+    vector is built from the same set."""
+    from backend.analysis.kernel import analyze
+
+    task = sentiment_task()
+    for seed in range(4):
+        r = head_scores(lm, task, shots=2, prompts=8, seed=seed, cache=False)
+        assert len(r.random_heads) == r.top_k and not set(r.random_heads) & (set(r.top_tr) | set(r.top_tl))
+    v = analyze("vectors", lm, task, types=["random"], shots=2, prompts=8, seed=3, cache=False)
+    assert [tuple(h) for h in v.vectors["random"].heads] == [tuple(h) for h in r.random_heads]
+    big = head_scores(lm, task, shots=2, prompts=8, top_k=7, cache=False)  # 12 heads: 7 + 7 top leave too few
+    assert len(big.random_heads) == 7 and len(set(big.random_heads)) == 7

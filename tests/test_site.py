@@ -286,6 +286,32 @@ def test_transfer_and_methods(lms, task, gen_task, monkeypatch):
     assert any("LTV" in x for x in m.missing) or "ltv" in keys
 
 
+def test_the_ltv_baseline_is_found_whatever_the_fields_it_does_not_read(lms, task):
+    """Issue 19, defect 8: SITE found the `ltv` result only when every other parameter was a default; after
+    `ltv --no-mechanism` or `--perturbations 128` it said there was none. A SITE result computed before the LTV
+    was cached is recomputed once it is (cached equals fresh)."""
+    lm = lms["llama"]
+    site = dict(SMALL, compare=["ltv"], patching=[], budget=[], correlations=["ltv"])
+    before = analyze("site", lm, task, **site)
+    assert "no cached LTV result" in before.baselines["ltv"].note and "ltv" not in before.correlations
+    ltv = analyze("ltv", lm, task, prompts=6, seed=0, shots=2, epochs=2, train_prompts=8, val_prompts=4,
+                  mechanism=False, perturbations=128)
+    after = analyze("site", lm, task, **site)
+    assert not after.cache_hit  # recomputed: the LTV it looked for is cached now
+    row = after.baselines["ltv"]
+    assert row.metrics.accuracy == pytest.approx(ltv.table["ltv"].accuracy)
+    assert "epochs 2" in row.note and "train_prompts 8" in row.note  # the recipe off its defaults is named
+    assert "ltv" not in after.correlations  # the key heads need the mechanism
+    with_keys = analyze("ltv", lm, task, prompts=6, seed=0, shots=2, epochs=2, train_prompts=8, val_prompts=4,
+                        random_draws=2, perturbations=8, key_pct=20.0)
+    assert with_keys.per_layer[0].key_heads is not None
+    third = analyze("site", lm, task, **site)
+    assert not third.cache_hit and "ltv" in third.correlations
+    assert analyze("site", lm, task, **site).cache_hit
+    m = analyze("methods", lm, task, shots=2, prompts=6, site_m=4, site_shots=2, site_steps=4, top_k=3)
+    assert "ltv" in [r.key for r in m.rows] and not any("LTV" in x for x in m.missing)
+
+
 def test_cli_flags_and_api():
     import backend
 

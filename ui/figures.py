@@ -6,6 +6,7 @@ grid. A third trace outlines the heads already selected.
 """
 from __future__ import annotations
 
+import html
 from typing import Any, Iterable, Sequence
 
 import numpy as np
@@ -55,10 +56,16 @@ SELECT_COLOR = "#00e0ff"
 FONT = "Inter, 'Source Sans Pro', system-ui, sans-serif"
 
 
+def esc(text: Any) -> str:
+    """Text from a tokenizer, a task file or a user, fit for a plotly label, title or hover: plotly reads `<s>`,
+    `<b>`, `<i>`... in them as tags (a tokenizer's `<s>` vanished as a strikethrough); escaped, it shows as is."""
+    return html.escape(str(text), quote=False)
+
+
 def caption(model: str, task: str | None, shots: int | None = None, k: int | str | None = None) -> str:
     """What a figure was computed on, for its title (exported PNGs carry it): "default · syn-sentiment · 8 shots ·
-    top 4 heads"."""
-    parts = [str(model), str(task)]
+    top 4 heads" (the names escaped: see `esc`)."""
+    parts = [esc(model), esc(task)]
     if shots is not None:
         parts.append(f"{shots} shot{'s' if shots != 1 else ''}")
     if k is not None:
@@ -99,12 +106,27 @@ def top_k(values: np.ndarray, k: int) -> list[Head]:
     return [(int(i // H), int(i % H)) for i in order]
 
 
+MODEBAR_PX = 34
+"""Height of the band at a figure's top that plotly's toolbar (the modebar: camera, zoom, ...) covers."""
+
+
+def clear_of_modebar(fig: go.Figure) -> go.Figure:
+    """Put the title (and the subplots' titles) below the toolbar's band: it covered the titles' right ends. The
+    title hangs from MODEBAR_PX below the top; the top margin grows to hold it (at least the band when untitled)."""
+    text = str(fig.layout.title.text or "")
+    lines = (1 + text.count("<br>")) if text else 0
+    need = MODEBAR_PX + (8 + 22 * lines if lines else 0) + (18 if fig.layout.annotations else 0)
+    fig.update_layout(title=dict(yref="container", y=1, yanchor="top", pad=dict(t=MODEBAR_PX)),
+                      margin=dict(t=max(int(fig.layout.margin.t or 0), need)))
+    return fig
+
+
 def _style(fig: go.Figure, height: int) -> go.Figure:
     two_lines = "<br>" in str(fig.layout.title.text or "")
     fig.update_layout(height=height + (30 if two_lines else 0), margin=dict(l=10, r=10, t=96 if two_lines else 40, b=10),
                       font=dict(family=FONT), hoverlabel=dict(font=dict(family=FONT)),
                       legend=dict(orientation="h", y=-0.2))
-    return fig
+    return clear_of_modebar(fig)
 
 
 def map_spec(metric: str) -> dict[str, Any]:
@@ -191,7 +213,7 @@ def all_maps(result: dict[str, Any], selected: Iterable[Sequence[int]] = (), tit
         fig.update_layout(title=dict(text=title, x=0.0))
     _style(fig, int(min(520, max(260, 22 * L + 140))))
     fig.update_layout(margin=dict(t=96 if title else 60, r=40))
-    return fig
+    return clear_of_modebar(fig)
 
 
 def layer_distribution(result: dict[str, Any], k: int, title: str | None = None) -> go.Figure:
@@ -236,6 +258,24 @@ def icl_curve(icl: dict[str, Any], title: str | None = None) -> go.Figure:
                       xaxis=dict(title="demonstrations in the prompt (k)", tickmode="array", tickvals=k),
                       yaxis=dict(title="% of prompts", range=[-3, 103]))
     return _style(fig, 360)
+
+
+def rises(abl: dict[str, Any], tol: float = 0.01) -> list[str]:
+    """Where a top-head ablation curve goes up as k grows (by more than `tol`), its largest rise per measure:
+    "top TL, TR ratio: k 4 → 8 (20% → 40%)" (the random curves' means wander by chance: left out)."""
+    ks = list(abl["ks"])
+    out = []
+    for name, c in abl["curves"].items():
+        if name == "random":
+            continue
+        for m in METRIC_STYLE:
+            ys = c.get(m) or []
+            ups = [i for i in range(1, len(ys)) if ys[i] > ys[i - 1] + tol]
+            if ups:
+                i = max(ups, key=lambda j: ys[j] - ys[j - 1])
+                out.append(f"{ORDER_STYLE.get(name, {'name': name})['name']}, {METRIC_STYLE[m]['name']}: k {ks[i - 1]} → "
+                           f"{ks[i]} ({100 * ys[i - 1]:.0f}% → {100 * ys[i]:.0f}%)")
+    return out
 
 
 def ablation_curves(abl: dict[str, Any], title: str | None = None) -> go.Figure:

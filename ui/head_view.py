@@ -90,12 +90,17 @@ def token_view_html(r: dict[str, Any], uid: str = "hl-tv") -> str:
             + "".join(spans) + "</div>" + TOKEN_JS % {"uid": uid})
 
 
+def token_labels(r: dict[str, Any]) -> list[str]:
+    """The prompt's tokens as plotly labels: newlines shown as ↵, an empty token as ∅, escaped (`<s>` shows)."""
+    return [figures.esc(t.replace("\n", "↵") or "∅") for t in r["tokens"]]
+
+
 def attention_figure(r: dict[str, Any], title: str | None = None) -> go.Figure:
     """The last token's attention over the prompt's tokens, as bars (x: token position, labelled by token)."""
     w = r["attention"][-1]
-    toks = [t.replace("\n", "↵") or "∅" for t in r["tokens"]]
+    toks = token_labels(r)
     fig = go.Figure(go.Bar(x=list(range(len(w))), y=w, marker_color="#1f77b4", name="attention",
-                           customdata=toks, hovertemplate="token %{x} %{customdata!r}: %{y:.4f}<extra></extra>"))
+                           customdata=toks, hovertemplate="token %{x} “%{customdata}”: %{y:.4f}<extra></extra>"))
     fig.update_xaxes(tickmode="array", tickvals=list(range(len(w))), ticktext=toks, tickangle=-60, title_text="source token")
     fig.update_yaxes(title_text="attention weight", rangemode="tozero")
     fig.update_layout(title=dict(text=title or f"L{r['layer']}.H{r['head']}: attention from the last token", x=0.0),
@@ -105,25 +110,26 @@ def attention_figure(r: dict[str, Any], title: str | None = None) -> go.Figure:
 
 def pattern_figure(r: dict[str, Any], title: str | None = None) -> go.Figure:
     """The whole attention pattern (destination rows x source columns)."""
-    toks = [t.replace("\n", "↵") or "∅" for t in r["tokens"]]
+    toks = token_labels(r)
     rows = r["attention_rows"]
     fig = go.Figure(go.Heatmap(z=r["attention"], x=list(range(len(toks))), y=rows, colorscale="Blues", zmin=0,
-                               customdata=[[f"{toks[i]!r} → {toks[j]!r}" for j in range(len(toks))] for i in rows],
+                               customdata=[[f"“{toks[i]}” → “{toks[j]}”" for j in range(len(toks))] for i in rows],
                                hovertemplate="%{customdata}: %{z:.4f}<extra></extra>",
                                colorbar=dict(title=dict(text="weight", side="right"), thickness=10)))
-    fig.update_xaxes(tickmode="array", tickvals=list(range(len(toks))), ticktext=toks, tickangle=-60,
-                     title_text="source token")
-    fig.update_yaxes(tickmode="array", tickvals=rows, ticktext=[toks[i] for i in rows], autorange="reversed",
-                     title_text="destination token")
+    step = max(1, -(-len(toks) // 60))  # at most ~60 tick labels a side, so they stay readable
+    fig.update_xaxes(tickmode="array", tickvals=list(range(0, len(toks), step)), ticktext=toks[::step], tickangle=-60,
+                     title_text="source token", constrain="domain")
+    fig.update_yaxes(tickmode="array", tickvals=rows[::step], ticktext=[toks[i] for i in rows[::step]],
+                     autorange="reversed", title_text="destination token")
     fig.update_layout(title=dict(text=title or f"L{r['layer']}.H{r['head']}: attention pattern", x=0.0))
-    return figures._style(fig, int(min(720, max(320, 14 * len(rows) + 160))))
+    return figures._style(fig, int(min(900, max(420, 16 * len(rows) + 200))))
 
 
 def dla_figure(r: dict[str, Any], title: str | None = None) -> go.Figure:
     """The head's last-token write dotted with each label's unembedding row, gold highlighted."""
     labels = [str(x) for x in r["labels"]]
     colors = ["#2ca02c" if x == r.get("gold") else "#9467bd" for x in labels]
-    fig = go.Figure(go.Bar(x=r["label_dla"], y=[x.strip() or repr(x) for x in labels], orientation="h",
+    fig = go.Figure(go.Bar(x=r["label_dla"], y=[figures.esc(x.strip() or repr(x)) for x in labels], orientation="h",
                            marker_color=colors, hovertemplate="%{y}: %{x:.4g}<extra></extra>"))
     fig.update_xaxes(title_text="write · unembedding (logit contribution)", zeroline=True, zerolinecolor="#888")
     fig.update_yaxes(autorange="reversed")
@@ -142,7 +148,7 @@ def render(r: dict[str, Any], s: state.Settings, params: dict[str, Any], n_heads
     """The drill-down views of a `head` result; `compact` (the Head map's panel) leaves out the pattern grid,
     the top tokens and the logit lens."""
     name = f"L{r['layer']}.H{r['head']}"
-    ctx = figures.subtitle(figures.caption(s.model, s.task, r.get("shots")))
+    ctx = figures.subtitle(figures.caption(s.model, s.task_title, r.get("shots")))
     where = "your own prompt" if r.get("prompt_index") is None else f"prompt {r['prompt_index']}"
     m = st.columns(5)
     m[0].metric(f"TR ({where})", f"{r['tr']:.3g}", help="‖P o‖: the head's write inside the span of the labels' "
@@ -179,7 +185,8 @@ def render(r: dict[str, Any], s: state.Settings, params: dict[str, Any], n_heads
                                   "r.ranks, r.ablated.gold_prob")
     if compact:
         return
-    with st.expander("The whole attention pattern (every destination token)"):
+    # drawn only when shown: a chart drawn inside a collapsed expander keeps the width it had there (a ~64 px strip)
+    if st.toggle("The whole attention pattern (every destination token)", key=f"w_{key}_pattern"):
         st.plotly_chart(pattern_figure(r, f"{name}: attention pattern{ctx}"), key=f"{key}_pattern",
                         config=figures.png_config(f"pattern-{name}-{s.task}"))
     t1, t2 = st.columns(2, gap="medium")

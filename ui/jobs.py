@@ -16,6 +16,7 @@ Results carry `_waited` (seconds from the request to the result) next to the ser
 """
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -40,20 +41,69 @@ REDRAW_S = 0.5  # the bar's seconds counter moves at this pace (a stage change r
 TIMEOUT_S = api.JOB_TIMEOUT_S
 
 
+def log_note() -> str:
+    """Where the servers' full output is, when `python -m backend launch` started them (it sets HEADLENS_LOG)."""
+    path = os.environ.get("HEADLENS_LOG")
+    return f"The servers' full output (tracebacks included) is in `{path}`." if path else \
+        "`python -m backend launch` writes the servers' full output to `logs/headlens.log`."
+
+
+def error_box(title: str, message: str, details: str, hint: str = "") -> None:
+    """An error as one sentence (`title`: what failed, and the message's first line), and an expander with
+    everything (`details`: the full message, a traceback) in a code block with a copy button, and the log."""
+    first = message.strip().splitlines()[0] if message.strip() else ""
+    st.error(f"**{title}**" + (f" {first}" if first else "") + (f"\n\n{hint}" if hint else ""),
+             icon=":material/error:")
+    with st.expander("Details", icon=":material/bug_report:"):
+        st.code(details, language=None, wrap_lines=True)  # its copy button copies it all
+        st.caption(log_note())
+
+
 def show_error(e: api.ApiError, what: str | None = None) -> None:
-    """One st.error: what failed, the service's message, and what to do where we know it."""
+    """What failed, the service's message, and what to do where we know it; the details in an expander."""
     title = ERROR_TITLES.get(e.kind, "Error.")
     if what:
         title = f"{what}: {title[0].lower()}{title[1:]}"
-    body = f"**{title}**\n\n{e.message}"
-    if e.hint:
-        body += f"\n\n{e.hint}"
-    st.error(body, icon=":material/error:")
+    details = f"{title}\n{e.message}\n\nkind: {e.kind}" + (f", HTTP status {e.status}" if e.status else "") + \
+              f"\nservice: {api.backend_url()}"
+    error_box(title, e.message, details, e.hint)
+
+
+def begin_page() -> None:
+    """Start this run's box of warnings and notes (`layout.page_setup` calls it first on every page)."""
+    st.session_state["_hl_box"] = {"warnings": [], "notes": [], "holder": None}
+
+
+def warn(text: str, note: bool = False) -> None:
+    """Add a warning (or a note) to the page's one box: each text once per page, all of them in one collapsible
+    box drawn where the first one came (the results' warnings, the fit check's, a link's ignored values)."""
+    box = st.session_state.get("_hl_box")
+    if box is None:
+        begin_page()
+        box = st.session_state["_hl_box"]
+    into = box["notes" if note else "warnings"]
+    if text in into:
+        return
+    into.append(text)
+    w, n = box["warnings"], box["notes"]
+    if box["holder"] is None:
+        box["holder"] = st.empty()
+    parts = ([f"{len(w)} warning{'s' if len(w) != 1 else ''}"] if w else []) + \
+            ([f"{len(n)} note{'s' if len(n) != 1 else ''}"] if n else [])
+    with box["holder"].container():
+        with st.expander(" · ".join(parts) + " on this page", icon=":material/warning:" if w else ":material/info:"):
+            for x in w:
+                st.warning(x, icon=":material/warning:")
+            for x in n:
+                st.caption(f":material/info: {x}")
 
 
 def show_warnings(result: dict[str, Any] | None) -> None:
+    """A result's warnings and notes, into the page's one box (see `warn`)."""
     for w in (result or {}).get("warnings") or []:
-        st.warning(w, icon=":material/warning:")
+        warn(w)
+    for n in (result or {}).get("notes") or []:
+        warn(n, note=True)
 
 
 def timing(result: dict[str, Any]) -> str:
@@ -216,8 +266,6 @@ def _wait(pending: list[tuple[int, Job, dict[str, Any]]], quiet: bool) -> dict[i
             now = time.monotonic()
             waited = now - cur["t0"]
             if j["status"] in ("queued", "running"):
-                if job.on_live is not None and j.get("live"):
-                    job.on_live(j["live"])  # e.g. a training's loss so far
                 if waited > TIMEOUT_S:
                     cancel_slot(job.where)
                     if sl["holder"] is not None:
@@ -226,6 +274,8 @@ def _wait(pending: list[tuple[int, Job, dict[str, Any]]], quiet: bool) -> dict[i
                     results[i] = None
                 elif now - started >= DRAW_AFTER_S:
                     _draw(sl, j, waited, now)
+                    if job.on_live is not None and j.get("live"):
+                        job.on_live(j["live"])  # e.g. a training's loss so far, drawn below the bar
                 continue
             _inflight().pop(job.where, None)
             if sl["holder"] is not None:

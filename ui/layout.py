@@ -2,22 +2,29 @@
 sidebar holding the shared settings (model, task, shots, prompts, seed) and a shareable link."""
 from __future__ import annotations
 
+import dataclasses
 import time
 from typing import Any
 from urllib.parse import urlencode
 
 import streamlit as st
 
-from . import api, state
+from . import api, jobs, state
 from .jobs import show_error
 from .model_box import model_box
 
 CSS = """
 <style>
   .block-container {padding-top: 2.2rem; padding-bottom: 3rem;}
-  [data-testid="stMetricValue"] {font-size: 1.9rem;}
+  [data-testid="stMetricValue"] {font-size: clamp(1.15rem, 2.1vw, 1.9rem);}  /* "100…" in narrow columns */
   [data-testid="stSidebar"] .hl-brand {font-size: 1.35rem; font-weight: 700; letter-spacing: .02em;}
   .hl-muted {color: rgba(120,120,140,.95); font-size: .88rem;}
+  /* labels wrap instead of ending in an ellipsis ("Label accuracy (8-s…", truncated button labels) */
+  [data-testid="stMetricLabel"], [data-testid="stMetricLabel"] * {white-space: normal !important;
+      overflow: visible !important; text-overflow: clip !important; height: auto !important;}
+  [data-testid^="stBaseButton"] p, [data-testid^="stBaseButton"] div {white-space: normal !important;
+      overflow: visible !important; text-overflow: clip !important; line-height: 1.25; word-break: normal !important;
+      overflow-wrap: normal !important;}
 </style>
 """
 CAPS_TTL_S = 15.0
@@ -151,6 +158,9 @@ def sidebar(caps: dict[str, Any]) -> None:
             state.bind(st.number_input, "Prompts", "prompts", min_value=1,
                        max_value=int(limits.get("max_prompts", 500)), step=10,
                        help="Held-out queries scored; results are means over them.")
+        pool = task_info(caps, state.get().task).get("n_queries")
+        if pool and state.get().prompts > int(pool):
+            st.caption(f"This task has {pool} held-out queries: all {pool} are scored, each once.")
         state.bind(st.number_input, "Seed", "seed", min_value=0, step=1,
                    help="Seeds the split into demonstrations and queries.")
         top_heads_control()
@@ -190,9 +200,11 @@ def top_heads_control() -> None:
 def page_setup(title: str, icon: str = ":material/search:") -> tuple[state.Settings, dict[str, Any]]:
     """Config, state, capabilities and sidebar. Stops the page with an error when the service is unreachable."""
     api.trace(f"page:{title.replace(' ', '_')}")
+    # "auto": open on a wide screen, collapsed on a phone (expanded, it covered 75% of a 390 px screen)
     st.set_page_config(page_title=f"{title} · headlens", page_icon=icon, layout="wide",
-                       initial_sidebar_state="expanded")
+                       initial_sidebar_state="auto")
     st.markdown(CSS, unsafe_allow_html=True)
+    jobs.begin_page()
     problems = state.init()
     try:
         caps = capabilities()
@@ -204,10 +216,20 @@ def page_setup(title: str, icon: str = ":material/search:") -> tuple[state.Setti
             st.rerun()
         st.stop()
     for p in problems:
-        st.warning(p, icon=":material/link_off:")
+        jobs.warn(p)
     sidebar(caps)
     state.sync_url()
-    return state.get(), caps
+    return effective(state.get(), caps), caps
+
+
+def effective(s: state.Settings, caps: dict[str, Any]) -> state.Settings:
+    """The settings the jobs get: `prompts` at most the task's held-out queries (the sidebar says so), so the
+    default 50 on a task of 20 queries asks for 20 and no result warns that it had fewer than asked; and the name
+    figures give the task (an upload's file name, not its id)."""
+    info = task_info(caps, s.task)
+    pool = info.get("n_queries")
+    name = (info.get("filename") or info.get("name")) if info.get("source") == "upload" else None
+    return dataclasses.replace(s, prompts=int(pool) if pool and s.prompts > int(pool) else s.prompts, task_name=name)
 
 
 def need_task(s: state.Settings) -> None:

@@ -38,16 +38,43 @@ def condition_name(c: str) -> str:
     return CONDITION_STYLE.get(c, {"name": c})["name"]
 
 
+def ordering(acc: dict[str, float]) -> str:
+    """"learned task vector 90.0% > vanilla task vector 60.0% = function vector 60.0%": best first, "=" between
+    values that show the same (it once read "LTV 100% > vanilla 100% > FV 100%")."""
+    items = sorted(acc.items(), key=lambda kv: -kv[1])
+    out = ""
+    for i, (c, v) in enumerate(items):
+        if i:
+            out += " = " if M.pct(v) == M.pct(items[i - 1][1]) else " > "
+        out += f"{condition_name(c)} {M.pct(v)}"
+    return out
+
+
+def epoch_sentence(training: dict[str, Any], patience: int) -> str:
+    """What the best epoch and the stop mean: early stopping counts epochs without a higher held-out accuracy; the
+    kept vector is the epoch of the highest held-out accuracy, ties to the lower held-out loss."""
+    acc = list(training.get("val_accuracy") or [])
+    if training.get("stopped") == "loaded":
+        return "A saved vector: no training here."
+    why = (f"stopped after {patience} epochs without a higher held-out accuracy" if training.get("stopped") ==
+           "early stopping" else f"ran all {training.get('epochs_run')} epochs (the held-out accuracy still rose "
+                                 f"within the last {patience})")
+    return (f"Early stopping on held-out accuracy (patience {patience}): {why}. The kept vector is epoch "
+            f"{training.get('best_epoch')}'s, the highest held-out accuracy"
+            + (f" ({M.pct(max(acc))})" if acc else "") + ", ties broken by the lower held-out loss"
+            + (" (epoch 0: the initial vector was never beaten)." if training.get("best_epoch") == 0 else "."))
+
+
 def _style(fig: go.Figure, height: int, title: str | None) -> go.Figure:
     fig.update_layout(height=height + (30 if title and "<br>" in title else 0), title=title,
                       margin=dict(l=10, r=10, t=76 if title and "<br>" in title else 40, b=10),
                       font=dict(family=FONT), hoverlabel=dict(font=dict(family=FONT)),
                       legend=dict(orientation="h", y=-0.22))
-    return fig
+    return figures.clear_of_modebar(fig)
 
 
 def loss_curve(training: dict[str, Any], title: str | None = None, height: int = 300) -> go.Figure:
-    """Training loss per step, and the held-out accuracy after each epoch (right axis)."""
+    """Training loss per step, and the held-out accuracy (%) after each epoch (right axis)."""
     loss = list(training.get("loss") or [])
     acc = list(training.get("val_accuracy") or [])
     fig = make_subplots(specs=[[{"secondary_y": True}]])
@@ -57,32 +84,37 @@ def loss_curve(training: dict[str, Any], title: str | None = None, height: int =
     if acc:
         per = training.get("steps") and training.get("epochs") and training["steps"] / max(training["epochs"], 1)
         per = per or (len(loss) / max(len(acc), 1))
-        fig.add_trace(go.Scatter(x=[per * (i + 1) for i in range(len(acc))], y=acc, mode="lines+markers",
-                                 name="held-out accuracy (per epoch)", line=dict(color="#2ca02c", dash="dot"),
-                                 hovertemplate="epoch %{text}<br>accuracy %{y:.2f}<extra></extra>",
+        fig.add_trace(go.Scatter(x=[per * (i + 1) for i in range(len(acc))], y=[100 * a for a in acc],
+                                 mode="lines+markers", name="held-out accuracy (per epoch)",
+                                 line=dict(color="#2ca02c", dash="dot"),
+                                 hovertemplate="epoch %{text}<br>accuracy %{y:.1f}%<extra></extra>",
                                  text=[str(i + 1) for i in range(len(acc))]), secondary_y=True)
     if training.get("steps"):
         fig.update_xaxes(range=[0, training["steps"] + 1])
     fig.update_xaxes(title_text="step")
     fig.update_yaxes(title_text="cross-entropy (gold first token)", secondary_y=False, rangemode="tozero")
-    fig.update_yaxes(title_text="held-out accuracy", secondary_y=True, range=[0, 1.05])
+    fig.update_yaxes(title_text="held-out accuracy %", secondary_y=True, range=[0, 105], tickmode="array",
+                     tickvals=[0, 25, 50, 75, 100], showgrid=False)  # its own ticks, not the loss axis' (0.311...)
     return _style(fig, height, title)
 
 
 def layer_sweep(result: dict[str, Any], metric: str = "accuracy", title: str | None = None,
                 height: int = 380) -> go.Figure:
-    """`metric` against the injection layer, one line per condition."""
+    """`metric` (in %) against the injection layer, one line per condition. Each later line is thinner, with
+    smaller markers (`figures.LAYERED`), so lines on top of each other (all at 100%) all still show."""
     layers = list(result["layers"])
     fig = go.Figure()
-    for c in result["conditions"]:
-        ys = result["sweep"][c][metric]
+    for rank, c in enumerate(result["conditions"]):
+        ys = [None if y is None or y != y else 100 * y for y in result["sweep"][c][metric]]
         st = CONDITION_STYLE.get(c, {"name": c, "color": None, "dash": "solid", "symbol": "circle"})
+        width, size = figures.LAYERED[min(rank, len(figures.LAYERED) - 1)]
         fig.add_trace(go.Scatter(x=layers, y=ys, mode="lines+markers", name=st["name"],
-                                 line=dict(color=st["color"], dash=st["dash"], width=3 if c == "ltv" else 2),
-                                 marker=dict(symbol=st["symbol"], size=10 if c == "ltv" else 7),
-                                 hovertemplate=f"{st['name']}<br>layer %{{x}}: %{{y:.2f}}<extra></extra>"))
+                                 line=dict(color=st["color"], dash=st["dash"], width=width),
+                                 marker=dict(symbol=st["symbol"], size=size),
+                                 hovertemplate=f"{st['name']}<br>layer %{{x}}: %{{y:.1f}}%<extra></extra>"))
     fig.update_xaxes(title_text="injection layer (input of the decoder layer)", tickmode="array", tickvals=layers)
-    fig.update_yaxes(title_text=M.LABEL.get(metric, metric), range=[-0.03, 1.03])
+    fig.update_yaxes(title_text=f"{M.LABEL.get(metric, metric)} %", range=[-3, 103], tickmode="array",
+                     tickvals=[0, 20, 40, 60, 80, 100])
     return _style(fig, height, title)
 
 
@@ -101,8 +133,8 @@ def rotation_stretch(result: dict[str, Any], title: str | None = None, height: i
     fig.update_xaxes(title_text="injection layer", tickmode="array", tickvals=layers)
     fig.update_yaxes(range=[-1.02, 1.02], row=1, col=1, title_text="cosine (1 = no rotation)")
     finite = [s for s in stretch if s is not None and np.isfinite(s) and s > 0]
-    if finite and max(finite) / min(finite) > 30:
-        fig.update_yaxes(type="log", row=1, col=2, title_text="stretch (log)")
+    if finite and max(finite) / min(finite) > 30:  # powers of ten only: log ticks read "2, 100, 5, 2, 10"
+        fig.update_yaxes(type="log", dtick=1, row=1, col=2, title_text="stretch (log)")
     else:
         fig.update_yaxes(row=1, col=2, title_text="stretch", rangemode="tozero")
     fig.update_layout(showlegend=False)
@@ -116,7 +148,7 @@ def similarity(result: dict[str, Any], title: str | None = None, height: int | N
     order = sorted(range(len(names)), key=lambda i: (result.get("kinds", {}).get(names[i], ""),
                                                      spaces.get(names[i], ""), names[i]))
     sim = np.asarray(result["similarity"], dtype=float)[np.ix_(order, order)]
-    labels = [names[i] for i in order]
+    labels = [figures.esc(names[i]) for i in order]
     n = len(labels)
     text = [[f"{v:.2f}" for v in row] for row in sim]
     fig = go.Figure(go.Heatmap(z=sim, x=labels, y=labels, zmin=-1, zmax=1, zmid=0, colorscale="RdBu_r",
@@ -128,20 +160,20 @@ def similarity(result: dict[str, Any], title: str | None = None, height: int | N
 
 
 def ablation_bars(key_heads: dict[str, Any], title: str | None = None, height: int = 300) -> go.Figure:
-    """LTV accuracy: nothing ablated, the key heads ablated, and as many random heads (mean ± sd, each draw)."""
-    rand = [r["accuracy"] for r in key_heads.get("random") or []]
+    """LTV accuracy (%): nothing ablated, the key heads ablated, and as many random heads (mean ± sd, each draw)."""
+    rand = [100 * r["accuracy"] for r in key_heads.get("random") or []]
     fig = go.Figure()
     fig.add_trace(go.Bar(x=["LTV", "key heads ablated", "random heads ablated"],
-                         y=[key_heads["ltv"]["accuracy"], key_heads["ablated"]["accuracy"],
-                            key_heads["random_accuracy_mean"]],
-                         error_y=dict(type="data", array=[0, 0, key_heads["random_accuracy_std"]], visible=True),
+                         y=[100 * key_heads["ltv"]["accuracy"], 100 * key_heads["ablated"]["accuracy"],
+                            100 * key_heads["random_accuracy_mean"]],
+                         error_y=dict(type="data", array=[0, 0, 100 * key_heads["random_accuracy_std"]], visible=True),
                          marker_color=["#d62728", "#111111", "#9e9e9e"], showlegend=False,
-                         hovertemplate="%{x}: %{y:.2f}<extra></extra>"))
+                         hovertemplate="%{x}: %{y:.1f}%<extra></extra>"))
     if rand:
         fig.add_trace(go.Scatter(x=["random heads ablated"] * len(rand), y=rand, mode="markers", name="draws",
                                  marker=dict(color="#555", size=6, opacity=0.6), showlegend=False,
-                                 hovertemplate="a draw: %{y:.2f}<extra></extra>"))
-    fig.update_yaxes(title_text="accuracy", range=[0, 1.05])
+                                 hovertemplate="a draw: %{y:.1f}%<extra></extra>"))
+    fig.update_yaxes(title_text="accuracy %", range=[0, 105])
     return _style(fig, height, title)
 
 

@@ -6,8 +6,9 @@ service already has, so a shared link reopens a cached result at once, without r
 from __future__ import annotations
 
 import json
+import traceback
 from contextlib import contextmanager
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import streamlit as st
 
@@ -16,11 +17,12 @@ from . import jobs
 
 @contextmanager
 def guard(what: str) -> Iterator[None]:
-    """A result the page cannot draw is an st.error, never a traceback (st.stop/rerun pass through)."""
+    """A result the page cannot draw is one sentence, with the traceback in an expander (st.stop/rerun pass
+    through)."""
     try:
         yield
     except Exception as e:
-        st.error(f"**{what}: could not draw the result.**\n\n{type(e).__name__}: {e}", icon=":material/error:")
+        jobs.error_box(f"{what}: could not draw the result.", f"{type(e).__name__}: {e}", traceback.format_exc())
 
 
 def run_row(text: str, caption: str, key: str, label: str = "Run") -> bool:
@@ -45,6 +47,39 @@ def section(name: str, clicked: bool, job: jobs.Job, waiting: str) -> dict[str, 
     if found is None:
         st.info(waiting, icon=":material/play_arrow:")
     return found
+
+
+class LiveChart:
+    """A running job's live figure (a training's loss so far), redrawn in one place below what the page drew before
+    it started. Each draw of a script run gets its own element key (`<name>_live_<n>`, n counting the draws of
+    this run): a key built from the data (a training's step) repeats when a job trains several times (SITE's
+    budget runs restart at step 0) and Streamlit refuses a key used twice in one run."""
+
+    def __init__(self, name: str, min_interval_s: float = 0.3):
+        self.name, self.min_interval_s = name, min_interval_s
+        self.box: Any = None
+        self.draws, self.last, self.shown_at = 0, None, 0.0
+
+    def draw(self, figure: Callable[[dict[str, Any]], Any], data: dict[str, Any], signature: Any = None,
+             config: dict[str, Any] | None = None) -> bool:
+        """Draw `figure(data)` unless `signature` (what changed, e.g. the step) is the one drawn last or the last
+        draw is under `min_interval_s` old; True when it drew. The placeholder is made at the first draw, so the
+        chart appears below the Run row and the progress bar, never above them."""
+        import time
+
+        now = time.monotonic()
+        if signature is not None and signature == self.last or now - self.shown_at < self.min_interval_s:
+            return False
+        if self.box is None:
+            self.box = st.empty()
+        self.draws += 1
+        self.last, self.shown_at = signature, now
+        self.box.plotly_chart(figure(data), key=f"{self.name}_live_{self.draws}", config=config)
+        return True
+
+    def clear(self) -> None:
+        if self.box is not None:
+            self.box.empty()
 
 
 def download(label: str, result: dict[str, Any], name: str, key: str) -> None:

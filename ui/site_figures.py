@@ -21,8 +21,8 @@ METHOD_NAMES = {"zero_shot": "0-shot", "fv": "function vector", "vanilla": "vani
 
 def _style(fig: go.Figure, height: int) -> go.Figure:
     fig.update_layout(height=height, margin=dict(l=10, r=10, t=50, b=10), font=dict(family=FONT),
-                      legend=dict(orientation="h", y=-0.22))
-    return fig
+                      legend=dict(orientation="h", yanchor="top", y=-0.3))  # below the x axis' title
+    return figures.clear_of_modebar(fig)
 
 
 def alpha_map(alpha: Any, selected: Sequence[Sequence[int]] = (), title: str | None = None) -> go.Figure:
@@ -123,7 +123,7 @@ def patching_curves(patching: dict[str, Any], reference: dict[str, float] | None
                           annotation_text=METHOD_NAMES.get(key, key), annotation_position="top left")
     fig.update_xaxes(title_text="k (heads injected with α = 1)", type="log", tickvals=ks, ticktext=[str(k) for k in ks])
     fig.update_yaxes(title_text="first-token accuracy %", range=[0, 105])
-    fig.update_layout(title=title or "Patching: only the top-k or bottom-k heads by α")
+    fig.update_layout(title=title or "Patching: top-k or bottom-k heads by α")  # a half-width chart: short
     return _style(fig, 340)
 
 
@@ -144,7 +144,7 @@ def budget_curve(budget: dict[str, Any], reference: dict[str, float] | None = No
     fig.update_xaxes(title_text="M (few-shot prompts in the task embedding)", type="log", tickvals=ms,
                      ticktext=[str(m) for m in ms])
     fig.update_yaxes(title_text="%", range=[0, 105])
-    fig.update_layout(title=title or "Budget: SITE trained with M prompts in the task embedding")
+    fig.update_layout(title=title or "Budget: SITE with M embedding prompts")
     return _style(fig, 340)
 
 
@@ -152,7 +152,7 @@ def transfer_heatmap(tr: dict[str, Any], title: str | None = None, which: str = 
     """The transfer matrix: `accuracy` (A's learned alphas) or `accuracy_top_k` (A's top-k heads only)."""
     names = tr["tasks"]
     z = 100 * np.asarray(tr[which], dtype=float)
-    short = [n.removeprefix("syn-") for n in names]
+    short = [figures.esc(n.removeprefix("syn-")) for n in names]
     fig = go.Figure(go.Heatmap(z=z, x=short, y=short, colorscale="Viridis", zmin=0, zmax=100, xgap=1, ygap=1,
                                text=np.round(z).astype(int), texttemplate="%{text}",
                                colorbar=dict(title=dict(text="accuracy %", side="right"), thickness=14),

@@ -188,7 +188,7 @@ FIELDS: dict[str, Field] = {f.name: f for f in (
     Field("sg_layer", lambda: None, _layer_or_all, view=True),  # None: the middle layer
     Field("sg_alpha", lambda: 1.0, _float_in(-100, 100), lambda v: f"{float(v):g}", view=True),
     Field("sg_pca_layer", lambda: None, _int_in(0, 100000), view=True),  # None: the last layer
-    Field("sg_final_norm", lambda: False, _flag, _fmt_flag, view=True),
+    Field("sg_final_norm", lambda: True, _flag, _fmt_flag, view=True),  # the logit difference in logits
     Field("sg_perturbations", lambda: None, _choices(PERTURBATIONS), _join, view=True),  # None: those that run
     Field("sg_color", lambda: "condition", _choice(("condition", "gold")), view=True),
     Field("sg_arrows", lambda: False, _flag, _fmt_flag, view=True),
@@ -229,6 +229,12 @@ class Settings:
     kmax: int = 16
     top_pct: float = TOP_PCT
     top_k: int | None = None
+    task_name: str | None = None
+    """What figures call the task: an upload's file name rather than its `upload:<hash>` id (`layout` sets it)."""
+
+    @property
+    def task_title(self) -> str | None:
+        return self.task_name or self.task
 
     def job(self, **extra: Any) -> dict[str, Any]:
         """Parameters common to every job; `extra` adds or overrides."""

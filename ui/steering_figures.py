@@ -20,6 +20,7 @@ import numpy as np
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from . import figures
 from . import metrics as M
 
 METRICS = M.NAMES
@@ -73,7 +74,7 @@ def _style(fig: go.Figure, height: int) -> go.Figure:
     fig.update_layout(height=height + (30 if two_lines else 0), margin=dict(l=10, r=10, t=104 if two_lines else 50, b=10),
                       font=dict(family=FONT), hoverlabel=dict(font=dict(family=FONT)),
                       legend=dict(orientation="h", y=-0.18))
-    return fig
+    return figures.clear_of_modebar(fig)
 
 
 def _rgba(hex_color: str, alpha: float) -> str:
@@ -171,8 +172,9 @@ def geometry_curves(geo: dict[str, Any], metrics: Sequence[str] = tuple(GEOMETRY
     layers = [int(l) for l in geo["layers"]]
     conds = geo["conditions"]
     order = [c for c in CONDITION_STYLE if c in conds] + [c for c in conds if c not in CONDITION_STYLE]
-    fig = make_subplots(rows=1, cols=len(metrics), subplot_titles=[GEOMETRY_METRICS[m]["title"] for m in metrics],
-                        horizontal_spacing=0.07)
+    raw = geo.get("final_norm") is False  # the raw residual: its "logit difference" is no logit difference
+    titles = [("⟨h, ΔW⟩ (no final norm)" if raw and m == "ld" else GEOMETRY_METRICS[m]["title"]) for m in metrics]
+    fig = make_subplots(rows=1, cols=len(metrics), subplot_titles=titles, horizontal_spacing=0.07)
     for col, m in enumerate(metrics, start=1):
         for c in order:
             st = CONDITION_STYLE.get(c, {"name": c, "color": "#17becf", "dash": "solid"})
@@ -259,15 +261,16 @@ def pca_scatter(geo: dict[str, Any], dims: int = 2, color_by: str = "condition",
         if color_by == "gold":
             for lab in sorted(set(grp), key=lambda x: (x == OTHER, x)):
                 idx = [i for i, x in enumerate(grp) if x == lab]
-                fig.add_trace(Scatter(**xyz(p[idx]), mode="markers", name=f"{st['name']} · {lab.strip()}",
-                                      legendgroup=c, text=[f"prompt {i} · gold {g[i].strip()!r}" for i in idx],
+                fig.add_trace(Scatter(**xyz(p[idx]), mode="markers", name=f"{st['name']} · {figures.esc(lab.strip())}",
+                                      legendgroup=c, text=[f"prompt {i} · gold {figures.esc(repr(g[i].strip()))}"
+                                                           for i in idx],
                                       hovertemplate=hover,
                                       marker=dict(color=gcol.get(lab, "#17becf"), symbol=symbol,
                                                   size=9 if dims == 2 else 4, opacity=0.85,
                                                   line=dict(width=0.5, color="white") if dims == 2 else None)))
         else:
             fig.add_trace(Scatter(**xyz(p), mode="markers", name=st["name"], legendgroup=c,
-                                  text=[f"prompt {i} · gold {x.strip()!r}" for i, x in enumerate(g)],
+                                  text=[f"prompt {i} · gold {figures.esc(repr(x.strip()))}" for i, x in enumerate(g)],
                                   hovertemplate=hover,
                                   marker=dict(color=st["color"], symbol=symbol, size=9 if dims == 2 else 4,
                                               opacity=0.85,
@@ -305,12 +308,14 @@ def pca_scatter(geo: dict[str, Any], dims: int = 2, color_by: str = "condition",
             v = np.pad(np.asarray(d, dtype=float), (0, max(0, dims - len(d))))[:dims]
             color = gcol.get(lab, LABEL_COLORS[i % len(LABEL_COLORS)])  # each label direction its own colour
             line = np.stack([np.zeros(dims), v])
-            fig.add_trace(Scatter(**xyz(line), mode="lines+text", text=["", lab.strip()],
-                                  textposition="top center", name=f"label {lab.strip()!r}", legendgroup="labels",
+            fig.add_trace(Scatter(**xyz(line), mode="lines+text", text=["", figures.esc(lab.strip())],
+                                  textposition="top center", name=f"label {figures.esc(repr(lab.strip()))}",
+                                  legendgroup="labels",
                                   legendgrouptitle_text="label directions" if i == 0 else None,
                                   line=dict(color=color, width=3 if dims == 2 else 5,
                                             dash="dot" if dims == 2 else None),
-                                  hovertemplate=f"unembedding direction of {lab.strip()!r}<extra></extra>"))
+                                  hovertemplate=f"unembedding direction of {figures.esc(repr(lab.strip()))}"
+                                                "<extra></extra>"))
     axis = [f"PC{i + 1}" + (f" ({100 * evr[i]:.0f}%)" if i < len(evr) else "") for i in range(dims)]
     main, br, sub = (title or f"PCA of hidden states after layer {pca.get('layer')}").partition("<br>")
     title = f"{main} ({dims}D){br}{sub}"

@@ -7,6 +7,12 @@ store and adds `cache_hit` and `seconds`. The key hashes the kind, the model fin
 hash and the *requested* parameters (all but `batch_size`), so a cache hit costs no tokenising. A cached
 value that does not fit the kind's result model is logged and recomputed. One feature's result feeds another
 through `ctx.call(kind, ...)`, the same cached call; features never import each other.
+
+Also here, once for every kind: a result's `notes` (`ctx.warn(Note(...))`) apart from its `warnings`; one
+warning for the labels that span several tokens, wherever they were tokenised (`primitives/notes.py`); and
+`ctx.cached`, another kind's cached result found by the parameters the caller reads (an index per kind, model and
+task lists what is cached). A result that looked for another kind's result and found none is recomputed once
+that result is cached, so a cached result always equals a fresh one.
 """
 from __future__ import annotations
 
@@ -23,6 +29,7 @@ from ..locks import KeyLocks
 from .kinds import Kind, get_kind
 from .params import NOT_IN_KEY, Params
 from .primitives.fit import require_fit
+from .primitives.notes import Note, collect_multi_token, is_multi_token_warning, multi_token_warning
 from .results import Result
 
 if TYPE_CHECKING:
@@ -32,6 +39,8 @@ if TYPE_CHECKING:
 Progress = Callable[[float, str], None]
 log = logging.getLogger(__name__)
 _LOCKS = KeyLocks()  # per-key locks across threads and processes; the folder follows HEADLENS_CACHE_DIR
+INDEX = "index:"  # the namespace of the index entries (`index_key`)
+INDEX_MAX = 256  # entries kept per kind, model and task (the newest)
 
 
 class Store(Protocol):
@@ -51,7 +60,7 @@ class Context:
     """What an analysis function gets besides its params: the model, the task, progress, and cached calls.
 
     `progress(fraction, message)` may raise (a cancelled job); `stage(lo, hi, name)` maps a sub-step's
-    progress into [lo, hi]; `warn` adds a line to the result's warnings.
+    progress into [lo, hi]; `warn` adds a line to the result's warnings (a `Note`: to its notes).
     """
 
     lm: "LoadedModel | None"
@@ -60,6 +69,10 @@ class Context:
     store: Store | None = None
     warnings: list[str] = field(default_factory=list)
     report: Callable[[dict[str, Any]], None] | None = None
+    notes: list[str] = field(default_factory=list)
+    multi_token: set[str] = field(default_factory=set)
+    absent: list[dict[str, Any]] = field(default_factory=list)
+    """`ctx.cached` lookups that found nothing: {"kind", "tries"} (the result is recomputed once one would hit)."""
 
     def stage(self, lo: float, hi: float, name: str = "") -> Progress:
         def report(fraction: float, message: str = "") -> None:
@@ -69,12 +82,20 @@ class Context:
         return report
 
     def call(self, kind: str, *, progress: Progress | None = None, warn_prefix: str = "", **params: Any) -> Result:
-        """Another kind's result on the same model and task, through the same cache; its warnings become this
-        analysis's warnings too (after `warn_prefix`)."""
+        """Another kind's result on the same model and task, through the same cache; its warnings and notes become
+        this analysis's too (after `warn_prefix`), its multi-token labels join this one's (one warning for all)."""
         r = analyze(kind, self.lm, self.task, params, cache=self.store if self.store is not None else False,
                     progress=progress, live=self.report)
+        self.multi_token.update(r.multi_token_labels)
+        self.absent.extend(a for a in r.absent_inputs if a not in self.absent)
+        if any(a["kind"] == kind for a in self.absent):  # looked up, missed, then computed here: no longer missing
+            self.absent = [a for a in self.absent if a["kind"] != kind
+                           or find_cached(kind, self.lm, self.task, a["tries"], self.store) is None]
         for w in r.warnings:
-            self.warn(warn_prefix + w)
+            if not is_multi_token_warning(w):
+                self.warn(warn_prefix + w)
+        for n in r.notes:
+            self.warn(Note(warn_prefix + n))
         return r
 
     def live(self, data: dict[str, Any]) -> None:
@@ -84,27 +105,22 @@ class Context:
             self.report(data)
 
     def cached(self, kind: str, tries: "list[dict[str, Any]]") -> Result | None:
-        """The first of `tries` (param sets, best first) whose `kind` result on this model and task is cached;
-        None when none is, or `kind` is not registered, or its params no longer take these fields. Never
-        computes (one feature shows another's result only when the user already ran it)."""
-        from .kinds import KINDS
-
-        if kind not in KINDS:
-            return None
-        fields = get_kind(kind).params.model_fields
-        store = self.store if self.store is not None else False
-        for params in tries:
-            try:
-                r = lookup(kind, self.lm, self.task, {k: v for k, v in params.items() if k in fields}, cache=store)
-            except (ValueError, TypeError):  # the kind's params changed shape: treat as absent
-                return None
-            if r is not None:
-                return r
-        return None
+        """A cached `kind` result on this model and task that matches the first of `tries` it can: a try names
+        the fields the caller's reading depends on; every other field may hold any value (the defaults
+        preferred, then the newest). None when nothing matches, `kind` is not registered or its params no longer
+        take these fields. Never computes (one feature shows another's result only when the user already ran
+        it); a miss is recorded, and this result is recomputed once the other is cached."""
+        r = find_cached(kind, self.lm, self.task, tries, self.store)
+        if r is None:
+            miss = {"kind": kind, "tries": to_jsonable(tries)}
+            if miss not in self.absent:
+                self.absent.append(miss)
+        return r
 
     def warn(self, message: str) -> None:
-        if message not in self.warnings:
-            self.warnings.append(message)
+        into = self.notes if isinstance(message, Note) else self.warnings
+        if message not in into:
+            into.append(str(message))
 
 
 def resolve_store(cache: "bool | Store | None") -> Store | None:
@@ -160,8 +176,13 @@ def analyze(kind: str, lm: "LoadedModel | None", task: "Task | None" = None,
         if spec.needs_fit and lm is not None and task is not None:
             require_fit(lm, task)  # a task whose words the model does not know is an error, not a result
         ctx = Context(lm, task, progress, store, report=live)
-        value = spec.function()(ctx, p)
-        value = to_jsonable({**value, "warnings": [*ctx.warnings, *value.get("warnings", [])]})
+        with collect_multi_token() as firsts:
+            value = spec.function()(ctx, p)
+        labels = sorted(set(firsts) | ctx.multi_token | set(value.get("multi_token_labels") or []))
+        warnings = [w for w in [*ctx.warnings, *value.get("warnings", [])] if not is_multi_token_warning(w)]
+        value = to_jsonable({**value, "warnings": ([multi_token_warning(labels, firsts)] if labels else []) + warnings,
+                             "notes": list(dict.fromkeys([*ctx.notes, *value.get("notes", [])])),
+                             "multi_token_labels": labels, "absent_inputs": ctx.absent})
         spec.result.model_validate({**value, **env})  # a malformed result fails here, before it is stored
         return value
 
@@ -169,13 +190,15 @@ def analyze(kind: str, lm: "LoadedModel | None", task: "Task | None" = None,
         value, hit = compute(), False
     else:
         key = cache_key(spec, lm, task, p)
-        value, hit = _read(store, key, spec, env), True
+        value, hit = _read(store, key, spec, env, lm, task), True
         if value is None:
             with _LOCKS.hold(key, cancelled=lambda: bool(progress(0.0, "waiting for the same computation"))):
-                value = _read(store, key, spec, env)
+                value = _read(store, key, spec, env, lm, task)
                 if value is None:
                     value, hit = compute(), False
                     store.put(key, value)
+                    if spec.indexed:
+                        _index(store, spec, lm, task, key, p)
     return spec.result.model_validate({**value, **env, "cache_hit": hit, "seconds": time.perf_counter() - t0})
 
 
@@ -190,14 +213,16 @@ def lookup(kind: str, lm: "LoadedModel | None", task: "Task | None" = None,
         return None
     t0 = time.perf_counter()
     env = envelope(lm, task, p)
-    value = _read(store, cache_key(spec, lm, task, p), spec, env)
+    value = _read(store, cache_key(spec, lm, task, p), spec, env, lm, task)
     if value is None:
         return None
     return spec.result.model_validate({**value, **env, "cache_hit": True, "seconds": time.perf_counter() - t0})
 
 
-def _read(store: Store, key: str, spec: Kind, env: dict[str, Any]) -> dict[str, Any] | None:
-    """The stored value when it fits the kind's result model; None (and a log line) otherwise."""
+def _read(store: Store, key: str, spec: Kind, env: dict[str, Any], lm: "LoadedModel | None" = None,
+          task: "Task | None" = None, fresh: bool = True) -> dict[str, Any] | None:
+    """The stored value when it fits the kind's result model and (`fresh`) none of the other kinds' results it
+    looked for and missed (`absent_inputs`) is cached now; None (and a log line) otherwise."""
     value = store.get(key)
     if value is None:
         return None
@@ -207,4 +232,84 @@ def _read(store: Store, key: str, spec: Kind, env: dict[str, Any]) -> dict[str, 
         log.warning("cached %s result %s does not fit %s (%s); recomputing", spec.name, key, spec.result.__name__,
                     str(e).splitlines()[0])
         return None
+    for miss in (value.get("absent_inputs") or []) if fresh else []:
+        try:
+            found = find_cached(miss["kind"], lm, task, miss["tries"], store) is not None
+        except (KeyError, TypeError):
+            found = False
+        if found:
+            log.info("cached %s result %s looked for a %s result that is cached now; recomputing", spec.name, key,
+                     miss["kind"])
+            return None
     return value
+
+
+# -- the index: what is cached per kind, model and task, for `Context.cached` ---------------------------------------
+def index_key(kind: str, lm: "LoadedModel | None", task: "Task | None") -> str:
+    """The key of the index entry of `kind` on this model and task: {"entries": [{"key", "params"}, ...]}."""
+    return make_key(INDEX + kind, model=lm.fingerprint if lm is not None else None,
+                    task=task.content_hash() if task is not None else None)
+
+
+def merge_index(store: Store, ikey: str, value: dict[str, Any]) -> None:
+    """Add `value`'s entries to the index entry `ikey` (each key once, the newest last, at most INDEX_MAX). The
+    caller holds the key's lock."""
+    have = (store.get(ikey) or {}).get("entries") or []
+    new = [e for e in value.get("entries") or [] if isinstance(e, dict) and isinstance(e.get("key"), str)]
+    keys = {e["key"] for e in new}
+    store.put(ikey, {"entries": ([e for e in have if isinstance(e, dict) and e.get("key") not in keys] + new)[-INDEX_MAX:]})
+
+
+def _index(store: Store, spec: Kind, lm: "LoadedModel | None", task: "Task | None", key: str, p: Params) -> None:
+    ikey = index_key(spec.name, lm, task)
+    with _LOCKS.hold(ikey):
+        merge_index(store, ikey, {"entries": [{"key": key, "params": p.model_dump(mode="json")}]})
+
+
+def find_cached(kind: str, lm: "LoadedModel | None", task: "Task | None", tries: "list[dict[str, Any]]",
+                store: Store | None) -> Result | None:
+    """What `Context.cached` finds (see there): for each try, the exact result with every other field at its
+    default, else (an indexed kind) the cached results whose params hold the try's values, the one with the
+    fewest fields off their defaults first, then the newest."""
+    from .kinds import KINDS
+
+    if kind not in KINDS or store is None:
+        return None
+    spec = get_kind(kind)
+    fields = spec.params.model_fields
+    try:
+        defaults = spec.params().model_dump(mode="json")
+    except ValidationError:
+        defaults = {}
+    entries: list[dict[str, Any]] | None = None
+
+    def read(key: str, q: Params) -> Result | None:  # one level: what the found result itself missed is not chased
+        env = envelope(lm, task, q)
+        value = _read(store, key, spec, env, fresh=False)
+        return None if value is None else spec.result.model_validate({**value, **env, "cache_hit": True})
+
+    for want in tries:
+        named = {k: v for k, v in want.items() if k in fields}
+        try:
+            p = validate_params(spec, named)
+            r = read(cache_key(spec, lm, task, p), p)
+        except (ValidationError, ValueError, TypeError):  # the kind's params changed shape: treat as absent
+            continue
+        if r is not None:
+            return r
+        if not spec.indexed:
+            continue
+        if entries is None:
+            entries = list(reversed((store.get(index_key(kind, lm, task)) or {}).get("entries") or []))
+        norm = p.model_dump(mode="json")
+        match = [e for e in entries if isinstance(e.get("params"), dict)
+                 and all(e["params"].get(k) == norm[k] for k in named)]
+        match.sort(key=lambda e: sum(e["params"].get(k) != v for k, v in defaults.items()))
+        for e in match:
+            try:
+                r = read(e["key"], validate_params(spec, e["params"]))
+            except (ValidationError, ValueError, TypeError):
+                continue
+            if r is not None:
+                return r
+    return None

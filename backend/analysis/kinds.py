@@ -35,6 +35,7 @@ class Kind:
     uses_model: bool = True
     cached: bool = True
     needs_fit: bool = True  # refuse (TaskError) a task whose words the model mostly cannot read, before computing
+    indexed: bool = False  # list its cached results per model and task, so `Context.cached` finds them by any field
 
     @property
     def cli(self) -> str:
@@ -96,7 +97,7 @@ _ENTRIES: tuple[Kind, ...] = (
          "safetensors", api="ltv_vector"),
     Kind("ltv", P.LtvParams, R.LtvResult, "backend.analysis.ltv:ltv",
          "learned task vectors per layer against zero-shot, ICL, vanilla / function / TR / TL vectors, on top of ICL; "
-         "key heads, OV reconstruction and linear propagation (rotation, stretch)", api="train_ltv"),
+         "key heads, OV reconstruction and linear propagation (rotation, stretch)", api="train_ltv", indexed=True),
     Kind("ltv_tasks", P.LtvTasksParams, R.LtvTasksResult, "backend.analysis.ltv_tasks:ltv_tasks",
          "learned task vectors of several tasks at one layer: the comparison task by task, their cosine "
          "similarity, and sums of two tasks' vectors on composed tasks", api="ltv_across_tasks", uses_task=False),

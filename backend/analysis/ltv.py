@@ -17,7 +17,7 @@ conditions   zero_shot   the query alone
 mechanism    key heads   saliency |a . dp(gold)/da| per head at the last token with the LTV in; the top
                          `key_pct` % of all heads, taken from the layers that see theta (>= its layer), are
                          ablated (zero, last token) against `random_draws` random sets as large from the same
-                         layers; overlaps of the saliency map with the TR, TL and induction maps (kind `scores`)
+                         layers (from their other heads, when there are enough); overlaps of the saliency map with the TR, TL and induction maps (kind `scores`)
              ov          sum over later heads of A(last -> theta's positions) W_O W_V theta, injected instead of
                          theta: at the last layer's output (`final`) and at theta's own site (`same_layer`);
                          `direct` is theta itself at the last layer's output (the residual path alone)
@@ -41,7 +41,7 @@ from ..tasks.base import TaskError
 from .kernel import Context
 from .params import LtvParams, LtvRecipeParams
 from .results import LtvTraining
-from .primitives.batching import build_prompts, encode, multi_token_note
+from .primitives.batching import build_prompts, encode
 from .primitives.inject import Injection, check_layers, check_positions, evaluate_injections
 from .primitives.threads import cpu_threads
 from .primitives.propagation import head_saliency, linear_propagation, ov_reconstruction
@@ -137,9 +137,7 @@ def _ltv(ctx: Context, p: LtvParams) -> dict[str, Any]:
     zero = encode(lm, task.build_prompts(0, built.n, p.seed), task.kind)
     icl = encode(lm, built.prompts, task.kind)
     positions = check_positions(zero.ids, positions)
-    multi = sorted(set(zero.multi_token) | set(icl.multi_token))
-    if multi:
-        ctx.warn(multi_token_note(multi))
+    multi = sorted(set(zero.multi_token) | set(icl.multi_token))  # the kernel warns once (primitives/notes.py)
 
     vec = ctx.call("vectors", types=list(EXTRACTED), shots=p.shots, prompts=p.prompts, seed=p.seed,
                    top_pct=p.top_pct, top_k=p.top_k, batch_size=o.BATCH_SIZE,
@@ -210,6 +208,8 @@ def _mechanism(ctx: Context, p: LtvParams, zero: Any, layer: int, theta: torch.T
     pool = [(l, h) for l in range(layer, L) for h in range(H)]
     k = min(n_top(L, H, p.key_pct), len(pool))
     key = top_heads(later, k=k)
+    rest = [h for h in pool if h not in set(key)]  # the random sets: from the other heads, when there are enough
+    pool = rest if len(rest) >= k else pool
     draws = [sorted(random.Random(f"ltv-random-{p.seed}-{i}").sample(pool, k)) for i in range(p.random_draws)]
     progress(0.15, "ablating key and random heads")
     abl = evaluate_injections(lm, zero, [Injection({layer: theta}, positions, mask=head_mask(lm, hs))

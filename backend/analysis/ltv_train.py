@@ -32,9 +32,10 @@ import torch
 from ..cache import make_key
 from .kernel import Context
 from .params import LtvTrainParams
-from .primitives.batching import encode, multi_token_note
+from .primitives.batching import encode
 from .primitives.inject import check_layers, check_positions
 from .primitives.learn import Recipe, residual_rms, train_injection, training_split
+from .primitives.notes import Note
 from .primitives.saved import default_path, save_tensors
 
 LIVE_EVERY_S = 0.25
@@ -49,9 +50,7 @@ def ltv_train(ctx: Context, p: LtvTrainParams) -> dict[str, Any]:
     for w in split.warnings:
         ctx.warn(w)
     train, val = encode(lm, split.train, task.kind), encode(lm, split.val, task.kind)
-    multi = sorted(set(train.multi_token) | set(val.multi_token))
-    if multi:
-        ctx.warn(multi_token_note(multi))
+    multi = sorted(set(train.multi_token) | set(val.multi_token))  # the kernel warns once (primitives/notes.py)
     positions = check_positions(train.ids + val.ids, p.positions)
     # theta's start is seeded by the seed *and* the task, so two tasks' vectors never share a starting point
     init_seed = int(hashlib.sha256(f"{p.seed}:{task.content_hash()}".encode()).hexdigest()[:12], 16)
@@ -61,7 +60,7 @@ def ltv_train(ctx: Context, p: LtvTrainParams) -> dict[str, Any]:
              else {l: 1.0 for l in layers})
     per_epoch = p.train_prompts
     if len(train.ids) < per_epoch:
-        ctx.warn(f"an epoch draws {per_epoch} training prompts, cycling through the {len(train.ids)} there are")
+        ctx.warn(Note(f"an epoch draws {per_epoch} training prompts, cycling through the {len(train.ids)} there are"))
     total = p.epochs * math.ceil(per_epoch / p.batch_size)
     where = f"layer {layers[0]}" if len(layers) == 1 else f"layers {', '.join(map(str, layers))}"
     live: dict[str, Any] = {"kind": "ltv_train", "layers": layers, "loss": [], "val_accuracy": [], "epoch": 0,

@@ -14,7 +14,7 @@ from typing import Any
 from .. import options as o
 from .kernel import Context
 from .kinds import KINDS, get_kind
-from .params import MethodsParams
+from .params import LtvRecipeParams, MethodsParams
 from .primitives.sweep import resolve_layers
 
 EXTRACTED = (("vanilla", "vanilla task vector", "mean ICL minus zero-shot hidden state at the layer"),
@@ -49,7 +49,7 @@ def methods(ctx: Context, p: MethodsParams) -> dict[str, Any]:
 
     ltv = _ltv(ctx, p)
     if ltv is None:
-        missing.append("LTV: no cached result for this model, task, shots, prompts and seed (run it on the LTV page, "
+        missing.append("LTV: no cached `ltv` result for this model, task, seed and prompts (run it on the LTV page, "
                        "or ask for it here with ltv=true)")
     else:
         try:
@@ -58,7 +58,8 @@ def methods(ctx: Context, p: MethodsParams) -> dict[str, Any]:
             n_vec = len(train.layers) if train is not None else 1
             rows.append({"key": "ltv", "name": "LTV", "family": "trained", **_m(m), "params": n_vec * d,
                          "trainable": n_vec * d, "train_seconds": train.train_seconds if train is not None else None,
-                         "source": "ltv", "note": f"learned task vector at layer {ltv.layer}'s input"})
+                         "source": "ltv", "note": f"learned task vector at layer {ltv.layer}'s input"
+                         + "".join(f", {k} {v}" for k, v in LtvRecipeParams.recipe_changes(ltv.params).items())})
         except (AttributeError, KeyError, TypeError):
             missing.append("LTV: its cached result has another shape than this view reads")
 
@@ -78,11 +79,14 @@ def _m(m: Any) -> dict[str, Any]:
 
 
 def _ltv(ctx: Context, p: MethodsParams) -> Any:
-    """The LTV result at these settings: cached (at the default layer L/2 or from the layer sweep; these prompts,
-    else the default count), or (with `ltv`) computed; None when the kind is absent."""
+    """The LTV result at these settings: cached (its table holds the LTV at L/2: the default layer, L/2 named or the
+    layer sweep; these prompts, else the default count; any ICL shots, head-set sizes, mechanism settings or
+    recipe, the defaults preferred), or (with `ltv`) computed; None when the kind is absent."""
     base = {"shots": p.shots, "seed": p.seed, "top_pct": p.top_pct, "top_k": p.top_k}
-    r = ctx.cached("ltv", [{**base, "prompts": n, "layer": layer}
-                           for n in dict.fromkeys((p.prompts, o.PROMPTS)) for layer in (None, "all")])
+    r = ctx.cached("ltv", [{"seed": p.seed, "load": None, "prompts": n, **at}
+                           for n in dict.fromkeys((p.prompts, o.PROMPTS))
+                           for at in ({"layer": None}, {"layer": ctx.lm.n_layers // 2},
+                                      {"layer": "all", "joint": False})])
     if r is None and p.ltv and "ltv" in KINDS:
         fields = get_kind("ltv").params.model_fields
         r = ctx.call("ltv", progress=ctx.stage(0.3, 0.6, "LTV"), **{k: v for k, v in {**base, "prompts": p.prompts}

@@ -191,7 +191,8 @@ class GeometryParams(Selection, PromptParams):
 
     layer: Layer | None = Field(None, description="injection layer of the steered conditions; None = L/2")
     alpha: Float = Field(1.0, ge=-100, le=100)
-    final_norm: Bool = False
+    final_norm: Bool = Field(True, description="measure the states after the final norm (as the unembedding reads "
+                                                "them: the logit difference is in logits); false: the raw residual")
     pca_layer: Layer | None = Field(None, description="layer of the PCA view; None = the last")
 
     def work(self, model: dict | None = None) -> tuple[int, str]:
@@ -282,6 +283,12 @@ class LtvRecipeParams(Params):
     @classmethod
     def _positions(cls, v: list[int]) -> list[int]:
         return sorted(set(v), reverse=True)
+
+    @classmethod
+    def recipe_changes(cls, params: dict) -> dict:
+        """The recipe fields of a result's `params` that are off their defaults (they change the trained vector)."""
+        defaults = LtvRecipeParams().model_dump(mode="json")
+        return {k: params[k] for k in defaults if k in params and params[k] != defaults[k]}
 
     def training_work(self) -> tuple[int, str]:
         """One training: a forward and backward pass (~3 passes) per training prompt and epoch, the held-out

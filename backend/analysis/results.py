@@ -48,7 +48,14 @@ class Result(Model):
     model: str | None = Field(None, description="the model's name as loaded")
     task: str | None = Field(None, description="the task's name")
     params: dict[str, Any] = Field(default_factory=dict, description="the requested parameters")
-    warnings: list[str] = Field(default_factory=list)
+    warnings: list[str] = Field(default_factory=list, description="what makes a number mean less than it says")
+    notes: list[str] = Field(default_factory=list, description="how the request was fitted to the task (e.g. a "
+                                                                "default training set cycled through a small task)")
+    multi_token_labels: list[str] = Field(default_factory=list, description="labels that span several tokens "
+                                                                              "(scored by their first)")
+    absent_inputs: list[dict[str, Any]] = Field(default_factory=list, exclude=True,
+                                                description="other kinds' cached results looked for and not found "
+                                                            "(the kernel recomputes this one once they are cached)")
     cache_hit: bool = False
     seconds: float = Field(0.0, description="time this request took (a cache hit: the read)")
 

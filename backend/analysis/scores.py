@@ -43,7 +43,8 @@ def scores(ctx: Context, p: ScoresParams) -> dict[str, Any]:
     m = ctx.call("maps", **p.model_dump(include=set(MapsParams.model_fields)), progress=ctx.stage(0.0, 1.0))
     L, H = m.n_layers, m.n_heads
     k = n_top(L, H, p.top_pct, p.top_k)
-    return {**m.model_dump(exclude=set(Result.model_fields)), "top_k": k,
-            "top_tr": top_heads(m.tr, k=k), "top_tl": top_heads(m.tl, k=k), "random_heads": random_heads(L, H, k, p.seed),
+    top_tr, top_tl = top_heads(m.tr, k=k), top_heads(m.tl, k=k)
+    return {**m.model_dump(exclude=set(Result.model_fields)), "top_k": k, "top_tr": top_tr, "top_tl": top_tl,
+            "random_heads": random_heads(L, H, k, p.seed, exclude=set(top_tr) | set(top_tl)),  # a disjoint control
             "overlap": {"tr_tl": overlap(m.tr, m.tl, k), "tr_induction": overlap(m.tr, m.induction, k),
                         "tl_induction": overlap(m.tl, m.induction, k)}}

@@ -26,7 +26,7 @@ from .. import options as o
 from ..hooks import hooked
 from .kernel import Context, cache_key
 from .kinds import get_kind
-from .params import SiteParams, SiteRecipeParams
+from .params import LtvRecipeParams, SiteParams, SiteRecipeParams
 from .primitives.batching import build_prompts, encode
 from .primitives.capture import capture_means
 from .primitives.generate import evaluate_generation, require_kv_cache, stop_strings
@@ -179,16 +179,21 @@ def ltv_row(ctx: Context, prompts: int, seed: int) -> dict[str, Any] | None:
         n_vec = len(train.layers) if train is not None else 1
         return {"label": "LTV", "metrics": m.model_dump(), "params": n_vec * ctx.lm.d_model,
                 "trainable": n_vec * ctx.lm.d_model, "seconds": train.train_seconds if train is not None else None,
-                "note": f"learned task vector at layer {r.layer}'s input (cached `ltv` result, {r.prompts} prompts)"}
+                "note": f"learned task vector at layer {r.layer}'s input (cached `ltv` result, {r.prompts} prompts"
+                        + "".join(f", {k} {v}" for k, v in LtvRecipeParams.recipe_changes(r.params).items()) + ")"}
     except (AttributeError, KeyError, TypeError):
         return None
 
 
-def cached_ltv(ctx: Context, prompts: int, seed: int) -> Any:
-    """The `ltv` kind's cached result on this model and task at this seed (these prompts, else the default count;
-    the default layer L/2, else the layer sweep, whose table is at L/2), or None."""
-    return ctx.cached("ltv", [{"seed": seed, "prompts": n, "layer": layer}
-                              for n in dict.fromkeys((prompts, o.PROMPTS)) for layer in (None, "all")])
+def cached_ltv(ctx: Context, prompts: int, seed: int, mechanism: bool = False) -> Any:
+    """The `ltv` kind's cached result on this model and task at this seed whose table holds the LTV at L/2 (these
+    prompts, else the default count; the default layer, L/2 named, or the layer sweep, whose table is at L/2), or
+    None; `mechanism`: one with the key heads. Its other fields (the ICL shots, the head-set sizes, the mechanism's
+    settings, the recipe) may be anything: they do not change that row; the defaults are preferred."""
+    base = {"seed": seed, "load": None, **({"mechanism": True} if mechanism else {})}
+    return ctx.cached("ltv", [{**base, "prompts": n, **at} for n in dict.fromkeys((prompts, o.PROMPTS))
+                              for at in ({"layer": None}, {"layer": ctx.lm.n_layers // 2},
+                                         {"layer": "all", "joint": False})])
 
 
 # -- patching -----------------------------------------------------------------------------------------------------------
@@ -239,12 +244,13 @@ def _correlations(ctx: Context, p: SiteParams, alpha: np.ndarray) -> dict[str, A
     out: dict[str, Any] = {}
     maps = [m for m in p.correlations if m in ("tr", "tl", "induction")]
     if maps:
-        r = ctx.call("scores", shots=o.SHOTS, prompts=o.PROMPTS, seed=p.seed, batch_size=p.batch_size,
+        # the Head map's maps at these test prompts (at most the default count): the same result the page shows
+        r = ctx.call("scores", shots=o.SHOTS, prompts=min(p.prompts, o.PROMPTS), seed=p.seed, batch_size=p.batch_size,
                      progress=ctx.stage(0.95, 1.0, "head scores"))
         for m in maps:
             out[m] = overlap(alpha, np.asarray(getattr(r, m), dtype=float), k)
     if "ltv" in p.correlations:
-        r = cached_ltv(ctx, p.prompts, p.seed)
+        r = cached_ltv(ctx, p.prompts, p.seed, mechanism=True)
         try:
             kh = next((pl.key_heads for pl in (r.per_layer if r is not None else []) if r.layer in pl.layers
                        and pl.key_heads is not None), None)

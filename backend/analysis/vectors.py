@@ -23,7 +23,7 @@ from .kernel import Context
 from .params import VectorsParams
 from .primitives.batching import Encoded, Progress, build_prompts, encode
 from .primitives.capture import capture_means
-from .primitives.selection import Head, n_top, random_heads, top_heads
+from .primitives.selection import Head, n_top, top_heads
 from .primitives.sweep import RowConfig, head_mask, sweep_outcomes
 
 
@@ -79,15 +79,15 @@ def vectors(ctx: Context, p: VectorsParams) -> dict[str, Any]:
         ctx.warn(f"no function vector for {task.name!r}: its causal indirect effects need shuffled-input prompts, "
                  f"and this task builds its own prompts")
     sets: dict[str, list[Head]] = {}
-    if {"tr", "tl"} & set(types):
+    if {"tr", "tl", "random"} & set(types):
         r = ctx.call("scores", shots=p.shots, prompts=p.prompts, seed=p.seed, top_pct=p.top_pct, top_k=p.top_k,
                      batch_size=p.batch_size, progress=ctx.stage(0.0, 0.4, "head scores"))
         if "tr" in types:
             sets["tr"] = r.top_tr
         if "tl" in types:
             sets["tl"] = r.top_tl
-    if "random" in types:
-        sets["random"] = random_heads(L, H, k, p.seed)
+        if "random" in types:  # the scores' random set: drawn from the heads in neither top set
+            sets["random"] = [tuple(h) for h in r.random_heads]
     z_mean = capture_means(lm, enc, "z", p.batch_size, ctx.stage(0.4, 0.5, "head means")) if (
         sets or "fv" in types or p.heads) else None
     # post-attention-norm families: the mean of each head's linearised write (its scale varies per prompt)

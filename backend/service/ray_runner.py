@@ -677,12 +677,15 @@ class RayJobRunner(LocalJobRunner):
                 self.store.put(sig, {"name": ref.name, "fingerprint": ref.fingerprint})
 
     def _write(self, puts: list[tuple[str, dict[str, Any]]]) -> None:
-        """Write an actor's results to the cache, each under the kernel's per-key lock (as the kernel does)."""
-        from ..analysis.kernel import _LOCKS
+        """Write an actor's results to the cache, each under the kernel's per-key lock (as the kernel does); an
+        index entry (what is cached per kind, model and task) is merged into the one there."""
+        from ..analysis.kernel import _LOCKS, INDEX, merge_index
 
         for key, value in puts:
             with _LOCKS.hold(key):
-                if self.store.get(key) is None:
+                if key.startswith(INDEX):
+                    merge_index(self.store, key, value)
+                elif self.store.get(key) is None:
                     self.store.put(key, value)
 
     # -- shutdown (the actors: self.actors.describe()) ----------------------------------------------------------

@@ -85,6 +85,7 @@ class TaskInfo(BaseModel):
     name: str
     kind: str
     n_examples: int
+    n_queries: int | None = Field(None, description="held-out queries a seed scores (prompts beyond it are capped)")
     labels: list[str] | None = None
     models: str = "any"
     description: str = ""

@@ -6,7 +6,8 @@
     AdamW(lr, weight_decay) on phi, learning rate decaying linearly to 0 over all steps; an epoch draws
     `samples_per_epoch` prompts (cycling through shuffled passes over a smaller training set)
     after every epoch: full-vocabulary accuracy (and loss) on held-out prompts; the best theta is kept
-    (higher accuracy, ties broken by lower loss); training stops after `patience` epochs without a better one.
+    (higher accuracy, ties broken by lower loss); training stops after `patience` epochs without a higher
+    held-out accuracy (a lower loss at the same accuracy does not hold it off: early stopping is on accuracy).
 
 The model stays frozen (eval mode, no parameter gradients): only theta gets a gradient, through the hooks
 of `inject.injected_logits`. Training holds the model's lock. Data: zero-shot prompts (the query alone) of the
@@ -28,6 +29,7 @@ from ...tasks.base import Prompt, Task, TaskError
 from .threads import cpu_threads
 from .batching import Encoded, make_batch, map_batches
 from .inject import Injection, gold_tokens, injected_logits
+from .notes import Note
 
 MIN_TRAIN = 4
 MIN_VAL = 2
@@ -88,9 +90,9 @@ def training_split(task: Task, seed: int, n_train: int, n_val: int) -> Split:
     else:
         nv = min(n_val, max(MIN_VAL, round(n * VAL_SHARE)))
         nt = min(n_train, n - nv)
-        warnings.append(f"task {task.name!r} has {n} examples in its demonstration pool for seed {seed}: {nt} are "
-                        f"training prompts (asked: {n_train}) and {nv} are held out for early stopping (asked: "
-                        f"{n_val}); its query pool stays held out for scoring")
+        warnings.append(Note(f"task {task.name!r} has {n} examples in its demonstration pool for seed {seed}: {nt} "
+                             f"are training prompts (asked: {n_train}) and {nv} are held out for early stopping "
+                             f"(asked: {n_val}); its query pool stays held out for scoring"))
     rng = random.Random(f"ltv-labels-{seed}")
     val = [task.prompt(x, y, [], rng) for x, y in pool[:nv]]
     train = [task.prompt(x, y, [], rng) for x, y in pool[nv:nv + nt]]
@@ -185,6 +187,7 @@ def train_injection(lm: LoadedModel, layers: Sequence[int], positions: Sequence[
     with lm.lock, torch.enable_grad(), cpu_threads(lm):
         init_acc, init_loss = _val(lm, val, Injection(vectors(), pos), gold_val, vb)
         best = (init_acc, -init_loss)
+        best_acc = init_acc  # the early-stopping criterion: epochs without a higher held-out accuracy
         best_theta = {l: v.detach().clone() for l, v in vectors().items()}
         best_epoch, bad, stopped, epoch = 0, 0, "max epochs", 0
         for epoch in range(1, recipe.epochs + 1):
@@ -220,8 +223,10 @@ def train_injection(lm: LoadedModel, layers: Sequence[int], positions: Sequence[
             if on_epoch is not None:
                 on_epoch(epoch, acc, vloss)
             if (acc, -vloss) > best:
-                best, best_epoch, bad = (acc, -vloss), epoch, 0
+                best, best_epoch = (acc, -vloss), epoch
                 best_theta = {l: v.detach().clone() for l, v in vectors().items()}
+            if acc > best_acc:
+                best_acc, bad = acc, 0
             else:
                 bad += 1
                 if bad >= recipe.patience:

@@ -29,10 +29,12 @@ def top_heads(scores: np.ndarray, pct: float = TOP_PCT, k: int | None = None) ->
     return [(int(i // H), int(i % H)) for i in flat]
 
 
-def random_heads(n_layers: int, n_heads: int, k: int, seed: int = 0) -> list[Head]:
-    """A seeded random set of k distinct heads."""
+def random_heads(n_layers: int, n_heads: int, k: int, seed: int = 0, exclude: "set[Head] | None" = None) -> list[Head]:
+    """A seeded random set of k distinct heads, drawn from the heads not in `exclude` (a control set disjoint
+    from the top heads) when at least k remain, else from all heads."""
     allh = [(l, h) for l in range(n_layers) for h in range(n_heads)]
-    return random.Random(f"random-heads-{seed}").sample(allh, k)
+    rest = [x for x in allh if x not in (exclude or set())]
+    return random.Random(f"random-heads-{seed}").sample(rest if len(rest) >= k else allh, k)
 
 
 def ranking(scores: np.ndarray) -> list[Head]:

@@ -31,6 +31,7 @@ from ...options import LORA_RANK, SITE_DECISIVE, SITE_VAL_SHARE
 from ...tasks.base import Prompt, Task, TaskError
 from .batching import Batch, Encoded, Progress, encode, forward_last_logits, make_batch, map_batches
 from .inject import gold_tokens
+from .notes import Note
 from .saved import load_tensors, save_tensors
 
 KIND = "site"
@@ -88,8 +89,8 @@ def site_data(lm: LoadedModel, task: Task, *, m: int, shots: int, val_prompts: i
     rng.shuffle(order)
     n_val = min(val_prompts, max(1, round(SITE_VAL_SHARE * len(order))), len(order) - 1)
     if n_val < val_prompts:
-        warnings.append(f"validated on {n_val} queries held out of the training split ({len(order)} examples), "
-                        f"not the {val_prompts} asked; trained on the other {len(order) - n_val}")
+        warnings.append(Note(f"validated on {n_val} queries held out of the training split ({len(order)} examples), "
+                             f"not the {val_prompts} asked; trained on the other {len(order) - n_val}"))
     val = [task.prompt(x, y, [], rng) for x, y in order[:n_val]]
     train = [task.prompt(x, y, [], rng) for x, y in order[n_val:]]
     # the task embedding's few-shot prompts: queries and demonstrations from the training split
@@ -116,8 +117,8 @@ def site_data(lm: LoadedModel, task: Task, *, m: int, shots: int, val_prompts: i
         warnings.append(f"prompts with {min(shots, len(pool) - 1)} demonstrations exceed the context window of "
                         f"{lm.max_positions} tokens; the task embedding used {k} demonstrations instead")
     if m > len(pool):
-        warnings.append(f"{m} few-shot prompts from {len(pool)} training examples: each query recurs (with other "
-                        f"demonstrations) about {m / len(pool):.1f} times")
+        warnings.append(Note(f"{m} few-shot prompts from {len(pool)} training examples: each query recurs (with "
+                             f"other demonstrations) about {m / len(pool):.1f} times"))
     if not _fits(lm, train + val + test):
         raise TaskError(f"the zero-shot prompts of task {task.name!r} exceed the context window of "
                         f"{lm.max_positions} tokens")
