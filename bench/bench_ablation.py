@@ -20,7 +20,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from backend.analysis.ablation import ablate, ablation_curves, head_orders, mask_for, run_configs  # noqa: E402
+from backend.analysis.tsla.ablation import ablate, ablation_curves, head_orders, mask_for, run_configs  # noqa: E402
 from backend.analysis.batching import encode, fit_prompts  # noqa: E402
 from backend.cache import ResultCache  # noqa: E402
 from backend.models import load_model  # noqa: E402

@@ -27,7 +27,7 @@ os.environ["HEADLENS_CACHE_DIR"] = tempfile.mkdtemp(prefix="bench-ltv-")
 import torch  # noqa: E402
 
 from backend.analysis.kernel import analyze  # noqa: E402
-from backend.analysis.primitives import learn  # noqa: E402
+from backend.analysis.ltv import learn  # noqa: E402
 from backend.analysis.primitives.batching import encode  # noqa: E402
 from backend.analysis.primitives.inject import Injection, evaluate_injections  # noqa: E402
 from backend.models import load_model  # noqa: E402

@@ -22,7 +22,7 @@ import transformers as T
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from backend.analysis.batching import Encoded, forward_last_logits, make_batch  # noqa: E402
-from backend.analysis.scores import score_encoded  # noqa: E402
+from backend.analysis.tsla.scores import score_encoded  # noqa: E402
 from backend.models import wrap  # noqa: E402
 
 SHAPES = {

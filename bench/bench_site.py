@@ -27,7 +27,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from backend.analysis.kernel import analyze  # noqa: E402
-from backend.analysis.primitives import soft_select as S  # noqa: E402
+from backend.analysis.site import soft_select as S  # noqa: E402
 from backend.analysis.primitives.capture import capture_means  # noqa: E402
 from backend.models import load_model  # noqa: E402
 from backend.tasks.registry import builtin_tasks  # noqa: E402

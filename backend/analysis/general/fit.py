@@ -15,11 +15,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..options import PERTURBATIONS
-from ..tasks.base import Task, TaskError
-from .kernel import Context
-from .params import FitParams
-from .primitives.fit import verdict, vocabulary_fit
+from ...options import PERTURBATIONS
+from ...tasks.base import Task, TaskError
+from ..kernel import Context
+from ..params import FitParams
+from ..primitives.fit import verdict, vocabulary_fit
 
 LENGTH_PROMPTS = 16  # prompts whose length is measured
 
@@ -45,8 +45,8 @@ def context_fit(lm: Any, task: Task, shots: int, seed: int) -> dict[str, Any]:
 def perturbation_fit(lm: Any, task: Task, shots: int, seed: int) -> dict[str, str | None]:
     """Which demonstration perturbations can run on this model and task: None, or why not (kind `perturb`
     skips those with this reason)."""
-    from ..tasks.perturb import get_perturbation
-    from .primitives.batching import build_prompts, encode
+    from ...tasks.perturb import get_perturbation
+    from ..primitives.batching import build_prompts, encode
 
     out: dict[str, str | None] = {}
     for name in PERTURBATIONS:

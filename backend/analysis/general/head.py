@@ -17,15 +17,15 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..hooks import hooked
-from ..options import HEAD_MAX_PATTERN
-from ..tasks.base import TaskError
-from .kernel import Context
-from .params import HeadParams
-from .primitives.batching import answer_tokens, build_prompts
-from .primitives.induction import eager_attention, induction_scores
-from .primitives.sweep import head_mask
-from .primitives.tsla import head_writes, label_space, tsla
+from ...hooks import hooked
+from ...options import HEAD_MAX_PATTERN
+from ...tasks.base import TaskError
+from ..kernel import Context
+from ..params import HeadParams
+from ..primitives.batching import answer_tokens, build_prompts
+from ..primitives.induction import eager_attention, induction_scores
+from ..primitives.sweep import head_mask
+from ..primitives.tsla import head_writes, label_space, tsla
 
 LENS_TOP = 5
 

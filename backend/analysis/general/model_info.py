@@ -3,8 +3,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from .kernel import Context
-from .params import ModelInfoParams
+from ..kernel import Context
+from ..params import ModelInfoParams
 
 
 def model_info(ctx: Context, p: ModelInfoParams) -> dict[str, Any]:

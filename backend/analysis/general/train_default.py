@@ -28,16 +28,16 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from ..model_card import model_card
-from ..models import LoadedModel, wrap
-from ..paths import DEFAULT_MODEL_DIR
-from ..tasks.base import Prompt
-from ..tasks.synthetic import (CLASS_TASKS, GEN_TASKS, RMAP_BASES, build_world, group_of, icl_episode,
+from ...model_card import model_card
+from ...models import LoadedModel, wrap
+from ...paths import DEFAULT_MODEL_DIR
+from ...tasks.base import Prompt
+from ...tasks.synthetic import (CLASS_TASKS, GEN_TASKS, RMAP_BASES, build_world, group_of, icl_episode,
                                repetition_sequence, synthetic_tasks)
-from .primitives.batching import encode
-from .primitives.induction import induction_scores
-from .primitives.predict import evaluate
-from .primitives.selection import top_heads
+from ..primitives.batching import encode
+from ..primitives.induction import induction_scores
+from ..primitives.predict import evaluate
+from ..primitives.selection import top_heads
 
 if TYPE_CHECKING:
     from transformers import LlamaConfig, PreTrainedModel, PreTrainedTokenizerBase, PreTrainedTokenizerFast
@@ -243,7 +243,7 @@ def induction_summary(lm: LoadedModel) -> dict[str, Any]:
 # -- training -------------------------------------------------------------------------------------
 def pick_device(device: str | None = None) -> torch.device:
     """The device asked for, else the loader's default (`models.default_device`: CUDA when present, else CPU)."""
-    from ..models import default_device
+    from ...models import default_device
 
     return torch.device(device or default_device())
 
@@ -352,7 +352,7 @@ def write_card(lm: LoadedModel, out: Path, metrics: dict[str, Any], eval_prompts
 def reevaluate(out: Path, eval_prompts: int = 300) -> dict[str, Any]:
     """Re-run the evaluation of a trained folder (after the evaluation changed) and rewrite its card; the
     training record in metrics.json is kept."""
-    from ..models import load_model
+    from ...models import load_model
 
     metrics = json.loads((out / "metrics.json").read_text())
     metrics.pop("induction_no_bos_top", None)

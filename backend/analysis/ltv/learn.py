@@ -25,9 +25,9 @@ import torch
 
 from ...models import LoadedModel
 from ...tasks.base import Prompt, Task, TaskError
-from .threads import cpu_threads
-from .batching import Encoded, make_batch, map_batches
-from .inject import Injection, gold_tokens, injected_logits
+from ..primitives.threads import cpu_threads
+from ..primitives.batching import Encoded, make_batch, map_batches
+from ..primitives.inject import Injection, gold_tokens, injected_logits
 
 MIN_TRAIN = 4
 MIN_VAL = 2

@@ -36,18 +36,18 @@ from typing import Any
 import numpy as np
 import torch
 
-from .. import options as o
-from ..tasks.base import TaskError
-from .kernel import Context
-from .params import LtvParams, LtvRecipeParams
-from .results import LtvTraining
-from .primitives.batching import build_prompts, encode, multi_token_note
-from .primitives.inject import Injection, check_layers, check_positions, evaluate_injections
-from .primitives.threads import cpu_threads
-from .primitives.propagation import head_saliency, linear_propagation, ov_reconstruction
-from .primitives.saved import load_tensors
-from .primitives.selection import n_top, overlap, top_heads
-from .primitives.sweep import head_mask
+from ... import options as o
+from ...tasks.base import TaskError
+from ..kernel import Context
+from ..params import LtvParams, LtvRecipeParams
+from ..results import LtvTraining
+from ..primitives.batching import build_prompts, encode, multi_token_note
+from ..primitives.inject import Injection, check_layers, check_positions, evaluate_injections
+from ..primitives.threads import cpu_threads
+from .propagation import head_saliency, linear_propagation, ov_reconstruction
+from ..primitives.saved import load_tensors
+from ..primitives.selection import n_top, overlap, top_heads
+from ..primitives.sweep import head_mask
 
 CONDITIONS = ("zero_shot", "icl", "vanilla", "fv", "tr", "tl", "ltv", "ltv+icl")
 EXTRACTED = ("vanilla", "fv", "tr", "tl")

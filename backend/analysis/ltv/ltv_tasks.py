@@ -19,14 +19,14 @@ from typing import Any
 import numpy as np
 import torch
 
-from .. import options as o
-from ..tasks.base import Task, TaskError
-from ..tasks.registry import builtin_by_names, model_tasks
-from .kernel import Context, analyze
-from .params import LtvRecipeParams, LtvTasksParams
-from .primitives.batching import build_prompts, encode
-from .primitives.inject import Injection, check_layers, evaluate_injections
-from .primitives.threads import cpu_threads
+from ... import options as o
+from ...tasks.base import Task, TaskError
+from ...tasks.registry import builtin_by_names, model_tasks
+from ..kernel import Context, analyze
+from ..params import LtvRecipeParams, LtvTasksParams
+from ..primitives.batching import build_prompts, encode
+from ..primitives.inject import Injection, check_layers, evaluate_injections
+from ..primitives.threads import cpu_threads
 
 RECIPE = (*LtvRecipeParams.model_fields, "shots", "prompts", "top_pct", "top_k")  # what each task's ltv call takes
 EVAL_BATCH = o.SWEEP_BATCH_SIZE
@@ -111,7 +111,7 @@ def _ltv_tasks(ctx: Context, p: LtvTasksParams) -> dict[str, Any]:
 
     comps = []
     if p.compose:
-        from ..tasks import synthetic
+        from ...tasks import synthetic
 
         pairs = [(a, b, ct) for a, b, ct in synthetic.compositions() if a in thetas and b in thetas]
         for j, (a, b, ct) in enumerate(pairs):

@@ -29,13 +29,13 @@ from typing import Any
 
 import torch
 
-from ..cache import make_key
-from .kernel import Context
-from .params import LtvTrainParams
-from .primitives.batching import encode, multi_token_note
-from .primitives.inject import check_layers, check_positions
-from .primitives.learn import Recipe, residual_rms, train_injection, training_split
-from .primitives.saved import default_path, save_tensors
+from ...cache import make_key
+from ..kernel import Context
+from ..params import LtvTrainParams
+from ..primitives.batching import encode, multi_token_note
+from ..primitives.inject import check_layers, check_positions
+from .learn import Recipe, residual_rms, train_injection, training_split
+from ..primitives.saved import default_path, save_tensors
 
 LIVE_EVERY_S = 0.25
 

@@ -26,9 +26,9 @@ import torch
 
 from ...hooks import hooked
 from ...models import LoadedModel
-from .batching import Batch, Encoded, Progress, make_batch, map_batches
-from .induction import eager_attention
-from .inject import Injection, final_states, gold_tokens, injected_logits
+from ..primitives.batching import Batch, Encoded, Progress, make_batch, map_batches
+from ..primitives.induction import eager_attention
+from ..primitives.inject import Injection, final_states, gold_tokens, injected_logits
 
 
 def head_saliency(lm: LoadedModel, enc: Encoded, inj: Injection, batch_size: int = 32,

@@ -18,7 +18,7 @@ from typing import Any, Callable, ContextManager, Sequence
 import torch
 
 from ...models import LoadedModel
-from .batching import Batch, Progress, map_batches
+from ..primitives.batching import Batch, Progress, map_batches
 
 HookFactory = Callable[[Batch], ContextManager[Any]]
 NEWLINE = "\n"
@@ -169,7 +169,7 @@ def evaluate_generation(lm: LoadedModel, enc: Any, *, hooks: HookFactory | None 
     """Greedy generation on encoded prompts (`batching.Encoded`): {accuracy, label_accuracy, tr_ratio, n} from the
     prefill's last-token logits (see `predict`), `exact_match` and `strict_match` of the cut answer, and the first
     `keep_rows` per-prompt records {query, gold, output, correct, exact}."""
-    from .predict import metrics, predict_rows
+    from ..primitives.predict import metrics, predict_rows
 
     g = generate(lm, enc.ids, max_new_tokens=max_new_tokens, stop=stop, hooks=hooks, batch_size=batch_size,
                  progress=progress)

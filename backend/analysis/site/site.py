@@ -22,21 +22,21 @@ from typing import Any
 import numpy as np
 import torch
 
-from .. import options as o
-from ..hooks import hooked
-from .kernel import Context, cache_key
-from .kinds import get_kind
-from .params import SiteParams, SiteRecipeParams
-from .primitives.batching import build_prompts, encode
-from .primitives.capture import capture_means
-from .primitives.generate import evaluate_generation, require_kv_cache, stop_strings
-from .primitives.inject import vector_at
-from .primitives.saved import default_path
-from .primitives.selection import n_top, overlap
-from .primitives.threads import cpu_threads
-from .primitives.soft_select import (decisive_shares, encode_all, hard_alpha, hook_factory, load_site,
+from ... import options as o
+from ...hooks import hooked
+from ..kernel import Context, cache_key
+from ..kinds import get_kind
+from ..params import SiteParams, SiteRecipeParams
+from ..primitives.batching import build_prompts, encode
+from ..primitives.capture import capture_means
+from .generate import evaluate_generation, require_kv_cache, stop_strings
+from ..primitives.inject import vector_at
+from ..primitives.saved import default_path
+from ..primitives.selection import n_top, overlap
+from ..primitives.threads import cpu_threads
+from .soft_select import (decisive_shares, encode_all, hard_alpha, hook_factory, load_site,
                                      lora_params, ranked_heads, save_site, site_data, train_alphas)
-from .primitives.sweep import RowConfig, sweep_outcomes
+from ..primitives.sweep import RowConfig, sweep_outcomes
 
 RECIPE = tuple(k for k in SiteRecipeParams.model_fields if k != "batch_size")  # the saved recipe (not the batching)
 EXAMPLES = 10

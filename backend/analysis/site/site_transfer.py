@@ -18,17 +18,17 @@ import numpy as np
 import torch
 from scipy import stats
 
-from .. import options as o
-from ..tasks.base import Task, TaskError
-from ..tasks.registry import builtin_by_names, model_tasks
-from .kernel import Context, analyze, lookup
-from .params import SiteRecipeParams, SiteTransferParams
-from .primitives.batching import encode
-from .primitives.capture import capture_means
-from .primitives.saved import SavedTensorError
-from .primitives.threads import cpu_threads
-from .primitives.soft_select import hard_alpha, load_site, ranked_heads, site_data
-from .primitives.sweep import RowConfig, sweep_outcomes
+from ... import options as o
+from ...tasks.base import Task, TaskError
+from ...tasks.registry import builtin_by_names, model_tasks
+from ..kernel import Context, analyze, lookup
+from ..params import SiteRecipeParams, SiteTransferParams
+from ..primitives.batching import encode
+from ..primitives.capture import capture_means
+from ..primitives.saved import SavedTensorError
+from ..primitives.threads import cpu_threads
+from .soft_select import hard_alpha, load_site, ranked_heads, site_data
+from ..primitives.sweep import RowConfig, sweep_outcomes
 
 RECIPE = tuple(SiteRecipeParams.model_fields)  # what each task's site call takes
 

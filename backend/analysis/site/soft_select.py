@@ -29,9 +29,9 @@ from ...hooks import hooked
 from ...models import LoadedModel
 from ...options import LORA_RANK, SITE_DECISIVE, SITE_VAL_SHARE
 from ...tasks.base import Prompt, Task, TaskError
-from .batching import Batch, Encoded, Progress, encode, forward_last_logits, make_batch, map_batches
-from .inject import gold_tokens
-from .saved import load_tensors, save_tensors
+from ..primitives.batching import Batch, Encoded, Progress, encode, forward_last_logits, make_batch, map_batches
+from ..primitives.inject import gold_tokens
+from ..primitives.saved import load_tensors, save_tensors
 
 KIND = "site"
 PREFIX_FROM = 8
@@ -300,7 +300,7 @@ def save_site(path: str | Path, lm: LoadedModel, logits: torch.Tensor, t: torch.
 def load_site(path: str | Path, lm: LoadedModel) -> tuple[torch.Tensor, torch.Tensor, dict[str, Any]]:
     """(alpha (layers, heads), task embedding (layers, heads, head_dim), metadata); refuses a file made for
     another model or d_model (SavedTensorError), or one whose shapes do not fit this model."""
-    from .saved import SavedTensorError
+    from ..primitives.saved import SavedTensorError
 
     tensors, meta = load_tensors(path, lm, KIND)
     alpha = tensors.get("alpha")

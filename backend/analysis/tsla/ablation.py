@@ -12,13 +12,13 @@ from typing import Any
 import numpy as np
 import torch
 
-from .kernel import Context
-from .params import AblateParams, AblationCurvesParams, PromptParams
-from .primitives.batching import Encoded, build_prompts, encode
-from .primitives.capture import capture_means
-from .primitives.predict import predicted_label
-from .primitives.selection import Head, random_heads, ranking
-from .primitives.sweep import RowConfig, head_mask, sweep_outcomes
+from ..kernel import Context
+from ..params import AblateParams, AblationCurvesParams, PromptParams
+from ..primitives.batching import Encoded, build_prompts, encode
+from ..primitives.capture import capture_means
+from ..primitives.predict import predicted_label
+from ..primitives.selection import Head, random_heads, ranking
+from ..primitives.sweep import RowConfig, head_mask, sweep_outcomes
 
 
 def _prompts(ctx: Context, p: PromptParams, mode: str, progress: Any = None) -> tuple[Encoded, torch.Tensor | None]:

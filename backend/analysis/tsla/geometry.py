@@ -14,13 +14,13 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
-from ..options import GEOMETRY_CONDITIONS
-from .kernel import Context
-from .params import GeometryParams
-from .primitives.batching import answer_tokens, build_prompts, encode
-from .primitives.capture import capture
-from .primitives.sweep import resolve_layers
-from .primitives.tsla import LabelSpace, label_space
+from ...options import GEOMETRY_CONDITIONS
+from ..kernel import Context
+from ..params import GeometryParams
+from ..primitives.batching import answer_tokens, build_prompts, encode
+from ..primitives.capture import capture
+from ..primitives.sweep import resolve_layers
+from ..primitives.tsla import LabelSpace, label_space
 
 
 def hidden_metrics(h: torch.Tensor, ls: LabelSpace) -> dict[str, torch.Tensor]:

@@ -13,9 +13,9 @@ import torch
 
 from ...hooks import hooked
 from ...models import LoadedModel
-from .batching import Batch, Encoded, Progress, forward_last_logits, map_batches
-from .predict import Outcomes, predict_rows
-from .tsla import apply_final_ln, head_writes, label_space, tsla
+from ..primitives.batching import Batch, Encoded, Progress, forward_last_logits, map_batches
+from ..primitives.predict import Outcomes, predict_rows
+from ..primitives.tsla import apply_final_ln, head_writes, label_space, tsla
 
 MAP_NAMES = ("tr", "tl", "dla_tr", "dla_tl", "flagged")
 

@@ -3,10 +3,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from .kernel import Context
-from .params import IclParams
-from .primitives.batching import build_prompts, encode
-from .primitives.predict import evaluate
+from ..kernel import Context
+from ..params import IclParams
+from ..primitives.batching import build_prompts, encode
+from ..primitives.predict import evaluate
 
 
 def icl(ctx: Context, p: IclParams) -> dict[str, Any]:

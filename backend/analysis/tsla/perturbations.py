@@ -9,14 +9,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..tasks.base import TaskError
-from ..tasks.perturb import get_perturbation
-from .kernel import Context
-from .params import PerturbParams
-from .primitives.batching import Encoded, build_prompts, encode
-from .primitives.head_maps import head_maps
-from .primitives.selection import random_heads
-from .primitives.sweep import RowConfig, head_mask, sweep_outcomes
+from ...tasks.base import TaskError
+from ...tasks.perturb import get_perturbation
+from ..kernel import Context
+from ..params import PerturbParams
+from ..primitives.batching import Encoded, build_prompts, encode
+from .head_maps import head_maps
+from ..primitives.selection import random_heads
+from ..primitives.sweep import RowConfig, head_mask, sweep_outcomes
 
 
 def perturb(ctx: Context, p: PerturbParams) -> dict[str, Any]:

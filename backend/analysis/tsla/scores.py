@@ -9,14 +9,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from .kernel import Context
-from .params import MapsParams, ScoresParams
-from .results import Result
-from .primitives.batching import build_prompts, encode
-from .primitives.head_maps import head_maps
-from .primitives.induction import induction_scores
-from .primitives.predict import evaluate
-from .primitives.selection import n_top, overlap, random_heads, top_heads
+from ..kernel import Context
+from ..params import MapsParams, ScoresParams
+from ..results import Result
+from ..primitives.batching import build_prompts, encode
+from .head_maps import head_maps
+from ..primitives.induction import induction_scores
+from ..primitives.predict import evaluate
+from ..primitives.selection import n_top, overlap, random_heads, top_heads
 
 
 def maps(ctx: Context, p: MapsParams) -> dict[str, Any]:

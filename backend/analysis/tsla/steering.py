@@ -10,12 +10,12 @@ from typing import Any
 
 import torch
 
-from .kernel import Context
-from .params import SteerParams
-from .primitives.batching import build_prompts, encode
-from .primitives.inject import vector_at
-from .primitives.predict import evaluate
-from .primitives.sweep import RowConfig, resolve_layers, sweep_outcomes
+from ..kernel import Context
+from ..params import SteerParams
+from ..primitives.batching import build_prompts, encode
+from ..primitives.inject import vector_at
+from ..primitives.predict import evaluate
+from ..primitives.sweep import RowConfig, resolve_layers, sweep_outcomes
 
 
 def steer(ctx: Context, p: SteerParams) -> dict[str, Any]:

@@ -15,14 +15,14 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
-from ..options import EXTRACTION_SEED_OFFSET, FV_PROMPTS
-from ..tasks.perturb import get_perturbation
-from .kernel import Context
-from .params import VectorsParams
-from .primitives.batching import Encoded, Progress, build_prompts, encode
-from .primitives.capture import capture_means
-from .primitives.selection import Head, n_top, random_heads, top_heads
-from .primitives.sweep import RowConfig, head_mask, sweep_outcomes
+from ...options import EXTRACTION_SEED_OFFSET, FV_PROMPTS
+from ...tasks.perturb import get_perturbation
+from ..kernel import Context
+from ..params import VectorsParams
+from ..primitives.batching import Encoded, Progress, build_prompts, encode
+from ..primitives.capture import capture_means
+from ..primitives.selection import Head, n_top, random_heads, top_heads
+from ..primitives.sweep import RowConfig, head_mask, sweep_outcomes
 
 
 def head_set_vector(lm: Any, z_mean: torch.Tensor, heads: Sequence[Head]) -> torch.Tensor:
