@@ -132,16 +132,29 @@ def test_analysis_rooms(graph):
 def test_kind_modules_never_import_each_other(graph):
     from backend.analysis.kinds import KINDS
 
-    kind_modules = {k.fn.partition(":")[0] for k in KINDS.values()}
+    kind_modules = {k.module for k in KINDS.values()}
     assert {"backend.analysis.tsla.scores", "backend.analysis.ltv.ltv", "backend.analysis.site.site"} <= kind_modules
     bad = [(m, d) for m in kind_modules for d in graph[m] if d in kind_modules]
     assert not bad, "kind modules importing kind modules: " + "; ".join(f"{a} -> {b}" for a, b in bad)
+
+
+def test_each_kind_is_one_module():
+    """An entry points at one module that holds the kind's params model, result model and function."""
+    from backend.analysis.kinds import KINDS, Kind
+    from backend.analysis.params import Params
+    from backend.analysis.results import Result
+
+    builtin = [k for k in KINDS.values() if k.module.startswith("backend.analysis.")]
+    assert len(builtin) == 18
+    for k in builtin:
+        assert isinstance(k, Kind) and issubclass(k.params, Params) and issubclass(k.result, Result), k.name
+        assert {k.params.__module__, k.result.__module__, k.function().__module__} == {k.module}, k.name
 
 
 def test_the_kernel_and_options_need_no_torch():
     import subprocess
     import sys
 
-    code = ("import sys, backend.options, backend.analysis.kinds, backend.analysis.params, backend.analysis.results; "
-            "assert 'torch' not in sys.modules")
+    code = ("import sys, backend.options, backend.analysis.kernel, backend.analysis.kinds, backend.analysis.params, "
+            "backend.analysis.results; assert 'torch' not in sys.modules")
     subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True)

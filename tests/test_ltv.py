@@ -312,7 +312,7 @@ def test_cancelled_training_stops_and_stores_nothing(llama):
 
 def test_cli_flags_and_python_api():
     import backend
-    from backend.analysis.params import LtvParams
+    from backend.analysis.ltv.ltv import LtvParams
     from backend.cli import build_parser, negative_lists, read_params
 
     argv = ["ltv", "--task", "syn-size", "--layer", "all", "--positions", "-1,-2", "--lr", "1e-3", "--epochs", "3",

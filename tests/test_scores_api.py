@@ -10,7 +10,7 @@ import torch
 from backend import head_scores
 from backend.adapters import UnsupportedArchitecture
 from backend.analysis.primitives.batching import build_prompts, encode
-from backend.analysis.results import ScoresResult
+from backend.analysis.tsla.scores import ScoresResult
 from backend.cache import ResultCache
 from backend.models import ModelLoadError, load_model, wrap
 from backend.tasks.base import Prompt, Task, TaskError

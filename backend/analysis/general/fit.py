@@ -15,11 +15,50 @@ from __future__ import annotations
 
 from typing import Any
 
+from pydantic import Field
+
+from ... import options as o
+
 from ...options import PERTURBATIONS
 from ...tasks.base import Task, TaskError
 from ..kernel import Context
-from ..params import FitParams
+from ..params import Int, Params
+from ..results import Model, Result
 from ..primitives.fit import verdict, vocabulary_fit
+
+
+class FitParams(Params):
+    """kind `fit`: does the task fit the model (unknown tokens in inputs and labels, prompt length)?"""
+
+    shots: Int = Field(o.SHOTS, ge=0, description="demonstrations per prompt (for the prompt length)")
+    seed: Int = Field(o.SEED, ge=0)
+
+
+class ContextFit(Model):
+    longest_prompt: int = Field(..., description="tokens of the longest of a few prompts at `shots`")
+    context_window: int | None = None
+    shots: int
+    shots_that_fit: int = Field(..., description="most demonstrations whose prompts fit (-1: not even zero-shot)")
+
+
+class FitResult(Result):
+    """Does the task fit the model: unknown-token shares (0..1), prompt length, and a verdict with its reasons."""
+
+    verdict: str = Field(..., description="ok | warn | refuse")
+    messages: list[str] = Field(default_factory=list)
+    has_unknown_token: bool
+    n_inputs: int
+    n_labels: int
+    unknown_inputs: float = Field(..., description="share of inputs with at least one unknown token")
+    unknown_input_tokens: float = Field(..., description="share of the inputs' tokens that are unknown")
+    unknown_labels: float
+    unknown_template: float
+    unknown_words: list[str] = Field(default_factory=list)
+    unknown_label_words: list[str] = Field(default_factory=list)
+    context: ContextFit | None = None
+    perturbations: dict[str, str | None] = Field(default_factory=dict, description="perturbation -> None when "
+                                                 "it can run on this model and task, else why not")
+
 
 LENGTH_PROMPTS = 16  # prompts whose length is measured
 

@@ -12,20 +12,95 @@ of the last token's hidden state).
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
 import numpy as np
 import torch
+from pydantic import Field, field_validator
 
+from ... import options as o
 from ...hooks import hooked
 from ...options import HEAD_MAX_PATTERN
 from ...tasks.base import TaskError
 from ..kernel import Context
-from ..params import HeadParams
+from ..params import Bool, Head, Int, PromptParams
+from ..results import Model, Result
 from ..primitives.batching import answer_tokens, build_prompts
 from ..primitives.induction import eager_attention, induction_scores
 from ..primitives.sweep import head_mask
 from ..primitives.tsla import head_writes, label_space, tsla
+
+
+class HeadParams(PromptParams):
+    """kind `head`: one head on one prompt (a task prompt, or `text`): its attention pattern, its write onto
+    each label's unembedding, its TR / TL / induction ranks, its effect when zero-ablated; the model's top next
+    tokens, optionally per layer (logit lens)."""
+
+    head: Head = Field(..., description="[layer, head]")
+    prompt: Int = Field(0, ge=0, description="which of the task's prompts (0-based)")
+    text: str | None = Field(None, min_length=1, max_length=o.MAX_TEXT * 8,
+                             description="your own prompt instead of a task prompt (ends right before the answer)")
+    labels: list[Annotated[str, Field(min_length=1, max_length=200)]] | None = Field(
+        None, max_length=64, description="candidate answers as they continue the prompt (e.g. ' pos'); default: "
+                                         "the task prompt's labels")
+    top_tokens: Int = Field(o.HEAD_TOP_TOKENS, ge=1, le=50)
+    logit_lens: Bool = Field(False, description="top tokens after every layer (final norm + unembedding)")
+    ranks: Bool = Field(True, description="the head's TR / TL ranks on the task (from the cached `scores`)")
+
+    @field_validator("head")
+    @classmethod
+    def _head(cls, v: tuple[int, int]) -> tuple[int, int]:
+        if v[0] < 0 or v[1] < 0:
+            raise ValueError("layer and head indices must be non-negative")
+        return v
+
+
+class TokenProb(Model):
+    token: str
+    id: int
+    prob: float
+    logit: float | None = None
+
+
+class HeadAblation(Model):
+    """The prompt with the head zero-ablated (at every position)."""
+
+    pred: str
+    gold_prob: float | None = None
+    label_probs: list[float]
+    top: list[TokenProb]
+    top_probs: list[float] = Field(default_factory=list, description="the probability, after ablation, of each "
+                                                                     "token of the unablated `top` list")
+
+
+class HeadResult(Result):
+    layer: int
+    head: int
+    prompt_index: int | None = Field(None, description="the task prompt shown (None: your own text)")
+    text: str
+    tokens: list[str] = Field(..., description="the prompt's tokens, decoded one by one")
+    attention: list[list[float]] = Field(..., description="attention of the head: rows = destination tokens "
+                                                          "(`attention_rows`), columns = source tokens")
+    attention_rows: list[int]
+    query: str | None = None
+    gold: str | None = None
+    labels: list[str]
+    label_dla: list[float] = Field(..., description="the head's last-token write dotted with each label's "
+                                                    "unembedding row (first token)")
+    label_probs: list[float]
+    write_norm: float
+    tr: float = Field(..., description="this prompt: ||P o|| over the labels")
+    tl: float | None = Field(None, description="this prompt (needs a gold label)")
+    ranks: dict[str, int] = Field(default_factory=dict, description="rank of the head on the task (1 = largest): "
+                                                                    "tr, tl, induction")
+    induction: float
+    top: list[TokenProb]
+    pred: str
+    gold_prob: float | None = None
+    ablated: HeadAblation
+    logit_lens: list[list[TokenProb]] | None = None
+    shots: int
+
 
 LENS_TOP = 5
 

@@ -4,7 +4,27 @@ from __future__ import annotations
 from typing import Any
 
 from ..kernel import Context
-from ..params import ModelInfoParams
+from ..params import Params
+from ..results import Result
+
+
+class ModelInfoParams(Params):
+    """kind `model_info`: no parameters besides the model."""
+
+
+class ModelInfoResult(Result):
+    name: str
+    family: str
+    model_type: str
+    n_layers: int
+    n_heads: int
+    n_kv_heads: int
+    head_dim: int
+    d_model: int
+    max_positions: int | None = None
+    device: str
+    dtype: str
+    fingerprint: str
 
 
 def model_info(ctx: Context, p: ModelInfoParams) -> dict[str, Any]:

@@ -31,16 +31,19 @@ from __future__ import annotations
 import math
 import random
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import torch
+from pydantic import Field
 
 from ... import options as o
 from ...tasks.base import TaskError
 from ..kernel import Context
-from ..params import LtvParams, LtvRecipeParams
-from ..results import LtvTraining
+from ..kinds import get_kind
+from ..params import ASSUMED_LAYERS, Bool, Float, Int, Layer, Selection
+from ..results import Grid, Head, Metrics, Model, Overlap, Result
+from .recipe import LtvRecipeParams, LtvTraining
 from ..primitives.batching import build_prompts, encode, multi_token_note
 from ..primitives.inject import Injection, check_layers, check_positions, evaluate_injections
 from ..primitives.threads import cpu_threads
@@ -48,6 +51,136 @@ from .propagation import head_saliency, linear_propagation, ov_reconstruction
 from ..primitives.saved import load_tensors
 from ..primitives.selection import n_top, overlap, top_heads
 from ..primitives.sweep import head_mask
+
+
+class LtvParams(Selection, LtvRecipeParams):
+    """kind `ltv`: train LTVs and compare them, at each injection layer, with zero-shot, k-shot ICL, the vanilla
+    task vector, the function vector and the TR / TL head-set vectors; LTV on top of ICL; and how it works
+    (key heads, OV reconstruction, linear propagation)."""
+
+    layer: Layer | list[Layer] | Literal["all"] | None = Field(
+        None, description="injection layer (a decoder layer's input); None = L/2; `all` or a list: one LTV per "
+                          "layer (the layer sweep), or one joint vector with `joint`")
+    joint: Bool = Field(False, description="with several layers: one theta per layer trained together")
+    shots: Int = Field(o.SHOTS, ge=0, description="demonstrations of the ICL conditions and extracted vectors")
+    prompts: Int = Field(o.PROMPTS, ge=1, description="held-out queries scored (zero-shot prompts)")
+    mechanism: Bool = Field(True, description="key heads, OV reconstruction and linear propagation per layer")
+    key_pct: Float = Field(o.LTV_KEY_PCT, gt=0, le=100, description="key heads: top percent by saliency")
+    random_draws: Int = Field(o.LTV_RANDOM_DRAWS, ge=1, le=100, description="random head sets ablated for contrast")
+    perturbations: Int | None = Field(None, ge=2, le=16384, description="linear propagation: perturbed vectors "
+                                                                        "(default 2 d_model, at most 1024)")
+    load: str | None = Field(None, min_length=1, max_length=o.MAX_TEXT,
+                             description="a saved LTV (.safetensors) to compare instead of training one")
+
+    def work(self, model: dict | None = None) -> tuple[int, str]:
+        L = model["n_layers"] if model else ASSUMED_LAYERS
+        d = int(model.get("d_model", 4096)) if model else 4096
+        layers = L if self.layer == "all" else len(self.layer) if isinstance(self.layer, list) else 1
+        trainings = 0 if self.load else (1 if self.joint else layers)
+        train, _ = self.training_work()
+        built, _ = get_kind("vectors").params(types=["tr", "tl", "fv", "vanilla"], shots=self.shots,
+                                              prompts=self.prompts, top_pct=self.top_pct, top_k=self.top_k).work(model)
+        per_layer = 8 * self.prompts  # the conditions, LTV + ICL
+        why = f"{trainings} trainings x {train} + vectors {built} + {layers} layers x ({self.prompts} prompts x 8"
+        if self.mechanism and not self.joint:
+            n_pert = self.perturbations or min(2 * d, o.LTV_MAX_PERTURBATIONS)
+            per_layer += self.prompts * (3 + self.random_draws + 6 + n_pert + 2)
+            why += f" + mechanism: {self.random_draws} random sets, {n_pert} perturbations"
+        return trainings * train + built + layers * per_layer, why + ")"
+
+
+class MetricCurve(Model):
+    """accuracy, label_accuracy and TR ratio along the layer sweep (one value per layer of `LtvResult.layers`)."""
+
+    accuracy: list[float]
+    label_accuracy: list[float]
+    tr_ratio: list[float]
+
+
+class KeyHeads(Model):
+    """Saliency |a . dp(gold)/da| of each head's last-token output under the LTV, and what ablating the top heads
+    (zero, last token, LTV injected) costs against as many random heads."""
+
+    saliency: Grid = Field(..., description="(layers, heads), mean over the scored prompts")
+    heads: list[Head] = Field(..., description="the key heads: top `key_pct` percent by saliency, best first")
+    ltv: Metrics = Field(..., description="LTV, nothing ablated")
+    ablated: Metrics = Field(..., description="LTV with the key heads ablated")
+    random: list[Metrics] = Field(..., description="LTV with as many random heads ablated, one per draw")
+    random_heads: list[list[Head]]
+    random_accuracy_mean: float
+    random_accuracy_std: float
+    gold_prob: dict[str, float] = Field(default_factory=dict, description="mean probability of the gold first token: "
+                                                                          "ltv, ablated, random (mean of the draws)")
+    overlap: dict[str, Overlap] = Field(default_factory=dict, description="with the tr, tl and induction rankings: "
+                                                                          "top-k Jaccard and rank correlations")
+
+
+class OvReconstruction(Model):
+    """r = sum over heads of layers >= the injection layer of A(last -> theta's positions) * W_O W_V theta (through
+    the layer's input norm, linearised), mean over prompts; injected instead of theta."""
+
+    heads: Grid = Field(..., description="(layers, heads): norm of each head's mean OV write of theta")
+    norm: float = Field(..., description="||r||")
+    cosine: float = Field(..., description="cos(r, theta)")
+    final: Metrics = Field(..., description="r added to the last layer's output (last token) instead of theta")
+    same_layer: Metrics = Field(..., description="r added where theta was (the layer's input, last token)")
+    direct: Metrics = Field(..., description="theta itself added to the last layer's output: its residual path alone")
+    direct_and_ov: Metrics = Field(..., description="theta + r added to the last layer's output: the residual path and "
+                                                    "the heads' OV writes, without MLPs or attention-pattern changes")
+
+
+class Propagation(Model):
+    """The linear surrogate W (final hidden-state change ~ W theta), fitted on perturbed thetas; W = Q S."""
+
+    rotation: float = Field(..., description="cos(theta, Q theta)")
+    stretch: float = Field(..., description="||S theta|| / ||theta||")
+    r2: float = Field(..., description="share of the final-state changes' variance that W explains")
+    n: int = Field(..., description="perturbed vectors fitted")
+    surrogate: Metrics = Field(..., description="zero-shot prompts with W theta added to the final hidden state")
+    recovered: float | None = Field(None, description="(surrogate - zero-shot) / (LTV - zero-shot) accuracy; None "
+                                                      "when the LTV does not beat zero-shot")
+
+
+class LtvLayer(Model):
+    """Everything at one injection layer (or one joint multi-layer vector)."""
+
+    layers: list[int]
+    conditions: dict[str, Metrics] = Field(..., description="zero_shot, icl, vanilla, fv, tr, tl, ltv, ltv+icl "
+                                                            "(those available)")
+    training: LtvTraining
+    key_heads: KeyHeads | None = None
+    ov: OvReconstruction | None = None
+    propagation: Propagation | None = None
+
+
+class LtvResult(Result):
+    """kind `ltv`: learned task vectors compared with zero-shot, ICL and extracted vectors, and how they work.
+
+    `table` is the comparison at `layer`; `sweep` the same conditions at every layer of `layers`; the extracted
+    vectors (vanilla, fv, tr, tl) are added at the last token, the LTV at `positions`. Conditions:
+    zero_shot, icl (k-shot prompts), vanilla (mean ICL - zero-shot hidden state at the layer's input), fv
+    (function vector), tr / tl (top-TR / top-TL head-set vectors), ltv, ltv+icl (LTV on top of the ICL prompt).
+    """
+
+    n_layers: int
+    n_heads: int
+    d_model: int
+    layers: list[int] = Field(..., description="the injection layers of the sweep (a joint vector: its layers)")
+    layer: int = Field(..., description="the table's layer (L/2 when swept)")
+    joint: bool
+    positions: list[int]
+    shots: int
+    prompts: int
+    conditions: list[str] = Field(..., description="condition names, in display order")
+    table: dict[str, Metrics]
+    sweep: dict[str, MetricCurve]
+    rotation: list[float | None] = Field(..., description="per layer of `layers`: cos(theta, Q theta)")
+    stretch: list[float | None] = Field(..., description="per layer of `layers`: ||S theta|| / ||theta||")
+    per_layer: list[LtvLayer]
+    vector_path: str | None = Field(None, description="the table's LTV file")
+    heads: dict[str, list[Head]] = Field(default_factory=dict, description="head sets of the fv, tr and tl vectors")
+    multi_token_labels: list[str] = Field(default_factory=list)
+
 
 CONDITIONS = ("zero_shot", "icl", "vanilla", "fv", "tr", "tl", "ltv", "ltv+icl")
 EXTRACTED = ("vanilla", "fv", "tr", "tl")

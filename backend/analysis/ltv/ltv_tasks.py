@@ -14,19 +14,82 @@ mechanism left out), then:
 from __future__ import annotations
 
 from itertools import combinations
-from typing import Any
+from typing import Annotated, Any
 
 import numpy as np
 import torch
+from pydantic import Field
 
 from ... import options as o
 from ...tasks.base import Task, TaskError
 from ...tasks.registry import builtin_by_names, model_tasks
 from ..kernel import Context, analyze
-from ..params import LtvRecipeParams, LtvTasksParams
+from ..kinds import get_kind
+from ..params import Bool, Int, Layer, Selection
+from ..results import Metrics, Model, Result
+from .recipe import LtvRecipeParams
 from ..primitives.batching import build_prompts, encode
 from ..primitives.inject import Injection, check_layers, evaluate_injections
 from ..primitives.threads import cpu_threads
+
+
+class LtvTasksParams(Selection, LtvRecipeParams):
+    """kind `ltv_tasks`: LTVs of several tasks at one layer: the comparison task by task (the paper's ordering),
+    the cosine similarity of the vectors, and composition (the sum of two tasks' vectors on their composed task)."""
+
+    tasks: list[Annotated[str, Field(min_length=1, max_length=200)]] | None = Field(
+        None, max_length=64, description="built-in task names; None = the model's built-in tasks (the default "
+                                         "model: its 10 synthetic classification and generation tasks)")
+    layer: Layer | None = Field(None, description="injection layer; None = L/2")
+    shots: Int = Field(o.SHOTS, ge=0)
+    prompts: Int = Field(o.PROMPTS, ge=1)
+    compose: Bool = Field(True, description="evaluate vector sums on the composed tasks the task language defines")
+
+    def work(self, model: dict | None = None) -> tuple[int, str]:
+        fields = {k: getattr(self, k) for k in LtvRecipeParams.model_fields}
+        one, _ = get_kind("ltv").params(**fields, layer=self.layer, shots=self.shots, prompts=self.prompts,
+                                        top_pct=self.top_pct, top_k=self.top_k, mechanism=False).work(model)
+        n = len(self.tasks) if self.tasks else 10
+        return n * one + (7 * 5 * self.prompts if self.compose else 0), f"{n} tasks x {one} (one LTV each)"
+
+
+class Composition(Model):
+    """theta_a + theta_b on the composed task x -> b(a(x)), zero-shot."""
+
+    a: str
+    b: str
+    task: str = Field(..., description="the composed task")
+    zero_shot: Metrics
+    icl: Metrics = Field(..., description="k-shot prompts of the composed task (can the model compose at all?)")
+    a_only: Metrics
+    b_only: Metrics
+    sum: Metrics
+
+
+class LtvTasksResult(Result):
+    """kind `ltv_tasks`: LTVs of several tasks at one layer."""
+
+    layer: int
+    tasks: list[str]
+    kinds: dict[str, str] = Field(..., description="task -> classification | generation")
+    label_spaces: dict[str, str] = Field(..., description="task -> a name of its label space (tasks that share one "
+                                                          "have the same name)")
+    conditions: list[str]
+    table: dict[str, dict[str, Metrics]] = Field(..., description="task -> condition -> metrics")
+    mean: dict[str, float] = Field(..., description="condition -> accuracy, mean over the tasks")
+    ordering: dict[str, str] = Field(..., description="task -> the order of ltv, vanilla and fv accuracy")
+    ltv_beats_vanilla: dict[str, list[str]] = Field(..., description="task kind -> tasks where LTV's accuracy is "
+                                                                     "above the vanilla task vector's")
+    paper: dict[str, Any] = Field(..., description="the paper's anchor (Llama-3.1-8B, layer 16, mean accuracy %)")
+    similarity: list[list[float]] = Field(..., description="cosine similarity of the tasks' LTVs (tasks x tasks)")
+    within_space: float | None = Field(None, description="mean similarity of tasks sharing a label space")
+    across_spaces: float | None = Field(None, description="mean similarity of tasks with different label spaces")
+    within_kind: dict[str, float | None] = Field(default_factory=dict, description="mean similarity of pairs of "
+                                                                                  "classification / generation tasks")
+    across_kinds: float | None = Field(None, description="mean similarity of classification-generation pairs")
+    compositions: list[Composition] = Field(default_factory=list)
+    vector_paths: dict[str, str | None] = Field(default_factory=dict)
+
 
 RECIPE = (*LtvRecipeParams.model_fields, "shots", "prompts", "top_pct", "top_k")  # what each task's ltv call takes
 EVAL_BATCH = o.SWEEP_BATCH_SIZE

@@ -28,14 +28,35 @@ import time
 from typing import Any
 
 import torch
+from pydantic import Field
 
 from ...cache import make_key
 from ..kernel import Context
-from ..params import LtvTrainParams
+from ..params import Layer
+from ..results import Result
+from .recipe import LtvRecipeParams, LtvTraining
 from ..primitives.batching import encode, multi_token_note
 from ..primitives.inject import check_layers, check_positions
 from .learn import Recipe, residual_rms, train_injection, training_split
 from ..primitives.saved import default_path, save_tensors
+
+
+class LtvTrainParams(LtvRecipeParams):
+    """kind `ltv_train`: train one learned task vector (several layers: one theta each, trained together)."""
+
+    layer: Layer | list[Layer] | None = Field(None, description="decoder layer whose input theta is added to; "
+                                                                "None = L/2; a list: one theta per layer, jointly")
+
+    def work(self, model: dict | None = None) -> tuple[int, str]:
+        return self.training_work()
+
+
+class LtvTrainResult(Result, LtvTraining):
+    """kind `ltv_train`: one trained LTV."""
+
+    d_model: int
+    multi_token_labels: list[str] = Field(default_factory=list)
+
 
 LIVE_EVERY_S = 0.25
 

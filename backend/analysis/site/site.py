@@ -17,16 +17,19 @@ from __future__ import annotations
 
 import math
 import time
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import torch
+from pydantic import Field, field_validator
 
 from ... import options as o
 from ...hooks import hooked
 from ..kernel import Context, cache_key
 from ..kinds import get_kind
-from ..params import SiteParams, SiteRecipeParams
+from ..params import Int
+from ..results import Grid, Head, Metrics, Model, Overlap, Result
+from .recipe import SiteRecipeParams
 from ..primitives.batching import build_prompts, encode
 from ..primitives.capture import capture_means
 from .generate import evaluate_generation, require_kv_cache, stop_strings
@@ -37,6 +40,162 @@ from ..primitives.threads import cpu_threads
 from .soft_select import (decisive_shares, encode_all, hard_alpha, hook_factory, load_site,
                                      lora_params, ranked_heads, save_site, site_data, train_alphas)
 from ..primitives.sweep import RowConfig, sweep_outcomes
+
+
+SiteComparison = Literal["zero_shot", "icl", "fv", "vanilla", "all_ones", "ltv"]
+
+
+SiteCorrelation = Literal["tr", "tl", "induction", "ltv"]
+
+
+def _unique_ints(v: list[int]) -> list[int]:
+    if any(k < 1 for k in v):
+        raise ValueError("values must be at least 1")
+    return sorted(set(v))
+
+
+class SiteParams(SiteRecipeParams):
+    """kind `site`: train SITE alphas (or load saved ones) and evaluate them zero-shot with generation; compare
+    with zero-shot, k-shot ICL, the function and vanilla task vectors, every alpha = 1 and LTV; patch the top /
+    bottom k heads by alpha; the alpha budget curve over M; rank correlations with the TR / TL / induction maps."""
+
+    compare: list[SiteComparison] = Field(default_factory=lambda: ["zero_shot", "icl", "fv", "vanilla", "all_ones",
+                                                                   "ltv"], max_length=6,
+                                          description="baselines (empty: none); ltv only when its result is cached")
+    icl_shots: list[Int] = Field(default_factory=lambda: list(o.SITE_ICL_SHOTS), max_length=8,
+                                 description="demonstrations of the ICL baselines (those that fit)")
+    patching: list[Int] = Field(default_factory=lambda: list(o.SITE_PATCH_KS), max_length=64,
+                                description="k of the top-k / bottom-k patching curves (empty: none)")
+    budget: list[Int] = Field(default_factory=lambda: list(o.SITE_BUDGET), max_length=16,
+                              description="M values of the budget curve, each a SITE run (empty: none)")
+    correlations: list[SiteCorrelation] = Field(default_factory=lambda: ["tr", "tl", "induction", "ltv"], max_length=4,
+                                                description="maps to rank-correlate alpha with (ltv: when cached)")
+    load: str | None = Field(None, min_length=1, max_length=o.MAX_TEXT,
+                             description="a saved SITE file (.safetensors: alphas and task embedding) to evaluate "
+                                         "instead of training")
+
+    @field_validator("compare", "correlations")
+    @classmethod
+    def _unique_names(cls, v: list[str]) -> list[str]:
+        return list(dict.fromkeys(v))
+
+    @field_validator("icl_shots")
+    @classmethod
+    def _shots_list(cls, v: list[int]) -> list[int]:
+        if any(k < 0 for k in v):
+            raise ValueError("shots must be non-negative")
+        return sorted(set(v))
+
+    @field_validator("patching", "budget")
+    @classmethod
+    def _positive(cls, v: list[int]) -> list[int]:
+        return _unique_ints(v)
+
+    def work(self, model: dict | None = None) -> tuple[int, str]:
+        n, _ = super().work(model)
+        runs = 1 + len(self.budget)
+        return n * runs + self.prompts * (len(self.compare) + 2 * len(self.patching)), \
+            f"{runs} SITE run(s), {len(self.compare)} baselines, {2 * len(self.patching)} patchings"
+
+
+class GenMetrics(Metrics):
+    """Metrics of greedy generation: the first-token ones (from the prefill's logits) and two answer matches of
+    the continuation cut at the task's separator or a newline."""
+
+    exact_match: float | None = Field(None, description="the cut continuation begins with the gold answer, ending "
+                                                        "at a word boundary (the reference's rule)")
+    strict_match: float | None = Field(None, description="the cut continuation is exactly the gold answer (the "
+                                                         "model also ended it)")
+
+
+class SiteRow(Model):
+    query: str
+    gold: str
+    output: str = Field(..., description="the continuation, cut at the separator or a newline")
+    correct: bool = Field(..., description="first token right")
+    exact: bool
+
+
+class ValPoint(Model):
+    step: int
+    loss: float = Field(..., description="mean cross-entropy of the gold first token on the validation prompts")
+    accuracy: float
+
+
+class SiteBaseline(Model):
+    """One row of the comparison table."""
+
+    label: str
+    metrics: GenMetrics | None = None
+    params: int | None = Field(None, description="numbers that define the method (trained or extracted)")
+    trainable: int = Field(0, description="trained parameters")
+    seconds: float | None = Field(None, description="training seconds (trained methods)")
+    note: str = ""
+
+
+class PatchCurve(Model):
+    accuracy: list[float]
+    label_accuracy: list[float]
+    tr_ratio: list[float]
+    heads: list[Head] = Field(default_factory=list, description="the ranking walked (largest k's set)")
+
+
+class SitePatching(Model):
+    """Zero-shot prompts with t injected outright (alpha = 1) at the top-k or bottom-k heads by alpha only."""
+
+    ks: list[int]
+    top: PatchCurve
+    bottom: PatchCurve
+
+
+class SiteBudget(Model):
+    """SITE trained with M few-shot prompts in the task embedding, per M."""
+
+    m: list[int]
+    accuracy: list[float]
+    exact_match: list[float]
+    tr_ratio: list[float]
+    decided: list[float] = Field(..., description="share of alphas under 0.1 or over 0.9")
+    train_seconds: list[float]
+
+
+class SiteResult(Result):
+    """kind `site`: soft head selection (SITE) on one task."""
+
+    n_layers: int
+    n_heads: int
+    head_dim: int
+    m: int = Field(..., description="few-shot prompts averaged into the task embedding")
+    shots: int = Field(..., description="demonstrations per embedding prompt (fewer than asked when the task or "
+                                        "the context is short)")
+    steps: int
+    prompts: int = Field(..., description="held-out test prompts")
+    n_train: int = Field(..., description="zero-shot training queries")
+    n_val: int = Field(..., description="validation queries")
+    alpha: Grid = Field(..., description="(layers, heads) sigmoid of the kept logits")
+    alpha_logits: Grid
+    decisive: dict[str, float] = Field(..., description="low: share of alpha < 0.1, high: > 0.9, decided: both; "
+                                                        "decided_2x: under 0.2 or over 0.8")
+    loss: list[float] = Field(default_factory=list, description="training loss per step")
+    val: list[ValPoint] = Field(default_factory=list)
+    best_step: int = Field(0, description="the validation step whose alphas are kept (0: the initial ones)")
+    site: GenMetrics = Field(..., description="zero-shot prompts with the soft injection (the test set)")
+    site_hard: GenMetrics = Field(..., description="the same with the alphas rounded to 0 / 1 at 0.5")
+    baselines: dict[str, SiteBaseline] = Field(default_factory=dict, description="zero_shot, icl_<k>, fv, vanilla, "
+                                                                                 "all_ones, ltv (those asked for)")
+    params_count: dict[str, int] = Field(..., description="site: layers x heads; lora: rank-8 LoRA on q and v")
+    patching: SitePatching | None = None
+    budget: SiteBudget | None = None
+    correlations: dict[str, Overlap] = Field(default_factory=dict, description="alpha against the tr, tl, induction "
+                                                                               "and LTV key-head saliency maps")
+    train_seconds: float = Field(..., description="the training loop (0 for loaded alphas)")
+    embed_seconds: float = Field(..., description="building the task embedding")
+    path: str | None = Field(None, description="the safetensors file with the alphas and the task embedding")
+    loaded: bool = False
+    stop: list[str] = Field(default_factory=list, description="where a generated answer is cut")
+    examples: list[SiteRow] = Field(default_factory=list)
+    multi_token_labels: list[str] = Field(default_factory=list)
+
 
 RECIPE = tuple(k for k in SiteRecipeParams.model_fields if k != "batch_size")  # the saved recipe (not the batching)
 EXAMPLES = 10

@@ -12,23 +12,59 @@ transfer.
 from __future__ import annotations
 
 from itertools import combinations
-from typing import Any
+from typing import Annotated, Any
 
 import numpy as np
 import torch
-from scipy import stats
+from pydantic import Field
 
 from ... import options as o
 from ...tasks.base import Task, TaskError
 from ...tasks.registry import builtin_by_names, model_tasks
 from ..kernel import Context, analyze, lookup
-from ..params import SiteRecipeParams, SiteTransferParams
+from ..params import Int
+from ..results import Result
+from .recipe import SiteRecipeParams
 from ..primitives.batching import encode
 from ..primitives.capture import capture_means
 from ..primitives.saved import SavedTensorError
 from ..primitives.threads import cpu_threads
 from .soft_select import hard_alpha, load_site, ranked_heads, site_data
 from ..primitives.sweep import RowConfig, sweep_outcomes
+
+
+class SiteTransferParams(SiteRecipeParams):
+    """kind `site_transfer`: SITE alphas of each task applied to every task's embedding: an accuracy matrix."""
+
+    tasks: list[Annotated[str, Field(min_length=1, max_length=200)]] | None = Field(
+        None, max_length=64, description="built-in task names; None = the model's built-in example tasks (the "
+                                         "default model: its 10 synthetic classification and generation tasks)")
+    top_k: Int = Field(o.SITE_TRANSFER_TOP_K, ge=1, le=o.MAX_LIST,
+                       description="also: only task A's top-k heads by alpha, injected outright (alpha = 1)")
+
+    def work(self, model: dict | None = None) -> tuple[int, str]:
+        n, _ = super().work(model)
+        k = len(self.tasks) if self.tasks else 10
+        return k * n + k * k * self.prompts, f"{k} SITE runs and {k * k} transfers"
+
+
+class SiteTransferResult(Result):
+    """kind `site_transfer`: task A's alphas with task B's task embedding, on B's test prompts."""
+
+    tasks: list[str]
+    kinds: dict[str, str]
+    accuracy: list[list[float]] = Field(..., description="[A][B]: first-token accuracy on B with A's alphas, B's t")
+    tr_ratio: list[list[float]]
+    zero_shot: list[float] = Field(..., description="per B, no injection")
+    all_ones: list[float] = Field(..., description="per B, every alpha = 1 with B's t")
+    top_k: int = Field(0, description="heads of the sparse transfer")
+    accuracy_top_k: list[list[float]] = Field(default_factory=list, description="[A][B]: only A's top-k heads by "
+                                                                                "alpha, alpha = 1, B's t, on B")
+    alpha_spearman: list[list[float | None]] = Field(..., description="rank correlation of the alpha maps")
+    head_jaccard: list[list[float]] = Field(..., description="overlap of the heads with alpha > 0.5")
+    summary: dict[str, float | None] = Field(default_factory=dict)
+    paths: dict[str, str | None] = Field(default_factory=dict)
+
 
 RECIPE = tuple(SiteRecipeParams.model_fields)  # what each task's site call takes
 
@@ -124,6 +160,8 @@ def _transfer(ctx: Context, p: SiteTransferParams) -> dict[str, Any]:
 
 def _spearman(a: np.ndarray, b: np.ndarray) -> float | None:
     """None where it is undefined (a constant input)."""
+    from scipy import stats  # imported on first use (see primitives.selection.overlap)
+
     a, b = np.ravel(a), np.ravel(b)
     if np.ptp(a) == 0 or np.ptp(b) == 0:
         return None

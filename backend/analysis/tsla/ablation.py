@@ -11,14 +11,106 @@ from typing import Any
 
 import numpy as np
 import torch
+from pydantic import Field, field_validator
+
+from ... import options as o
 
 from ..kernel import Context
-from ..params import AblateParams, AblationCurvesParams, PromptParams
+from ..params import Heads, Int, PromptParams
+from ..results import Metrics, Model, Result
 from ..primitives.batching import Encoded, build_prompts, encode
 from ..primitives.capture import capture_means
 from ..primitives.predict import predicted_label
 from ..primitives.selection import Head, random_heads, ranking
 from ..primitives.sweep import RowConfig, head_mask, sweep_outcomes
+
+
+class AblationCurvesParams(PromptParams):
+    """kind `ablation_curves`: accuracy, label accuracy and TR ratio against k, the number of top heads ablated."""
+
+    orders: list[o.Order] = Field(default_factory=lambda: list(o.ORDERS), min_length=1)
+    ks: list[Int] = Field(default_factory=lambda: list(o.ABLATION_KS), min_length=1, max_length=64)
+    mode: o.Mode = "zero"
+    positions: o.Positions = "all"
+    random_seeds: list[Int] = Field(default_factory=lambda: list(o.RANDOM_SEEDS), min_length=1, max_length=16)
+    batch_size: Int = Field(o.SWEEP_BATCH_SIZE, ge=1, le=1024)
+
+    @field_validator("orders")
+    @classmethod
+    def _unique(cls, v: list[str]) -> list[str]:
+        return list(dict.fromkeys(v))
+
+    @field_validator("ks")
+    @classmethod
+    def _ks(cls, v: list[int]) -> list[int]:
+        if any(k < 0 for k in v):
+            raise ValueError("ks must be non-negative")
+        return sorted(set(v))
+
+    def work(self, model: dict | None = None) -> tuple[int, str]:
+        rankings = len([o for o in self.orders if o != "random"]) + (len(self.random_seeds) if "random" in self.orders
+                                                                      else 0)
+        n = self.prompts * (rankings * len(self.ks) + 2)
+        return n, (f"{self.prompts} prompts x ({rankings} rankings x {len(self.ks)} values of k + 2 for the head "
+                   f"scores)")
+
+
+class AblateParams(PromptParams):
+    """kind `ablate`: ablate one head set; metrics and per-prompt rows before and after."""
+
+    def work(self, model: dict | None = None) -> tuple[int, str]:
+        return 2 * self.prompts, f"{self.prompts} prompts x 2 (before, after)"
+
+    heads: Heads = Field(..., description="[[layer, head], ...]")
+    mode: o.Mode = "zero"
+    positions: o.Positions = "all"
+    batch_size: Int = Field(o.SWEEP_BATCH_SIZE, ge=1, le=1024)
+
+
+class Curve(Model):
+    accuracy: list[float]
+    label_accuracy: list[float]
+    tr_ratio: list[float]
+    heads: list[Head] = Field(default_factory=list, description="the ranked heads (random: the first seed's)")
+    accuracy_std: list[float] | None = None
+    label_accuracy_std: list[float] | None = None
+    tr_ratio_std: list[float] | None = None
+    seeds: list[int] | None = None
+
+
+class AblationCurvesResult(Result):
+    ks: list[int]
+    mode: str
+    positions: str
+    shots: int
+    prompts: int
+    curves: dict[str, Curve]
+    n_configs: int
+
+
+class AblateRow(Model):
+    prompt: str
+    query: str
+    gold: str
+    pred_before: str
+    pred_after: str
+    correct_before: bool
+    correct_after: bool
+    label_correct_before: bool
+    label_correct_after: bool
+    gold_prob_before: float
+    gold_prob_after: float
+
+
+class AblateResult(Result):
+    heads: list[Head]
+    mode: str
+    positions: str
+    shots: int
+    prompts: int
+    before: Metrics
+    after: Metrics
+    rows: list[AblateRow]
 
 
 def _prompts(ctx: Context, p: PromptParams, mode: str, progress: Any = None) -> tuple[Encoded, torch.Tensor | None]:

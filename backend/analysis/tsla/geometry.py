@@ -13,14 +13,56 @@ from typing import Any, Sequence
 
 import numpy as np
 import torch
+from pydantic import Field
 
 from ...options import GEOMETRY_CONDITIONS
 from ..kernel import Context
-from ..params import GeometryParams
+from ..kinds import get_kind
+from ..params import Bool, Float, Layer, PromptParams, Selection
+from ..results import Head, Model, Result
 from ..primitives.batching import answer_tokens, build_prompts, encode
 from ..primitives.capture import capture
 from ..primitives.sweep import resolve_layers
 from ..primitives.tsla import LabelSpace, label_space
+
+
+class GeometryParams(Selection, PromptParams):
+    """kind `geometry`: per-layer alignment, logit difference and rotation for five conditions, and PCA."""
+
+    layer: Layer | None = Field(None, description="injection layer of the steered conditions; None = L/2")
+    alpha: Float = Field(1.0, ge=-100, le=100)
+    final_norm: Bool = False
+    pca_layer: Layer | None = Field(None, description="layer of the PCA view; None = the last")
+
+    def work(self, model: dict | None = None) -> tuple[int, str]:
+        vectors = get_kind("vectors").params(types=["tr", "tl", "random"], shots=self.shots, prompts=self.prompts)
+        built, why = vectors.work(model)
+        return built + 5 * self.prompts, f"{why} + {self.prompts} prompts x 5 conditions"
+
+
+class MeanStd(Model):
+    mean: list[float]
+    std: list[float]
+
+
+class PcaView(Model):
+    points: dict[str, list[list[float]]]
+    explained_variance_ratio: list[float]
+    label_directions: dict[str, list[float]]
+    gold: list[str]
+    layer: int
+
+
+class GeometryResult(Result):
+    layers: list[int]
+    inject_layer: int
+    alpha: float
+    final_norm: bool
+    shots: int
+    prompts: int
+    conditions: dict[str, dict[str, MeanStd]]
+    pca: PcaView
+    vector_heads: dict[str, list[Head]]
 
 
 def hidden_metrics(h: torch.Tensor, ls: LabelSpace) -> dict[str, torch.Tensor]:

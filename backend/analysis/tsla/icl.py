@@ -3,10 +3,56 @@ from __future__ import annotations
 
 from typing import Any
 
+from pydantic import Field, field_validator
+
+from ... import options as o
+
 from ..kernel import Context
-from ..params import IclParams
+from ..params import Int, Params
+from ..results import Model, Result
 from ..primitives.batching import build_prompts, encode
 from ..primitives.predict import evaluate
+
+
+class IclParams(Params):
+    """kind `icl`: accuracy, label accuracy and TR ratio against the number of demonstrations."""
+
+    shots: list[Int] = Field(default_factory=lambda: list(o.ICL_SHOTS), min_length=1, max_length=33)
+    prompts: Int = Field(o.ICL_PROMPTS, ge=1)
+    seed: Int = Field(o.SEED, ge=0)
+    examples: Int = Field(o.EXAMPLES, ge=0, le=50, description="example rows (prompt, gold, prediction) kept per k")
+    batch_size: Int = Field(o.BATCH_SIZE, ge=1, le=1024)
+
+    @field_validator("shots")
+    @classmethod
+    def _shots(cls, v: list[int]) -> list[int]:
+        if any(k < 0 for k in v):
+            raise ValueError("shots must be non-negative")
+        return sorted(set(v))
+
+    def work(self, model: dict | None = None) -> tuple[int, str]:
+        return self.prompts * len(self.shots), f"{self.prompts} prompts x {len(self.shots)} values of k"
+
+
+class ExampleRow(Model):
+    prompt: str
+    query: str
+    gold: str
+    pred: str
+    pred_token: str
+    correct: bool
+    label_correct: bool
+    in_labels: bool
+    gold_prob: float
+
+
+class IclResult(Result):
+    shots: list[int] = Field(..., description="demonstrations used per point")
+    accuracy: list[float]
+    label_accuracy: list[float]
+    tr_ratio: list[float]
+    prompts: int
+    examples: list[list[ExampleRow]] = Field(default_factory=list)
 
 
 def icl(ctx: Context, p: IclParams) -> dict[str, Any]:

@@ -9,14 +9,54 @@ from __future__ import annotations
 
 from typing import Any
 
+from pydantic import Field, field_validator
+
+from ... import options as o
+
 from ...tasks.base import TaskError
 from ...tasks.perturb import get_perturbation
 from ..kernel import Context
-from ..params import PerturbParams
+from ..params import PromptParams, Selection
+from ..results import Grid, Head, Metrics, Model, Result
 from ..primitives.batching import Encoded, build_prompts, encode
 from .head_maps import head_maps
 from ..primitives.selection import random_heads
 from ..primitives.sweep import RowConfig, head_mask, sweep_outcomes
+
+
+class PerturbParams(Selection, PromptParams):
+    """kind `perturb`: ICL metrics, TR/TL maps and ablation effects under demonstration perturbations."""
+
+    perturbations: list[o.Perturbation] = Field(default_factory=lambda: list(o.PERTURBATIONS), min_length=1)
+
+    @field_validator("perturbations")
+    @classmethod
+    def _unique(cls, v: list[str]) -> list[str]:
+        return list(dict.fromkeys(v))
+
+    def work(self, model: dict | None = None) -> tuple[int, str]:
+        per = len(self.perturbations)
+        return self.prompts * (6 + 5 * per), (f"{self.prompts} prompts x (6 + 5 x {per} perturbations: maps and "
+                                             f"4 ablation configurations each)")
+
+
+class PerturbEntry(Model):
+    skipped: str | None = None
+    icl: Metrics | None = None
+    tr: Grid | None = None
+    tl: Grid | None = None
+    tr_diff: Grid | None = None
+    tl_diff: Grid | None = None
+    ablation: dict[str, Metrics] | None = None
+    example: str | None = None
+
+
+class PerturbResult(Result):
+    top_k: int
+    shots: int
+    prompts: int
+    heads: dict[str, list[Head]]
+    perturbations: dict[str, PerturbEntry]
 
 
 def perturb(ctx: Context, p: PerturbParams) -> dict[str, Any]:

@@ -9,14 +9,57 @@ from __future__ import annotations
 
 from typing import Any
 
+from pydantic import Field
+
 from ..kernel import Context
-from ..params import MapsParams, ScoresParams
-from ..results import Result
+from ..params import Bool, PromptParams, Selection
+from ..results import Grid, Head, Metrics, Overlap, Result
 from ..primitives.batching import build_prompts, encode
 from .head_maps import head_maps
 from ..primitives.induction import induction_scores
 from ..primitives.predict import evaluate
 from ..primitives.selection import n_top, overlap, random_heads, top_heads
+
+
+class MapsParams(PromptParams):
+    """kind `maps`: TR / TL / DLA / induction head maps and accuracies (no head selection)."""
+
+    apply_ln: Bool = Field(False, description="scale head writes by the final norm's scale")
+
+    def work(self, model: dict | None = None) -> tuple[int, str]:
+        return 2 * self.prompts, f"{self.prompts} prompts x 2 (ICL, zero-shot)"
+
+
+class ScoresParams(Selection, MapsParams):
+    """kind `scores`: the head maps with top heads and overlaps (a new selection size reuses the cached maps)."""
+
+
+class MapsResult(Result):
+    """TSLA head maps (layers, heads), means over the prompts, with the prompt-level metrics."""
+
+    n_layers: int
+    n_heads: int
+    shots: int = Field(..., description="demonstrations used (fewer than asked when the context is short)")
+    prompts: int = Field(..., description="prompts scored")
+    tr: Grid
+    tl: Grid
+    dla_tr: Grid
+    dla_tl: Grid
+    induction: Grid
+    flagged: Grid = Field(..., description="share of prompts where a head's TR was zero (TL set to 0)")
+    icl: Metrics
+    zero_shot: Metrics | None = None
+    multi_token_labels: list[str] = Field(default_factory=list)
+
+
+class ScoresResult(MapsResult):
+    """The head maps with the top heads by TR and TL, a random set of the same size, and overlaps."""
+
+    top_k: int = Field(..., description="size of the top-head sets")
+    top_tr: list[Head]
+    top_tl: list[Head]
+    random_heads: list[Head]
+    overlap: dict[str, Overlap]
 
 
 def maps(ctx: Context, p: MapsParams) -> dict[str, Any]:

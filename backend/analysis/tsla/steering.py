@@ -6,16 +6,63 @@ k-shot ICL prompts of the same queries.
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 import torch
+from pydantic import Field, field_validator
+
+from ... import options as o
 
 from ..kernel import Context
-from ..params import SteerParams
+from ..kinds import get_kind
+from ..params import ASSUMED_LAYERS, Float, Heads, Int, Layer, PromptParams, Selection
+from ..results import Head, Metrics, Model, Result
 from ..primitives.batching import build_prompts, encode
 from ..primitives.inject import vector_at
 from ..primitives.predict import evaluate
 from ..primitives.sweep import RowConfig, resolve_layers, sweep_outcomes
+
+
+class SteerParams(Selection, PromptParams):
+    """kind `steer`: zero-shot prompts with alpha * v added at a layer (or every layer), per vector type."""
+
+    vectors: list[o.VectorType] = Field(default_factory=lambda: list(o.VECTOR_TYPES), min_length=1)
+    layer: Layer | Literal["all"] | None = Field(None, description="decoder layer (output); None = L/2; `all` sweeps")
+    alpha: Float = Field(1.0, ge=-100, le=100)
+    heads: Heads | None = Field(None, description="an extra user head set")
+    batch_size: Int = Field(o.SWEEP_BATCH_SIZE, ge=1, le=1024)
+
+    @field_validator("vectors")
+    @classmethod
+    def _unique(cls, v: list[str]) -> list[str]:
+        return list(dict.fromkeys(v))
+
+    def work(self, model: dict | None = None) -> tuple[int, str]:
+        layers = (model["n_layers"] if model else ASSUMED_LAYERS) if self.layer == "all" else 1
+        vectors = get_kind("vectors").params(types=self.vectors, shots=self.shots, prompts=self.prompts)
+        built, why = vectors.work(model)
+        n = built + self.prompts * (2 + len(self.vectors) * layers)
+        return n, f"{why} + {self.prompts} prompts x ({len(self.vectors)} vectors x {layers} layers + 2 references)"
+
+
+class SteerVector(Model):
+    """Metrics per injection layer (lists over `layers`), the head set and the vector's norm per layer."""
+
+    accuracy: list[float]
+    label_accuracy: list[float]
+    tr_ratio: list[float]
+    heads: list[Head] = Field(default_factory=list)
+    norm: list[float]
+
+
+class SteerResult(Result):
+    layers: list[int]
+    alpha: float
+    shots: int
+    prompts: int
+    zero_shot: Metrics
+    icl: Metrics
+    vectors: dict[str, SteerVector]
 
 
 def steer(ctx: Context, p: SteerParams) -> dict[str, Any]:

@@ -14,15 +14,49 @@ from typing import Any, Sequence
 
 import numpy as np
 import torch
+from pydantic import Field, field_validator
 
+from ... import options as o
 from ...options import EXTRACTION_SEED_OFFSET, FV_PROMPTS
 from ...tasks.perturb import get_perturbation
 from ..kernel import Context
-from ..params import VectorsParams
+from ..params import ASSUMED_HEADS, Heads, PromptParams, Selection
+from ..results import Model, Result, Vector
 from ..primitives.batching import Encoded, Progress, build_prompts, encode
 from ..primitives.capture import capture_means
 from ..primitives.selection import Head, n_top, random_heads, top_heads
 from ..primitives.sweep import RowConfig, head_mask, sweep_outcomes
+
+
+class VectorsParams(Selection, PromptParams):
+    """kind `vectors`: task vectors extracted from ICL prompts (head sets, function vector, vanilla)."""
+
+    types: list[o.VectorType] = Field(default_factory=lambda: list(o.VECTOR_TYPES), min_length=1)
+    heads: Heads | None = Field(None, description="also a vector of this head set")
+
+    @field_validator("types")
+    @classmethod
+    def _unique(cls, v: list[str]) -> list[str]:
+        return list(dict.fromkeys(v))
+
+    def work(self, model: dict | None = None) -> tuple[int, str]:
+        heads = model["n_layers"] * model["n_heads"] if model else ASSUMED_HEADS
+        n, why = 4 * self.prompts, f"{self.prompts} prompts x 4 (head scores, head means, vanilla)"
+        if "fv" in self.types:
+            fv = min(self.prompts, o.FV_PROMPTS) * (heads + 1)
+            n, why = n + fv, why + f" + {min(self.prompts, o.FV_PROMPTS)} prompts x {heads + 1} head patches (FV)"
+        return n, why
+
+
+class VectorEntry(Model):
+    vector: Vector
+    heads: list[Head] = Field(default_factory=list)
+
+
+class VectorsResult(Result):
+    d_model: int
+    shots: int
+    vectors: dict[str, VectorEntry]
 
 
 def head_set_vector(lm: Any, z_mean: torch.Tensor, heads: Sequence[Head]) -> torch.Tensor:
