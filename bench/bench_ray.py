@@ -106,7 +106,8 @@ def main() -> None:
     from backend.service.jobs import LocalJobRunner, make_executor
     from backend.service.limits import Limits
     from backend.service.model_pool import ModelPool
-    from backend.service.ray_runner import RayConfig, RayJobRunner, connect
+    from backend.service.ray_cluster import RayConfig, connect
+    from backend.service.ray_runner import RayJobRunner
     from backend.service.task_store import TaskStore
 
     register(NOOP, replace=True)

@@ -20,8 +20,9 @@ from backend.analysis.kinds import Kind, register, unregister
 from backend.analysis.results import Result
 from backend.service.app import create_app
 from backend.service.limits import Limits
-from backend.service.ray_runner import Placement, RunnerUnavailable, connect, make_runner, model_bytes, placement
-from backend.service.ray_runner import RayConfig
+from backend.service.ray_actors import Placement, model_bytes, placement
+from backend.service.ray_cluster import RayConfig, RunnerUnavailable, connect
+from backend.service.ray_runner import make_runner
 from backend.service.sweeps import Cell, compact, summarize
 
 REPO = Path(__file__).resolve().parents[1]
