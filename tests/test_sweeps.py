@@ -23,7 +23,8 @@ from backend.service.limits import Limits
 from backend.service.ray_actors import Placement, model_bytes, placement
 from backend.service.ray_cluster import RayConfig, RunnerUnavailable, connect
 from backend.service.ray_runner import make_runner
-from backend.service.sweeps import Cell, compact, summarize
+from backend.service.sweep_summary import compact, summarize
+from backend.service.sweeps import Cell
 
 REPO = Path(__file__).resolve().parents[1]
 SPEC = {"models": ["default"], "tasks": ["syn-sentiment", "syn-antonym"], "kinds": ["scores"], "seeds": [0, 1],
