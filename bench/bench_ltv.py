@@ -8,7 +8,7 @@ Per (task, batch size, threads, units): one `ltv_train` at L/2 (the default reci
 own cache folder; reports the training's own seconds (`train_seconds`), the whole call's wall time (split, residual
 scale, training, saving), the steps and epochs run, and the vector's full-vocabulary accuracy on the task's held-out
 queries (zero-shot prompts, the same ones every analysis scores) next to zero-shot. `--threads 2` lifts the
-one-thread rule that small models train under (primitives/learn.py `cpu_threads`).
+one-thread rule that small models train under (primitives/threads.py `cpu_threads`).
 """
 from __future__ import annotations
 

@@ -5,7 +5,7 @@ theta (d_model,) is added to the hidden state at the INPUT of decoder layer l (d
 Objective: the cross-entropy of the gold answer's first token on zero-shot prompts. Recipe (the reference
 implementation's): theta ~ U(-0.1, 0.1), AdamW (weight decay 0.01, lr 5e-3) with linear decay, batch 1, at most
 10 epochs of 100 training prompts, early stopping with patience 2 on the held-out full-vocabulary accuracy,
-keeping the best theta (see `primitives.learn`). Three adaptations, all in the recipe's metadata:
+keeping the best theta (see `learn`). Three adaptations, all in the recipe's metadata:
 - units="residual" (the default): theta = r * phi with r the RMS of the residual stream entering the layer (mean
   over the training prompts) and phi trained by the recipe, so lr 5e-3 means the same step on every model.
   The reference's absolute numbers were tuned on Llama; the default model's stream has RMS ~11 at L/2, where

@@ -1,7 +1,7 @@
 """Kind `site`: soft head selection (SITE) — learned per-head alphas that inject an ICL-derived task embedding
 into zero-shot prompts, and what they say about the heads.
 
-Method (see `primitives/soft_select.py`): t[l, h] = the mean last-token z of head (l, h) over M few-shot prompts
+Method (see `soft_select.py`): t[l, h] = the mean last-token z of head (l, h) over M few-shot prompts
 of the training split; z[l, h] <- (1 - alpha) z + alpha t at the last prompt token of the prefill, alpha =
 sigmoid(logits) with logits (layers, heads) from 0, Adam on the cross-entropy of the gold first token of random
 zero-shot training prompts; validation every `val_every` steps, the best alphas kept. Evaluation: greedy

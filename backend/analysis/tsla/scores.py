@@ -1,6 +1,6 @@
 """Kinds `maps` and `scores`: per-head TSLA maps of a task with accuracies; and the same with top heads and overlaps.
 
-Maps have shape (layers, heads) and are means over the prompts (see `primitives.head_maps`); the induction map is
+Maps have shape (layers, heads) and are means over the prompts (see `head_maps`); the induction map is
 prefix matching on repeated random tokens. `scores` reads the cached maps and selects: top-head sets hold
 `n_top(top_pct, top_k)` heads, a seeded random set of the same size is the baseline; so a new selection size
 costs no forward pass.
