@@ -158,3 +158,9 @@ def test_the_kernel_and_options_need_no_torch():
     code = ("import sys, backend.options, backend.analysis.kernel, backend.analysis.kinds, backend.analysis.params, "
             "backend.analysis.results; assert 'torch' not in sys.modules")
     subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True)
+
+
+def test_no_backend_file_over_450_lines():
+    long = {str(f.relative_to(ROOT)): n for f in ROOT.glob("backend/**/*.py")
+            if (n := len(f.read_text().splitlines())) > 450}
+    assert not long, f"backend files over 450 lines (split them by job): {long}"
