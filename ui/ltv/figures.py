@@ -1,8 +1,8 @@
 """Plotly figures of the Learned task vectors page: pure functions of the `ltv` and `ltv_tasks` job results (plain
 dicts), no Streamlit, no torch.
 
-Result shapes (backend/analysis/results.py: LtvResult, LtvTasksResult; Metrics = {accuracy, label_accuracy,
-tr_ratio, n}):
+Result shapes (backend/analysis/ltv/ltv.py: LtvResult, ltv/ltv_tasks.py: LtvTasksResult; Metrics = {accuracy,
+label_accuracy, tr_ratio, n}):
 - ltv: {"layers": [l...], "layer", "conditions": [name...], "table": {cond: Metrics},
         "sweep": {cond: {"accuracy": [per layer], "label_accuracy", "tr_ratio"}}, "rotation": [per layer],
         "stretch": [per layer], "per_layer": [{"layers", "conditions", "training": {"loss", "val_accuracy", ...},
@@ -19,8 +19,8 @@ import numpy as np
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from . import figures
-from . import metrics as M
+from .. import figures
+from .. import metrics as M
 
 FONT = figures.FONT
 CONDITION_STYLE: dict[str, dict[str, Any]] = {

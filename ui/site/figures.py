@@ -10,7 +10,7 @@ from typing import Any, Sequence
 import numpy as np
 import plotly.graph_objects as go
 
-from . import figures
+from .. import figures
 
 FONT = figures.FONT
 COLORS = {"site": "#d62728", "zero_shot": "#7f7f7f", "icl": "#1f77b4", "fv": "#9467bd", "vanilla": "#8c564b",

@@ -1,8 +1,8 @@
 """Plotly figures of the Steering & geometry page: pure functions of the `steer`, `geometry` and `perturb`
 job results (plain dicts), no Streamlit, no torch.
 
-Result shapes (see backend/analysis/results.py: SteerResult, GeometryResult, PerturbResult; Metrics is
-{accuracy, label_accuracy, tr_ratio, n}):
+Result shapes (see backend/analysis/tsla/: steering.py SteerResult, geometry.py GeometryResult, perturbations.py
+PerturbResult; Metrics is {accuracy, label_accuracy, tr_ratio, n}):
 - steer: {"layers": [l...], "zero_shot": Metrics, "icl": Metrics,
           "vectors": {name: {"accuracy": [per layer], "label_accuracy": [...], "tr_ratio": [...], "heads", "norm"}}}
 - geometry: {"layers", "inject_layer", "conditions": {cond: {metric: {"mean": [L], "std": [L]}}},
@@ -20,7 +20,7 @@ import numpy as np
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from . import metrics as M
+from .. import metrics as M
 
 METRICS = M.NAMES
 
