@@ -1,7 +1,7 @@
 """Soft head selection (SITE) on the default model: training time, and the issue's numbers task by task.
 
     python bench/bench_site.py [--model default] [--tasks all] [--timing-runs 3] [--no-analyses] [--json out.json]
-    python bench/bench_site.py --smoke     # one task, M = 4, 4 steps, 4 test prompts (the CI test)
+    python bench/bench_site.py --smoke     # two tasks, M = 4, 4 steps, 4 test prompts (the CI test)
 
 Timing: the task embedding (M = 50 prompts of 10 shots) and the 400 training steps (Adam, lr 0.2, batch 1,
 validation every 50 steps) of `syn-sentiment`, `--timing-runs` times; wall-clock and this process's CPU seconds
@@ -71,11 +71,11 @@ def main() -> None:
     ap.add_argument("--timing-runs", type=int, default=3)
     ap.add_argument("--no-analyses", action="store_true")
     ap.add_argument("--json", default=None)
-    ap.add_argument("--smoke", action="store_true", help="one task, a tiny recipe, one timing run (seconds)")
+    ap.add_argument("--smoke", action="store_true", help="two tasks, a tiny recipe, one timing run (seconds)")
     a = ap.parse_args()
     site = SMOKE_SITE if a.smoke else {}  # the site kind's params (its defaults unless --smoke)
     if a.smoke:
-        a.tasks, a.timing_runs = "syn-antonym", 1
+        a.tasks, a.timing_runs = "syn-antonym,syn-plural", 1  # site_transfer needs two tasks
     if not os.environ.get("HEADLENS_CACHE_DIR"):
         os.environ["HEADLENS_CACHE_DIR"] = tempfile.mkdtemp(prefix="bench-site-")
     lm = load_model(a.model)
