@@ -410,7 +410,7 @@ def main(argv: list[str] | None = None) -> int:
 
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["train-default"]:  # its own parser (python -m backend train-default --help)
-        from .analysis.train_default import main as train_main
+        from .analysis.general.train_default import main as train_main
 
         return train_main(argv[1:])
     a = build_parser().parse_args(negative_lists(argv))

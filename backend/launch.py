@@ -175,13 +175,8 @@ def launch(a: argparse.Namespace) -> None:
     log = log_file().resolve()
     out = open_log(log, f"service {service_url}, dashboard port {a.port}, model {a.model}")
     env = dict(os.environ, HEADLENS_BACKEND_URL=service_url, HEADLENS_DEFAULT_MODEL=a.model,
-<<<<<<< HEAD
-               PYTHONUNBUFFERED="1")
-    service_cmd, dashboard_cmd = commands(a, env)
-=======
                PYTHONUNBUFFERED="1", HEADLENS_LOG=str(log))
-    service_cmd, dashboard_cmd = commands(a)
->>>>>>> ui19
+    service_cmd, dashboard_cmd = commands(a, env)
     service_env = service_threads(env)
 
     def on_term(signum: int, frame: object) -> None:

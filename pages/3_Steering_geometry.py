@@ -14,7 +14,7 @@ import streamlit as st
 from ui import figures, fit, heads, jobs, layout, snippets, state
 from ui.sections import download, guard, run_row, section
 from ui import metrics as M
-from ui import steering_figures as sf
+from ui.tsla import steering_figures as sf
 
 PERTURBATIONS = list(state.PERTURBATIONS)
 VECTOR_HELP = {

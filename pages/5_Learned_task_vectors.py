@@ -15,7 +15,7 @@ import streamlit as st
 
 from ui import figures, fit, jobs, layout, snippets, state
 from ui.sections import LiveChart, download, guard, run_row, section
-from ui import ltv_figures as lf
+from ui.ltv import figures as lf
 from ui import metrics as M
 
 def positions_from(text: str) -> list[int]:

@@ -16,7 +16,7 @@ import streamlit as st
 from ui import figures, heads, jobs, layout, snippets, state
 from ui.sections import LiveChart, download, guard, run_row, section
 from ui import metrics as M
-from ui import site_figures as sf
+from ui.site import figures as sf
 
 
 LTV_PAGE = Path(__file__).resolve().parent / "5_Learned_task_vectors.py"

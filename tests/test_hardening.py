@@ -597,7 +597,7 @@ def test_a_cached_hub_id_still_loads_offline(tmp_path):
 
 # -- bounded work (issue 14): an estimate per kind, refused over HEADLENS_MAX_WORK; a per-job time limit --------
 def test_work_estimates_refuse_huge_jobs(monkeypatch):
-    from backend.analysis.params import AblationCurvesParams
+    from backend.analysis.tsla.ablation import AblationCurvesParams
     from backend.service.limits import Limits
 
     probe = AblationCurvesParams(prompts=500, ks=list(range(33)), random_seeds=list(range(16)))

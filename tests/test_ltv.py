@@ -13,8 +13,8 @@ import torch
 from backend.analysis.kernel import analyze
 from backend.analysis.primitives.batching import encode, make_batch, forward_last_logits
 from backend.analysis.primitives.inject import Injection, evaluate_injections, gold_tokens, injected_logits
-from backend.analysis.primitives.learn import Recipe, TrainingDiverged, train_injection, training_split
-from backend.analysis.primitives.propagation import fit_linear, polar, rotation_stretch
+from backend.analysis.ltv.learn import Recipe, TrainingDiverged, train_injection, training_split
+from backend.analysis.ltv.propagation import fit_linear, polar, rotation_stretch
 from backend.analysis.primitives.saved import SavedTensorError, load_tensors
 from backend.models import wrap
 from backend.tasks.base import Task, TaskError, Template
@@ -298,7 +298,7 @@ def test_composed_synthetic_tasks_answer_in_the_vocabulary():
 
 
 def test_ltv_tasks_table_similarity_and_composition(llama, monkeypatch):
-    import backend.analysis.ltv_tasks as lt
+    import backend.analysis.ltv.ltv_tasks as lt
     from backend.tasks import synthetic
 
     tasks = {"tiny-parity": parity_task(), "tiny-gen": plural_task()}
@@ -342,7 +342,7 @@ def test_cancelled_training_stops_and_stores_nothing(llama):
 
 def test_cli_flags_and_python_api():
     import backend
-    from backend.analysis.params import LtvParams
+    from backend.analysis.ltv.ltv import LtvParams
     from backend.cli import build_parser, negative_lists, read_params
 
     argv = ["ltv", "--task", "syn-size", "--layer", "all", "--positions", "-1,-2", "--lr", "1e-3", "--epochs", "3",

@@ -121,7 +121,7 @@ RES = {"layers": [0, 1, 2], "layer": 1, "conditions": ["zero_shot", "icl", "vani
 
 
 def test_ltv_figures_from_result_dicts():
-    from ui import ltv_figures as lf
+    from ui.ltv import figures as lf
 
     fig = lf.layer_sweep(RES)
     assert [t.name for t in fig.data] == ["zero-shot", "ICL (k-shot)", "vanilla task vector", "learned task vector"]

@@ -166,7 +166,7 @@ RES = {"alpha": [[0.05, 0.95], [0.5, 0.99]], "site": {"accuracy": 0.9, "exact_ma
 
 
 def test_figures_carry_the_numbers():
-    from ui import site_figures as sf
+    from ui.site import figures as sf
 
     rows = sf.comparison_rows(RES)
     assert [r["method"] for r in rows] == ["0-shot", "10-shot ICL", "SITE", "SITE, α rounded"]

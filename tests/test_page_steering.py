@@ -19,7 +19,7 @@ pytest.importorskip("streamlit.testing.v1")
 from streamlit.testing.v1 import AppTest  # noqa: E402
 from page_checks import assert_clean, figure, vals  # noqa: E402
 
-from ui.steering_figures import MAX_DIRECTIONS  # noqa: E402
+from ui.tsla.steering_figures import MAX_DIRECTIONS  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 APP = str(REPO / "app.py")
@@ -97,7 +97,7 @@ STEER = {"layers": [0, 1, 2], "alpha": 2.0, "zero_shot": {"accuracy": 0.25, "lab
 
 
 def test_steer_figures_carry_the_result_numbers():
-    from ui import steering_figures as sf
+    from ui.tsla import steering_figures as sf
 
     fig = sf.steer_bars(STEER, ["vanilla", "tr"], layer_index=2)
     acc, label, ratio = fig.data
@@ -117,7 +117,7 @@ def test_steer_figures_carry_the_result_numbers():
 
 
 def test_geometry_and_pca_figures():
-    from ui import steering_figures as sf
+    from ui.tsla import steering_figures as sf
 
     rng = np.random.default_rng(0)
     conds = {c: {m: {"mean": list(rng.normal(size=4)), "std": list(rng.random(4))}
@@ -165,7 +165,7 @@ def test_geometry_and_pca_figures():
 
 
 def test_perturbation_figures():
-    from ui import steering_figures as sf
+    from ui.tsla import steering_figures as sf
 
     base_tr, base_tl = [[0.1, 0.2], [0.3, 0.4]], [[0.0, -0.1], [0.2, 0.1]]
     def mt(acc, ratio, label=1.0):
@@ -330,7 +330,7 @@ def test_perturbation_panel_lists_every_perturbation(inprocess, setup):
     assert_clean(at)
     table = frame_with(at, "ICL accuracy %")
     listed = table["perturbation"].tolist()
-    from ui.steering_figures import perturbation_name
+    from ui.tsla.steering_figures import perturbation_name
 
     for p in PERTURBATIONS:
         r = want["perturbations"][p]

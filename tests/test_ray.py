@@ -27,7 +27,8 @@ from backend.analysis.kinds import register, unregister  # noqa: E402
 from backend.service.jobs import LocalJobRunner, job_key, make_executor  # noqa: E402
 from backend.service.limits import Limits  # noqa: E402
 from backend.service.model_pool import ModelPool  # noqa: E402
-from backend.service.ray_runner import RayConfig, RayJobRunner  # noqa: E402
+from backend.service.ray_cluster import RayConfig  # noqa: E402
+from backend.service.ray_runner import RayJobRunner  # noqa: E402
 from backend.service.sweeps import SweepManager, SweepRequest, plan  # noqa: E402
 from backend.service.task_store import TaskStore  # noqa: E402
 from ray_kinds import RCOUNT  # noqa: E402

@@ -10,7 +10,7 @@ import torch
 from backend import head_scores
 from backend.adapters import UnsupportedArchitecture
 from backend.analysis.primitives.batching import build_prompts, encode
-from backend.analysis.results import ScoresResult
+from backend.analysis.tsla.scores import ScoresResult
 from backend.cache import ResultCache
 from backend.models import ModelLoadError, load_model, wrap
 from backend.tasks.base import Prompt, Task, TaskError
@@ -87,7 +87,7 @@ def test_a_new_selection_size_reuses_the_cached_maps(lm, tmp_path, monkeypatch):
     def no(*args, **kw):
         raise AssertionError("ran the model for a new selection size")
 
-    monkeypatch.setattr("backend.analysis.scores.head_maps", no)
+    monkeypatch.setattr("backend.analysis.tsla.scores.head_maps", no)
     b = head_scores(lm, task, shots=2, prompts=6, top_k=2, cache=cache)
     assert not b.cache_hit and b.top_tr == a.top_tr[:2] and np.array_equal(a.tr, b.tr)
 
@@ -204,7 +204,7 @@ def test_out_of_memory_halves_the_batch(lm, monkeypatch):
             raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
         return real(lm_, batch)
 
-    monkeypatch.setattr("backend.analysis.primitives.head_maps.forward_last_logits", flaky)
+    monkeypatch.setattr("backend.analysis.tsla.head_maps.forward_last_logits", flaky)
     got = head_scores(lm, task, shots=2, prompts=8, cache=False, batch_size=8)
     assert seen[:3] == [8, 4, 2] and max(seen[3:]) <= 2
     np.testing.assert_allclose(got.tr, ref.tr, rtol=1e-4, atol=1e-7)
@@ -212,7 +212,7 @@ def test_out_of_memory_halves_the_batch(lm, monkeypatch):
     def always(lm_, batch):
         raise torch.OutOfMemoryError("CUDA out of memory")
 
-    monkeypatch.setattr("backend.analysis.primitives.head_maps.forward_last_logits", always)
+    monkeypatch.setattr("backend.analysis.tsla.head_maps.forward_last_logits", always)
     with pytest.raises(MemoryError, match="even at batch size 1"):
         head_scores(lm, task, shots=2, prompts=2, cache=False)
 

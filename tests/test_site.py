@@ -11,10 +11,10 @@ import pytest
 import torch
 
 from backend.analysis.kernel import analyze
-from backend.analysis.primitives import soft_select as S
+from backend.analysis.site import soft_select as S
 from backend.analysis.primitives.batching import encode, forward_last_logits, make_batch
 from backend.analysis.primitives.capture import capture_means
-from backend.analysis.primitives.generate import (GenerationError, cut, evaluate_generation, exact_match, generate,
+from backend.analysis.site.generate import (GenerationError, cut, evaluate_generation, exact_match, generate,
                                                   require_kv_cache, stop_strings, strict_match)
 from backend.analysis.primitives.saved import SavedTensorError
 from backend.models import wrap
@@ -268,7 +268,7 @@ def test_budget_curve_runs_site_per_m(lms, task):
 
 
 def test_transfer_and_methods(lms, task, gen_task, monkeypatch):
-    from backend.analysis import site_transfer as st
+    from backend.analysis.site import site_transfer as st
 
     lm = lms["llama"]
     monkeypatch.setattr(st, "resolve_tasks", lambda lm, names: [task, gen_task])

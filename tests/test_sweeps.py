@@ -20,9 +20,11 @@ from backend.analysis.kinds import Kind, register, unregister
 from backend.analysis.results import Result
 from backend.service.app import create_app
 from backend.service.limits import Limits
-from backend.service.ray_runner import Placement, RunnerUnavailable, connect, make_runner, model_bytes, placement
-from backend.service.ray_runner import RayConfig
-from backend.service.sweeps import Cell, compact, summarize
+from backend.service.ray_actors import Placement, model_bytes, placement
+from backend.service.ray_cluster import RayConfig, RunnerUnavailable, connect
+from backend.service.ray_runner import make_runner
+from backend.service.sweep_summary import compact, summarize
+from backend.service.sweeps import Cell
 
 REPO = Path(__file__).resolve().parents[1]
 SPEC = {"models": ["default"], "tasks": ["syn-sentiment", "syn-antonym"], "kinds": ["scores"], "seeds": [0, 1],

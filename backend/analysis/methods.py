@@ -11,11 +11,52 @@ from __future__ import annotations
 
 from typing import Any
 
+from pydantic import Field
+
 from .. import options as o
 from .kernel import Context
 from .kinds import KINDS, get_kind
-from .params import LtvRecipeParams, MethodsParams
+from .params import Bool, Int, Layer, PromptParams, Selection
+from .results import Model, Result
 from .primitives.sweep import resolve_layers
+
+
+class MethodsParams(Selection, PromptParams):
+    """kind `methods`: every steering method on one task and model side by side: the extracted vectors (vanilla,
+    function vector, TR / TL head sets, from `steer`), LTV (its cached result) and SITE; accuracy, TR ratio,
+    parameter count and training seconds."""
+
+    layer: Layer | None = Field(None, description="injection layer of the extracted vectors; None = L/2")
+    site_m: Int = Field(o.SITE_M, ge=1, le=10_000, description="SITE: few-shot prompts of the task embedding")
+    site_shots: Int = Field(o.SITE_SHOTS, ge=0, description="SITE: demonstrations per embedding prompt")
+    site_steps: Int = Field(o.SITE_STEPS, ge=0, le=100_000, description="SITE: training steps")
+    ltv: Bool = Field(False, description="train the LTV when no cached result is found (else it is left out)")
+
+
+class MethodRow(Model):
+    key: str
+    name: str
+    family: str = Field(..., description="reference | extracted | trained")
+    accuracy: float | None = None
+    label_accuracy: float | None = None
+    tr_ratio: float | None = None
+    exact_match: float | None = None
+    params: int | None = Field(None, description="numbers that define the method")
+    trainable: int = 0
+    train_seconds: float | None = None
+    source: str = Field("", description="the analysis kind the numbers come from")
+    note: str = ""
+
+
+class MethodsResult(Result):
+    """kind `methods`: every steering method on one task and model, side by side."""
+
+    layer: int
+    shots: int
+    prompts: int
+    rows: list[MethodRow]
+    missing: list[str] = Field(default_factory=list, description="methods left out, and why")
+
 
 EXTRACTED = (("vanilla", "vanilla task vector", "mean ICL minus zero-shot hidden state at the layer"),
              ("fv", "function vector", "summed mean writes of the top heads by causal indirect effect"),
@@ -59,7 +100,7 @@ def methods(ctx: Context, p: MethodsParams) -> dict[str, Any]:
             rows.append({"key": "ltv", "name": "LTV", "family": "trained", **_m(m), "params": n_vec * d,
                          "trainable": n_vec * d, "train_seconds": train.train_seconds if train is not None else None,
                          "source": "ltv", "note": f"learned task vector at layer {ltv.layer}'s input"
-                         + "".join(f", {k} {v}" for k, v in LtvRecipeParams.recipe_changes(ltv.params).items())})
+                         + "".join(f", {k} {v}" for k, v in get_kind("ltv").params.recipe_changes(ltv.params).items())})
         except (AttributeError, KeyError, TypeError):
             missing.append("LTV: its cached result has another shape than this view reads")
 

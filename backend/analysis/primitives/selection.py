@@ -5,7 +5,6 @@ import math
 import random
 
 import numpy as np
-from scipy import stats
 
 from ...options import MIN_TOP_HEADS, TOP_PCT
 
@@ -44,6 +43,8 @@ def ranking(scores: np.ndarray) -> list[Head]:
 
 def overlap(a: np.ndarray, b: np.ndarray, k: int) -> dict[str, float | None]:
     """Jaccard of the top-k sets, and Spearman / Kendall rank correlations over all heads."""
+    from scipy import stats  # imported on first use: scipy.stats takes a second, and the CLI imports every kind
+
     ta, tb = set(top_heads(a, k=k)), set(top_heads(b, k=k))
     rho = stats.spearmanr(a.ravel(), b.ravel()).statistic
     tau = stats.kendalltau(a.ravel(), b.ravel()).statistic

@@ -1,0 +1,422 @@
+"""Kind `site`: soft head selection (SITE) — learned per-head alphas that inject an ICL-derived task embedding
+into zero-shot prompts, and what they say about the heads.
+
+Method (see `soft_select.py`): t[l, h] = the mean last-token z of head (l, h) over M few-shot prompts
+of the training split; z[l, h] <- (1 - alpha) z + alpha t at the last prompt token of the prefill, alpha =
+sigmoid(logits) with logits (layers, heads) from 0, Adam on the cross-entropy of the gold first token of random
+zero-shot training prompts; validation every `val_every` steps, the best alphas kept. Evaluation: greedy
+generation with the KV cache (the injection in the prefill only), the answer cut at the task's separator or a
+newline; first-token accuracy, label accuracy, TR ratio, exact match.
+
+Besides: baselines (zero-shot, k-shot ICL where the context fits, the function vector and the vanilla task vector
+at the middle layer as on the Steering page, every alpha = 1, the cached LTV), top-k / bottom-k patching by alpha,
+the budget curve over M (a SITE run per M, through the cache), and rank correlations of alpha with the TR, TL and
+induction maps (and the LTV's key-head saliency, when cached). The alphas and t are saved as safetensors.
+"""
+from __future__ import annotations
+
+import math
+import time
+from typing import Any, Literal
+
+import numpy as np
+import torch
+from pydantic import Field, field_validator
+
+from ... import options as o
+from ...hooks import hooked
+from ..kernel import Context, cache_key
+from ..kinds import get_kind
+from ..params import Int
+from ..results import Grid, Head, Metrics, Model, Overlap, Result
+from .recipe import SiteRecipeParams
+from ..primitives.batching import build_prompts, encode
+from ..primitives.capture import capture_means
+from .generate import evaluate_generation, require_kv_cache, stop_strings
+from ..primitives.inject import vector_at
+from ..primitives.saved import default_path
+from ..primitives.selection import n_top, overlap
+from ..primitives.threads import cpu_threads
+from .soft_select import (decisive_shares, encode_all, hard_alpha, hook_factory, load_site,
+                                     lora_params, ranked_heads, save_site, site_data, train_alphas)
+from ..primitives.sweep import RowConfig, sweep_outcomes
+
+
+SiteComparison = Literal["zero_shot", "icl", "fv", "vanilla", "all_ones", "ltv"]
+
+
+SiteCorrelation = Literal["tr", "tl", "induction", "ltv"]
+
+
+def _unique_ints(v: list[int]) -> list[int]:
+    if any(k < 1 for k in v):
+        raise ValueError("values must be at least 1")
+    return sorted(set(v))
+
+
+class SiteParams(SiteRecipeParams):
+    """kind `site`: train SITE alphas (or load saved ones) and evaluate them zero-shot with generation; compare
+    with zero-shot, k-shot ICL, the function and vanilla task vectors, every alpha = 1 and LTV; patch the top /
+    bottom k heads by alpha; the alpha budget curve over M; rank correlations with the TR / TL / induction maps."""
+
+    compare: list[SiteComparison] = Field(default_factory=lambda: ["zero_shot", "icl", "fv", "vanilla", "all_ones",
+                                                                   "ltv"], max_length=6,
+                                          description="baselines (empty: none); ltv only when its result is cached")
+    icl_shots: list[Int] = Field(default_factory=lambda: list(o.SITE_ICL_SHOTS), max_length=8,
+                                 description="demonstrations of the ICL baselines (those that fit)")
+    patching: list[Int] = Field(default_factory=lambda: list(o.SITE_PATCH_KS), max_length=64,
+                                description="k of the top-k / bottom-k patching curves (empty: none)")
+    budget: list[Int] = Field(default_factory=lambda: list(o.SITE_BUDGET), max_length=16,
+                              description="M values of the budget curve, each a SITE run (empty: none)")
+    correlations: list[SiteCorrelation] = Field(default_factory=lambda: ["tr", "tl", "induction", "ltv"], max_length=4,
+                                                description="maps to rank-correlate alpha with (ltv: when cached)")
+    load: str | None = Field(None, min_length=1, max_length=o.MAX_TEXT,
+                             description="a saved SITE file (.safetensors: alphas and task embedding) to evaluate "
+                                         "instead of training")
+
+    @field_validator("compare", "correlations")
+    @classmethod
+    def _unique_names(cls, v: list[str]) -> list[str]:
+        return list(dict.fromkeys(v))
+
+    @field_validator("icl_shots")
+    @classmethod
+    def _shots_list(cls, v: list[int]) -> list[int]:
+        if any(k < 0 for k in v):
+            raise ValueError("shots must be non-negative")
+        return sorted(set(v))
+
+    @field_validator("patching", "budget")
+    @classmethod
+    def _positive(cls, v: list[int]) -> list[int]:
+        return _unique_ints(v)
+
+    def work(self, model: dict | None = None) -> tuple[int, str]:
+        n, _ = super().work(model)
+        runs = 1 + len(self.budget)
+        return n * runs + self.prompts * (len(self.compare) + 2 * len(self.patching)), \
+            f"{runs} SITE run(s), {len(self.compare)} baselines, {2 * len(self.patching)} patchings"
+
+
+class GenMetrics(Metrics):
+    """Metrics of greedy generation: the first-token ones (from the prefill's logits) and two answer matches of
+    the continuation cut at the task's separator or a newline."""
+
+    exact_match: float | None = Field(None, description="the cut continuation begins with the gold answer, ending "
+                                                        "at a word boundary (the reference's rule)")
+    strict_match: float | None = Field(None, description="the cut continuation is exactly the gold answer (the "
+                                                         "model also ended it)")
+
+
+class SiteRow(Model):
+    query: str
+    gold: str
+    output: str = Field(..., description="the continuation, cut at the separator or a newline")
+    correct: bool = Field(..., description="first token right")
+    exact: bool
+
+
+class ValPoint(Model):
+    step: int
+    loss: float = Field(..., description="mean cross-entropy of the gold first token on the validation prompts")
+    accuracy: float
+
+
+class SiteBaseline(Model):
+    """One row of the comparison table."""
+
+    label: str
+    metrics: GenMetrics | None = None
+    params: int | None = Field(None, description="numbers that define the method (trained or extracted)")
+    trainable: int = Field(0, description="trained parameters")
+    seconds: float | None = Field(None, description="training seconds (trained methods)")
+    note: str = ""
+
+
+class PatchCurve(Model):
+    accuracy: list[float]
+    label_accuracy: list[float]
+    tr_ratio: list[float]
+    heads: list[Head] = Field(default_factory=list, description="the ranking walked (largest k's set)")
+
+
+class SitePatching(Model):
+    """Zero-shot prompts with t injected outright (alpha = 1) at the top-k or bottom-k heads by alpha only."""
+
+    ks: list[int]
+    top: PatchCurve
+    bottom: PatchCurve
+
+
+class SiteBudget(Model):
+    """SITE trained with M few-shot prompts in the task embedding, per M."""
+
+    m: list[int]
+    accuracy: list[float]
+    exact_match: list[float]
+    tr_ratio: list[float]
+    decided: list[float] = Field(..., description="share of alphas under 0.1 or over 0.9")
+    train_seconds: list[float]
+
+
+class SiteResult(Result):
+    """kind `site`: soft head selection (SITE) on one task."""
+
+    n_layers: int
+    n_heads: int
+    head_dim: int
+    m: int = Field(..., description="few-shot prompts averaged into the task embedding")
+    shots: int = Field(..., description="demonstrations per embedding prompt (fewer than asked when the task or "
+                                        "the context is short)")
+    steps: int
+    prompts: int = Field(..., description="held-out test prompts")
+    n_train: int = Field(..., description="zero-shot training queries")
+    n_val: int = Field(..., description="validation queries")
+    alpha: Grid = Field(..., description="(layers, heads) sigmoid of the kept logits")
+    alpha_logits: Grid
+    decisive: dict[str, float] = Field(..., description="low: share of alpha < 0.1, high: > 0.9, decided: both; "
+                                                        "decided_2x: under 0.2 or over 0.8")
+    loss: list[float] = Field(default_factory=list, description="training loss per step")
+    val: list[ValPoint] = Field(default_factory=list)
+    best_step: int = Field(0, description="the validation step whose alphas are kept (0: the initial ones)")
+    site: GenMetrics = Field(..., description="zero-shot prompts with the soft injection (the test set)")
+    site_hard: GenMetrics = Field(..., description="the same with the alphas rounded to 0 / 1 at 0.5")
+    baselines: dict[str, SiteBaseline] = Field(default_factory=dict, description="zero_shot, icl_<k>, fv, vanilla, "
+                                                                                 "all_ones, ltv (those asked for)")
+    params_count: dict[str, int] = Field(..., description="site: layers x heads; lora: rank-8 LoRA on q and v")
+    patching: SitePatching | None = None
+    budget: SiteBudget | None = None
+    correlations: dict[str, Overlap] = Field(default_factory=dict, description="alpha against the tr, tl, induction "
+                                                                               "and LTV key-head saliency maps")
+    train_seconds: float = Field(..., description="the training loop (0 for loaded alphas)")
+    embed_seconds: float = Field(..., description="building the task embedding")
+    path: str | None = Field(None, description="the safetensors file with the alphas and the task embedding")
+    loaded: bool = False
+    stop: list[str] = Field(default_factory=list, description="where a generated answer is cut")
+    examples: list[SiteRow] = Field(default_factory=list)
+    multi_token_labels: list[str] = Field(default_factory=list)
+
+
+RECIPE = tuple(k for k in SiteRecipeParams.model_fields if k != "batch_size")  # the saved recipe (not the batching)
+EXAMPLES = 10
+
+
+def gen_metrics(ev: dict[str, Any]) -> dict[str, Any]:
+    return {k: ev[k] for k in ("accuracy", "label_accuracy", "tr_ratio", "n", "exact_match", "strict_match") if k in ev}
+
+
+def site(ctx: Context, p: SiteParams) -> dict[str, Any]:
+    with cpu_threads(ctx.lm):
+        return _site(ctx, p)
+
+
+def _site(ctx: Context, p: SiteParams) -> dict[str, Any]:
+    lm, task = ctx.lm, ctx.task
+    require_kv_cache(lm)
+    data = site_data(lm, task, m=p.m, shots=p.shots, val_prompts=p.val_prompts, test_prompts=p.prompts, seed=p.seed)
+    for w in data.warnings:
+        ctx.warn(w)
+    enc = encode_all(lm, task, data)
+    stop = stop_strings(task)
+    L, H = lm.n_layers, lm.n_heads
+    gen = dict(stop=stop, max_new_tokens=p.max_new_tokens, batch_size=p.batch_size)
+
+    # -- the task embedding and the alphas: trained, or loaded ---------------------------------------------------
+    loss: list[float] = []
+    val: list[dict[str, float]] = []
+    best_step, train_s, embed_s = 0, 0.0, 0.0
+    if p.load:
+        alpha, t, meta = load_site(p.load, lm)
+        logits = torch.logit(alpha.clamp(1e-6, 1 - 1e-6)).cpu()
+        if meta.get("task_hash") and meta["task_hash"] != task.content_hash():
+            ctx.warn(f"the saved alphas were trained on task {meta.get('task') or '?'!r}; evaluated here on "
+                     f"{task.name!r} with their own task embedding")
+        best_step = int((meta.get("recipe") or {}).get("best_step", 0))
+        path = str(p.load)
+        ctx.progress(0.45, "loaded the alphas")
+    else:
+        t0 = time.perf_counter()
+        t = capture_means(lm, enc["embed"], "z", p.batch_size, ctx.stage(0.0, 0.05, "task embedding"))
+        embed_s = time.perf_counter() - t0
+        tr = train_alphas(lm, t, enc["train"], enc["val"], steps=p.steps, lr=p.lr, batch=p.train_batch,
+                          val_every=p.val_every, seed=p.seed, progress=ctx.stage(0.05, 0.45, "training"),
+                          live=ctx.live, beta2=p.beta2)
+        logits, loss, val, best_step, train_s = tr.logits, tr.loss, tr.val, tr.best_step, tr.seconds
+        alpha = tr.alpha
+        recipe = {k: getattr(p, k) for k in RECIPE} | {"shots_used": data.shots, "best_step": best_step}
+        key = cache_key(get_kind("site"), lm, task, p)
+        path = str(save_site(default_path("site", key), lm, logits, t, task, recipe))
+    alpha = alpha.float().cpu()
+    t = t.float()
+
+    # -- SITE on the test prompts --------------------------------------------------------------------------------
+    ev = evaluate_generation(lm, enc["test"], hooks=hook_factory(lm, alpha, t), keep_rows=EXAMPLES,
+                             progress=ctx.stage(0.45, 0.5, "evaluating"), **gen)
+    hard = evaluate_generation(lm, enc["test"], hooks=hook_factory(lm, (alpha > 0.5).float(), t), **gen)
+    n_test = len(enc["test"].ids)
+
+    baselines = _baselines(ctx, p, enc, t, gen, n_test, data.shots)
+    patching = _patching(ctx, p, enc, alpha, t) if p.patching else None
+    budget = _budget(ctx, p, ev, alpha, train_s) if p.budget else None
+    correlations = _correlations(ctx, p, alpha.numpy()) if p.correlations else {}
+    ctx.progress(1.0, "done")
+    return {"n_layers": L, "n_heads": H, "head_dim": lm.head_dim, "m": len(data.embed), "shots": data.shots,
+            "steps": p.steps, "prompts": n_test, "n_train": len(data.train), "n_val": len(data.val),
+            "alpha": alpha.numpy(), "alpha_logits": logits.float().numpy(), "decisive": decisive_shares(alpha.numpy()),
+            "loss": loss, "val": val, "best_step": best_step, "site": gen_metrics(ev), "site_hard": gen_metrics(hard),
+            "baselines": baselines,
+            "params_count": {"site": L * H, "lora": lora_params(lm), "task_embedding": L * H * lm.head_dim},
+            "patching": patching, "budget": budget, "correlations": correlations, "train_seconds": train_s,
+            "embed_seconds": embed_s, "path": path, "loaded": bool(p.load), "stop": stop, "examples": ev["rows"],
+            "multi_token_labels": sorted(set().union(*(e.multi_token for e in enc.values())))}
+
+
+# -- baselines ---------------------------------------------------------------------------------------------------------
+def _baselines(ctx: Context, p: SiteParams, enc: dict[str, Any], t: torch.Tensor, gen: dict[str, Any], n_test: int,
+               shots_used: int) -> dict[str, Any]:
+    lm, task = ctx.lm, ctx.task
+    L, H, d = lm.n_layers, lm.n_heads, lm.d_model
+    out: dict[str, Any] = {}
+    todo = list(p.compare)
+    stage = lambda i: ctx.stage(0.5 + 0.25 * i / max(len(todo), 1), 0.5 + 0.25 * (i + 1) / max(len(todo), 1))  # noqa: E731
+    layer = L // 2
+    for i, name in enumerate(todo):
+        if name == "zero_shot":
+            ev = evaluate_generation(lm, enc["test"], progress=stage(i), **gen)
+            out["zero_shot"] = {"label": "0-shot", "metrics": gen_metrics(ev), "params": 0}
+        elif name == "icl":
+            for k in p.icl_shots:
+                built = build_prompts(lm, task, k, n_test, p.seed)
+                if built.shots != k:
+                    out[f"icl_{k}"] = {"label": f"{k}-shot ICL", "note": f"{k} demonstrations do not fit the "
+                                       f"context window of {lm.max_positions} tokens; not run"}
+                    continue
+                ev = evaluate_generation(lm, encode(lm, built.prompts, task.kind), progress=stage(i), **gen)
+                out[f"icl_{k}"] = {"label": f"{k}-shot ICL", "metrics": gen_metrics(ev), "params": 0,
+                                   "note": f"{k} demonstrations in the prompt"}
+        elif name in ("fv", "vanilla"):
+            if name in out:
+                continue
+            want = [v for v in ("fv", "vanilla") if v in todo]
+            r = ctx.call("vectors", types=want, shots=shots_used, prompts=min(p.prompts, o.PROMPTS), seed=p.seed,
+                         batch_size=p.batch_size, progress=stage(i), warn_prefix="vectors: ")
+            for v in want:
+                if v in out:
+                    continue
+                if v not in r.vectors:
+                    out[v] = {"label": _LABELS[v], "note": "not available for this task"}
+                    continue
+                vec = vector_at(r.vectors[v].vector, layer)
+                hooks = lambda b, vec=vec: hooked(lm, inject={layer: vec}, last=b.last, prefill_only=True)  # noqa: E731
+                ev = evaluate_generation(lm, enc["test"], hooks=hooks, **gen)
+                out[v] = {"label": _LABELS[v], "metrics": gen_metrics(ev), "params": d,
+                          "note": f"added at the output of layer {layer}, last token (as on the Steering page)"
+                                  + (f"; heads {', '.join(f'L{a}.H{b}' for a, b in r.vectors[v].heads)}"
+                                     if r.vectors[v].heads else "")}
+        elif name == "all_ones":
+            ev = evaluate_generation(lm, enc["test"], hooks=hook_factory(lm, torch.ones(L, H), t), progress=stage(i),
+                                     **gen)
+            out["all_ones"] = {"label": "every α = 1", "metrics": gen_metrics(ev), "params": L * H * lm.head_dim,
+                               "note": "every head's last-token z replaced by its task embedding"}
+        elif name == "ltv":
+            row = ltv_row(ctx, p.prompts, p.seed)
+            out["ltv"] = row or {"label": "LTV", "note": "no cached LTV result for this model, task and seed: run "
+                                                         "it on the LTV page (or `python -m backend ltv`)"}
+    return out
+
+
+_LABELS = {"fv": "function vector", "vanilla": "vanilla task vector"}
+
+
+def ltv_row(ctx: Context, prompts: int, seed: int) -> dict[str, Any] | None:
+    """The cached LTV result's row (its table's `ltv` metrics at its layer), or None when the kind is absent,
+    nothing is cached for these prompts and seed, or its result has another shape than this reads."""
+    r = cached_ltv(ctx, prompts, seed)
+    try:
+        m = r.table["ltv"]
+        train = next((pl.training for pl in r.per_layer if r.layer in pl.layers), None)
+        n_vec = len(train.layers) if train is not None else 1
+        return {"label": "LTV", "metrics": m.model_dump(), "params": n_vec * ctx.lm.d_model,
+                "trainable": n_vec * ctx.lm.d_model, "seconds": train.train_seconds if train is not None else None,
+                "note": f"learned task vector at layer {r.layer}'s input (cached `ltv` result, {r.prompts} prompts"
+                        + "".join(f", {k} {v}" for k, v in get_kind("ltv").params.recipe_changes(r.params).items()) + ")"}
+    except (AttributeError, KeyError, TypeError):
+        return None
+
+
+def cached_ltv(ctx: Context, prompts: int, seed: int, mechanism: bool = False) -> Any:
+    """The `ltv` kind's cached result on this model and task at this seed whose table holds the LTV at L/2 (these
+    prompts, else the default count; the default layer, L/2 named, or the layer sweep, whose table is at L/2), or
+    None; `mechanism`: one with the key heads. Its other fields (the ICL shots, the head-set sizes, the mechanism's
+    settings, the recipe) may be anything: they do not change that row; the defaults are preferred."""
+    base = {"seed": seed, "load": None, **({"mechanism": True} if mechanism else {})}
+    return ctx.cached("ltv", [{**base, "prompts": n, **at} for n in dict.fromkeys((prompts, o.PROMPTS))
+                              for at in ({"layer": None}, {"layer": ctx.lm.n_layers // 2},
+                                         {"layer": "all", "joint": False})])
+
+
+# -- patching -----------------------------------------------------------------------------------------------------------
+def _patching(ctx: Context, p: SiteParams, enc: dict[str, Any], alpha: torch.Tensor, t: torch.Tensor) -> dict[str, Any]:
+    lm = ctx.lm
+    total = lm.n_layers * lm.n_heads
+    ks = sorted({min(k, total) for k in p.patching})
+    order = ranked_heads(alpha.numpy())
+    configs = []
+    for k in ks:
+        configs.append(RowConfig(mask=1.0 - hard_alpha(lm, order[:k]), positions="last"))
+    for k in ks:
+        configs.append(RowConfig(mask=1.0 - hard_alpha(lm, order[::-1][:k]), positions="last"))
+    res = sweep_outcomes(lm, enc["test"], configs, fill=t, batch_size=o.SWEEP_BATCH_SIZE,
+                         progress=ctx.stage(0.75, 0.8, "patching"))
+    means = res.means()
+    n = len(ks)
+    curve = lambda sl, heads: {m: [float(x) for x in v[sl]] for m, v in means.items()} | {"heads": heads}  # noqa: E731
+    return {"ks": ks, "top": curve(slice(0, n), order[:ks[-1]]), "bottom": curve(slice(n, 2 * n), order[::-1][:ks[-1]])}
+
+
+# -- budget -----------------------------------------------------------------------------------------------------------
+def _budget(ctx: Context, p: SiteParams, ev: dict[str, Any], alpha: torch.Tensor, train_s: float) -> dict[str, Any] | None:
+    if p.load:
+        ctx.warn("no budget curve for loaded alphas (it trains SITE with each M)")
+        return None
+    ms = list(p.budget)
+    rows: dict[str, list[float]] = {k: [] for k in ("accuracy", "exact_match", "tr_ratio", "decided", "train_seconds")}
+    fields = {k: getattr(p, k) for k in RECIPE if k != "m"} | {"batch_size": p.batch_size}
+    for i, m in enumerate(ms):
+        if m == p.m:
+            acc, em, trr, dec, sec = ev["accuracy"], ev["exact_match"], ev["tr_ratio"], \
+                decisive_shares(alpha.numpy())["decided"], train_s
+        else:
+            r = ctx.call("site", m=m, compare=[], patching=[], budget=[], correlations=[], **fields,
+                         progress=ctx.stage(0.8 + 0.15 * i / len(ms), 0.8 + 0.15 * (i + 1) / len(ms), f"budget M={m}"))
+            acc, em, trr, dec, sec = r.site.accuracy, r.site.exact_match, r.site.tr_ratio, r.decisive["decided"], \
+                r.train_seconds
+        for k, v in zip(rows, (acc, em, trr, dec, sec)):
+            rows[k].append(float(v if v is not None else math.nan))
+    return {"m": ms, **rows}
+
+
+# -- correlations -------------------------------------------------------------------------------------------------------
+def _correlations(ctx: Context, p: SiteParams, alpha: np.ndarray) -> dict[str, Any]:
+    lm = ctx.lm
+    k = n_top(lm.n_layers, lm.n_heads)
+    out: dict[str, Any] = {}
+    maps = [m for m in p.correlations if m in ("tr", "tl", "induction")]
+    if maps:
+        # the Head map's maps at these test prompts (at most the default count): the same result the page shows
+        r = ctx.call("scores", shots=o.SHOTS, prompts=min(p.prompts, o.PROMPTS), seed=p.seed, batch_size=p.batch_size,
+                     progress=ctx.stage(0.95, 1.0, "head scores"))
+        for m in maps:
+            out[m] = overlap(alpha, np.asarray(getattr(r, m), dtype=float), k)
+    if "ltv" in p.correlations:
+        r = cached_ltv(ctx, p.prompts, p.seed, mechanism=True)
+        try:
+            kh = next((pl.key_heads for pl in (r.per_layer if r is not None else []) if r.layer in pl.layers
+                       and pl.key_heads is not None), None)
+            sal = None if kh is None else np.asarray(kh.saliency, dtype=float)
+        except (AttributeError, TypeError):  # its result has another shape than this reads
+            sal = None
+        if sal is not None and sal.shape == alpha.shape:
+            out["ltv"] = overlap(alpha, sal, k)
+    return out
+

@@ -1,0 +1,93 @@
+"""Kinds `maps` and `scores`: per-head TSLA maps of a task with accuracies; and the same with top heads and overlaps.
+
+Maps have shape (layers, heads) and are means over the prompts (see `head_maps`); the induction map is
+prefix matching on repeated random tokens. `scores` reads the cached maps and selects: top-head sets hold
+`n_top(top_pct, top_k)` heads, a seeded random set of the same size is the baseline; so a new selection size
+costs no forward pass.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import Field
+
+from ..kernel import Context
+from ..params import Bool, PromptParams, Selection
+from ..results import Grid, Head, Metrics, Overlap, Result
+from ..primitives.batching import build_prompts, encode
+from .head_maps import head_maps
+from ..primitives.induction import induction_scores
+from ..primitives.predict import evaluate
+from ..primitives.selection import n_top, overlap, random_heads, top_heads
+
+
+class MapsParams(PromptParams):
+    """kind `maps`: TR / TL / DLA / induction head maps and accuracies (no head selection)."""
+
+    apply_ln: Bool = Field(False, description="scale head writes by the final norm's scale")
+
+    def work(self, model: dict | None = None) -> tuple[int, str]:
+        return 2 * self.prompts, f"{self.prompts} prompts x 2 (ICL, zero-shot)"
+
+
+class ScoresParams(Selection, MapsParams):
+    """kind `scores`: the head maps with top heads and overlaps (a new selection size reuses the cached maps)."""
+
+
+class MapsResult(Result):
+    """TSLA head maps (layers, heads), means over the prompts, with the prompt-level metrics."""
+
+    n_layers: int
+    n_heads: int
+    shots: int = Field(..., description="demonstrations used (fewer than asked when the context is short)")
+    prompts: int = Field(..., description="prompts scored")
+    tr: Grid
+    tl: Grid
+    dla_tr: Grid
+    dla_tl: Grid
+    induction: Grid
+    flagged: Grid = Field(..., description="share of prompts where a head's TR was zero (TL set to 0)")
+    icl: Metrics
+    zero_shot: Metrics | None = None
+    multi_token_labels: list[str] = Field(default_factory=list)
+
+
+class ScoresResult(MapsResult):
+    """The head maps with the top heads by TR and TL, a random set of the same size, and overlaps."""
+
+    top_k: int = Field(..., description="size of the top-head sets")
+    top_tr: list[Head]
+    top_tl: list[Head]
+    random_heads: list[Head]
+    overlap: dict[str, Overlap]
+
+
+def maps(ctx: Context, p: MapsParams) -> dict[str, Any]:
+    """TR, TL, DLA-TR, DLA-TL, flagged and induction maps; ICL and zero-shot metrics."""
+    lm, task = ctx.lm, ctx.task
+    built = build_prompts(lm, task, p.shots, p.prompts, p.seed)
+    for w in built.warnings:
+        ctx.warn(w)
+    enc = encode(lm, built.prompts, task.kind)
+    hm = head_maps(lm, enc, p.batch_size, p.apply_ln, ctx.stage(0.0, 0.75, "scoring heads"))
+    zero = None
+    if task.fixed is None:  # a given prompt set has no zero-shot counterpart
+        zenc = encode(lm, task.build_prompts(0, built.n, p.seed), task.kind)
+        zero = evaluate(lm, zenc, p.batch_size, ctx.stage(0.75, 0.95, "zero-shot")).metrics
+    ctx.progress(0.95, "induction scores")
+    ind = induction_scores(lm)
+    return {"n_layers": lm.n_layers, "n_heads": lm.n_heads, "shots": built.shots, "prompts": built.n,
+            "tr": hm.tr, "tl": hm.tl, "dla_tr": hm.dla_tr, "dla_tl": hm.dla_tl, "flagged": hm.flagged,
+            "induction": ind, "icl": hm.metrics(), "zero_shot": zero, "multi_token_labels": enc.multi_token}
+
+
+def scores(ctx: Context, p: ScoresParams) -> dict[str, Any]:
+    """The cached `maps` of the same prompts, with top heads, a random set of the same size and overlaps."""
+    m = ctx.call("maps", **p.model_dump(include=set(MapsParams.model_fields)), progress=ctx.stage(0.0, 1.0))
+    L, H = m.n_layers, m.n_heads
+    k = n_top(L, H, p.top_pct, p.top_k)
+    top_tr, top_tl = top_heads(m.tr, k=k), top_heads(m.tl, k=k)
+    return {**m.model_dump(exclude=set(Result.model_fields)), "top_k": k, "top_tr": top_tr, "top_tl": top_tl,
+            "random_heads": random_heads(L, H, k, p.seed, exclude=set(top_tr) | set(top_tl)),  # a disjoint control
+            "overlap": {"tr_tl": overlap(m.tr, m.tl, k), "tr_induction": overlap(m.tr, m.induction, k),
+                        "tl_induction": overlap(m.tl, m.induction, k)}}

@@ -1,0 +1,144 @@
+"""Kind `vectors`: task vectors extracted from ICL prompts.
+
+Head-set vector (TR, TL, random or a user set S):  v = mean_prompts sum_{(l,h) in S} o[l,h]  (d_model,), with
+o[l,h] the head's write into the residual stream (z[l,h] @ W_O[l,h]; through the post-attention norm, linearised,
+where the family has one: `primitives.tsla`)
+Function vector: the same sum over the top heads by causal indirect effect (CIE), where
+    CIE(l, h) = mean_prompts [ p(gold | corrupted, z[l,h] <- mean clean z[l,h]) - p(gold | corrupted) ]
+    on shuffled-input prompts, patching the last token only.
+Vanilla task vector, per layer l: mean_prompts (h_ICL[l] - h_zero[l]) at the last token, (layers, d_model).
+Vectors come from prompts whose queries and demonstrations are the seed's demonstration pool, so no held-out
+(evaluated) query is ever seen (tasks that build their own prompts: prompts of seed + EXTRACTION_SEED_OFFSET).
+"""
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import numpy as np
+import torch
+from pydantic import Field, field_validator
+
+from ... import options as o
+from ...options import EXTRACTION_SEED_OFFSET, FV_PROMPTS
+from ...tasks.perturb import get_perturbation
+from ..kernel import Context
+from ..params import ASSUMED_HEADS, Heads, PromptParams, Selection
+from ..results import Model, Result, Vector
+from ..primitives.batching import Encoded, Progress, build_prompts, encode
+from ..primitives.capture import capture_means
+from ..primitives.selection import Head, n_top, top_heads
+from ..primitives.sweep import RowConfig, head_mask, sweep_outcomes
+
+
+class VectorsParams(Selection, PromptParams):
+    """kind `vectors`: task vectors extracted from ICL prompts (head sets, function vector, vanilla)."""
+
+    types: list[o.VectorType] = Field(default_factory=lambda: list(o.VECTOR_TYPES), min_length=1)
+    heads: Heads | None = Field(None, description="also a vector of this head set")
+
+    @field_validator("types")
+    @classmethod
+    def _unique(cls, v: list[str]) -> list[str]:
+        return list(dict.fromkeys(v))
+
+    def work(self, model: dict | None = None) -> tuple[int, str]:
+        heads = model["n_layers"] * model["n_heads"] if model else ASSUMED_HEADS
+        n, why = 4 * self.prompts, f"{self.prompts} prompts x 4 (head scores, head means, vanilla)"
+        if "fv" in self.types:
+            fv = min(self.prompts, o.FV_PROMPTS) * (heads + 1)
+            n, why = n + fv, why + f" + {min(self.prompts, o.FV_PROMPTS)} prompts x {heads + 1} head patches (FV)"
+        return n, why
+
+
+class VectorEntry(Model):
+    vector: Vector
+    heads: list[Head] = Field(default_factory=list)
+
+
+class VectorsResult(Result):
+    d_model: int
+    shots: int
+    vectors: dict[str, VectorEntry]
+
+
+def head_set_vector(lm: Any, means: torch.Tensor, heads: Sequence[Head], writes: bool = False) -> torch.Tensor:
+    """v = sum_{(l,h) in heads} mean write of (l, h), (d_model,): the mean of sums is the sum of means.
+    means: the mean z (layers, heads, head_dim), whose mean write is z_mean[l,h] @ W_O[l,h] (exact where no
+    post-attention norm rescales the writes); with `writes`, the mean writes themselves (layers, heads, d_model)."""
+    v = torch.zeros(lm.d_model, device=lm.device)
+    for l, h in heads:
+        m = means[l, h].to(lm.device)
+        v = v + (m if writes else m @ lm.w_o(l)[h])
+    return v
+
+
+def extraction(task: Any, seed: int) -> tuple[int, str]:
+    """Where vectors are extracted from: (seed, "pool") — the seed's demonstration pool, disjoint from the queries
+    scored; a task that builds its own prompts cannot draw from its pool: (seed + EXTRACTION_SEED_OFFSET, "held_out")."""
+    return (seed, "pool") if task.builder is None else (seed + EXTRACTION_SEED_OFFSET, "held_out")
+
+
+def causal_indirect_effects(ctx: Context, p: VectorsParams, clean: Encoded, z_clean: torch.Tensor,
+                            progress: Progress) -> np.ndarray:
+    """CIE of every head, (layers, heads): the gain in gold probability on shuffled-input prompts when the
+    head's last-token z is patched with its mean over the clean ICL prompts."""
+    lm, task = ctx.lm, ctx.task
+    n = min(p.prompts, FV_PROMPTS)
+    corrupt = task.build_prompts(max(clean.prompts[0].n_shots, 1), n, p.seed, perturb=get_perturbation(
+        "shuffled_inputs"), queries="pool")
+    enc = encode(lm, corrupt, task.kind)
+    L, H = lm.n_layers, lm.n_heads
+    configs = [RowConfig()] + [RowConfig(mask=head_mask(lm, [(l, h)]), positions="last")
+                               for l in range(L) for h in range(H)]
+    res = sweep_outcomes(lm, enc, configs, fill=z_clean, batch_size=p.batch_size * 2, progress=progress)
+    gain = res.gold_prob[1:] - res.gold_prob[0][None]
+    return gain.mean(1).reshape(L, H)
+
+
+def vectors(ctx: Context, p: VectorsParams) -> dict[str, Any]:
+    """{"vectors": {type: {"vector", "heads"}}} for the requested types (and "custom" for `heads`)."""
+    lm, task = ctx.lm, ctx.task
+    if p.heads:
+        head_mask(lm, p.heads)  # out-of-range heads are an error before any pass
+    seed, queries = extraction(task, p.seed)
+    built = build_prompts(lm, task, p.shots, p.prompts, seed, queries=queries)
+    for w in built.warnings:
+        ctx.warn(w)
+    enc = encode(lm, built.prompts, task.kind)
+    L, H = lm.n_layers, lm.n_heads
+    k = n_top(L, H, p.top_pct, p.top_k)
+    types = list(p.types)
+    if "fv" in types and task.builder is not None:
+        types.remove("fv")
+        ctx.warn(f"no function vector for {task.name!r}: its causal indirect effects need shuffled-input prompts, "
+                 f"and this task builds its own prompts")
+    sets: dict[str, list[Head]] = {}
+    if {"tr", "tl", "random"} & set(types):
+        r = ctx.call("scores", shots=p.shots, prompts=p.prompts, seed=p.seed, top_pct=p.top_pct, top_k=p.top_k,
+                     batch_size=p.batch_size, progress=ctx.stage(0.0, 0.4, "head scores"))
+        if "tr" in types:
+            sets["tr"] = r.top_tr
+        if "tl" in types:
+            sets["tl"] = r.top_tl
+        if "random" in types:  # the scores' random set: drawn from the heads in neither top set
+            sets["random"] = [tuple(h) for h in r.random_heads]
+    z_mean = capture_means(lm, enc, "z", p.batch_size, ctx.stage(0.4, 0.5, "head means")) if (
+        sets or "fv" in types or p.heads) else None
+    # post-attention-norm families: the mean of each head's linearised write (its scale varies per prompt)
+    writes = z_mean is not None and lm.spec.post_attn_norm is not None
+    means = capture_means(lm, enc, "write", p.batch_size) if writes else z_mean
+    if "fv" in types:
+        cie = causal_indirect_effects(ctx, p, enc, z_mean, ctx.stage(0.5, 0.9, "function vector"))
+        sets["fv"] = top_heads(cie, k=k)
+    if p.heads:
+        sets["custom"] = list(p.heads)
+    out: dict[str, dict[str, Any]] = {name: {"vector": head_set_vector(lm, means, hs, writes), "heads": hs}
+                                      for name, hs in sets.items()}
+    if "vanilla" in types:
+        zero = encode(lm, task.build_prompts(0, built.n, seed, queries=queries), task.kind)
+        out["vanilla"] = {"vector": capture_means(lm, enc, "hidden", p.batch_size,
+                                                  ctx.stage(0.9, 0.95, "vanilla task vector: ICL states"))
+                          - capture_means(lm, zero, "hidden", p.batch_size,
+                                          ctx.stage(0.95, 1.0, "vanilla task vector: zero-shot states")), "heads": []}
+    order = [t for t in (*p.types, "custom") if t in out]
+    return {"d_model": lm.d_model, "shots": built.shots, "vectors": {t: out[t] for t in order}}
