@@ -1,6 +1,7 @@
 """First load of a GGUF file (which converts it) against the second (which reads the converted folder).
 
     python bench/bench_gguf_load.py [--model smollm2-135m] [--repeat 2] [--threads 2]
+    python bench/bench_gguf_load.py --smoke     # a tiny random GGUF (tests/tiny_gguf.py), one reload: seconds
 
 Copies the preset's GGUF (or the .gguf given) into a fresh temporary HEADLENS_MODELS_DIR, then loads it with
 `load_model(path)` in a new process `1 + repeat` times: the first converts it, the others read the folder. Each
@@ -39,15 +40,23 @@ def main() -> None:
     ap.add_argument("--model", default="smollm2-135m", help="a pulled preset or a .gguf file")
     ap.add_argument("--repeat", type=int, default=2)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--smoke", action="store_true", help="a tiny random GGUF written here, one reload (seconds)")
     a = ap.parse_args()
     sys.path.insert(0, str(ROOT))
     from backend import presets
 
-    src = presets.require_pulled(a.model) if a.model in presets.PRESETS else Path(a.model)
+    if a.smoke:
+        a.model, a.repeat, a.threads = "tiny", 1, 1
     with tempfile.TemporaryDirectory(prefix="headlens-bench-gguf-") as tmp:
         gguf = Path(tmp) / "file" / f"{a.model.replace('/', '_')}.gguf"
         gguf.parent.mkdir()
-        shutil.copy(src, gguf)
+        if a.smoke:
+            sys.path.insert(0, str(ROOT / "tests"))
+            from tiny_gguf import write_tiny_gguf
+
+            write_tiny_gguf(gguf)
+        else:
+            shutil.copy(presets.require_pulled(a.model) if a.model in presets.PRESETS else Path(a.model), gguf)
         env = dict(os.environ, HEADLENS_MODELS_DIR=str(Path(tmp) / "models"), PYTHONPATH=str(ROOT),
                    OMP_NUM_THREADS=str(a.threads))
         runs = []
