@@ -130,7 +130,7 @@ def test_training_lowers_the_loss_and_reports_steps(llama):
 def test_early_stopping_counts_epochs_without_a_higher_accuracy(llama, monkeypatch):
     """Issue 19: "best epoch 10 of 10" while the held-out accuracy was flat from epoch 2 with patience 2 (a lower
     loss at the same accuracy reset the patience). Held-out (accuracy, loss) scripted: flat from epoch 2."""
-    from backend.analysis.primitives import learn
+    from backend.analysis.ltv import learn
 
     script = iter([(0.1, 3.0), (0.5, 2.0), (0.9, 1.0), (0.9, 0.8), (0.9, 0.6), (0.9, 0.5), (0.9, 0.4)])
     monkeypatch.setattr(learn, "_val", lambda *a, **k: next(script))
