@@ -136,10 +136,7 @@ class TensorStore:
             log.warning("tensor %s: its bytes no longer match its id (changed or truncated); removing it", tid)
             self._remove(tid)
             raise missing(tid)
-        try:
-            os.utime(full, follow_symlinks=False)  # least recently used goes first (uploads' quota)
-        except (OSError, NotImplementedError):
-            pass
+        _touch(full)
         return data
 
     def has(self, tid: str) -> bool:
@@ -191,6 +188,7 @@ class TensorStore:
                 except BaseException:
                     _unlink(tmp)
                     raise
+            _touch(final)
             if upload and not trained:
                 Path(mark).touch()
             elif not upload:
@@ -266,6 +264,16 @@ def _alive(f: Callable[[], bool]) -> bool:
         return bool(f())
     except Exception:
         return False
+
+
+def _touch(path: str) -> None:
+    """Mark a file used now, to the nanosecond (the uploads' quota removes the least recently used first; the
+    clock the filesystem stamps by itself is coarser than a few reads in a row)."""
+    now = time.time_ns()
+    try:
+        os.utime(path, ns=(now, now), follow_symlinks=False)
+    except (OSError, NotImplementedError):
+        pass
 
 
 def _unlink(path: str) -> None:

@@ -237,7 +237,7 @@ def analyze(kind: str, lm: "LoadedModel | None", task: "Task | None" = None,
         unsaved = {t: v for t, v in tensors.unsaved.items() if t not in before}  # this call's and its sub-calls'
         labels = sorted(set(firsts) | ctx.multi_token | set(value.get("multi_token_labels") or []))
         warnings = [w for w in [*ctx.warnings, *value.get("warnings", [])] if not is_multi_token_warning(w)]
-        warnings += [unsaved_warning(t, why) for t, (_, why) in unsaved.items()]
+        warnings = list(dict.fromkeys([*warnings, *(unsaved_warning(t, why) for t, (_, why) in unsaved.items())]))
         value = to_jsonable({**value, "warnings": ([multi_token_warning(labels, firsts)] if labels else []) + warnings,
                              "notes": list(dict.fromkeys([*ctx.notes, *value.get("notes", [])])),
                              "multi_token_labels": labels, "absent_inputs": ctx.absent})

@@ -158,7 +158,7 @@ class RayJobRunner(LocalJobRunner):
                     self.actors.release(a)
             if out.get("model") and canon:
                 self._remember(canon, _ModelRef(**out["model"]))
-            return self._keep(out)
+            return self._write_outputs(out)
         raise WorkerLost(f"the worker running this job died {len(lost)} time{'s' if len(lost) != 1 else ''} "
                          f"(on {', '.join(dict.fromkeys(lost))}); gave up after {self.cfg.retries} "
                          f"retr{'ies' if self.cfg.retries != 1 else 'y'} (HEADLENS_RAY_RETRIES)")
@@ -236,7 +236,7 @@ class RayJobRunner(LocalJobRunner):
             if sig:
                 self.store.put(sig, {"name": ref.name, "fingerprint": ref.fingerprint})
 
-    def _keep(self, out: dict[str, Any]) -> dict[str, Any]:
+    def _write_outputs(self, out: dict[str, Any]) -> dict[str, Any]:
         """Write what a job made: its tensors (checked), then the results, but none that refers to a tensor that
         could not be written; that one comes back inline in the job's result, with a warning."""
         from ..analysis.kernel import unsaved_warning

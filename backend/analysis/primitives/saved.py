@@ -160,7 +160,7 @@ def check_content(tensors: dict[str, torch.Tensor], meta: dict[str, str], src: s
                                    f"saved {WHAT[kind]} must be finite")
         top = float(t.abs().max()) if t.numel() else 0.0
         if top > MAX_ABS:
-            raise SavedTensorError(f"{src}: {name} holds values up to {top:.3g} in magnitude, over {MAX_ABS:g}; no "
+            raise SavedTensorError(f"{src}: {name} holds values up to {top:.3g} in magnitude, over {MAX_ABS:.0e}; no "
                                    f"trained {WHAT[kind]} is that large (it would only overflow the model)")
     (_check_ltv if kind == "ltv" else _check_site)(tensors, out, src)
     return out
@@ -278,13 +278,19 @@ def register_file(path: str | os.PathLike[str], store: TensorStore | None = None
     it is checked; returns its id. SavedTensorError (one sentence) for a file that is absent or unsound;
     TensorWriteError when the store cannot take it."""
     shown = clip(str(path))
-    full = Path(os.path.realpath(os.path.expanduser(os.fspath(path))))
-    if not full.is_file():
-        raise SavedTensorError(f"load: no tensor file {shown!r} (give a .safetensors file written by ltv_train or "
-                               f"site, or an id they returned)")
-    if full.stat().st_size > MAX_READ_BYTES:
-        raise SavedTensorError(f"load: {clip(full.name)!r} is over {MAX_READ_BYTES >> 20} MB; not a headlens tensor file")
-    data = full.read_bytes()
+    try:
+        full = Path(os.path.realpath(os.path.expanduser(os.fspath(path))))
+        if not full.is_file():
+            raise FileNotFoundError
+        if full.stat().st_size > MAX_READ_BYTES:
+            raise SavedTensorError(f"load: {clip(full.name)!r} is over {MAX_READ_BYTES >> 20} MB; not a headlens "
+                                   f"tensor file")
+        data = full.read_bytes()
+    except (OSError, ValueError) as e:  # absent, unreadable, a name the filesystem refuses (too long, a NUL)
+        if isinstance(e, SavedTensorError):
+            raise
+        raise SavedTensorError(f"load: no readable tensor file {shown!r} (give a .safetensors file written by "
+                               f"ltv_train or site, or an id they returned)") from None
     tid, _ = inspect(data, clip(full.name))
     try:
         (store or default_store()).put(tid, data)
