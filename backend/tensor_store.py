@@ -94,6 +94,8 @@ class TensorStore:
         self._directory = Path(directory) if directory else None
         self.quota_bytes = quota_bytes  # uploads kept on disk at most; None: no quota
         self._pins: dict[str, list[Callable[[], bool]]] = {}
+        self._until: dict[str, float] = {}  # time-limited pins (admission), by id
+        self._writable_at = -1e9  # when check_writable last succeeded (time.monotonic)
         self._lock = threading.Lock()
 
     @property
@@ -148,8 +150,11 @@ class TensorStore:
             return False
 
     # -- writing ---------------------------------------------------------------------------------------------
-    def check_writable(self) -> None:
-        """Create, flush and remove a small file in the folder, as `put` will; TensorWriteError if that fails."""
+    def check_writable(self, max_age: float = 0.0) -> None:
+        """Create, flush and remove a small file in the folder, as `put` will; TensorWriteError if that fails.
+        `max_age`: a success less than this many seconds ago stands (a sweep admits many jobs at once)."""
+        if time.monotonic() - self._writable_at < max_age:
+            return
         try:
             base = self._folder()
             tmp = os.path.join(base, f".probe-{os.getpid()}-{threading.get_ident()}-{time.monotonic_ns()}")
@@ -162,6 +167,7 @@ class TensorStore:
                 _unlink(tmp)
         except OSError as e:
             raise TensorWriteError(_reason(e)) from None
+        self._writable_at = time.monotonic()
 
     def put(self, tid: str, data: bytes, *, upload: bool = False) -> None:
         """Store `data` as tensor `tid` (which must be its id): temporary name, flush, rename. `upload`: it counts
@@ -172,8 +178,9 @@ class TensorStore:
             base = self._folder()
             final = os.path.join(base, tid + SUFFIX)
             mark = os.path.join(base, tid + UPLOAD_MARK)
-            trained = self.has(tid) and not os.path.exists(mark)  # already here, and not as an upload
-            if not self.has(tid):
+            present = self.has(tid)
+            trained = present and not os.path.exists(mark)  # already here, and not as an upload
+            if not present:
                 tmp = os.path.join(base, f".{tid}.tmp-{os.getpid()}-{threading.get_ident()}")
                 try:
                     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | _NOFOLLOW, 0o644)
@@ -217,11 +224,15 @@ class TensorStore:
             self._pins.setdefault(tid, []).append(alive)
 
     def pin_for(self, tid: str, seconds: float) -> None:
-        end = time.monotonic() + seconds
-        self.pin(tid, lambda: time.monotonic() < end)
+        """Keep upload `tid` for `seconds` from now (at least)."""
+        with self._lock:
+            self._until[tid] = max(self._until.get(tid, 0.0), time.monotonic() + seconds)
 
     def pinned(self, tid: str) -> bool:
         with self._lock:
+            if self._until.get(tid, 0.0) > time.monotonic():
+                return True
+            self._until.pop(tid, None)
             alive = [f for f in self._pins.get(tid, []) if _alive(f)]
             if alive:
                 self._pins[tid] = alive

@@ -31,6 +31,7 @@ if TYPE_CHECKING:
 
 
 ADMIT_PIN_S = 600.0
+STORAGE_CHECK_S = 2.0  # a writable tensor folder stands this long (a sweep admits its jobs in one go)
 
 
 @dataclass(frozen=True)
@@ -112,7 +113,7 @@ def admit(body: dict[str, Any], pool: ModelPool, tasks: TaskStore, limits: Limit
         store.pin_for(tid, ADMIT_PIN_S)
     if storage and getattr(p, "writes_tensors", lambda: False)():
         try:
-            store.check_writable()
+            store.check_writable(max_age=STORAGE_CHECK_S)
         except TensorWriteError as e:
             raise InsufficientStorage(f"this server cannot save trained tensors now (its tensor folder: {e.reason}), "
                                       f"so {spec.name} would lose its training; ask its operator to free space or "
