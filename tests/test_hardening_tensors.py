@@ -288,6 +288,22 @@ def test_1_download_of_an_unknown_id_is_the_same_404(svc, name):
     assert not [p for p in seen if "passwd" in p]
 
 
+def test_1_the_ui_client_uploads_and_downloads_tensors(svc):
+    from ui.client import ClientError, HeadlensClient
+
+    client = HeadlensClient("http://testserver")
+    client._http = svc.c  # the module's service, in process
+    data = svc.store.get(svc.ltv)
+    assert client.upload_tensor(data)["id"] == svc.ltv and client.tensor(svc.ltv) == data
+    with pytest.raises(ClientError, match="no tensor") as e:
+        client.tensor("ltv-" + "e" * 32)
+    assert e.value.status == 404
+    with pytest.raises(ClientError, match="NaN or infinite"):
+        t, m = file_of(svc, "ltv")
+        t["theta"][0, 0] = float("nan")
+        client.upload_tensor(encode(t, m))
+
+
 # == 2. results tied to the content ==================================================================================
 def _analyze(svc: Any, kind: str, **fields: Any) -> Any:
     from backend.analysis.kernel import analyze
