@@ -321,6 +321,7 @@ class TensorSession:
     def __init__(self, store: "TensorStore | None" = None):
         self.store = store if store is not None else default_store()
         self.unsaved: dict[str, tuple[bytes, str]] = {}
+        self.failures: list[str] = []  # the id of every failed write, in order (a repeat too)
 
     def get(self, tid: str) -> bytes:
         if tid in self.unsaved:
@@ -336,6 +337,7 @@ class TensorSession:
         except TensorWriteError as e:
             log.warning("could not save tensor %s (%s)", tid, e.reason)
             self.unsaved[tid] = (data, e.reason)
+            self.failures.append(tid)
 
     def check_writable(self) -> None:
         self.store.check_writable()

@@ -231,13 +231,14 @@ def analyze(kind: str, lm: "LoadedModel | None", task: "Task | None" = None,
         if spec.needs_fit and lm is not None and task is not None:
             require_fit(lm, task)  # a task whose words the model does not know is an error, not a result
         ctx = Context(lm, task, progress, store, report=live, tensors=tensors)
-        before = set(tensors.unsaved)
+        before = len(tensors.failures)
         with collect_multi_token() as firsts:
             value = spec.function()(ctx, p)
-        unsaved = {t: v for t, v in tensors.unsaved.items() if t not in before}  # this call's and its sub-calls'
+        unsaved = {t: tensors.unsaved[t] for t in tensors.failures[before:]}  # this call's and its sub-calls'
         labels = sorted(set(firsts) | ctx.multi_token | set(value.get("multi_token_labels") or []))
         warnings = [w for w in [*ctx.warnings, *value.get("warnings", [])] if not is_multi_token_warning(w)]
-        warnings = list(dict.fromkeys([*warnings, *(unsaved_warning(t, why) for t, (_, why) in unsaved.items())]))
+        if unsaved:
+            warnings = list(dict.fromkeys([*warnings, *(unsaved_warning(t, why) for t, (_, why) in unsaved.items())]))
         value = to_jsonable({**value, "warnings": ([multi_token_warning(labels, firsts)] if labels else []) + warnings,
                              "notes": list(dict.fromkeys([*ctx.notes, *value.get("notes", [])])),
                              "multi_token_labels": labels, "absent_inputs": ctx.absent})
