@@ -159,6 +159,18 @@ def read_params(model: Any, a: argparse.Namespace) -> Any:
             except ValueError as e:
                 raise UsageError(f"--{name.replace('_', '-')}: {e}") from None
         given[name] = v
+    for name in getattr(model, "tensor_fields", ()):  # a local file is copied into the tensor store: its id
+        v = given.get(name)
+        if isinstance(v, str):
+            from .tensor_store import is_id
+
+            if not is_id(v):
+                from .analysis.primitives.saved import register_file
+
+                try:
+                    given[name] = register_file(v)
+                except ValueError as e:
+                    raise UsageError(f"--{name.replace('_', '-')}: {e}") from None
     try:
         return model.model_validate(given)
     except ValidationError as e:

@@ -168,8 +168,9 @@ if res is not None:
         with g2:
             st.markdown(f"**‖θ‖** = {', '.join(f'{x:.3g}' for x in tr['norm'])} · trained on **{tr['n_train']}** "
                         f"zero-shot prompts, early-stopped on **{tr['n_val']}** · {tr['train_seconds']:.1f} s")
-            st.caption(f"Saved as safetensors (model fingerprint, d_model, task hash and recipe in its metadata): "
-                       f"`{tr.get('vector_path')}`")
+            st.caption(f"Saved as safetensors (model fingerprint, d_model, task hash and recipe in its metadata), "
+                       f"id `{tr.get('tensor')}`: `load` takes it; the file is GET /tensors/{tr.get('tensor')}"
+                       + (" — not saved on the server (see the warnings)" if res.get("unsaved_tensors") else ""))
             prop = e.get("propagation")
             if prop:
                 rec = "n/a" if prop["recovered"] is None else f"{100 * prop['recovered']:.0f}%"
@@ -217,7 +218,7 @@ if res is not None:
         with d1:
             download("Result (JSON)", res, f"headlens-ltv-{s.task}.json", "dl_ltv")
         with d2:
-            snippets.show("ltv", params, "r.table['ltv'].accuracy, r.sweep['ltv'].accuracy, r.rotation, r.vector_path")
+            snippets.show("ltv", params, "r.table['ltv'].accuracy, r.sweep['ltv'].accuracy, r.rotation, r.tensor")
 
 # -- across tasks --------------------------------------------------------------------------------------------------
 st.subheader("Across tasks", divider="gray")

@@ -16,6 +16,7 @@ from backend.analysis.primitives.inject import Injection, evaluate_injections, g
 from backend.analysis.ltv.learn import Recipe, TrainingDiverged, train_injection, training_split
 from backend.analysis.ltv.propagation import fit_linear, polar, rotation_stretch
 from backend.analysis.primitives.saved import SavedTensorError, load_tensors
+from backend.tensor_store import TensorSession
 from backend.models import wrap
 from backend.tasks.base import Task, TaskError, Template
 from tiny_models import CONFIGS, tiny_model
@@ -169,19 +170,20 @@ def test_ltv_kind_on_gqa_models(lm_of, arch, tmp_path):
 def test_save_load_same_accuracy_and_refusals(lm_of):
     lm, other = lm_of("llama"), lm_of("llama", seed=1)
     r = analyze("ltv", lm, parity_task(), cache=False, mechanism=False, **FAST)
-    theta, meta = load_tensors(r.vector_path, lm, "ltv")
+    theta, meta = load_tensors(TensorSession(), r.tensor, lm, "ltv")
     assert meta["recipe"]["layers"] == r.layers and meta["task_hash"] == parity_task().content_hash()
     assert np.allclose(theta["theta"].numpy(), r.per_layer[0].training.theta)
-    loaded = analyze("ltv", lm, parity_task(), cache=False, mechanism=False, load=r.vector_path, **FAST)
+    loaded = analyze("ltv", lm, parity_task(), cache=False, mechanism=False, load=r.tensor, **FAST)
     assert loaded.table["ltv"] == r.table["ltv"] and loaded.per_layer[0].training.stopped == "loaded"
+    assert loaded.tensor == r.tensor
     with pytest.raises(SavedTensorError, match="another model"):
-        analyze("ltv", other, parity_task(), cache=False, mechanism=False, load=r.vector_path, **FAST)
+        analyze("ltv", other, parity_task(), cache=False, mechanism=False, load=r.tensor, **FAST)
     gpt2 = lm_of("gpt2")
     with pytest.raises(SavedTensorError, match="d_model"):
         gpt2_d = gpt2.d_model
         try:
             gpt2.d_model = lm.d_model + 1
-            load_tensors(r.vector_path, gpt2, "ltv")
+            load_tensors(TensorSession(), r.tensor, gpt2, "ltv")
         finally:
             gpt2.d_model = gpt2_d
 

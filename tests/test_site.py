@@ -18,6 +18,7 @@ from backend.analysis.site.generate import (GenerationError, cut, evaluate_gener
                                                   require_kv_cache, stop_strings, strict_match)
 from backend.analysis.primitives.saved import SavedTensorError
 from backend.models import wrap
+from backend.tensor_store import TensorSession, tensor_path
 from backend.tasks.base import Task, TaskError, Template
 from tiny_models import tiny_model
 
@@ -243,14 +244,14 @@ def test_site_kind_save_load_same_accuracy_and_refusals(lms, task, gpt2_tokenize
     assert set(r.baselines) == {"zero_shot", "icl_2", "all_ones"} and r.baselines["icl_2"].metrics is not None
     assert r.patching.ks == [1, 2, lm.n_layers * lm.n_heads] and len(r.patching.top.accuracy) == 3
     assert r.patching.top.accuracy[-1] == r.patching.bottom.accuracy[-1]  # all heads either way
-    assert len(r.loss) == SMALL["steps"] and r.site.exact_match is not None and Path(r.path).is_file()
-    loaded = analyze("site", lm, task, **SMALL, **NO_EXTRAS, load=r.path)
+    assert len(r.loss) == SMALL["steps"] and r.site.exact_match is not None and tensor_path(r.tensor).is_file()
+    loaded = analyze("site", lm, task, **SMALL, **NO_EXTRAS, load=r.tensor)
     assert loaded.loaded and loaded.train_seconds == 0
     assert loaded.site == r.site and loaded.site_hard == r.site_hard
     assert torch.allclose(torch.as_tensor(loaded.alpha), torch.as_tensor(r.alpha), atol=1e-6)
     other = wrap(tiny_model("llama", seed=1), gpt2_tokenizer, "tiny-llama-other")
     with pytest.raises(SavedTensorError, match="another model"):
-        S.load_site(r.path, other)
+        S.load_site(TensorSession(), r.tensor, other)
 
 
 def test_generation_task_and_gqa_qwen(lms, gen_task):

@@ -13,9 +13,16 @@ warning for the labels that span several tokens, wherever they were tokenised (`
 `ctx.cached`, another kind's cached result found by the parameters the caller reads (an index per kind, model and
 task lists what is cached). A result that looked for another kind's result and found none is recomputed once
 that result is cached, so a cached result always equals a fresh one.
+
+Trained tensors (`ltv_train`, `site`) are files named by the hash of their bytes (`backend/tensor_store.py`); an
+analysis reads and writes them through `ctx.tensors`, one `TensorSession` per call tree. A cached result that refers
+to a tensor (a `tensor` or `tensors` field) is a hit only while that file is there and intact; otherwise it is
+recomputed. A tensor that could not be written (a full or read-only disk) comes back inline with the result
+(`unsaved_tensors`: the file's bytes, base64, ready for POST /tensors) and a warning, and that result is not cached.
 """
 from __future__ import annotations
 
+import base64
 import logging
 import time
 from dataclasses import dataclass, field
@@ -26,6 +33,7 @@ from pydantic import BaseModel, ValidationError
 from ..cache import default_cache, make_key
 from ..jsonable import to_jsonable
 from ..locks import KeyLocks
+from ..tensor_store import TensorSession, TensorStore, is_id
 from .kinds import Kind, get_kind
 from .params import NOT_IN_KEY, Params
 from .primitives.fit import require_fit
@@ -73,6 +81,8 @@ class Context:
     multi_token: set[str] = field(default_factory=set)
     absent: list[dict[str, Any]] = field(default_factory=list)
     """`ctx.cached` lookups that found nothing: {"kind", "tries"} (the result is recomputed once one would hit)."""
+    tensors: TensorSession = field(default_factory=TensorSession)
+    """Where trained tensors are read and written (`saved.save_tensors`, `saved.load_tensors`)."""
 
     def stage(self, lo: float, hi: float, name: str = "") -> Progress:
         def report(fraction: float, message: str = "") -> None:
@@ -85,12 +95,12 @@ class Context:
         """Another kind's result on the same model and task, through the same cache; its warnings and notes become
         this analysis's too (after `warn_prefix`), its multi-token labels join this one's (one warning for all)."""
         r = analyze(kind, self.lm, self.task, params, cache=self.store if self.store is not None else False,
-                    progress=progress, live=self.report)
+                    progress=progress, live=self.report, tensors=self.tensors)
         self.multi_token.update(r.multi_token_labels)
         self.absent.extend(a for a in r.absent_inputs if a not in self.absent)
         if any(a["kind"] == kind for a in self.absent):  # looked up, missed, then computed here: no longer missing
             self.absent = [a for a in self.absent if a["kind"] != kind
-                           or find_cached(kind, self.lm, self.task, a["tries"], self.store) is None]
+                           or find_cached(kind, self.lm, self.task, a["tries"], self.store, self.tensors) is None]
         for w in r.warnings:
             if not is_multi_token_warning(w):
                 self.warn(warn_prefix + w)
@@ -110,7 +120,7 @@ class Context:
         preferred, then the newest). None when nothing matches, `kind` is not registered or its params no longer
         take these fields. Never computes (one feature shows another's result only when the user already ran
         it); a miss is recorded, and this result is recomputed once the other is cached."""
-        r = find_cached(kind, self.lm, self.task, tries, self.store)
+        r = find_cached(kind, self.lm, self.task, tries, self.store, self.tensors)
         if r is None:
             miss = {"kind": kind, "tries": to_jsonable(tries)}
             if miss not in self.absent:
@@ -121,6 +131,49 @@ class Context:
         into = self.notes if isinstance(message, Note) else self.warnings
         if message not in into:
             into.append(str(message))
+
+
+def session(tensors: "TensorSession | TensorStore | None") -> TensorSession:
+    """The call tree's tensor session: the one given, or a new one over the store given (default: the cache's)."""
+    return tensors if isinstance(tensors, TensorSession) else TensorSession(tensors)
+
+
+def local_files(kind: Kind, params: "Mapping[str, Any] | None") -> dict[str, Any]:
+    """`params` with every tensor field (`Params.tensor_fields`, e.g. `load`) that names a local file instead of an
+    id replaced by the id of that file, copied into the tensor store once checked. For the CLI and the Python API,
+    which run as the user; the service never calls it (over HTTP a path is never accepted)."""
+    out = dict(params.model_dump() if isinstance(params, BaseModel) else params or {})
+    for name in getattr(kind.params, "tensor_fields", ()):
+        v = out.get(name)
+        if (isinstance(v, str) or hasattr(v, "__fspath__")) and not is_id(v):
+            from .primitives.saved import register_file
+
+            out[name] = register_file(v)
+    return out
+
+
+def unsaved_warning(tid: str, reason: str) -> str:
+    return (f"could not save tensor {tid} ({reason}): this result is not cached, and the file comes inline "
+            f"(`unsaved_tensors`, base64: POST it to /tensors to keep it)")
+
+
+def tensor_refs(value: Any) -> list[str]:
+    """The tensor ids a result refers to: the values of its `tensor` and `tensors` fields, at any depth."""
+    out: list[str] = []
+    todo = [value]
+    while todo:
+        v = todo.pop()
+        if isinstance(v, dict):
+            for k, x in v.items():
+                if k == "tensor" and is_id(x):
+                    out.append(x)
+                elif k == "tensors" and isinstance(x, (dict, list)):
+                    out.extend(t for t in (x.values() if isinstance(x, dict) else x) if is_id(t))
+                elif isinstance(x, (dict, list)) and k != "unsaved_tensors":
+                    todo.append(x)
+        elif isinstance(v, list):
+            todo.extend(x for x in v if isinstance(x, (dict, list)))
+    return list(dict.fromkeys(out))
 
 
 def resolve_store(cache: "bool | Store | None") -> Store | None:
@@ -154,12 +207,13 @@ def envelope(lm: "LoadedModel | None", task: "Task | None", p: Params) -> dict[s
 def analyze(kind: str, lm: "LoadedModel | None", task: "Task | None" = None,
             params: "Params | Mapping[str, Any] | None" = None, *, cache: "bool | Store | None" = True,
             progress: Progress | None = None, live: Callable[[dict[str, Any]], None] | None = None,
-            **overrides: Any) -> Result:
+            tensors: "TensorSession | TensorStore | None" = None, **overrides: Any) -> Result:
     """Run analysis `kind` on `lm` and `task` with `params` (+ keyword overrides), cached; a typed result.
 
     A miss computes under the key's lock (threads and processes), so a key is never computed twice at once:
     a second caller waits, then reads the first one's result. Nothing that does not fit the result model
-    is written to the store.
+    is written to the store, nor a result whose tensors could not be saved. `tensors`: where trained tensors go
+    (default: the cache folder's store).
     """
     spec = get_kind(kind)
     p = validate_params(spec, params, **overrides)
@@ -171,18 +225,25 @@ def analyze(kind: str, lm: "LoadedModel | None", task: "Task | None" = None,
     env = envelope(lm, task, p)
     progress = progress or _noop
     store = resolve_store(cache) if spec.cached else None
+    tensors = session(tensors)
 
     def compute() -> dict[str, Any]:
         if spec.needs_fit and lm is not None and task is not None:
             require_fit(lm, task)  # a task whose words the model does not know is an error, not a result
-        ctx = Context(lm, task, progress, store, report=live)
+        ctx = Context(lm, task, progress, store, report=live, tensors=tensors)
+        before = len(tensors.failures)
         with collect_multi_token() as firsts:
             value = spec.function()(ctx, p)
+        unsaved = {t: tensors.unsaved[t] for t in tensors.failures[before:]}  # this call's and its sub-calls'
         labels = sorted(set(firsts) | ctx.multi_token | set(value.get("multi_token_labels") or []))
         warnings = [w for w in [*ctx.warnings, *value.get("warnings", [])] if not is_multi_token_warning(w)]
+        if unsaved:
+            warnings = list(dict.fromkeys([*warnings, *(unsaved_warning(t, why) for t, (_, why) in unsaved.items())]))
         value = to_jsonable({**value, "warnings": ([multi_token_warning(labels, firsts)] if labels else []) + warnings,
                              "notes": list(dict.fromkeys([*ctx.notes, *value.get("notes", [])])),
                              "multi_token_labels": labels, "absent_inputs": ctx.absent})
+        if unsaved:
+            value["unsaved_tensors"] = {t: base64.b64encode(data).decode("ascii") for t, (data, _) in unsaved.items()}
         spec.result.model_validate({**value, **env})  # a malformed result fails here, before it is stored
         return value
 
@@ -190,21 +251,22 @@ def analyze(kind: str, lm: "LoadedModel | None", task: "Task | None" = None,
         value, hit = compute(), False
     else:
         key = cache_key(spec, lm, task, p)
-        value, hit = _read(store, key, spec, env, lm, task), True
+        value, hit = _read(store, key, spec, env, lm, task, tensors=tensors), True
         if value is None:
             with _LOCKS.hold(key, cancelled=lambda: bool(progress(0.0, "waiting for the same computation"))):
-                value = _read(store, key, spec, env, lm, task)
+                value = _read(store, key, spec, env, lm, task, tensors=tensors)
                 if value is None:
                     value, hit = compute(), False
-                    store.put(key, value)
-                    if spec.indexed:
-                        _index(store, spec, lm, task, key, p)
+                    if not value.get("unsaved_tensors"):  # its tensors are not on disk: not a result to keep
+                        store.put(key, value)
+                        if spec.indexed:
+                            _index(store, spec, lm, task, key, p)
     return spec.result.model_validate({**value, **env, "cache_hit": hit, "seconds": time.perf_counter() - t0})
 
 
 def lookup(kind: str, lm: "LoadedModel | None", task: "Task | None" = None,
            params: "Params | Mapping[str, Any] | None" = None, *, cache: "bool | Store | None" = True,
-           **overrides: Any) -> Result | None:
+           tensors: "TensorSession | TensorStore | None" = None, **overrides: Any) -> Result | None:
     """The cached result of `analyze(kind, ...)` with these arguments, or None; never computes."""
     spec = get_kind(kind)
     p = validate_params(spec, params, **overrides)
@@ -213,16 +275,17 @@ def lookup(kind: str, lm: "LoadedModel | None", task: "Task | None" = None,
         return None
     t0 = time.perf_counter()
     env = envelope(lm, task, p)
-    value = _read(store, cache_key(spec, lm, task, p), spec, env, lm, task)
+    value = _read(store, cache_key(spec, lm, task, p), spec, env, lm, task, tensors=session(tensors))
     if value is None:
         return None
     return spec.result.model_validate({**value, **env, "cache_hit": True, "seconds": time.perf_counter() - t0})
 
 
 def _read(store: Store, key: str, spec: Kind, env: dict[str, Any], lm: "LoadedModel | None" = None,
-          task: "Task | None" = None, fresh: bool = True) -> dict[str, Any] | None:
-    """The stored value when it fits the kind's result model and (`fresh`) none of the other kinds' results it
-    looked for and missed (`absent_inputs`) is cached now; None (and a log line) otherwise."""
+          task: "Task | None" = None, fresh: bool = True, tensors: TensorSession | None = None) -> dict[str, Any] | None:
+    """The stored value when it fits the kind's result model, every tensor it refers to is there and intact, and
+    (`fresh`) none of the other kinds' results it looked for and missed (`absent_inputs`) is cached now; None (and
+    a log line) otherwise."""
     value = store.get(key)
     if value is None:
         return None
@@ -232,6 +295,12 @@ def _read(store: Store, key: str, spec: Kind, env: dict[str, Any], lm: "LoadedMo
         log.warning("cached %s result %s does not fit %s (%s); recomputing", spec.name, key, spec.result.__name__,
                     str(e).splitlines()[0])
         return None
+    tensors = tensors or TensorSession()
+    for tid in tensor_refs(value):
+        if not tensors.has(tid):
+            log.warning("cached %s result %s refers to tensor %s, which is gone or damaged; recomputing", spec.name,
+                        key, tid)
+            return None
     for miss in (value.get("absent_inputs") or []) if fresh else []:
         try:
             found = find_cached(miss["kind"], lm, task, miss["tries"], store) is not None
@@ -267,7 +336,7 @@ def _index(store: Store, spec: Kind, lm: "LoadedModel | None", task: "Task | Non
 
 
 def find_cached(kind: str, lm: "LoadedModel | None", task: "Task | None", tries: "list[dict[str, Any]]",
-                store: Store | None) -> Result | None:
+                store: Store | None, tensors: TensorSession | None = None) -> Result | None:
     """What `Context.cached` finds (see there): for each try, the exact result with every other field at its
     default, else (an indexed kind) the cached results whose params hold the try's values, the one with the
     fewest fields off their defaults first, then the newest."""
@@ -285,7 +354,7 @@ def find_cached(kind: str, lm: "LoadedModel | None", task: "Task | None", tries:
 
     def read(key: str, q: Params) -> Result | None:  # one level: what the found result itself missed is not chased
         env = envelope(lm, task, q)
-        value = _read(store, key, spec, env, fresh=False)
+        value = _read(store, key, spec, env, fresh=False, tensors=tensors)
         return None if value is None else spec.result.model_validate({**value, **env, "cache_hit": True})
 
     for want in tries:

@@ -17,7 +17,7 @@ from .. import options as o
 from .kernel import Context
 from .kinds import KINDS, get_kind
 from .params import Bool, Int, Layer, PromptParams, Selection
-from .results import Model, Result
+from .results import Model, Result, TensorsInline
 from .primitives.sweep import resolve_layers
 
 
@@ -31,6 +31,9 @@ class MethodsParams(Selection, PromptParams):
     site_shots: Int = Field(o.SITE_SHOTS, ge=0, description="SITE: demonstrations per embedding prompt")
     site_steps: Int = Field(o.SITE_STEPS, ge=0, le=100_000, description="SITE: training steps")
     ltv: Bool = Field(False, description="train the LTV when no cached result is found (else it is left out)")
+
+    def writes_tensors(self) -> bool:
+        return True  # SITE, and LTV with `ltv`
 
 
 class MethodRow(Model):
@@ -48,7 +51,7 @@ class MethodRow(Model):
     note: str = ""
 
 
-class MethodsResult(Result):
+class MethodsResult(Result, TensorsInline):
     """kind `methods`: every steering method on one task and model, side by side."""
 
     layer: int

@@ -9,11 +9,12 @@ No torch here.
 """
 from __future__ import annotations
 
-from typing import Annotated, ClassVar
+from typing import Annotated, Any, ClassVar
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, Strict
 
 from .. import options as o
+from ..tensor_store import is_id
 
 Int = Annotated[int, Strict()]
 Bool = Annotated[bool, Strict()]
@@ -36,6 +37,20 @@ def _heads(v: list[tuple[int, int]]) -> list[tuple[int, int]]:
 Heads = Annotated[list[Head], Field(max_length=o.MAX_LIST), AfterValidator(_heads)]
 """[[layer, head], ...], sorted and without repeats."""
 
+TRAINED_BY = {"ltv": "ltv_train or ltv", "site": "site"}
+
+
+def TensorId(kind: str) -> Any:  # noqa: N802 (a type)
+    """A saved `kind` file, by the id the service issued (`<kind>-<32 hex digits>`): never a path. The message is the
+    same whatever the string is (nothing is looked up here)."""
+    def check(v: str) -> str:
+        if not is_id(v) or not v.startswith(kind + "-"):
+            raise ValueError(f"give the id of a saved {kind} file ({kind}-<32 hex digits>: the `tensor` of a "
+                             f"{TRAINED_BY[kind]} result, or what POST /tensors returns); a path is not accepted here "
+                             f"(the CLI and the Python API take a local file)")
+        return v
+    return Annotated[str, Strict(), Field(max_length=o.MAX_TEXT), AfterValidator(check)]
+
 
 class Params(BaseModel):
     """Base of every kind's parameters: unknown fields are refused, so a typo is an error, not a default."""
@@ -49,6 +64,12 @@ class Params(BaseModel):
         return n, f"{n} prompts"
     not_in_key: ClassVar[frozenset[str]] = NOT_IN_KEY
     """Fields left out of this kind's cache key (a kind whose `batch_size` changes its result keys it)."""
+    tensor_fields: ClassVar[tuple[str, ...]] = ()
+    """Fields that name a saved tensor by id (`TensorId`); the CLI and the Python API also take a local file there."""
+
+    def writes_tensors(self) -> bool:
+        """Whether the job may train and save tensors (the service checks the tensor folder can take them first)."""
+        return False
 
 
 class PromptParams(Params):

@@ -66,6 +66,15 @@ class Result(Model):
         return self.model_dump(mode="json")
 
 
+class TensorsInline(Model):
+    """A result of a kind that trains tensors (LTV, SITE): those that could not be saved (a full or read-only
+    disk), inline; such a result is not cached."""
+
+    unsaved_tensors: dict[str, str] = Field(default_factory=dict, description="tensor id -> the file's bytes "
+                                                                              "(base64) when it could not be saved: "
+                                                                              "POST them to /tensors to keep it")
+
+
 class Metrics(Model):
     """Prompt-level outcomes.
 

@@ -63,8 +63,9 @@ def describe_error(e: BaseException) -> str:
         return str(e)
     from ..adapters import UnsupportedArchitecture
     from ..models import ModelLoadError
+    from ..tensor_store import TensorWriteError
 
-    if isinstance(e, (ValueError, ModelLoadError, UnsupportedArchitecture, FileNotFoundError)):
+    if isinstance(e, (ValueError, ModelLoadError, UnsupportedArchitecture, FileNotFoundError, TensorWriteError)):
         return str(e)
     if isinstance(e, KeyError):
         return str(e.args[0]) if e.args else name

@@ -14,6 +14,9 @@
 | HEADLENS_MAX_WORK          | 200000  | estimated prompt passes of one job (the kind's `work`)    |
 | HEADLENS_JOB_TIMEOUT_S     | 3600    | seconds a job may run (it fails at its next progress step)|
 | HEADLENS_MAX_SWEEP_JOBS    | 10000   | jobs of one sweep                                         |
+| HEADLENS_MAX_TENSOR_MB     | 32      | size of an uploaded tensor file (POST /tensors)           |
+| HEADLENS_TENSOR_QUOTA_MB   | 1024    | uploaded tensor files kept on disk (least recently used   |
+|                            |         | go; never one a queued or running job refers to)          |
 | HEADLENS_SWEEP_WINDOW      | unset   | a sweep's jobs in flight (unset: 2 x the runner's workers |
 |                            |         | and at least 32; never over half HEADLENS_MAX_QUEUE)      |
 
@@ -66,6 +69,8 @@ class Limits:
     max_work: int = 200_000
     job_timeout_s: int = 3600
     max_sweep_jobs: int = 10_000
+    max_tensor_bytes: int = 32 * 1024 * 1024
+    tensor_quota_bytes: int = 1024 * 1024 * 1024
     sweep_window: int | None = None  # None: max(32, 2 x the runner's workers) (sweeps.SweepManager)
 
     @classmethod
@@ -85,6 +90,9 @@ class Limits:
             max_work=int(env_number("HEADLENS_MAX_WORK", d.max_work)),
             job_timeout_s=int(env_number("HEADLENS_JOB_TIMEOUT_S", d.job_timeout_s)),
             max_sweep_jobs=int(env_number("HEADLENS_MAX_SWEEP_JOBS", d.max_sweep_jobs)),
+            max_tensor_bytes=int(env_number("HEADLENS_MAX_TENSOR_MB", d.max_tensor_bytes / 2**20, 0.001) * 2**20),
+            tensor_quota_bytes=int(env_number("HEADLENS_TENSOR_QUOTA_MB", d.tensor_quota_bytes / 2**20, 0.001)
+                                   * 2**20),
             # unset gives 0 (the default is not checked against the minimum; a value set must be at least 1)
             sweep_window=int(env_number("HEADLENS_SWEEP_WINDOW", 0)) or d.sweep_window,
         )
@@ -142,6 +150,16 @@ class Limits:
         if n_bytes > self.max_upload_bytes:
             raise TooLarge(f"the upload is {n_bytes / 2**20:.2f} MB, over this server's limit of "
                            f"{self.max_upload_bytes / 2**20:.2f} MB (HEADLENS_MAX_UPLOAD_MB)")
+
+    def check_tensor_upload(self, n_bytes: int) -> None:
+        if n_bytes > self.max_tensor_bytes:
+            raise TooLarge(f"the tensor file is {n_bytes / 2**20:.2f} MB, over this server's limit of "
+                           f"{self.max_tensor_bytes / 2**20:.2f} MB (HEADLENS_MAX_TENSOR_MB)")
+
+    @property
+    def max_tensor_body_bytes(self) -> int:
+        """Body limit of POST /tensors: the file (raw, or in a multipart form) plus 64 KB."""
+        return self.max_tensor_bytes + (1 << 16)
 
     @property
     def max_upload_body_bytes(self) -> int:

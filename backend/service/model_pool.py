@@ -96,15 +96,16 @@ class ModelPool:
         except ms.SourceError as e:
             raise (BadRequest(str(e)) if e.reason == "invalid" else NotFound(str(e))) from None
         if not self.allow_hub:
-            where = f"a folder under {self.root}" if self.root else "a local model folder"
+            where = "a folder under the server's model folder (HEADLENS_MODEL_ROOT)" if self.root else \
+                "a local model folder"
             raise Forbidden(f"Hugging Face hub ids such as {clip(name)!r} are disabled on this server "
                             f"(HEADLENS_ALLOW_HUB=0); use `default`, a pulled preset or {where}")
         return name
 
     def _check_root(self, name: str, resolved: Path) -> None:
         if self.root is not None and not resolved.is_relative_to(self.root):
-            raise Forbidden(f"model path {clip(name)!r} is outside the server's model folder {self.root} "
-                            f"(HEADLENS_MODEL_ROOT); local models must live under it")
+            raise Forbidden(f"model path {clip(name)!r} is outside the server's model folder (HEADLENS_MODEL_ROOT); "
+                            f"local models must live under it (a name relative to it works)")
 
     # -- resident models --------------------------------------------------------------------------
     def get(self, name: str) -> "LoadedModel":

@@ -23,7 +23,11 @@ it places actors on nodes with the resources, starts their processes and reports
 Results: the actor runs `analyze` with a `RecordingStore`: reads go to the service's cache (through a small
 `CacheReader` actor pinned to the service's node, so workers need not share its disk), writes are recorded and
 returned with the result. The service writes them, each under the kernel's per-key lock, after the job has
-succeeded: diskcache stays on one disk with one writer, and a job that dies writes nothing. Cache keys and
+succeeded: diskcache stays on one disk with one writer, and a job that dies writes nothing. Trained tensors
+(`ltv_train`, `site`) go the same way (`RecordingTensors`): read from the service's tensor folder through the
+reader, sent back with the result, checked (their bytes against their ids, the format's checks) and written by the
+service before the results that refer to them; one that cannot be written comes back inline with a warning, and
+the results that refer to it are not cached. Cache keys and
 the dedupe key are the kernel's and the admission's, unchanged. Once an actor has reported a model's
 fingerprint (kept in the cache under the model files' signature, so a restarted service or a rerun of a sweep
 knows it too), a job whose result is cached is answered by the service without touching the cluster.
@@ -56,6 +60,8 @@ installed, or a cluster that does not answer within HEADLENS_RAY_CONNECT_TIMEOUT
 """
 from __future__ import annotations
 
+import base64
+import json
 import logging
 import os
 import uuid
@@ -70,6 +76,7 @@ from .ray_actors import ModelActors, _Actor, model_signature
 from .ray_cluster import RayConfig, RunnerUnavailable, connect
 from .ray_worker import CacheReader
 from ..paths import REPO_ROOT, cache_dir
+from ..tensor_store import TensorStore, TensorWriteError
 
 log = logging.getLogger(__name__)
 
@@ -103,6 +110,7 @@ class RayJobRunner(LocalJobRunner):
 
         self.cache_directory = Path(cache_directory) if cache_directory else cache_dir()
         self.store = ResultCache(self.cache_directory)
+        self.tensors = TensorStore(self.cache_directory / "tensors")
         self._fingerprints: dict[str, _ModelRef] = {}
         self.retried = 0  # jobs run again because their worker died
         paths = [str(REPO_ROOT), *self.cfg.pythonpath]
@@ -130,7 +138,7 @@ class RayJobRunner(LocalJobRunner):
         canon = self.pool.check(model) if spec.uses_model else None
         ref = self._fingerprint(canon) if canon else None
         if spec.cached and (ref is not None or not spec.uses_model):
-            hit = lookup(kind, ref, task, fields, cache=self.store)
+            hit = lookup(kind, ref, task, fields, cache=self.store, tensors=self.tensors)
             if hit is not None:
                 return hit.to_json()
         lost: list[str] = []
@@ -150,8 +158,7 @@ class RayJobRunner(LocalJobRunner):
                     self.actors.release(a)
             if out.get("model") and canon:
                 self._remember(canon, _ModelRef(**out["model"]))
-            self._write(out["puts"])
-            return out["result"]
+            return self._write_outputs(out)
         raise WorkerLost(f"the worker running this job died {len(lost)} time{'s' if len(lost) != 1 else ''} "
                          f"(on {', '.join(dict.fromkeys(lost))}); gave up after {self.cfg.retries} "
                          f"retr{'ies' if self.cfg.retries != 1 else 'y'} (HEADLENS_RAY_RETRIES)")
@@ -228,6 +235,31 @@ class RayJobRunner(LocalJobRunner):
             sig = model_signature(canon)
             if sig:
                 self.store.put(sig, {"name": ref.name, "fingerprint": ref.fingerprint})
+
+    def _write_outputs(self, out: dict[str, Any]) -> dict[str, Any]:
+        """Write what a job made: its tensors (checked), then the results, but none that refers to a tensor that
+        could not be written; that one comes back inline in the job's result, with a warning."""
+        from ..analysis.kernel import unsaved_warning
+        from ..analysis.primitives.saved import inspect
+
+        written, failed = out.get("tensors") or {}, {}
+        for tid, data in written.items():
+            try:
+                if inspect(data, f"tensor {tid}")[0] != tid:
+                    raise ValueError(f"tensor {tid}: its bytes do not match its id")
+                self.tensors.put(tid, data)
+            except (ValueError, TensorWriteError) as e:
+                log.warning("ray: tensor %s not written: %s", tid, e)
+                failed[tid] = str(e)
+        puts, result = out["puts"], out["result"]
+        if failed:
+            puts = [(k, v) for k, v in puts if not any(t in json.dumps(v) for t in failed)]
+            result = {**result, "warnings": [*result.get("warnings", []),
+                                             *(unsaved_warning(t, why) for t, why in failed.items())],
+                      "unsaved_tensors": {**(result.get("unsaved_tensors") or {}),
+                                          **{t: base64.b64encode(written[t]).decode("ascii") for t in failed}}}
+        self._write(puts)
+        return result
 
     def _write(self, puts: list[tuple[str, dict[str, Any]]]) -> None:
         """Write an actor's results to the cache, each under the kernel's per-key lock (as the kernel does); an

@@ -1,14 +1,22 @@
-"""What runs on the Ray cluster: the actor that holds one model and runs analyses on it (`ModelWorker`), the store
-its analyses read and record through (`RecordingStore`), and the actor that reads the service's cache for them
-(`CacheReader`). The service side: `ray_actors.py` and `ray_runner.py`."""
+"""What runs on the Ray cluster: the actor that holds one model and runs analyses on it (`ModelWorker`), the stores
+its analyses read and record through (`RecordingStore` for results, `RecordingTensors` for trained tensors), and
+the actor that reads the service's cache and tensor folder for them (`CacheReader`). Nothing an analysis makes is
+written on the worker: results and tensors go back with the job's result, and the service writes them. The
+service side: `ray_actors.py` and `ray_runner.py`."""
 from __future__ import annotations
 
+import atexit
 import logging
 import os
+import re
+import shutil
 import socket
+import tempfile
 import threading
+from pathlib import Path
 from typing import Any, Callable
 
+from ..tensor_store import TensorStore, TensorWriteError, is_id, missing
 from .jobs import Cancelled
 
 log = logging.getLogger(__name__)
@@ -21,9 +29,96 @@ class CacheReader:
         from ..cache import ResultCache
 
         self._cache = ResultCache(directory)
+        self._tensors = TensorStore(Path(directory) / "tensors")
 
     def get(self, key: str) -> dict[str, Any] | None:
         return self._cache.get(key)
+
+    def tensor(self, tid: str) -> bytes | None:
+        """A stored tensor's bytes (checked against its id), or None."""
+        try:
+            return self._tensors.get(tid)
+        except ValueError:
+            return None
+
+    def has_tensor(self, tid: str) -> bool:
+        return self._tensors.has(tid)
+
+    def tensors_writable(self) -> str | None:
+        """None when the service's tensor folder takes a file, else why not."""
+        try:
+            self._tensors.check_writable()
+            return None
+        except TensorWriteError as e:
+            return e.reason
+
+
+class RecordingTensors:
+    """The tensor store an actor's analyses use: reads through `ask` (the service's CacheReader), writes kept in
+    `written` (id -> bytes) and returned with the result; the service checks and writes them."""
+
+    def __init__(self, ask: Callable[..., Any]):
+        self._ask = ask
+        self.written: dict[str, bytes] = {}
+
+    def _call(self, method: str, *args: Any) -> Any:
+        try:
+            return self._ask(method, *args)
+        except Exception as e:  # the reader is gone: nothing to read
+            log.warning("tensor store call %s failed (%s)", method, type(e).__name__)
+            return None
+
+    def get(self, tid: str) -> bytes:
+        if tid in self.written:
+            return self.written[tid]
+        data = self._call("tensor", tid) if is_id(tid) else None
+        if not isinstance(data, bytes):
+            raise missing(tid)
+        return data
+
+    def has(self, tid: str) -> bool:
+        return tid in self.written or bool(self._call("has_tensor", tid))
+
+    def put(self, tid: str, data: bytes) -> None:
+        self.written[tid] = data
+
+    def check_writable(self) -> None:
+        try:
+            why = self._ask("tensors_writable")
+        except Exception as e:
+            why = f"the service could not be asked ({type(e).__name__})"
+        if why:
+            raise TensorWriteError(why)
+
+
+_PRIVATE = re.compile(r"headlens-worker-(\d+)-")
+
+
+def private_folder() -> str:
+    """A worker's own cache folder (its per-key lock files) in the temporary folder, removed when the process ends;
+    the folders of this host's workers that died without cleaning up are removed first."""
+    base = tempfile.gettempdir()
+    try:
+        names = os.listdir(base)
+    except OSError:
+        names = []
+    for name in names:
+        m = _PRIVATE.match(name)
+        if m and not _alive(int(m.group(1))):
+            shutil.rmtree(os.path.join(base, name), ignore_errors=True)
+    folder = tempfile.mkdtemp(prefix=f"headlens-worker-{os.getpid()}-")
+    atexit.register(shutil.rmtree, folder, True)
+    return folder
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OverflowError, ValueError):
+        return True
+    return True
 
 
 class RecordingStore:
@@ -53,10 +148,8 @@ class ModelWorker:
     Methods besides `run` (poll, cancel, info) answer while a job runs (the actor has a few threads)."""
 
     def __init__(self, model: str | None, device: str, dtype: str | None, device_map: str | None, reader: Any):
-        import tempfile
-
-        # per-key locks and any file an analysis writes stay private to this worker: the service owns the cache
-        os.environ["HEADLENS_CACHE_DIR"] = tempfile.mkdtemp(prefix="headlens-worker-")
+        # per-key locks stay private to this worker: the service owns the cache, results and tensors
+        os.environ["HEADLENS_CACHE_DIR"] = private_folder()
         self._model, self._device, self._dtype, self._device_map = model, device, dtype, device_map
         self._reader = reader
         self._lm: Any = None
@@ -112,13 +205,14 @@ class ModelWorker:
 
         reader = self._reader
         store = RecordingStore(lambda key: ray.get(reader.get.remote(key), timeout=60))
+        tensors = RecordingTensors(lambda method, *args: ray.get(getattr(reader, method).remote(*args), timeout=60))
         try:
             with self._lock:
                 lm = self._model_obj() if spec.uses_model else None
                 progress(0.0, "running")
                 r = analyze(spec.name, lm, task, fields, cache=store if spec.cached else False,
-                            progress=progress, live=live)
-            return {"result": r.to_json(), "puts": list(store.puts.items()),
+                            progress=progress, live=live, tensors=tensors)
+            return {"result": r.to_json(), "puts": list(store.puts.items()), "tensors": dict(tensors.written),
                     "model": None if lm is None else {"name": lm.name, "fingerprint": lm.fingerprint}}
         finally:
             self._state.pop(call, None)

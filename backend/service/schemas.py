@@ -106,6 +106,20 @@ class UploadResponse(BaseModel):
     summary: TaskInfo
 
 
+class TensorInfo(BaseModel):
+    """A saved tensor file the service holds (POST /tensors, GET /tensors/{id})."""
+
+    id: str = Field(..., description="`<kind>-<32 hex digits>` (a hash of the file): use it as `load`")
+    kind: Literal["ltv", "site"]
+    model: str = Field(..., description="the model it was trained for (its name in the file)")
+    task: str = Field("", description="the task it was trained on (its name in the file)")
+    d_model: int
+    n_layers: int
+    n_heads: int
+    shapes: dict[str, list[int]]
+    bytes: int
+
+
 # -- service ---------------------------------------------------------------------------------------------
 class Health(BaseModel):
     status: Literal["ok"] = "ok"
@@ -144,7 +158,6 @@ class PresetInfo(BaseModel):
     note: str = ""
     pulled: bool
     converted: bool
-    path: str | None = None
     pull_command: str
     pull: PullInfo = Field(default_factory=PullInfo, description="this service's pull of it")
 
@@ -157,7 +170,8 @@ class Capabilities(BaseModel):
     tasks: list[TaskInfo]
     limits: dict[str, int | None]  # Limits.to_json(); sweep_window None: from the runner
     job_kinds: list[JobKindInfo]
-    model_root: str | None = None
+    model_root: bool = Field(False, description="local model paths must lie under the server's model folder "
+                                                "(HEADLENS_MODEL_ROOT; its path is not shown)")
     allow_hub: bool = True
     auth_required: bool = False
     presets: list[PresetInfo] = Field(default_factory=list, description="the named real models (GET /models)")

@@ -235,6 +235,10 @@ class SweepManager:
         with self._lock:
             self._sweeps[sw.id] = sw
             self._prune()
+        from ..tensor_store import default_store
+
+        for tid in {t for c in cells for t in c.admitted.tensors}:  # saved tensors its jobs read: kept meanwhile
+            default_store().pin(tid, lambda sw=sw: sw.status not in FINISHED)
         sw.thread = threading.Thread(target=self._feed, args=(sw,), name=f"headlens-sweep-{sw.id}", daemon=True)
         sw.thread.start()
         return self.get(sw.id, detail=False) or {}

@@ -24,13 +24,12 @@ mechanism    key heads   saliency |a . dp(gold)/da| per head at the last token w
              propagation W fitted on perturbed thetas (final hidden-state change ~ W theta), W = Q S:
                          rotation cos(theta, Q theta), stretch ||S theta|| / ||theta||, and the accuracy of
                          zero-shot prompts with W theta added to the final hidden state
-`load` compares a saved vector (its layers and positions come from the file) instead of training one.
+`load` compares a saved vector, by its id (its layers and positions come from the file), instead of training one.
 """
 from __future__ import annotations
 
 import math
 import random
-from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
@@ -39,10 +38,11 @@ from pydantic import Field
 
 from ... import options as o
 from ...tasks.base import TaskError
+from ...text import clip
 from ..kernel import Context
 from ..kinds import get_kind
-from ..params import ASSUMED_LAYERS, Bool, Float, Int, Layer, Selection
-from ..results import Grid, Head, Metrics, Model, Overlap, Result
+from ..params import ASSUMED_LAYERS, Bool, Float, Int, Layer, Selection, TensorId
+from ..results import Grid, Head, Metrics, Model, Overlap, Result, TensorsInline
 from .recipe import LtvRecipeParams, LtvTraining
 from ..primitives.batching import build_prompts, encode
 from ..primitives.inject import Injection, check_layers, check_positions, evaluate_injections
@@ -69,8 +69,12 @@ class LtvParams(Selection, LtvRecipeParams):
     random_draws: Int = Field(o.LTV_RANDOM_DRAWS, ge=1, le=100, description="random head sets ablated for contrast")
     perturbations: Int | None = Field(None, ge=2, le=16384, description="linear propagation: perturbed vectors "
                                                                         "(default 2 d_model, at most 1024)")
-    load: str | None = Field(None, min_length=1, max_length=o.MAX_TEXT,
-                             description="a saved LTV (.safetensors) to compare instead of training one")
+    load: TensorId("ltv") | None = Field(None, description="a saved LTV, by its id (an ltv_train result's `tensor`, "
+                                                           "or POST /tensors), to compare instead of training one")
+    tensor_fields = ("load",)
+
+    def writes_tensors(self) -> bool:
+        return not self.load
 
     def work(self, model: dict | None = None) -> tuple[int, str]:
         L = model["n_layers"] if model else ASSUMED_LAYERS
@@ -153,7 +157,7 @@ class LtvLayer(Model):
     propagation: Propagation | None = None
 
 
-class LtvResult(Result):
+class LtvResult(Result, TensorsInline):
     """kind `ltv`: learned task vectors compared with zero-shot, ICL and extracted vectors, and how they work.
 
     `table` is the comparison at `layer`; `sweep` the same conditions at every layer of `layers`; the extracted
@@ -177,7 +181,7 @@ class LtvResult(Result):
     rotation: list[float | None] = Field(..., description="per layer of `layers`: cos(theta, Q theta)")
     stretch: list[float | None] = Field(..., description="per layer of `layers`: ||S theta|| / ||theta||")
     per_layer: list[LtvLayer]
-    vector_path: str | None = Field(None, description="the table's LTV file")
+    tensor: str = Field(..., description="id of the table's LTV file (GET /tensors/{id}; `load` takes it)")
     heads: dict[str, list[Head]] = Field(default_factory=dict, description="head sets of the fv, tr and tl vectors")
     multi_token_labels: list[str] = Field(default_factory=list)
 
@@ -197,26 +201,20 @@ def _layers(lm: Any, p: LtvParams) -> list[int]:
 
 
 def _loaded(ctx: Context, p: LtvParams) -> dict[str, Any]:
-    """A saved vector as an `ltv_train`-shaped dict."""
-    path = Path(p.load).expanduser()
-    if path.suffix != ".safetensors":
-        raise ValueError(f"load: give a .safetensors file written by ltv_train, not {str(path)[:200]!r}")
-    tensors, meta = load_tensors(path, ctx.lm, "ltv")
+    """A saved vector as an `ltv_train`-shaped dict (the file checked: `saved.load_tensors`)."""
+    tensors, meta = load_tensors(ctx.tensors, p.load, ctx.lm, "ltv")
     recipe = meta["recipe"]
-    theta = tensors.get("theta")
-    layers = [int(l) for l in recipe.get("layers", [])]
-    if theta is None or theta.dim() != 2 or theta.shape[0] != len(layers):
-        raise ValueError(f"{path.name} holds no (layers, d_model) theta matching its recipe's layers {layers}")
-    check_layers(ctx.lm, layers)
+    theta = tensors["theta"]
+    layers = list(recipe["layers"])
     if meta.get("task_hash") and meta["task_hash"] != ctx.task.content_hash():
-        ctx.warn(f"{path.name} was trained on task {meta.get('task') or '?'!r} (another task or version than "
-                 f"{ctx.task.name!r}); compared here as given")
+        ctx.warn(f"{p.load} was trained on task {clip(meta.get('task') or '?', 80)!r} (another task or version than "
+                 f"{clip(ctx.task.name, 80)!r}); compared here as given")
     theta = theta.float().cpu()
     return {"layers": layers, "positions": [int(x) for x in recipe.get("positions", [-1])], "theta": theta.numpy(),
             "norm": [float(v.norm()) for v in theta], "loss": [], "val_accuracy": [], "val_loss": [],
             "init_val_accuracy": 0.0, "best_epoch": int(recipe.get("best_epoch", 0)), "epochs_run": 0,
             "stopped": "loaded", "train_seconds": 0.0, "n_train": int(recipe.get("n_train", 0)),
-            "n_val": int(recipe.get("n_val", 0)), "recipe": recipe, "vector_path": str(path)}
+            "n_val": int(recipe.get("n_val", 0)), "recipe": recipe, "tensor": p.load}
 
 
 def _extracted_at(vectors: Any, name: str, layer: int, d: int) -> torch.Tensor | None:
@@ -249,7 +247,7 @@ def _ltv(ctx: Context, p: LtvParams) -> dict[str, Any]:
                              f"those")
         groups = [layers]
         if p.positions != [-1] and p.positions != trainings[0]["positions"]:
-            ctx.warn(f"positions {p.positions} ignored: {Path(p.load).name} was trained at {trainings[0]['positions']}")
+            ctx.warn(f"positions {p.positions} ignored: {p.load} was trained at {trainings[0]['positions']}")
         ctx.progress(0.3, "loaded the vector")
     else:
         layers = _layers(lm, p)
@@ -322,7 +320,7 @@ def _ltv(ctx: Context, p: LtvParams) -> dict[str, Any]:
             "shots": built.shots, "prompts": built.n, "conditions": order, "table": per_layer[main]["conditions"],
             "sweep": sweep, "rotation": [x["rotation"] if x else None for x in prop],
             "stretch": [x["stretch"] if x else None for x in prop], "per_layer": per_layer,
-            "vector_path": per_layer[main]["training"]["vector_path"], "heads": heads, "multi_token_labels": multi}
+            "tensor": per_layer[main]["training"]["tensor"], "heads": heads, "multi_token_labels": multi}
 
 
 def _mechanism(ctx: Context, p: LtvParams, zero: Any, layer: int, theta: torch.Tensor, positions: tuple[int, ...],

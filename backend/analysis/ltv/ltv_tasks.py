@@ -26,7 +26,7 @@ from ...tasks.registry import builtin_by_names, model_tasks
 from ..kernel import Context, analyze
 from ..kinds import get_kind
 from ..params import Bool, Int, Layer, Selection
-from ..results import Metrics, Model, Result
+from ..results import Metrics, Model, Result, TensorsInline
 from .recipe import LtvRecipeParams
 from ..primitives.batching import build_prompts, encode
 from ..primitives.inject import Injection, check_layers, evaluate_injections
@@ -52,6 +52,9 @@ class LtvTasksParams(Selection, LtvRecipeParams):
         n = len(self.tasks) if self.tasks else 10
         return n * one + (7 * 5 * self.prompts if self.compose else 0), f"{n} tasks x {one} (one LTV each)"
 
+    def writes_tensors(self) -> bool:
+        return True
+
 
 class Composition(Model):
     """theta_a + theta_b on the composed task x -> b(a(x)), zero-shot."""
@@ -66,7 +69,7 @@ class Composition(Model):
     sum: Metrics
 
 
-class LtvTasksResult(Result):
+class LtvTasksResult(Result, TensorsInline):
     """kind `ltv_tasks`: LTVs of several tasks at one layer."""
 
     layer: int
@@ -88,7 +91,7 @@ class LtvTasksResult(Result):
                                                                                   "classification / generation tasks")
     across_kinds: float | None = Field(None, description="mean similarity of classification-generation pairs")
     compositions: list[Composition] = Field(default_factory=list)
-    vector_paths: dict[str, str | None] = Field(default_factory=dict)
+    tensors: dict[str, str] = Field(..., description="task -> id of its LTV file (GET /tensors/{id})")
 
 
 RECIPE = (*LtvRecipeParams.model_fields, "shots", "prompts", "top_pct", "top_k")  # what each task's ltv call takes
@@ -139,7 +142,8 @@ def _ltv_tasks(ctx: Context, p: LtvTasksParams) -> dict[str, Any]:
     for i, t in enumerate(tasks):
         stage = ctx.stage(0.85 * i / len(tasks), 0.85 * (i + 1) / len(tasks), t.name)
         r = analyze("ltv", lm, t, {**fields, "layer": layer, "mechanism": False},
-                    cache=ctx.store if ctx.store is not None else False, progress=stage, live=ctx.report)
+                    cache=ctx.store if ctx.store is not None else False, progress=stage, live=ctx.report,
+                    tensors=ctx.tensors)
         for w in r.warnings:
             if "held-out queries" not in w and "demonstration pool" not in w and "an epoch draws" not in w:
                 ctx.warn(f"{t.name}: {w}")
@@ -187,7 +191,7 @@ def _ltv_tasks(ctx: Context, p: LtvTasksParams) -> dict[str, Any]:
             "across_spaces": float(np.mean(across)) if across else None,
             "within_kind": {k: float(np.mean(v)) if v else None for k, v in by_kind.items()},
             "across_kinds": float(np.mean(mixed)) if mixed else None, "compositions": comps,
-            "vector_paths": {n: results[n].vector_path for n in names}}
+            "tensors": {n: results[n].tensor for n in names}}
 
 
 def _compose(lm: Any, p: LtvTasksParams, layer: int, results: dict[str, Any], thetas: dict[str, torch.Tensor],

@@ -18,7 +18,9 @@ keeping the best theta (see `learn`). Three adaptations, all in the recipe's met
 Data: zero-shot prompts of the seed's demonstration pool (training and held-out); the seed's query pool, which
 every analysis scores, is never seen. Progress reports every step; `ctx.live` carries the loss curve so far
 ({"loss": [...], "val_accuracy": [...], ...}). The vector is saved as safetensors (model fingerprint, d_model,
-task hash and the recipe in its metadata) under the cache folder's `tensors/`; its path is in the result.
+task hash and the recipe in its metadata) in the tensor store; its id (a hash of the file) is the result's
+`tensor`. The store is checked to take a file before the training starts; a save that fails afterwards returns
+the vector inline (the kernel: `unsaved_tensors`) with a warning.
 """
 from __future__ import annotations
 
@@ -30,16 +32,15 @@ from typing import Any
 import torch
 from pydantic import Field
 
-from ...cache import make_key
 from ..kernel import Context
 from ..params import Layer
-from ..results import Result
+from ..results import Result, TensorsInline
 from .recipe import LtvRecipeParams, LtvTraining
 from ..primitives.batching import encode
 from ..primitives.notes import Note
 from ..primitives.inject import check_layers, check_positions
 from .learn import Recipe, residual_rms, train_injection, training_split
-from ..primitives.saved import default_path, save_tensors
+from ..primitives.saved import require_writable, save_tensors
 
 
 class LtvTrainParams(LtvRecipeParams):
@@ -51,8 +52,11 @@ class LtvTrainParams(LtvRecipeParams):
     def work(self, model: dict | None = None) -> tuple[int, str]:
         return self.training_work()
 
+    def writes_tensors(self) -> bool:
+        return True
 
-class LtvTrainResult(Result, LtvTraining):
+
+class LtvTrainResult(Result, LtvTraining, TensorsInline):
     """kind `ltv_train`: one trained LTV."""
 
     d_model: int
@@ -63,7 +67,7 @@ LIVE_EVERY_S = 0.25
 
 
 def ltv_train(ctx: Context, p: LtvTrainParams) -> dict[str, Any]:
-    """{"layers", "positions", "theta" (layers, d_model), training history, "vector_path", ...}."""
+    """{"layers", "positions", "theta" (layers, d_model), training history, "tensor" (its id), ...}."""
     lm, task = ctx.lm, ctx.task
     layers = [lm.n_layers // 2] if p.layer is None else [p.layer] if isinstance(p.layer, int) else p.layer
     layers = check_layers(lm, sorted(set(layers)))
@@ -73,6 +77,7 @@ def ltv_train(ctx: Context, p: LtvTrainParams) -> dict[str, Any]:
     train, val = encode(lm, split.train, task.kind), encode(lm, split.val, task.kind)
     multi = sorted(set(train.multi_token) | set(val.multi_token))  # the kernel warns once (primitives/notes.py)
     positions = check_positions(train.ids + val.ids, p.positions)
+    require_writable(ctx.tensors, "ltv")  # a folder that cannot take the vector: an error now, not after training
     # theta's start is seeded by the seed *and* the task, so two tasks' vectors never share a starting point
     init_seed = int(hashlib.sha256(f"{p.seed}:{task.content_hash()}".encode()).hexdigest()[:12], 16)
     recipe = Recipe(lr=p.lr, epochs=p.epochs, patience=p.patience, weight_decay=p.weight_decay,
@@ -115,13 +120,12 @@ def ltv_train(ctx: Context, p: LtvTrainParams) -> dict[str, Any]:
                    "n_train": len(train.ids), "n_val": len(val.ids),
                    "best_epoch": trained.best_epoch, "objective": "CE of the gold first token, zero-shot prompts",
                    "site": "decoder layer input"}
-    key = make_key("ltv", model=lm.fingerprint, task=task.content_hash(), params=p.model_dump(mode="json"))
-    path = save_tensors(default_path("ltv", key), {"theta": theta}, lm, "ltv", task_hash=task.content_hash(),
-                        task_name=task.name, recipe=recipe_meta)
+    tid = save_tensors(ctx.tensors, {"theta": theta}, lm, "ltv", task_hash=task.content_hash(),
+                       task_name=task.name, recipe=recipe_meta)
     ctx.progress(1.0, f"trained the LTV at {where}")
     return {"layers": layers, "positions": list(positions), "theta": theta.numpy(),
             "norm": [float(v.norm()) for v in theta], "loss": trained.loss, "val_accuracy": trained.val_accuracy,
             "val_loss": trained.val_loss, "init_val_accuracy": trained.init_val_accuracy,
             "best_epoch": trained.best_epoch, "epochs_run": trained.epochs_run, "stopped": trained.stopped,
             "train_seconds": trained.seconds, "n_train": len(train.ids), "n_val": len(val.ids),
-            "recipe": recipe_meta, "vector_path": str(path), "d_model": lm.d_model, "multi_token_labels": multi}
+            "recipe": recipe_meta, "tensor": tid, "d_model": lm.d_model, "multi_token_labels": multi}

@@ -79,4 +79,5 @@ class LtvTraining(Model):
     n_train: int
     n_val: int
     recipe: dict[str, Any] = Field(default_factory=dict)
-    vector_path: str | None = Field(None, description="the safetensors file holding theta and its metadata")
+    tensor: str = Field(..., description="id of the saved safetensors file holding theta and its metadata (GET "
+                                         "/tensors/{id}; `ltv`'s `load` takes it)")

@@ -11,7 +11,9 @@ newline; first-token accuracy, label accuracy, TR ratio, exact match.
 Besides: baselines (zero-shot, k-shot ICL where the context fits, the function vector and the vanilla task vector
 at the middle layer as on the Steering page, every alpha = 1, the cached LTV), top-k / bottom-k patching by alpha,
 the budget curve over M (a SITE run per M, through the cache), and rank correlations of alpha with the TR, TL and
-induction maps (and the LTV's key-head saliency, when cached). The alphas and t are saved as safetensors.
+induction maps (and the LTV's key-head saliency, when cached). The alphas and t are saved as safetensors in the
+tensor store (checked to take a file before the training starts); the result's `tensor` is the file's id, which
+`load` takes.
 """
 from __future__ import annotations
 
@@ -24,17 +26,18 @@ import torch
 from pydantic import Field, field_validator
 
 from ... import options as o
+from ...text import clip
 from ...hooks import hooked
-from ..kernel import Context, cache_key
+from ..kernel import Context
 from ..kinds import get_kind
-from ..params import Int
-from ..results import Grid, Head, Metrics, Model, Overlap, Result
+from ..params import Int, TensorId
+from ..results import Grid, Head, Metrics, Model, Overlap, Result, TensorsInline
 from .recipe import SiteRecipeParams
 from ..primitives.batching import build_prompts, encode
 from ..primitives.capture import capture_means
 from .generate import evaluate_generation, require_kv_cache, stop_strings
 from ..primitives.inject import vector_at
-from ..primitives.saved import default_path
+from ..primitives.saved import require_writable
 from ..primitives.selection import n_top, overlap
 from ..primitives.threads import cpu_threads
 from .soft_select import (decisive_shares, encode_all, hard_alpha, hook_factory, load_site,
@@ -70,9 +73,13 @@ class SiteParams(SiteRecipeParams):
                               description="M values of the budget curve, each a SITE run (empty: none)")
     correlations: list[SiteCorrelation] = Field(default_factory=lambda: ["tr", "tl", "induction", "ltv"], max_length=4,
                                                 description="maps to rank-correlate alpha with (ltv: when cached)")
-    load: str | None = Field(None, min_length=1, max_length=o.MAX_TEXT,
-                             description="a saved SITE file (.safetensors: alphas and task embedding) to evaluate "
-                                         "instead of training")
+    load: TensorId("site") | None = Field(None, description="a saved SITE file (alphas and task embedding), by its "
+                                                            "id (a site result's `tensor`, or POST /tensors), to "
+                                                            "evaluate instead of training")
+    tensor_fields = ("load",)
+
+    def writes_tensors(self) -> bool:
+        return not self.load
 
     @field_validator("compare", "correlations")
     @classmethod
@@ -159,7 +166,7 @@ class SiteBudget(Model):
     train_seconds: list[float]
 
 
-class SiteResult(Result):
+class SiteResult(Result, TensorsInline):
     """kind `site`: soft head selection (SITE) on one task."""
 
     n_layers: int
@@ -190,7 +197,8 @@ class SiteResult(Result):
                                                                                "and LTV key-head saliency maps")
     train_seconds: float = Field(..., description="the training loop (0 for loaded alphas)")
     embed_seconds: float = Field(..., description="building the task embedding")
-    path: str | None = Field(None, description="the safetensors file with the alphas and the task embedding")
+    tensor: str = Field(..., description="id of the safetensors file with the alphas and the task embedding (GET "
+                                         "/tensors/{id}; `load` takes it)")
     loaded: bool = False
     stop: list[str] = Field(default_factory=list, description="where a generated answer is cut")
     examples: list[SiteRow] = Field(default_factory=list)
@@ -213,6 +221,8 @@ def site(ctx: Context, p: SiteParams) -> dict[str, Any]:
 def _site(ctx: Context, p: SiteParams) -> dict[str, Any]:
     lm, task = ctx.lm, ctx.task
     require_kv_cache(lm)
+    if not p.load:
+        require_writable(ctx.tensors, "site")  # a folder that cannot take the alphas: an error now, not after
     data = site_data(lm, task, m=p.m, shots=p.shots, val_prompts=p.val_prompts, test_prompts=p.prompts, seed=p.seed)
     for w in data.warnings:
         ctx.warn(w)
@@ -226,13 +236,14 @@ def _site(ctx: Context, p: SiteParams) -> dict[str, Any]:
     val: list[dict[str, float]] = []
     best_step, train_s, embed_s = 0, 0.0, 0.0
     if p.load:
-        alpha, t, meta = load_site(p.load, lm)
+        alpha, t, meta = load_site(ctx.tensors, p.load, lm)
         logits = torch.logit(alpha.clamp(1e-6, 1 - 1e-6)).cpu()
         if meta.get("task_hash") and meta["task_hash"] != task.content_hash():
-            ctx.warn(f"the saved alphas were trained on task {meta.get('task') or '?'!r}; evaluated here on "
-                     f"{task.name!r} with their own task embedding")
-        best_step = int((meta.get("recipe") or {}).get("best_step", 0))
-        path = str(p.load)
+            ctx.warn(f"the saved alphas were trained on task {clip(meta.get('task') or '?', 80)!r}; evaluated here "
+                     f"on {clip(task.name, 80)!r} with their own task embedding")
+        best_step = meta["recipe"].get("best_step", 0)
+        best_step = best_step if type(best_step) is int and best_step >= 0 else 0
+        tid = p.load
         ctx.progress(0.45, "loaded the alphas")
     else:
         t0 = time.perf_counter()
@@ -244,8 +255,7 @@ def _site(ctx: Context, p: SiteParams) -> dict[str, Any]:
         logits, loss, val, best_step, train_s = tr.logits, tr.loss, tr.val, tr.best_step, tr.seconds
         alpha = tr.alpha
         recipe = {k: getattr(p, k) for k in RECIPE} | {"shots_used": data.shots, "best_step": best_step}
-        key = cache_key(get_kind("site"), lm, task, p)
-        path = str(save_site(default_path("site", key), lm, logits, t, task, recipe))
+        tid = save_site(ctx.tensors, lm, logits, t, task, recipe)
     alpha = alpha.float().cpu()
     t = t.float()
 
@@ -267,7 +277,7 @@ def _site(ctx: Context, p: SiteParams) -> dict[str, Any]:
             "baselines": baselines,
             "params_count": {"site": L * H, "lora": lora_params(lm), "task_embedding": L * H * lm.head_dim},
             "patching": patching, "budget": budget, "correlations": correlations, "train_seconds": train_s,
-            "embed_seconds": embed_s, "path": path, "loaded": bool(p.load), "stop": stop, "examples": ev["rows"],
+            "embed_seconds": embed_s, "tensor": tid, "loaded": bool(p.load), "stop": stop, "examples": ev["rows"],
             "multi_token_labels": sorted(set().union(*(e.multi_token for e in enc.values())))}
 
 

@@ -23,11 +23,10 @@ from ...tasks.base import Task, TaskError
 from ...tasks.registry import builtin_by_names, model_tasks
 from ..kernel import Context, analyze, lookup
 from ..params import Int
-from ..results import Result
+from ..results import Result, TensorsInline
 from .recipe import SiteRecipeParams
 from ..primitives.batching import encode
 from ..primitives.capture import capture_means
-from ..primitives.saved import SavedTensorError
 from ..primitives.threads import cpu_threads
 from .soft_select import hard_alpha, load_site, ranked_heads, site_data
 from ..primitives.sweep import RowConfig, sweep_outcomes
@@ -47,8 +46,11 @@ class SiteTransferParams(SiteRecipeParams):
         k = len(self.tasks) if self.tasks else 10
         return k * n + k * k * self.prompts, f"{k} SITE runs and {k * k} transfers"
 
+    def writes_tensors(self) -> bool:
+        return True
 
-class SiteTransferResult(Result):
+
+class SiteTransferResult(Result, TensorsInline):
     """kind `site_transfer`: task A's alphas with task B's task embedding, on B's test prompts."""
 
     tasks: list[str]
@@ -63,7 +65,7 @@ class SiteTransferResult(Result):
     alpha_spearman: list[list[float | None]] = Field(..., description="rank correlation of the alpha maps")
     head_jaccard: list[list[float]] = Field(..., description="overlap of the heads with alpha > 0.5")
     summary: dict[str, float | None] = Field(default_factory=dict)
-    paths: dict[str, str | None] = Field(default_factory=dict)
+    tensors: dict[str, str] = Field(..., description="task -> id of its SITE file (GET /tensors/{id})")
 
 
 RECIPE = tuple(SiteRecipeParams.model_fields)  # what each task's site call takes
@@ -88,21 +90,21 @@ def _transfer(ctx: Context, p: SiteTransferParams) -> dict[str, Any]:
         stage = ctx.stage(0.85 * i / len(tasks), 0.85 * (i + 1) / len(tasks), f"SITE on {t.name}")
         store = ctx.store if ctx.store is not None else False
         try:  # a full run with these settings (the page's, or the CLI's defaults) trained the same alphas
-            r = lookup("site", lm, t, {k: getattr(p, k) for k in RECIPE}, cache=store) or \
-                analyze("site", lm, t, fields, cache=store, progress=stage)
+            r = lookup("site", lm, t, {k: getattr(p, k) for k in RECIPE}, cache=store, tensors=ctx.tensors) or \
+                analyze("site", lm, t, fields, cache=store, progress=stage, tensors=ctx.tensors)
         except TaskError as e:
             ctx.warn(f"{t.name}: left out ({e})")
             continue
         try:
-            alpha, emb, _ = load_site(r.path, lm) if r.path else (None, None, None)
-        except SavedTensorError:
+            alpha, emb, _ = load_site(ctx.tensors, r.tensor, lm)
+        except ValueError:  # absent or damaged since (the cache checked it a moment ago)
             alpha = emb = None
         if alpha is None:  # the file is gone (a cleaned tensors folder): the result's alphas, t rebuilt
             data = site_data(lm, t, m=p.m, shots=p.shots, val_prompts=p.val_prompts, test_prompts=p.prompts,
                              seed=p.seed)
             alpha = torch.as_tensor(np.asarray(r.alpha), dtype=torch.float32)
             emb = capture_means(lm, encode(lm, data.embed, t.kind), "z", p.batch_size)
-        runs[t.name] = (alpha.float().cpu(), emb.float(), r.path)
+        runs[t.name] = (alpha.float().cpu(), emb.float(), r.tensor)
         kept.append(t)
     if len(kept) < 2:
         raise TaskError("site_transfer needs at least two tasks SITE can run on")
@@ -155,7 +157,7 @@ def _transfer(ctx: Context, p: SiteTransferParams) -> dict[str, Any]:
     return {"tasks": names, "kinds": kinds, "accuracy": acc.tolist(), "tr_ratio": trr.tolist(),
             "zero_shot": zero.tolist(), "all_ones": ones.tolist(), "top_k": k, "accuracy_top_k": acc_k.tolist(),
             "alpha_spearman": rho, "head_jaccard": jac,
-            "summary": summary, "paths": {a: runs[a][2] for a in names}}
+            "summary": summary, "tensors": {a: runs[a][2] for a in names}}
 
 
 def _spearman(a: np.ndarray, b: np.ndarray) -> float | None:

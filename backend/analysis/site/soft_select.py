@@ -19,7 +19,6 @@ from __future__ import annotations
 import random
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Callable, ContextManager, Sequence
 
 import numpy as np
@@ -289,30 +288,21 @@ def hard_alpha(lm: LoadedModel, heads: Sequence[tuple[int, int]]) -> torch.Tenso
 
 
 # -- saving ------------------------------------------------------------------------------------------------------------
-def save_site(path: str | Path, lm: LoadedModel, logits: torch.Tensor, t: torch.Tensor, task: Task | None = None,
-              recipe: dict[str, Any] | None = None) -> Path:
+def save_site(store: Any, lm: LoadedModel, logits: torch.Tensor, t: torch.Tensor, task: Task | None = None,
+              recipe: dict[str, Any] | None = None) -> str:
     """Write the alpha logits, the alphas and the task embedding as safetensors (with the model, d_model, task
-    and recipe metadata that loading checks)."""
-    return save_tensors(path, {"alpha_logits": logits, "alpha": torch.sigmoid(logits.float()), "task_embedding": t},
+    and recipe metadata that loading checks) through `store` (`ctx.tensors`); returns the file's id."""
+    return save_tensors(store, {"alpha_logits": logits, "alpha": torch.sigmoid(logits.float()), "task_embedding": t},
                         lm, KIND, task_hash=task.content_hash() if task is not None else None,
                         task_name=task.name if task is not None else None, recipe=recipe)
 
 
-def load_site(path: str | Path, lm: LoadedModel) -> tuple[torch.Tensor, torch.Tensor, dict[str, Any]]:
-    """(alpha (layers, heads), task embedding (layers, heads, head_dim), metadata); refuses a file made for
-    another model or d_model (SavedTensorError), or one whose shapes do not fit this model."""
-    from ..primitives.saved import SavedTensorError
-
-    tensors, meta = load_tensors(path, lm, KIND)
-    alpha = tensors.get("alpha")
-    t = tensors.get("task_embedding")
-    if alpha is None or t is None:
-        raise SavedTensorError(f"{Path(path).name} lacks the alpha or task_embedding tensor")
-    if tuple(alpha.shape) != (lm.n_layers, lm.n_heads) or tuple(t.shape) != (lm.n_layers, lm.n_heads, lm.head_dim):
-        raise SavedTensorError(f"{Path(path).name} holds alphas {tuple(alpha.shape)} and an embedding "
-                               f"{tuple(t.shape)}; {lm.name} has {lm.n_layers} x {lm.n_heads} heads of dim "
-                               f"{lm.head_dim}")
-    return alpha, t, meta
+def load_site(store: Any, tid: str, lm: LoadedModel) -> tuple[torch.Tensor, torch.Tensor, dict[str, Any]]:
+    """(alpha (layers, heads), task embedding (layers, heads, head_dim), metadata) of the saved file `tid`; a
+    ValueError of one sentence for an absent or unsound file (alpha outside [0, 1], values not finite, ...) or one
+    made for another model (`saved.load_tensors`)."""
+    tensors, meta = load_tensors(store, tid, lm, KIND)
+    return tensors["alpha"], tensors["task_embedding"], meta
 
 
 def encode_all(lm: LoadedModel, task: Task, data: SiteData) -> dict[str, Encoded]:
