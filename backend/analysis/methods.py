@@ -17,6 +17,7 @@ from .. import options as o
 from .kernel import Context
 from .kinds import KINDS, get_kind
 from .params import Bool, Int, Layer, PromptParams, Selection
+from .primitives.cost import Shape, Sizes, Work
 from .results import Model, Result
 from .primitives.sweep import resolve_layers
 
@@ -31,6 +32,19 @@ class MethodsParams(Selection, PromptParams):
     site_shots: Int = Field(o.SITE_SHOTS, ge=0, description="SITE: demonstrations per embedding prompt")
     site_steps: Int = Field(o.SITE_STEPS, ge=0, le=100_000, description="SITE: training steps")
     ltv: Bool = Field(False, description="train the LTV when no cached result is found (else it is left out)")
+
+    def work(self, shape: Shape, sizes: Sizes) -> Work:
+        """The `steer` of the extracted vectors, the `site` run with these settings and, with `ltv`, an LTV: the
+        sub-calls' own work (each is cached; this counts them all)."""
+        sel = {"top_pct": self.top_pct, "top_k": self.top_k}
+        w = get_kind("steer").params(vectors=[k for k, _, _ in EXTRACTED], layer=self.layer, shots=self.shots,
+                                     prompts=self.prompts, seed=self.seed, **sel).work(shape, sizes).named("steer")
+        w = w + get_kind("site").params(m=self.site_m, shots=self.site_shots, steps=self.site_steps,
+                                        prompts=self.prompts, seed=self.seed).work(shape, sizes).named("SITE")
+        if self.ltv and "ltv" in KINDS:
+            w = w + get_kind("ltv").params(shots=self.shots, prompts=self.prompts, seed=self.seed, **sel).work(
+                shape, sizes).named("LTV")
+        return w
 
 
 class MethodRow(Model):

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 from pydantic import ValidationError
 
 from .errors import BadRequest, clip
+from .estimate import Estimate, estimate
 from .jobs import job_key
 from .limits import Limits
 from .model_pool import ModelPool
@@ -29,6 +30,7 @@ class Admitted:
     kind: str
     params: dict[str, Any]
     key: str
+    estimate: Estimate | None = None
 
 
 def describe_validation(e: ValidationError | RequestValidationError, allowed: list[str] | None = None) -> str:
@@ -47,11 +49,13 @@ def describe_validation(e: ValidationError | RequestValidationError, allowed: li
     return "; ".join(parts)
 
 
-def admit(body: dict[str, Any], pool: ModelPool, tasks: TaskStore, limits: Limits) -> Admitted:
+def admit(body: dict[str, Any], pool: ModelPool, tasks: TaskStore, limits: Limits,
+          check_work: bool = True) -> Admitted:
     """Validate a POST /jobs body; raises ServiceError subclasses (4xx) with a clear message.
 
     `model` and `task` are checked by the service (access rules, known tasks); the other fields by the
-    kind's params model from the registry; then the limits."""
+    kind's params model from the registry; then the limits (`check_work=False`: all but the work limit, for an
+    estimate that says by how much a job is over it)."""
     from ..analysis.kinds import KINDS, get_kind
 
     kind = body.get("kind")
@@ -82,6 +86,10 @@ def admit(body: dict[str, Any], pool: ModelPool, tasks: TaskStore, limits: Limit
         identity["model"] = pool.check(jf.model)
         resident = pool.peek(jf.model)
         model_info = resident.info() if resident is not None else None
+    device = pool.device_info()[0] if hasattr(pool, "device_info") else "cpu"
+    work = estimate(spec, p, identity.get("model"), task, device)
+    if check_work:  # from the params, the model's files and the task: the same whether it is loaded or not
+        limits.check_work(work)
     if model_info is not None:
         try:
             check_model_fit(p, model_info)
@@ -91,10 +99,9 @@ def admit(body: dict[str, Any], pool: ModelPool, tasks: TaskStore, limits: Limit
                 require_fit(resident, task)
         except ValueError as e:
             raise BadRequest(str(e)) from None
-    limits.check_work(p, model_info)
     params = {**({"model": jf.model} if spec.uses_model else {}), **({"task": jf.task} if spec.uses_task else {}),
               **p.model_dump(mode="json")}
-    return Admitted(spec.name, params, job_key(spec.name, params, **identity))
+    return Admitted(spec.name, params, job_key(spec.name, params, **identity), work)
 
 
 def check_model_fit(p: Any, model: dict[str, Any]) -> None:

@@ -79,6 +79,19 @@ class JobTimeLimit(Exception):
     """Raised inside a job (by its progress callback) once it has run past the per-job time limit."""
 
 
+def time_limited(progress: Progress, limit_s: float) -> Progress:
+    """`progress`, raising JobTimeLimit once `limit_s` seconds have passed (the CLI's HEADLENS_JOB_TIMEOUT_S: the
+    analysis stops at its next progress step, as a service job does)."""
+    start = time.monotonic()
+
+    def report(fraction: float, message: str = "") -> None:
+        if time.monotonic() - start > limit_s:
+            raise JobTimeLimit(f"the analysis ran past the time limit of {limit_s:g} s (HEADLENS_JOB_TIMEOUT_S); "
+                               f"ask for fewer prompts or values, or raise the limit")
+        progress(fraction, message)
+    return report
+
+
 @dataclass
 class JobProgress:
     """What a runner hands a job: `progress(fraction, message)`, and `live(data)` for data a page draws while
@@ -105,7 +118,12 @@ def make_executor(pool: Any, tasks: Any) -> Executor:
         model, task = fields.pop("model", None), fields.pop("task", None)
         lm = pool.get(model) if spec.uses_model else None
         t = tasks.get(task) if spec.uses_task else None
-        return analyze(kind, lm, t, fields, progress=progress, live=getattr(progress, "live", None)).to_json()
+        out = analyze(kind, lm, t, fields, progress=progress, live=getattr(progress, "live", None)).to_json()
+        if kind == "model_info":  # its seconds per token make the time estimates of this model's jobs
+            from .estimate import note_speed
+
+            note_speed(pool.check(model), out)
+        return out
     return execute
 
 
