@@ -272,7 +272,13 @@ def create_app(runner: JobRunner | None = None, *, pool: ModelPool | None = None
 
     from .sweeps import add_routes as add_sweep_routes
 
-    add_sweep_routes(app, runner, pool, tasks, limits)  # POST /sweeps, GET /sweeps, GET/DELETE /sweeps/{id}
+    sweeps = add_sweep_routes(app, runner, pool, tasks, limits)  # POST /sweeps, GET /sweeps, GET/DELETE /sweeps/{id}
+
+    def in_use() -> set[str]:  # uploads queued jobs and running sweeps still need: pinned in the task store
+        active = {j.params.get("task") for j in runner.list() if j.status in ("queued", "running")}
+        return {t for t in active if isinstance(t, str)} | sweeps.tasks_in_use()
+
+    tasks.in_use = in_use
     from .pulls import add_routes as add_pull_routes
 
     add_pull_routes(app, pulls)  # GET /models, POST /models/{name}/pull

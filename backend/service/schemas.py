@@ -72,6 +72,8 @@ class JobStatus(BaseModel):
     finished: float | None = None
     cache_hit: bool | None = None
     submitters: int = Field(1, description="submissions sharing this job; a DELETE cancels it only at the last")
+    lane: Literal["interactive", "sweep"] = Field("interactive", description="interactive jobs run before a sweep's")
+    preempted: int = Field(0, description="times this sweep job gave way to interactive jobs (it then starts again)")
     live: dict[str, Any] | None = Field(None, description="while running: data a page draws live (e.g. the loss "
                                                             "curve so far of a training)")
 
