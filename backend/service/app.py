@@ -1,6 +1,6 @@
 """The FastAPI app: `create_app()` wires the routes to a job runner, the model pool and the task store.
 
-Routes: GET /health, GET /capabilities, GET /tasks, POST /tasks/upload, POST /jobs, GET /jobs,
+Routes: GET /health, GET /capabilities, GET /tasks, POST /tasks/upload, POST /jobs, POST /jobs/estimate, GET /jobs,
 GET /jobs/{id}, DELETE /jobs/{id}; POST /sweeps, GET /sweeps, GET /sweeps/{id}, DELETE /sweeps/{id} (sweeps.py);
 GET /models, POST /models/{name}/pull (the presets, pulled in the background: pulls.py).
 Errors are `{"detail": "<one-line message>"}` with a 4xx status.
@@ -32,7 +32,8 @@ from .jobs import JobRunner
 from .limits import Limits
 from .model_pool import ModelPool
 from .pulls import Pulls
-from .schemas import (Capabilities, ErrorResponse, Health, JobKindInfo, JobRequest, JobStatus, TaskInfo,
+from ..text import describe_seconds
+from .schemas import (Capabilities, ErrorResponse, Health, JobEstimate, JobKindInfo, JobRequest, JobStatus, TaskInfo,
                       UploadRequest, UploadResponse)
 from .task_store import TaskStore, task_info
 
@@ -230,6 +231,22 @@ def create_app(runner: JobRunner | None = None, *, pool: ModelPool | None = None
     def submit_job(req: JobRequest) -> JobStatus:
         a = admit({"kind": req.kind, **(req.model_extra or {})}, pool, tasks, limits)
         return runner.submit(a.kind, a.params, a.key)
+
+    @app.post("/jobs/estimate", response_model=JobEstimate)
+    def estimate_job(req: JobRequest) -> JobEstimate:
+        """A job's estimated work and time, before it runs: never queues, computes or loads a model. Work (tokens
+        through the model, and prompt passes: HEADLENS_MAX_WORK's unit) comes from the params, the model's files
+        and the task; seconds from the model's measured speed (`model_info`), else from its size (`assumed`).
+        A job over the work limit is answered here with `admitted: false` and the refusal POST /jobs would give."""
+        a = admit({"kind": req.kind, **(req.model_extra or {})}, pool, tasks, limits, check_work=False)
+        e = a.estimate
+        refusal = None
+        try:
+            limits.check_work(e)
+        except ServiceError as err:
+            refusal = err.message
+        return JobEstimate(kind=a.kind, **e.to_json(), limit=limits.max_work, admitted=refusal is None,
+                           refusal=refusal, text=describe_seconds(e.seconds))
 
     @app.post("/jobs/cached", response_model=JobStatus, responses={404: {"model": ErrorResponse}})
     def cached_job(req: JobRequest) -> JobStatus:

@@ -44,7 +44,7 @@ class Estimate:
 
     def to_json(self) -> dict[str, Any]:
         return {"passes": round(self.passes, 1), "tokens": round(self.tokens), "train_tokens": round(self.train_tokens),
-                "how": self.how, "seconds": None if self.seconds is None else round(self.seconds, 2),
+                "how": self.how, "seconds": self.seconds,
                 "seconds_basis": self.seconds_basis, "seconds_per_token": self.seconds_per_token,
                 "shape": asdict(self.shape), "sizes": asdict(self.sizes)}
 
@@ -120,14 +120,3 @@ def canonical_name(model: str) -> str:
         return resolve(model).name
     except (ValueError, OSError, RuntimeError):
         return model
-
-
-def describe_seconds(seconds: float | None) -> str:
-    """`about 40 s`, `about 3 min`, `about 2.5 h`."""
-    if seconds is None:
-        return "unknown"
-    if seconds < 90:
-        return f"about {max(seconds, 1):.0f} s"
-    if seconds < 5400:
-        return f"about {seconds / 60:.0f} min"
-    return f"about {seconds / 3600:.1f} h"

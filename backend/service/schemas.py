@@ -78,6 +78,26 @@ class JobStatus(BaseModel):
                                                             "curve so far of a training)")
 
 
+class JobEstimate(BaseModel):
+    """POST /jobs/estimate: a job's work and time before it runs (backend/service/estimate.py)."""
+
+    kind: str
+    passes: float = Field(..., description="prompt passes of the job's own prompts (HEADLENS_MAX_WORK's unit)")
+    tokens: float = Field(..., description="tokens through the whole model, training forward passes included")
+    train_tokens: float = Field(..., description="of which in training (each with a backward pass, ~2x)")
+    how: str = Field(..., description="the largest parts of the work")
+    seconds: float | None = Field(None, description="estimated seconds; null when unknown")
+    seconds_basis: str = Field(..., description="measured (this model's seconds per token, from model_info) or "
+                                                "assumed (from its size)")
+    seconds_per_token: float | None = None
+    text: str = Field(..., description="the seconds in words: `about 3 min`")
+    shape: dict[str, Any] = Field(default_factory=dict, description="the model's size, read from its files")
+    sizes: dict[str, Any] = Field(default_factory=dict, description="tokens of the job's prompts")
+    limit: int = Field(..., description="HEADLENS_MAX_WORK")
+    admitted: bool
+    refusal: str | None = None
+
+
 # -- tasks -----------------------------------------------------------------------------------------------
 class TaskInfo(BaseModel):
     """A task as listed: `id` is what a job's `task` field takes."""
