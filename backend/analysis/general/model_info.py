@@ -9,14 +9,15 @@ from ..kernel import Context
 from ..params import Params
 from ..primitives.cost import Shape, Sizes, Work, passes
 from ..results import Result
-from ..primitives.token_speed import ROWS, TOKENS, seconds_per_token
+from ..primitives.token_speed import ROWS, TOKENS, WARMUP, seconds_per_token
 
 
 class ModelInfoParams(Params):
     """kind `model_info`: no parameters besides the model."""
 
     def work(self, shape: Shape, sizes: Sizes) -> Work:
-        return passes("speed measurement (once per model)", 2 * ROWS, TOKENS)
+        return passes("speed measurement (once per model)", 1, WARMUP) + passes("speed measurement (once per model)",
+                                                                             ROWS, TOKENS)
 
 
 class ModelInfoResult(Result):
