@@ -85,7 +85,8 @@ clicked = run_row(f"**Model** `{s.model}` · **task** `{s.task}` · **{s.shots}*
                   f"seed {s.seed}",
                   "Scores every head (TR, TL, DLA, induction) and measures accuracy for k = "
                   f"{', '.join(map(str, ks))} demonstrations. Results are cached by the service, so a rerun or a "
-                  "collaborator opening your link gets them at once.", "run")
+                  "collaborator opening your link gets them at once.", "run",
+                  estimate=[(j.kind, j.params) for j in (score_job, icl_job)])
 
 if clicked or jobs.in_flight(score_job) or jobs.in_flight(icl_job):
     scores, icl = jobs.fetch_many([score_job, icl_job])

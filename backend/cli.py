@@ -231,24 +231,25 @@ def run_kind(name: str, a: argparse.Namespace) -> None:
     from .analysis.kernel import analyze
     from .analysis.kinds import get_kind
     from .service.errors import ServiceError
+    from .service.estimate import canonical_name, estimate
+    from .service.jobs import JobTimeLimit, time_limited
     from .service.limits import Limits
 
     spec = get_kind(name)
     p = read_params(spec.params, a)
     task = load_task_from(a) if spec.uses_task else None
     limits = Limits.from_env()  # a bad HEADLENS_MAX_* setting: a ValueError naming it (one line, exit 2)
-    try:  # the service's limits, with the same messages
+    try:  # the service's limits, with the same messages, the work limit before the model is loaded
         limits.check_job(p, task)
+        limits.check_work(estimate(spec, p, canonical_name(a.model) if spec.uses_model else None, task))
     except ServiceError as e:
         raise UsageError(e.message) from None
     lm = load_model_from(a) if spec.uses_model else None
-    try:
-        limits.check_work(p, lm.info() if lm is not None else None)
-    except ServiceError as e:
-        raise UsageError(e.message) from None
     bar = Bar(spec.cli)
     try:
-        r = analyze(name, lm, task, p, cache=not a.no_cache, progress=bar)
+        r = analyze(name, lm, task, p, cache=not a.no_cache, progress=time_limited(bar, limits.job_timeout_s))
+    except JobTimeLimit as e:
+        raise UsageError(str(e)) from None
     finally:
         bar.close()
     for w in r.warnings:  # labels spanning several tokens among them, once (the kernel says so on every kind)

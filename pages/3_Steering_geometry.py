@@ -102,7 +102,7 @@ else:
     clicked = run_row(f"**{len(vectors)}** vector type{'s' if len(vectors) != 1 else ''} at {where}, α = {alpha:g} · "
                       f"**{s.shots}** shots · **{s.prompts}** prompts",
                       "Zero-shot prompts with α·v added at the last token; compared with zero-shot and ICL.",
-                      "run_steer")
+                      "run_steer", estimate=[("steer", steer_params)])
     steer = section("steer", clicked, jobs.Job("steer", steer_params, "Steering", "Steering"),
                     "Press **Run** to inject the vectors.")
 if steer is not None:
@@ -170,7 +170,7 @@ clicked = run_row(f"Five conditions: zero-shot; zero-shot + TR, TL and random ve
                   f"α = {alpha:g}; ICL",
                   "Last-token hidden states after every layer, measured against the label subspace"
                   + (" (the sweep's middle layer: the steered conditions need one layer)." if layer == "all" else "."),
-                  "run_geometry")
+                  "run_geometry", estimate=[("geometry", geo_params)])
 geo = section("geometry", clicked, jobs.Job("geometry", geo_params, "Geometry", "Geometry"),
               "Press **Run** to measure the hidden states.")
 if geo is not None:
@@ -257,7 +257,7 @@ else:
     pert_params = s.job(perturbations=chosen, **s.selection())
     clicked = run_row(f"**{len(chosen)}** perturbation{'s' if len(chosen) != 1 else ''} of the demonstrations",
                       "ICL accuracy, TR ratio and head maps under each, and what ablating the original top heads does.",
-                      "run_perturb")
+                      "run_perturb", estimate=[("perturb", pert_params)])
     pert = section("perturb", clicked, jobs.Job("perturb", pert_params, "Perturbations", "Perturbations"),
                    "Press **Run** to perturb the demonstrations.")
 if pert is not None:

@@ -40,13 +40,15 @@ if info is None:
 L, H = int(info["n_layers"]), int(info["n_heads"])
 ctx = figures.subtitle(figures.caption(s.model, s.task_title, s.shots))
 if state.value("ltv_layer") not in (None, "all") and not 0 <= int(state.value("ltv_layer")) < L:
-    state.put("ltv_layer", "all")  # a layer of another model: the sweep
+    state.put("ltv_layer", None)  # a layer of another model: this model's default
+default_layer = state.ltv_default_layer(L)  # every layer on a small model, the middle one on a deep one
 
 # -- settings (all in the URL) -------------------------------------------------------------------------------------
 st.subheader("Training", divider="gray")
 c1, c2, c3, c4, c5, c6 = st.columns([1.4, 1, 1, 0.8, 0.8, 1], vertical_alignment="bottom")
 with c1:
     state.bind(st.selectbox, "Injection layer", "ltv_layer", options=["all", *range(L)],
+               to_widget=lambda v: default_layer if v is None else v,
                format_func=lambda l: "every layer (sweep)" if l == "all"
                else f"layer {l}" + (" (middle)" if l == L // 2 else ""),
                help="θ is added to the hidden state at the INPUT of this decoder layer (layer 0: the embeddings). "
@@ -76,7 +78,7 @@ bad = st.session_state.pop("_hl_ltv_bad_positions", None)
 if bad is not None:
     st.warning(f"Positions {bad!r} ignored: give negative offsets from the last token, e.g. -1 or -1,-2.",
                icon=":material/warning:")
-layer = state.value("ltv_layer")
+layer = default_layer if state.value("ltv_layer") is None else state.value("ltv_layer")
 params = s.job(layer=layer, positions=list(state.value("ltv_positions")), lr=float(state.value("ltv_lr")),
                epochs=int(state.value("ltv_epochs")), batch_size=int(state.value("ltv_batch")),
                units=state.value("ltv_units"), **s.selection())
@@ -100,7 +102,7 @@ clicked = run_row(f"Train at **{where}**, positions {state._fmt_ints(state.value
                   f"shots",
                   "Zero-shot training prompts come from the demonstration pool, never the scored queries. The loss "
                   "curve is drawn while it trains; a finished result is cached (a shared link reopens it).",
-                  "run_ltv")
+                  "run_ltv", estimate=[("ltv", params)])
 res = section("ltv", clicked, jobs.Job("ltv", params, "Learned task vectors", "Learned task vectors",
                                        on_live=live_drawer(live)),
               "Press **Run** to train (a few seconds per layer on the default model).")
@@ -226,7 +228,8 @@ one_layer = L // 2 if layer == "all" else int(layer)
 tparams = {**{k: v for k, v in params.items() if k != "task"}, "layer": one_layer}  # the same recipe, every task
 clicked = run_row(f"Every built-in task of this model at **layer {one_layer}**: the comparison task by task, the "
                   f"similarity of their vectors, and sums of two tasks' vectors on composed tasks",
-                  "One vector per task (cached: a task trained above is not retrained).", "run_ltv_tasks")
+                  "One vector per task (cached: a task trained above is not retrained).", "run_ltv_tasks",
+                  estimate=[("ltv_tasks", tparams)])
 live_tasks = LiveChart("ltv_tasks")
 many = section("ltv_tasks", clicked, jobs.Job("ltv_tasks", tparams, "Learned task vectors of every task",
                                               "Across tasks", slot="ltv_tasks", on_live=live_drawer(live_tasks)),

@@ -59,7 +59,8 @@ st.subheader("Train", divider="gray")
 clicked = run_row(f"**M = {recipe['m']}** prompts × **N = {recipe['shots']}** shots · **{recipe['steps']}** steps · "
                   f"{L} × {H} = **{L * H}** α to learn",
                   "Then: SITE against 0-shot, 8- and 10-shot ICL, the function and vanilla task vectors, every α = 1 "
-                  "and LTV (when cached); patching; the budget curve over M = 1, 5, 10, 50.", "run_site")
+                  "and LTV (when cached); patching; the budget curve over M = 1, 5, 10, 50.", "run_site",
+                  estimate=[("site", params)])
 live = LiveChart("site")
 
 
@@ -191,7 +192,8 @@ with guard("Soft head selection"):
 st.subheader("Transfer across tasks", divider="gray")
 tr_params = {"model": s.model, **recipe}
 clicked = run_row("Task A's α with task B's task embedding, on B's test prompts, for every pair of this model's "
-                  "built-in tasks", "A SITE run per task (cached); similar tasks should share heads.", "run_transfer")
+                  "built-in tasks", "A SITE run per task (cached); similar tasks should share heads.", "run_transfer",
+                  estimate=[("site_transfer", tr_params)])
 tr = section("site_transfer", clicked, jobs.Job("site_transfer", tr_params, "Transfer", "Transfer"),
              "Press **Run** to build the transfer matrix.")
 if tr is not None:
@@ -223,7 +225,8 @@ st.subheader("Every steering method", divider="gray")
 me_params = s.job(**s.selection(), site_m=recipe["m"], site_shots=recipe["shots"], site_steps=recipe["steps"])
 clicked = run_row(f"The extracted vectors (vanilla, function vector, top-TR / top-TL heads at the middle layer, "
                   f"{s.shots} shots), LTV (when cached) and SITE on the same zero-shot prompts",
-                  "Accuracy, TR ratio, parameter count and training seconds side by side.", "run_methods")
+                  "Accuracy, TR ratio, parameter count and training seconds side by side.", "run_methods",
+                  estimate=[("methods", me_params)])
 me = section("site_methods", clicked, jobs.Job("methods", me_params, "All methods", "All methods"),
              "Press **Run** to compare every method.")
 if me is not None:

@@ -211,6 +211,18 @@ def cancel(job_id: str) -> dict[str, Any]:
     return _call(lambda: client().cancel(job_id), "cancel")
 
 
+def estimate(kind: str, params: dict[str, Any]) -> dict[str, Any] | None:
+    """The job's estimated work and time before it runs (`seconds`, `text`: "about 3 min", `admitted`, `refusal`);
+    None when the service cannot say (an older service, or a request it refuses for another reason: the job's own
+    submission then says why)."""
+    try:
+        return _call(lambda: client().estimate(KINDS.get(kind, kind), **params), "estimate")
+    except ApiError as e:
+        if e.kind in ("unreachable", "unauthorized", "internal"):
+            raise
+        return None
+
+
 def cached(kind: str, params: dict[str, Any]) -> dict[str, Any] | None:
     """The result when the service has it cached (None otherwise); never starts a computation."""
     return _call(lambda: client().cached(KINDS.get(kind, kind), **params), "cached")

@@ -167,6 +167,11 @@ class HeadlensClient:
     def cancel(self, job_id: str) -> dict[str, Any]:
         return self._request("DELETE", f"/jobs/{job_id}")
 
+    def estimate(self, kind: str, **params: Any) -> dict[str, Any]:
+        """The job's estimated work and time (POST /jobs/estimate): `passes`, `seconds`, `text`, `admitted`, ...;
+        never queues or computes."""
+        return self._request("POST", "/jobs/estimate", json={"kind": kind, **params})
+
     def cached(self, kind: str, **params: Any) -> dict[str, Any] | None:
         """The job's result when the service has it cached, else None; never starts a computation."""
         try:

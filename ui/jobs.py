@@ -39,6 +39,7 @@ POLL_MAX_S = 0.15
 DRAW_AFTER_S = 0.4  # a job still running after this gets its progress bar and Cancel button
 REDRAW_S = 0.5  # the bar's seconds counter moves at this pace (a stage change redraws at once)
 TIMEOUT_S = api.JOB_TIMEOUT_S
+SHOW_ESTIMATE_S = 5.0  # a job estimated to take longer gets its estimated time in its Run row and progress bar
 
 
 def log_note() -> str:
@@ -227,7 +228,7 @@ def fetch_many(requests: list[Job], *, quiet: bool = False) -> list[dict[str, An
                 if found is not None:
                     out[i] = _remember(job, found, t0)
                     continue
-                cur = {"key": job.key, "id": api.submit(job.kind, job.params), "t0": t0}
+                cur = {"key": job.key, "id": api.submit(job.kind, job.params), "t0": t0, "eta": _eta(job)}
             except api.ApiError as e:
                 if not quiet:
                     show_error(e, job.what or job.label)
@@ -296,20 +297,31 @@ def _wait(pending: list[tuple[int, Job, dict[str, Any]]], quiet: bool) -> dict[i
     return results
 
 
+def _eta(job: Job) -> str:
+    """` of about 3 min` (the service's estimate for a job over SHOW_ESTIMATE_S s), else ""; what a progress bar
+    adds after the seconds waited."""
+    try:
+        e = api.estimate(job.kind, job.params)
+    except api.ApiError:
+        return ""
+    return f" of {e['text']}" if e and e.get("seconds") is not None and e["seconds"] >= SHOW_ESTIMATE_S else ""
+
+
 def _draw(sl: dict[str, Any], j: dict[str, Any], waited: float, now: float) -> None:
     """Draw (the first time) or update a running job's progress bar and Cancel button."""
     job = sl["job"]
     frac = min(max(float(j.get("progress") or 0.0), 0.0), 1.0)
     stage = (j.get("message") or j["status"], round(frac, 2))
+    eta = sl["cur"].get("eta") or ""
     if sl["holder"] is None:
         sl["holder"] = st.empty()
         with sl["holder"].container():
             c1, c2 = st.columns([6, 1], vertical_alignment="bottom")
-            sl["bar"] = c1.progress(frac, text=f"{job.label}: {stage[0]} · {frac:.0%} · {waited:.1f} s")
+            sl["bar"] = c1.progress(frac, text=f"{job.label}: {stage[0]} · {frac:.0%} · {waited:.1f} s{eta}")
             c2.button("Cancel", key=f"cancel_{job.where}", icon=":material/stop_circle:", width="stretch",
                       on_click=cancel_slot, args=(job.where,), help="Stop this job (DELETE /jobs/{id}).")
     elif stage != sl["shown"] or now - sl["drawn_at"] >= REDRAW_S:
-        sl["bar"].progress(frac, text=f"{job.label}: {stage[0]} · {frac:.0%} · {waited:.1f} s")
+        sl["bar"].progress(frac, text=f"{job.label}: {stage[0]} · {frac:.0%} · {waited:.1f} s{eta}")
     else:
         return
     sl["shown"], sl["drawn_at"] = stage, now

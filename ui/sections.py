@@ -25,14 +25,50 @@ def guard(what: str) -> Iterator[None]:
         jobs.error_box(f"{what}: could not draw the result.", f"{type(e).__name__}: {e}", traceback.format_exc())
 
 
-def run_row(text: str, caption: str, key: str, label: str = "Run") -> bool:
-    """A section's description and its Run button; True on the rerun where it was pressed."""
+def run_row(text: str, caption: str, key: str, label: str = "Run",
+            estimate: list[tuple[str, dict[str, Any]]] | None = None) -> bool:
+    """A section's description and its Run button; True on the rerun where it was pressed. `estimate`: the jobs the
+    button runs, (kind, params): their estimated time is stated when over jobs.SHOW_ESTIMATE_S, and a job over the
+    service's work limit says so before it is run."""
     left, right = st.columns([4, 1], vertical_alignment="center")
     with left:
         st.markdown(text)
         st.caption(caption)
+        if estimate:
+            estimate_line(estimate)
     with right:
         return st.button(label, type="primary", icon=":material/play_arrow:", width="stretch", key=key)
+
+
+def estimate_text(estimates: list[dict[str, Any] | None]) -> tuple[str, str | None]:
+    """(the caption stating the jobs' estimated time, or ""; the first refusal, or None) from POST /jobs/estimate
+    answers. Pure: the page draws it."""
+    from backend.text import describe_seconds
+
+    found = [e for e in estimates if e]
+    refusal = next((e["refusal"] for e in found if not e.get("admitted", True) and e.get("refusal")), None)
+    seconds = [e["seconds"] for e in found if e.get("seconds") is not None]
+    total = sum(seconds) if seconds else None
+    if total is None or total < jobs.SHOW_ESTIMATE_S:
+        return "", refusal
+    basis = ("this model's speed measured here" if all(e.get("seconds_basis") == "measured" for e in found)
+             else "assumed from the model's size until it is loaded")
+    passes = sum(e.get("passes") or 0 for e in found)
+    return f":material/schedule: Estimated time: **{describe_seconds(total)}** ({passes:,.0f} prompt passes; " \
+           f"{basis}). Results are cached: it runs once.", refusal
+
+
+def estimate_line(jobs_: list[tuple[str, dict[str, Any]]]) -> None:
+    from . import api
+
+    try:
+        text, refusal = estimate_text([api.estimate(kind, params) for kind, params in jobs_])
+    except api.ApiError:
+        return  # the page's own calls report an unreachable service
+    if text:
+        st.caption(text)
+    if refusal:
+        st.warning(refusal, icon=":material/hourglass_disabled:")
 
 
 def section(name: str, clicked: bool, job: jobs.Job, waiting: str) -> dict[str, Any] | None:

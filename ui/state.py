@@ -196,7 +196,7 @@ FIELDS: dict[str, Field] = {f.name: f for f in (
     Field("sg_bar_layer", lambda: None, _int_in(0, 100000), view=True),
     Field("sg_pmap", lambda: None, _choice(PERTURBATIONS), view=True),
     # -- Learned task vectors
-    Field("ltv_layer", lambda: "all", _layer_or_all, view=True),  # "all": the layer sweep
+    Field("ltv_layer", lambda: None, _layer_or_all, view=True),  # "all": the layer sweep; None: ltv_default_layer
     Field("ltv_positions", lambda: [-1], _offsets, _fmt_ints, view=True),
     Field("ltv_lr", lambda: 5e-3, _float_in(1e-7, 10), lambda v: f"{float(v):g}", view=True),
     Field("ltv_epochs", lambda: 10, _int_in(1, 1000), view=True),
@@ -255,6 +255,15 @@ class Settings:
 
 
 _SETTINGS_FIELDS = frozenset(Settings.__dataclass_fields__)
+
+
+LTV_SWEEP_LAYERS = 8
+"""The LTV page sweeps every layer by default on a model this deep or shallower (the default model: 4 layers, a few
+seconds each); deeper ones default to the middle layer (a sweep of SmolLM2's 30 layers is hours on a CPU)."""
+
+
+def ltv_default_layer(n_layers: int) -> int | str:
+    return "all" if n_layers <= LTV_SWEEP_LAYERS else n_layers // 2
 
 
 def init() -> list[str]:

@@ -17,6 +17,7 @@ from .. import options as o
 from .kernel import Context
 from .kinds import KINDS, get_kind
 from .params import Bool, Int, Layer, PromptParams, Selection
+from .primitives.cost import Shape, Sizes, Work
 from .results import Model, Result, TensorsInline
 from .primitives.sweep import resolve_layers
 
@@ -34,6 +35,19 @@ class MethodsParams(Selection, PromptParams):
 
     def writes_tensors(self) -> bool:
         return True  # SITE, and LTV with `ltv`
+
+    def work(self, shape: Shape, sizes: Sizes) -> Work:
+        """The `steer` of the extracted vectors, the `site` run with these settings and, with `ltv`, an LTV: the
+        sub-calls' own work (each is cached; this counts them all)."""
+        sel = {"top_pct": self.top_pct, "top_k": self.top_k}
+        w = get_kind("steer").params(vectors=[k for k, _, _ in EXTRACTED], layer=self.layer, shots=self.shots,
+                                     prompts=self.prompts, seed=self.seed, **sel).work(shape, sizes).named("steer")
+        w = w + get_kind("site").params(m=self.site_m, shots=self.site_shots, steps=self.site_steps,
+                                        prompts=self.prompts, seed=self.seed).work(shape, sizes).named("SITE")
+        if self.ltv and "ltv" in KINDS:
+            w = w + get_kind("ltv").params(shots=self.shots, prompts=self.prompts, seed=self.seed, **sel).work(
+                shape, sizes).named("LTV")
+        return w
 
 
 class MethodRow(Model):

@@ -15,15 +15,15 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, Strict
 
 from .. import options as o
 from ..tensor_store import is_id
+from .primitives.cost import NONE, Shape, Sizes, Work, passes
 
 Int = Annotated[int, Strict()]
 Bool = Annotated[bool, Strict()]
 Float = Annotated[float, Field(allow_inf_nan=False)]
 Head = tuple[Int, Int]
 Layer = Annotated[int, Strict(), Field(ge=0)]
+NonNegative = Annotated[int, Strict(), Field(ge=0)]
 
-ASSUMED_LAYERS = 32  # the work of a job on a model not loaded yet is estimated for a model this deep ...
-ASSUMED_HEADS = 1024  # ... with this many heads in all
 NOT_IN_KEY = frozenset({"batch_size"})
 """Fields that change how a result is computed but not the result."""
 
@@ -57,11 +57,20 @@ class Params(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    def work(self, model: dict | None = None) -> tuple[int, str]:
-        """An estimate of the job's work in prompt passes (one prompt through the model once), and how it was
-        counted; `model` is the model's info when known (layers, heads), else a large model is assumed."""
-        n = getattr(self, "prompts", 1)
-        return n, f"{n} prompts"
+    def work(self, shape: Shape, sizes: Sizes) -> Work:
+        """The job's work: tokens through the whole model (`primitives/cost.py`), from the params, the model's
+        `shape` and the task's prompt `sizes` alone (never from a loaded model). Default: one pass per prompt."""
+        n, shots = getattr(self, "prompts", None), getattr(self, "shots", None)
+        return passes("prompts", n, sizes.prompt(shots if isinstance(shots, int) else 0)) if n else NONE
+
+    def reference_shots(self) -> int:
+        """The demonstrations of the prompt a job's work is counted in passes of (`HEADLENS_MAX_WORK`): its `shots`
+        (the most of a list), else the default."""
+        shots = getattr(self, "shots", None)
+        if isinstance(shots, int):
+            return shots
+        return max(shots) if shots else o.SHOTS
+
     not_in_key: ClassVar[frozenset[str]] = NOT_IN_KEY
     """Fields left out of this kind's cache key (a kind whose `batch_size` changes its result keys it)."""
     tensor_fields: ClassVar[tuple[str, ...]] = ()

@@ -20,6 +20,7 @@ from pydantic import ValidationError
 
 from ..tensor_store import TensorStore, TensorWriteError, default_store, missing
 from .errors import BadRequest, InsufficientStorage, NotFound, clip
+from .estimate import Estimate, estimate
 from .jobs import job_key
 from .limits import Limits
 from .model_pool import ModelPool
@@ -40,6 +41,7 @@ class Admitted:
     params: dict[str, Any]
     key: str
     tensors: tuple[str, ...] = ()  # the saved tensors the job reads (pin them while it is queued or running)
+    estimate: Estimate | None = None
 
 
 def describe_validation(e: ValidationError | RequestValidationError, allowed: list[str] | None = None) -> str:
@@ -59,12 +61,13 @@ def describe_validation(e: ValidationError | RequestValidationError, allowed: li
 
 
 def admit(body: dict[str, Any], pool: ModelPool, tasks: TaskStore, limits: Limits, *,
-          tensors: TensorStore | None = None, storage: bool = True) -> Admitted:
+          tensors: TensorStore | None = None, storage: bool = True, check_work: bool = True) -> Admitted:
     """Validate a POST /jobs body; raises ServiceError subclasses (4xx) with a clear message.
 
     `model` and `task` are checked by the service (access rules, known tasks); the other fields by the
-    kind's params model from the registry; then the limits, the saved tensors it reads and (`storage`) whether
-    the tensors it would train can be saved."""
+    kind's params model from the registry; then the limits (`check_work=False`: all but the work limit, for an
+    estimate that says by how much a job is over it), the saved tensors it reads and (`storage`) whether the
+    tensors it would train can be saved."""
     from ..analysis.kinds import KINDS, get_kind
 
     kind = body.get("kind")
@@ -95,6 +98,10 @@ def admit(body: dict[str, Any], pool: ModelPool, tasks: TaskStore, limits: Limit
         identity["model"] = pool.check(jf.model)
         resident = pool.peek(jf.model)
         model_info = resident.info() if resident is not None else None
+    device = pool.device_info()[0] if hasattr(pool, "device_info") else "cpu"
+    work = estimate(spec, p, identity.get("model"), task, device)
+    if check_work:  # from the params, the model's files and the task: the same whether it is loaded or not
+        limits.check_work(work)
     if model_info is not None:
         try:
             check_model_fit(p, model_info)
@@ -104,7 +111,6 @@ def admit(body: dict[str, Any], pool: ModelPool, tasks: TaskStore, limits: Limit
                 require_fit(resident, task)
         except ValueError as e:
             raise BadRequest(str(e)) from None
-    limits.check_work(p, model_info)
     store = tensors or default_store()
     reads = tuple(v for v in (getattr(p, f, None) for f in getattr(p, "tensor_fields", ())) if isinstance(v, str))
     for tid in reads:
@@ -120,7 +126,8 @@ def admit(body: dict[str, Any], pool: ModelPool, tasks: TaskStore, limits: Limit
                                       f"fix the cache folder") from None
     params = {**({"model": jf.model} if spec.uses_model else {}), **({"task": jf.task} if spec.uses_task else {}),
               **p.model_dump(mode="json")}
-    return Admitted(spec.name, params, job_key(spec.name, params, **identity), reads)
+    return Admitted(spec.name, params, job_key(spec.name, params, **identity), tensors=reads,
+                    estimate=work)
 
 
 def check_model_fit(p: Any, model: dict[str, Any]) -> None:

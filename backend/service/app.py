@@ -1,6 +1,6 @@
 """The FastAPI app: `create_app()` wires the routes to a job runner, the model pool and the task store.
 
-Routes: GET /health, GET /capabilities, GET /tasks, POST /tasks/upload, POST /jobs, GET /jobs,
+Routes: GET /health, GET /capabilities, GET /tasks, POST /tasks/upload, POST /jobs, POST /jobs/estimate, GET /jobs,
 GET /jobs/{id}, DELETE /jobs/{id}; POST /tensors, GET /tensors/{id} (saved vectors and alphas, by id);
 POST /sweeps, GET /sweeps, GET /sweeps/{id}, DELETE /sweeps/{id} (sweeps.py);
 GET /models, POST /models/{name}/pull (the presets, pulled in the background: pulls.py).
@@ -36,8 +36,9 @@ from .jobs import JobRunner
 from .limits import Limits
 from .model_pool import ModelPool
 from .pulls import Pulls
-from .schemas import (ACTIVE_STATES, Capabilities, ErrorResponse, Health, JobKindInfo, JobRequest, JobStatus,
-                      TaskInfo, TensorInfo, UploadRequest, UploadResponse)
+from ..text import describe_seconds
+from .schemas import (ACTIVE_STATES, Capabilities, ErrorResponse, Health, JobEstimate, JobKindInfo, JobRequest,
+                      JobStatus, TaskInfo, TensorInfo, UploadRequest, UploadResponse)
 from .task_store import TaskStore, task_info
 
 VERSION = "0.1.0"
@@ -282,6 +283,23 @@ def create_app(runner: JobRunner | None = None, *, pool: ModelPool | None = None
             tensors.pin(tid, lambda jid=job.id: _active(runner, jid))
         return job
 
+    @app.post("/jobs/estimate", response_model=JobEstimate)
+    def estimate_job(req: JobRequest) -> JobEstimate:
+        """A job's estimated work and time, before it runs: never queues, computes or loads a model. Work (tokens
+        through the model, and prompt passes: HEADLENS_MAX_WORK's unit) comes from the params, the model's files
+        and the task; seconds from the model's measured speed (`model_info`), else from its size (`assumed`).
+        A job over the work limit is answered here with `admitted: false` and the refusal POST /jobs would give."""
+        a = admit({"kind": req.kind, **(req.model_extra or {})}, pool, tasks, limits, tensors=tensors,
+                  storage=False, check_work=False)
+        e = a.estimate
+        refusal = None
+        try:
+            limits.check_work(e)
+        except ServiceError as err:
+            refusal = err.message
+        return JobEstimate(kind=a.kind, **e.to_json(), limit=limits.max_work, admitted=refusal is None,
+                           refusal=refusal, text=describe_seconds(e.seconds))
+
     @app.post("/jobs/cached", response_model=JobStatus, responses={404: {"model": ErrorResponse}})
     def cached_job(req: JobRequest) -> JobStatus:
         """A job's result when it is already cached (a finished job, `cache_hit` true), else 404; never
@@ -324,7 +342,13 @@ def create_app(runner: JobRunner | None = None, *, pool: ModelPool | None = None
 
     from .sweeps import add_routes as add_sweep_routes
 
-    add_sweep_routes(app, runner, pool, tasks, limits)  # POST /sweeps, GET /sweeps, GET/DELETE /sweeps/{id}
+    sweeps = add_sweep_routes(app, runner, pool, tasks, limits)  # POST /sweeps, GET /sweeps, GET/DELETE /sweeps/{id}
+
+    def in_use() -> set[str]:  # uploads queued jobs and running sweeps still need: pinned in the task store
+        active = {j.params.get("task") for j in runner.list() if j.status in ("queued", "running")}
+        return {t for t in active if isinstance(t, str)} | sweeps.tasks_in_use()
+
+    tasks.in_use = in_use
     from .pulls import add_routes as add_pull_routes
 
     add_pull_routes(app, pulls)  # GET /models, POST /models/{name}/pull

@@ -129,6 +129,7 @@ class _Actor:
     busy: bool = True
     last_used: float = field(default_factory=time.monotonic)
     info: dict[str, Any] | None = None
+    reused: bool = False  # handed out idle (it may have died since its last job: the runner pings it first)
 
     def where(self, ray: Any, wait: float = 1.0) -> dict[str, Any]:
         if self.info is None:
@@ -185,7 +186,7 @@ class ModelActors:
                 idle = [a for a in self._actors if a.model == model and not a.busy]
                 if idle:
                     a = max(idle, key=lambda a: a.last_used)
-                    a.busy = True
+                    a.busy, a.reused = True, True
                     return a
                 room = len(self._actors) < self.cfg.max_actors
                 if room and self._fits(place):
@@ -240,6 +241,35 @@ class ModelActors:
         except Exception:
             pass
 
+    def alive(self, a: _Actor, timeout: float = 10.0) -> bool:
+        """Whether actor `a` answers (a ping to its `poll`); False once Ray reports it dead. Never under the lock."""
+        from ray.exceptions import GetTimeoutError, RayActorError
+
+        try:
+            self.ray.get(a.handle.poll.remote(""), timeout=timeout)
+            return True
+        except GetTimeoutError:  # slow, not dead
+            return True
+        except RayActorError:
+            return False
+
+    def _replace_dead(self) -> None:
+        """Ping the idle actors; one that died while idle (its process killed, its node gone) is discarded and a
+        new one started for its model, so the next job finds a live one and no job is charged for that death."""
+        with self._cond:
+            idle = [a for a in self._actors if not a.busy]
+        for a in idle:
+            if self.alive(a, timeout=5.0):
+                continue
+            with self._cond:
+                if self._closed or a not in self._actors or a.busy:
+                    continue
+                log.warning("ray: the idle actor for %s died; starting a new one", a.model)
+                self._kill(a)
+                if len(self._actors) < self.cfg.max_actors and self._fits(a.place):
+                    self.release(self._make(a.model, a.place))
+                self._cond.notify_all()
+
     def _reap(self) -> None:
         while True:
             time.sleep(min(5.0, max(0.5, self.cfg.idle_s / 4)))
@@ -251,6 +281,10 @@ class ModelActors:
                     log.info("ray: releasing idle actor for %s", a.model)
                     self._kill(a)
                 self._cond.notify_all()
+            try:
+                self._replace_dead()
+            except Exception as e:  # a ping that fails oddly: try again next round
+                log.warning("ray: checking idle actors failed (%s)", e)
 
     def describe(self) -> list[dict[str, Any]]:
         """The actors now: model, resources, busy, and (once started) pid and node."""

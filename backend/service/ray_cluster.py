@@ -104,9 +104,18 @@ def connect(cfg: RayConfig) -> tuple[Any, bool]:
                                 f"{(str(e).splitlines() or [''])[0][:300]}{hint}") from None
     if time.monotonic() - t0 > cfg.connect_timeout_s:
         log.warning("connecting to %s took %.0f s", where, time.monotonic() - t0)
-    # shut it down on close only when this process started it (not when it joined a running cluster)
+    # shut it down on close only when this process started it (not when it joined a running cluster); and have a
+    # watchdog end it should this process die without closing (kill -9): Ray's agents would outlive it
     started = address == "local" or (address is None and ray.get_runtime_context().gcs_address is not None
                                      and _started_here(ray))
+    if started:
+        from . import ray_watchdog
+
+        try:
+            ray_watchdog.start()
+        except OSError as e:
+            log.warning("no watchdog for the local Ray instance (%s): after a kill -9 of the service, stop it with "
+                        "`ray stop`", e)
     return ray, started
 
 

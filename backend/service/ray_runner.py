@@ -39,7 +39,10 @@ raises `Cancelled` inside the analysis. An actor that does not stop within HEADL
 killed (and replaced when needed).
 
 Faults: a worker that dies mid-job (its process killed, its node gone) is discarded and the job is retried on
-another actor, up to HEADLENS_RAY_RETRIES times; then the job fails with an error naming the node(s). `ray` not
+another actor, up to HEADLENS_RAY_RETRIES times; then the job fails with an error naming the node(s). Only deaths
+during a job count: an idle actor is pinged before it gets a job (and by the reaper), and one that died while idle
+is replaced. A local Ray instance this service started is stopped with it, by a watchdog process
+(`ray_watchdog.py`) even when the service is killed (kill -9), so Ray's agents do not outlive it. `ray` not
 installed, or a cluster that does not answer within HEADLENS_RAY_CONNECT_TIMEOUT_S, is `RunnerUnavailable`
 (one line, at start-up), never a hang.
 
@@ -70,6 +73,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import ServiceError, clip
+from .estimate import note_speed
 from .jobs import Cancelled, JobProgress, LocalJobRunner, Progress
 from .limits import Limits
 from .ray_actors import ModelActors, _Actor, model_signature
@@ -144,7 +148,7 @@ class RayJobRunner(LocalJobRunner):
         lost: list[str] = []
         for attempt in range(self.cfg.retries + 1):
             progress(0.0, f"waiting for a Ray worker for {model or kind}" + (f" (retry {attempt})" if attempt else ""))
-            a = self.actors.acquire(canon, cancelled=lambda: _cancelled(progress, 0.0))
+            a = self._acquire_live(canon, progress)
             try:
                 out = self._run_on(a, spec, fields, task, progress)
             except _Died as e:
@@ -158,10 +162,23 @@ class RayJobRunner(LocalJobRunner):
                     self.actors.release(a)
             if out.get("model") and canon:
                 self._remember(canon, _ModelRef(**out["model"]))
+            if kind == "model_info":  # its seconds per token make the time estimates of this model's jobs
+                note_speed(canon, out["result"])
             return self._write_outputs(out)
         raise WorkerLost(f"the worker running this job died {len(lost)} time{'s' if len(lost) != 1 else ''} "
                          f"(on {', '.join(dict.fromkeys(lost))}); gave up after {self.cfg.retries} "
                          f"retr{'ies' if self.cfg.retries != 1 else 'y'} (HEADLENS_RAY_RETRIES)")
+
+    def _acquire_live(self, canon: str | None, progress: Progress) -> _Actor:
+        """An actor for the model that answers: one that died while idle is discarded here, before the job, and
+        does not count against HEADLENS_RAY_RETRIES (only deaths during a job do)."""
+        for _ in range(self.cfg.max_actors + 1):
+            a = self.actors.acquire(canon, cancelled=lambda: _cancelled(progress, 0.0))
+            if not a.reused or self.actors.alive(a):
+                return a
+            log.warning("ray: the idle actor for %s had died; discarded before the job", canon)
+            self.actors.discard(a)
+        return self.actors.acquire(canon, cancelled=lambda: _cancelled(progress, 0.0))
 
     def _run_on(self, a: _Actor, spec: Any, fields: dict[str, Any], task: Any, progress: Progress) -> dict[str, Any]:
         """Run the job on actor `a`, feeding `progress`; raises _Died when the actor dies (it is discarded),

@@ -72,8 +72,30 @@ class JobStatus(BaseModel):
     finished: float | None = None
     cache_hit: bool | None = None
     submitters: int = Field(1, description="submissions sharing this job; a DELETE cancels it only at the last")
+    lane: Literal["interactive", "sweep"] = Field("interactive", description="interactive jobs run before a sweep's")
+    preempted: int = Field(0, description="times this sweep job gave way to interactive jobs (it then starts again)")
     live: dict[str, Any] | None = Field(None, description="while running: data a page draws live (e.g. the loss "
                                                             "curve so far of a training)")
+
+
+class JobEstimate(BaseModel):
+    """POST /jobs/estimate: a job's work and time before it runs (backend/service/estimate.py)."""
+
+    kind: str
+    passes: float = Field(..., description="prompt passes of the job's own prompts (HEADLENS_MAX_WORK's unit)")
+    tokens: float = Field(..., description="tokens through the whole model, training forward passes included")
+    train_tokens: float = Field(..., description="of which in training (each with a backward pass, ~2x)")
+    how: str = Field(..., description="the largest parts of the work")
+    seconds: float | None = Field(None, description="estimated seconds; null when unknown")
+    seconds_basis: str = Field(..., description="measured (this model's seconds per token, from model_info) or "
+                                                "assumed (from its size)")
+    seconds_per_token: float | None = None
+    text: str = Field(..., description="the seconds in words: `about 3 min`")
+    shape: dict[str, Any] = Field(default_factory=dict, description="the model's size, read from its files")
+    sizes: dict[str, Any] = Field(default_factory=dict, description="tokens of the job's prompts")
+    limit: int = Field(..., description="HEADLENS_MAX_WORK")
+    admitted: bool
+    refusal: str | None = None
 
 
 # -- tasks -----------------------------------------------------------------------------------------------

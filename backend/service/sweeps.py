@@ -26,10 +26,10 @@ import secrets
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Annotated, Any
 
 from fastapi import Request
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, Strict, ValidationError
 
 from .admit import Admitted, admit, describe_validation
 from .errors import BadRequest, NotFound, ServiceError, clip
@@ -52,7 +52,8 @@ class SweepRequest(BaseModel):
     models: list[str] = Field(..., min_length=1, max_length=64)
     tasks: list[str] = Field(..., min_length=1, max_length=512)
     kinds: list[str] = Field(default_factory=lambda: ["scores"], min_length=1, max_length=16)
-    seeds: list[int] = Field(default_factory=lambda: [0], min_length=1, max_length=64)
+    seeds: list[Annotated[int, Strict(), Field(ge=0)]] = Field(default_factory=lambda: [0], min_length=1,
+                                                               max_length=64)
     params: dict[str, Any] = Field(default_factory=dict, description="fields given to every kind that has them; "
                                    "`<kind>.<field>` to one kind only")
     name: str | None = Field(None, max_length=200)
@@ -68,6 +69,7 @@ class Cell:
     seed: int | None
     admitted: Admitted
     job_id: str | None = None
+    served: bool = False  # its submission found the job finished already: nothing computed for this sweep
     status: str = "pending"
     progress: float = 0.0
     cache_hit: bool | None = None
@@ -95,6 +97,12 @@ def plan(req: SweepRequest, pool: Any, tasks: Any, limits: Limits) -> list[Cell]
     for s in seeds:
         if s < 0:
             raise BadRequest(f"sweep: seeds must be non-negative, got {s}")
+    size = sum((len(models) if spec.uses_model else 1) * (len(task_ids) if spec.uses_task else 1)
+               * (len(seeds) if "seed" in spec.params.model_fields else 1) for spec in specs)
+    if size > limits.max_sweep_jobs:  # from the grid's size, before any cell is admitted
+        raise BadRequest(f"sweep: {size:,} jobs ({len(models)} models x {len(task_ids)} tasks x {len(kinds)} kinds x "
+                         f"{len(seeds)} seeds), over this server's limit of {limits.max_sweep_jobs:,} "
+                         f"(HEADLENS_MAX_SWEEP_JOBS); split it")
     if "seed" in req.params:
         raise BadRequest("sweep: give seeds as `seeds`, not in `params`")
     for bad in ("model", "task", "kind"):
@@ -187,7 +195,7 @@ class _Sweep:
         out = {s: 0 for s in ("pending", "queued", "running", "done", "error", "cancelled")}
         for c in self.cells:
             out[c.status] = out.get(c.status, 0) + 1
-        out["cached"] = sum(1 for c in self.cells if c.status == "done" and c.cache_hit)
+        out["cached"] = sum(1 for c in self.cells if c.status == "done" and (c.cache_hit or c.served))
         out["total"] = len(self.cells)
         return out
 
@@ -200,7 +208,7 @@ class _Sweep:
             e["total"] += 1
             e["finished"] += c.status in FINISHED
             e["errors"] += c.status == "error"
-            e["cached"] += bool(c.status == "done" and c.cache_hit)
+            e["cached"] += bool(c.status == "done" and (c.cache_hit or c.served))
             e["progress"] += 1.0 if c.status in FINISHED else c.progress
         for e in per_model.values():
             e["progress"] = round(e["progress"] / max(e["total"], 1), 4)
@@ -275,6 +283,12 @@ class SweepManager:
             sw.thread.join(timeout)
         return self.get(sweep_id) or {}
 
+    def tasks_in_use(self) -> set[str]:
+        """The tasks of running sweeps' jobs that have not finished (an upload they name stays pinned)."""
+        with self._lock:
+            return {c.task for s in self._sweeps.values() if s.status == "running" for c in s.cells
+                    if c.task and c.status not in FINISHED}
+
     def close(self) -> None:
         with self._lock:
             sweeps = list(self._sweeps.values())
@@ -298,14 +312,14 @@ class SweepManager:
                 while pending and len(active) < self.window:
                     c = pending[0]
                     try:
-                        j = self.runner.submit(c.admitted.kind, c.admitted.params, c.admitted.key)
+                        j = self.runner.submit(c.admitted.kind, c.admitted.params, c.admitted.key, lane="sweep")
                     except ServiceError as e:
                         if e.status == 429:  # the queue is full: try again shortly
                             break
                         raise
                     pending.pop(0)
                     with self._lock:
-                        c.job_id, c.status = j.id, j.status
+                        c.job_id, c.status, c.served = j.id, j.status, j.status == "done"
                     active.append(c)
                 for c in list(active):
                     j = self.runner.get(c.job_id, include_result=False)
@@ -323,8 +337,13 @@ class SweepManager:
                 time.sleep(self.poll)
             with self._lock:
                 errors = sum(c.status == "error" for c in sw.cells)
-                sw.status, sw.finished = "done", time.time()
-                sw.message = f"{errors} job{'s' if errors != 1 else ''} failed" if errors else "done"
+                gone = sum(c.status == "cancelled" for c in sw.cells)  # cancelled by a DELETE /jobs/{id} elsewhere
+                said = [f"{errors} job{'s' if errors != 1 else ''} failed"] if errors else []
+                if gone:  # the sweep did not get every result it was asked for: not "done"
+                    said.append(f"{gone} job{'s were' if gone != 1 else ' was'} cancelled outside this sweep "
+                                f"(DELETE /jobs/{{id}}); run the sweep again for the missing results")
+                sw.status, sw.finished = ("error" if gone else "done"), time.time()
+                sw.message = "; ".join(said) or "done"
         except Exception as e:  # the runner shut down, or a bug: the sweep ends, the message says why
             log.exception("sweep %s stopped", sw.id)
             with self._lock:

@@ -23,6 +23,7 @@ from ...options import PERTURBATIONS
 from ...tasks.base import Task, TaskError
 from ..kernel import Context
 from ..params import Int, Params
+from ..primitives.cost import NONE, Shape, Sizes, Work
 from ..results import Model, Result
 from ..primitives.fit import verdict, vocabulary_fit
 
@@ -32,6 +33,9 @@ class FitParams(Params):
 
     shots: Int = Field(o.SHOTS, ge=0, description="demonstrations per prompt (for the prompt length)")
     seed: Int = Field(o.SEED, ge=0)
+
+    def work(self, shape: Shape, sizes: Sizes) -> Work:
+        return NONE  # the tokenizer only
 
 
 class ContextFit(Model):

@@ -23,7 +23,10 @@ from ...hooks import hooked
 from ...options import HEAD_MAX_PATTERN
 from ...tasks.base import TaskError
 from ..kernel import Context
+from ..kinds import get_kind
 from ..params import Bool, Head, Int, PromptParams
+from ..primitives import cost
+from ..primitives.cost import Shape, Sizes, Work, passes
 from ..results import Model, Result
 from ..primitives.batching import answer_tokens, build_prompts
 from ..primitives.induction import eager_attention, induction_scores
@@ -53,6 +56,12 @@ class HeadParams(PromptParams):
         if v[0] < 0 or v[1] < 0:
             raise ValueError("layer and head indices must be non-negative")
         return v
+
+    def work(self, shape: Shape, sizes: Sizes) -> Work:
+        t = len(self.text.encode("utf-8")) / cost.BYTES_PER_TOKEN if self.text else sizes.prompt(self.shots)
+        extra = get_kind("scores").params(shots=self.shots, prompts=self.prompts).work(shape, sizes).named(
+            "head scores") if self.ranks else cost.induction(shape)
+        return passes("the prompt, plain and ablated", 2, t) + extra
 
 
 class TokenProb(Model):

@@ -41,7 +41,8 @@ from ...tasks.base import TaskError
 from ...text import clip
 from ..kernel import Context
 from ..kinds import get_kind
-from ..params import ASSUMED_LAYERS, Bool, Float, Int, Layer, Selection, TensorId
+from ..params import Bool, Float, Int, Layer, Selection, TensorId
+from ..primitives.cost import Shape, Sizes, Work, passes, training
 from ..results import Grid, Head, Metrics, Model, Overlap, Result, TensorsInline
 from .recipe import LtvRecipeParams, LtvTraining
 from ..primitives.batching import build_prompts, encode
@@ -76,21 +77,23 @@ class LtvParams(Selection, LtvRecipeParams):
     def writes_tensors(self) -> bool:
         return not self.load
 
-    def work(self, model: dict | None = None) -> tuple[int, str]:
-        L = model["n_layers"] if model else ASSUMED_LAYERS
-        d = int(model.get("d_model", 4096)) if model else 4096
-        layers = L if self.layer == "all" else len(self.layer) if isinstance(self.layer, list) else 1
-        trainings = 0 if self.load else (1 if self.joint else layers)
-        train, _ = self.training_work()
-        built, _ = get_kind("vectors").params(types=["tr", "tl", "fv", "vanilla"], shots=self.shots,
-                                              prompts=self.prompts, top_pct=self.top_pct, top_k=self.top_k).work(model)
-        per_layer = 8 * self.prompts  # the conditions, LTV + ICL
-        why = f"{trainings} trainings x {train} + vectors {built} + {layers} layers x ({self.prompts} prompts x 8"
-        if self.mechanism and not self.joint:
-            n_pert = self.perturbations or min(2 * d, o.LTV_MAX_PERTURBATIONS)
-            per_layer += self.prompts * (3 + self.random_draws + 6 + n_pert + 2)
-            why += f" + mechanism: {self.random_draws} random sets, {n_pert} perturbations"
-        return trainings * train + built + layers * per_layer, why + ")"
+    def work(self, shape: Shape, sizes: Sizes) -> Work:
+        layers = shape.n_layers if self.layer == "all" else len(set(self.layer)) if isinstance(self.layer, list) else 1
+        joint = self.joint and layers > 1
+        trainings = 0 if self.load else (1 if joint else layers)
+        n, t0, t = sizes.n(self.prompts), sizes.prompt(0), sizes.prompt(self.shots)
+        w = self.training_work(sizes) * trainings + get_kind("vectors").params(
+            types=list(EXTRACTED), shots=self.shots, prompts=self.prompts, top_pct=self.top_pct,
+            top_k=self.top_k).work(shape, sizes).named("extracted vectors")
+        w = w + passes("references", n, t0) + passes("references", n, t)
+        per = passes("conditions", n * (1 if joint else 1 + len(EXTRACTED)), t0) + passes("conditions", n, t)
+        if self.mechanism and not joint:
+            w = w + get_kind("scores").params(shots=self.shots, prompts=self.prompts).work(shape, sizes).named(
+                "head scores")
+            n_pert = self.perturbations or min(2 * shape.d_model, o.LTV_MAX_PERTURBATIONS)
+            per = (per + training("key heads", n, t0) + passes("key heads", (1 + self.random_draws) * n, t0)
+                   + passes("OV reconstruction", 5 * n, t0) + passes("linear propagation", (n_pert + 2) * n, t0))
+        return w + per * layers
 
 
 class MetricCurve(Model):

@@ -26,11 +26,15 @@ from ...tasks.registry import builtin_by_names, model_tasks
 from ..kernel import Context, analyze
 from ..kinds import get_kind
 from ..params import Bool, Int, Layer, Selection
+from ..primitives.cost import Shape, Sizes, Work, passes
 from ..results import Metrics, Model, Result, TensorsInline
 from .recipe import LtvRecipeParams
 from ..primitives.batching import build_prompts, encode
 from ..primitives.inject import Injection, check_layers, evaluate_injections
 from ..primitives.threads import cpu_threads
+
+
+DEFAULT_TASKS = 10  # the model's built-in tasks, when `tasks` is not given (the default model has 10)
 
 
 class LtvTasksParams(Selection, LtvRecipeParams):
@@ -45,12 +49,19 @@ class LtvTasksParams(Selection, LtvRecipeParams):
     prompts: Int = Field(o.PROMPTS, ge=1)
     compose: Bool = Field(True, description="evaluate vector sums on the composed tasks the task language defines")
 
-    def work(self, model: dict | None = None) -> tuple[int, str]:
+    def work(self, shape: Shape, sizes: Sizes) -> Work:
         fields = {k: getattr(self, k) for k in LtvRecipeParams.model_fields}
-        one, _ = get_kind("ltv").params(**fields, layer=self.layer, shots=self.shots, prompts=self.prompts,
-                                        top_pct=self.top_pct, top_k=self.top_k, mechanism=False).work(model)
-        n = len(self.tasks) if self.tasks else 10
-        return n * one + (7 * 5 * self.prompts if self.compose else 0), f"{n} tasks x {one} (one LTV each)"
+        one = get_kind("ltv").params(**fields, layer=self.layer, shots=self.shots, prompts=self.prompts,
+                                     top_pct=self.top_pct, top_k=self.top_k, mechanism=False).work(shape, sizes)
+        from ...tasks.synthetic import COMPOSITIONS as compositions
+
+        k, n = len(self.tasks or sizes.tasks) or DEFAULT_TASKS, sizes.n(self.prompts)
+        names = set(self.tasks or sizes.tasks) if self.tasks or sizes.tasks else None  # None: unknown, all pairs
+        pairs = 0 if not self.compose else sum(  # the synthetic language's composed tasks
+            names is None or (f"syn-{a}" in names and f"syn-{b}" in names) for a, b in compositions)
+        compose = passes("compositions", 4 * pairs * n, sizes.prompt(0)) + passes("compositions", pairs * n,
+                                                                                 sizes.prompt(self.shots))
+        return one.named(f"{k} tasks' LTVs") * k + compose
 
     def writes_tensors(self) -> bool:
         return True

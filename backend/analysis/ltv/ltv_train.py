@@ -34,6 +34,7 @@ from pydantic import Field
 
 from ..kernel import Context
 from ..params import Layer
+from ..primitives.cost import Shape, Sizes, Work
 from ..results import Result, TensorsInline
 from .recipe import LtvRecipeParams, LtvTraining
 from ..primitives.batching import encode
@@ -49,8 +50,8 @@ class LtvTrainParams(LtvRecipeParams):
     layer: Layer | list[Layer] | None = Field(None, description="decoder layer whose input theta is added to; "
                                                                 "None = L/2; a list: one theta per layer, jointly")
 
-    def work(self, model: dict | None = None) -> tuple[int, str]:
-        return self.training_work()
+    def work(self, shape: Shape, sizes: Sizes) -> Work:
+        return self.training_work(sizes)
 
     def writes_tensors(self) -> bool:
         return True

@@ -8,6 +8,7 @@ from pydantic import Field, Strict, field_validator
 
 from ... import options as o
 from ..params import Float, Int, Params
+from ..primitives.cost import Sizes, Work, passes, training
 from ..results import Model, Vector
 
 
@@ -53,11 +54,17 @@ class LtvRecipeParams(Params):
         defaults = LtvRecipeParams().model_dump(mode="json")
         return {k: params[k] for k in defaults if k in params and params[k] != defaults[k]}
 
-    def training_work(self) -> tuple[int, str]:
-        """One training: a forward and backward pass (~3 passes) per training prompt and epoch, the held-out
-        prompts after each epoch, and the residual scale's pass."""
-        n = 3 * self.epochs * self.train_prompts + self.epochs * self.val_prompts + self.train_prompts
-        return n, f"{self.epochs} epochs x ({self.train_prompts} training prompts x 3 + {self.val_prompts} held out)"
+    def training_work(self, sizes: Sizes) -> Work:
+        """One training, at most: `epochs` epochs of `train_prompts` zero-shot prompts (forward and backward), the
+        held-out prompts before and after each epoch, and the residual scale's pass (early stopping ends sooner)."""
+        t0, pool = sizes.prompt(0), sizes.pool
+        n_val, n_train = self.val_prompts, self.train_prompts
+        if pool is not None and pool < self.train_prompts + self.val_prompts:  # learn.training_split
+            n_val = min(self.val_prompts, max(2, round(pool * 0.25)))
+            n_train = max(min(self.train_prompts, pool - n_val), 1)
+        w = training("LTV training", self.epochs * self.train_prompts, t0)
+        w = w + passes("LTV held-out", (self.epochs + 1) * n_val, t0)
+        return w + passes("residual scale", n_train, t0) if self.units == "residual" else w
 
 
 class LtvTraining(Model):

@@ -6,6 +6,11 @@ from pydantic import Field
 
 from ... import options as o
 from ..params import Float, Int, PromptParams
+from ..primitives import cost
+from ..primitives.cost import Shape, Sizes, Work, passes, training
+
+PREFIX_FROM = 8
+"""Training prompts of this many tokens or more run their clean prefix once and back-propagate the last token only."""
 
 
 class SiteRecipeParams(PromptParams):
@@ -28,6 +33,20 @@ class SiteRecipeParams(PromptParams):
                              description="validation prompts (at most; held out of the training split)")
     max_new_tokens: Int = Field(o.SITE_MAX_NEW_TOKENS, ge=1, le=256, description="greedy generation length")
 
-    def work(self, model: dict | None = None) -> tuple[int, str]:
-        n = self.m + self.steps * self.train_batch + (self.steps // self.val_every + 1) * min(self.val_prompts, 500)
-        return n + 4 * self.prompts, f"{self.m} embedding prompts, {self.steps} steps, validations, tests"
+    def work(self, shape: Shape, sizes: Sizes) -> Work:
+        """One SITE run: the task embedding's `m` prompts, the training steps, the validations and the test
+        (soft and rounded alphas, each a generation)."""
+        return self.training_work(sizes, self.m) + self.test_work(sizes)
+
+    def training_work(self, sizes: Sizes, m: int) -> Work:
+        t0, pool = sizes.prompt(0), sizes.pool
+        n_val = min(self.val_prompts, max(1, round(o.SITE_VAL_SHARE * pool)), pool - 1) if pool else self.val_prompts
+        rows = self.steps * (min(self.train_batch, pool - n_val) if pool else self.train_batch)
+        vals = 1 + self.steps // self.val_every + (1 if self.steps % self.val_every else 0)
+        # a prompt of PREFIX_FROM tokens or more runs its prefix without gradients, its last token with them
+        train = passes("training", rows, t0 - 1) + training("training", rows, 1) if t0 >= PREFIX_FROM else \
+            training("training", rows, t0)
+        return passes("task embedding", m, sizes.prompt(self.shots)) + train + passes("validation", vals * n_val, t0)
+
+    def test_work(self, sizes: Sizes, runs: int = 2) -> Work:
+        return cost.generation("SITE test", runs * sizes.n(self.prompts), sizes.prompt(0), self.max_new_tokens)

@@ -31,6 +31,8 @@ from ...hooks import hooked
 from ..kernel import Context
 from ..kinds import get_kind
 from ..params import Int, TensorId
+from ..primitives import cost
+from ..primitives.cost import NONE, Shape, Sizes, Work, passes, steps
 from ..results import Grid, Head, Metrics, Model, Overlap, Result, TensorsInline
 from .recipe import SiteRecipeParams
 from ..primitives.batching import build_prompts, encode
@@ -98,11 +100,29 @@ class SiteParams(SiteRecipeParams):
     def _positive(cls, v: list[int]) -> list[int]:
         return _unique_ints(v)
 
-    def work(self, model: dict | None = None) -> tuple[int, str]:
-        n, _ = super().work(model)
-        runs = 1 + len(self.budget)
-        return n * runs + self.prompts * (len(self.compare) + 2 * len(self.patching)), \
-            f"{runs} SITE run(s), {len(self.compare)} baselines, {2 * len(self.patching)} patchings"
+    def work(self, shape: Shape, sizes: Sizes) -> Work:
+        n, t0 = sizes.n(self.prompts), sizes.prompt(0)
+        w = self.test_work(sizes) if self.load else super().work(shape, sizes)
+        gen = lambda name, k=1, t=t0: cost.generation(name, k * n, t, self.max_new_tokens)  # noqa: E731
+        for name in self.compare:
+            if name in ("zero_shot", "all_ones"):
+                w = w + gen(name)
+            elif name == "icl":
+                w = w + sum((gen(f"{k}-shot ICL", 1, sizes.prompt(k)) for k in self.icl_shots), NONE)
+        vectors = [v for v in ("fv", "vanilla") if v in self.compare]
+        if vectors:
+            w = w + get_kind("vectors").params(types=vectors, shots=self.shots, prompts=min(self.prompts, o.PROMPTS),
+                                               seed=self.seed).work(shape, sizes).named("vectors") + gen("vectors",
+                                                                                                      len(vectors))
+        if self.patching:  # the clean pass, then a last-token step per top-k and bottom-k set
+            w = w + passes("patching", n, t0) + steps("patching", 2 * len(self.patching) * n)
+        if not self.load:  # the budget curve: a SITE run per other M (embedding, training, test)
+            w = w + sum(((self.training_work(sizes, m) + self.test_work(sizes)).named(f"budget M={m}")
+                         for m in self.budget if m != self.m), NONE)
+        if {"tr", "tl", "induction"} & set(self.correlations):
+            w = w + get_kind("scores").params(prompts=min(self.prompts, o.PROMPTS), seed=self.seed).work(
+                shape, sizes).named("head scores")
+        return w
 
 
 class GenMetrics(Metrics):

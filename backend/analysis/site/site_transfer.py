@@ -23,6 +23,7 @@ from ...tasks.base import Task, TaskError
 from ...tasks.registry import builtin_by_names, model_tasks
 from ..kernel import Context, analyze, lookup
 from ..params import Int
+from ..primitives.cost import Shape, Sizes, Work, passes, steps
 from ..results import Result, TensorsInline
 from .recipe import SiteRecipeParams
 from ..primitives.batching import encode
@@ -30,6 +31,9 @@ from ..primitives.capture import capture_means
 from ..primitives.threads import cpu_threads
 from .soft_select import hard_alpha, load_site, ranked_heads, site_data
 from ..primitives.sweep import RowConfig, sweep_outcomes
+
+
+DEFAULT_TASKS = 10  # the model's built-in tasks, when `tasks` is not given (the default model has 10)
 
 
 class SiteTransferParams(SiteRecipeParams):
@@ -41,10 +45,10 @@ class SiteTransferParams(SiteRecipeParams):
     top_k: Int = Field(o.SITE_TRANSFER_TOP_K, ge=1, le=o.MAX_LIST,
                        description="also: only task A's top-k heads by alpha, injected outright (alpha = 1)")
 
-    def work(self, model: dict | None = None) -> tuple[int, str]:
-        n, _ = super().work(model)
-        k = len(self.tasks) if self.tasks else 10
-        return k * n + k * k * self.prompts, f"{k} SITE runs and {k * k} transfers"
+    def work(self, shape: Shape, sizes: Sizes) -> Work:
+        k, n = len(self.tasks or sizes.tasks) or DEFAULT_TASKS, sizes.n(self.prompts)
+        transfers = passes("transfers", k * n, sizes.prompt(0)) + steps("transfers", k * (2 * k + 2) * n)
+        return super().work(shape, sizes).named(f"{k} SITE runs") * k + transfers
 
     def writes_tensors(self) -> bool:
         return True

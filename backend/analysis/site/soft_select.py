@@ -33,10 +33,9 @@ from ..primitives.inject import gold_tokens
 from ..primitives.notes import Note
 from ..primitives.saved import load_tensors, save_tensors
 
+from .recipe import PREFIX_FROM  # training prompts this long run their prefix once; the last token back-propagates
+
 KIND = "site"
-PREFIX_FROM = 8
-"""Training prompts this long or longer run their prefix once, without autograd, and back-propagate the last token
-only."""
 Live = Callable[[dict[str, Any]], None]
 
 

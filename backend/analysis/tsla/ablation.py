@@ -16,7 +16,10 @@ from pydantic import Field, field_validator
 from ... import options as o
 
 from ..kernel import Context
-from ..params import Heads, Int, PromptParams
+from ..kinds import get_kind
+from ..params import Heads, Int, NonNegative, PromptParams
+from ..primitives import cost
+from ..primitives.cost import NONE, Shape, Sizes, Work, passes
 from ..results import Metrics, Model, Result
 from ..primitives.batching import Encoded, build_prompts, encode
 from ..primitives.capture import capture_means
@@ -32,7 +35,7 @@ class AblationCurvesParams(PromptParams):
     ks: list[Int] = Field(default_factory=lambda: list(o.ABLATION_KS), min_length=1, max_length=64)
     mode: o.Mode = "zero"
     positions: o.Positions = "all"
-    random_seeds: list[Int] = Field(default_factory=lambda: list(o.RANDOM_SEEDS), min_length=1, max_length=16)
+    random_seeds: list[NonNegative] = Field(default_factory=lambda: list(o.RANDOM_SEEDS), min_length=1, max_length=16)
     batch_size: Int = Field(o.SWEEP_BATCH_SIZE, ge=1, le=1024)
 
     @field_validator("orders")
@@ -47,24 +50,34 @@ class AblationCurvesParams(PromptParams):
             raise ValueError("ks must be non-negative")
         return sorted(set(v))
 
-    def work(self, model: dict | None = None) -> tuple[int, str]:
-        rankings = len([o for o in self.orders if o != "random"]) + (len(self.random_seeds) if "random" in self.orders
-                                                                      else 0)
-        n = self.prompts * (rankings * len(self.ks) + 2)
-        return n, (f"{self.prompts} prompts x ({rankings} rankings x {len(self.ks)} values of k + 2 for the head "
-                   f"scores)")
+    def work(self, shape: Shape, sizes: Sizes) -> Work:
+        ranked = [o for o in self.orders if o != "random"]
+        rankings = len(ranked) + (len(self.random_seeds) if "random" in self.orders else 0)
+        ks = {min(k, shape.heads) for k in self.ks if k > 0}
+        w = get_kind("scores").params(shots=self.shots, prompts=self.prompts).work(shape, sizes).named("head scores") \
+            if ranked else NONE
+        return w + _sweep(self, shape, sizes, rankings * len(ks), f"{rankings} rankings x {len(ks)} values of k")
 
 
 class AblateParams(PromptParams):
     """kind `ablate`: ablate one head set; metrics and per-prompt rows before and after."""
 
-    def work(self, model: dict | None = None) -> tuple[int, str]:
-        return 2 * self.prompts, f"{self.prompts} prompts x 2 (before, after)"
+    def work(self, shape: Shape, sizes: Sizes) -> Work:
+        return _sweep(self, shape, sizes, 1, "the head set", self.heads)
 
     heads: Heads = Field(..., description="[[layer, head], ...]")
     mode: o.Mode = "zero"
     positions: o.Positions = "all"
     batch_size: Int = Field(o.SWEEP_BATCH_SIZE, ge=1, le=1024)
+
+
+def _sweep(p: Any, shape: Shape, sizes: Sizes, configs: int, what: str,
+           heads: list[tuple[int, int]] | None = None) -> Work:
+    """A mean-ablation pass (mode mean), the clean pass and `configs` head masks over the ICL prompts."""
+    t, n = sizes.prompt(p.shots), sizes.n(p.prompts)
+    per = t * cost.ablation_share(shape, heads) if p.positions == "all" else 1.0
+    w = passes("clean", n, t) + passes(f"ablating {what}", n * configs, per)
+    return w + passes("mean head outputs", n, t) if p.mode == "mean" else w
 
 
 class Curve(Model):

@@ -19,6 +19,7 @@ from ...options import GEOMETRY_CONDITIONS
 from ..kernel import Context
 from ..kinds import get_kind
 from ..params import Bool, Float, Layer, PromptParams, Selection
+from ..primitives.cost import Shape, Sizes, Work, passes
 from ..results import Head, Model, Result
 from ..primitives.batching import answer_tokens, build_prompts, encode
 from ..primitives.capture import capture
@@ -35,10 +36,11 @@ class GeometryParams(Selection, PromptParams):
                                                 "them: the logit difference is in logits); false: the raw residual")
     pca_layer: Layer | None = Field(None, description="layer of the PCA view; None = the last")
 
-    def work(self, model: dict | None = None) -> tuple[int, str]:
-        vectors = get_kind("vectors").params(types=["tr", "tl", "random"], shots=self.shots, prompts=self.prompts)
-        built, why = vectors.work(model)
-        return built + 5 * self.prompts, f"{why} + {self.prompts} prompts x 5 conditions"
+    def work(self, shape: Shape, sizes: Sizes) -> Work:
+        built = get_kind("vectors").params(types=["tr", "tl", "random"], shots=self.shots, prompts=self.prompts,
+                                           top_pct=self.top_pct, top_k=self.top_k).work(shape, sizes)
+        n = sizes.n(self.prompts)
+        return built + passes("conditions", 4 * n, sizes.prompt(0)) + passes("conditions", n, sizes.prompt(self.shots))
 
 
 class MeanStd(Model):

@@ -9,6 +9,7 @@ from ... import options as o
 
 from ..kernel import Context
 from ..params import Int, Params
+from ..primitives.cost import NONE, Shape, Sizes, Work, passes
 from ..results import Model, Result
 from ..primitives.batching import build_prompts, encode
 from ..primitives.predict import evaluate
@@ -30,8 +31,8 @@ class IclParams(Params):
             raise ValueError("shots must be non-negative")
         return sorted(set(v))
 
-    def work(self, model: dict | None = None) -> tuple[int, str]:
-        return self.prompts * len(self.shots), f"{self.prompts} prompts x {len(self.shots)} values of k"
+    def work(self, shape: Shape, sizes: Sizes) -> Work:
+        return sum((passes(f"k={k}", sizes.n(self.prompts), sizes.prompt(k)) for k in self.shots), NONE)
 
 
 class ExampleRow(Model):

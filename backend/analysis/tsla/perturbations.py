@@ -16,7 +16,10 @@ from ... import options as o
 from ...tasks.base import TaskError
 from ...tasks.perturb import get_perturbation
 from ..kernel import Context
+from ..kinds import get_kind
 from ..params import PromptParams, Selection
+from ..primitives import cost
+from ..primitives.cost import Shape, Sizes, Work, passes
 from ..results import Grid, Head, Metrics, Model, Result
 from ..primitives.batching import Encoded, build_prompts, encode
 from .head_maps import head_maps
@@ -34,10 +37,14 @@ class PerturbParams(Selection, PromptParams):
     def _unique(cls, v: list[str]) -> list[str]:
         return list(dict.fromkeys(v))
 
-    def work(self, model: dict | None = None) -> tuple[int, str]:
-        per = len(self.perturbations)
-        return self.prompts * (6 + 5 * per), (f"{self.prompts} prompts x (6 + 5 x {per} perturbations: maps and "
-                                             f"4 ablation configurations each)")
+    def work(self, shape: Shape, sizes: Sizes) -> Work:
+        t = sizes.prompt(self.shots)
+        base = get_kind("scores").params(shots=self.shots, prompts=self.prompts, top_pct=self.top_pct,
+                                         top_k=self.top_k).work(shape, sizes).named("head scores")
+        n, per = sizes.n(self.prompts), len(self.perturbations)
+        ablations = (passes("ablations", n, t)  # the clean pass, then the TR, TL and random sets
+                     + passes("ablations", 3 * n, t * cost.ablation_share(shape)))
+        return base + ablations * (1 + per) + passes("perturbed head maps", per * n, t)
 
 
 class PerturbEntry(Model):

@@ -13,6 +13,8 @@ from pydantic import Field
 
 from ..kernel import Context
 from ..params import Bool, PromptParams, Selection
+from ..primitives import cost
+from ..primitives.cost import Shape, Sizes, Work, passes
 from ..results import Grid, Head, Metrics, Overlap, Result
 from ..primitives.batching import build_prompts, encode
 from .head_maps import head_maps
@@ -26,8 +28,10 @@ class MapsParams(PromptParams):
 
     apply_ln: Bool = Field(False, description="scale head writes by the final norm's scale")
 
-    def work(self, model: dict | None = None) -> tuple[int, str]:
-        return 2 * self.prompts, f"{self.prompts} prompts x 2 (ICL, zero-shot)"
+    def work(self, shape: Shape, sizes: Sizes) -> Work:
+        n = sizes.n(self.prompts)
+        return (passes("ICL", n, sizes.prompt(self.shots)) + passes("zero-shot", n, sizes.prompt(0))
+                + cost.induction(shape))
 
 
 class ScoresParams(Selection, MapsParams):

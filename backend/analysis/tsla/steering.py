@@ -15,7 +15,8 @@ from ... import options as o
 
 from ..kernel import Context
 from ..kinds import get_kind
-from ..params import ASSUMED_LAYERS, Float, Heads, Int, Layer, PromptParams, Selection
+from ..params import Float, Heads, Int, Layer, PromptParams, Selection
+from ..primitives.cost import Shape, Sizes, Work, passes, steps
 from ..results import Head, Metrics, Model, Result
 from ..primitives.batching import build_prompts, encode
 from ..primitives.inject import vector_at
@@ -37,12 +38,14 @@ class SteerParams(Selection, PromptParams):
     def _unique(cls, v: list[str]) -> list[str]:
         return list(dict.fromkeys(v))
 
-    def work(self, model: dict | None = None) -> tuple[int, str]:
-        layers = (model["n_layers"] if model else ASSUMED_LAYERS) if self.layer == "all" else 1
-        vectors = get_kind("vectors").params(types=self.vectors, shots=self.shots, prompts=self.prompts)
-        built, why = vectors.work(model)
-        n = built + self.prompts * (2 + len(self.vectors) * layers)
-        return n, f"{why} + {self.prompts} prompts x ({len(self.vectors)} vectors x {layers} layers + 2 references)"
+    def work(self, shape: Shape, sizes: Sizes) -> Work:
+        layers = shape.n_layers if self.layer == "all" else 1
+        built = get_kind("vectors").params(types=self.vectors, heads=self.heads, shots=self.shots, prompts=self.prompts,
+                                           top_pct=self.top_pct, top_k=self.top_k).work(shape, sizes)
+        n_vec = len(self.vectors) + bool(self.heads)
+        n = sizes.n(self.prompts)
+        return (built + passes("ICL reference", n, sizes.prompt(self.shots)) + passes("zero-shot", n, sizes.prompt(0))
+                + steps(f"{n_vec} vectors x {layers} layers", n * (1 + n_vec * layers)))
 
 
 class SteerVector(Model):

@@ -22,7 +22,9 @@ from ... import options as o
 from ...options import EXTRACTION_SEED_OFFSET, FV_PROMPTS
 from ...tasks.perturb import get_perturbation
 from ..kernel import Context
-from ..params import ASSUMED_HEADS, Heads, PromptParams, Selection
+from ..kinds import get_kind
+from ..params import Heads, PromptParams, Selection
+from ..primitives.cost import NONE, Shape, Sizes, Work, passes, steps
 from ..results import Model, Result, Vector
 from ..primitives.batching import Encoded, Progress, build_prompts, encode
 from ..primitives.capture import capture_means
@@ -41,13 +43,18 @@ class VectorsParams(Selection, PromptParams):
     def _unique(cls, v: list[str]) -> list[str]:
         return list(dict.fromkeys(v))
 
-    def work(self, model: dict | None = None) -> tuple[int, str]:
-        heads = model["n_layers"] * model["n_heads"] if model else ASSUMED_HEADS
-        n, why = 4 * self.prompts, f"{self.prompts} prompts x 4 (head scores, head means, vanilla)"
-        if "fv" in self.types:
-            fv = min(self.prompts, o.FV_PROMPTS) * (heads + 1)
-            n, why = n + fv, why + f" + {min(self.prompts, o.FV_PROMPTS)} prompts x {heads + 1} head patches (FV)"
-        return n, why
+    def work(self, shape: Shape, sizes: Sizes) -> Work:
+        t, types, n = sizes.prompt(self.shots), set(self.types), sizes.n(self.prompts)
+        w = get_kind("scores").params(shots=self.shots, prompts=self.prompts).work(shape, sizes).named("head scores") \
+            if types & {"tr", "tl", "random"} else NONE
+        if types & {"tr", "tl", "random", "fv"} or self.heads:
+            w = w + passes("head means", n, t)
+        if "fv" in types:  # the clean pass of the shuffled-input prompts, then one last-token patch per head
+            c = min(self.prompts, FV_PROMPTS)
+            w = w + (passes("FV", c, sizes.prompt(max(self.shots, 1))) + steps("FV", c * (shape.heads + 1))).named("FV")
+        if "vanilla" in types:
+            w = w + passes("vanilla", n, t) + passes("vanilla", n, sizes.prompt(0))
+        return w
 
 
 class VectorEntry(Model):
