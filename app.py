@@ -10,7 +10,7 @@ import hashlib
 import pandas as pd
 import streamlit as st
 
-from ui import api, figures, fit, jobs, layout, snippets, state
+from ui import api, figures, fit, jobs, layout, share, snippets, state
 from ui import metrics as M
 from ui.sections import run_row
 
@@ -124,8 +124,8 @@ if scores is not None:
         jobs.show_warnings(icl)
         c1, c2 = st.columns([1, 1], gap="medium")
         with c1:
-            st.plotly_chart(figures.icl_curve(icl, "In-context learning" + figures.subtitle(figures.caption(s.model, s.task_title))),
-                            config=figures.png_config(f"icl-curve-{s.task}"), key="icl_fig")
+            share.chart(figures.icl_curve(icl, "In-context learning" + figures.subtitle(
+                figures.caption(s.model, s.task_title))), "icl-curve", key="icl_fig", heads="")
             st.caption(f"ICL curve {jobs.timing(icl)}.")
             snippets.show("icl", icl_job.params, "r.shots, r.accuracy, r.label_accuracy, r.tr_ratio")
         with c2:

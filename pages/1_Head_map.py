@@ -6,7 +6,7 @@ import numpy as np
 import pandas as pd
 import streamlit as st
 
-from ui import figures, fit, head_view, heads, jobs, layout, snippets, state
+from ui import figures, fit, head_view, heads, jobs, layout, share, snippets, state
 from ui import metrics as M
 from ui.sections import download
 
@@ -47,11 +47,11 @@ state.bind(st.segmented_control, "Map", "map", options=list(figures.METRICS),
 metric = state.get().map or "tr"
 main, side = st.columns([3, 1.25], gap="medium")
 with main:
-    fig = figures.head_heatmap(scores[metric], metric, selected=selected,
+    top = {"tr": scores.get("top_tr"), "tl": scores.get("top_tl")}.get(metric) or int(scores["top_k"])
+    fig = figures.head_heatmap(scores[metric], metric, selected=selected, top=top,
                                title=f"{figures.METRICS[metric]['label']}: {figures.METRICS[metric]['long']}{ctx}")
-    st.plotly_chart(fig, key=heads.chart_key("hm"), on_select=heads.on_chart_select("hm"),
-                    selection_mode=("points", "box", "lasso"),
-                    config=figures.png_config(f"headmap-{metric}-{s.task}"))
+    share.chart(fig, f"headmap-{metric}", key=heads.chart_key("hm"), on_select=heads.on_chart_select("hm"),
+                selection_mode=("points", "box", "lasso"))
     st.caption(figures.METRICS[metric]["caption"])
 with side:
     selected = heads.multiselect(L, H)
@@ -91,8 +91,7 @@ else:
 
 if state.bind(st.toggle, "All five maps side by side", "all_maps",
               help="Each map on its own colour scale, with its colour bar (drawn on demand: five more heatmaps)."):
-    st.plotly_chart(figures.all_maps(scores, selected, f"All five maps{ctx}"), key="all_maps",
-                    config=figures.png_config(f"headmaps-all-{s.task}"))
+    share.chart(figures.all_maps(scores, selected, f"All five maps{ctx}"), "headmaps-all", key="all_maps")
     st.caption(" · ".join(f"{v['caption']}" for k, v in figures.METRICS.items() if k != metric))
 
 # -- tables ------------------------------------------------------------------------------------------------------
@@ -137,8 +136,8 @@ with c2:
     st.caption(f"Jaccard: overlap of the top-head sets ({s.top_label()}: {n_top} head{'s' if n_top != 1 else ''} "
                "each). Spearman and Kendall: rank correlation over all heads.")
 with c3:
-    st.plotly_chart(figures.layer_distribution(scores, n, f"Layer of the top {n} heads{ctx}"), key="layer_dist",
-                    config=figures.png_config(f"layer-distribution-{s.task}"))
+    share.chart(figures.layer_distribution(scores, n, f"Layer of the top {n} heads{ctx}"), "layer-distribution",
+                key="layer_dist", heads=f"top{n}")
 
 # -- downloads -----------------------------------------------------------------------------------------------------
 st.subheader("Download", divider="gray")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pandas as pd
 import streamlit as st
 
-from ui import figures, fit, heads, jobs, layout, snippets, state
+from ui import figures, fit, heads, jobs, layout, share, snippets, state
 from ui import metrics as M
 from ui.sections import download
 
@@ -102,9 +102,9 @@ curve_params = s.job(ks=ks, mode=mode, orders=["tr", "tl", "induction", "random"
 curves = jobs.fetch("ablation", curve_params, "Ablation curves", what="Ablation curves")
 if curves is not None:
     jobs.show_warnings(curves)
-    st.plotly_chart(figures.ablation_curves(curves, f"{mode.capitalize()} ablation of the top k heads" + figures.subtitle(
-        figures.caption(s.model, s.task_title, curves['shots'], f'k ≤ {kmax}'))),
-                    key="curves_fig", config=figures.png_config(f"ablation-curves-{s.task}-{mode}"))
+    share.chart(figures.ablation_curves(curves, f"{mode.capitalize()} ablation of the top k heads" + figures.subtitle(
+        figures.caption(s.model, s.task_title, curves['shots'], f'k ≤ {kmax}'))), f"ablation-curves-{mode}",
+                key="curves_fig", heads=f"k{kmax}")
     st.caption(f"{mode.capitalize()} ablation of the k heads ranked highest by TR, TL or induction score; random: "
                f"k random heads, mean ± standard deviation over seeds {curves['curves'].get('random', {}).get('seeds', [0, 1, 2])}"
                f" (grey band, clipped to 0–100%; drawn from all heads, so they may include top heads). "

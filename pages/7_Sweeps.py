@@ -8,7 +8,7 @@ import time
 import pandas as pd
 import streamlit as st
 
-from ui import api, layout, state
+from ui import api, layout, share, state
 from ui import sweep_figures as SF
 from ui.jobs import show_error
 
@@ -176,7 +176,8 @@ def show(sw: dict) -> None:
     metric = state.value("sw_metric")
     st.caption(SF.METRICS.get(metric, ("", ""))[1].capitalize() + "; means over seeds.")
     pivot = SF.pivot(summary, metric)
-    st.plotly_chart(SF.table_heatmap(summary, metric, pivot), key="sw_heatmap")
+    share.chart(SF.table_heatmap(summary, metric, pivot), f"sweep-{metric}", key="sw_heatmap", heads="")
+    share.table(f"Models × tasks: {metric}", pivot.reset_index())
     st.dataframe(pivot, key="sw_pivot", column_config={
         col: st.column_config.NumberColumn(format="%.3f") for col in pivot.columns})
     st.subheader("Where the top heads sit, per model", divider="gray")
@@ -189,9 +190,9 @@ def show(sw: dict) -> None:
     if any(m.get("tr_depth_hist") for m in summary.get("models", [])):
         c1, c2 = st.columns(2)
         with c1:
-            st.plotly_chart(SF.depth_profile(summary), key="sw_depth")
+            share.chart(SF.depth_profile(summary), "sweep-depth", key="sw_depth", heads="")
         with c2:
-            st.plotly_chart(SF.overlap_scatter(summary), key="sw_overlap")
+            share.chart(SF.overlap_scatter(summary), "sweep-overlap", key="sw_overlap", heads="")
 
 
 sweeps_view()

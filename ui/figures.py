@@ -53,6 +53,8 @@ ORDER_STYLE = {
     "random": {"name": "random (mean ± sd)", "color": "#7f7f7f"},
 }
 SELECT_COLOR = "#00e0ff"
+TOP_COLOR = "#ff2d95"
+"""The outline of the top heads of a map (the selection's is SELECT_COLOR, drawn larger around it)."""
 FONT = "Inter, 'Source Sans Pro', system-ui, sans-serif"
 
 
@@ -78,9 +80,9 @@ def subtitle(text: str) -> str:
     return f"<br><span style='font-size:11px;color:#777'>{text}</span>"
 
 
-def png_config(filename: str, scale: int = 2) -> dict[str, Any]:
-    """`config=` for st.plotly_chart: the modebar's camera button saves a `filename`.png at `scale`x."""
-    return {"displaylogo": False, "toImageButtonOptions": {"format": "png", "filename": filename, "scale": scale},
+def png_config(filename: str, scale: int = 2, fmt: str = "png") -> dict[str, Any]:
+    """`config=` for st.plotly_chart: the modebar's camera button saves `filename`.<fmt> (png at `scale`x, or svg)."""
+    return {"displaylogo": False, "toImageButtonOptions": {"format": fmt, "filename": filename, "scale": scale},
             "modeBarButtonsToRemove": ["autoScale2d", "toggleSpikelines"]}
 
 
@@ -134,6 +136,13 @@ def map_spec(metric: str) -> dict[str, Any]:
     return METRICS[metric] if metric in METRICS else OTHER_MAPS[metric]
 
 
+def _top_legend(fig: go.Figure) -> go.Figure:
+    """The top heads' legend entry above the plot's right end (below it, it sat on the axis title)."""
+    fig.update_layout(legend=dict(orientation="h", x=1.0, xanchor="right", y=1.0, yanchor="bottom",
+                                  bgcolor="rgba(0,0,0,0)", font=dict(size=11)))
+    return fig
+
+
 def _colorscale(metric: str) -> dict[str, Any]:
     if map_spec(metric)["signed"]:
         return {"colorscale": "RdBu_r", "zmid": 0.0}
@@ -144,11 +153,24 @@ def _fmt(x: float) -> str:
     return f"{x:.4g}"
 
 
+def top_set(values: Any, top: "int | Iterable[Sequence[int]] | None") -> list[Head]:
+    """The heads to outline as a map's top heads: `top` heads given, or the `top` largest of `values` (ties by
+    position, as the backend's top-k lists are), or none."""
+    if top is None:
+        return []
+    if isinstance(top, (int, np.integer)):
+        return top_k(np.asarray(values, dtype=float), int(top)) if int(top) > 0 else []
+    return [(int(l), int(h)) for l, h in top]
+
+
 def head_heatmap(values: Any, metric: str, selected: Iterable[Sequence[int]] = (), title: str | None = None,
-                 height: int | None = None) -> go.Figure:
+                 height: int | None = None, top: "int | Iterable[Sequence[int]] | None" = None,
+                 top_name: str | None = None) -> go.Figure:
     """Layer (rows, layer 0 on top) x head (columns) heatmap of one (L, H) map, selectable by head.
 
-    Hover shows the head, the value and its rank among all L*H heads (1 = largest)."""
+    Hover shows the head, the value and its rank among all L*H heads (1 = largest). `top` (a count, or the heads)
+    outlines the map's top heads in TOP_COLOR (legend: `top_name`, default "top k"); the selection's outline is
+    drawn larger, so a head that is both shows both."""
     z = np.asarray(values, dtype=float)
     L, H = z.shape
     rk = ranks(z)
@@ -172,6 +194,14 @@ def head_heatmap(values: Any, metric: str, selected: Iterable[Sequence[int]] = (
         x=[h for _, h in sel], y=[l for l, _ in sel], mode="markers", name="selected", showlegend=False,
         hoverinfo="skip", marker=dict(symbol="square-open", size=cell, color=SELECT_COLOR,
                                       line=dict(width=3, color=SELECT_COLOR))))
+    tops = [(l, h) for l, h in top_set(z, top) if 0 <= l < L and 0 <= h < H]
+    if tops:
+        fig.add_trace(go.Scatter(
+            x=[h for _, h in tops], y=[l for l, _ in tops], mode="markers", showlegend=True,
+            name=top_name or f"top {len(tops)} by {label}", hoverinfo="skip",
+            marker=dict(symbol="square-open", size=max(4.0, cell * 0.7), color=TOP_COLOR,
+                        line=dict(width=2, color=TOP_COLOR))))
+        _top_legend(fig)
     fig.update_xaxes(title_text="head", tickmode="linear" if H <= 40 else "auto", dtick=1 if H <= 40 else None,
                      range=[-0.5, H - 0.5], showgrid=False, zeroline=False)
     fig.update_yaxes(title_text="layer", range=[L - 0.5, -0.5], tickmode="linear" if L <= 40 else "auto",
@@ -179,14 +209,17 @@ def head_heatmap(values: Any, metric: str, selected: Iterable[Sequence[int]] = (
     fig.update_layout(title=dict(text=title or f"{label}: {map_spec(metric)['long']}", x=0.0, xanchor="left"),
                       clickmode="event+select", dragmode="zoom", hovermode="closest",
                       plot_bgcolor="rgba(0,0,0,0)")
-    return _style(fig, height)
+    _style(fig, height)
+    return _top_legend(fig) if tops else fig
 
 
-def all_maps(result: dict[str, Any], selected: Iterable[Sequence[int]] = (), title: str | None = None) -> go.Figure:
+def all_maps(result: dict[str, Any], selected: Iterable[Sequence[int]] = (), title: str | None = None,
+             top: int | None = None) -> go.Figure:
     """The five maps side by side, each on its own colour scale with its own colour bar (hover for value and
-    rank)."""
+    rank); `top` (default: the result's `top_k`) outlines each map's top heads."""
     names = list(METRICS)
     sel = [(int(l), int(h)) for l, h in selected]
+    top = int(result.get("top_k") or 0) if top is None else int(top)
     fig = make_subplots(rows=1, cols=len(names), subplot_titles=[METRICS[m]["label"] for m in names],
                         shared_yaxes=True, horizontal_spacing=0.055)
     for i, m in enumerate(names, start=1):
@@ -205,6 +238,13 @@ def all_maps(result: dict[str, Any], selected: Iterable[Sequence[int]] = (), tit
                                      hoverinfo="skip", showlegend=False,
                                      marker=dict(symbol="square-open", size=9, color=SELECT_COLOR,
                                                  line=dict(width=2, color=SELECT_COLOR))), row=1, col=i)
+        tops = top_set(z, top)
+        if tops:
+            fig.add_trace(go.Scatter(x=[h for _, h in tops], y=[l for l, _ in tops], mode="markers",
+                                     hoverinfo="skip", showlegend=i == 1, legendgroup="top",
+                                     name=f"top {len(tops)} of each map",
+                                     marker=dict(symbol="square-open", size=6, color=TOP_COLOR,
+                                                 line=dict(width=1.5, color=TOP_COLOR))), row=1, col=i)
         fig.update_xaxes(showgrid=False, zeroline=False, title_text="head", row=1, col=i)
     fig.update_yaxes(autorange="reversed", showgrid=False, zeroline=False)
     fig.update_yaxes(title_text="layer", row=1, col=1)
@@ -213,6 +253,8 @@ def all_maps(result: dict[str, Any], selected: Iterable[Sequence[int]] = (), tit
         fig.update_layout(title=dict(text=title, x=0.0))
     _style(fig, int(min(520, max(260, 22 * L + 140))))
     fig.update_layout(margin=dict(t=96 if title else 60, r=40))
+    if top:
+        _top_legend(fig)
     return clear_of_modebar(fig)
 
 

@@ -17,7 +17,7 @@ import pandas as pd
 import plotly.graph_objects as go
 import streamlit as st
 
-from . import figures, snippets, state
+from . import figures, share, snippets, state
 
 TOKEN_CSS = """
 <style>
@@ -163,11 +163,10 @@ def render(r: dict[str, Any], s: state.Settings, params: dict[str, Any], n_heads
     st.html(token_view_html(r, f"hl-tv-{key}"), unsafe_allow_javascript=True)
     c1, c2 = st.columns([3, 2], gap="medium")
     with c1:
-        st.plotly_chart(attention_figure(r, f"{name}: attention from the last token{ctx}"), key=f"{key}_att",
-                        config=figures.png_config(f"attention-{name}-{s.task}"))
+        share.chart(attention_figure(r, f"{name}: attention from the last token{ctx}"), "attention", key=f"{key}_att",
+                    heads=[(r["layer"], r["head"])])
     with c2:
-        st.plotly_chart(dla_figure(r, f"{name}: per-label DLA{ctx}"), key=f"{key}_dla",
-                        config=figures.png_config(f"dla-{name}-{s.task}"))
+        share.chart(dla_figure(r, f"{name}: per-label DLA{ctx}"), "dla", key=f"{key}_dla", heads=[(r["layer"], r["head"])])
     gold = r.get("gold")
     ab = r["ablated"]
     st.markdown(f"**Ablating {name} on this prompt** (zero ablation): prediction "
@@ -187,8 +186,8 @@ def render(r: dict[str, Any], s: state.Settings, params: dict[str, Any], n_heads
         return
     # drawn only when shown: a chart drawn inside a collapsed expander keeps the width it had there (a ~64 px strip)
     if st.toggle("The whole attention pattern (every destination token)", key=f"w_{key}_pattern"):
-        st.plotly_chart(pattern_figure(r, f"{name}: attention pattern{ctx}"), key=f"{key}_pattern",
-                        config=figures.png_config(f"pattern-{name}-{s.task}"))
+        share.chart(pattern_figure(r, f"{name}: attention pattern{ctx}"), "pattern", key=f"{key}_pattern",
+                    heads=[(r["layer"], r["head"])])
     t1, t2 = st.columns(2, gap="medium")
     with t1:
         st.markdown("**Top next tokens**")

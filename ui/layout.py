@@ -9,7 +9,7 @@ from urllib.parse import urlencode
 
 import streamlit as st
 
-from . import api, jobs, state
+from . import api, jobs, share, state
 from .jobs import show_error
 from .model_box import model_box
 
@@ -166,7 +166,13 @@ def sidebar(caps: dict[str, Any]) -> None:
         top_heads_control()
         st.subheader("Share", divider="gray")
         st.caption("This link reopens the current view (settings and selected heads):")
-        st.code(share_link(), language=None, wrap_lines=True)
+        link = share_link()
+        st.code(link, language=None, wrap_lines=True)
+        share.button(caps, link)
+        state.bind(st.segmented_control, "Figure files", "img", options=list(share.FORMATS), required=True,
+                   format_func=str.upper, help="What each figure's camera button (its toolbar, top right) saves: a "
+                                               "PNG at 2x, or an SVG. File names carry the model, task, shots and "
+                                               "heads.")
         st.caption(f"Service: `{api.backend_url()}` · {caps.get('device', '?')} / {caps.get('dtype', '?')} · "
                    f"v{caps.get('version', '?')}")
 
@@ -205,6 +211,7 @@ def page_setup(title: str, icon: str = ":material/search:") -> tuple[state.Setti
                        initial_sidebar_state="auto")
     st.markdown(CSS, unsafe_allow_html=True)
     jobs.begin_page()
+    share.begin(title)
     problems = state.init()
     try:
         caps = capabilities()

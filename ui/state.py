@@ -178,6 +178,7 @@ FIELDS: dict[str, Field] = {f.name: f for f in (
     Field("top_n", lambda: 10, _int_in(1, 100000), view=True),
     Field("only_changed", lambda: False, _flag, _fmt_flag, view=True),
     Field("all_maps", lambda: False, _flag, _fmt_flag, view=True),
+    Field("img", lambda: "png", _choice(("png", "svg")), view=True),  # what a figure's camera button saves
     # -- head drill-down (Head map panel, Head page)
     Field("head", lambda: None, _head, lambda h: f"{int(h[0])}.{int(h[1])}", view=True),
     Field("prompt", lambda: 0, _int_in(0, 100000), view=True),
