@@ -60,11 +60,14 @@ TOKEN_JS = """
 """
 
 
-def job_params(s: state.Settings, head: tuple[int, int], prompt: int, text: str | None, lens: bool) -> dict[str, Any]:
-    """The `head` job's parameters for the current settings."""
+def job_params(s: state.Settings, head: tuple[int, int], prompt: int, text: str | None, lens: bool,
+               grid: bool = False) -> dict[str, Any]:
+    """The `head` job's parameters for the current settings (`grid`: every head of the layer too)."""
     p = s.job(head=[int(head[0]), int(head[1])], prompt=int(prompt), logit_lens=bool(lens))
     if text:
         p["text"] = text
+    if grid:
+        p["layer_heads"] = True
     return p
 
 
@@ -125,6 +128,45 @@ def pattern_figure(r: dict[str, Any], title: str | None = None) -> go.Figure:
     return figures._style(fig, int(min(900, max(420, 16 * len(rows) + 200))))
 
 
+GRID_HOVER_CELLS = 60_000
+"""Up to this many cells (heads x rows x tokens) the layer grid's hover names both tokens; beyond it, positions."""
+
+
+def layer_grid_figure(r: dict[str, Any], title: str | None = None, cols: int = 4) -> go.Figure:
+    """Every head of the drilled head's layer, one small attention pattern each (destination rows x source tokens),
+    on one 0..1 scale, the drilled head's panel titled in bold: CircuitsVis' attention-pattern grid."""
+    from plotly.subplots import make_subplots
+
+    att = r["layer_attention"]
+    H, toks, rows = len(att), token_labels(r), r["attention_rows"]
+    cols = max(1, min(cols, H))
+    n_rows = -(-H // cols)
+    names = [f"<b>H{h} (drilled)</b>" if h == r["head"] else f"H{h}" for h in range(H)]
+    fig = make_subplots(rows=n_rows, cols=cols, subplot_titles=names, horizontal_spacing=0.03,
+                        vertical_spacing=0.08 if n_rows > 1 else 0.0)
+    named = H * len(rows) * len(toks) <= GRID_HOVER_CELLS
+    step = max(1, -(-len(toks) // 24))
+    for h in range(H):
+        rr, cc = h // cols + 1, h % cols + 1
+        kw: dict[str, Any] = {}
+        if named:
+            kw["customdata"] = [[f"“{toks[i]}” → “{toks[j]}”" for j in range(len(toks))] for i in rows]
+            kw["hovertemplate"] = f"L{r['layer']}.H{h} %{{customdata}}: %{{z:.3f}}<extra></extra>"
+        else:
+            kw["hovertemplate"] = f"L{r['layer']}.H{h} token %{{y}} → token %{{x}}: %{{z:.3f}}<extra></extra>"
+        fig.add_trace(go.Heatmap(z=att[h], x=list(range(len(toks))), y=rows, zmin=0, zmax=1, colorscale="Blues",
+                                 showscale=h == 0, colorbar=dict(title=dict(text="weight", side="right"),
+                                                                 thickness=10, len=0.6), **kw), row=rr, col=cc)
+        fig.update_xaxes(tickmode="array", tickvals=list(range(0, len(toks), step)), ticktext=toks[::step],
+                         tickangle=-60, tickfont=dict(size=8), showticklabels=rr == n_rows, constrain="domain",
+                         row=rr, col=cc)
+        fig.update_yaxes(autorange="reversed", tickmode="array", tickvals=rows[::step],
+                         ticktext=[toks[i] for i in rows[::step]], tickfont=dict(size=8), showticklabels=cc == 1,
+                         scaleanchor=f"x{h + 1 if h else ''}", row=rr, col=cc)
+    fig.update_layout(title=dict(text=title or f"Layer {r['layer']}: every head's attention pattern", x=0.0))
+    return figures._style(fig, int(min(1400, n_rows * (300 if len(toks) > 24 else 220) + 120)))
+
+
 def dla_figure(r: dict[str, Any], title: str | None = None) -> go.Figure:
     """The head's last-token write dotted with each label's unembedding row, gold highlighted."""
     labels = [str(x) for x in r["labels"]]
@@ -182,6 +224,11 @@ def render(r: dict[str, Any], s: state.Settings, params: dict[str, Any], n_heads
     snippets.show("head", params, "r.tokens, r.attention        # the pattern: rows r.attention_rows x tokens\n"
                                   "r.labels, r.label_dla        # per-label direct logit attribution\n"
                                   "r.ranks, r.ablated.gold_prob")
+    if r.get("layer_attention"):
+        st.markdown(f"**All {len(r['layer_attention'])} heads of layer {r['layer']}** (attention patterns, "
+                    "CircuitsVis' grid; darker = more)")
+        share.chart(layer_grid_figure(r, f"Layer {r['layer']}: every head's attention pattern{ctx}"), "layer-grid",
+                    key=f"{key}_grid", heads=f"L{r['layer']}")
     if compact:
         return
     # drawn only when shown: a chart drawn inside a collapsed expander keeps the width it had there (a ~64 px strip)

@@ -49,6 +49,9 @@ class Params(BaseModel):
         return n, f"{n} prompts"
     not_in_key: ClassVar[frozenset[str]] = NOT_IN_KEY
     """Fields left out of this kind's cache key (a kind whose `batch_size` changes its result keys it)."""
+    added_fields: ClassVar[frozenset[str]] = frozenset()
+    """Fields added after results were cached: in the key only when they differ from their default, so a request
+    that does not use them keeps its key (and its cached result)."""
 
 
 class PromptParams(Params):
