@@ -45,6 +45,9 @@ FIGURE_JS = """
         click: function (gd) { Plotly.downloadImage(gd, {format: "svg", filename: name}); }}]};
     var layout = fig.layout || {};
     if (layout.height === undefined) { layout.height = 420; }
+    Object.keys(layout).forEach(function (k) {  // tick labels inside the figure (the dashboard's theme does this)
+      if (/^[xy]axis\d*$/.test(k) && layout[k].automargin === undefined) { layout[k].automargin = true; }
+    });
     Plotly.newPlot(box, fig.data || [], layout, config);
   });
 })();
@@ -120,7 +123,8 @@ def page_html(title: str, *, figures: Sequence[Mapping[str, Any]] = (), settings
               created: str | None = None, include_plotlyjs: bool = True) -> str:
     """The whole file as one string.
 
-    figures: {"title", "figure" (a plotly figure, its dict or JSON), "filename" (for its PNG / SVG)}; settings: name
+    figures: {"figure" (a plotly figure, its dict or JSON), "filename" (for its PNG / SVG), "title" (its label),
+    "heading" (a heading above it, for figures without a title of their own)}; settings: name
     -> value (shown as a table); tables: {"title", "columns", "rows"}; commands: shell lines that reproduce the
     numbers (`python -m backend ...`); link: the dashboard link of the same view; notes: sentences shown as a list;
     python: notebook lines; created: a timestamp (default: now, UTC). include_plotlyjs=False leaves plotly.js out
@@ -153,9 +157,10 @@ def page_html(title: str, *, figures: Sequence[Mapping[str, Any]] = (), settings
         out.append("<h2>Figures</h2>")
         for i, f in enumerate(figures):
             target = f"hl-fig-{i}"
-            if f.get("title"):
-                out.append(f"<h3>{html.escape(str(f['title']))}</h3>")
-            out.append(f'<div class="figure"><div id="{target}"></div></div>')
+            if f.get("heading"):
+                out.append(f"<h3>{html.escape(str(f['heading']))}</h3>")
+            label = html.escape(str(f.get("title") or f.get("heading") or f"figure {i + 1}"), quote=True)
+            out.append(f'<div class="figure"><div id="{target}" role="img" aria-label="{label}"></div></div>')
             out.append(f'<script type="application/json" class="hl-figure" data-target="{target}" '
                        f'data-filename="{html.escape(str(f.get("filename") or f"figure-{i}"), quote=True)}">'
                        f"{_script_json(f['figure'])}</script>")

@@ -55,6 +55,10 @@ else:
                         border=True)
             c[3].caption(f"was {pb:.3f}")
         c[4].metric("Predictions changed", f"{changed} / {len(rows)}", border=True)
+        share.numbers("Ablation of the selected heads", {"heads": ", ".join(figures.head_name(h) for h in selected),
+                                                         "mode": mode, "predictions changed": changed,
+                                                         **{f"{M.LABEL[n]} before": b[n] for n in M.NAMES},
+                                                         **{f"{M.LABEL[n]} after": a[n] for n in M.NAMES}})
         st.caption(f"{mode} ablation of {', '.join(figures.head_name(h) for h in selected)} · "
                    f"{ab.get('prompts', len(rows))} prompts, {ab.get('shots', s.shots)} shots · {jobs.timing(ab)}")
         snippets.show("ablate", ab_params, "r.before, r.after   # Metrics: accuracy, label_accuracy, tr_ratio\n"
@@ -67,7 +71,7 @@ else:
                                gold=view["gold"].map(lambda t: str(t).strip()),
                                pred_before=view["pred_before"].map(lambda t: str(t).strip() or "∅"),
                                pred_after=view["pred_after"].map(lambda t: str(t).strip() or "∅"))
-            st.dataframe(
+            share.dataframe(f"Per prompt: {mode} ablation of {len(selected)} head(s)", 
                 view, hide_index=True, key="ablate_table",
                 column_order=["query", "gold", "pred_before", "correct_before", "label_correct_before", "pred_after",
                               "correct_after", "label_correct_after", "gold_prob_before", "gold_prob_after", "delta_p",
@@ -131,7 +135,7 @@ if curves is not None:
                 row[f"{n}_std"] = (c.get(f"{n}_std") or [None] * len(curves["ks"]))[i]
             flat.append(row)
     with st.expander("Curves as a table"):
-        st.dataframe(pd.DataFrame(flat), hide_index=True, key="curves_table")
+        share.dataframe("Ablation curves", pd.DataFrame(flat), hide_index=True, key="curves_table")
     d = st.columns(2)
     d[0].download_button("Curves (CSV)", pd.DataFrame(flat).to_csv(index=False).encode(),
                          f"headlens-ablation-{s.task}-{mode}.csv".replace(":", "-"), "text/csv", key="dl_curves_csv",

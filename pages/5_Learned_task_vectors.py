@@ -121,7 +121,8 @@ if res is not None:
         st.subheader(f"Comparison at layer {res['layer']}", divider="gray")
         rows = [{"condition": lf.condition_name(c), **{f"{M.LABEL[m]} %": 100 * res["table"][c][m] for m in M.NAMES}}
                 for c in res["conditions"]]
-        st.dataframe(pd.DataFrame(rows), hide_index=True, key="ltv_table",
+        share.dataframe("Learned task vectors against the other methods", pd.DataFrame(rows), hide_index=True,
+                        key="ltv_table",
                      column_config={f"{M.LABEL[m]} %": st.column_config.NumberColumn(format="%.1f") for m in M.NAMES})
         t = res["table"]
         acc = {c: t[c]["accuracy"] for c in ("ltv", "vanilla", "fv") if c in t}
@@ -209,7 +210,8 @@ if res is not None:
                 ov_rows = [{"ranking": name.upper() if name != "induction" else "induction",
                             "top-k Jaccard": o["jaccard"], "Spearman": o.get("spearman"), "Kendall": o.get("kendall")}
                            for name, o in kh["overlap"].items()]
-                st.dataframe(pd.DataFrame(ov_rows), hide_index=True, key="ltv_overlap", placeholder="—",
+                share.dataframe("Key heads against the head maps", pd.DataFrame(ov_rows), hide_index=True,
+                                key="ltv_overlap", placeholder="—",
                              column_config={c: st.column_config.NumberColumn(format="%.2f")
                                             for c in ("top-k Jaccard", "Spearman", "Kendall")})
                 st.caption("Overlap of the saliency map with the TR, TL and induction maps of the Head map page "
@@ -242,7 +244,7 @@ if many is not None:
                      **{lf.condition_name(c): 100 * v for c, v in many["mean"].items()}, "order": ""})
         rows.append({"task": "paper (Llama-3.1-8B, L16)", "kind": "",
                      **{lf.condition_name(c): many["paper"].get(c) for c in ("vanilla", "fv", "ltv")}, "order": ""})
-        st.dataframe(pd.DataFrame(rows), hide_index=True, key="ltv_tasks_table",
+        share.dataframe("Across tasks", pd.DataFrame(rows), hide_index=True, key="ltv_tasks_table",
                      column_config={lf.condition_name(c): st.column_config.NumberColumn(format="%.0f")
                                     for c in many["conditions"]})
         beats = many["ltv_beats_vanilla"]
@@ -266,7 +268,7 @@ if many is not None:
                                   "ICL": 100 * c["icl"]["accuracy"], "θ_a": 100 * c["a_only"]["accuracy"],
                                   "θ_b": 100 * c["b_only"]["accuracy"], "θ_a + θ_b": 100 * c["sum"]["accuracy"]}
                                  for c in many["compositions"]])
-            st.dataframe(comp, hide_index=True, key="ltv_compositions")
+            share.dataframe("Composed tasks", comp, hide_index=True, key="ltv_compositions")
             st.caption("Accuracy (%). The composed tasks are evaluation-only: their answers are words of the "
                        "language, but the model never trained on a composition (the ICL column says whether it can "
                        "compose at all).")

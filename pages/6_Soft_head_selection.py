@@ -143,7 +143,7 @@ with guard("Soft head selection"):
             table = pd.DataFrame([{"map": names.get(k, k), "Spearman ρ": v.get("spearman"), "Kendall τ": v.get("kendall"),
                                    "top-k Jaccard": v.get("jaccard")} for k, v in corr.items()])
             st.markdown("**Rank correlation of α with the head maps**")
-            st.dataframe(table, hide_index=True, key="site_corr", placeholder="—",
+            share.dataframe("Correlations of α with the head maps", table, hide_index=True, key="site_corr", placeholder="—",
                          column_config={c: st.column_config.NumberColumn(format="%.2f") for c in table.columns[1:]})
             st.caption(f"Over all heads; the maps are the Head map's (8 shots, {min(int(res['prompts']), 50)} prompts, "
                        "this seed). "
@@ -166,7 +166,7 @@ with guard("Soft head selection"):
                            "TR ratio %": None if r["tr_ratio"] is None else 100 * r["tr_ratio"],
                            "parameters": r["params"], "trained": r["trainable"], "train s": r["seconds"],
                            "note": r["note"] or ""} for r in rows])
-    st.dataframe(table, hide_index=True, key="site_table", placeholder="—",
+    share.dataframe("SITE against the baselines", table, hide_index=True, key="site_table", placeholder="—",
                  column_config={**pct_cols(table, ["accuracy %", "exact match %", "label accuracy %", "TR ratio %"]),
                                 "train s": st.column_config.NumberColumn(format="%.1f")})
     st.caption("Accuracy: the first generated token is the gold answer's first token. Exact match: the generation, cut "
@@ -237,7 +237,7 @@ if me is not None:
                             "label accuracy %": None if r.get("label_accuracy") is None else 100 * r["label_accuracy"],
                             "parameters": r.get("params"), "trained": r.get("trainable"),
                             "train s": r.get("train_seconds"), "note": r.get("note")} for r in sf.methods_rows(me)])
-        st.dataframe(mt, hide_index=True, key="site_methods_table", placeholder="—",
+        share.dataframe("Every steering method", mt, hide_index=True, key="site_methods_table", placeholder="—",
                      column_config={**pct_cols(mt, ["accuracy %", "TR ratio %", "label accuracy %"]),
                                     "train s": st.column_config.NumberColumn(format="%.1f")})
         for x in me.get("missing") or []:

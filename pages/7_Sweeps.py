@@ -112,7 +112,7 @@ def sweeps_view() -> None:
         return
     by_id = {w["id"]: w for w in sweeps}
     by_id[shown["id"]] = {**by_id[shown["id"]], **{k: shown[k] for k in ("status", "progress", "counts") if k in shown}}
-    st.dataframe(pd.DataFrame([{"id": w["id"], "name": w.get("name") or "", "status": w["status"],
+    share.dataframe("Sweeps", pd.DataFrame([{"id": w["id"], "name": w.get("name") or "", "status": w["status"],
                                 "progress": 100 * w["progress"], "jobs": w["counts"]["total"],
                                 "done": w["counts"]["done"], "cached": w["counts"]["cached"],
                                 "failed": w["counts"]["error"], "models": len(w["models"]),
@@ -184,7 +184,7 @@ def show(sw: dict) -> None:
     st.caption("TR (task recognition) and TL (task learning) heads of the `scores` jobs: their relative depth "
                "(layer / (layers − 1)) and their Jaccard overlap with the top induction heads, over tasks and seeds.")
     table = SF.models_table(summary)
-    st.dataframe(table, hide_index=True, key="sw_models", column_config={
+    share.dataframe("Per model", table, hide_index=True, key="sw_models", column_config={
         c: st.column_config.NumberColumn(format="%.3f") for c in table.columns if c not in ("model", "tasks",
                                                                                           "n_layers")})
     if any(m.get("tr_depth_hist") for m in summary.get("models", [])):

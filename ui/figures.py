@@ -286,9 +286,9 @@ def maps_row(maps: Sequence[tuple[str, Any, str]], selected: Iterable[Sequence[i
     if title:
         fig.update_layout(title=dict(text=title, x=0.0))
     _style(fig, int(min(520, max(260, 22 * L + 140))) + (36 if top else 0))
-    fig.update_layout(margin=dict(t=96 if title else 60, r=40, b=80 if top else 10))
+    fig.update_layout(margin=dict(t=96 if title else 60, r=40, b=90 if top else 10))
     if top:  # below the axis titles (above the maps it sat on the last subplot's title)
-        fig.update_layout(legend=dict(orientation="h", x=1.0, xanchor="right", y=-0.3, yanchor="top",
+        fig.update_layout(legend=dict(orientation="h", x=1.0, xanchor="right", y=-0.36, yanchor="top",
                                       bgcolor="rgba(0,0,0,0)", font=dict(size=11)))
     return clear_of_modebar(fig)
 

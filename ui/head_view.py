@@ -218,7 +218,7 @@ def render(r: dict[str, Any], s: state.Settings, params: dict[str, Any], n_heads
                 + f" · ‖write‖ = {r['write_norm']:.3g}")
     table = pd.DataFrame({"label": [str(x).strip() for x in r["labels"]], "DLA": r["label_dla"],
                           "p before": r["label_probs"], "p ablated": ab["label_probs"]})
-    st.dataframe(table, hide_index=True, key=f"{key}_labels",
+    share.dataframe(f"{name}: per-label DLA and ablation", table, hide_index=True, key=f"{key}_labels",
                  column_config={c: st.column_config.NumberColumn(format="%.4g") for c in ("DLA", "p before",
                                                                                           "p ablated")})
     snippets.show("head", params, "r.tokens, r.attention        # the pattern: rows r.attention_rows x tokens\n"
@@ -240,7 +240,7 @@ def render(r: dict[str, Any], s: state.Settings, params: dict[str, Any], n_heads
         st.markdown("**Top next tokens**")
         after = ab.get("top_probs") or [next((a["prob"] for a in ab["top"] if a["id"] == t["id"]), None)
                                         for t in r["top"]]
-        st.dataframe(pd.DataFrame([{"token": t["token"], "p": t["prob"], "p with the head ablated": a}
+        share.dataframe(f"{name}: top next tokens", pd.DataFrame([{"token": t["token"], "p": t["prob"], "p with the head ablated": a}
                                    for t, a in zip(r["top"], after)]), hide_index=True, key=f"{key}_top",
                      column_config={"p": st.column_config.NumberColumn(format="%.4f"),
                                     "p with the head ablated": st.column_config.NumberColumn(format="%.4f")})
@@ -248,7 +248,7 @@ def render(r: dict[str, Any], s: state.Settings, params: dict[str, Any], n_heads
         lens = r.get("logit_lens")
         st.markdown("**Logit lens** (top tokens after each layer)")
         if lens:
-            st.dataframe(pd.DataFrame([{"layer": i, **{f"#{j + 1}": f"{t['token'].strip() or '∅'} ({t['prob']:.2f})"
+            share.dataframe(f"{name}: logit lens", pd.DataFrame([{"layer": i, **{f"#{j + 1}": f"{t['token'].strip() or '∅'} ({t['prob']:.2f})"
                                                          for j, t in enumerate(row)}} for i, row in enumerate(lens)]),
                          hide_index=True, key=f"{key}_lens")
         else:

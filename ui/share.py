@@ -162,3 +162,10 @@ def button(caps: dict[str, Any], link: str | None) -> None:
                        width="stretch", help="One file with this page's figures (interactive), settings, numbers and "
                                             "the commands that reproduce them; it opens in a browser with no server "
                                             "and no network.")
+
+
+def dataframe(title: str, data: Any, **kw: Any) -> Any:
+    """st.dataframe(data, **kw), and the table registered for the page's HTML file under `title`."""
+    out = st.dataframe(data, **kw)
+    table(title, data, kw.get("column_order"))
+    return out
