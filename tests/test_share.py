@@ -108,3 +108,9 @@ def test_figure_file_names_carry_model_task_shots_and_heads():
     assert share.file_stem("x", heads=[(i, 0) for i in range(6)], s=s).endswith("_6heads_x")
     s2 = state.Settings(model="/models/my model", task="upload:ab", shots=0, prompts=5, seed=0, task_name="a b.csv")
     assert share.file_stem("icl", heads="", s=s2) == "headlens_models-my-model_a-b.csv_0shot_icl"
+
+
+def test_the_dashboard_warm_up_imports_the_pages_modules_without_torch():
+    code = ("import os, sys; os.environ.pop('HEADLENS_BACKEND_URL', None); from ui.warm import warm; warm(); "
+            "assert 'torch' not in sys.modules and 'ui.head_view' in sys.modules and 'pandas' in sys.modules")
+    subprocess.run([sys.executable, "-c", code], cwd=REPO, check=True)
