@@ -69,8 +69,8 @@ def up(url: str) -> bool:
 class Launch:
     """`python -m backend launch` from `repo`, on free ports, with its own cache folder."""
 
-    def __init__(self, repo: Path, cache: str | None = None):
-        self.port, self.backend_port = free_port(), free_port()
+    def __init__(self, repo: Path, cache: str | None = None, ports: tuple[int, int] | None = None):
+        self.port, self.backend_port = ports or (free_port(), free_port())
         self.cache = cache or tempfile.mkdtemp(prefix="bench-ui-cache-")
         self.log = open(Path(self.cache) / "launch.log", "wb")
         self.trace = str(Path(self.cache) / "ui-trace.log")
@@ -356,9 +356,9 @@ def run(repo: Path, label: str, only: tuple[str, ...] = SCENARIOS, smoke: bool =
         until(d, lambda d: hm_drawn(d) and idle(d), 900)
         out = []
         for _ in range(2):
-            cache = app.cache
+            cache, ports = app.cache, (app.port, app.backend_port)
             app.stop(keep_cache=True)
-            app = Launch(repo, cache=cache)
+            app = Launch(repo, cache=cache, ports=ports)  # the same URL: the browser's cache holds the app's files
             d.delete_all_cookies()
             c0 = cpu_by_group()
             t0 = time.perf_counter()

@@ -128,61 +128,64 @@ if state.bind(st.toggle, "All five maps side by side", "all_maps",
 st.subheader("Activation patching", divider="gray")
 st.caption("Each head's last-token z taken from the clean ICL prompts and written into another prompt set with the "
            "same queries, one head at a time: how much of the gold answer's logit does that head alone bring back?")
-c1, c2 = st.columns([1.6, 1])
-with c1:
-    state.bind(st.segmented_control, "Patch into", "pt_target", options=list(pf.TARGETS), format_func=pf.TARGETS.get,
-               required=True, help="The target prompts: the same queries with no demonstrations, or with perturbed "
-                                   "demonstrations (shuffled inputs, random labels, flipped labels: binary tasks).")
-with c2:
-    state.bind(st.segmented_control, "Source activation", "pt_patch", options=list(pf.PATCHES),
-               format_func=pf.PATCHES.get, required=True,
-               help="paired: clean prompt i's own z into target prompt i (activation patching); mean: the clean "
-                    "prompts' mean z into every target (the function vector's causal indirect effect).")
-target, patch = state.value("pt_target"), state.value("pt_patch")
-pt_params = s.job(**s.selection(), target=target, patch=patch)
-clicked = run_row(f"Patch every one of the **{L * H}** heads from the **{scores['shots']}-shot** prompts into "
-                  f"**{pf.TARGETS[target]}** · source: {pf.PATCHES[patch]} · **{scores['prompts']}** prompts",
-                  "One patched pass per head and prompt, each one token over the target's cached prefix. "
-                  "Cached: a link reopens it at once.", "run_patching")
-pt = section("patching", clicked, jobs.Job("patching", pt_params, "Patching heads", "Activation patching",
-                                           slot="patching"), "Press **Run** to patch every head.")
-if pt is not None:
-    with guard("Activation patching"):
-        jobs.show_warnings(pt)
-        ov = pt.get("overlap") or {}
-        q = st.columns(5)
-        q[0].metric("Gold logit, clean", f"{pt['clean_logit']:.3g}", border=True,
-                    help=f"Mean logit of the gold answer's first token on the {pt['shots']}-shot prompts.")
-        q[1].metric(f"Gold logit, {pf.TARGETS[pt['target']]}", f"{pt['target_logit']:.3g}", border=True,
-                    delta=f"{-pt['gap']:+.3g}", help="The same on the target prompts; the arrow: the gap to recover.")
-        q[2].metric(f"Accuracy, {pf.TARGETS[pt['target']]}", M.pct(pt["target_metrics"]["accuracy"]), border=True,
-                    delta=M.points(pt["target_metrics"]["accuracy"], pt["clean"]["accuracy"]),
-                    help=f"Accuracy on the clean prompts: {M.pct(pt['clean']['accuracy'])} (the arrow: the change).")
-        q[3].metric("Spearman ρ with TR", "—" if (ov.get("tr") or {}).get("spearman") is None else
-                    f"{ov['tr']['spearman']:.2f}", border=True,
-                    help=f"Rank correlation of the recovered share with the TR map over all heads; top-{pt['top_k']} "
-                         f"Jaccard {(ov.get('tr') or {}).get('jaccard', 0):.2f}.")
-        q[4].metric("Spearman ρ with TL", "—" if (ov.get("tl") or {}).get("spearman") is None else
-                    f"{ov['tl']['spearman']:.2f}", border=True,
-                    help=f"The same with the TL map; top-{pt['top_k']} Jaccard "
-                         f"{(ov.get('tl') or {}).get('jaccard', 0):.2f}.")
-        share.numbers("Activation patching", {"target": pt["target"], "patch": pt["patch"],
-                                              "gold logit, clean": pt["clean_logit"],
-                                              "gold logit, target": pt["target_logit"], "gap": pt["gap"],
-                                              "Spearman with TR": (ov.get("tr") or {}).get("spearman"),
-                                              "Spearman with TL": (ov.get("tl") or {}).get("spearman")})
-        share.chart(pf.patching_maps(pt, scores, selected, f"Recovered share of the gold logit, beside TR and TL{ctx}"),
-                    f"patching-{pt['target']}-{pt['patch']}", key="patching_maps")
-        st.caption(figures.map_spec("recovered")["caption"] + " Outlined: each map's top "
-                   f"{pt['top_k']} heads. " + jobs.timing(pt) + ".")
-        prow = pd.DataFrame(pf.top_rows(pt, scores, n=min(10, L * H)))
-        share.table("Top heads by recovered share", prow)
-        st.dataframe(prow, hide_index=True, key="patching_table",
-                     column_config={"recovered %": st.column_config.NumberColumn(format="%.1f"),
-                                    "logit gain": st.column_config.NumberColumn(format="%.3g"),
-                                    "p(gold) gain": st.column_config.NumberColumn(format="%.3g")})
-        snippets.show("patching", pt_params, "r.recovered, r.logit_gain, r.prob_gain   # numpy (layers, heads)\n"
-                                             "r.top, r.overlap")
+if state.bind(st.toggle, "Patch every head from the clean prompts into 0-shot or perturbed ones", "pt",
+              help="Activation patching (TransformerLens' most used analysis; SITE's patching experiment), beside the "
+                   "TR and TL maps. Off: nothing of it is drawn (a link with it on reopens it)."):
+    c1, c2 = st.columns([1.6, 1])
+    with c1:
+        state.bind(st.segmented_control, "Patch into", "pt_target", options=list(pf.TARGETS), format_func=pf.TARGETS.get,
+                   required=True, help="The target prompts: the same queries with no demonstrations, or with perturbed "
+                                       "demonstrations (shuffled inputs, random labels, flipped labels: binary tasks).")
+    with c2:
+        state.bind(st.segmented_control, "Source activation", "pt_patch", options=list(pf.PATCHES),
+                   format_func=pf.PATCHES.get, required=True,
+                   help="paired: clean prompt i's own z into target prompt i (activation patching); mean: the clean "
+                        "prompts' mean z into every target (the function vector's causal indirect effect).")
+    target, patch = state.value("pt_target"), state.value("pt_patch")
+    pt_params = s.job(**s.selection(), target=target, patch=patch)
+    clicked = run_row(f"Patch every one of the **{L * H}** heads from the **{scores['shots']}-shot** prompts into "
+                      f"**{pf.TARGETS[target]}** · source: {pf.PATCHES[patch]} · **{scores['prompts']}** prompts",
+                      "One patched pass per head and prompt, each one token over the target's cached prefix. "
+                      "Cached: a link reopens it at once.", "run_patching")
+    pt = section("patching", clicked, jobs.Job("patching", pt_params, "Patching heads", "Activation patching",
+                                               slot="patching"), "Press **Run** to patch every head.")
+    if pt is not None:
+        with guard("Activation patching"):
+            jobs.show_warnings(pt)
+            ov = pt.get("overlap") or {}
+            q = st.columns(5)
+            q[0].metric("Gold logit, clean", f"{pt['clean_logit']:.3g}", border=True,
+                        help=f"Mean logit of the gold answer's first token on the {pt['shots']}-shot prompts.")
+            q[1].metric(f"Gold logit, {pf.TARGETS[pt['target']]}", f"{pt['target_logit']:.3g}", border=True,
+                        delta=f"{-pt['gap']:+.3g}", help="The same on the target prompts; the arrow: the gap to recover.")
+            q[2].metric(f"Accuracy, {pf.TARGETS[pt['target']]}", M.pct(pt["target_metrics"]["accuracy"]), border=True,
+                        delta=M.points(pt["target_metrics"]["accuracy"], pt["clean"]["accuracy"]),
+                        help=f"Accuracy on the clean prompts: {M.pct(pt['clean']['accuracy'])} (the arrow: the change).")
+            q[3].metric("Spearman ρ with TR", "—" if (ov.get("tr") or {}).get("spearman") is None else
+                        f"{ov['tr']['spearman']:.2f}", border=True,
+                        help=f"Rank correlation of the recovered share with the TR map over all heads; top-{pt['top_k']} "
+                             f"Jaccard {(ov.get('tr') or {}).get('jaccard', 0):.2f}.")
+            q[4].metric("Spearman ρ with TL", "—" if (ov.get("tl") or {}).get("spearman") is None else
+                        f"{ov['tl']['spearman']:.2f}", border=True,
+                        help=f"The same with the TL map; top-{pt['top_k']} Jaccard "
+                             f"{(ov.get('tl') or {}).get('jaccard', 0):.2f}.")
+            share.numbers("Activation patching", {"target": pt["target"], "patch": pt["patch"],
+                                                  "gold logit, clean": pt["clean_logit"],
+                                                  "gold logit, target": pt["target_logit"], "gap": pt["gap"],
+                                                  "Spearman with TR": (ov.get("tr") or {}).get("spearman"),
+                                                  "Spearman with TL": (ov.get("tl") or {}).get("spearman")})
+            share.chart(pf.patching_maps(pt, scores, selected, f"Recovered share of the gold logit, beside TR and TL{ctx}"),
+                        f"patching-{pt['target']}-{pt['patch']}", key="patching_maps")
+            st.caption(figures.map_spec("recovered")["caption"] + " Outlined: each map's top "
+                       f"{pt['top_k']} heads. " + jobs.timing(pt) + ".")
+            prow = pd.DataFrame(pf.top_rows(pt, scores, n=min(10, L * H)))
+            share.table("Top heads by recovered share", prow)
+            st.dataframe(prow, hide_index=True, key="patching_table",
+                         column_config={"recovered %": st.column_config.NumberColumn(format="%.1f"),
+                                        "logit gain": st.column_config.NumberColumn(format="%.3g"),
+                                        "p(gold) gain": st.column_config.NumberColumn(format="%.3g")})
+            snippets.show("patching", pt_params, "r.recovered, r.logit_gain, r.prob_gain   # numpy (layers, heads)\n"
+                                                 "r.top, r.overlap")
 
 # -- side by side -------------------------------------------------------------------------------------------------
 st.subheader("Side by side", divider="gray")

@@ -103,6 +103,8 @@ def test_the_cie_is_a_sixth_map(inprocess, task_name):
 def test_patching_section_shows_the_recovered_share_beside_tr_and_tl(inprocess, task_name):
     at = page(HEAD_MAP, task=task_name, **{**SMALL, "model": MODEL})
     at.run()
+    assert not any("Press **Run** to patch" in i.value for i in at.info)  # closed: nothing of it drawn
+    at.toggle(key="w_pt").set_value(True).run()
     assert any("Press **Run** to patch" in i.value for i in at.info)
     at.button(key="run_patching").click().run()
     assert_clean(at)

@@ -475,3 +475,40 @@ def test_launch_preloads_its_model_and_warms_the_dashboard():
     service, dashboard = commands(a, {"HEADLENS_AUTO_PULL": "0"})
     assert service[service.index("--preload") + 1] == "smollm2-135m"
     assert dashboard[1:4] == ["-m", "ui.warm", "run"]
+
+
+def test_the_pool_answers_while_a_model_loads():
+    """A model loading (the launch's preload, a first job) no longer holds the pool: `loaded()` (what the
+    capabilities list) and `peek` answer at once, and a second request for the same model waits for that load
+    instead of loading it twice."""
+    from backend.service.model_pool import ModelPool
+
+    started, release, loads = threading.Event(), threading.Event(), []
+
+    class Fake:
+        def __init__(self, name: str):
+            self.name, self.lock = name, threading.RLock()
+
+        def info(self) -> dict:
+            return {"name": self.name}
+
+    def loader(key: str):
+        loads.append(key)
+        started.set()
+        release.wait(10)
+        return Fake(key)
+
+    pool = ModelPool(max_models=2, allow_hub=True, loader=loader)
+    got: list = []
+    threads = [threading.Thread(target=lambda: got.append(pool.get("org-a/m"))) for _ in range(2)]
+    threads[0].start()
+    assert started.wait(10)
+    threads[1].start()
+    t0 = time.monotonic()
+    assert pool.loaded() == [] and pool.peek("org-a/m") is None
+    assert time.monotonic() - t0 < 1.0
+    release.set()
+    for t in threads:
+        t.join(10)
+    assert loads == ["org-a/m"] and len(got) == 2 and got[0] is got[1]
+    assert [m["name"] for m in pool.loaded()] == ["org-a/m"]

@@ -181,6 +181,7 @@ FIELDS: dict[str, Field] = {f.name: f for f in (
     Field("all_maps", lambda: False, _flag, _fmt_flag, view=True),
     Field("img", lambda: "png", _choice(("png", "svg")), view=True),  # what a figure's camera button saves
     # -- Head map: activation patching, and a second run side by side
+    Field("pt", lambda: False, _flag, _fmt_flag, view=True),  # the patching section open
     Field("pt_target", lambda: "zero_shot", _choice(PATCH_TARGETS), view=True),
     Field("pt_patch", lambda: "paired", _choice(("paired", "mean")), view=True),
     Field("cmp", lambda: False, _flag, _fmt_flag, view=True),
