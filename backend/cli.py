@@ -340,7 +340,8 @@ def cmd_serve(a: argparse.Namespace) -> None:
     if pull:
         print(f"pulling {', '.join(pull)} in the background (the dashboard's model box shows its progress)",
               file=sys.stderr)
-    uvicorn.run(create_app(pull_on_start=tuple(n.strip() for n in pull)), host=a.host, port=a.port,
+    preload = tuple(n.strip() for n in (a.preload or "").split(",") if n.strip())
+    uvicorn.run(create_app(pull_on_start=tuple(n.strip() for n in pull), preload=preload), host=a.host, port=a.port,
                 log_level=a.log_level)
 
 
@@ -396,6 +397,9 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
     v.add_argument("--pull", default=None, metavar="NAMES", help="presets to pull in the background at start-up "
                                                                  "(comma-separated; `launch` passes HEADLENS_AUTO_PULL)")
+    v.add_argument("--preload", default=None, metavar="MODELS", help="models to load in the background at start-up, "
+                                                                     "so cached results are found at once (comma-"
+                                                                     "separated; `launch` passes its --model)")
 
     sub.add_parser("train-default", help="train the embedded default model (python -m backend train-default --help "
                                          "for its options)", add_help=False)

@@ -154,8 +154,9 @@ def commands(a: argparse.Namespace, env: dict[str, str] | None = None) -> tuple[
     """The service and dashboard command lines."""
     pull = auto_pull(dict(os.environ) if env is None else env)
     service = [sys.executable, "-m", "backend", "serve", "--host", SERVICE_HOST, "--port", str(a.backend_port),
-               "--log-level", "warning", *(["--pull", pull] if pull else [])]
-    dashboard = [sys.executable, "-m", "streamlit", "run", str(ROOT / "app.py"),
+               "--log-level", "warning", *(["--pull", pull] if pull else []), "--preload", a.model]
+    # ui.warm: Streamlit with the pages' modules imported and plotly warmed first (a fresh process's first page)
+    dashboard = [sys.executable, "-m", "ui.warm", "run", str(ROOT / "app.py"),
                  "--server.address", a.host, "--server.port", str(a.port), "--server.headless", "true",
                  "--browser.gatherUsageStats", "false"]
     return service, dashboard

@@ -11,7 +11,7 @@ from __future__ import annotations
 import pandas as pd
 import streamlit as st
 
-from ui import figures, fit, heads, jobs, layout, snippets, state
+from ui import figures, fit, heads, jobs, layout, share, snippets, state
 from ui.sections import download, guard, run_row, section
 from ui import metrics as M
 from ui.tsla import steering_figures as sf
@@ -111,17 +111,17 @@ if steer is not None:
         layers = [int(l) for l in steer["layers"]]
         idx = 0
         if len(layers) > 1:
-            st.plotly_chart(sf.steer_sweep(steer, vectors, f"Layer sweep, α = {alpha:g}{ctx}"), key="steer_sweep",
-                            config=figures.png_config(f"steer-sweep-{s.task}"))
+            share.chart(sf.steer_sweep(steer, vectors, f"Layer sweep, α = {alpha:g}{ctx}"), "steer-sweep",
+                        key="steer_sweep")
             best = max(range(len(layers)), key=lambda i: max(
                 (steer["vectors"][v]["accuracy"][i] for v in vectors if v in steer["vectors"]), default=0))
             at = state.bind(st.select_slider, "Bars at layer", "sg_bar_layer", options=layers,
                             to_widget=lambda v: v if v in layers else layers[best],
                             help="The layer of the bar chart below (initially the one with the best accuracy).")
             idx = layers.index(at if at in layers else layers[best])
-        st.plotly_chart(sf.steer_bars(steer, vectors, idx, f"Zero-shot prompts steered at layer {layers[idx]}, "
-                                                           f"α = {alpha:g}{ctx}"), key="steer_bars",
-                        config=figures.png_config(f"steer-{s.task}-layer{layers[idx]}"))
+        share.chart(sf.steer_bars(steer, vectors, idx, f"Zero-shot prompts steered at layer {layers[idx]}, "
+                                                           f"α = {alpha:g}{ctx}"), f"steer-layer{layers[idx]}",
+                    key="steer_bars")
         cols = st.columns(3)
         for col, name in zip(cols, M.NAMES):
             col.caption(f"**{M.LABEL[name]}**: {M.HELP[name]} (zero-shot prompts, unless ICL)")
@@ -135,7 +135,7 @@ if steer is not None:
                                "‖v‖": r["norm"], "layer": r["layer"],
                                "heads": ", ".join(figures.head_name(h) for h in r["heads"])} for r in rows])
         with st.expander("As a table, with each vector's heads and norm"):
-            st.dataframe(table, hide_index=True, key="steer_table",
+            share.dataframe("Steering", table, hide_index=True, key="steer_table",
                          column_config={**{f"{M.LABEL[n]} %": st.column_config.NumberColumn(format="%.1f")
                                            for n in M.NAMES},
                                         "‖v‖": st.column_config.NumberColumn(format="%.4g")})
@@ -176,9 +176,8 @@ geo = section("geometry", clicked, jobs.Job("geometry", geo_params, "Geometry", 
 if geo is not None:
     with guard("Geometry"):
         jobs.show_warnings(geo)
-        st.plotly_chart(sf.geometry_curves(geo, title=f"Hidden states per layer (vectors at layer {inject}, "
-                                                      f"α = {alpha:g}){ctx}"), key="geometry_curves",
-                        config=figures.png_config(f"geometry-{s.task}"))
+        share.chart(sf.geometry_curves(geo, title=f"Hidden states per layer (vectors at layer {inject}, "
+                                                      f"α = {alpha:g}){ctx}"), "geometry", key="geometry_curves")
         cols = st.columns(3)
         cols[0].caption("**Alignment** ‖Ph‖/‖h‖: the share of the hidden state lying in the span of the label "
                         "unembeddings (1 = all of it).")
@@ -209,11 +208,11 @@ if geo is not None:
         t2, t3 = st.tabs(["2D", "3D"])
         pca_title = f"PCA after layer {geo['pca'].get('layer')}{ctx}"
         with t2:
-            st.plotly_chart(sf.pca_scatter(geo, 2, color_by, arrows, label_directions=dirs, title=pca_title),
-                            key="pca_2d", config=figures.png_config(f"pca2d-{s.task}"))
+            share.chart(sf.pca_scatter(geo, 2, color_by, arrows, label_directions=dirs, title=pca_title), "pca2d",
+                        key="pca_2d")
         with t3:
-            st.plotly_chart(sf.pca_scatter(geo, 3, color_by, arrows, label_directions=dirs, title=pca_title),
-                            key="pca_3d", config=figures.png_config(f"pca3d-{s.task}"))
+            share.chart(sf.pca_scatter(geo, 3, color_by, arrows, label_directions=dirs, title=pca_title), "pca3d",
+                        key="pca_3d")
         evr = geo["pca"].get("explained_variance_ratio") or []
         st.caption("PCA (scikit-learn) fitted on the five conditions' states together"
                    + (f"; the components explain {', '.join(f'{100 * e:.0f}%' for e in evr)} of the variance"
@@ -266,13 +265,12 @@ if pert is not None:
         rows, skipped = sf.perturbation_table(pert)
         for name, why in skipped:
             jobs.warn(f"**{sf.perturbation_name(name)}** skipped: {why}")
-        st.plotly_chart(sf.perturbation_bars(pert, f"ICL under each perturbation ({pert.get('shots')} "
-                                                   f"demonstrations){ctx}"), key="perturb_bars",
-                        config=figures.png_config(f"perturb-{s.task}"))
+        share.chart(sf.perturbation_bars(pert, f"ICL under each perturbation ({pert.get('shots')} "
+                                                   f"demonstrations){ctx}"), "perturb", key="perturb_bars")
         st.caption("**ICL accuracy** and **TR ratio** (top prediction is a label) with perturbed demonstrations; "
                    "symbol and number labels rename the classes in the query's label set too.")
-        st.plotly_chart(sf.ablation_effects(pert, f"Ablating the original top {pert.get('top_k')} heads{ctx}"),
-                        key="perturb_ablation", config=figures.png_config(f"perturb-ablation-{s.task}"))
+        share.chart(sf.ablation_effects(pert, f"Ablating the original top {pert.get('top_k')} heads{ctx}"),
+                    "perturb-ablation", key="perturb_ablation", heads=f"top{pert.get('top_k')}")
         changes = sf.ablation_changes(pert)
         if max(changes.values(), default=0.0) < 1e-9:
             st.info(f"Every change is 0: ablating the original top {pert.get('top_k')} TR, TL or random heads moves "
@@ -293,7 +291,7 @@ if pert is not None:
                                   if f"tr_ratio_{k}" in r}}
                               for r in rows]
                              + [{"perturbation": f"{sf.perturbation_name(n)} (skipped)"} for n, _ in skipped])
-        st.dataframe(table, hide_index=True, key="perturb_table",
+        share.dataframe("Perturbations", table, hide_index=True, key="perturb_table",
                      column_config={c: st.column_config.NumberColumn(format="%.1f") for c in table.columns
                                     if c != "perturbation"})
         applied = [r["key"] for r in rows if r["key"] != "none"]
@@ -302,9 +300,9 @@ if pert is not None:
                               to_widget=lambda v: v if v in applied else applied[0],
                               format_func=sf.perturbation_name, required=True)
             pick = pick if pick in applied else applied[0]
-            st.plotly_chart(sf.map_differences(pert, pick, f"Head maps: unperturbed vs "
-                                                           f"{sf.perturbation_name(pick)}{ctx}"), key="perturb_maps",
-                            config=figures.png_config(f"perturb-maps-{pick}-{s.task}"))
+            share.chart(sf.map_differences(pert, pick, f"Head maps: unperturbed vs "
+                                                           f"{sf.perturbation_name(pick)}{ctx}"), f"perturb-maps-{pick}",
+                        key="perturb_maps")
             st.caption("Difference maps: perturbed minus unperturbed, on a diverging scale centred at 0 (red: the "
                        "head scores higher under the perturbation, blue: lower). " + figures.METRICS["tr"]["caption"])
             ex = pert["perturbations"][pick].get("example")

@@ -13,7 +13,7 @@ from typing import Any
 import pandas as pd
 import streamlit as st
 
-from ui import figures, fit, jobs, layout, snippets, state
+from ui import figures, fit, jobs, layout, share, snippets, state
 from ui.sections import LiveChart, download, guard, run_row, section
 from ui.ltv import figures as lf
 from ui import metrics as M
@@ -123,7 +123,8 @@ if res is not None:
         st.subheader(f"Comparison at layer {res['layer']}", divider="gray")
         rows = [{"condition": lf.condition_name(c), **{f"{M.LABEL[m]} %": 100 * res["table"][c][m] for m in M.NAMES}}
                 for c in res["conditions"]]
-        st.dataframe(pd.DataFrame(rows), hide_index=True, key="ltv_table",
+        share.dataframe("Learned task vectors against the other methods", pd.DataFrame(rows), hide_index=True,
+                        key="ltv_table",
                      column_config={f"{M.LABEL[m]} %": st.column_config.NumberColumn(format="%.1f") for m in M.NAMES})
         t = res["table"]
         acc = {c: t[c]["accuracy"] for c in ("ltv", "vanilla", "fv") if c in t}
@@ -144,10 +145,10 @@ if res is not None:
             st.subheader("Layer sweep", divider="gray")
             metric = state.bind(st.segmented_control, "Measure", "ltv_metric", options=list(M.NAMES),
                                 format_func=lambda m: M.LABEL[m], required=True) or "accuracy"
-            st.plotly_chart(lf.layer_sweep(res, metric, f"{M.LABEL[metric]} against the injection layer{ctx}"),
-                            key="ltv_sweep", config=figures.png_config(f"ltv-sweep-{s.task}"))
-            st.plotly_chart(lf.rotation_stretch(res, f"Linear propagation of θ to the last layer (W = QS){ctx}"),
-                            key="ltv_rotation", config=figures.png_config(f"ltv-rotation-{s.task}"))
+            share.chart(lf.layer_sweep(res, metric, f"{M.LABEL[metric]} against the injection layer{ctx}"), "ltv-sweep",
+                        key="ltv_sweep", heads="")
+            share.chart(lf.rotation_stretch(res, f"Linear propagation of θ to the last layer (W = QS){ctx}"),
+                        "ltv-rotation", key="ltv_rotation", heads="")
             st.caption("W maps perturbed vectors θᵢ = θ + λᵢ‖θ‖εᵢ to the change of the last layer's output "
                        "(least squares); its polar decomposition W = QS splits that map into a rotation Q and a "
                        "stretch S. The paper finds early layers rotate θ (cosine well below 1) and late layers "
@@ -163,9 +164,9 @@ if res is not None:
         at = e["layers"][0] if len(e["layers"]) == 1 else e["layers"]
         g1, g2 = st.columns([1.3, 1])
         with g1:
-            st.plotly_chart(lf.loss_curve(tr, f"Training at layer {at}: best epoch {tr['best_epoch']} of "
-                                              f"{tr['epochs_run']} ({tr['stopped']}){ctx}"),
-                            key="ltv_loss", config=figures.png_config(f"ltv-loss-{s.task}"))
+            share.chart(lf.loss_curve(tr, f"Training at layer {at}: best epoch {tr['best_epoch']} of "
+                                              f"{tr['epochs_run']} ({tr['stopped']}){ctx}"), f"ltv-loss-layer{at}",
+                        key="ltv_loss", heads="")
             st.caption(lf.epoch_sentence(tr, int(res["params"].get("patience") or 2)))
         with g2:
             st.markdown(f"**‖θ‖** = {', '.join(f'{x:.3g}' for x in tr['norm'])} · trained on **{tr['n_train']}** "
@@ -192,14 +193,15 @@ if res is not None:
         if kh:
             k1, k2 = st.columns([1.4, 1])
             with k1:
-                fig = figures.head_heatmap(kh["saliency"], "ltv_saliency", selected=lf.heads_of(kh),
+                fig = figures.head_heatmap(kh["saliency"], "ltv_saliency", top=lf.heads_of(kh),
+                                           top_name=f"{len(kh['heads'])} key heads",
                                            title=f"Head saliency with the LTV at layer {at} (key heads outlined){ctx}")
-                st.plotly_chart(fig, key="ltv_saliency", config=figures.png_config(f"ltv-saliency-{s.task}"))
+                share.chart(fig, f"ltv-saliency-layer{at}", key="ltv_saliency", heads=f"key{len(kh['heads'])}")
                 st.caption(figures.map_spec("ltv_saliency")["caption"] + " Key heads: the top "
                            f"{len(kh['heads'])} among the layers that see θ (≥ {at}).")
             with k2:
-                st.plotly_chart(lf.ablation_bars(kh, f"Ablating the {len(kh['heads'])} key heads vs random sets"),
-                                key="ltv_ablation", config=figures.png_config(f"ltv-ablation-{s.task}"))
+                share.chart(lf.ablation_bars(kh, f"Ablating the {len(kh['heads'])} key heads vs random sets"),
+                            f"ltv-ablation-layer{at}", key="ltv_ablation", heads=f"key{len(kh['heads'])}")
                 gp = kh.get("gold_prob") or {}
                 if gp:
                     st.caption(f"Mean gold probability: LTV {gp['ltv']:.3f}, key heads ablated {gp['ablated']:.3f}, "
@@ -211,7 +213,8 @@ if res is not None:
                 ov_rows = [{"ranking": name.upper() if name != "induction" else "induction",
                             "top-k Jaccard": o["jaccard"], "Spearman": o.get("spearman"), "Kendall": o.get("kendall")}
                            for name, o in kh["overlap"].items()]
-                st.dataframe(pd.DataFrame(ov_rows), hide_index=True, key="ltv_overlap", placeholder="—",
+                share.dataframe("Key heads against the head maps", pd.DataFrame(ov_rows), hide_index=True,
+                                key="ltv_overlap", placeholder="—",
                              column_config={c: st.column_config.NumberColumn(format="%.2f")
                                             for c in ("top-k Jaccard", "Spearman", "Kendall")})
                 st.caption("Overlap of the saliency map with the TR, TL and induction maps of the Head map page "
@@ -245,16 +248,16 @@ if many is not None:
                      **{lf.condition_name(c): 100 * v for c, v in many["mean"].items()}, "order": ""})
         rows.append({"task": "paper (Llama-3.1-8B, L16)", "kind": "",
                      **{lf.condition_name(c): many["paper"].get(c) for c in ("vanilla", "fv", "ltv")}, "order": ""})
-        st.dataframe(pd.DataFrame(rows), hide_index=True, key="ltv_tasks_table",
+        share.dataframe("Across tasks", pd.DataFrame(rows), hide_index=True, key="ltv_tasks_table",
                      column_config={lf.condition_name(c): st.column_config.NumberColumn(format="%.0f")
                                     for c in many["conditions"]})
         beats = many["ltv_beats_vanilla"]
         n_kind = {k: sum(1 for n in many["tasks"] if many["kinds"][n] == k) for k in beats}
         st.caption("Accuracy (%) at layer " + str(many["layer"]) + ". LTV above the vanilla task vector on "
                    + ", ".join(f"{len(v)} of {n_kind[k]} {k} tasks" for k, v in beats.items()) + ".")
-        st.plotly_chart(lf.similarity(many, f"Cosine similarity of the tasks' learned vectors (layer "
-                                            f"{many['layer']}){figures.subtitle(s.model)}"),
-                        key="ltv_similarity", config=figures.png_config("ltv-similarity"))
+        share.chart(lf.similarity(many, f"Cosine similarity of the tasks' learned vectors (layer "
+                                            f"{many['layer']}){figures.subtitle(s.model)}"), "ltv-similarity",
+                    key="ltv_similarity", heads="")
         wk = many.get("within_kind") or {}
         st.caption("Tasks that share a label space: "
                    + "; ".join(sorted({v for v in many["label_spaces"].values() if "|" in v}) or ["none"])
@@ -269,7 +272,7 @@ if many is not None:
                                   "ICL": 100 * c["icl"]["accuracy"], "θ_a": 100 * c["a_only"]["accuracy"],
                                   "θ_b": 100 * c["b_only"]["accuracy"], "θ_a + θ_b": 100 * c["sum"]["accuracy"]}
                                  for c in many["compositions"]])
-            st.dataframe(comp, hide_index=True, key="ltv_compositions")
+            share.dataframe("Composed tasks", comp, hide_index=True, key="ltv_compositions")
             st.caption("Accuracy (%). The composed tasks are evaluation-only: their answers are words of the "
                        "language, but the model never trained on a composition (the ICL column says whether it can "
                        "compose at all).")

@@ -13,7 +13,7 @@ import numpy as np
 import pandas as pd
 import streamlit as st
 
-from ui import figures, heads, jobs, layout, snippets, state
+from ui import figures, heads, jobs, layout, share, snippets, state
 from ui.sections import LiveChart, download, guard, run_row, section
 from ui import metrics as M
 from ui.site import figures as sf
@@ -109,11 +109,12 @@ with guard("Soft head selection"):
     alpha = np.asarray(res["alpha"], dtype=float)
     selected = heads.current(L, H)
     ctx_label = figures.caption(s.model, s.task_title, res["shots"])
+    k_top = int(st.session_state.get("w_site_k") or min(4, L * H))  # the side column's "Top k by α" (drawn after)
     main, side = st.columns([3, 1.25], gap="medium")
     with main:
-        st.plotly_chart(sf.alpha_map(alpha, selected, f"α per head · {ctx_label} · M = {res['m']}"),
-                        key=heads.chart_key("site_alpha"), on_select=heads.on_chart_select("site_alpha"),
-                        selection_mode=("points", "box", "lasso"), config=figures.png_config(f"site-alpha-{s.task}"))
+        share.chart(sf.alpha_map(alpha, selected, f"α per head · {ctx_label} · M = {res['m']}", top=k_top),
+                    "site-alpha", key=heads.chart_key("site_alpha"), on_select=heads.on_chart_select("site_alpha"),
+                    selection_mode=("points", "box", "lasso"), heads=f"top{k_top}")
         dec = res["decisive"]
         st.caption(f"**{M.pct(dec['decided'])}** of the α are decided (under 0.1: {M.pct(dec['low'])}, over 0.9: "
                    f"{M.pct(dec['high'])}); under 0.2 or over 0.8: {M.pct(dec.get('decided_2x'))}. With the α rounded to "
@@ -121,7 +122,8 @@ with guard("Soft head selection"):
                    f"{M.pct(site['accuracy'])}). Click a cell to select a head, drag a box or lasso to add several.")
     with side:
         selected = heads.multiselect(L, H)
-        k_pick = st.number_input("Top k by α", min_value=1, max_value=L * H, value=min(4, L * H), key="w_site_k")
+        k_pick = st.number_input("Top k by α", min_value=1, max_value=L * H, value=min(4, L * H), key="w_site_k",
+                                 help="The heads outlined on the map, and what the Top k button selects.")
         b1, b2 = st.columns(2)
         b1.button("Top k", on_click=lambda: heads.put(figures.top_k(alpha, int(st.session_state["w_site_k"]))),
                   key="site_pick_top", width="stretch")
@@ -135,29 +137,29 @@ with guard("Soft head selection"):
     corr = res.get("correlations") or {}
     a1, a2 = st.columns([1.2, 1])
     with a1:
-        st.plotly_chart(sf.alpha_histogram(alpha), key="site_alpha_hist", config=figures.png_config(f"site-hist-{s.task}"))
+        share.chart(sf.alpha_histogram(alpha), "site-hist", key="site_alpha_hist", heads="")
     with a2:
         if corr:
             names = {"tr": "TR", "tl": "TL", "induction": "induction", "ltv": "LTV key-head saliency"}
             table = pd.DataFrame([{"map": names.get(k, k), "Spearman ρ": v.get("spearman"), "Kendall τ": v.get("kendall"),
                                    "top-k Jaccard": v.get("jaccard")} for k, v in corr.items()])
             st.markdown("**Rank correlation of α with the head maps**")
-            st.dataframe(table, hide_index=True, key="site_corr", placeholder="—",
+            share.dataframe("Correlations of α with the head maps", table, hide_index=True, key="site_corr", placeholder="—",
                          column_config={c: st.column_config.NumberColumn(format="%.2f") for c in table.columns[1:]})
             st.caption(f"Over all heads; the maps are the Head map's (8 shots, {min(int(res['prompts']), 50)} prompts, "
                        "this seed). "
                        + ("" if "ltv" in corr else "LTV's key-head saliency joins once an LTV result is cached."))
 
     with st.expander("Training curve", expanded=False):
-        st.plotly_chart(sf.loss_curve(res.get("loss") or [], res.get("val") or [], res["steps"]), key="site_loss",
-                        config=figures.png_config(f"site-loss-{s.task}"))
+        share.chart(sf.loss_curve(res.get("loss") or [], res.get("val") or [], res["steps"]), "site-loss",
+                    key="site_loss", heads="")
         st.caption("Cross-entropy of the gold answer's first token: per step (one random zero-shot training prompt) and "
                    "on the validation prompts every 50 steps; the α of the lowest validation loss are kept.")
 
     # -- comparison ---------------------------------------------------------------------------------------------------------
     st.subheader("Comparison", divider="gray")
-    st.plotly_chart(sf.comparison_bars(res, f"Zero-shot prompts: SITE against the baselines · {ctx_label}"),
-                    key="site_bars", config=figures.png_config(f"site-compare-{s.task}"))
+    share.chart(sf.comparison_bars(res, f"Zero-shot prompts: SITE against the baselines · {ctx_label}"),
+                "site-compare", key="site_bars", heads="")
     rows = sf.comparison_rows(res)
     table = pd.DataFrame([{"method": r["method"], "accuracy %": None if r["accuracy"] is None else 100 * r["accuracy"],
                            "exact match %": None if r["exact_match"] is None else 100 * r["exact_match"],
@@ -165,7 +167,7 @@ with guard("Soft head selection"):
                            "TR ratio %": None if r["tr_ratio"] is None else 100 * r["tr_ratio"],
                            "parameters": r["params"], "trained": r["trainable"], "train s": r["seconds"],
                            "note": r["note"] or ""} for r in rows])
-    st.dataframe(table, hide_index=True, key="site_table", placeholder="—",
+    share.dataframe("SITE against the baselines", table, hide_index=True, key="site_table", placeholder="—",
                  column_config={**pct_cols(table, ["accuracy %", "exact match %", "label accuracy %", "TR ratio %"]),
                                 "train s": st.column_config.NumberColumn(format="%.1f")})
     st.caption("Accuracy: the first generated token is the gold answer's first token. Exact match: the generation, cut "
@@ -176,16 +178,15 @@ with guard("Soft head selection"):
     refs = {"site": site["accuracy"], "zero_shot": zero["accuracy"] if zero else None}
     with p1:
         if res.get("patching"):
-            st.plotly_chart(sf.patching_curves(res["patching"], refs), key="site_patching",
-                            config=figures.png_config(f"site-patching-{s.task}"))
+            share.chart(sf.patching_curves(res["patching"], refs), "site-patching", key="site_patching", heads="")
             pt = res["patching"]
             st.caption(f"t injected outright (α = 1) at the k heads with the largest or the smallest α only. At k = "
                        f"{pt['ks'][min(2, len(pt['ks']) - 1)]}: top {M.pct(pt['top']['accuracy'][min(2, len(pt['ks']) - 1)])}"
                        f", bottom {M.pct(pt['bottom']['accuracy'][min(2, len(pt['ks']) - 1)])} (the paper: 57.3 against 6.2).")
     with p2:
         if res.get("budget"):
-            st.plotly_chart(sf.budget_curve(res["budget"], {"icl": icl8["accuracy"] if icl8 else None}),
-                            key="site_budget", config=figures.png_config(f"site-budget-{s.task}"))
+            share.chart(sf.budget_curve(res["budget"], {"icl": icl8["accuracy"] if icl8 else None}), "site-budget",
+                        key="site_budget", heads="")
             st.caption("SITE retrained with M few-shot prompts in the task embedding (each a cached run).")
 
 # -- transfer ---------------------------------------------------------------------------------------------------------------
@@ -206,8 +207,7 @@ if tr is not None:
         which = st.segmented_control("Inject", modes, default="accuracy", key="w_site_transfer_mode", required=True,
                                      format_func=lambda m: "A's learned α" if m == "accuracy" else
                                      f"only A's top {k} heads (α = 1)") or "accuracy"
-        st.plotly_chart(sf.transfer_heatmap(tr, which=which), key="site_transfer",
-                        config=figures.png_config(f"site-transfer-{s.model}"))
+        share.chart(sf.transfer_heatmap(tr, which=which), "site-transfer", key="site_transfer", heads="")
         if which != "accuracy":
             st.caption(f"Only A's top {k} heads: own task **{M.pct(sm.get('own_top_k'))}**, another task "
                        f"**{M.pct(sm.get('others_top_k'))}** (same kind {M.pct(sm.get('same_kind_top_k'))}, the other "
@@ -233,15 +233,14 @@ if me is not None:
     with guard("All methods"):
         jobs.show_warnings(me)
         snippets.show("methods", me_params, "r.rows   # one row per steering method: accuracy, TR ratio, parameters")
-        st.plotly_chart(sf.methods_bars(me), key="site_methods_bars",
-                        config=figures.png_config(f"methods-{s.task}"))
+        share.chart(sf.methods_bars(me), "methods", key="site_methods_bars")
         mt = pd.DataFrame([{"method": r["name"], "family": r["family"],
                             "accuracy %": None if r.get("accuracy") is None else 100 * r["accuracy"],
                             "TR ratio %": None if r.get("tr_ratio") is None else 100 * r["tr_ratio"],
                             "label accuracy %": None if r.get("label_accuracy") is None else 100 * r["label_accuracy"],
                             "parameters": r.get("params"), "trained": r.get("trainable"),
                             "train s": r.get("train_seconds"), "note": r.get("note")} for r in sf.methods_rows(me)])
-        st.dataframe(mt, hide_index=True, key="site_methods_table", placeholder="—",
+        share.dataframe("Every steering method", mt, hide_index=True, key="site_methods_table", placeholder="—",
                      column_config={**pct_cols(mt, ["accuracy %", "TR ratio %", "label accuracy %"]),
                                     "train s": st.column_config.NumberColumn(format="%.1f")})
         for x in me.get("missing") or []:

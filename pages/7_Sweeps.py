@@ -8,7 +8,7 @@ import time
 import pandas as pd
 import streamlit as st
 
-from ui import api, layout, state
+from ui import api, layout, share, state
 from ui import sweep_figures as SF
 from ui.jobs import show_error
 
@@ -112,7 +112,7 @@ def sweeps_view() -> None:
         return
     by_id = {w["id"]: w for w in sweeps}
     by_id[shown["id"]] = {**by_id[shown["id"]], **{k: shown[k] for k in ("status", "progress", "counts") if k in shown}}
-    st.dataframe(pd.DataFrame([{"id": w["id"], "name": w.get("name") or "", "status": w["status"],
+    share.dataframe("Sweeps", pd.DataFrame([{"id": w["id"], "name": w.get("name") or "", "status": w["status"],
                                 "progress": 100 * w["progress"], "jobs": w["counts"]["total"],
                                 "done": w["counts"]["done"], "cached": w["counts"]["cached"],
                                 "failed": w["counts"]["error"], "models": len(w["models"]),
@@ -176,22 +176,23 @@ def show(sw: dict) -> None:
     metric = state.value("sw_metric")
     st.caption(SF.METRICS.get(metric, ("", ""))[1].capitalize() + "; means over seeds.")
     pivot = SF.pivot(summary, metric)
-    st.plotly_chart(SF.table_heatmap(summary, metric, pivot), key="sw_heatmap")
+    share.chart(SF.table_heatmap(summary, metric, pivot), f"sweep-{metric}", key="sw_heatmap", heads="")
+    share.table(f"Models × tasks: {metric}", pivot.reset_index())
     st.dataframe(pivot, key="sw_pivot", column_config={
         col: st.column_config.NumberColumn(format="%.3f") for col in pivot.columns})
     st.subheader("Where the top heads sit, per model", divider="gray")
     st.caption("TR (task recognition) and TL (task learning) heads of the `scores` jobs: their relative depth "
                "(layer / (layers − 1)) and their Jaccard overlap with the top induction heads, over tasks and seeds.")
     table = SF.models_table(summary)
-    st.dataframe(table, hide_index=True, key="sw_models", column_config={
+    share.dataframe("Per model", table, hide_index=True, key="sw_models", column_config={
         c: st.column_config.NumberColumn(format="%.3f") for c in table.columns if c not in ("model", "tasks",
                                                                                           "n_layers")})
     if any(m.get("tr_depth_hist") for m in summary.get("models", [])):
         c1, c2 = st.columns(2)
         with c1:
-            st.plotly_chart(SF.depth_profile(summary), key="sw_depth")
+            share.chart(SF.depth_profile(summary), "sweep-depth", key="sw_depth", heads="")
         with c2:
-            st.plotly_chart(SF.overlap_scatter(summary), key="sw_overlap")
+            share.chart(SF.overlap_scatter(summary), "sweep-overlap", key="sw_overlap", heads="")
 
 
 sweeps_view()

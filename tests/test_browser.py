@@ -29,6 +29,7 @@ ARTIFACTS = REPO / "tests" / "artifacts"
 MODEL = os.environ.get("HEADLENS_UI_TEST_MODEL", "default")
 WAIT_S = 240
 SERVICE: dict[str, str] = {}  # the launched service's URL (the app_url fixture fills it)
+LAUNCH: dict[str, subprocess.Popen] = {}  # the launcher, for the test that stops it (the module's last)
 CHROME_FLAGS = ["--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
                 "--disable-background-networking", "--disable-component-update", "--disable-sync",
                 "--no-first-run", "--window-size=1440,2000", "--force-device-scale-factor=1"]
@@ -96,6 +97,7 @@ def app_url(tmp_path_factory):
             time.sleep(0.5)
         assert _up(f"http://127.0.0.1:{backend_port}/health")
         SERVICE["url"] = f"http://127.0.0.1:{backend_port}"
+        LAUNCH["proc"] = proc
         yield url
     finally:
         if proc.poll() is None:
@@ -486,3 +488,38 @@ def test_on_a_phone_the_sidebar_starts_collapsed(app_url, driver):
     main = _css(d, '[data-testid="stMain"]')[0]
     assert main.rect["width"] >= 350
     d.save_screenshot(str(ARTIFACTS / "phone.png"))
+
+
+# -- the module's LAST test: it stops the launch ----------------------------------------------------------------------
+def test_share_as_html_opens_with_the_service_stopped(app_url, driver, tmp_path):
+    """Share as HTML: the Head map's file, downloaded from the sidebar, then opened from disk after the launch (service
+    and dashboard) has stopped: its figures draw (plotly inlined), its settings and CLI command are there, and the
+    browser fetched nothing over the network. Stops the launch, so it runs last in this module."""
+    from selenium.webdriver.common.by import By
+
+    d = driver
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    d.execute_cdp_cmd("Browser.setDownloadBehavior", {"behavior": "allow", "downloadPath": str(tmp_path)})
+    d.get(f"{app_url}/Head_map?model={MODEL}&task=syn-sentiment&shots=4&prompts=16&seed=0&all_maps=1")
+    _wait(d, lambda d: len(_css(d, ".js-plotly-plot")) >= 3 and _idle(d))
+    n_figures = len(_css(d, ".js-plotly-plot"))
+    button = _wait(d, lambda d: [b for b in d.find_elements(By.XPATH, "//button[contains(., 'Share as HTML')]")
+                                 if b.is_displayed()])[0]
+    button.click()
+    files = _wait(d, lambda d: [f for f in tmp_path.glob("*.html")], timeout=120)
+    path = files[0]
+    _wait(d, lambda d: not list(tmp_path.glob("*.crdownload")) and path.stat().st_size > 3_000_000, timeout=60)
+    assert path.name.startswith(f"headlens_Head-map_{MODEL}_syn-sentiment_4shot"), path.name
+    proc = LAUNCH["proc"]
+    proc.send_signal(signal.SIGINT)  # the service and the dashboard stop
+    proc.wait(timeout=40)
+    assert not _up(f"{app_url}/_stcore/health") and not _up(f"{SERVICE['url']}/health")
+    d.get(path.as_uri())
+    _wait(d, lambda d: len(_css(d, ".js-plotly-plot .main-svg")) >= n_figures, timeout=60)
+    assert len(_css(d, ".js-plotly-plot .heatmaplayer image")) >= 6  # the map and the five small ones
+    text = d.find_element(By.TAG_NAME, "body").text
+    assert f"python -m backend scores --model {MODEL} --task syn-sentiment --shots 4 --prompts 16 --seed 0" in text
+    assert "Settings" in text and "syn-sentiment" in text and "Top 10 heads by TR" in text
+    urls = d.execute_script("return performance.getEntriesByType('resource').map(e => e.name)")
+    assert not [u for u in urls if u.startswith(("http:", "https:"))], urls  # nothing fetched from anywhere
+    d.save_screenshot(str(ARTIFACTS / "share-html-offline.png"))

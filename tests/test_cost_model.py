@@ -28,6 +28,7 @@ CASES = {  # kind -> (task, params): small, and shaped so that the estimate's up
     "geometry": ("syn-antonym", SMALL),
     "perturb": ("syn-sentiment", {**SMALL, "perturbations": ["shuffled_inputs", "random_labels"]}),
     "fit": ("syn-sentiment", {}),
+    "patching": ("syn-sentiment", SMALL),
     "head": ("syn-sentiment", {**SMALL, "head": [1, 2]}),
     "ltv_train": ("syn-antonym", LTV),
     "ltv": ("syn-antonym", {**LTV, **SMALL, "perturbations": 16, "random_draws": 2}),

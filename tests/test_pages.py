@@ -46,6 +46,10 @@ needs_model = pytest.mark.skipif(not _model_present(), reason=(
 
 @pytest.fixture(scope="module")
 def task_name() -> str:
+    return default_task()
+
+
+def default_task() -> str:
     """The task the tests run: HEADLENS_UI_TEST_TASK, or the default model's first synthetic task."""
     if os.environ.get("HEADLENS_UI_TEST_TASK"):
         return os.environ["HEADLENS_UI_TEST_TASK"]

@@ -17,7 +17,7 @@ import pandas as pd
 import plotly.graph_objects as go
 import streamlit as st
 
-from . import figures, snippets, state
+from . import figures, share, snippets, state
 
 TOKEN_CSS = """
 <style>
@@ -60,11 +60,14 @@ TOKEN_JS = """
 """
 
 
-def job_params(s: state.Settings, head: tuple[int, int], prompt: int, text: str | None, lens: bool) -> dict[str, Any]:
-    """The `head` job's parameters for the current settings."""
+def job_params(s: state.Settings, head: tuple[int, int], prompt: int, text: str | None, lens: bool,
+               grid: bool = False) -> dict[str, Any]:
+    """The `head` job's parameters for the current settings (`grid`: every head of the layer too)."""
     p = s.job(head=[int(head[0]), int(head[1])], prompt=int(prompt), logit_lens=bool(lens))
     if text:
         p["text"] = text
+    if grid:
+        p["layer_heads"] = True
     return p
 
 
@@ -125,6 +128,45 @@ def pattern_figure(r: dict[str, Any], title: str | None = None) -> go.Figure:
     return figures._style(fig, int(min(900, max(420, 16 * len(rows) + 200))))
 
 
+GRID_HOVER_CELLS = 60_000
+"""Up to this many cells (heads x rows x tokens) the layer grid's hover names both tokens; beyond it, positions."""
+
+
+def layer_grid_figure(r: dict[str, Any], title: str | None = None, cols: int = 4) -> go.Figure:
+    """Every head of the drilled head's layer, one small attention pattern each (destination rows x source tokens),
+    on one 0..1 scale, the drilled head's panel titled in bold: CircuitsVis' attention-pattern grid."""
+    from plotly.subplots import make_subplots
+
+    att = r["layer_attention"]
+    H, toks, rows = len(att), token_labels(r), r["attention_rows"]
+    cols = max(1, min(cols, H))
+    n_rows = -(-H // cols)
+    names = [f"<b>H{h} (drilled)</b>" if h == r["head"] else f"H{h}" for h in range(H)]
+    fig = make_subplots(rows=n_rows, cols=cols, subplot_titles=names, horizontal_spacing=0.03,
+                        vertical_spacing=0.08 if n_rows > 1 else 0.0)
+    named = H * len(rows) * len(toks) <= GRID_HOVER_CELLS
+    step = max(1, -(-len(toks) // 24))
+    for h in range(H):
+        rr, cc = h // cols + 1, h % cols + 1
+        kw: dict[str, Any] = {}
+        if named:
+            kw["customdata"] = [[f"“{toks[i]}” → “{toks[j]}”" for j in range(len(toks))] for i in rows]
+            kw["hovertemplate"] = f"L{r['layer']}.H{h} %{{customdata}}: %{{z:.3f}}<extra></extra>"
+        else:
+            kw["hovertemplate"] = f"L{r['layer']}.H{h} token %{{y}} → token %{{x}}: %{{z:.3f}}<extra></extra>"
+        fig.add_trace(go.Heatmap(z=att[h], x=list(range(len(toks))), y=rows, zmin=0, zmax=1, colorscale="Blues",
+                                 showscale=h == 0, colorbar=dict(title=dict(text="weight", side="right"),
+                                                                 thickness=10, len=0.6), **kw), row=rr, col=cc)
+        fig.update_xaxes(tickmode="array", tickvals=list(range(0, len(toks), step)), ticktext=toks[::step],
+                         tickangle=-60, tickfont=dict(size=8), showticklabels=rr == n_rows, constrain="domain",
+                         row=rr, col=cc)
+        fig.update_yaxes(autorange="reversed", tickmode="array", tickvals=rows[::step],
+                         ticktext=[toks[i] for i in rows[::step]], tickfont=dict(size=8), showticklabels=cc == 1,
+                         scaleanchor=f"x{h + 1 if h else ''}", row=rr, col=cc)
+    fig.update_layout(title=dict(text=title or f"Layer {r['layer']}: every head's attention pattern", x=0.0))
+    return figures._style(fig, int(min(1400, n_rows * (300 if len(toks) > 24 else 220) + 120)))
+
+
 def dla_figure(r: dict[str, Any], title: str | None = None) -> go.Figure:
     """The head's last-token write dotted with each label's unembedding row, gold highlighted."""
     labels = [str(x) for x in r["labels"]]
@@ -163,11 +205,10 @@ def render(r: dict[str, Any], s: state.Settings, params: dict[str, Any], n_heads
     st.html(token_view_html(r, f"hl-tv-{key}"), unsafe_allow_javascript=True)
     c1, c2 = st.columns([3, 2], gap="medium")
     with c1:
-        st.plotly_chart(attention_figure(r, f"{name}: attention from the last token{ctx}"), key=f"{key}_att",
-                        config=figures.png_config(f"attention-{name}-{s.task}"))
+        share.chart(attention_figure(r, f"{name}: attention from the last token{ctx}"), "attention", key=f"{key}_att",
+                    heads=[(r["layer"], r["head"])])
     with c2:
-        st.plotly_chart(dla_figure(r, f"{name}: per-label DLA{ctx}"), key=f"{key}_dla",
-                        config=figures.png_config(f"dla-{name}-{s.task}"))
+        share.chart(dla_figure(r, f"{name}: per-label DLA{ctx}"), "dla", key=f"{key}_dla", heads=[(r["layer"], r["head"])])
     gold = r.get("gold")
     ab = r["ablated"]
     st.markdown(f"**Ablating {name} on this prompt** (zero ablation): prediction "
@@ -177,24 +218,29 @@ def render(r: dict[str, Any], s: state.Settings, params: dict[str, Any], n_heads
                 + f" · ‖write‖ = {r['write_norm']:.3g}")
     table = pd.DataFrame({"label": [str(x).strip() for x in r["labels"]], "DLA": r["label_dla"],
                           "p before": r["label_probs"], "p ablated": ab["label_probs"]})
-    st.dataframe(table, hide_index=True, key=f"{key}_labels",
+    share.dataframe(f"{name}: per-label DLA and ablation", table, hide_index=True, key=f"{key}_labels",
                  column_config={c: st.column_config.NumberColumn(format="%.4g") for c in ("DLA", "p before",
                                                                                           "p ablated")})
     snippets.show("head", params, "r.tokens, r.attention        # the pattern: rows r.attention_rows x tokens\n"
                                   "r.labels, r.label_dla        # per-label direct logit attribution\n"
                                   "r.ranks, r.ablated.gold_prob")
+    if r.get("layer_attention"):
+        st.markdown(f"**All {len(r['layer_attention'])} heads of layer {r['layer']}** (attention patterns, "
+                    "CircuitsVis' grid; darker = more)")
+        share.chart(layer_grid_figure(r, f"Layer {r['layer']}: every head's attention pattern{ctx}"), "layer-grid",
+                    key=f"{key}_grid", heads=f"L{r['layer']}")
     if compact:
         return
     # drawn only when shown: a chart drawn inside a collapsed expander keeps the width it had there (a ~64 px strip)
     if st.toggle("The whole attention pattern (every destination token)", key=f"w_{key}_pattern"):
-        st.plotly_chart(pattern_figure(r, f"{name}: attention pattern{ctx}"), key=f"{key}_pattern",
-                        config=figures.png_config(f"pattern-{name}-{s.task}"))
+        share.chart(pattern_figure(r, f"{name}: attention pattern{ctx}"), "pattern", key=f"{key}_pattern",
+                    heads=[(r["layer"], r["head"])])
     t1, t2 = st.columns(2, gap="medium")
     with t1:
         st.markdown("**Top next tokens**")
         after = ab.get("top_probs") or [next((a["prob"] for a in ab["top"] if a["id"] == t["id"]), None)
                                         for t in r["top"]]
-        st.dataframe(pd.DataFrame([{"token": t["token"], "p": t["prob"], "p with the head ablated": a}
+        share.dataframe(f"{name}: top next tokens", pd.DataFrame([{"token": t["token"], "p": t["prob"], "p with the head ablated": a}
                                    for t, a in zip(r["top"], after)]), hide_index=True, key=f"{key}_top",
                      column_config={"p": st.column_config.NumberColumn(format="%.4f"),
                                     "p with the head ablated": st.column_config.NumberColumn(format="%.4f")})
@@ -202,7 +248,7 @@ def render(r: dict[str, Any], s: state.Settings, params: dict[str, Any], n_heads
         lens = r.get("logit_lens")
         st.markdown("**Logit lens** (top tokens after each layer)")
         if lens:
-            st.dataframe(pd.DataFrame([{"layer": i, **{f"#{j + 1}": f"{t['token'].strip() or '∅'} ({t['prob']:.2f})"
+            share.dataframe(f"{name}: logit lens", pd.DataFrame([{"layer": i, **{f"#{j + 1}": f"{t['token'].strip() or '∅'} ({t['prob']:.2f})"
                                                          for j, t in enumerate(row)}} for i, row in enumerate(lens)]),
                          hide_index=True, key=f"{key}_lens")
         else:

@@ -23,7 +23,7 @@ from typing import Any, Callable
 
 import streamlit as st
 
-from . import api, state
+from . import api, share, state
 
 ERROR_TITLES = {
     "unreachable": "The headlens service is unreachable.",
@@ -183,13 +183,18 @@ def peek(kind: str, params: dict[str, Any], *, ask_service: bool = True) -> dict
     """A result without computing: this session's memory, else (with `ask_service`) the service's cache."""
     hit = state.remembered(kind, params)
     if hit is not None or not ask_service or kind in api.UNCACHED:
+        if hit is not None:
+            share.used(kind, params)
         return hit
     t0 = time.monotonic()
     try:
         found = api.cached(kind, params)
     except api.ApiError:
         return None
-    return None if found is None else _remember(Job(kind, params, ""), found, t0)
+    if found is None:
+        return None
+    share.used(kind, params)
+    return _remember(Job(kind, params, ""), found, t0)
 
 
 def _show_cancelled(job: Job) -> None:
@@ -238,6 +243,9 @@ def fetch_many(requests: list[Job], *, quiet: bool = False) -> list[dict[str, An
     if pending:
         for i, result in _wait(pending, quiet).items():
             out[i] = result
+    for job, result in zip(requests, out):
+        if result is not None:
+            share.used(job.kind, job.params)  # its command goes into the page's Share as HTML file
     return out
 
 

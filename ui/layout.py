@@ -3,13 +3,15 @@ sidebar holding the shared settings (model, task, shots, prompts, seed) and a sh
 from __future__ import annotations
 
 import dataclasses
+import html
+import threading
 import time
 from typing import Any
 from urllib.parse import urlencode
 
 import streamlit as st
 
-from . import api, jobs, state
+from . import api, jobs, share, state
 from .jobs import show_error
 from .model_box import model_box
 
@@ -19,6 +21,9 @@ CSS = """
   [data-testid="stMetricValue"] {font-size: clamp(1.15rem, 2.1vw, 1.9rem);}  /* "100…" in narrow columns */
   [data-testid="stSidebar"] .hl-brand {font-size: 1.35rem; font-weight: 700; letter-spacing: .02em;}
   .hl-muted {color: rgba(120,120,140,.95); font-size: .88rem;}
+  .hl-link {font-family: ui-monospace, SFMono-Regular, Menlo, monospace; font-size: .78rem; word-break: break-all;
+            background: rgba(128,128,140,.08); border-radius: 6px; padding: 6px 8px; margin-bottom: .4rem;}
+  .hl-link a {color: inherit; text-decoration: none;}
   /* labels wrap instead of ending in an ellipsis ("Label accuracy (8-s…", truncated button labels) */
   [data-testid="stMetricLabel"], [data-testid="stMetricLabel"] * {white-space: normal !important;
       overflow: visible !important; text-overflow: clip !important; height: auto !important;}
@@ -40,16 +45,34 @@ PAGES = [("app.py", "Home", ":material/home:"), ("pages/1_Head_map.py", "Head ma
 _CAPS: dict[tuple[str, int], tuple[float, dict[str, Any]]] = {}  # per service, shared by this process's sessions
 
 
+_REFRESHING: set[tuple[str, int]] = set()
+
+
 def capabilities(force: bool = False) -> dict[str, Any]:
-    """The service's capabilities, asked at most every CAPS_TTL_S seconds by this process (a new session, e.g.
-    a shared link, does not wait for them: they take the service 0.1-0.3 s to build). Raises ApiError."""
+    """The service's capabilities, kept per dashboard process: a page never waits for them once this process has
+    them (they take the service 0.1-0.3 s to build); a copy older than CAPS_TTL_S is served while a background
+    thread asks for a new one. Raises ApiError when there is no copy and the service does not answer."""
     url = (api.backend_url(), api.generation())
     cached = _CAPS.get(url)
-    if not force and cached and time.monotonic() - cached[0] < CAPS_TTL_S:
+    if not force and cached:
+        if time.monotonic() - cached[0] >= CAPS_TTL_S and url not in _REFRESHING:
+            _REFRESHING.add(url)
+            threading.Thread(target=_refresh, args=(url,), daemon=True, name="headlens-caps").start()
         return cached[1]
     caps = api.capabilities()
     _CAPS[url] = (time.monotonic(), caps)
     return caps
+
+
+def _refresh(url: tuple[str, int]) -> None:
+    try:
+        caps = api.capabilities()
+        if url == (api.backend_url(), api.generation()):
+            _CAPS[url] = (time.monotonic(), caps)
+    except api.ApiError:
+        pass  # the next page that needs them asks again (the stale copy stays)
+    finally:
+        _REFRESHING.discard(url)
 
 
 def forget_capabilities() -> None:
@@ -166,7 +189,15 @@ def sidebar(caps: dict[str, Any]) -> None:
         top_heads_control()
         st.subheader("Share", divider="gray")
         st.caption("This link reopens the current view (settings and selected heads):")
-        st.code(share_link(), language=None, wrap_lines=True)
+        link = share_link()
+        # a link, not st.code: st.code loads a 1.5 MB syntax highlighter, 0.5-1.5 s of a fresh session's first view
+        st.markdown(f'<div class="hl-link"><a href="{html.escape(link, quote=True)}" target="_self">'
+                    f"{html.escape(link)}</a></div>", unsafe_allow_html=True)
+        share.button(caps, link)
+        state.bind(st.segmented_control, "Figure files", "img", options=list(share.FORMATS), required=True,
+                   format_func=str.upper, help="What each figure's camera button (its toolbar, top right) saves: a "
+                                               "PNG at 2x, or an SVG. File names carry the model, task, shots and "
+                                               "heads.")
         st.caption(f"Service: `{api.backend_url()}` · {caps.get('device', '?')} / {caps.get('dtype', '?')} · "
                    f"v{caps.get('version', '?')}")
 
@@ -205,6 +236,7 @@ def page_setup(title: str, icon: str = ":material/search:") -> tuple[state.Setti
                        initial_sidebar_state="auto")
     st.markdown(CSS, unsafe_allow_html=True)
     jobs.begin_page()
+    share.begin(title)
     problems = state.init()
     try:
         caps = capabilities()

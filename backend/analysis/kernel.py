@@ -193,10 +193,14 @@ def validate_params(kind: Kind, params: "Params | Mapping[str, Any] | None" = No
 
 def cache_key(kind: Kind, lm: "LoadedModel | None", task: "Task | None", p: Params) -> str:
     """The result's key: kind, model fingerprint, task content hash, requested params (not batch_size, unless the
-    kind's params say it changes the result: `Params.not_in_key`)."""
+    kind's params say it changes the result: `Params.not_in_key`; a field added later only when it is set:
+    `Params.added_fields`)."""
+    exclude = set(getattr(p, "not_in_key", NOT_IN_KEY))
+    fields = type(p).model_fields
+    exclude |= {f for f in getattr(p, "added_fields", ()) if f in fields and getattr(p, f) == fields[f].default}
     return make_key(kind.name, model=lm.fingerprint if lm is not None else None,
                     task=task.content_hash() if task is not None else None,
-                    params=p.model_dump(mode="json", exclude=set(getattr(p, "not_in_key", NOT_IN_KEY))))
+                    params=p.model_dump(mode="json", exclude=exclude))
 
 
 def envelope(lm: "LoadedModel | None", task: "Task | None", p: Params) -> dict[str, Any]:

@@ -120,6 +120,9 @@ _ENTRIES: tuple[Kind, ...] = (
     Kind.at("tsla.perturbations", "perturb",
             "demonstration perturbations: metrics, TR/TL map differences, effect of ablating the top heads",
             api="perturbation_report"),
+    Kind.at("tsla.patching", "patching",
+            "activation patching: every head's last-token z from clean ICL prompts into zero-shot or perturbed ones; "
+            "the share of the gold logit recovered per head, beside the TR / TL maps", api="activation_patching"),
     Kind.at("general.fit", "fit",
             "does the task fit the model: unknown tokens in inputs and labels, prompt length vs the context window",
             api="task_fit", needs_fit=False),

@@ -79,6 +79,9 @@ class Params(BaseModel):
     def writes_tensors(self) -> bool:
         """Whether the job may train and save tensors (the service checks the tensor folder can take them first)."""
         return False
+    added_fields: ClassVar[frozenset[str]] = frozenset()
+    """Fields added after results were cached: in the key only when they differ from their default, so a request
+    that does not use them keeps its key (and its cached result)."""
 
 
 class PromptParams(Params):

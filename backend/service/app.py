@@ -19,6 +19,7 @@ from __future__ import annotations
 import hmac
 import logging
 import os
+import threading
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any, AsyncIterator, Awaitable, Callable, MutableMapping
@@ -140,11 +141,24 @@ def _token_ok(request: Request, token: str) -> bool:
     return bool(given) and hmac.compare_digest(given.encode(), token.encode())
 
 
+def _preload(pool: ModelPool, names: tuple[str, ...]) -> None:
+    """Load `names` into the pool (a failure is a line in the log: the first job then says what is wrong)."""
+    for name in names:
+        try:
+            pool.get(name)
+            log.info("preloaded model %s", name)
+        except Exception as e:  # noqa: BLE001 - never fatal: the service runs without it
+            log.warning("could not preload model %s: %s", name, str(e).splitlines()[0] if str(e) else type(e).__name__)
+
+
 def create_app(runner: JobRunner | None = None, *, pool: ModelPool | None = None, tasks: TaskStore | None = None,
                limits: Limits | None = None, token: str | None = None, pulls: Pulls | None = None,
-               pull_on_start: tuple[str, ...] = (), tensors: TensorStore | None = None) -> FastAPI:
+               pull_on_start: tuple[str, ...] = (), tensors: TensorStore | None = None,
+               preload: tuple[str, ...] = ()) -> FastAPI:
     """The service app. Defaults: limits and token from the environment, a `LocalJobRunner` over `pool`.
-    `pull_on_start`: presets to pull in the background once the service is up (`serve --pull`)."""
+    `pull_on_start`: presets to pull in the background once the service is up (`serve --pull`); `preload`: models
+    to load in the background at start-up (`serve --preload`), so a shared link's cached results are found at once
+    instead of after the first job loads the model (`POST /jobs/cached` answers for resident models only)."""
     limits = limits or Limits.from_env()
     pool = pool or ModelPool(max_models=limits.max_models)
     tasks = tasks or TaskStore(memory_items=limits.upload_cache, quota_bytes=limits.upload_quota_bytes)
@@ -159,6 +173,8 @@ def create_app(runner: JobRunner | None = None, *, pool: ModelPool | None = None
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        if preload:
+            threading.Thread(target=_preload, args=(pool, preload), name="headlens-preload", daemon=True).start()
         for name in pull_on_start:
             try:
                 pulls.start(name)

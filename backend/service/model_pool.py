@@ -48,7 +48,8 @@ class ModelPool:
         self.dtype = dtype or os.environ.get("HEADLENS_DTYPE") or None
         self._loader = loader
         self._models: OrderedDict[str, "LoadedModel"] = OrderedDict()
-        self._lock = threading.RLock()
+        self._lock = threading.RLock()  # the resident models (held briefly)
+        self._load_lock = threading.Lock()  # one load at a time; peek, loaded and check never wait for it
 
     # -- access rules -------------------------------------------------------------------------------
     def check(self, name: str) -> str:
@@ -115,11 +116,19 @@ class ModelPool:
             if key in self._models:
                 self._models.move_to_end(key)
                 return self._models[key]
+        with self._load_lock:  # loads one at a time, without holding the pool (capabilities list it meanwhile)
+            with self._lock:
+                if key in self._models:  # loaded by the request this one waited for
+                    self._models.move_to_end(key)
+                    return self._models[key]
             lm = self._load(key)
-            self._models[key] = lm
-            while len(self._models) > self.max_models:
-                _, old = self._models.popitem(last=False)
-                self._free(old)
+            with self._lock:
+                self._models[key] = lm
+                old = []
+                while len(self._models) > self.max_models:
+                    old.append(self._models.popitem(last=False)[1])
+            for m in old:
+                self._free(m)
             return lm
 
     def _load(self, key: str) -> "LoadedModel":

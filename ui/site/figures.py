@@ -25,9 +25,11 @@ def _style(fig: go.Figure, height: int) -> go.Figure:
     return figures.clear_of_modebar(fig)
 
 
-def alpha_map(alpha: Any, selected: Sequence[Sequence[int]] = (), title: str | None = None) -> go.Figure:
-    """The alpha map with the Head map's heatmap (clickable the same way), on a 0..1 scale labelled α."""
-    fig = figures.head_heatmap(np.asarray(alpha, dtype=float), "alpha", selected=selected, title=title)
+def alpha_map(alpha: Any, selected: Sequence[Sequence[int]] = (), title: str | None = None,
+              top: int | None = None) -> go.Figure:
+    """The alpha map with the Head map's heatmap (clickable the same way), on a 0..1 scale labelled α; `top`
+    outlines the top heads by α."""
+    fig = figures.head_heatmap(np.asarray(alpha, dtype=float), "alpha", selected=selected, title=title, top=top)
     fig.data[0].update(zmin=0.0, zmax=1.0)
     return fig
 

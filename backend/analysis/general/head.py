@@ -12,7 +12,7 @@ of the last token's hidden state).
 """
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated, Any, ClassVar
 
 import numpy as np
 import torch
@@ -49,6 +49,9 @@ class HeadParams(PromptParams):
     top_tokens: Int = Field(o.HEAD_TOP_TOKENS, ge=1, le=50)
     logit_lens: Bool = Field(False, description="top tokens after every layer (final norm + unembedding)")
     ranks: Bool = Field(True, description="the head's TR / TL ranks on the task (from the cached `scores`)")
+    layer_heads: Bool = Field(False, description="also every head of the head's layer: their attention patterns "
+                                                 "(the CircuitsVis grid)")
+    added_fields: ClassVar[frozenset[str]] = frozenset({"layer_heads"})
 
     @field_validator("head")
     @classmethod
@@ -108,6 +111,8 @@ class HeadResult(Result):
     gold_prob: float | None = None
     ablated: HeadAblation
     logit_lens: list[list[TokenProb]] | None = None
+    layer_attention: list[list[list[float]]] | None = Field(
+        None, description="with `layer_heads`: every head of the layer, (heads, rows, tokens), rows `attention_rows`")
     shots: int
 
 
@@ -165,7 +170,8 @@ def head(ctx: Context, p: HeadParams) -> dict[str, Any]:
         with hooked(lm, capture_z=True, capture_hidden=p.logit_lens) as trace:
             out = lm.model(input_ids=x, output_attentions=True, use_cache=False, logits_to_keep=1)
         logits = out.logits[0, -1].float()
-        att = out.attentions[layer][0, h].float().cpu()  # (T, T)
+        layer_att = out.attentions[layer][0].float().cpu()  # (heads, T, T)
+        att = layer_att[h]  # (T, T)
         ctx.progress(0.5, "ablated pass")
         with hooked(lm, head_mask=mask[None].to(lm.device)):
             ablated = lm.model(input_ids=x, use_cache=False, logits_to_keep=1).logits[0, -1].float()
@@ -210,4 +216,5 @@ def head(ctx: Context, p: HeadParams) -> dict[str, Any]:
                     "label_probs": [float(probs_ab[i]) for i in first], "top": _top(lm, ablated, p.top_tokens),
                     "top_probs": [float(probs_ab[t["id"]]) for t in top]},
         "logit_lens": lens, "shots": pr["shots"],
+        "layer_attention": layer_att[:, rows].mul(1e4).round().div(1e4).tolist() if p.layer_heads else None,
     }

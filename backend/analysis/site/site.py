@@ -11,9 +11,8 @@ newline; first-token accuracy, label accuracy, TR ratio, exact match.
 Besides: baselines (zero-shot, k-shot ICL where the context fits, the function vector and the vanilla task vector
 at the middle layer as on the Steering page, every alpha = 1, the cached LTV), top-k / bottom-k patching by alpha,
 the budget curve over M (a SITE run per M, through the cache), and rank correlations of alpha with the TR, TL and
-induction maps (and the LTV's key-head saliency, when cached). The alphas and t are saved as safetensors in the
-tensor store (checked to take a file before the training starts); the result's `tensor` is the file's id, which
-`load` takes.
+induction maps (and the LTV's key-head saliency, when cached). The alphas and t are saved in the tensor store
+(checked to take a file before the training starts); the result's `tensor` is their id, which `load` takes.
 """
 from __future__ import annotations
 
@@ -111,9 +110,9 @@ class SiteParams(SiteRecipeParams):
                 w = w + sum((gen(f"{k}-shot ICL", 1, sizes.prompt(k)) for k in self.icl_shots), NONE)
         vectors = [v for v in ("fv", "vanilla") if v in self.compare]
         if vectors:
-            w = w + get_kind("vectors").params(types=vectors, shots=self.shots, prompts=min(self.prompts, o.PROMPTS),
-                                               seed=self.seed).work(shape, sizes).named("vectors") + gen("vectors",
-                                                                                                      len(vectors))
+            vp = get_kind("vectors").params(types=vectors, shots=self.shots, prompts=min(self.prompts, o.PROMPTS),
+                                            seed=self.seed)
+            w = w + vp.work(shape, sizes).named("vectors") + gen("vectors", len(vectors))
         if self.patching:  # the clean pass, then a last-token step per top-k and bottom-k set
             w = w + passes("patching", n, t0) + steps("patching", 2 * len(self.patching) * n)
         if not self.load:  # the budget curve: a SITE run per other M (embedding, training, test)
