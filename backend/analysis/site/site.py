@@ -110,8 +110,7 @@ class SiteParams(SiteRecipeParams):
                 w = w + sum((gen(f"{k}-shot ICL", 1, sizes.prompt(k)) for k in self.icl_shots), NONE)
         vectors = [v for v in ("fv", "vanilla") if v in self.compare]
         if vectors:
-            vp = get_kind("vectors").params(types=vectors, shots=self.shots, prompts=min(self.prompts, o.PROMPTS),
-                                            seed=self.seed)
+            vp = get_kind("vectors").params(types=vectors, shots=self.shots, prompts=min(self.prompts, o.PROMPTS))
             w = w + vp.work(shape, sizes).named("vectors") + gen("vectors", len(vectors))
         if self.patching:  # the clean pass, then a last-token step per top-k and bottom-k set
             w = w + passes("patching", n, t0) + steps("patching", 2 * len(self.patching) * n)
