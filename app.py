@@ -10,7 +10,7 @@ import hashlib
 import pandas as pd
 import streamlit as st
 
-from ui import api, figures, fit, jobs, layout, snippets, state
+from ui import api, figures, fit, jobs, layout, share, snippets, state
 from ui import metrics as M
 from ui.sections import run_row
 
@@ -85,7 +85,8 @@ clicked = run_row(f"**Model** `{s.model}` · **task** `{s.task}` · **{s.shots}*
                   f"seed {s.seed}",
                   "Scores every head (TR, TL, DLA, induction) and measures accuracy for k = "
                   f"{', '.join(map(str, ks))} demonstrations. Results are cached by the service, so a rerun or a "
-                  "collaborator opening your link gets them at once.", "run")
+                  "collaborator opening your link gets them at once.", "run",
+                  estimate=[(j.kind, j.params) for j in (score_job, icl_job)])
 
 if clicked or jobs.in_flight(score_job) or jobs.in_flight(icl_job):
     scores, icl = jobs.fetch_many([score_job, icl_job])
@@ -106,6 +107,9 @@ if scores is not None:
                    delta=None if zero is None else M.points(k_shot[name], zero[name]),
                    help=M.HELP[name] + (f" 0-shot: {M.pct(zero[name])}." if zero else ""), border=True)
     m[3].metric("Heads", f"{scores['n_layers']} × {scores['n_heads']}", help="layers × heads per layer", border=True)
+    share.numbers("Summary", {f"{M.LABEL[n]} ({k}-shot)": k_shot[n] for n in M.NAMES}
+                  | ({f"{M.LABEL[n]} (0-shot)": zero[n] for n in M.NAMES} if zero else {})
+                  | {"prompts": scores["prompts"], "layers x heads": f"{scores['n_layers']} x {scores['n_heads']}"})
     if zero is not None:
         st.markdown(" · ".join(f"{M.LABEL[n]} with **0** shots: **{M.pct(zero[n])}**" for n in M.NAMES)
                     + " (the arrows above: the change from 0 to "
@@ -124,8 +128,8 @@ if scores is not None:
         jobs.show_warnings(icl)
         c1, c2 = st.columns([1, 1], gap="medium")
         with c1:
-            st.plotly_chart(figures.icl_curve(icl, "In-context learning" + figures.subtitle(figures.caption(s.model, s.task))),
-                            config=figures.png_config(f"icl-curve-{s.task}"), key="icl_fig")
+            share.chart(figures.icl_curve(icl, "In-context learning" + figures.subtitle(
+                figures.caption(s.model, s.task_title))), "icl-curve", key="icl_fig", heads="")
             st.caption(f"ICL curve {jobs.timing(icl)}.")
             snippets.show("icl", icl_job.params, "r.shots, r.accuracy, r.label_accuracy, r.tr_ratio")
         with c2:
@@ -137,7 +141,7 @@ if scores is not None:
                                to_widget=lambda v: v if v in shots_used else shots_used[-1])
                 k = k if k in shots_used else shots_used[-1]
                 rows = ex[shots_used.index(k)]
-                st.dataframe(
+                share.dataframe(f"Example prompts (k = {k})", 
                     pd.DataFrame([{"correct": bool(r.get("correct")), "label_correct": bool(r.get("label_correct")),
                                    "query": str(r.get("query", "")).strip(), "gold": str(r["gold"]).strip(),
                                    "answer": str(r.get("pred_token", "")).strip() or "∅",
@@ -160,7 +164,7 @@ if scores is not None:
             else:
                 st.caption("No example rows came back.")
         with st.expander("ICL curve as a table"):
-            st.dataframe(pd.DataFrame({"k": icl["shots"], **{f"{M.LABEL[n]} %": [100 * a for a in icl[n]]
+            share.dataframe("ICL curve", pd.DataFrame({"k": icl["shots"], **{f"{M.LABEL[n]} %": [100 * a for a in icl[n]]
                                                              for n in M.NAMES}}),
                          hide_index=True, key="icl_table",
                          column_config={f"{M.LABEL[n]} %": st.column_config.NumberColumn(format="%.1f")

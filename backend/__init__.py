@@ -6,7 +6,8 @@
     r.tr, r.tl  # numpy, (layers, heads)
 
 Every analysis kind of the registry (`backend.analysis.kinds`) is a function here, named by its entry's
-`api`: `fn(lm, task, *, cache=True, progress=None, **params) -> typed result` (see `analyze`).
+`api`: `fn(lm, task, *, cache=True, progress=None, **params) -> typed result` (see `analyze`). A saved tensor
+(`load`) is an id, or here a local file, copied into the tensor store (`tensor_path(id)`: the file of an id).
 Imports are lazy, so `import backend` pulls in no torch.
 """
 from __future__ import annotations
@@ -19,29 +20,42 @@ _EXPORTS = {
     "load_model": "backend.models",
     "wrap": "backend.models",
     "LoadedModel": "backend.models",
+    "pull_model": "backend.pull",
+    "list_presets": "backend.presets",
     "load_task": "backend.tasks.registry",
     "load_task_file": "backend.tasks.files",
     "load_prompts_file": "backend.tasks.files",
     "builtin_tasks": "backend.tasks.registry",
     "Task": "backend.tasks.base",
-    "analyze": "backend.analysis.kernel",
+    "tensor_path": "backend.tensor_store",
     "KINDS": "backend.analysis.kinds",
 }
 
 
 def _kind_function(kind: Any) -> Callable[..., Any]:
     def run(lm: Any, task: Any = None, *, cache: Any = True, progress: Any = None, **params: Any) -> Any:
-        from .analysis.kernel import analyze
+        from .analysis.kernel import analyze, local_files
 
         if not kind.uses_task and task is not None:
             raise TypeError(f"{kind.api}() takes no task")
-        return analyze(kind.name, lm, task, params, cache=cache, progress=progress)
+        return analyze(kind.name, lm, task, local_files(kind, params), cache=cache, progress=progress)
 
     fields = ", ".join(f"{n}={f.get_default(call_default_factory=True)!r}" for n, f in kind.params.model_fields.items())
     run.__name__ = run.__qualname__ = kind.api
     run.__doc__ = (f"{kind.description} (analysis kind `{kind.name}`), cached.\n\n"
                    f"Parameters (defaults): {fields or 'none'}.\nReturns `{kind.result.__name__}`.")
     return run
+
+
+def analyze(kind: str, lm: Any, task: Any = None, params: Any = None, **kw: Any) -> Any:
+    """`backend.analysis.kernel.analyze`, with a local file taken for a saved tensor (`load`)."""
+    from .analysis.kernel import analyze as run, local_files
+    from .analysis.kinds import get_kind
+
+    names = set(getattr(get_kind(kind).params, "tensor_fields", ()))
+    given = {**(params.model_dump() if hasattr(params, "model_dump") else dict(params or {})),
+             **{k: v for k, v in kw.items() if k in names}}
+    return run(kind, lm, task, local_files(get_kind(kind), given), **{k: v for k, v in kw.items() if k not in names})
 
 
 def __getattr__(name: str) -> Any:
@@ -62,4 +76,4 @@ def __getattr__(name: str) -> Any:
 def __dir__() -> list[str]:
     from .analysis.kinds import KINDS
 
-    return sorted({*_EXPORTS, *(k.api for k in KINDS.values())})
+    return sorted({*_EXPORTS, "analyze", *(k.api for k in KINDS.values())})

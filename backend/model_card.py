@@ -17,7 +17,7 @@ def model_card(m: dict[str, Any]) -> str:
     lines = [
         "# headlens-tiny: the embedded default model of headlens",
         "",
-        "A small `LlamaForCausalLM` trained from scratch by `backend/analysis/train_default.py` on the synthetic task",
+        "A small `LlamaForCausalLM` trained from scratch by `backend/analysis/general/train_default.py` on the synthetic task",
         "language of `backend/tasks/synthetic.py`. It exists so that the dashboard opens offline on a real model",
         "that does in-context learning: task recognition (answering in the label space) and task learning",
         "(picking the right label, even for label words redrawn per prompt), with induction heads.",

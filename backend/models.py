@@ -18,13 +18,9 @@ import torch
 from torch import nn
 
 from .adapters import ArchSpec, UnsupportedArchitecture, config_attr, spec_for
-from .paths import DEFAULT_MODEL_DIR, DEFAULT_MODEL_NAMES
+from .model_sources import ModelLoadError  # defined without torch, so the CLI can catch it before torch loads
 from .text import clip, model_name_problem
 
-
-
-class ModelLoadError(RuntimeError):
-    """A model that cannot be loaded, with the reason in words."""
 
 
 def _get(obj: Any, dotted: str) -> Any:
@@ -209,6 +205,9 @@ def fingerprint(model: nn.Module, name: str, folder: Path | None = None) -> str:
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:20]
 
 
+_fingerprint = fingerprint  # wrap()'s parameter of the same name shadows it
+
+
 # -- loading ---------------------------------------------------------------------------------------------
 def _prepare_tokenizer(tok: Any) -> Any:
     if tok.pad_token is None:
@@ -219,16 +218,18 @@ def _prepare_tokenizer(tok: Any) -> Any:
     return tok
 
 
-def wrap(model: nn.Module, tokenizer: Any, name: str, folder: Path | None = None, frozen: bool = True) -> LoadedModel:
+def wrap(model: nn.Module, tokenizer: Any, name: str, folder: Path | None = None, frozen: bool = True,
+         fingerprint: str | None = None) -> LoadedModel:
     """A `LoadedModel` around an already built model and tokenizer (tests, notebooks). `frozen` (the default)
-    puts it in eval mode without parameter gradients; a model in training passes False."""
+    puts it in eval mode without parameter gradients; a model in training passes False. `fingerprint` overrides
+    the one computed from the name, config and weights (a GGUF model's is its file's hash)."""
     spec = spec_for(model.config.model_type)
     if frozen:
         model.eval()
         for p in model.parameters():
             p.requires_grad_(False)
     return LoadedModel(model=model, tokenizer=_prepare_tokenizer(tokenizer), spec=spec, name=name,
-                       fingerprint=fingerprint(model, name, folder))
+                       fingerprint=fingerprint or _fingerprint(model, name, folder))
 
 
 # -- the hub: offline detection ---------------------------------------------------------------------------
@@ -309,30 +310,30 @@ def _hub_access(name: str) -> bool:
 
 
 def resolve_name(name_or_path: str) -> tuple[str, Path | None]:
-    """`default` -> the embedded model's folder; an existing folder -> itself; anything else is a hub id.
+    """The canonical name and its path (backend/model_sources.py): `default` -> the embedded model's folder; a
+    preset -> its pulled GGUF file; an existing .gguf file, or a folder holding one -> that file; a folder with
+    config.json -> itself; anything else is a hub id (path None).
 
-    Names too long for the filesystem (or with control characters) are a ModelLoadError naming `model`.
+    Names too long for the filesystem (or with control characters), missing paths, folders that hold no model,
+    presets not pulled yet and GGUF files of an architecture the adapter table lacks are a ModelLoadError.
     """
+    from .model_sources import SourceError, resolve
+
     problem = model_name_problem(name_or_path)
     if problem:
         raise ModelLoadError(problem)
-    if name_or_path in DEFAULT_MODEL_NAMES:
-        if not DEFAULT_MODEL_DIR.is_dir():
-            raise ModelLoadError(f"the embedded default model is missing at {DEFAULT_MODEL_DIR}; "
-                                 f"regenerate it with `python -m backend train-default`")
-        return "default", DEFAULT_MODEL_DIR
     try:
-        p = Path(name_or_path).expanduser()
-        exists = p.exists()
+        src = resolve(name_or_path)
+    except SourceError as e:
+        raise ModelLoadError(str(e)) from None
     except (OSError, RuntimeError, ValueError) as e:
         raise ModelLoadError(f"model: {clip(name_or_path)!r} is not a usable name ({type(e).__name__})") from None
-    if exists:
-        if not (p / "config.json").is_file():
-            raise ModelLoadError(f"{clip(str(p))} exists but holds no config.json: not a Hugging Face model folder")
-        return str(p.resolve()), p.resolve()
-    if name_or_path.startswith((".", "/", "~")) or name_or_path.count("/") > 1:
-        raise ModelLoadError(f"model folder {clip(name_or_path)!r} does not exist")
-    return name_or_path, None
+    return src.name, src.path
+
+
+def gguf_fingerprint(sha256: str, dtype: torch.dtype) -> str:
+    """A GGUF model's identity: the file's sha256 (whatever its path or preset name) and the dtype it runs in."""
+    return hashlib.sha256(f"gguf\n{sha256}\n{str(dtype).replace('torch.', '')}".encode()).hexdigest()[:20]
 
 
 def default_device() -> str:
@@ -341,11 +342,16 @@ def default_device() -> str:
 
 def load_model(name_or_path: str = "default", device: str | None = None, dtype: str | torch.dtype | None = None,
                device_map: str | None = None, trust_remote_code: bool = False) -> LoadedModel:
-    """Load `default`, a local HF folder or a hub id. CUDA + bf16 when present, else CPU + fp32.
+    """Load `default`, a preset, a GGUF file, a local HF folder or a hub id. CUDA + bf16 when present, else
+    CPU + fp32. A GGUF file is converted once into a safetensors folder (backend/gguf_convert.py), which this
+    and every later load read.
 
     `device_map="auto"` spreads the model over the visible GPUs with accelerate.
     """
     name, folder = resolve_name(name_or_path)
+    gguf_sha = None
+    if folder is not None and folder.is_file():  # a GGUF file (a preset's too): its conversion, made once
+        folder, gguf_sha = _converted(name, folder)
     source = str(folder) if folder is not None else name
     local_only = {"local_files_only": True} if folder is None and _hub_access(name) else {}
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
@@ -374,4 +380,20 @@ def load_model(name_or_path: str = "default", device: str | None = None, dtype: 
                              f"{(str(e).splitlines() or [''])[0][:300]}") from e
     if not device_map:
         model.to(device)
-    return wrap(model, tok, name, folder)
+    return wrap(model, tok, name, folder, fingerprint=gguf_fingerprint(gguf_sha, dtype) if gguf_sha else None)
+
+
+def _converted(name: str, gguf: Path) -> tuple[Path, str]:
+    """(the safetensors folder, the GGUF's sha256) of a GGUF file, converting it the first time."""
+    from . import presets
+    from .gguf_convert import convert
+    from .gguf_files import GgufError, sha256_file
+
+    rec = presets.record(name) if name in presets.PRESETS else None
+    try:  # a pulled preset's digest was verified by the pull: not hashed again
+        sha = rec["gguf_sha256"] if rec else sha256_file(gguf)
+        return convert(gguf, sha), sha
+    except (GgufError, UnsupportedArchitecture) as e:
+        raise ModelLoadError(str(e)) from None
+    except OSError as e:
+        raise ModelLoadError(f"could not convert {clip(name)!r}: {e.strerror or e}") from None

@@ -1,4 +1,5 @@
-"""Checking and echoing user-given text: one rule for every floor (no imports beyond the standard library)."""
+"""Checking and echoing user-given text, and durations in words: one rule for every floor (no imports beyond the
+standard library)."""
 from __future__ import annotations
 
 MAX_NAME_CHARS = 1024
@@ -28,3 +29,14 @@ def model_name_problem(name: str) -> str | None:
     if any(ord(c) < 32 or ord(c) == 127 for c in name):
         return f"model: the name holds control characters: {clip(name)!r}"
     return None
+
+
+def describe_seconds(seconds: float | None) -> str:
+    """`about 40 s`, `about 3 min`, `about 2.5 h`."""
+    if seconds is None:
+        return "unknown"
+    if seconds < 90:
+        return f"about {max(seconds, 1):.0f} s"
+    if seconds < 5400:
+        return f"about {seconds / 60:.0f} min"
+    return f"about {seconds / 3600:.1f} h"

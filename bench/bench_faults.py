@@ -2,6 +2,7 @@
 
     python bench/bench_faults.py                 # all three scenarios, ~5 minutes on 2 CPU cores
     python bench/bench_faults.py --kills 9 --distinct 100 --identical 200
+    python bench/bench_faults.py --smoke         # (a) with 4 identical and 2 distinct jobs (the CI test)
 
 Each server runs on 127.0.0.1 on a free port with its own HEADLENS_CACHE_DIR (a temporary folder).
 (a) load: `--identical` concurrent identical POST /jobs -> one job, one computation; then `--distinct`
@@ -319,7 +320,10 @@ def main() -> None:
     ap.add_argument("--only", default="abcd", help="scenarios to run, e.g. `ab` or `d`")
     ap.add_argument("--json", help="write the figures to this file")
     ap.add_argument("--keep", action="store_true", help="keep the cache folders and logs")
+    ap.add_argument("--smoke", action="store_true", help="scenario (a) only, with a handful of jobs (seconds)")
     a = ap.parse_args()
+    if a.smoke:
+        a.only, a.identical, a.distinct, a.sample = "a", 4, 2, 1
 
     root = Path(tempfile.mkdtemp(prefix="headlens-faults-"))
     logs = root / "logs"
@@ -347,6 +351,11 @@ def main() -> None:
 
             shutil.rmtree(root, ignore_errors=True)
     print(f"wall time {figures['wall_s']} s")
+    if a.smoke:  # the figures must say it worked
+        load, n = figures["load"], a.sample + 1
+        if not (load["identical"]["correct"] and load["distinct"]["correct"] == a.distinct
+                and load["recomputed_identically"] == f"{n}/{n}"):
+            raise SystemExit(f"smoke: scenario (a) did not come out right: {json.dumps(load)}")
 
 
 if __name__ == "__main__":

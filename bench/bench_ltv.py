@@ -3,6 +3,7 @@
     python bench/bench_ltv.py                                   # all 10 tasks, batch 1, 2, 4, 8, one thread
     python bench/bench_ltv.py --tasks syn-sentiment --threads 1,2 --batch-sizes 1,4
     python bench/bench_ltv.py --units absolute --batch-sizes 1  # the reference recipe in absolute units
+    python bench/bench_ltv.py --smoke                            # one task, one short epoch (the CI test)
 
 Per (task, batch size, threads, units): one `ltv_train` at L/2 (the default recipe otherwise), uncached, in its
 own cache folder; reports the training's own seconds (`train_seconds`), the whole call's wall time (split, residual
@@ -50,7 +51,11 @@ def main() -> None:
     ap.add_argument("--lr", type=float, default=None)
     ap.add_argument("--epochs", type=int, default=None, help="fewer epochs for a quick per-step timing")
     ap.add_argument("--json", default=None)
+    ap.add_argument("--smoke", action="store_true", help="syn-sentiment, batch 4, one epoch of 8 prompts (seconds)")
     a = ap.parse_args()
+    small = {"train_prompts": 8, "val_prompts": 4} if a.smoke else {}
+    if a.smoke:
+        a.tasks, a.batch_sizes, a.threads, a.epochs = "syn-sentiment", "4", "1", 1
     lm = load_model("default")
     layer = lm.n_layers // 2
     rows = []
@@ -63,7 +68,7 @@ def main() -> None:
             zero = encode(lm, task.build_prompts(0, task.n_queries(0), 0), task.kind)
             base = evaluate_injections(lm, zero, [Injection()]).summary(0)["accuracy"]
             for bs in ints(a.batch_sizes):
-                extra = {**({"lr": a.lr} if a.lr else {}), **({"epochs": a.epochs} if a.epochs else {})}
+                extra = {**({"lr": a.lr} if a.lr else {}), **({"epochs": a.epochs} if a.epochs else {}), **small}
                 t0 = time.perf_counter()
                 r = analyze("ltv_train", lm, task, cache=False, batch_size=bs, units=a.units, **extra)
                 wall = time.perf_counter() - t0

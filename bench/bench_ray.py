@@ -1,6 +1,7 @@
 """The Ray runner against the local runner on this machine (issue 13): overhead per job, and a small sweep.
 
     .venv/bin/python bench/bench_ray.py [--jobs 60] [--json bench/ray.json]     # RAY_ADDRESS: an existing cluster
+    .venv/bin/python bench/bench_ray.py --smoke    # 2 jobs, one actor, a one-job sweep on `default` (the CI test)
 
 1. Overhead per job: N distinct jobs of a kind that does no work (`noop`), through the local runner (one thread,
    in process) and through the Ray runner with 1 and with 2 actors (warm: the actors started before timing).
@@ -65,14 +66,18 @@ def run_jobs(runner: Any, jobs: list[dict[str, Any]], kind: str = "noop") -> flo
     return time.perf_counter() - t0
 
 
-def sweep(runner: Any, models: list[str], seeds: tuple[int, ...] = (0, 1)) -> tuple[float, dict[str, int]]:
+TASKS = ["sentiment", "antonym", "country-capital"]
+
+
+def sweep(runner: Any, models: list[str], seeds: tuple[int, ...] = (0, 1),
+          tasks: list[str] = TASKS) -> tuple[float, dict[str, int]]:
     from backend.service.limits import Limits
     from backend.service.model_pool import ModelPool
     from backend.service.sweeps import SweepManager, SweepRequest, plan
     from backend.service.task_store import TaskStore
 
-    req = SweepRequest(models=models, tasks=["sentiment", "antonym", "country-capital"], kinds=["scores"],
-                       seeds=list(seeds), params={"shots": 2, "prompts": 6})
+    req = SweepRequest(models=models, tasks=tasks, kinds=["scores"], seeds=list(seeds),
+                       params={"shots": 2, "prompts": 6})
     m = SweepManager(runner, Limits(), poll=0.02)
     t0 = time.perf_counter()
     sid = m.start(req, plan(req, ModelPool(), TaskStore(), Limits()))["id"]
@@ -99,20 +104,30 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--jobs", type=int, default=60, help="jobs per overhead measurement")
     ap.add_argument("--json", default=None, help="write the figures here")
+    ap.add_argument("--smoke", action="store_true", help="2 jobs, one actor, one sweep job on `default` (seconds)")
     a = ap.parse_args()
-    import ray
+    try:
+        import ray
+    except ImportError:
+        if a.smoke:
+            print("smoke: skipped (Ray is not installed: pip install -r requirements-ray.txt)")
+            return
+        raise
     import torch
 
     from backend.service.jobs import LocalJobRunner, make_executor
     from backend.service.limits import Limits
     from backend.service.model_pool import ModelPool
-    from backend.service.ray_runner import RayConfig, RayJobRunner, connect
+    from backend.service.ray_cluster import RayConfig, connect
+    from backend.service.ray_runner import RayJobRunner
     from backend.service.task_store import TaskStore
 
     register(NOOP, replace=True)
     tmp = Path(tempfile.mkdtemp(prefix="bench-ray-"))
     os.environ["HEADLENS_CACHE_DIR"] = str(tmp / "cache-local")
     limits = Limits(max_queue=10_000)
+    if a.smoke:
+        a.jobs = 2
     out: dict[str, Any] = {"jobs": a.jobs, "cpus": os.cpu_count(), "load_avg": os.getloadavg()[0]}
     t0 = time.perf_counter()
     connect(RayConfig.from_env() if os.environ.get("RAY_ADDRESS") else RayConfig(num_cpus=2))
@@ -129,7 +144,7 @@ def main() -> None:
     t_local = run_jobs(local, [{"n": i} for i in range(a.jobs)])
     local.close()
     out["noop_local_s"] = round(t_local, 3)
-    for actors in (1, 2):
+    for actors in (1,) if a.smoke else (1, 2):
         r = ray_runner(actors, f"cache-noop-{actors}")
         t_start = time.perf_counter()
         run_jobs(r, [{"n": -1 - k} for k in range(actors)])  # start the actors
@@ -143,8 +158,20 @@ def main() -> None:
         r2.close()
         r.close()
     out["overhead_ms_per_job_1actor"] = round(1000 * (out["noop_ray1_s"] - t_local) / a.jobs, 1)
-    out["overhead_ms_per_job_2actors"] = round(1000 * (out["noop_ray2_s"] - t_local) / a.jobs, 1)
+    if not a.smoke:
+        out["overhead_ms_per_job_2actors"] = round(1000 * (out["noop_ray2_s"] - t_local) / a.jobs, 1)
     out["local_ms_per_job"] = round(1000 * t_local / a.jobs, 2)
+    if a.smoke:  # one sweep job on the embedded model, locally and on one actor
+        local = LocalJobRunner(make_executor(ModelPool(), TaskStore()), limits=limits)
+        os.environ["HEADLENS_CACHE_DIR"] = str(tmp / "cache-sweep-local")
+        out["sweep_local_cold_s"], _ = sweep(local, ["default"], (0,), ["syn-sentiment"])
+        local.close()
+        r = ray_runner(1, "cache-sweep-ray")
+        out["sweep_ray1_cold_s"], _ = sweep(r, ["default"], (0,), ["syn-sentiment"])
+        r.close()
+        ray.shutdown()
+        print(json.dumps(out, indent=1))
+        return
 
     # 2. the sweep: 2 tiny models x 3 tasks x 2 seeds, scores (1 thread locally, as a 1-CPU Ray actor)
     models = tiny_models(tmp)

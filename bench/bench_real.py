@@ -58,7 +58,7 @@ def section_scores(lm, task, a) -> dict:
     from backend.analysis.kernel import analyze
     from backend.analysis.primitives import induction
     from backend.analysis.primitives.batching import build_prompts, encode, forward_last_logits, map_batches
-    from backend.analysis.primitives.head_maps import head_maps
+    from backend.analysis.tsla.head_maps import head_maps
     from backend.analysis.primitives.prefix_store import STORE
 
     def scores_kind():  # cold: no induction scores of this model yet, nothing kept

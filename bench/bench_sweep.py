@@ -2,6 +2,7 @@
 
     python bench/bench_sweep.py [--prompts 8] [--tokens 128] [--reps 1 [--min]] [--only last|all] [--threads N]
                                 [--no-peer-last] [--json out.json]
+    python bench/bench_sweep.py --smoke   # a tiny 12-layer GPT-2, 2 prompts x 8 tokens (the CI test)
 
 Model: the GPT-2-small shape (12 layers x 12 heads, d 768, vocab 50257), random weights, CPU fp32.
 Prompts: random token ids, all `--tokens` long (so the peer needs no padding).
@@ -47,19 +48,31 @@ from backend.models import wrap  # noqa: E402
 KS = (0, 1, 2, 4, 8, 16, 32, 64)
 
 
-def gpt2_small(seed: int = 0):
+def gpt2_small(seed: int = 0, tiny: bool = False):
+    """The GPT-2-small shape, random weights; `tiny`: the same 12 layers at d 32, 2 heads, vocabulary 1000."""
     import transformers as T
 
     torch.manual_seed(seed)
-    cfg = T.GPT2Config(n_layer=12, n_head=12, n_embd=768, vocab_size=50257, n_positions=1024)
+    cfg = (T.GPT2Config(n_layer=12, n_head=2, n_embd=32, vocab_size=1000, n_positions=64, bos_token_id=0,
+                        eos_token_id=0) if tiny else
+           T.GPT2Config(n_layer=12, n_head=12, n_embd=768, vocab_size=50257, n_positions=1024))
     return T.AutoModelForCausalLM.from_config(cfg).eval()
 
 
-def tokenizer():
+class _Tok:
+    """Just enough of a tokenizer for pre-tokenised input (the smoke run without the GPT-2 tokenizer)."""
+
+    pad_token_id = 0
+    pad_token = "<pad>"
+
+
+def tokenizer(required: bool = True):
     from tiny_models import GPT2_TOKENIZER
     from transformers import AutoTokenizer
 
     if not GPT2_TOKENIZER.is_dir():
+        if not required:
+            return _Tok()
         raise SystemExit(f"the GPT-2 tokenizer is missing at {GPT2_TOKENIZER}")
     return AutoTokenizer.from_pretrained(str(GPT2_TOKENIZER))
 
@@ -192,20 +205,25 @@ def main() -> None:
     ap.add_argument("--only", choices=("last", "all"), default=None, help="run one of the two sweeps")
     ap.add_argument("--min", action="store_true", help="report the fastest of --reps runs, not the median")
     ap.add_argument("--json", default=None)
+    ap.add_argument("--smoke", action="store_true", help="a tiny 12-layer model, 2 prompts x 8 tokens (seconds)")
     a = ap.parse_args()
+    if a.smoke:
+        a.prompts, a.tokens, a.reps = 2, 8, 1
     if a.threads:
         torch.set_num_threads(a.threads)
     if a.min:
         global STAT
         STAT = min
 
-    hf, tok = gpt2_small(), tokenizer()
+    hf, tok = gpt2_small(tiny=a.smoke), tokenizer(required=not a.smoke)
     lm = wrap(hf, tok, "gpt2-small-random")
     L, H, d = lm.n_layers, lm.n_heads, lm.d_model
     g = torch.Generator().manual_seed(0)
-    tokens = torch.randint(0, 50000, (a.prompts, a.tokens), generator=g)
+    tokens = torch.randint(0, min(50000, hf.config.vocab_size), (a.prompts, a.tokens), generator=g)
     ids = tokens.tolist()
     try:
+        if isinstance(tok, _Tok):
+            raise ImportError("the GPT-2 tokenizer is absent")
         br, peer_name = tl_bridge(hf, tok)
         peer = lambda cf, last_only: tl_sweep(br, tokens, cf, H, last_only)  # noqa: E731
     except ImportError as e:
@@ -213,7 +231,7 @@ def main() -> None:
         peer = lambda cf, last_only: hf_peer_sweep(lm, tokens, cf, H, last_only)  # noqa: E731
     ranked = orders(L, H, g)
     sweeps = {"last": last_sweep(L, H, d, g), "all": topk_sweep(L, H, ranked)}
-    print(f"model: GPT-2-small shape, random weights, CPU fp32, {torch.get_num_threads()} threads, "
+    print(f"model: GPT-2-small shape{' (tiny: d 32, 2 heads)' if a.smoke else ''}, random weights, CPU fp32, {torch.get_num_threads()} threads, "
           f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}; "
           f"{a.prompts} prompts x {a.tokens} tokens; peer: {peer_name}", flush=True)
     print(f"all-position sweep, first ablated layer per configuration: {first_layers(sweeps['all'])}", flush=True)
@@ -248,6 +266,8 @@ def main() -> None:
         if "peer_last_s" in row:
             row["peer_last_over_auto"] = row["peer_last_s"] / row["auto_s"]
         results[name] = row
+        if a.smoke and not row["full_vs_auto_max_abs"] <= 1e-4:
+            raise SystemExit(f"smoke: the auto engine's logits differ from full passes by {row['full_vs_auto_max_abs']}")
         print(f"\n[{name}] {len(configs)} configurations x {a.prompts} prompts")
         print(f"  auto {row['auto_s']:.2f} s | full {row['full_s']:.2f} s | peer {row['peer_s']:.2f} s"
               + (f" | peer-last {row['peer_last_s']:.2f} s" if "peer_last_s" in row else ""))

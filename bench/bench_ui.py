@@ -1,17 +1,21 @@
 """Click-to-view timings of the dashboard in a real browser (a benchmark, not a test).
 
-    python bench/bench_ui.py [--repo PATH] [--label after] [--json out.json]
+    python bench/bench_ui.py [--repo PATH] [--label after] [--json out.json] [--model smollm2-135m]
+    python bench/bench_ui.py --smoke      # one first Home run, failing on any error (the CI test)
 
 Starts `python -m backend launch` from `--repo` (default: this checkout) on free ports with an empty cache, drives
-headless Chromium at 1600 x 1000 through Selenium, and measures, on the default model, `syn-*` tasks, 8 shots and
-50 prompts (the tasks' query pools cap them at 19-20):
+headless Chromium at 1600 x 1000 through Selenium, and measures, on the default model (`syn-*` tasks) or `--model`
+(a preset: the natural-language `sentiment` task), 8 shots and 50 prompts (the default model's tasks' query pools
+cap them at 19-20):
 
 - first Home run: from the click on Run to the summary metrics and the ICL curve drawn, the page idle (a task and
   seed not computed before; repeated on 3 seeds, the first one in a fresh service);
 - live toggling: on the Ablation page, from a click on a quick pick that selects 3 new heads to the before/after
   table of those heads, idle (4 clicks);
 - a cached page from a link: a fresh browser session opening a Head map / Steering link whose results are cached;
-  from the page shell (the browser's load event) to the view drawn and idle.
+  from the page shell (the browser's load event) to the view drawn and idle, and to the map itself drawn;
+- the same Head map link right after a new launch on the same cache (`after_launch`: fresh service and dashboard
+  processes; from the navigation).
 
 "Idle": Streamlit's running indicator and every progress bar gone. Times come from the browser side
 (time.perf_counter around WebDriver calls, polled every 20 ms). `--repo` lets the same script measure another
@@ -37,6 +41,15 @@ from typing import Any, Callable
 REPO = Path(__file__).resolve().parents[1]
 POLL_S = 0.02
 QS = "model=default&shots=8&prompts=50"
+TASK = "syn-sentiment"
+MODEL = "default"
+
+
+def use_model(model: str) -> None:
+    """Measure on `model`: the default model's `syn-sentiment`, or a real model's `sentiment`."""
+    global QS, TASK, MODEL
+    MODEL, TASK = model, "syn-sentiment" if model == "default" else "sentiment"
+    QS = f"model={model}&shots=8&prompts=50"
 
 
 def free_port() -> int:
@@ -56,18 +69,18 @@ def up(url: str) -> bool:
 class Launch:
     """`python -m backend launch` from `repo`, on free ports, with its own cache folder."""
 
-    def __init__(self, repo: Path):
-        self.port, self.backend_port = free_port(), free_port()
-        self.cache = tempfile.mkdtemp(prefix="bench-ui-cache-")
+    def __init__(self, repo: Path, cache: str | None = None, ports: tuple[int, int] | None = None):
+        self.port, self.backend_port = ports or (free_port(), free_port())
+        self.cache = cache or tempfile.mkdtemp(prefix="bench-ui-cache-")
         self.log = open(Path(self.cache) / "launch.log", "wb")
         self.trace = str(Path(self.cache) / "ui-trace.log")
         env = dict(os.environ, HEADLENS_CACHE_DIR=self.cache, HF_HUB_OFFLINE="1", PYTHONUNBUFFERED="1",
-                   HEADLENS_UI_TRACE=self.trace)
+                   HEADLENS_UI_TRACE=self.trace, HEADLENS_LOG=str(Path(self.cache) / "servers.log"))
         for var in ("HEADLENS_BACKEND_URL", "HEADLENS_TOKEN", "HEADLENS_MODEL_ROOT"):
             env.pop(var, None)
         self.proc = subprocess.Popen([sys.executable, "-m", "backend", "launch", "--no-browser", "--host", "127.0.0.1",
                                       "--port", str(self.port), "--backend-port", str(self.backend_port),
-                                      "--model", "default"], cwd=repo, env=env, stdout=self.log,
+                                      "--model", MODEL], cwd=repo, env=env, stdout=self.log,
                                      stderr=subprocess.STDOUT)
         self.url = f"http://127.0.0.1:{self.port}"
         deadline = time.monotonic() + 240
@@ -76,13 +89,14 @@ class Launch:
                 raise SystemExit(f"launch did not come up; see {self.log.name}")
             time.sleep(0.3)
 
-    def stop(self) -> None:
+    def stop(self, keep_cache: bool = False) -> None:
         self.proc.send_signal(signal.SIGINT)
         try:
             self.proc.wait(40)
         except subprocess.TimeoutExpired:
             self.proc.kill()
-        shutil.rmtree(self.cache, ignore_errors=True)
+        if not keep_cache:
+            shutil.rmtree(self.cache, ignore_errors=True)
 
 
 def browser() -> Any:
@@ -151,14 +165,14 @@ def button(d: Any, label: str) -> Any:
 def home_run(d: Any, url: str, seed: int) -> float:
     d.get(f"{url}/?{QS}&seed={seed}")  # no task in the link: the first screen waits for Run (the default model's
     # first task, syn-sentiment, is picked)
-    until(d, lambda d: button(d, "Run") and idle(d) and "Press Run" in main_text(d))
+    until(d, lambda d: button(d, "Run") and idle(d) and "Press Run" in main_text(d), 600)
     settle(d)
     b = button(d, "Run")
     c0 = cpu_by_group()
     t0 = time.perf_counter()
     b.click()
     until(d, lambda d: len(css(d, '[data-testid="stMetric"]')) >= 4 and css(d, ".js-plotly-plot")
-          and "Example prompts" in main_text(d) and idle(d))
+          and "Example prompts" in main_text(d) and idle(d), 900)
     took = time.perf_counter() - t0
     CPU[f"home run seed {seed}"] = cpu_delta(c0)
     return took
@@ -166,7 +180,7 @@ def home_run(d: Any, url: str, seed: int) -> float:
 
 def toggles(d: Any, url: str, task: str, seed: int) -> list[float]:
     d.get(f"{url}/Ablation?{QS}&task={task}&seed={seed}&kmax=2")
-    until(d, lambda d: "Ablation curves" in main_text(d) and css(d, ".js-plotly-plot") and idle(d))
+    until(d, lambda d: "Ablation curves" in main_text(d) and css(d, ".js-plotly-plot") and idle(d), 900)
     settle(d)
     out = []
     for label in ("Top TR", "Top TL", "Top induction", "Random"):
@@ -207,10 +221,11 @@ def cached_link(d: Any, url: str, path: str, query: str, drawn: Callable[[Any], 
     html = time.perf_counter() - t0
     until(d, lambda d: css(d, '[data-testid="stAppViewContainer"]'), 60)
     shell = time.perf_counter() - t0
-    view = until(d, lambda d: drawn(d) and idle(d), timeout)
+    first = until(d, lambda d: css(d, ".js-plotly-plot .main-svg"), timeout)  # the page's first figure drawn
+    view = first + until(d, lambda d: drawn(d) and idle(d), timeout)
     CPU[f"cached link {path} #{len(LINK_WINDOWS)}"] = cpu_delta(c0)
     SHELLS.append({"path": path, "html_s": round(html, 3), "shell_s": round(shell, 3),
-                   "from_html_s": round(shell - html + view, 3)})
+                   "from_html_s": round(shell - html + view, 3), "first_figure_s": round(first, 3)})
     LINK_WINDOWS.append((path, time.time() - view, time.time()))
     return shell, view
 
@@ -280,18 +295,32 @@ def load_avg() -> str:
         return "?"
 
 
-SCENARIOS = ("home", "toggle", "headmap", "steering")
+SCENARIOS = ("home", "toggle", "headmap", "steering", "after_launch")
 
 
-def run(repo: Path, label: str, only: tuple[str, ...] = SCENARIOS) -> dict[str, Any]:
+def missing() -> str | None:
+    """What this benchmark needs and this machine lacks (Chromium, its driver, Selenium, psutil), or None."""
+    import importlib.util
+
+    if not any(map(shutil.which, ("chromium", "chromium-browser", "google-chrome"))):
+        return "no chromium"
+    if not shutil.which("chromedriver"):
+        return "no chromedriver"
+    gone = [m for m in ("selenium", "psutil") if importlib.util.find_spec(m) is None]
+    return f"no {', '.join(gone)}" if gone else None
+
+
+def run(repo: Path, label: str, only: tuple[str, ...] = SCENARIOS, smoke: bool = False) -> dict[str, Any]:
     print(f"[{label}] launching from {repo} (load average {load_avg()})", flush=True)
     app = Launch(repo)
     d = browser()
-    res: dict[str, Any] = {"label": label, "repo": str(repo), "load_before": load_avg()}
+    res: dict[str, Any] = {"label": label, "repo": str(repo), "model": MODEL, "task": TASK, "load_before": load_avg()}
     def scenario(name: str, fn: Callable[[], Any]) -> None:
         try:
             res[name] = fn()
         except Exception as e:  # e.g. an older checkout without the feature: recorded, not fatal
+            if smoke:
+                raise
             res[name] = None
             shot = Path(tempfile.gettempdir()) / f"bench-ui-{label}-{name}.png"
             d.save_screenshot(str(shot))
@@ -299,27 +328,58 @@ def run(repo: Path, label: str, only: tuple[str, ...] = SCENARIOS) -> dict[str, 
         print(f"  {name}: {res[name]}", flush=True)
 
     def steering_links() -> list[tuple[float, float]]:
-        sg_q = f"{QS}&task=syn-sentiment&seed=0&sg_vectors=tr,random&sg_layer=2"
+        sg_q = f"{QS}&task={TASK}&seed=0&sg_vectors=tr,random&sg_layer=2"
         d.get(f"{app.url}/Steering_geometry?{sg_q}")  # computed once, then its link opened in fresh sessions
-        until(d, lambda d: idle(d) and "Steering" in main_text(d))
-        settle(d)
+        until(d, lambda d: idle(d) and "Steering" in main_text(d), 900)
+        settle(d, 900)
         if "Zero-shot prompts steered" not in d.page_source:
             button(d, "Run").click()
-            until(d, lambda d: "Zero-shot prompts steered" in d.page_source and idle(d))
+            until(d, lambda d: "Zero-shot prompts steered" in d.page_source and idle(d), 900)
         return [cached_link(d, app.url, "Steering_geometry", sg_q, lambda d: "Zero-shot prompts steered" in
                             d.page_source, timeout=60) for _ in range(3)]
 
-    hm_q = f"{QS}&task=syn-sentiment&seed=0&kmax=16&top_pct=3"
+    hm_q = f"{QS}&task={TASK}&seed=0&kmax=16&top_pct=3"
+
+    def hm_drawn(d: Any) -> bool:
+        return len(css(d, ".js-plotly-plot")) >= 2 and "Top heads" in main_text(d)
+
+    def head_map_links() -> list[tuple[float, float]]:
+        d.get(f"{app.url}/Head_map?{hm_q}")  # computed once (or found), then its link opened in fresh sessions
+        until(d, lambda d: hm_drawn(d) and idle(d), 900)
+        settle(d, 900)
+        return [cached_link(d, app.url, "Head_map", hm_q, hm_drawn) for _ in range(3)]
+
+    def after_launch() -> list[dict[str, float]]:
+        """The Head map link opened right after a new launch on the same cache: fresh service and dashboard."""
+        nonlocal app
+        d.get(f"{app.url}/Head_map?{hm_q}")
+        until(d, lambda d: hm_drawn(d) and idle(d), 900)
+        out = []
+        for _ in range(2):
+            cache, ports = app.cache, (app.port, app.backend_port)
+            app.stop(keep_cache=True)
+            app = Launch(repo, cache=cache, ports=ports)  # the same URL: the browser's cache holds the app's files
+            d.delete_all_cookies()
+            c0 = cpu_by_group()
+            t0 = time.perf_counter()
+            d.get(f"{app.url}/Head_map?{hm_q}")
+            first = until(d, lambda d: css(d, ".js-plotly-plot .main-svg"), 300)
+            view = until(d, lambda d: hm_drawn(d) and idle(d), 300) + first
+            took = time.perf_counter() - t0
+            CPU[f"after launch #{len(out)}"] = cpu_delta(c0)
+            traced(app, f"after launch #{len(out)}", time.time() - took, time.time())
+            out.append({"first_figure_s": round(took - (view - first), 3), "view_s": round(took, 3)})
+        return out
 
     def homes() -> list[float]:
         out = []
-        for seed in (0, 1, 2):
+        for seed in (0,) if smoke else (0, 1, 2):
             out.append(home_run(d, app.url, seed))
             traced(app, f"home run seed {seed}", time.time() - out[-1], time.time())
         return out
 
     def toggled() -> list[float]:
-        t = toggles(d, app.url, "syn-sentiment", 0)
+        t = toggles(d, app.url, TASK, 0)
         for i, (label, x) in enumerate(zip(("Top TR", "Top TL", "Top induction", "Random"), t)):
             end = TOGGLE_ENDS[i]
             traced(app, f"toggle {label}", end - x, end)
@@ -331,14 +391,13 @@ def run(repo: Path, label: str, only: tuple[str, ...] = SCENARIOS) -> dict[str, 
         if "toggle" in only:
             scenario("toggle_s", toggled)
         if "headmap" in only:
-            scenario("link_head_map_s", lambda: [cached_link(d, app.url, "Head_map", hm_q,
-                                                             lambda d: len(css(d, ".js-plotly-plot")) >= 2
-                                                             and "Top heads" in main_text(d))
-                                                 for _ in range(3)])
+            scenario("link_head_map_s", head_map_links)
         if "steering" in only:
             scenario("link_steering_s", steering_links)
         for path, a, b in LINK_WINDOWS:
             traced(app, f"cached link {path}", a, b)
+        if "after_launch" in only:
+            scenario("after_launch", after_launch)
         res["service_jobs"] = service_jobs(app)
         res["traces"] = TRACES
         res["cpu_s"] = CPU
@@ -354,11 +413,16 @@ def summary(res: dict[str, Any]) -> dict[str, float | None]:
     med = statistics.median
     home, tog = res.get("home_run_s"), res.get("toggle_s")
     hm, sg = res.get("link_head_map_s"), res.get("link_steering_s")
+    firsts = [x["first_figure_s"] for x in res.get("shells") or [] if x["path"] == "Head_map" and "first_figure_s" in x]
+    after = res.get("after_launch")
     return {"home_first": home[0] if home else None, "home_median": med(home) if home else None,
             "toggle_median": med(tog) if tog else None, "toggle_max": max(tog) if tog else None,
             "head_map_shell": med(s for s, _ in hm) if hm else None,
+            "head_map_first_figure": med(firsts) if firsts and hm else None,
             "head_map_view": med(v for _, v in hm) if hm else None,
-            "steering_view": med(v for _, v in sg) if sg else None}
+            "steering_view": med(v for _, v in sg) if sg else None,
+            "after_launch_first_figure": med(x["first_figure_s"] for x in after) if after else None,
+            "after_launch_view": med(x["view_s"] for x in after) if after else None}
 
 
 def main() -> None:
@@ -367,13 +431,22 @@ def main() -> None:
     ap.add_argument("--label", default="this checkout")
     ap.add_argument("--json", default=None)
     ap.add_argument("--only", default=",".join(SCENARIOS), help=f"comma-separated, of {', '.join(SCENARIOS)}")
+    ap.add_argument("--model", default="default", help="the model to measure on: `default` (syn-sentiment) or a "
+                                                       "pulled preset such as smollm2-135m (sentiment)")
     ap.add_argument("--realtime", action="store_true",
                     help="run under SCHED_RR priority 1 (root only): on a machine busy with other work, the closest "
                          "to 'nothing else running' (other processes then wait: keep the run short)")
+    ap.add_argument("--smoke", action="store_true", help="one first Home run; any failure is an error (seconds)")
     ap.add_argument("--nice", type=int, default=0,
                     help="change this process's niceness first (its servers and the browser inherit it); a negative "
                          "value (root only) approximates 'nothing else running' on a CPU shared with other work")
     a = ap.parse_args()
+    if a.smoke:
+        why = missing()
+        if why:
+            print(f"smoke: skipped ({why})")
+            return
+        a.only = "home"
     if a.nice:
         try:
             os.nice(a.nice)
@@ -384,7 +457,8 @@ def main() -> None:
             os.sched_setscheduler(0, os.SCHED_RR, os.sched_param(1))
         except (OSError, AttributeError) as e:
             print(f"--realtime: {e}; measuring at the default priority", file=sys.stderr)
-    res = run(Path(a.repo).resolve(), a.label, tuple(a.only.split(",")))
+    use_model(a.model)
+    res = run(Path(a.repo).resolve(), a.label, tuple(a.only.split(",")), smoke=a.smoke)
     res["nice"] = os.nice(0)
     res["scheduler"] = "SCHED_RR 1" if os.sched_getscheduler(0) == os.SCHED_RR else "default"
     res["summary"] = summary(res)

@@ -1,6 +1,7 @@
 """The TSLA findings, measured on a model (default: the embedded one), written as a markdown report.
 
     python bench/findings.py [--model default] [--seeds 0,1,...] [--out bench/FINDINGS.md] [--json out.json]
+    python bench/findings.py --smoke      # one task, one seed, 4 prompts: the report still renders (the CI test)
 
 With in-context label sets (each task's own labels) and both accuracies:
 A. Zero-shot failure is a TR failure: 0-shot accuracy and TR ratio are low while label accuracy is high.
@@ -152,7 +153,10 @@ def main() -> None:
     ap.add_argument("--seeds", default="0,1,2,3,4,5,6,7,8,9")
     ap.add_argument("--out", default=None)
     ap.add_argument("--json", default=None)
+    ap.add_argument("--smoke", action="store_true", help="syn-sentiment, seed 0, 2 shots, 4 prompts (seconds)")
     a = ap.parse_args()
+    if a.smoke:
+        a.tasks, a.seeds, a.shots, a.prompts = "syn-sentiment", "0", 2, 4
     a.seeds = [int(s) for s in a.seeds.split(",")]
     t0 = time.time()
     lm = load_model(a.model)

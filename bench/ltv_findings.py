@@ -1,6 +1,7 @@
 """Learned task vectors on a model (default: the embedded one), measured and written as a markdown report.
 
     python bench/ltv_findings.py [--model default] [--tasks ...] [--out bench/LTV_FINDINGS.md] [--json out.json]
+    python bench/ltv_findings.py --smoke --out /tmp/x.md   # two tasks, a one-epoch recipe (the CI test)
 
 Per task: `train_ltv(layer="all")` (one LTV per injection layer, the default recipe, the mechanism at every
 layer), then `ltv_across_tasks` at L/2 (the same cached vectors): the comparison at L/2 against the paper's anchor,
@@ -12,6 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -35,18 +37,29 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", default="default")
     ap.add_argument("--tasks", default=None, help="comma-separated; default: the model's built-in tasks")
-    ap.add_argument("--out", default=str(Path(__file__).with_name("LTV_FINDINGS.md")))
+    ap.add_argument("--out", default=None, help="the report (default: bench/LTV_FINDINGS.md; --smoke: a temporary "
+                                                "file)")
     ap.add_argument("--json", default=None)
+    ap.add_argument("--smoke", action="store_true", help="two tasks, one epoch of 8 prompts, 4 prompts scored "
+                                                         "(seconds)")
     a = ap.parse_args()
+    recipe = {}  # the product's defaults (--smoke: a tiny recipe, to see the report still renders)
+    if a.smoke:
+        a.tasks = a.tasks or "syn-antonym,syn-plural"
+        recipe = {"epochs": 1, "train_prompts": 8, "val_prompts": 4, "shots": 2, "prompts": 4, "random_draws": 1,
+                  "perturbations": 8}
+    default_out = Path(__file__).with_name("LTV_FINDINGS.md")
+    a.out = a.out or (tempfile.mkstemp(suffix=".md")[1] if a.smoke else str(default_out))
     t0 = time.perf_counter()
     lm = load_model(a.model)
     names = a.tasks.split(",") if a.tasks else [t.name for t in model_tasks(lm.name)]
     runs = {}
     for n in names:
         t1 = time.perf_counter()
-        runs[n] = train_ltv(lm, load_task(n), layer="all")
+        runs[n] = train_ltv(lm, load_task(n), layer="all", **recipe)
         print(f"{n}: {time.perf_counter() - t1:.1f} s", file=sys.stderr, flush=True)
-    across = ltv_across_tasks(lm, tasks=names)
+    across = ltv_across_tasks(lm, tasks=names, **{k: v for k, v in recipe.items() if k not in ("random_draws",
+                                                                                                "perturbations")})
     mid = lm.n_layers // 2
     layers = runs[names[0]].layers
     kinds = across.kinds

@@ -1,14 +1,17 @@
-"""Head map: layer x head maps of TR, TL, DLA-TR, DLA-TL and induction; click heads to select them and to drill
-into one (its attention pattern, per-label DLA and ablation effect on a prompt)."""
+"""Head map: layer x head maps of TR, TL, DLA-TR, DLA-TL and induction (and the CIE, from kind `patching`) with
+their top heads outlined; click heads to select them and to drill into one (its attention pattern, every head of its
+layer, per-label DLA and ablation effect on a prompt); activation patching from the clean prompts into 0-shot or
+perturbed ones beside the TR / TL maps; and the map side by side with another task, model or seed."""
 from __future__ import annotations
 
 import numpy as np
 import pandas as pd
 import streamlit as st
 
-from ui import figures, fit, head_view, heads, jobs, layout, snippets, state
+from ui import compare, figures, fit, head_view, heads, jobs, layout, share, snippets, state
 from ui import metrics as M
-from ui.sections import download
+from ui.sections import download, guard, run_row, section
+from ui.tsla import patching_figures as pf
 
 s, caps = layout.page_setup("Head map", ":material/grid_on:")
 st.title(":material/grid_on: Head map")
@@ -24,7 +27,7 @@ if scores is None:
 jobs.show_warnings(scores)
 L, H = int(scores["n_layers"]), int(scores["n_heads"])
 selected = heads.current(L, H)
-ctx = figures.subtitle(figures.caption(s.model, s.task, scores["shots"], int(scores["top_k"])))
+ctx = figures.subtitle(figures.caption(s.model, s.task_title, scores["shots"], int(scores["top_k"])))
 
 k_shot, zero = scores["icl"], scores.get("zero_shot")
 m = st.columns(5)
@@ -35,6 +38,9 @@ for col, name in zip(m, M.NAMES):
                                                             f"from 0 shots)."), border=True)
 m[3].metric("Heads", f"{L} × {H}", help="layers × heads per layer", border=True)
 m[4].metric("Selected", f"{len(selected)}", border=True)
+share.numbers("Accuracy", {f"{M.LABEL[n]} ({scores['shots']}-shot)": k_shot[n] for n in M.NAMES}
+              | ({f"{M.LABEL[n]} (0-shot)": zero[n] for n in M.NAMES} if zero else {})
+              | {"layers x heads": f"{L} x {H}", "prompts": scores["prompts"], "top-head set": scores["top_k"]})
 if zero is not None:
     st.caption(f"TR ratio **{M.pct(zero['tr_ratio'])}** with 0 shots → **{M.pct(k_shot['tr_ratio'])}** with "
                f"{scores['shots']}: the demonstrations make the model answer with a label word. Accuracy "
@@ -42,17 +48,33 @@ if zero is not None:
                f"{M.pct(zero['label_accuracy'])} → {M.pct(k_shot['label_accuracy'])}. Head scores {jobs.timing(scores)}.")
 
 # -- the selectable map -------------------------------------------------------------------------------------
-state.bind(st.segmented_control, "Map", "map", options=list(figures.METRICS),
-           format_func=lambda k: figures.METRICS[k]["label"], required=True)
+state.bind(st.segmented_control, "Map", "map", options=[*figures.METRICS, *figures.EXTRA_MAPS],
+           format_func=lambda k: figures.map_spec(k)["label"], required=True,
+           help="The five maps of the head scores, and the CIE: activation patching of each head (computed when "
+                "picked: one patched pass per head).")
 metric = state.get().map or "tr"
+maps = {k: scores[k] for k in figures.METRICS}
+cie_params = s.job(**s.selection(), target="shuffled_inputs", patch="mean")
+cie = (jobs.fetch("patching", cie_params, "Causal indirect effects (patching every head)", what="CIE map",
+                  slot="cie") if metric == "cie" else jobs.peek("patching", cie_params, ask_service=False))
+if cie is not None:
+    jobs.show_warnings(cie)
+    maps["cie"] = cie["prob_gain"]
+if metric not in maps:
+    metric = "tr"
 main, side = st.columns([3, 1.25], gap="medium")
 with main:
-    fig = figures.head_heatmap(scores[metric], metric, selected=selected,
-                               title=f"{figures.METRICS[metric]['label']}: {figures.METRICS[metric]['long']}{ctx}")
-    st.plotly_chart(fig, key=heads.chart_key("hm"), on_select=heads.on_chart_select("hm"),
-                    selection_mode=("points", "box", "lasso"),
-                    config=figures.png_config(f"headmap-{metric}-{s.task}"))
-    st.caption(figures.METRICS[metric]["caption"])
+    spec = figures.map_spec(metric)
+    top = {"tr": scores.get("top_tr"), "tl": scores.get("top_tl")}.get(metric) or int(scores["top_k"])
+    fig = figures.head_heatmap(maps[metric], metric, selected=selected, top=top,
+                               title=f"{spec['label']}: {spec['long']}{ctx}")
+    share.chart(fig, f"headmap-{metric}", key=heads.chart_key("hm"), on_select=heads.on_chart_select("hm"),
+                selection_mode=("points", "box", "lasso"))
+    st.caption(spec["caption"] + f" Outlined ({figures.TOP_COLOR_NAME}): the top {len(figures.top_set(maps[metric], top))} "
+               f"heads of this map ({s.top_label()}; the sidebar's *Top heads*).")
+    if metric == "cie":
+        st.caption(f"{cie['prompts']} prompts, {cie['shots']} shots · {jobs.timing(cie)}. The same kind patches "
+                   "into other prompt sets below (*Activation patching*).")
 with side:
     selected = heads.multiselect(L, H)
     heads.quick_picks(scores, L, H, key="hm", compact=True)
@@ -60,9 +82,14 @@ with side:
         st.page_link("pages/2_Ablation.py", label="Ablate this head" if len(selected) == 1 else
                      f"Ablate these {len(selected)} heads", icon=":material/power_settings_new:",
                      query_params=state.query())
-    snippets.show("scores", score_params, f"r.{metric}        # numpy (layers, heads)\nr.top_tr, r.top_tl, r.overlap")
+    if metric == "cie":
+        snippets.show("patching", cie_params, "r.prob_gain        # the CIE, numpy (layers, heads)\nr.recovered, r.top")
+    else:
+        snippets.show("scores", score_params, f"r.{metric}        # numpy (layers, heads)\n"
+                                              "r.top_tr, r.top_tl, r.overlap")
     st.caption(":material/photo_camera: Every figure's toolbar (top right, on hover) has a camera button that saves "
-               "it as a PNG at 2× resolution; its title says what it was computed on.")
+               "it as a PNG at 2× resolution or an SVG (the sidebar's *Figure files*); its title and file name say "
+               "what it was computed on.")
 
 # -- drill-down: the clicked head ---------------------------------------------------------------------------------
 drill = state.value("head")
@@ -73,7 +100,7 @@ if drill is None:
     st.info("Click a cell of the map to see that head's attention pattern, its write onto each label and what "
             "ablating it does on one prompt.", icon=":material/touch_app:")
 else:
-    d1, d2, d3 = st.columns([1.2, 1, 2], vertical_alignment="bottom")
+    d1, d2, d3, d4 = st.columns([1.2, 1, 1.3, 2], vertical_alignment="bottom")
     with d1:
         state.bind(st.selectbox, "Head", "head", options=[(l, h) for l in range(L) for h in range(H)],
                    format_func=figures.head_name, to_widget=lambda v: tuple(v))
@@ -81,62 +108,197 @@ else:
         state.bind(st.number_input, "Prompt", "prompt", min_value=0, max_value=max(int(scores["prompts"]) - 1, 0),
                    step=1, help="Which of the task's prompts (0-based; the same prompts the maps average over).")
     with d3:
+        state.bind(st.toggle, "All heads of this layer", "grid",
+                   help="Every head of the layer's attention pattern at once, a grid of small maps (CircuitsVis).")
+    with d4:
         st.page_link("pages/4_Head.py", label="Open the full drill-down (your own prompt, logit lens)",
                      icon=":material/open_in_new:", query_params=state.query())
     drill, prompt = tuple(state.value("head")), min(int(state.value("prompt")), max(int(scores["prompts"]) - 1, 0))
-    hp = head_view.job_params(s, drill, prompt, None, False)
+    hp = head_view.job_params(s, drill, prompt, None, False, bool(state.value("grid")))
     hv = jobs.fetch("head", hp, f"Drilling into {figures.head_name(drill)}", what="Head drill-down")
     if hv is not None:
         head_view.render(hv, s, hp, L * H, compact=True, key="hm_drill")
 
 if state.bind(st.toggle, "All five maps side by side", "all_maps",
               help="Each map on its own colour scale, with its colour bar (drawn on demand: five more heatmaps)."):
-    st.plotly_chart(figures.all_maps(scores, selected, f"All five maps{ctx}"), key="all_maps",
-                    config=figures.png_config(f"headmaps-all-{s.task}"))
+    share.chart(figures.all_maps(scores, selected, f"All five maps{ctx}"), "headmaps-all", key="all_maps")
     st.caption(" · ".join(f"{v['caption']}" for k, v in figures.METRICS.items() if k != metric))
+
+# -- activation patching ----------------------------------------------------------------------------------------
+st.subheader("Activation patching", divider="gray")
+st.caption("Each head's last-token z taken from the clean ICL prompts and written into another prompt set with the "
+           "same queries, one head at a time: how much of the gold answer's logit does that head alone bring back?")
+if state.bind(st.toggle, "Patch every head from the clean prompts into 0-shot or perturbed ones", "pt",
+              help="Activation patching (TransformerLens' most used analysis; SITE's patching experiment), beside the "
+                   "TR and TL maps. Off: nothing of it is drawn (a link with it on reopens it)."):
+    c1, c2 = st.columns([1.6, 1])
+    with c1:
+        state.bind(st.segmented_control, "Patch into", "pt_target", options=list(pf.TARGETS), format_func=pf.TARGETS.get,
+                   required=True, help="The target prompts: the same queries with no demonstrations, or with perturbed "
+                                       "demonstrations (shuffled inputs, random labels, flipped labels: binary tasks).")
+    with c2:
+        state.bind(st.segmented_control, "Source activation", "pt_patch", options=list(pf.PATCHES),
+                   format_func=pf.PATCHES.get, required=True,
+                   help="paired: clean prompt i's own z into target prompt i (activation patching); mean: the clean "
+                        "prompts' mean z into every target (the function vector's causal indirect effect).")
+    target, patch = state.value("pt_target"), state.value("pt_patch")
+    pt_params = s.job(**s.selection(), target=target, patch=patch)
+    clicked = run_row(f"Patch every one of the **{L * H}** heads from the **{scores['shots']}-shot** prompts into "
+                      f"**{pf.TARGETS[target]}** · source: {pf.PATCHES[patch]} · **{scores['prompts']}** prompts",
+                      "One patched pass per head and prompt, each one token over the target's cached prefix. "
+                      "Cached: a link reopens it at once.", "run_patching")
+    pt = section("patching", clicked, jobs.Job("patching", pt_params, "Patching heads", "Activation patching",
+                                               slot="patching"), "Press **Run** to patch every head.")
+    if pt is not None:
+        with guard("Activation patching"):
+            jobs.show_warnings(pt)
+            ov = pt.get("overlap") or {}
+            q = st.columns(5)
+            q[0].metric("Gold logit, clean", f"{pt['clean_logit']:.3g}", border=True,
+                        help=f"Mean logit of the gold answer's first token on the {pt['shots']}-shot prompts.")
+            q[1].metric(f"Gold logit, {pf.TARGETS[pt['target']]}", f"{pt['target_logit']:.3g}", border=True,
+                        delta=f"{-pt['gap']:+.3g}", help="The same on the target prompts; the arrow: the gap to recover.")
+            q[2].metric(f"Accuracy, {pf.TARGETS[pt['target']]}", M.pct(pt["target_metrics"]["accuracy"]), border=True,
+                        delta=M.points(pt["target_metrics"]["accuracy"], pt["clean"]["accuracy"]),
+                        help=f"Accuracy on the clean prompts: {M.pct(pt['clean']['accuracy'])} (the arrow: the change).")
+            q[3].metric("Spearman ρ with TR", "—" if (ov.get("tr") or {}).get("spearman") is None else
+                        f"{ov['tr']['spearman']:.2f}", border=True,
+                        help=f"Rank correlation of the recovered share with the TR map over all heads; top-{pt['top_k']} "
+                             f"Jaccard {(ov.get('tr') or {}).get('jaccard', 0):.2f}.")
+            q[4].metric("Spearman ρ with TL", "—" if (ov.get("tl") or {}).get("spearman") is None else
+                        f"{ov['tl']['spearman']:.2f}", border=True,
+                        help=f"The same with the TL map; top-{pt['top_k']} Jaccard "
+                             f"{(ov.get('tl') or {}).get('jaccard', 0):.2f}.")
+            share.numbers("Activation patching", {"target": pt["target"], "patch": pt["patch"],
+                                                  "gold logit, clean": pt["clean_logit"],
+                                                  "gold logit, target": pt["target_logit"], "gap": pt["gap"],
+                                                  "Spearman with TR": (ov.get("tr") or {}).get("spearman"),
+                                                  "Spearman with TL": (ov.get("tl") or {}).get("spearman")})
+            share.chart(pf.patching_maps(pt, scores, selected, f"Recovered share of the gold logit, beside TR and TL{ctx}"),
+                        f"patching-{pt['target']}-{pt['patch']}", key="patching_maps")
+            st.caption(figures.map_spec("recovered")["caption"] + " Outlined: each map's top "
+                       f"{pt['top_k']} heads. " + jobs.timing(pt) + ".")
+            prow = pd.DataFrame(pf.top_rows(pt, scores, n=min(10, L * H)))
+            share.table("Top heads by recovered share", prow)
+            st.dataframe(prow, hide_index=True, key="patching_table",
+                         column_config={"recovered %": st.column_config.NumberColumn(format="%.1f"),
+                                        "logit gain": st.column_config.NumberColumn(format="%.3g"),
+                                        "p(gold) gain": st.column_config.NumberColumn(format="%.3g")})
+            snippets.show("patching", pt_params, "r.recovered, r.logit_gain, r.prob_gain   # numpy (layers, heads)\n"
+                                                 "r.top, r.overlap")
+
+# -- side by side -------------------------------------------------------------------------------------------------
+st.subheader("Side by side", divider="gray")
+if state.bind(st.toggle, "Compare this map with another run: another task, model or seed", "cmp",
+              help="The same map of a second run, the difference A − B and their rank correlation (SITE's task "
+                   "specificity, TSLA's cross-dataset consistency)."):
+    cmp_metric = metric if metric in figures.METRICS else "tr"
+    presets = [p["name"] for p in caps.get("presets", []) if p.get("converted") or p.get("pulled")]
+    loaded = [x["name"] for x in caps.get("loaded_models", []) if x.get("name")]
+    b_model = state.value("cmp_model") or s.model
+    models = list(dict.fromkeys([s.model, "default", *presets, *loaded, b_model]))
+    b1, b2, b3 = st.columns([1.2, 1.6, 0.8])
+    with b1:
+        state.bind(st.selectbox, "B: model", "cmp_model", options=models, to_widget=lambda v: v or s.model,
+                   from_widget=lambda v: None if v == s.model else v)
+    b_model = state.value("cmp_model") or s.model
+    ids, info = layout.task_options(caps, b_model, state.value("cmp_task") or s.task)
+    with b2:
+        state.bind(st.selectbox, "B: task", "cmp_task", options=ids, to_widget=lambda v: v or s.task,
+                   format_func=lambda i: layout.task_label(info[i], b_model),
+                   from_widget=lambda v: None if v == s.task else v)
+    with b3:
+        state.bind(st.number_input, "B: seed", "cmp_seed", min_value=0, step=1,
+                   to_widget=lambda v: s.seed + 1 if v is None else int(v))
+    b_task = state.value("cmp_task") or s.task
+    b_seed = s.seed + 1 if state.value("cmp_seed") is None else int(state.value("cmp_seed"))
+    b_params = {**score_params, "model": b_model, "task": b_task, "seed": b_seed}
+    label_a = f"A: {s.model} · {s.task_title} · seed {s.seed}"
+    label_b = f"B: {b_model} · {layout.task_info(caps, b_task).get('filename') or b_task} · seed {b_seed}"
+    if b_params == score_params:
+        st.info("B is A: pick another task, model or seed for B.", icon=":material/compare_arrows:")
+    else:
+        clicked = run_row(f"**{figures.map_spec(cmp_metric)['label']}** of **{label_a}** against **{label_b}**",
+                          "B's head scores on the same shots, prompts and top-head size (cached ones show at once).",
+                          "run_compare")
+        other = section("compare", clicked, jobs.Job("scores", b_params, "Scoring B", "Map B", slot="compare"),
+                        "Press **Run** to score B.")
+        if other is not None:
+            with guard("Side by side"):
+                jobs.show_warnings(other)
+                c = compare.compare_maps(scores[cmp_metric], other[cmp_metric], int(scores["top_k"]))
+                n = st.columns(4)
+                n[0].metric("Spearman ρ (A, B)", "—" if c["spearman"] is None else f"{c['spearman']:.3f}", border=True,
+                            help="Rank correlation over all heads (same shape) or over the layer profiles at "
+                                 "relative depth (two models).")
+                n[1].metric("Kendall τ (A, B)", "—" if c["kendall"] is None else f"{c['kendall']:.3f}", border=True)
+                n[2].metric(f"Top-{c['k']} Jaccard", "—" if c["jaccard"] is None else f"{c['jaccard']:.2f}",
+                            border=True, help="Overlap of A's and B's top heads (same shape only).")
+                n[3].metric("max |A − B|", f"{c['max_abs_diff']:.3g}", border=True)
+                share.numbers("Side by side", {"A": label_a, "B": label_b, "map": cmp_metric,
+                                               "Spearman": c["spearman"], "Kendall": c["kendall"],
+                                               "Jaccard": c["jaccard"], "max |A - B|": c["max_abs_diff"]})
+                if c["same_shape"]:
+                    share.chart(figures.maps_row([(cmp_metric, scores[cmp_metric], figures.esc(label_a)),
+                                                  (cmp_metric, other[cmp_metric], figures.esc(label_b)),
+                                                  ("diff", c["diff"], "A − B")], selected,
+                                                 f"{figures.map_spec(cmp_metric)['label']}: A, B and A − B{ctx}",
+                                                 top=[c["top_a"], c["top_b"], None], shared_scale=True),
+                                f"compare-{cmp_metric}", key="compare_maps")
+                    st.caption(f"A and B on one colour scale, each with its top {c['k']} heads outlined; A − B on "
+                               "a diverging scale centred at 0. " + jobs.timing(other) + ".")
+                else:
+                    share.chart(compare.profile_figure(c, label_a, label_b, figures.map_spec(cmp_metric)["label"]),
+                                f"compare-{cmp_metric}-depth", key="compare_profile")
+                    st.caption(f"A has {L} × {H} heads and B {other['n_layers']} × {other['n_heads']}: heads do not "
+                               "pair, so each layer's mean is compared at its relative depth (layer / (layers − 1)). "
+                               + jobs.timing(other) + ".")
 
 # -- tables ------------------------------------------------------------------------------------------------------
 rows = []
-rk = {k: figures.ranks(np.asarray(scores[k], dtype=float)) for k in figures.METRICS}
+rk = {k: figures.ranks(np.asarray(v, dtype=float)) for k, v in maps.items()}
 for l in range(L):
     for h in range(H):
         row = {"head": figures.head_name((l, h)), "layer": l, "index": h}
-        for k in figures.METRICS:
-            row[k] = float(scores[k][l][h])
+        for k in maps:
+            row[k] = float(np.asarray(maps[k], dtype=float)[l, h])
             row[f"{k}_rank"] = int(rk[k][l, h])
         row["selected"] = (l, h) in selected
         rows.append(row)
 table = pd.DataFrame(rows)
 
 st.subheader("Top heads", divider="gray")
-c1, c2 = st.columns([3, 2], gap="large")
+c1 = st.container()  # the table at full width (in a column its rank columns were clipped)
 with c1:
     if not 1 <= int(state.value("top_n")) <= L * H:
         state.put("top_n", min(10, L * H))
     n = state.bind(st.slider, "How many", "top_n", min_value=1, max_value=L * H)
     top = table.sort_values(f"{metric}_rank").head(n)
-    cfg = {k: st.column_config.NumberColumn(figures.METRICS[k]["label"], format="%.4g") for k in figures.METRICS}
-    cfg.update({f"{k}_rank": st.column_config.NumberColumn(f"{figures.METRICS[k]['label']} rank", format="%d")
-                for k in figures.METRICS})
+    cfg = {k: st.column_config.NumberColumn(figures.map_spec(k)["label"], format="%.4g") for k in maps}
+    cfg.update({f"{k}_rank": st.column_config.NumberColumn(f"{figures.map_spec(k)['label']} rank", format="%d")
+                for k in maps})
     cfg["selected"] = st.column_config.CheckboxColumn("sel.")
-    st.dataframe(top, hide_index=True, column_config=cfg, key="top_table",
-                 column_order=["head", metric, f"{metric}_rank",
-                               *[c for k in figures.METRICS if k != metric for c in (k, f"{k}_rank")], "selected"])
-    st.caption(f"Sorted by {figures.METRICS[metric]['label']}; rank 1 = largest of {L * H}.")
+    order = ["head", metric, f"{metric}_rank", *[c for k in maps if k != metric for c in (k, f"{k}_rank")], "selected"]
+    st.dataframe(top, hide_index=True, column_config=cfg, key="top_table", column_order=order)
+    share.table(f"Top {n} heads by {figures.map_spec(metric)['label']}", top, order)
+    st.caption(f"Sorted by {figures.map_spec(metric)['label']}; rank 1 = largest of {L * H}.")
+c2, c3 = st.columns([1, 1], gap="large")
 with c2:
     ov = scores.get("overlap", {})
     names = {"tr_tl": "TR vs TL", "tr_induction": "TR vs induction", "tl_induction": "TL vs induction"}
     odf = pd.DataFrame([{"pair": names.get(k, k), "Jaccard": v.get("jaccard"), "Spearman ρ": v.get("spearman"),
                          "Kendall τ": v.get("kendall")} for k, v in ov.items()])
     st.markdown("**Overlap between rankings**")
-    st.dataframe(odf, hide_index=True, key="overlap_table",
+    share.table("Overlap between rankings", odf)
+    st.dataframe(odf, hide_index=True, key="overlap_table", placeholder="—",
                  column_config={c: st.column_config.NumberColumn(format="%.3f")
                                 for c in ("Jaccard", "Spearman ρ", "Kendall τ")})
     n_top = int(scores.get("top_k", len(scores.get("top_tr", []))))
     st.caption(f"Jaccard: overlap of the top-head sets ({s.top_label()}: {n_top} head{'s' if n_top != 1 else ''} "
                "each). Spearman and Kendall: rank correlation over all heads.")
-    st.plotly_chart(figures.layer_distribution(scores, n, f"Layer of the top {n} heads{ctx}"), key="layer_dist",
-                    config=figures.png_config(f"layer-distribution-{s.task}"))
+with c3:
+    share.chart(figures.layer_distribution(scores, n, f"Layer of the top {n} heads{ctx}"), "layer-distribution",
+                key="layer_dist", heads=f"top{n}")
 
 # -- downloads -----------------------------------------------------------------------------------------------------
 st.subheader("Download", divider="gray")
@@ -146,4 +308,5 @@ d[0].download_button("Per-head table (CSV)", table.to_csv(index=False).encode(),
                      "text/csv", icon=":material/table:", key="dl_csv", on_click="ignore")
 with d[1]:
     download("Full result (JSON)", scores, f"{stem}-scores.json", "dl_json")
-d[2].caption("Figures: the camera button in each figure's toolbar saves a PNG.")
+d[2].caption("Figures: the camera button in each figure's toolbar saves a PNG or an SVG; *Share as HTML* (sidebar) "
+             "saves the whole page as one file.")

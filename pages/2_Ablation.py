@@ -5,7 +5,7 @@ from __future__ import annotations
 import pandas as pd
 import streamlit as st
 
-from ui import figures, fit, heads, jobs, layout, snippets, state
+from ui import figures, fit, heads, jobs, layout, share, snippets, state
 from ui import metrics as M
 from ui.sections import download
 
@@ -64,6 +64,11 @@ else:
             c[3].caption(f"was {pb:.3f}")
         c[4].metric("Predictions changed", f"{changed} / {len(rows)}", border=True)
         where = "at the last token" if ab.get("positions") == "last" else "at every position"
+        share.numbers("Ablation of the selected heads", {"heads": ", ".join(figures.head_name(h) for h in selected),
+                                                         "mode": mode, "positions": ab.get("positions", "all"),
+                                                         "predictions changed": changed,
+                                                         **{f"{M.LABEL[n]} before": b[n] for n in M.NAMES},
+                                                         **{f"{M.LABEL[n]} after": a[n] for n in M.NAMES}})
         st.caption(f"{mode} ablation of {', '.join(figures.head_name(h) for h in selected)} {where} · "
                    f"{ab.get('prompts', len(rows))} prompts, {ab.get('shots', s.shots)} shots · {jobs.timing(ab)}")
         snippets.show("ablate", ab_params, "r.before, r.after   # Metrics: accuracy, label_accuracy, tr_ratio\n"
@@ -76,7 +81,7 @@ else:
                                gold=view["gold"].map(lambda t: str(t).strip()),
                                pred_before=view["pred_before"].map(lambda t: str(t).strip() or "∅"),
                                pred_after=view["pred_after"].map(lambda t: str(t).strip() or "∅"))
-            st.dataframe(
+            share.dataframe(f"Per prompt: {mode} ablation of {len(selected)} head(s)", 
                 view, hide_index=True, key="ablate_table",
                 column_order=["query", "gold", "pred_before", "correct_before", "label_correct_before", "pred_after",
                               "correct_after", "label_correct_after", "gold_prob_before", "gold_prob_after", "delta_p",
@@ -111,13 +116,19 @@ curve_params = s.job(ks=ks, mode=mode, orders=["tr", "tl", "induction", "random"
 curves = jobs.fetch("ablation", curve_params, "Ablation curves", what="Ablation curves")
 if curves is not None:
     jobs.show_warnings(curves)
-    st.plotly_chart(figures.ablation_curves(curves, f"{mode.capitalize()} ablation of the top k heads" + figures.subtitle(
-        figures.caption(s.model, s.task, curves['shots'], f'k ≤ {kmax}'))),
-                    key="curves_fig", config=figures.png_config(f"ablation-curves-{s.task}-{mode}"))
+    share.chart(figures.ablation_curves(curves, f"{mode.capitalize()} ablation of the top k heads" + figures.subtitle(
+        figures.caption(s.model, s.task_title, curves['shots'], f'k ≤ {kmax}'))), f"ablation-curves-{mode}",
+                key="curves_fig", heads=f"k{kmax}")
     st.caption(f"{mode.capitalize()} ablation of the k heads ranked highest by TR, TL or induction score; random: "
                f"k random heads, mean ± standard deviation over seeds {curves['curves'].get('random', {}).get('seeds', [0, 1, 2])}"
-               f" (grey band, clipped to 0–100%). {curves.get('prompts', s.prompts)} prompts per point · "
-               f"{jobs.timing(curves)}.")
+               f" (grey band, clipped to 0–100%; drawn from all heads, so they may include top heads). "
+               f"{curves.get('prompts', s.prompts)} prompts per point · {jobs.timing(curves)}.")
+    rises = figures.rises(curves)
+    if rises:
+        st.caption(":material/info: Not monotonic in k: " + "; ".join(rises) + ". Ablating more heads can raise a "
+                   "score: a head ablated later may have been working against the answer, and with several heads "
+                   "out the rest compensate differently" + (" (mean ablation also writes every head's mean output, "
+                                                            "not nothing)" if mode == "mean" else "") + ".")
     snippets.show("ablation", curve_params, "r.ks, r.curves['tr'].tr_ratio   # per order: accuracy, label_accuracy, "
                                             "tr_ratio")
     tr_curve = curves["curves"].get("tr")
@@ -134,7 +145,7 @@ if curves is not None:
                 row[f"{n}_std"] = (c.get(f"{n}_std") or [None] * len(curves["ks"]))[i]
             flat.append(row)
     with st.expander("Curves as a table"):
-        st.dataframe(pd.DataFrame(flat), hide_index=True, key="curves_table")
+        share.dataframe("Ablation curves", pd.DataFrame(flat), hide_index=True, key="curves_table")
     d = st.columns(2)
     d[0].download_button("Curves (CSV)", pd.DataFrame(flat).to_csv(index=False).encode(),
                          f"headlens-ablation-{s.task}-{mode}.csv".replace(":", "-"), "text/csv", key="dl_curves_csv",

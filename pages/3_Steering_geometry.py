@@ -11,16 +11,16 @@ from __future__ import annotations
 import pandas as pd
 import streamlit as st
 
-from ui import figures, fit, heads, jobs, layout, snippets, state
+from ui import figures, fit, heads, jobs, layout, share, snippets, state
 from ui.sections import download, guard, run_row, section
 from ui import metrics as M
-from ui import steering_figures as sf
+from ui.tsla import steering_figures as sf
 
 PERTURBATIONS = list(state.PERTURBATIONS)
 VECTOR_HELP = {
     "tr": "the summed last-token writes of the top TR heads",
     "tl": "the summed last-token writes of the top TL heads",
-    "random": "as many random heads (seeded)",
+    "random": "as many random heads (seeded; drawn from the heads in neither top set)",
     "fv": "function vector: the top heads by causal indirect effect (patching into shuffled-label prompts)",
     "vanilla": "the ICL hidden state minus the zero-shot one at the injection layer's input",
     "custom": "the heads selected on the Head map (or below)",
@@ -39,7 +39,7 @@ info = jobs.fetch("model_info", {"model": s.model}, "Loading the model", what="M
 if info is None:
     st.stop()
 L, H = int(info["n_layers"]), int(info["n_heads"])
-ctx = figures.subtitle(figures.caption(s.model, s.task, s.shots, s.top_label()))
+ctx = figures.subtitle(figures.caption(s.model, s.task_title, s.shots, s.top_label()))
 
 # -- settings shared by the sections (all in the URL) ------------------------------------------------------------
 if state.value("sg_layer") not in (None, "all") and not 0 <= int(state.value("sg_layer")) < L:
@@ -102,7 +102,7 @@ else:
     clicked = run_row(f"**{len(vectors)}** vector type{'s' if len(vectors) != 1 else ''} at {where}, α = {alpha:g} · "
                       f"**{s.shots}** shots · **{s.prompts}** prompts",
                       "Zero-shot prompts with α·v added at the last token; compared with zero-shot and ICL.",
-                      "run_steer")
+                      "run_steer", estimate=[("steer", steer_params)])
     steer = section("steer", clicked, jobs.Job("steer", steer_params, "Steering", "Steering"),
                     "Press **Run** to inject the vectors.")
 if steer is not None:
@@ -111,17 +111,17 @@ if steer is not None:
         layers = [int(l) for l in steer["layers"]]
         idx = 0
         if len(layers) > 1:
-            st.plotly_chart(sf.steer_sweep(steer, vectors, f"Layer sweep, α = {alpha:g}{ctx}"), key="steer_sweep",
-                            config=figures.png_config(f"steer-sweep-{s.task}"))
+            share.chart(sf.steer_sweep(steer, vectors, f"Layer sweep, α = {alpha:g}{ctx}"), "steer-sweep",
+                        key="steer_sweep")
             best = max(range(len(layers)), key=lambda i: max(
                 (steer["vectors"][v]["accuracy"][i] for v in vectors if v in steer["vectors"]), default=0))
             at = state.bind(st.select_slider, "Bars at layer", "sg_bar_layer", options=layers,
                             to_widget=lambda v: v if v in layers else layers[best],
                             help="The layer of the bar chart below (initially the one with the best accuracy).")
             idx = layers.index(at if at in layers else layers[best])
-        st.plotly_chart(sf.steer_bars(steer, vectors, idx, f"Zero-shot prompts steered at layer {layers[idx]}, "
-                                                           f"α = {alpha:g}{ctx}"), key="steer_bars",
-                        config=figures.png_config(f"steer-{s.task}-layer{layers[idx]}"))
+        share.chart(sf.steer_bars(steer, vectors, idx, f"Zero-shot prompts steered at layer {layers[idx]}, "
+                                                           f"α = {alpha:g}{ctx}"), f"steer-layer{layers[idx]}",
+                    key="steer_bars")
         cols = st.columns(3)
         for col, name in zip(cols, M.NAMES):
             col.caption(f"**{M.LABEL[name]}**: {M.HELP[name]} (zero-shot prompts, unless ICL)")
@@ -135,7 +135,7 @@ if steer is not None:
                                "‖v‖": r["norm"], "layer": r["layer"],
                                "heads": ", ".join(figures.head_name(h) for h in r["heads"])} for r in rows])
         with st.expander("As a table, with each vector's heads and norm"):
-            st.dataframe(table, hide_index=True, key="steer_table",
+            share.dataframe("Steering", table, hide_index=True, key="steer_table",
                          column_config={**{f"{M.LABEL[n]} %": st.column_config.NumberColumn(format="%.1f")
                                            for n in M.NAMES},
                                         "‖v‖": st.column_config.NumberColumn(format="%.4g")})
@@ -160,7 +160,9 @@ with g1:
                help="The layer whose hidden states the PCA view shows.")
 with g2:
     state.bind(st.toggle, "Final norm applied", "sg_final_norm",
-               help="Measure the hidden states after the model's final normalisation, as the unembedding sees them.")
+               help="Measure the hidden states after the model's final normalisation, as the unembedding reads them "
+                    "(the logit difference is then in logits, as the logit lens reads them). Off: the raw residual "
+                    "stream, whose scale grows along the layers.")
 pca_layer = L - 1 if state.value("sg_pca_layer") is None else int(state.value("sg_pca_layer"))
 geo_params = s.job(layer=inject, alpha=alpha, **s.selection(), pca_layer=pca_layer,
                    final_norm=bool(state.value("sg_final_norm")))
@@ -168,20 +170,23 @@ clicked = run_row(f"Five conditions: zero-shot; zero-shot + TR, TL and random ve
                   f"α = {alpha:g}; ICL",
                   "Last-token hidden states after every layer, measured against the label subspace"
                   + (" (the sweep's middle layer: the steered conditions need one layer)." if layer == "all" else "."),
-                  "run_geometry")
+                  "run_geometry", estimate=[("geometry", geo_params)])
 geo = section("geometry", clicked, jobs.Job("geometry", geo_params, "Geometry", "Geometry"),
               "Press **Run** to measure the hidden states.")
 if geo is not None:
     with guard("Geometry"):
         jobs.show_warnings(geo)
-        st.plotly_chart(sf.geometry_curves(geo, title=f"Hidden states per layer (vectors at layer {inject}, "
-                                                      f"α = {alpha:g}){ctx}"), key="geometry_curves",
-                        config=figures.png_config(f"geometry-{s.task}"))
+        share.chart(sf.geometry_curves(geo, title=f"Hidden states per layer (vectors at layer {inject}, "
+                                                      f"α = {alpha:g}){ctx}"), "geometry", key="geometry_curves")
         cols = st.columns(3)
         cols[0].caption("**Alignment** ‖Ph‖/‖h‖: the share of the hidden state lying in the span of the label "
                         "unembeddings (1 = all of it).")
-        cols[1].caption("**Logit difference** ⟨h, W[gold] − mean W[other labels]⟩: how far the state favours the "
-                        "correct label over the others.")
+        cols[1].caption("**Logit difference** ⟨norm(h), W[gold] − mean W[other labels]⟩: how far the state favours "
+                        "the correct label over the others, in logits (the logit lens' reading at each layer)."
+                        if geo.get("final_norm") else
+                        "**⟨h, W[gold] − mean W[other labels]⟩ without the final norm**: not logits; its size grows "
+                        "with the residual stream along the layers (50–150 on small models). Turn on *Final norm "
+                        "applied* for the logit difference.")
         cols[2].caption("**Rotation**: the angle between Ph and that gold-minus-others direction inside the label "
                         "subspace; under 90° leans to the correct label.")
         st.caption(f"Lines: means over {geo.get('prompts', s.prompts)} prompts; bands: ±1 standard deviation; "
@@ -203,11 +208,11 @@ if geo is not None:
         t2, t3 = st.tabs(["2D", "3D"])
         pca_title = f"PCA after layer {geo['pca'].get('layer')}{ctx}"
         with t2:
-            st.plotly_chart(sf.pca_scatter(geo, 2, color_by, arrows, label_directions=dirs, title=pca_title),
-                            key="pca_2d", config=figures.png_config(f"pca2d-{s.task}"))
+            share.chart(sf.pca_scatter(geo, 2, color_by, arrows, label_directions=dirs, title=pca_title), "pca2d",
+                        key="pca_2d")
         with t3:
-            st.plotly_chart(sf.pca_scatter(geo, 3, color_by, arrows, label_directions=dirs, title=pca_title),
-                            key="pca_3d", config=figures.png_config(f"pca3d-{s.task}"))
+            share.chart(sf.pca_scatter(geo, 3, color_by, arrows, label_directions=dirs, title=pca_title), "pca3d",
+                        key="pca_3d")
         evr = geo["pca"].get("explained_variance_ratio") or []
         st.caption("PCA (scikit-learn) fitted on the five conditions' states together"
                    + (f"; the components explain {', '.join(f'{100 * e:.0f}%' for e in evr)} of the variance"
@@ -251,7 +256,7 @@ else:
     pert_params = s.job(perturbations=chosen, **s.selection())
     clicked = run_row(f"**{len(chosen)}** perturbation{'s' if len(chosen) != 1 else ''} of the demonstrations",
                       "ICL accuracy, TR ratio and head maps under each, and what ablating the original top heads does.",
-                      "run_perturb")
+                      "run_perturb", estimate=[("perturb", pert_params)])
     pert = section("perturb", clicked, jobs.Job("perturb", pert_params, "Perturbations", "Perturbations"),
                    "Press **Run** to perturb the demonstrations.")
 if pert is not None:
@@ -259,14 +264,13 @@ if pert is not None:
         jobs.show_warnings(pert)
         rows, skipped = sf.perturbation_table(pert)
         for name, why in skipped:
-            st.warning(f"**{sf.perturbation_name(name)}** skipped: {why}", icon=":material/block:")
-        st.plotly_chart(sf.perturbation_bars(pert, f"ICL under each perturbation ({pert.get('shots')} "
-                                                   f"demonstrations){ctx}"), key="perturb_bars",
-                        config=figures.png_config(f"perturb-{s.task}"))
+            jobs.warn(f"**{sf.perturbation_name(name)}** skipped: {why}")
+        share.chart(sf.perturbation_bars(pert, f"ICL under each perturbation ({pert.get('shots')} "
+                                                   f"demonstrations){ctx}"), "perturb", key="perturb_bars")
         st.caption("**ICL accuracy** and **TR ratio** (top prediction is a label) with perturbed demonstrations; "
                    "symbol and number labels rename the classes in the query's label set too.")
-        st.plotly_chart(sf.ablation_effects(pert, f"Ablating the original top {pert.get('top_k')} heads{ctx}"),
-                        key="perturb_ablation", config=figures.png_config(f"perturb-ablation-{s.task}"))
+        share.chart(sf.ablation_effects(pert, f"Ablating the original top {pert.get('top_k')} heads{ctx}"),
+                    "perturb-ablation", key="perturb_ablation", heads=f"top{pert.get('top_k')}")
         changes = sf.ablation_changes(pert)
         if max(changes.values(), default=0.0) < 1e-9:
             st.info(f"Every change is 0: ablating the original top {pert.get('top_k')} TR, TL or random heads moves "
@@ -287,7 +291,7 @@ if pert is not None:
                                   if f"tr_ratio_{k}" in r}}
                               for r in rows]
                              + [{"perturbation": f"{sf.perturbation_name(n)} (skipped)"} for n, _ in skipped])
-        st.dataframe(table, hide_index=True, key="perturb_table",
+        share.dataframe("Perturbations", table, hide_index=True, key="perturb_table",
                      column_config={c: st.column_config.NumberColumn(format="%.1f") for c in table.columns
                                     if c != "perturbation"})
         applied = [r["key"] for r in rows if r["key"] != "none"]
@@ -296,9 +300,9 @@ if pert is not None:
                               to_widget=lambda v: v if v in applied else applied[0],
                               format_func=sf.perturbation_name, required=True)
             pick = pick if pick in applied else applied[0]
-            st.plotly_chart(sf.map_differences(pert, pick, f"Head maps: unperturbed vs "
-                                                           f"{sf.perturbation_name(pick)}{ctx}"), key="perturb_maps",
-                            config=figures.png_config(f"perturb-maps-{pick}-{s.task}"))
+            share.chart(sf.map_differences(pert, pick, f"Head maps: unperturbed vs "
+                                                           f"{sf.perturbation_name(pick)}{ctx}"), f"perturb-maps-{pick}",
+                        key="perturb_maps")
             st.caption("Difference maps: perturbed minus unperturbed, on a diverging scale centred at 0 (red: the "
                        "head scores higher under the perturbation, blue: lower). " + figures.METRICS["tr"]["caption"])
             ex = pert["perturbations"][pick].get("example")

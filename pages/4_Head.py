@@ -1,6 +1,7 @@
 """Head drill-down: one head on one prompt (a task prompt, or one you type): its attention pattern as a token view,
-its write onto each label (per-label DLA), its TR / TL / induction ranks, its effect when ablated, and the model's
-top next tokens, optionally after every layer (logit lens). Every view has its Copy as Python."""
+every head of its layer at once (the attention grid), its write onto each label (per-label DLA), its TR / TL /
+induction ranks, its effect when ablated, and the model's top next tokens, optionally after every layer (logit lens).
+Every view has its Copy as Python."""
 from __future__ import annotations
 
 import streamlit as st
@@ -31,7 +32,7 @@ def _own_prompt_changed() -> None:
         state.put("text", None)
 
 
-c1, c2, c3, c4 = st.columns([1.1, 1, 1.3, 1], vertical_alignment="bottom")
+c1, c2, c3, c4, c5 = st.columns([1.1, 1, 1.3, 1, 1.2], vertical_alignment="bottom")
 with c1:
     state.bind(st.selectbox, "Head", "head", options=[(l, h) for l in range(L) for h in range(H)],
                format_func=figures.head_name, to_widget=lambda v: tuple(v),
@@ -47,6 +48,9 @@ with c3:
 with c4:
     state.bind(st.toggle, "Logit lens", "lens", help="The top next tokens after every layer (final norm + unembedding "
                                                      "of the last token's hidden state).")
+with c5:
+    state.bind(st.toggle, "All heads of this layer", "grid",
+               help="Every head of the layer's attention pattern at once, a grid of small maps (CircuitsVis).")
 text = state.value("text")
 if text is not None:
     state.bind(st.text_area, "Your prompt (it ends right before the answer)", "text", height=110,
@@ -56,7 +60,7 @@ if text is not None:
 
 head = tuple(state.value("head"))
 prompt = min(int(state.value("prompt")), max(n_prompts - 1, 0))
-params = head_view.job_params(s, head, prompt, text, bool(state.value("lens")))
+params = head_view.job_params(s, head, prompt, text, bool(state.value("lens")), bool(state.value("grid")))
 r = jobs.fetch("head", params, f"Drilling into {figures.head_name(head)}", what="Head drill-down")
 if r is None:
     st.stop()

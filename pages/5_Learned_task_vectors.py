@@ -8,15 +8,14 @@ has (a shared link) shows at once without retraining. Every setting is in the UR
 """
 from __future__ import annotations
 
-import time
 from typing import Any
 
 import pandas as pd
 import streamlit as st
 
-from ui import figures, fit, jobs, layout, snippets, state
-from ui.sections import download, guard, run_row, section
-from ui import ltv_figures as lf
+from ui import figures, fit, jobs, layout, share, snippets, state
+from ui.sections import LiveChart, download, guard, run_row, section
+from ui.ltv import figures as lf
 from ui import metrics as M
 
 def positions_from(text: str) -> list[int]:
@@ -39,7 +38,7 @@ info = jobs.fetch("model_info", {"model": s.model}, "Loading the model", what="M
 if info is None:
     st.stop()
 L, H = int(info["n_layers"]), int(info["n_heads"])
-ctx = figures.subtitle(figures.caption(s.model, s.task, s.shots))
+ctx = figures.subtitle(figures.caption(s.model, s.task_title, s.shots))
 if state.value("ltv_layer") not in (None, "all") and not 0 <= int(state.value("ltv_layer")) < L:
     state.put("ltv_layer", None)  # a layer of another model: what fits this one
 default_layer = state.ltv_default_layer(L)  # the sweep on a shallow model, else the middle layer
@@ -86,23 +85,18 @@ params = s.job(layer=layer, positions=list(state.value("ltv_positions")), lr=flo
                epochs=int(state.value("ltv_epochs")), batch_size=int(state.value("ltv_batch")),
                units=state.value("ltv_units"), **s.selection())
 
-live_box = st.empty()
-_last_drawn = {"n": -1, "t": 0.0, "draws": 0}
+
+def live_drawer(live: LiveChart):
+    """An `on_live` callback drawing the running training's loss curve into `live` (when it grew, ~3 times a second)."""
+    def draw(data: dict[str, Any]) -> None:
+        where = ", ".join(str(x) for x in data.get("layers") or [])
+        live.draw(lambda d: lf.loss_curve(d, f"Training at layer {where}: epoch {d.get('epoch')}/{d.get('epochs')}, "
+                                             f"step {d.get('step')}/{d.get('steps')}"),
+                  data, signature=(where, len(data.get("loss") or [])), config=figures.png_config("ltv-loss-live"))
+    return draw
 
 
-def draw_live(data: dict[str, Any]) -> None:
-    """The running training's loss curve (redrawn when it grew, at most ~3 times a second)."""
-    n = len(data.get("loss") or [])
-    if n == _last_drawn["n"] or time.monotonic() - _last_drawn["t"] < 0.3:
-        return
-    _last_drawn.update(n=n, t=time.monotonic(), draws=_last_drawn["draws"] + 1)
-    where = ", ".join(str(x) for x in data.get("layers") or [])
-    with live_box.container():
-        st.plotly_chart(lf.loss_curve(data, f"Training at layer {where}: epoch {data.get('epoch')}/"
-                                            f"{data.get('epochs')}, step {data.get('step')}/{data.get('steps')}"),
-                        key=f"live_loss_{_last_drawn['draws']}", config=figures.png_config("ltv-loss-live"))
-
-
+live = LiveChart("ltv")  # drawn below the Run row and the progress bar, so the page does not jump
 where = "every layer (one vector each)" if layer == "all" else f"layer {layer}"
 clicked = run_row(f"Train at **{where}**, positions {state._fmt_ints(state.value('ltv_positions'))} · lr "
                   f"{float(state.value('ltv_lr')):g} · ≤ {state.value('ltv_epochs')} epochs · batch "
@@ -110,11 +104,11 @@ clicked = run_row(f"Train at **{where}**, positions {state._fmt_ints(state.value
                   f"shots",
                   "Zero-shot training prompts come from the demonstration pool, never the scored queries. The loss "
                   "curve is drawn while it trains; a finished result is cached (a shared link reopens it).",
-                  "run_ltv")
+                  "run_ltv", estimate=[("ltv", params)])
 res = section("ltv", clicked, jobs.Job("ltv", params, "Learned task vectors", "Learned task vectors",
-                                       on_live=draw_live),
+                                       on_live=live_drawer(live)),
               "Press **Run** to train (a few seconds per layer on the default model).")
-live_box.empty()
+live.clear()
 
 if res is not None:
     with guard("Learned task vectors"):
@@ -131,12 +125,13 @@ if res is not None:
         st.subheader(f"Comparison at layer {res['layer']}", divider="gray")
         rows = [{"condition": lf.condition_name(c), **{f"{M.LABEL[m]} %": 100 * res["table"][c][m] for m in M.NAMES}}
                 for c in res["conditions"]]
-        st.dataframe(pd.DataFrame(rows), hide_index=True, key="ltv_table",
+        share.dataframe("Learned task vectors against the other methods", pd.DataFrame(rows), hide_index=True,
+                        key="ltv_table",
                      column_config={f"{M.LABEL[m]} %": st.column_config.NumberColumn(format="%.1f") for m in M.NAMES})
         t = res["table"]
         acc = {c: t[c]["accuracy"] for c in ("ltv", "vanilla", "fv") if c in t}
         if len(acc) == 3:
-            order = " > ".join(f"{lf.condition_name(c)} {M.pct(v)}" for c, v in sorted(acc.items(), key=lambda kv: -kv[1]))
+            order = lf.ordering(acc)
             holds = acc["ltv"] > max(acc["vanilla"], acc["fv"])
             st.markdown(f"The paper (Llama-3.1-8B, layer 16, mean over its tasks): vanilla 37.8%, function vector "
                         f"37.3%, LTV 83.5%. Here: {order} — LTV "
@@ -152,10 +147,10 @@ if res is not None:
             st.subheader("Layer sweep", divider="gray")
             metric = state.bind(st.segmented_control, "Measure", "ltv_metric", options=list(M.NAMES),
                                 format_func=lambda m: M.LABEL[m], required=True) or "accuracy"
-            st.plotly_chart(lf.layer_sweep(res, metric, f"{M.LABEL[metric]} against the injection layer{ctx}"),
-                            key="ltv_sweep", config=figures.png_config(f"ltv-sweep-{s.task}"))
-            st.plotly_chart(lf.rotation_stretch(res, f"Linear propagation of θ to the last layer (W = QS){ctx}"),
-                            key="ltv_rotation", config=figures.png_config(f"ltv-rotation-{s.task}"))
+            share.chart(lf.layer_sweep(res, metric, f"{M.LABEL[metric]} against the injection layer{ctx}"), "ltv-sweep",
+                        key="ltv_sweep", heads="")
+            share.chart(lf.rotation_stretch(res, f"Linear propagation of θ to the last layer (W = QS){ctx}"),
+                        "ltv-rotation", key="ltv_rotation", heads="")
             st.caption("W maps perturbed vectors θᵢ = θ + λᵢ‖θ‖εᵢ to the change of the last layer's output "
                        "(least squares); its polar decomposition W = QS splits that map into a rotation Q and a "
                        "stretch S. The paper finds early layers rotate θ (cosine well below 1) and late layers "
@@ -171,14 +166,16 @@ if res is not None:
         at = e["layers"][0] if len(e["layers"]) == 1 else e["layers"]
         g1, g2 = st.columns([1.3, 1])
         with g1:
-            st.plotly_chart(lf.loss_curve(tr, f"Training at layer {at}: best epoch {tr['best_epoch']} of "
-                                              f"{tr['epochs_run']} ({tr['stopped']}){ctx}"),
-                            key="ltv_loss", config=figures.png_config(f"ltv-loss-{s.task}"))
+            share.chart(lf.loss_curve(tr, f"Training at layer {at}: best epoch {tr['best_epoch']} of "
+                                              f"{tr['epochs_run']} ({tr['stopped']}){ctx}"), f"ltv-loss-layer{at}",
+                        key="ltv_loss", heads="")
+            st.caption(lf.epoch_sentence(tr, int(res["params"].get("patience") or 2)))
         with g2:
             st.markdown(f"**‖θ‖** = {', '.join(f'{x:.3g}' for x in tr['norm'])} · trained on **{tr['n_train']}** "
                         f"zero-shot prompts, early-stopped on **{tr['n_val']}** · {tr['train_seconds']:.1f} s")
-            st.caption(f"Saved as safetensors (model fingerprint, d_model, task hash and recipe in its metadata): "
-                       f"`{tr.get('vector_path')}`")
+            st.caption(f"Saved as safetensors (model fingerprint, d_model, task hash and recipe in its metadata), "
+                       f"id `{tr.get('tensor')}`: `load` takes it; the file is GET /tensors/{tr.get('tensor')}"
+                       + (" — not saved on the server (see the warnings)" if res.get("unsaved_tensors") else ""))
             prop = e.get("propagation")
             if prop:
                 rec = "n/a" if prop["recovered"] is None else f"{100 * prop['recovered']:.0f}%"
@@ -198,22 +195,28 @@ if res is not None:
         if kh:
             k1, k2 = st.columns([1.4, 1])
             with k1:
-                fig = figures.head_heatmap(kh["saliency"], "ltv_saliency", selected=lf.heads_of(kh),
+                fig = figures.head_heatmap(kh["saliency"], "ltv_saliency", top=lf.heads_of(kh),
+                                           top_name=f"{len(kh['heads'])} key heads",
                                            title=f"Head saliency with the LTV at layer {at} (key heads outlined){ctx}")
-                st.plotly_chart(fig, key="ltv_saliency", config=figures.png_config(f"ltv-saliency-{s.task}"))
+                share.chart(fig, f"ltv-saliency-layer{at}", key="ltv_saliency", heads=f"key{len(kh['heads'])}")
                 st.caption(figures.map_spec("ltv_saliency")["caption"] + " Key heads: the top "
                            f"{len(kh['heads'])} among the layers that see θ (≥ {at}).")
             with k2:
-                st.plotly_chart(lf.ablation_bars(kh, f"Ablating the {len(kh['heads'])} key heads vs random sets"),
-                                key="ltv_ablation", config=figures.png_config(f"ltv-ablation-{s.task}"))
+                share.chart(lf.ablation_bars(kh, f"Ablating the {len(kh['heads'])} key heads vs random sets"),
+                            f"ltv-ablation-layer{at}", key="ltv_ablation", heads=f"key{len(kh['heads'])}")
                 gp = kh.get("gold_prob") or {}
                 if gp:
                     st.caption(f"Mean gold probability: LTV {gp['ltv']:.3f}, key heads ablated {gp['ablated']:.3f}, "
-                               f"random heads ablated {gp['random']:.3f} (zero ablation at the last token).")
+                               f"random heads ablated {gp['random']:.3f} (zero ablation at the last token)."
+                               + (" Ablating the key heads *raises* it: saliency |a · ∂p/∂a| ranks heads by the size "
+                                  "of their effect on p(gold), of either sign, so some key heads were holding the "
+                                  "answer back." if gp["ablated"] > gp["ltv"] else "")
+                               + " The random sets are drawn from the other heads of those layers.")
                 ov_rows = [{"ranking": name.upper() if name != "induction" else "induction",
                             "top-k Jaccard": o["jaccard"], "Spearman": o.get("spearman"), "Kendall": o.get("kendall")}
                            for name, o in kh["overlap"].items()]
-                st.dataframe(pd.DataFrame(ov_rows), hide_index=True, key="ltv_overlap",
+                share.dataframe("Key heads against the head maps", pd.DataFrame(ov_rows), hide_index=True,
+                                key="ltv_overlap", placeholder="—",
                              column_config={c: st.column_config.NumberColumn(format="%.2f")
                                             for c in ("top-k Jaccard", "Spearman", "Kendall")})
                 st.caption("Overlap of the saliency map with the TR, TL and induction maps of the Head map page "
@@ -222,7 +225,7 @@ if res is not None:
         with d1:
             download("Result (JSON)", res, f"headlens-ltv-{s.task}.json", "dl_ltv")
         with d2:
-            snippets.show("ltv", params, "r.table['ltv'].accuracy, r.sweep['ltv'].accuracy, r.rotation, r.vector_path")
+            snippets.show("ltv", params, "r.table['ltv'].accuracy, r.sweep['ltv'].accuracy, r.rotation, r.tensor")
 
 # -- across tasks --------------------------------------------------------------------------------------------------
 st.subheader("Across tasks", divider="gray")
@@ -230,10 +233,13 @@ one_layer = L // 2 if layer == "all" else int(layer)
 tparams = {**{k: v for k, v in params.items() if k != "task"}, "layer": one_layer}  # the same recipe, every task
 clicked = run_row(f"Every built-in task of this model at **layer {one_layer}**: the comparison task by task, the "
                   f"similarity of their vectors, and sums of two tasks' vectors on composed tasks",
-                  "One vector per task (cached: a task trained above is not retrained).", "run_ltv_tasks")
+                  "One vector per task (cached: a task trained above is not retrained).", "run_ltv_tasks",
+                  estimate=[("ltv_tasks", tparams)])
+live_tasks = LiveChart("ltv_tasks")
 many = section("ltv_tasks", clicked, jobs.Job("ltv_tasks", tparams, "Learned task vectors of every task",
-                                              "Across tasks", slot="ltv_tasks", on_live=draw_live),
+                                              "Across tasks", slot="ltv_tasks", on_live=live_drawer(live_tasks)),
                "Press **Run** to train a vector for every task.")
+live_tasks.clear()
 if many is not None:
     with guard("Across tasks"):
         jobs.show_warnings(many)
@@ -244,16 +250,16 @@ if many is not None:
                      **{lf.condition_name(c): 100 * v for c, v in many["mean"].items()}, "order": ""})
         rows.append({"task": "paper (Llama-3.1-8B, L16)", "kind": "",
                      **{lf.condition_name(c): many["paper"].get(c) for c in ("vanilla", "fv", "ltv")}, "order": ""})
-        st.dataframe(pd.DataFrame(rows), hide_index=True, key="ltv_tasks_table",
+        share.dataframe("Across tasks", pd.DataFrame(rows), hide_index=True, key="ltv_tasks_table",
                      column_config={lf.condition_name(c): st.column_config.NumberColumn(format="%.0f")
                                     for c in many["conditions"]})
         beats = many["ltv_beats_vanilla"]
         n_kind = {k: sum(1 for n in many["tasks"] if many["kinds"][n] == k) for k in beats}
         st.caption("Accuracy (%) at layer " + str(many["layer"]) + ". LTV above the vanilla task vector on "
                    + ", ".join(f"{len(v)} of {n_kind[k]} {k} tasks" for k, v in beats.items()) + ".")
-        st.plotly_chart(lf.similarity(many, f"Cosine similarity of the tasks' learned vectors (layer "
-                                            f"{many['layer']}){figures.subtitle(s.model)}"),
-                        key="ltv_similarity", config=figures.png_config("ltv-similarity"))
+        share.chart(lf.similarity(many, f"Cosine similarity of the tasks' learned vectors (layer "
+                                            f"{many['layer']}){figures.subtitle(s.model)}"), "ltv-similarity",
+                    key="ltv_similarity", heads="")
         wk = many.get("within_kind") or {}
         st.caption("Tasks that share a label space: "
                    + "; ".join(sorted({v for v in many["label_spaces"].values() if "|" in v}) or ["none"])
@@ -268,7 +274,7 @@ if many is not None:
                                   "ICL": 100 * c["icl"]["accuracy"], "θ_a": 100 * c["a_only"]["accuracy"],
                                   "θ_b": 100 * c["b_only"]["accuracy"], "θ_a + θ_b": 100 * c["sum"]["accuracy"]}
                                  for c in many["compositions"]])
-            st.dataframe(comp, hide_index=True, key="ltv_compositions")
+            share.dataframe("Composed tasks", comp, hide_index=True, key="ltv_compositions")
             st.caption("Accuracy (%). The composed tasks are evaluation-only: their answers are words of the "
                        "language, but the model never trained on a composition (the ICL column says whether it can "
                        "compose at all).")

@@ -13,10 +13,10 @@ import numpy as np
 import pandas as pd
 import streamlit as st
 
-from ui import figures, heads, jobs, layout, snippets, state
-from ui.sections import download, guard, run_row, section
+from ui import figures, heads, jobs, layout, share, snippets, state
+from ui.sections import LiveChart, download, guard, run_row, section
 from ui import metrics as M
-from ui import site_figures as sf
+from ui.site import figures as sf
 
 
 LTV_PAGE = Path(__file__).resolve().parent / "5_Learned_task_vectors.py"
@@ -59,25 +59,21 @@ st.subheader("Train", divider="gray")
 clicked = run_row(f"**M = {recipe['m']}** prompts × **N = {recipe['shots']}** shots · **{recipe['steps']}** steps · "
                   f"{L} × {H} = **{L * H}** α to learn",
                   "Then: SITE against 0-shot, 8- and 10-shot ICL, the function and vanilla task vectors, every α = 1 "
-                  "and LTV (when cached); patching; the budget curve over M = 1, 5, 10, 50.", "run_site")
-live_box = st.empty()
-_drawn = {"step": -1}
+                  "and LTV (when cached); patching; the budget curve over M = 1, 5, 10, 50.", "run_site",
+                  estimate=[("site", params)])
+live = LiveChart("site")
 
 
 def draw_live(data: dict[str, Any]) -> None:
-    """The running training's loss curve, redrawn into `live_box` when its step moved."""
-    step = int(data.get("step") or 0)
-    if step == _drawn["step"]:
-        return
-    _drawn["step"] = step
-    live_box.plotly_chart(sf.loss_curve(data.get("loss") or [], data.get("val") or [], data.get("steps"),
-                                        title=f"Training: step {step} of {data.get('steps')}"),
-                          key=f"site_live_{step}")
+    """The running training's loss curve (the main run's, then each budget run's: their steps restart at 0)."""
+    live.draw(lambda d: sf.loss_curve(d.get("loss") or [], d.get("val") or [], d.get("steps"),
+                                      title=f"Training: step {int(d.get('step') or 0)} of {d.get('steps')}"),
+              data, signature=(int(data.get("step") or 0), len(data.get("loss") or [])))
 
 
 res = section("site", clicked, jobs.Job("site", params, "Soft head selection", "SITE", on_live=draw_live),
               "Press **Run** to train the α (a shared link with a cached result opens it directly).")
-live_box.empty()
+live.clear()
 if res is None:
     st.stop()
 
@@ -112,12 +108,13 @@ with guard("Soft head selection"):
     st.subheader("α map", divider="gray")
     alpha = np.asarray(res["alpha"], dtype=float)
     selected = heads.current(L, H)
-    ctx_label = figures.caption(s.model, s.task, res["shots"])
+    ctx_label = figures.caption(s.model, s.task_title, res["shots"])
+    k_top = int(st.session_state.get("w_site_k") or min(4, L * H))  # the side column's "Top k by α" (drawn after)
     main, side = st.columns([3, 1.25], gap="medium")
     with main:
-        st.plotly_chart(sf.alpha_map(alpha, selected, f"α per head · {ctx_label} · M = {res['m']}"),
-                        key=heads.chart_key("site_alpha"), on_select=heads.on_chart_select("site_alpha"),
-                        selection_mode=("points", "box", "lasso"), config=figures.png_config(f"site-alpha-{s.task}"))
+        share.chart(sf.alpha_map(alpha, selected, f"α per head · {ctx_label} · M = {res['m']}", top=k_top),
+                    "site-alpha", key=heads.chart_key("site_alpha"), on_select=heads.on_chart_select("site_alpha"),
+                    selection_mode=("points", "box", "lasso"), heads=f"top{k_top}")
         dec = res["decisive"]
         st.caption(f"**{M.pct(dec['decided'])}** of the α are decided (under 0.1: {M.pct(dec['low'])}, over 0.9: "
                    f"{M.pct(dec['high'])}); under 0.2 or over 0.8: {M.pct(dec.get('decided_2x'))}. With the α rounded to "
@@ -125,7 +122,8 @@ with guard("Soft head selection"):
                    f"{M.pct(site['accuracy'])}). Click a cell to select a head, drag a box or lasso to add several.")
     with side:
         selected = heads.multiselect(L, H)
-        k_pick = st.number_input("Top k by α", min_value=1, max_value=L * H, value=min(4, L * H), key="w_site_k")
+        k_pick = st.number_input("Top k by α", min_value=1, max_value=L * H, value=min(4, L * H), key="w_site_k",
+                                 help="The heads outlined on the map, and what the Top k button selects.")
         b1, b2 = st.columns(2)
         b1.button("Top k", on_click=lambda: heads.put(figures.top_k(alpha, int(st.session_state["w_site_k"]))),
                   key="site_pick_top", width="stretch")
@@ -139,36 +137,37 @@ with guard("Soft head selection"):
     corr = res.get("correlations") or {}
     a1, a2 = st.columns([1.2, 1])
     with a1:
-        st.plotly_chart(sf.alpha_histogram(alpha), key="site_alpha_hist", config=figures.png_config(f"site-hist-{s.task}"))
+        share.chart(sf.alpha_histogram(alpha), "site-hist", key="site_alpha_hist", heads="")
     with a2:
         if corr:
             names = {"tr": "TR", "tl": "TL", "induction": "induction", "ltv": "LTV key-head saliency"}
             table = pd.DataFrame([{"map": names.get(k, k), "Spearman ρ": v.get("spearman"), "Kendall τ": v.get("kendall"),
                                    "top-k Jaccard": v.get("jaccard")} for k, v in corr.items()])
             st.markdown("**Rank correlation of α with the head maps**")
-            st.dataframe(table, hide_index=True, key="site_corr",
+            share.dataframe("Correlations of α with the head maps", table, hide_index=True, key="site_corr", placeholder="—",
                          column_config={c: st.column_config.NumberColumn(format="%.2f") for c in table.columns[1:]})
-            st.caption("Over all heads; the maps are the Head map's (8 shots, 50 prompts, this seed). "
+            st.caption(f"Over all heads; the maps are the Head map's (8 shots, {min(int(res['prompts']), 50)} prompts, "
+                       "this seed). "
                        + ("" if "ltv" in corr else "LTV's key-head saliency joins once an LTV result is cached."))
 
     with st.expander("Training curve", expanded=False):
-        st.plotly_chart(sf.loss_curve(res.get("loss") or [], res.get("val") or [], res["steps"]), key="site_loss",
-                        config=figures.png_config(f"site-loss-{s.task}"))
+        share.chart(sf.loss_curve(res.get("loss") or [], res.get("val") or [], res["steps"]), "site-loss",
+                    key="site_loss", heads="")
         st.caption("Cross-entropy of the gold answer's first token: per step (one random zero-shot training prompt) and "
                    "on the validation prompts every 50 steps; the α of the lowest validation loss are kept.")
 
     # -- comparison ---------------------------------------------------------------------------------------------------------
     st.subheader("Comparison", divider="gray")
-    st.plotly_chart(sf.comparison_bars(res, f"Zero-shot prompts: SITE against the baselines · {ctx_label}"),
-                    key="site_bars", config=figures.png_config(f"site-compare-{s.task}"))
+    share.chart(sf.comparison_bars(res, f"Zero-shot prompts: SITE against the baselines · {ctx_label}"),
+                "site-compare", key="site_bars", heads="")
     rows = sf.comparison_rows(res)
     table = pd.DataFrame([{"method": r["method"], "accuracy %": None if r["accuracy"] is None else 100 * r["accuracy"],
                            "exact match %": None if r["exact_match"] is None else 100 * r["exact_match"],
                            "label accuracy %": None if r["label_accuracy"] is None else 100 * r["label_accuracy"],
                            "TR ratio %": None if r["tr_ratio"] is None else 100 * r["tr_ratio"],
                            "parameters": r["params"], "trained": r["trainable"], "train s": r["seconds"],
-                           "note": r["note"]} for r in rows])
-    st.dataframe(table, hide_index=True, key="site_table",
+                           "note": r["note"] or ""} for r in rows])
+    share.dataframe("SITE against the baselines", table, hide_index=True, key="site_table", placeholder="—",
                  column_config={**pct_cols(table, ["accuracy %", "exact match %", "label accuracy %", "TR ratio %"]),
                                 "train s": st.column_config.NumberColumn(format="%.1f")})
     st.caption("Accuracy: the first generated token is the gold answer's first token. Exact match: the generation, cut "
@@ -179,23 +178,23 @@ with guard("Soft head selection"):
     refs = {"site": site["accuracy"], "zero_shot": zero["accuracy"] if zero else None}
     with p1:
         if res.get("patching"):
-            st.plotly_chart(sf.patching_curves(res["patching"], refs), key="site_patching",
-                            config=figures.png_config(f"site-patching-{s.task}"))
+            share.chart(sf.patching_curves(res["patching"], refs), "site-patching", key="site_patching", heads="")
             pt = res["patching"]
             st.caption(f"t injected outright (α = 1) at the k heads with the largest or the smallest α only. At k = "
                        f"{pt['ks'][min(2, len(pt['ks']) - 1)]}: top {M.pct(pt['top']['accuracy'][min(2, len(pt['ks']) - 1)])}"
                        f", bottom {M.pct(pt['bottom']['accuracy'][min(2, len(pt['ks']) - 1)])} (the paper: 57.3 against 6.2).")
     with p2:
         if res.get("budget"):
-            st.plotly_chart(sf.budget_curve(res["budget"], {"icl": icl8["accuracy"] if icl8 else None}),
-                            key="site_budget", config=figures.png_config(f"site-budget-{s.task}"))
+            share.chart(sf.budget_curve(res["budget"], {"icl": icl8["accuracy"] if icl8 else None}), "site-budget",
+                        key="site_budget", heads="")
             st.caption("SITE retrained with M few-shot prompts in the task embedding (each a cached run).")
 
 # -- transfer ---------------------------------------------------------------------------------------------------------------
 st.subheader("Transfer across tasks", divider="gray")
 tr_params = {"model": s.model, **recipe}
 clicked = run_row("Task A's α with task B's task embedding, on B's test prompts, for every pair of this model's "
-                  "built-in tasks", "A SITE run per task (cached); similar tasks should share heads.", "run_transfer")
+                  "built-in tasks", "A SITE run per task (cached); similar tasks should share heads.", "run_transfer",
+                  estimate=[("site_transfer", tr_params)])
 tr = section("site_transfer", clicked, jobs.Job("site_transfer", tr_params, "Transfer", "Transfer"),
              "Press **Run** to build the transfer matrix.")
 if tr is not None:
@@ -208,8 +207,7 @@ if tr is not None:
         which = st.segmented_control("Inject", modes, default="accuracy", key="w_site_transfer_mode", required=True,
                                      format_func=lambda m: "A's learned α" if m == "accuracy" else
                                      f"only A's top {k} heads (α = 1)") or "accuracy"
-        st.plotly_chart(sf.transfer_heatmap(tr, which=which), key="site_transfer",
-                        config=figures.png_config(f"site-transfer-{s.model}"))
+        share.chart(sf.transfer_heatmap(tr, which=which), "site-transfer", key="site_transfer", heads="")
         if which != "accuracy":
             st.caption(f"Only A's top {k} heads: own task **{M.pct(sm.get('own_top_k'))}**, another task "
                        f"**{M.pct(sm.get('others_top_k'))}** (same kind {M.pct(sm.get('same_kind_top_k'))}, the other "
@@ -227,27 +225,28 @@ st.subheader("Every steering method", divider="gray")
 me_params = s.job(**s.selection(), site_m=recipe["m"], site_shots=recipe["shots"], site_steps=recipe["steps"])
 clicked = run_row(f"The extracted vectors (vanilla, function vector, top-TR / top-TL heads at the middle layer, "
                   f"{s.shots} shots), LTV (when cached) and SITE on the same zero-shot prompts",
-                  "Accuracy, TR ratio, parameter count and training seconds side by side.", "run_methods")
+                  "Accuracy, TR ratio, parameter count and training seconds side by side.", "run_methods",
+                  estimate=[("methods", me_params)])
 me = section("site_methods", clicked, jobs.Job("methods", me_params, "All methods", "All methods"),
              "Press **Run** to compare every method.")
 if me is not None:
     with guard("All methods"):
         jobs.show_warnings(me)
         snippets.show("methods", me_params, "r.rows   # one row per steering method: accuracy, TR ratio, parameters")
-        st.plotly_chart(sf.methods_bars(me), key="site_methods_bars",
-                        config=figures.png_config(f"methods-{s.task}"))
+        share.chart(sf.methods_bars(me), "methods", key="site_methods_bars")
         mt = pd.DataFrame([{"method": r["name"], "family": r["family"],
                             "accuracy %": None if r.get("accuracy") is None else 100 * r["accuracy"],
                             "TR ratio %": None if r.get("tr_ratio") is None else 100 * r["tr_ratio"],
                             "label accuracy %": None if r.get("label_accuracy") is None else 100 * r["label_accuracy"],
                             "parameters": r.get("params"), "trained": r.get("trainable"),
                             "train s": r.get("train_seconds"), "note": r.get("note")} for r in sf.methods_rows(me)])
-        st.dataframe(mt, hide_index=True, key="site_methods_table",
+        share.dataframe("Every steering method", mt, hide_index=True, key="site_methods_table", placeholder="—",
                      column_config={**pct_cols(mt, ["accuracy %", "TR ratio %", "label accuracy %"]),
                                     "train s": st.column_config.NumberColumn(format="%.1f")})
         for x in me.get("missing") or []:
             st.caption(f":material/info: {x}")
-        if LTV_PAGE.is_file():
+        has_ltv = any(r.get("key") == "ltv" for r in me.get("rows") or [])
+        if not has_ltv and LTV_PAGE.is_file():  # only when there is none (it asked even with one cached)
             st.page_link("pages/5_Learned_task_vectors.py", label="Train an LTV on the Learned task vectors page",
                          icon=":material/model_training:", query_params=state.query())
 

@@ -8,7 +8,7 @@ import time
 import pandas as pd
 import streamlit as st
 
-from ui import api, layout, state
+from ui import api, layout, share, state
 from ui import sweep_figures as SF
 from ui.jobs import show_error
 
@@ -70,42 +70,77 @@ with st.expander("Start a sweep", icon=":material/add_circle:", expanded=not sta
                     state.put("sweep", r["id"])
                     st.rerun()
 
-# -- the list -----------------------------------------------------------------------------------------------
-try:
-    sweeps = api.sweeps()
-except api.ApiError as e:
-    show_error(e, "Listing the sweeps")
-    st.stop()
-st.subheader("Sweeps", divider="gray")
-if not sweeps:
-    st.info("No sweeps on this service yet. Start one above, or with `python -m backend sweep` against it.",
-            icon=":material/info:")
-    st.stop()
-st.dataframe(pd.DataFrame([{"id": w["id"], "name": w.get("name") or "", "status": w["status"],
-                            "progress": 100 * w["progress"], "jobs": w["counts"]["total"],
-                            "done": w["counts"]["done"], "cached": w["counts"]["cached"],
-                            "failed": w["counts"]["error"], "models": len(w["models"]),
-                            "started": time.strftime("%H:%M:%S", time.localtime(w["created"]))} for w in sweeps]),
-             hide_index=True, key="sweeps_table",
-             column_config={"progress": st.column_config.ProgressColumn("progress", format="%.0f%%", min_value=0,
-                                                                        max_value=100)})
-ids = [w["id"] for w in sweeps]
-if state.value("sweep") not in ids:
-    state.put("sweep", ids[0])
-by_id = {w["id"]: w for w in sweeps}
-state.bind(st.selectbox, "Sweep", "sweep", options=ids,
-           format_func=lambda i: f"{i} · {by_id[i]['status']} · {by_id[i]['counts']['total']} jobs"
-                                 + (f" · {by_id[i]['name']}" if by_id[i].get("name") else ""))
 
-
-# -- one sweep ----------------------------------------------------------------------------------------------
-@st.fragment(run_every=2.0 if by_id[state.value("sweep")]["status"] == "running" else None)
-def show(sweep_id: str) -> None:
+# -- the list and the sweep shown: one fragment, redrawn together every 2 s while a sweep runs -------------------
+def list_sweeps() -> list[dict] | None:
     try:
-        sw = api.sweep(sweep_id)
+        return api.sweeps()
+    except api.ApiError as e:
+        show_error(e, "Listing the sweeps")
+        return None
+
+
+def any_running(sweeps: list[dict] | None) -> bool:
+    return any(w["status"] == "running" for w in sweeps or [])
+
+
+first = list_sweeps()
+if first is None:
+    st.stop()
+
+
+@st.fragment(run_every=2.0 if any_running(first) else None)
+def sweeps_view() -> None:
+    """The list of sweeps, the picker and the sweep shown, all from one poll of the service: the list says what the
+    detail says (it once read "running · 18%" beside "done · 15 of 15" until a reload). When the last running
+    sweep ends, one full rerun stops the timer."""
+    sweeps = list_sweeps()
+    if sweeps is None:
+        return
+    st.subheader("Sweeps", divider="gray")
+    if not sweeps:
+        st.info("No sweeps on this service yet. Start one above, or with `python -m backend sweep` against it.",
+                icon=":material/info:")
+        return
+    ids = [w["id"] for w in sweeps]
+    if state.value("sweep") not in ids:
+        state.put("sweep", ids[0])
+    try:
+        shown = api.sweep(state.value("sweep"))
     except api.ApiError as e:
         show_error(e, "Reading the sweep")
         return
+    by_id = {w["id"]: w for w in sweeps}
+    by_id[shown["id"]] = {**by_id[shown["id"]], **{k: shown[k] for k in ("status", "progress", "counts") if k in shown}}
+    share.dataframe("Sweeps", pd.DataFrame([{"id": w["id"], "name": w.get("name") or "", "status": w["status"],
+                                "progress": 100 * w["progress"], "jobs": w["counts"]["total"],
+                                "done": w["counts"]["done"], "cached": w["counts"]["cached"],
+                                "failed": w["counts"]["error"], "models": len(w["models"]),
+                                "started": time.strftime("%H:%M:%S", time.localtime(w["created"]))}
+                               for w in by_id.values()]),
+                 hide_index=True, key="sweeps_table",
+                 column_config={"progress": st.column_config.ProgressColumn("progress", format="%.0f%%", min_value=0,
+                                                                            max_value=100)})
+    state.bind(st.selectbox, "Sweep", "sweep", options=ids,
+               format_func=lambda i: f"{i} · {by_id[i]['status']} · {by_id[i]['counts']['total']} jobs"
+                                     + (f" · {by_id[i]['name']}" if by_id[i].get("name") else ""))
+    state.sync_url()
+    if state.value("sweep") != shown["id"]:  # just picked another: read that one
+        try:
+            shown = api.sweep(state.value("sweep"))
+        except api.ApiError as e:
+            show_error(e, "Reading the sweep")
+            return
+    show(shown)
+    if any_running(first) and not any_running(list(by_id.values())):
+        st.rerun()  # the whole page: the fragment's timer stops
+
+
+# -- one sweep ----------------------------------------------------------------------------------------------
+def show(sw: dict) -> None:
+    """One sweep: its progress (and Cancel), per-model progress, failed jobs, the models x tasks table and the
+    per-model summary."""
+    sweep_id = sw["id"]
     c = sw["counts"]
     left, right = st.columns([4, 1], vertical_alignment="center")
     with left:
@@ -141,22 +176,23 @@ def show(sweep_id: str) -> None:
     metric = state.value("sw_metric")
     st.caption(SF.METRICS.get(metric, ("", ""))[1].capitalize() + "; means over seeds.")
     pivot = SF.pivot(summary, metric)
-    st.plotly_chart(SF.table_heatmap(summary, metric, pivot), key="sw_heatmap")
+    share.chart(SF.table_heatmap(summary, metric, pivot), f"sweep-{metric}", key="sw_heatmap", heads="")
+    share.table(f"Models × tasks: {metric}", pivot.reset_index())
     st.dataframe(pivot, key="sw_pivot", column_config={
         col: st.column_config.NumberColumn(format="%.3f") for col in pivot.columns})
     st.subheader("Where the top heads sit, per model", divider="gray")
     st.caption("TR (task recognition) and TL (task learning) heads of the `scores` jobs: their relative depth "
                "(layer / (layers − 1)) and their Jaccard overlap with the top induction heads, over tasks and seeds.")
     table = SF.models_table(summary)
-    st.dataframe(table, hide_index=True, key="sw_models", column_config={
+    share.dataframe("Per model", table, hide_index=True, key="sw_models", column_config={
         c: st.column_config.NumberColumn(format="%.3f") for c in table.columns if c not in ("model", "tasks",
                                                                                           "n_layers")})
     if any(m.get("tr_depth_hist") for m in summary.get("models", [])):
         c1, c2 = st.columns(2)
         with c1:
-            st.plotly_chart(SF.depth_profile(summary), key="sw_depth")
+            share.chart(SF.depth_profile(summary), "sweep-depth", key="sw_depth", heads="")
         with c2:
-            st.plotly_chart(SF.overlap_scatter(summary), key="sw_overlap")
+            share.chart(SF.overlap_scatter(summary), "sweep-overlap", key="sw_overlap", heads="")
 
 
-show(state.value("sweep"))
+sweeps_view()

@@ -9,8 +9,19 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("HEADLENS_AUTO_PULL", "0")  # a `launch` in a test never downloads a model in the background
 
 from tiny_models import CONFIGS, GPT2_TOKENIZER, tiny_model  # noqa: E402
+
+
+def pytest_report_header(config):
+    """Say at the top of every run whether the real-model tier runs (tests/test_real_models.py)."""
+    from backend import presets
+
+    if presets.is_pulled("smollm2-135m"):
+        return f"real-model tier: smollm2-135m is pulled ({presets.preset_dir('smollm2-135m')})"
+    return ("real-model tier: SKIPPED, smollm2-135m is not pulled (python -m backend models pull smollm2-135m; "
+            "HEADLENS_MODELS_DIR)")
 
 
 @pytest.fixture(autouse=True)

@@ -63,3 +63,78 @@ def uploads(draw) -> tuple[str, bytes]:
     else:
         return name, draw(st.binary(max_size=300))
     return name, content.encode("utf-8", "surrogatepass")
+
+
+# -- saved tensors: `load` values, and tensor files for POST /tensors (issue 18) ----------------------------------
+TENSOR_KINDS = ["site", "ltv", "ltv_train", "site_transfer", "methods", "ltv_tasks"]
+LOADS = ["/etc/passwd", "/proc/self/environ", "../../../../etc/passwd", "~/.ssh/id_rsa", "tensors/../../x",
+         "cache/tensors/../../../etc/passwd", "file:///etc/passwd", "C:\\Windows\\win.ini", "ltv-" + "0" * 32,
+         "site-" + "0" * 32, "site-" + "0" * 31 + "/", "ltv-" + "A" * 32, "site-" + "0" * 32 + "/../../x", "\x00",
+         "a" * 300 + ".safetensors", ""]
+
+
+@st.composite
+def tensor_bodies(draw, ids: tuple[str, ...] = ()) -> dict:
+    """A POST /jobs body of a kind that reads or trains tensors, `load` a path, a traversal, an id (of a stored file
+    among `ids`, or not) or anything else."""
+    body: dict = {"kind": draw(st.sampled_from(TENSOR_KINDS)),
+                  "model": draw(st.one_of(st.just("default"), st.sampled_from(MODELS))),
+                  "task": draw(st.one_of(st.just("syn-antonym"), st.sampled_from(TASKS)))}
+    body["load"] = draw(st.one_of(st.sampled_from(LOADS + list(ids)), st.text(max_size=60), values))
+    for name in draw(st.lists(st.sampled_from(FIELDS), max_size=3)):
+        body[name] = draw(values)
+    return body
+
+
+def valid_tensor_file(kind: str) -> bytes:
+    """A small, sound headlens tensor file (no model needed: 2 layers x 2 heads, d_model 16)."""
+    import torch
+
+    from backend.analysis.primitives.saved import FORMAT, encode
+
+    g = torch.Generator().manual_seed(0)
+    meta = {"format": FORMAT, "kind": kind, "model": "fuzz", "fingerprint": "0" * 64, "d_model": "16",
+            "n_layers": "2", "n_heads": "2", "head_dim": "8", "task_hash": "", "task": "fuzz",
+            "recipe": json.dumps({"layers": [1], "positions": [-1]})}
+    if kind == "ltv":
+        return encode({"theta": torch.randn(1, 16, generator=g)}, meta)
+    logits = torch.randn(2, 2, generator=g)
+    return encode({"alpha_logits": logits, "alpha": torch.sigmoid(logits),
+                   "task_embedding": torch.randn(2, 2, 8, generator=g)}, meta)
+
+
+@st.composite
+def tensor_files(draw) -> bytes:
+    """A POST /tensors body: a sound file, or one mutated: truncated, bytes overwritten, the header's length or
+    JSON replaced, a value made NaN, infinite or huge, a metadata field changed, or random bytes."""
+    import struct
+
+    base = valid_tensor_file(draw(st.sampled_from(["ltv", "site"])))
+    how = draw(st.integers(0, 7))
+    if how == 0:
+        return base
+    if how == 1:
+        return base[:draw(st.integers(0, len(base) - 1))]
+    if how == 2:
+        data = bytearray(base)
+        for _ in range(draw(st.integers(1, 8))):
+            data[draw(st.integers(0, len(data) - 1))] = draw(st.integers(0, 255))
+        return bytes(data)
+    if how == 3:
+        return struct.pack("<Q", draw(st.integers(0, 2**64 - 1))) + base[8:]
+    if how == 4:
+        text = json.dumps(draw(values), default=str).encode()
+        return struct.pack("<Q", len(text)) + text + base[8 + struct.unpack("<Q", base[:8])[0]:]
+    if how in (5, 6):
+        from backend.analysis.primitives.saved import decode, encode
+
+        tensors, meta = decode(base, "x")
+        if how == 5:
+            name = draw(st.sampled_from(sorted(tensors)))
+            flat = tensors[name].view(-1)
+            flat[draw(st.integers(0, flat.numel() - 1))] = draw(st.floats(allow_nan=True, allow_infinity=True,
+                                                                          width=32))
+        else:
+            meta[draw(st.sampled_from(sorted(meta) + ["extra"]))] = draw(st.text(max_size=30))
+        return encode(tensors, meta)
+    return draw(st.binary(max_size=400))

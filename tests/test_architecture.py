@@ -1,7 +1,10 @@
 """The import graph keeps its floors: pages -> ui -> service -> analysis -> hooks -> models, tasks, cache.
 
 Every import counts, lazy ones inside functions included (type-only imports under TYPE_CHECKING do not).
-Inside the analysis floor, feature modules import only primitives and the kernel, never each other.
+Inside the analysis floor: the shared building blocks (`primitives`) import nothing above them; the kernel
+(kernel, kinds, params, results) only them; each paper's package (tsla, ltv, site), the paper-less kinds (general)
+and the cross-method comparison (methods) the kernel, the shared layer and their own package, never each other;
+and no kind module imports another one (another kind's result comes through `ctx.call`).
 """
 from __future__ import annotations
 
@@ -12,6 +15,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 KERNEL = {"backend.analysis.kernel", "backend.analysis.kinds", "backend.analysis.params", "backend.analysis.results"}
+PAPERS = ("tsla", "ltv", "site")
 
 
 def modules() -> dict[str, Path]:
@@ -97,22 +101,66 @@ def test_no_cycles(graph):
     assert not cycles, "cycles: " + "; ".join(" -> ".join(c) for c in cycles)
 
 
-def test_features_import_only_primitives_and_the_kernel(graph):
-    features = [m for m in graph if m.startswith("backend.analysis.") and m not in KERNEL
-                and not m.startswith("backend.analysis.primitives")]
-    assert "backend.analysis.scores" in features and "backend.analysis.steering" in features
-    bad = [(m, d) for m in features for d in graph[m] if d in features]
-    assert not bad, "features importing features: " + "; ".join(f"{a} -> {b}" for a, b in bad)
-    prim = [m for m in graph if m.startswith("backend.analysis.primitives")]
-    bad = [(m, d) for m in prim for d in graph[m] if d.startswith("backend.analysis.")
-           and not d.startswith("backend.analysis.primitives")]
-    assert not bad, "primitives importing features or the kernel: " + str(bad)
+def room(m: str) -> str:
+    """Where an analysis module sits: the kernel, the shared building blocks, a paper's package (tsla, ltv, site),
+    the paper-less kinds (general), or the cross-method comparison (methods)."""
+    if m in KERNEL:
+        return "kernel"
+    part = m.split(".")[2] if m.count(".") >= 2 else ""
+    return {"primitives": "shared", "methods": "methods"}.get(part, part)
+
+
+ALLOWED = {  # room -> the rooms it may import (its own included)
+    "shared": {"shared"},
+    "kernel": {"kernel", "shared"},
+    **{paper: {"kernel", "shared", paper} for paper in PAPERS},
+    "general": {"kernel", "shared", "general"},
+    "methods": {"kernel", "shared"},
+}
+
+
+def test_analysis_rooms(graph):
+    """The shared layer imports nothing above it; a paper's package imports the kernel, the shared layer and itself,
+    never another paper (another kind's result comes through the kernel's cached call)."""
+    analysis = [m for m in graph if m.startswith("backend.analysis.")]
+    assert {room(m) for m in analysis} == set(ALLOWED), sorted({room(m) for m in analysis})
+    bad = [(m, d) for m in analysis for d in graph[m] if d.startswith("backend.analysis.")
+           and room(d) not in ALLOWED[room(m)]]
+    assert not bad, "imports across the analysis rooms: " + "; ".join(f"{a} -> {b}" for a, b in bad)
+
+
+def test_kind_modules_never_import_each_other(graph):
+    from backend.analysis.kinds import KINDS
+
+    kind_modules = {k.module for k in KINDS.values()}
+    assert {"backend.analysis.tsla.scores", "backend.analysis.ltv.ltv", "backend.analysis.site.site"} <= kind_modules
+    bad = [(m, d) for m in kind_modules for d in graph[m] if d in kind_modules]
+    assert not bad, "kind modules importing kind modules: " + "; ".join(f"{a} -> {b}" for a, b in bad)
+
+
+def test_each_kind_is_one_module():
+    """An entry points at one module that holds the kind's params model, result model and function."""
+    from backend.analysis.kinds import KINDS, Kind
+    from backend.analysis.params import Params
+    from backend.analysis.results import Result
+
+    builtin = [k for k in KINDS.values() if k.module.startswith("backend.analysis.")]
+    assert len(builtin) == 19
+    for k in builtin:
+        assert isinstance(k, Kind) and issubclass(k.params, Params) and issubclass(k.result, Result), k.name
+        assert {k.params.__module__, k.result.__module__, k.function().__module__} == {k.module}, k.name
 
 
 def test_the_kernel_and_options_need_no_torch():
     import subprocess
     import sys
 
-    code = ("import sys, backend.options, backend.analysis.kinds, backend.analysis.params, backend.analysis.results; "
-            "assert 'torch' not in sys.modules")
+    code = ("import sys, backend.options, backend.analysis.kernel, backend.analysis.kinds, backend.analysis.params, "
+            "backend.analysis.results; assert 'torch' not in sys.modules")
     subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True)
+
+
+def test_no_backend_file_over_450_lines():
+    long = {str(f.relative_to(ROOT)): n for f in ROOT.glob("backend/**/*.py")
+            if (n := len(f.read_text().splitlines())) > 450}
+    assert not long, f"backend files over 450 lines (split them by job): {long}"

@@ -29,6 +29,7 @@ ARTIFACTS = REPO / "tests" / "artifacts"
 MODEL = os.environ.get("HEADLENS_UI_TEST_MODEL", "default")
 WAIT_S = 240
 SERVICE: dict[str, str] = {}  # the launched service's URL (the app_url fixture fills it)
+LAUNCH: dict[str, subprocess.Popen] = {}  # the launcher, for the test that stops it (the module's last)
 CHROME_FLAGS = ["--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
                 "--disable-background-networking", "--disable-component-update", "--disable-sync",
                 "--no-first-run", "--window-size=1440,2000", "--force-device-scale-factor=1"]
@@ -80,7 +81,7 @@ def app_url(tmp_path_factory):
     port, backend_port = _free_port(), _free_port()
     log = tmp_path_factory.mktemp("launch") / "launch.log"
     env = dict(os.environ, HEADLENS_CACHE_DIR=str(tmp_path_factory.mktemp("browser-cache")), HF_HUB_OFFLINE="1",
-               PYTHONUNBUFFERED="1")
+               PYTHONUNBUFFERED="1", HEADLENS_LOG=str(log.parent / "servers.log"))
     for var in ("HEADLENS_BACKEND_URL", "HEADLENS_TOKEN", "HEADLENS_MODEL_ROOT"):
         env.pop(var, None)
     with open(log, "wb") as out:
@@ -96,6 +97,7 @@ def app_url(tmp_path_factory):
             time.sleep(0.5)
         assert _up(f"http://127.0.0.1:{backend_port}/health")
         SERVICE["url"] = f"http://127.0.0.1:{backend_port}"
+        LAUNCH["proc"] = proc
         yield url
     finally:
         if proc.poll() is None:
@@ -260,7 +262,7 @@ def test_a_steering_link_reopens_settings_and_cached_result(app_url, driver):
 
     d = driver
     q = (f"model={MODEL}&task=syn-sentiment&shots=4&prompts=16&seed=0&sg_vectors=tl,random&sg_layer=1&"
-         f"sg_alpha=2.5&sg_pca_layer=0&sg_final_norm=1&sg_perturbations=shuffled_inputs")
+         f"sg_alpha=2.5&sg_pca_layer=0&sg_final_norm=0&sg_perturbations=shuffled_inputs")
     d.get(f"{app_url}/Steering_geometry?{q}")
     _wait(d, lambda d: "Press **Run**" not in _text(d) and _css(d, '[data-testid="stButton"] button') and _idle(d))
     runs = [b for b in d.find_elements(By.XPATH, "//button[contains(., 'Run')]") if b.is_displayed()]
@@ -268,7 +270,7 @@ def test_a_steering_link_reopens_settings_and_cached_result(app_url, driver):
     _wait(d, lambda d: "Zero-shot prompts steered at layer 1" in d.page_source and _idle(d))
     _no_errors(d)
     link = d.current_url
-    for part in ("sg_vectors=tl%2Crandom", "sg_layer=1", "sg_alpha=2.5", "sg_final_norm=1", "sg_pca_layer=0"):
+    for part in ("sg_vectors=tl%2Crandom", "sg_layer=1", "sg_alpha=2.5", "sg_final_norm=0", "sg_pca_layer=0"):
         assert part in link or part.replace("%2C", ",") in link, (part, link)
     d.delete_all_cookies()
     d.get(link)  # a fresh session from the link: same settings, the cached result without a click
@@ -336,3 +338,188 @@ def test_cancel_cancels_a_running_job(app_url, driver, slow_model):
     _no_errors(d)
     d.save_screenshot(str(ARTIFACTS / "cancelled.png"))
     assert took < 10, took
+
+
+def test_home_runs_on_smollm2(app_url, driver):
+    """One page on the real SmolLM2-135M (the `smollm2-135m` preset; skipped when it is not pulled): the model box
+    offers it, and the Home page's Run gives accuracies at 4 shots."""
+    from selenium.webdriver.common.by import By
+
+    from backend import presets
+
+    if not presets.is_pulled("smollm2-135m"):
+        pytest.skip(f"smollm2-135m is not pulled: {presets.pull_command('smollm2-135m')}")
+    d = driver
+    d.get(f"{app_url}/?model=smollm2-135m&task=present-past&shots=4&prompts=8&seed=0")
+    run = _wait(d, lambda d: [b for b in d.find_elements(By.XPATH, "//button[contains(., 'Run')]")
+                              if b.is_displayed()])[0]
+    boxes = " ".join((e.get_attribute("value") or "") + " " + (e.get_attribute("aria-label") or "") + " " + e.text
+                     for e in _css(d, '[data-testid="stSidebar"] [data-testid="stSelectbox"], '
+                                      '[data-testid="stSidebar"] [data-testid="stSelectbox"] *'))
+    assert "smollm2-135m" in boxes, boxes[:600]
+    run.click()
+    _wait(d, lambda d: len(_css(d, '[data-testid="stMetric"]')) >= 4 and _idle(d))
+    _no_errors(d)
+    labels = " ".join(e.text for e in _css(d, '[data-testid="stMetric"]'))
+    assert "Accuracy (4-shot)" in labels and "TR ratio (4-shot)" in labels
+    d.save_screenshot(str(ARTIFACTS / "home-smollm2.png"))
+
+
+# -- issue 19: the defects a walk through the dashboard found ------------------------------------------------------
+def _post(path: str, body: dict) -> dict:
+    req = urllib.request.Request(f"{SERVICE['url']}{path}", data=json.dumps(body).encode(), method="POST",
+                                 headers={"content-type": "application/json"})
+    with urllib.request.urlopen(req, timeout=30) as r:
+        return json.loads(r.read())
+
+
+def _run_buttons(d) -> list:
+    from selenium.webdriver.common.by import By
+
+    return [b for b in d.find_elements(By.XPATH, "//button[contains(., 'Run')]") if b.is_displayed()]
+
+
+def _tick_texts(d, chart_key: str) -> list[str]:
+    """The x tick labels of the plotly chart with Streamlit key `chart_key`."""
+    return d.execute_script(
+        "const el = document.querySelector('.st-key-' + arguments[0]);"
+        "return el ? [...el.querySelectorAll('.xtick text')].map(t => t.textContent) : null;", chart_key) or []
+
+
+def test_a_first_soft_head_selection_run_with_its_budget_curve_shows_its_result(app_url, driver):
+    """Defect 1: the first (uncached) SITE run crashed with StreamlitDuplicateElementKey (`site_live_{step}`, the step
+    restarting for each budget run) and left the bar at 80% with a dead Cancel."""
+    d = driver
+    d.get(f"{app_url}/Soft_head_selection?model={MODEL}&task=syn-sentiment&prompts=6&seed=5&site_m=4&site_shots=2&"
+          f"site_steps=200")
+    _wait(d, lambda d: "Press **Run** to train" not in d.page_source and _run_buttons(d) and _idle(d))
+    _run_buttons(d)[0].click()
+    _wait(d, lambda d: _css(d, '[data-testid="stException"]') or (len(_css(d, ".js-plotly-plot")) >= 4 and _idle(d)))
+    _no_errors(d)
+    assert "DuplicateElementKey" not in d.page_source
+    assert [t for t in _tick_texts(d, "site_budget") if t.strip()] == ["1", "5", "10", "50"]
+    assert "α per head" in d.page_source and not _css(d, '[data-testid="stProgress"]')
+    d.save_screenshot(str(ARTIFACTS / "site-first-run.png"))
+
+
+def test_the_whole_attention_pattern_is_drawn_full_size_with_its_tokens(app_url, driver):
+    """Defect 3: the pattern heatmap was squashed into a ~64 px strip, and the `<s>` token label was missing (plotly
+    read it as a strikethrough tag)."""
+    from selenium.webdriver.common.by import By
+
+    d = driver
+    d.get(f"{app_url}/Head?model={MODEL}&task=syn-sentiment&shots=4&prompts=16&seed=0&head=1.2")
+    _wait(d, lambda d: len(_css(d, ".hl-tv .hl-tok")) > 3 and _idle(d))
+    assert "<s>" in _tick_texts(d, "head_page_att"), _tick_texts(d, "head_page_att")  # the bar chart's token labels
+    toggle = [e for e in d.find_elements(By.XPATH, "//label[contains(., 'whole attention pattern')]")][0]
+    toggle.click()
+    _wait(d, lambda d: _tick_texts(d, "head_page_pattern") and _idle(d))
+    ticks = _tick_texts(d, "head_page_pattern")
+    assert ticks[0] == "<s>", ticks
+    width = d.execute_script("return document.querySelector('.st-key-head_page_pattern .nsewdrag')"
+                             ".getBoundingClientRect().width;")
+    assert width > 400, width  # the plot area spans the page, not a strip
+    _no_errors(d)
+    d.save_screenshot(str(ARTIFACTS / "attention-pattern.png"))
+
+
+def test_the_sweeps_list_follows_a_running_sweep_to_its_end(app_url, driver):
+    """Defect 4: the list said "running · 18%" while the sweep's detail line said "done · 15 of 15", until a reload."""
+    d = driver
+    sw = _post("/sweeps", {"models": [MODEL], "tasks": ["syn-sentiment", "syn-antonym", "syn-size"],
+                           "kinds": ["scores", "icl", "ablation_curves"], "seeds": [21, 22, 23],
+                           "params": {"shots": 4, "prompts": 16, "icl.shots": [0, 2, 4]}})
+    n = sw["counts"]["total"]
+    d.get(f"{app_url}/Sweeps?model={MODEL}&sweep={sw['id']}")
+
+    def picker(d) -> str:  # the sweep picker's text: "<id> · running · 27 jobs", from the same poll as the table
+        return " ".join(v for v in (e.get_attribute("value") or "" for e in _css(d, '[data-testid="stSelectbox"] input'))
+                        if sw["id"] in v)
+
+    _wait(d, lambda d: sw["id"] in picker(d), timeout=60)
+    saw_running = "running" in picker(d)
+    _wait(d, lambda d: f"of {n} jobs" in _text(d) and f"{n} of {n} jobs" in _text(d), timeout=WAIT_S)
+    _wait(d, lambda d: "· done ·" in picker(d), timeout=10)  # the list follows, without a reload
+    text = _text(d)
+    assert f"done · {n} of {n} jobs" in text and "running ·" not in picker(d)
+    _no_errors(d)
+    d.save_screenshot(str(ARTIFACTS / "sweeps-done.png"))
+    assert saw_running or sw["status"] == "running"  # the page was opened while it ran
+
+
+def test_soft_head_selection_finds_an_ltv_trained_without_the_mechanism(app_url, driver):
+    """Defect 8: SITE's LTV baseline (and the all-methods view) found an `ltv` result only when every other
+    parameter was a default: after `ltv --no-mechanism --perturbations 128` it said there was none."""
+    d = driver
+    job = _post("/jobs", {"kind": "ltv", "model": MODEL, "task": "syn-sentiment", "prompts": 6, "seed": 9,
+                          "mechanism": False, "perturbations": 128, "epochs": 2, "train_prompts": 8})
+    deadline = time.monotonic() + WAIT_S
+    while True:
+        with urllib.request.urlopen(f"{SERVICE['url']}/jobs/{job['id']}", timeout=10) as r:
+            j = json.loads(r.read())
+        if j["status"] not in ("queued", "running"):
+            break
+        assert time.monotonic() < deadline, j
+        time.sleep(0.5)
+    assert j["status"] == "done", j.get("error")
+    d.get(f"{app_url}/Soft_head_selection?model={MODEL}&task=syn-sentiment&prompts=6&seed=9&site_m=4&site_shots=2&"
+          f"site_steps=20")
+    _wait(d, lambda d: _run_buttons(d) and _idle(d))
+    _run_buttons(d)[0].click()
+    _wait(d, lambda d: _tick_texts(d, "site_bars") and _idle(d))
+    assert "LTV" in _tick_texts(d, "site_bars"), _tick_texts(d, "site_bars")
+    assert "no cached LTV result" not in d.page_source
+    _run_buttons(d)[-1].click()  # every steering method
+    _wait(d, lambda d: _tick_texts(d, "site_methods_bars") and _idle(d))
+    assert "LTV" in _tick_texts(d, "site_methods_bars")
+    assert "Train an LTV on the Learned task vectors page" not in _text(d)  # it asked although one was cached
+    _no_errors(d)
+    d.save_screenshot(str(ARTIFACTS / "site-ltv-baseline.png"))
+
+
+def test_on_a_phone_the_sidebar_starts_collapsed(app_url, driver):
+    """Defect 9: the sidebar opened expanded and covered 75% of a 390 px screen."""
+    d = driver
+    d.set_window_size(390, 844)
+    d.get(f"{app_url}/?model={MODEL}&task=syn-sentiment")
+    _wait(d, lambda d: _css(d, '[data-testid="stSidebar"]') and _idle(d))
+    side = _css(d, '[data-testid="stSidebar"]')[0]
+    assert side.get_attribute("aria-expanded") == "false" or side.rect["x"] + side.rect["width"] <= 10, side.rect
+    main = _css(d, '[data-testid="stMain"]')[0]
+    assert main.rect["width"] >= 350
+    d.save_screenshot(str(ARTIFACTS / "phone.png"))
+
+
+# -- the module's LAST test: it stops the launch ----------------------------------------------------------------------
+def test_share_as_html_opens_with_the_service_stopped(app_url, driver, tmp_path):
+    """Share as HTML: the Head map's file, downloaded from the sidebar, then opened from disk after the launch (service
+    and dashboard) has stopped: its figures draw (plotly inlined), its settings and CLI command are there, and the
+    browser fetched nothing over the network. Stops the launch, so it runs last in this module."""
+    from selenium.webdriver.common.by import By
+
+    d = driver
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    d.execute_cdp_cmd("Browser.setDownloadBehavior", {"behavior": "allow", "downloadPath": str(tmp_path)})
+    d.get(f"{app_url}/Head_map?model={MODEL}&task=syn-sentiment&shots=4&prompts=16&seed=0&all_maps=1")
+    _wait(d, lambda d: len(_css(d, ".js-plotly-plot")) >= 3 and _idle(d))
+    n_figures = len(_css(d, ".js-plotly-plot"))
+    button = _wait(d, lambda d: [b for b in d.find_elements(By.XPATH, "//button[contains(., 'Share as HTML')]")
+                                 if b.is_displayed()])[0]
+    button.click()
+    files = _wait(d, lambda d: [f for f in tmp_path.glob("*.html")], timeout=120)
+    path = files[0]
+    _wait(d, lambda d: not list(tmp_path.glob("*.crdownload")) and path.stat().st_size > 3_000_000, timeout=60)
+    assert path.name.startswith(f"headlens_Head-map_{MODEL}_syn-sentiment_4shot"), path.name
+    proc = LAUNCH["proc"]
+    proc.send_signal(signal.SIGINT)  # the service and the dashboard stop
+    proc.wait(timeout=40)
+    assert not _up(f"{app_url}/_stcore/health") and not _up(f"{SERVICE['url']}/health")
+    d.get(path.as_uri())
+    _wait(d, lambda d: len(_css(d, ".js-plotly-plot .main-svg")) >= n_figures, timeout=60)
+    assert len(_css(d, ".js-plotly-plot .heatmaplayer image")) >= 6  # the map and the five small ones
+    text = d.find_element(By.TAG_NAME, "body").text
+    assert f"python -m backend scores --model {MODEL} --task syn-sentiment --shots 4 --prompts 16 --seed 0" in text
+    assert "Settings" in text and "syn-sentiment" in text and "Top 10 heads by TR" in text
+    urls = d.execute_script("return performance.getEntriesByType('resource').map(e => e.name)")
+    assert not [u for u in urls if u.startswith(("http:", "https:"))], urls  # nothing fetched from anywhere
+    d.save_screenshot(str(ARTIFACTS / "share-html-offline.png"))

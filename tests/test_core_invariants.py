@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from backend.analysis.primitives.batching import encode, forward_last_logits, make_batch
-from backend.analysis.primitives.head_maps import head_maps
 from backend.analysis.primitives.tsla import head_writes
+from backend.analysis.tsla.head_maps import head_maps
 from backend.hooks import hooked
 from backend.tasks.base import Task
 from tiny_models import POST_NORM_TYPES

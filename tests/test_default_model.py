@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from backend.analysis.primitives.induction import induction_scores
-from backend.analysis.train_default import evaluate_language
+from backend.analysis.general.train_default import evaluate_language
 from backend.paths import DEFAULT_MODEL_DIR as MODEL_DIR
 from backend.tasks.synthetic import CLASS_TASKS, group_of, synthetic_tasks
 

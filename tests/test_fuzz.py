@@ -1,5 +1,6 @@
-"""Fuzzing POST /jobs and POST /tasks/upload with generated inputs (issue 14): no 5xx, no answer over 64 KB,
-the service alive at the end. A few hundred cases here; bench/fuzz_service.py runs many more."""
+"""Fuzzing POST /jobs and POST /tasks/upload (issue 14) and the saved-tensor routes (issue 18) with generated
+inputs: no 5xx, no answer over 64 KB, the service alive at the end. A few hundred cases here; bench/fuzz_service.py
+runs many more, and counts the files the service opens outside its cache."""
 from __future__ import annotations
 
 import json
@@ -13,7 +14,8 @@ from starlette.testclient import TestClient  # noqa: E402
 
 from backend.service.app import create_app  # noqa: E402
 from backend.service.jobs import LocalJobRunner  # noqa: E402
-from fuzz_bodies import job_bodies, uploads  # noqa: E402
+from fuzz_bodies import LOADS, job_bodies, tensor_bodies, tensor_files, uploads, valid_tensor_file  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
 
 MAX_ANSWER = 64 * 1024
 
@@ -54,3 +56,40 @@ def test_post_uploads(client, upload):
     assert len(r.content) <= MAX_ANSWER
     r = client.post("/tasks/upload", json={"filename": name, "content": data.decode("utf-8", "replace")})
     assert r.status_code < 500 and len(r.content) <= MAX_ANSWER
+
+
+@pytest.fixture(scope="module")
+def stored(client):
+    """Two sound tensor files, uploaded: ids a fuzzed `load` may name."""
+    return tuple(client.post("/tensors", content=valid_tensor_file(k)).json()["id"] for k in ("ltv", "site"))
+
+
+@settings(max_examples=120, deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_post_jobs_with_load(client, stored, data):
+    body = data.draw(tensor_bodies(stored))
+    r = client.post("/jobs", content=json.dumps(body, allow_nan=True, default=str),
+                    headers={"content-type": "application/json"})
+    assert r.status_code < 500 and len(r.content) <= MAX_ANSWER, (body, r.text[:500])
+    if isinstance(body.get("load"), str) and body["load"] not in stored:
+        assert r.status_code >= 400  # a path, or an id of nothing stored, is never admitted
+
+
+@settings(max_examples=80, deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@given(data=tensor_files(), multipart=st.booleans())
+def test_post_tensors(client, data, multipart):
+    r = (client.post("/tensors", files={"file": ("v.safetensors", data)}) if multipart
+         else client.post("/tensors", content=data, headers={"content-type": "application/octet-stream"}))
+    assert r.status_code in (200, 413, 422) and len(r.content) <= MAX_ANSWER, r.text[:500]
+
+
+@settings(max_examples=60, deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@given(name=st.one_of(st.sampled_from(LOADS), st.text(max_size=80)))
+def test_get_tensors(client, name):
+    from urllib.parse import quote
+
+    r = client.get("/tensors/" + quote(name, safe=""))
+    assert r.status_code in (404, 405) and len(r.content) <= MAX_ANSWER, r.text[:300]

@@ -597,19 +597,27 @@ def test_a_cached_hub_id_still_loads_offline(tmp_path):
 
 # -- bounded work (issue 14): an estimate per kind, refused over HEADLENS_MAX_WORK; a per-job time limit --------
 def test_work_estimates_refuse_huge_jobs(monkeypatch):
-    from backend.analysis.params import AblationCurvesParams
+    from backend.analysis.tsla.ablation import AblationCurvesParams
     from backend.service.limits import Limits
 
+    from backend.analysis.kinds import get_kind
+    from backend.service.estimate import estimate
+    from backend.tasks.registry import load_task
+
     probe = AblationCurvesParams(prompts=500, ks=list(range(33)), random_seeds=list(range(16)))
-    n, how = probe.work()
-    assert n == 500 * (3 + 16) * 33 + 1000 and "19 rankings x 33 values of k" in how
+    e = estimate(get_kind("ablation_curves"), probe, "default", load_task("syn-sentiment"))
+    assert "19 rankings x 32 values of k" in e.how and e.passes > 2000  # the task has 20 queries: 20 prompts
+    monkeypatch.setenv("HEADLENS_MAX_WORK", "2000")
     with _client() as c:
-        r = c.post("/jobs", json={"kind": "ablation_curves", "task": "sentiment", "prompts": 500,
+        r = c.post("/jobs", json={"kind": "ablation_curves", "task": "syn-sentiment", "prompts": 500,
                                   "ks": list(range(33)), "random_seeds": list(range(16))})
-        assert r.status_code == 422 and "HEADLENS_MAX_WORK" in r.json()["detail"] and "314,500" in r.json()["detail"]
+        assert r.status_code == 422 and "HEADLENS_MAX_WORK" in r.json()["detail"], r.text
+        assert f"{e.passes:,.0f} prompt passes" in r.json()["detail"]
     monkeypatch.setenv("HEADLENS_MAX_WORK", "10")
+    small = estimate(get_kind("ablation_curves"), AblationCurvesParams(prompts=5), "default",
+                     load_task("syn-sentiment"))
     with pytest.raises(Exception, match="over this server's limit of 10"):
-        Limits.from_env().check_work(AblationCurvesParams(prompts=5))
+        Limits.from_env().check_work(small)
     for bad, why in (("lots", "must be a number, not .lots."), ("nan", "must be at least 1"), ("0", "must be at least 1")):
         monkeypatch.setenv("HEADLENS_MAX_WORK", bad)  # a bad setting names its variable, never a bare int() error
         with pytest.raises(ValueError, match=f"HEADLENS_MAX_WORK {why}"):

@@ -8,9 +8,9 @@ import pytest
 import torch
 
 from backend.analysis.kernel import analyze
-from backend.analysis.primitives import engine as S
+from backend.analysis.primitives import engine_fast as S
 from backend.analysis.primitives import inject as I
-from backend.analysis.primitives import propagation as PR
+from backend.analysis.ltv import propagation as PR
 from backend.analysis.primitives.batching import encode, map_batches
 from backend.analysis.primitives.capture import capture_means
 from backend.analysis.primitives.engine import RowConfig, run_sweep
@@ -19,7 +19,7 @@ from backend.analysis.primitives.last_token import final_change
 from backend.analysis.primitives.prefix_store import STORE
 from backend.models import wrap
 from backend.tasks.base import Task, Template
-from tiny_models import CONFIGS, tiny_model
+from tiny_models import CONFIGS
 
 _lms: dict = {}
 
@@ -220,7 +220,7 @@ def test_ltv_kind_fast_paths_equal_the_full_pass_reference(gpt2_tokenizer, monke
 def test_training_steps_over_kept_prefixes_equal_full_passes(arch, gpt2_tokenizer, monkeypatch):
     """A training at the last token (one token step per prompt over its kept prefix) gives the full passes' losses,
     held-out scores and vector; also for two layers trained jointly."""
-    from backend.analysis.primitives import learn as LE
+    from backend.analysis.ltv import learn as LE
 
     lm, task = _lm(arch, gpt2_tokenizer), _task()
     train, val = (encode(lm, task.build_prompts(0, n, s), task.kind) for n, s in ((12, 0), (4, 1)))

@@ -31,7 +31,8 @@ def _get(url: str) -> tuple[int, str] | None:
 
 
 def _env(tmp_path: Path) -> dict[str, str]:
-    env = dict(os.environ, HEADLENS_CACHE_DIR=str(tmp_path / "cache"), PYTHONUNBUFFERED="1")
+    env = dict(os.environ, HEADLENS_CACHE_DIR=str(tmp_path / "cache"), PYTHONUNBUFFERED="1",
+               HEADLENS_LOG=str(tmp_path / "logs" / "servers.log"))
     for var in ("HEADLENS_BACKEND_URL", "HEADLENS_TOKEN"):
         env.pop(var, None)
     return env
@@ -52,6 +53,14 @@ def test_launch_starts_both_and_ctrl_c_stops_both(tmp_path):
             time.sleep(0.3)
         log = out.read_text(errors="replace")
         assert f"http://127.0.0.1:{port}" in log and f"service http://127.0.0.1:{backend_port}" in log
+        servers = tmp_path / "logs" / "servers.log"  # both servers' output goes to the log the launcher names
+        assert f"log: {servers}" in log
+        deadline = time.monotonic() + 30
+        while "Streamlit" not in servers.read_text(errors="replace") and time.monotonic() < deadline:
+            time.sleep(0.3)
+        text = servers.read_text(errors="replace")
+        assert "==== headlens launch" in text and f"service http://127.0.0.1:{backend_port}" in text
+        assert "Streamlit" in text, text[-2000:]  # the dashboard's own output, which went to /dev/null before
         health = _get(f"http://127.0.0.1:{backend_port}/health")
         assert health and health[0] == 200 and json.loads(health[1])["status"] == "ok"
         assert _get(f"http://127.0.0.1:{port}/_stcore/health") is not None

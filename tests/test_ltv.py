@@ -13,9 +13,10 @@ import torch
 from backend.analysis.kernel import analyze
 from backend.analysis.primitives.batching import encode, make_batch, forward_last_logits
 from backend.analysis.primitives.inject import Injection, evaluate_injections, gold_tokens, injected_logits
-from backend.analysis.primitives.learn import Recipe, TrainingDiverged, train_injection, training_split
-from backend.analysis.primitives.propagation import fit_linear, polar, rotation_stretch
+from backend.analysis.ltv.learn import Recipe, TrainingDiverged, train_injection, training_split
+from backend.analysis.ltv.propagation import fit_linear, polar, rotation_stretch
 from backend.analysis.primitives.saved import SavedTensorError, load_tensors
+from backend.tensor_store import TensorSession
 from backend.models import wrap
 from backend.tasks.base import Task, TaskError, Template
 from tiny_models import CONFIGS, tiny_model
@@ -127,6 +128,19 @@ def test_training_lowers_the_loss_and_reports_steps(llama):
     assert set(tr.vectors) == {1} and tr.vectors[1].shape == (llama.d_model,)
 
 
+def test_early_stopping_counts_epochs_without_a_higher_accuracy(llama, monkeypatch):
+    """Issue 19: "best epoch 10 of 10" while the held-out accuracy was flat from epoch 2 with patience 2 (a lower
+    loss at the same accuracy reset the patience). Held-out (accuracy, loss) scripted: flat from epoch 2."""
+    from backend.analysis.ltv import learn
+
+    script = iter([(0.1, 3.0), (0.5, 2.0), (0.9, 1.0), (0.9, 0.8), (0.9, 0.6), (0.9, 0.5), (0.9, 0.4)])
+    monkeypatch.setattr(learn, "_val", lambda *a, **k: next(script))
+    enc = _encoded(llama, n=4)
+    tr = train_injection(llama, [1], (-1,), enc, enc, Recipe(epochs=6, patience=2))
+    assert tr.stopped == "early stopping" and tr.epochs_run == 4  # epochs 3 and 4 brought no higher accuracy
+    assert tr.best_epoch == 4 and tr.val_accuracy == [0.5, 0.9, 0.9, 0.9]  # kept: the best accuracy, lowest loss
+
+
 # -- the kinds ----------------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("arch", ["llama", "qwen2"])
 def test_ltv_kind_on_gqa_models(lm_of, arch, tmp_path):
@@ -156,19 +170,20 @@ def test_ltv_kind_on_gqa_models(lm_of, arch, tmp_path):
 def test_save_load_same_accuracy_and_refusals(lm_of):
     lm, other = lm_of("llama"), lm_of("llama", seed=1)
     r = analyze("ltv", lm, parity_task(), cache=False, mechanism=False, **FAST)
-    theta, meta = load_tensors(r.vector_path, lm, "ltv")
+    theta, meta = load_tensors(TensorSession(), r.tensor, lm, "ltv")
     assert meta["recipe"]["layers"] == r.layers and meta["task_hash"] == parity_task().content_hash()
     assert np.allclose(theta["theta"].numpy(), r.per_layer[0].training.theta)
-    loaded = analyze("ltv", lm, parity_task(), cache=False, mechanism=False, load=r.vector_path, **FAST)
+    loaded = analyze("ltv", lm, parity_task(), cache=False, mechanism=False, load=r.tensor, **FAST)
     assert loaded.table["ltv"] == r.table["ltv"] and loaded.per_layer[0].training.stopped == "loaded"
+    assert loaded.tensor == r.tensor
     with pytest.raises(SavedTensorError, match="another model"):
-        analyze("ltv", other, parity_task(), cache=False, mechanism=False, load=r.vector_path, **FAST)
+        analyze("ltv", other, parity_task(), cache=False, mechanism=False, load=r.tensor, **FAST)
     gpt2 = lm_of("gpt2")
     with pytest.raises(SavedTensorError, match="d_model"):
         gpt2_d = gpt2.d_model
         try:
             gpt2.d_model = lm.d_model + 1
-            load_tensors(r.vector_path, gpt2, "ltv")
+            load_tensors(TensorSession(), r.tensor, gpt2, "ltv")
         finally:
             gpt2.d_model = gpt2_d
 
@@ -183,6 +198,23 @@ def test_layer_sweep_joint_vectors_and_multi_token_labels(llama):
     assert joint.joint and joint.layers == [0, 1] and np.asarray(joint.per_layer[0].training.theta).shape == (
         2, llama.d_model)
     assert "vanilla" not in joint.table and "ltv+icl" in joint.table and joint.per_layer[0].key_heads is None
+
+
+def test_labels_spanning_several_tokens_are_one_warning_on_every_kind(llama):
+    """Issue 19, defect 8: `ltv` said it twice ("3 label(s) ...", "4 label(s) ..." from its training and its
+    scoring), `scores` and `icl` not at all. Now every kind says it once, for all the labels it tokenised."""
+    task = plural_task()
+    train = analyze("ltv_train", llama, task, epochs=1, train_prompts=12, val_prompts=4)
+    for kind, params in (("scores", dict(shots=2, prompts=8)), ("icl", dict(shots=[0, 2], prompts=8)),
+                         ("ltv", dict(FAST, mechanism=False)), ("ltv_train", dict(epochs=1, train_prompts=12,
+                                                                                    val_prompts=4))):
+        r = analyze(kind, llama, task, **params)
+        said = [w for w in r.warnings if "span several tokens" in w]
+        assert len(said) == 1 and r.multi_token_labels, (kind, r.warnings)
+        assert f": {len(r.multi_token_labels)} with this tokenizer" in said[0]
+        assert "first token" in said[0] and not any("span several tokens" in n for n in r.notes)
+        if kind == "ltv":  # its own prompts' labels and its trainings' together
+            assert set(train.multi_token_labels) <= set(r.multi_token_labels)
 
 
 def test_builder_tasks_are_refused_with_a_reason(llama):
@@ -268,7 +300,7 @@ def test_composed_synthetic_tasks_answer_in_the_vocabulary():
 
 
 def test_ltv_tasks_table_similarity_and_composition(llama, monkeypatch):
-    import backend.analysis.ltv_tasks as lt
+    import backend.analysis.ltv.ltv_tasks as lt
     from backend.tasks import synthetic
 
     tasks = {"tiny-parity": parity_task(), "tiny-gen": plural_task()}
@@ -312,7 +344,7 @@ def test_cancelled_training_stops_and_stores_nothing(llama):
 
 def test_cli_flags_and_python_api():
     import backend
-    from backend.analysis.params import LtvParams
+    from backend.analysis.ltv.ltv import LtvParams
     from backend.cli import build_parser, negative_lists, read_params
 
     argv = ["ltv", "--task", "syn-size", "--layer", "all", "--positions", "-1,-2", "--lr", "1e-3", "--epochs", "3",

@@ -121,19 +121,22 @@ RES = {"layers": [0, 1, 2], "layer": 1, "conditions": ["zero_shot", "icl", "vani
 
 
 def test_ltv_figures_from_result_dicts():
-    from ui import ltv_figures as lf
+    from ui.ltv import figures as lf
 
     fig = lf.layer_sweep(RES)
     assert [t.name for t in fig.data] == ["zero-shot", "ICL (k-shot)", "vanilla task vector", "learned task vector"]
-    assert list(fig.data[3].y) == [0.5, 1.0, 1.0] and list(fig.data[0].x) == [0, 1, 2]
+    assert list(fig.data[3].y) == [50.0, 100.0, 100.0] and list(fig.data[0].x) == [0, 1, 2]  # in %, as every page
+    assert fig.data[0].line.width > fig.data[1].line.width > fig.data[3].line.width  # lines on top of each other show
     rs = lf.rotation_stretch(RES)
     assert list(rs.data[0].y) == RES["rotation"] and rs.layout.yaxis2.type == "log"  # 200x vs 1.5x: log scale
+    assert rs.layout.yaxis2.dtick == 1  # ticks at powers of ten, not "2, 100, 5, 2, 10"
     loss = lf.loss_curve({"loss": [2.0, 1.0, 0.5, 0.2], "val_accuracy": [0.5, 1.0], "steps": 4, "epochs": 2})
     assert list(loss.data[0].y) == [2.0, 1.0, 0.5, 0.2] and list(loss.data[1].x) == [2.0, 4.0]
+    assert list(loss.data[1].y) == [50.0, 100.0] and list(loss.layout.yaxis2.tickvals) == [0, 25, 50, 75, 100]
     sim = lf.similarity({"tasks": ["a", "b", "c"], "similarity": [[1, 0.5, -0.2], [0.5, 1, 0.1], [-0.2, 0.1, 1]],
                          "kinds": {"a": "generation", "b": "classification", "c": "generation"},
                          "label_spaces": {"a": "a | c", "b": "b", "c": "a | c"}})
     assert list(sim.data[0].x) == ["b", "a", "c"] and np.asarray(sim.data[0].z)[1, 2] == pytest.approx(-0.2)
     bars = lf.ablation_bars({"ltv": {"accuracy": 1.0}, "ablated": {"accuracy": 0.4}, "random_accuracy_mean": 0.9,
                              "random_accuracy_std": 0.05, "random": [{"accuracy": 0.85}, {"accuracy": 0.95}]})
-    assert list(bars.data[0].y) == [1.0, 0.4, 0.9] and len(bars.data[1].y) == 2
+    assert list(bars.data[0].y) == [100.0, 40.0, 90.0] and len(bars.data[1].y) == 2

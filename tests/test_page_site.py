@@ -96,6 +96,24 @@ def test_page_trains_and_shows_the_result(inprocess, setup):
     assert list(mt["method"])[-1] == "SITE" and "function vector" in set(mt["method"])
 
 
+def test_an_uncached_run_with_its_budget_runs_draws_the_live_curve_without_a_key_clash(inprocess, setup):
+    """Issue 19, defect 1: the live chart's key was `site_live_{step}` and the step restarts for each budget run
+    (M = 1, 5, 10, 50), so the first uncached run crashed with StreamlitDuplicateElementKey. Here: a fresh seed
+    (nothing cached), the default budget curve, and enough steps that the page polls each run mid-training."""
+    at = AppTest.from_file(APP, default_timeout=TIMEOUT)
+    for k, v in {"model": setup["model"], "task": setup["task"], **SMALL, "site_steps": "200", "seed": "3"}.items():
+        at.query_params[k] = v
+    at.switch_page(PAGE)
+    at.run()
+    assert_clean(at)
+    at.button(key="run_site").click().run()
+    assert_clean(at)
+    res = inprocess.run("site", {**site_params(setup), "steps": 200, "seed": 3})
+    assert res["budget"]["m"] == [1, 5, 10, 50] and res["steps"] == 200
+    assert list(vals(figure(at, "site_budget")["data"][0]["x"])) == [1, 5, 10, 50]
+    assert not [el for el in at.get("plotly_chart") if "_live_" in el.proto.id]  # the live chart is gone
+
+
 def test_alpha_selection_feeds_the_heads_field(inprocess, setup):
     at = page(setup)
     at.button(key="run_site").click().run()
@@ -148,7 +166,7 @@ RES = {"alpha": [[0.05, 0.95], [0.5, 0.99]], "site": {"accuracy": 0.9, "exact_ma
 
 
 def test_figures_carry_the_numbers():
-    from ui import site_figures as sf
+    from ui.site import figures as sf
 
     rows = sf.comparison_rows(RES)
     assert [r["method"] for r in rows] == ["0-shot", "10-shot ICL", "SITE", "SITE, α rounded"]

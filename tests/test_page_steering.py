@@ -19,7 +19,7 @@ pytest.importorskip("streamlit.testing.v1")
 from streamlit.testing.v1 import AppTest  # noqa: E402
 from page_checks import assert_clean, figure, vals  # noqa: E402
 
-from ui.steering_figures import MAX_DIRECTIONS  # noqa: E402
+from ui.tsla.steering_figures import MAX_DIRECTIONS  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 APP = str(REPO / "app.py")
@@ -97,7 +97,7 @@ STEER = {"layers": [0, 1, 2], "alpha": 2.0, "zero_shot": {"accuracy": 0.25, "lab
 
 
 def test_steer_figures_carry_the_result_numbers():
-    from ui import steering_figures as sf
+    from ui.tsla import steering_figures as sf
 
     fig = sf.steer_bars(STEER, ["vanilla", "tr"], layer_index=2)
     acc, label, ratio = fig.data
@@ -117,7 +117,7 @@ def test_steer_figures_carry_the_result_numbers():
 
 
 def test_geometry_and_pca_figures():
-    from ui import steering_figures as sf
+    from ui.tsla import steering_figures as sf
 
     rng = np.random.default_rng(0)
     conds = {c: {m: {"mean": list(rng.normal(size=4)), "std": list(rng.random(4))}
@@ -165,7 +165,7 @@ def test_geometry_and_pca_figures():
 
 
 def test_perturbation_figures():
-    from ui import steering_figures as sf
+    from ui.tsla import steering_figures as sf
 
     base_tr, base_tl = [[0.1, 0.2], [0.3, 0.4]], [[0.0, -0.1], [0.2, 0.1]]
     def mt(acc, ratio, label=1.0):
@@ -288,7 +288,7 @@ def test_geometry_curves_and_pca(inprocess, setup):
     at.button(key="run_geometry").click().run()
     assert_clean(at)
     want = inprocess.run("geometry", {**base_params(setup), "layer": L // 2, "alpha": 1.0, "pca_layer": L - 1,
-                                      "final_norm": False})
+                                      "final_norm": True})  # the page's default: the logit difference in logits
     curves = figure(at, "geometry_curves")["data"]
     means = [t for t in curves if t.get("fill") != "toself"]
     names = {"zero-shot": "zero_shot", "zero-shot + TR": "zero_shot+tr", "zero-shot + TL": "zero_shot+tl",
@@ -330,7 +330,7 @@ def test_perturbation_panel_lists_every_perturbation(inprocess, setup):
     assert_clean(at)
     table = frame_with(at, "ICL accuracy %")
     listed = table["perturbation"].tolist()
-    from ui.steering_figures import perturbation_name
+    from ui.tsla.steering_figures import perturbation_name
 
     for p in PERTURBATIONS:
         r = want["perturbations"][p]
@@ -373,7 +373,7 @@ def test_a_steering_link_reopens_every_setting_and_its_cached_result(inprocess, 
     at.multiselect(key="w_sg_vectors").set_value(["tl", "random"]).run()
     at.selectbox(key="w_sg_layer").set_value(L - 1).run()
     at.number_input(key="w_sg_alpha").set_value(2.5).run()
-    at.toggle(key="w_sg_final_norm").set_value(True).run()
+    at.toggle(key="w_sg_final_norm").set_value(False).run()  # on by default (the logit difference in logits)
     at.selectbox(key="w_sg_pca_layer").set_value(0).run()
     at.multiselect(key="w_sg_perturbations").set_value(["shuffled_inputs"]).run()
     at.button(key="run_steer").click().run()
@@ -381,14 +381,14 @@ def test_a_steering_link_reopens_every_setting_and_its_cached_result(inprocess, 
     first = figure(at, "steer_bars")["data"][0]
     link = {k: str(v).strip("[]'") for k, v in at.query_params.items()}
     assert link["sg_vectors"] == "tl,random" and link["sg_layer"] == str(L - 1) and link["sg_alpha"] == "2.5"
-    assert link["sg_final_norm"] == "1" and link["sg_pca_layer"] == "0" and link["sg_perturbations"] == "shuffled_inputs"
+    assert link["sg_final_norm"] == "0" and link["sg_pca_layer"] == "0" and link["sg_perturbations"] == "shuffled_inputs"
 
     fresh = page(**link)  # a colleague opens the link
     fresh.run()
     assert_clean(fresh)
     assert fresh.multiselect(key="w_sg_vectors").value == ["tl", "random"]
     assert fresh.selectbox(key="w_sg_layer").value == L - 1 and fresh.number_input(key="w_sg_alpha").value == 2.5
-    assert fresh.toggle(key="w_sg_final_norm").value is True and fresh.selectbox(key="w_sg_pca_layer").value == 0
+    assert fresh.toggle(key="w_sg_final_norm").value is False and fresh.selectbox(key="w_sg_pca_layer").value == 0
     assert fresh.multiselect(key="w_sg_perturbations").value == ["shuffled_inputs"]
     again = figure(fresh, "steer_bars")["data"][0]  # shown without a click: the service had it cached
     assert again["x"] == first["x"] and np.allclose(vals(again["y"]), vals(first["y"]))

@@ -46,6 +46,10 @@ needs_model = pytest.mark.skipif(not _model_present(), reason=(
 
 @pytest.fixture(scope="module")
 def task_name() -> str:
+    return default_task()
+
+
+def default_task() -> str:
     """The task the tests run: HEADLENS_UI_TEST_TASK, or the default model's first synthetic task."""
     if os.environ.get("HEADLENS_UI_TEST_TASK"):
         return os.environ["HEADLENS_UI_TEST_TASK"]
@@ -109,7 +113,9 @@ def test_heatmap_hover_shows_value_and_rank_and_selection():
 def test_other_pages_leave_the_five_head_maps_alone():
     """The LTV and SITE figures draw their maps with the same component without adding to the Head map's list
     (a page that ran earlier in the session must not give the Head map a sixth map it has no values for)."""
-    from ui import figures, ltv_figures, site_figures  # noqa: F401
+    from ui import figures  # noqa: F401
+    from ui.ltv import figures as ltv_figures  # noqa: F401
+    from ui.site import figures as site_figures
 
     assert list(figures.METRICS) == ["tr", "tl", "dla_tr", "dla_tl", "induction"]
     fig = site_figures.alpha_map(np.array([[0.0, 1.0], [0.5, 0.25]]))
@@ -126,6 +132,10 @@ def test_curve_figures_from_result_dicts():
                    "accuracy_std": [0, 0.05, 0.1], "label_accuracy_std": [0, 0, 0], "tr_ratio_std": [0, 0, 0],
                    "seeds": [0, 1, 2], "heads": []}}}
     fig = figures.ablation_curves(abl)
+    assert figures.rises(abl) == []  # every curve falls or stays: no note
+    up = {"ks": [0, 4, 8], "curves": {"tl": {"accuracy": [0.9, 0.2, 0.4], "label_accuracy": [1, 1, 1],
+                                             "tr_ratio": [1, 1, 1]}}}
+    assert figures.rises(up) == ["top TL, accuracy: k 4 → 8 (20% → 40%)"]  # issue 19: said beside the curves
     names = {t.name for t in fig.data if t.name}
     assert {"top TR", "random (mean ± sd)"} <= names
     band = next(t for t in fig.data if t.fill == "toself")  # the random band: lines only, within 0..100
@@ -149,6 +159,7 @@ def test_changes_that_round_to_zero_show_no_arrow():
     said = M.zero_shot_sentence(zero, {"accuracy": 1.0, "label_accuracy": 1.0, "tr_ratio": 1.0}, 8)
     assert said and "not which task is meant" in said and "6%" in said
     assert M.zero_shot_sentence({**zero, "label_accuracy": 0.1}, zero, 8) is None
+    assert M.zero_shot_sentence({**zero, "label_accuracy": 0.44}, zero, 8) is None  # issue 19: not "knows the facts"
 
 
 def test_heads_in_the_url_round_trip():
@@ -164,7 +175,7 @@ def test_heads_in_the_url_round_trip():
 def test_pages_never_import_torch_or_the_analyses():
     """Floor rule: app.py, pages/ and ui/ import only the client (statically, and at run time)."""
     banned = ("torch", "transformers", "backend.analysis", "backend.models", "backend.service", "backend.hooks")
-    files = [REPO / "app.py", *sorted((REPO / "pages").glob("*.py")), *sorted((REPO / "ui").glob("*.py"))]
+    files = [REPO / "app.py", *sorted((REPO / "pages").glob("*.py")), *sorted((REPO / "ui").glob("**/*.py"))]
     for f in files:
         tree = ast.parse(f.read_text())
         # the client's in-process path (HEADLENS_BACKEND_URL=inprocess: tests, notebooks) builds the service app
@@ -208,6 +219,11 @@ def test_unreachable_backend_is_an_error_not_a_traceback(monkeypatch, path):
     assert not at.exception
     assert at.error and "unreachable" in at.error[0].value.lower()
     assert "HEADLENS_BACKEND_URL" in at.error[0].value
+    # issue 19, defect 2: one sentence, and the details in an expander (a code block: it has a copy button)
+    assert any(x.label == "Details" for x in at.expander)
+    details = [c.value for c in at.code if "unreachable" in c.value.lower()]
+    assert details and "service: http://127.0.0.1:9" in details[0] and "kind: unreachable" in details[0]
+    assert any("logs/headlens.log" in c.value for c in at.caption)  # where the servers' full output is
     api.reset_clients()
 
 

@@ -27,7 +27,8 @@ from backend.analysis.kinds import register, unregister  # noqa: E402
 from backend.service.jobs import LocalJobRunner, job_key, make_executor  # noqa: E402
 from backend.service.limits import Limits  # noqa: E402
 from backend.service.model_pool import ModelPool  # noqa: E402
-from backend.service.ray_runner import RayConfig, RayJobRunner  # noqa: E402
+from backend.service.ray_cluster import RayConfig  # noqa: E402
+from backend.service.ray_runner import RayJobRunner  # noqa: E402
 from backend.service.sweeps import SweepManager, SweepRequest, plan  # noqa: E402
 from backend.service.task_store import TaskStore  # noqa: E402
 from ray_kinds import RCOUNT  # noqa: E402
@@ -258,5 +259,39 @@ def test_a_job_whose_worker_always_dies_fails_naming_the_node(cluster, tmp_path)
         while (f := runner.get(f.id)).status in ("queued", "running"):
             time.sleep(0.05)
         assert f.status == "error" and f.error == "rcount 6 failed as asked" and f.error_type == "ValueError"
+    finally:
+        runner.close()
+
+
+def test_trained_tensors_come_back_to_the_service(cluster, models, tmp_path):
+    """Issue 18, section 8: `ltv_train` and `site` on Ray write nothing on the worker: their tensors come back with
+    the result and the service checks and writes them in its own cache folder; a `load` job reads them back through
+    the service's reader."""
+    import tempfile
+
+    cache = tmp_path / "ray-cache"
+    runner = ray_runner(cache)
+    small_site = dict(m=2, shots=1, prompts=2, steps=2, val_every=2, val_prompts=1, max_new_tokens=2, compare=[],
+                      patching=[], budget=[], correlations=[])
+
+    def run(kind: str, params: dict[str, Any]) -> dict[str, Any]:
+        full = {"model": models[1], "task": "antonym", **params}
+        j = runner.submit(kind, full, job_key(kind, full))
+        while (j := runner.get(j.id)).status in ("queued", "running"):
+            time.sleep(0.05)
+        assert j.status == "done", j.error
+        return j.result
+
+    try:
+        ltv = run("ltv_train", {"epochs": 1, "train_prompts": 4, "val_prompts": 2})
+        site = run("site", small_site)
+        for tid in (ltv["tensor"], site["tensor"]):
+            assert (cache / "tensors" / f"{tid}.safetensors").is_file()
+        loaded = run("site", {**small_site, "load": site["tensor"]})
+        assert loaded["loaded"] and loaded["site"] == site["site"] and loaded["tensor"] == site["tensor"]
+        pids = {a["pid"] for a in runner.actors.describe()}
+        private = [p for p in Path(tempfile.gettempdir()).glob("headlens-worker-*-*")
+                   if p.name.split("-")[2].isdigit() and int(p.name.split("-")[2]) in pids]
+        assert private and not any((p / "tensors").exists() for p in private)
     finally:
         runner.close()

@@ -10,7 +10,7 @@ import torch
 from backend import head_scores
 from backend.adapters import UnsupportedArchitecture
 from backend.analysis.primitives.batching import build_prompts, encode
-from backend.analysis.results import ScoresResult
+from backend.analysis.tsla.scores import ScoresResult
 from backend.cache import ResultCache
 from backend.models import ModelLoadError, load_model, wrap
 from backend.tasks.base import Prompt, Task, TaskError
@@ -87,7 +87,7 @@ def test_a_new_selection_size_reuses_the_cached_maps(lm, tmp_path, monkeypatch):
     def no(*args, **kw):
         raise AssertionError("ran the model for a new selection size")
 
-    monkeypatch.setattr("backend.analysis.scores.head_maps", no)
+    monkeypatch.setattr("backend.analysis.tsla.scores.head_maps", no)
     b = head_scores(lm, task, shots=2, prompts=6, top_k=2, cache=cache)
     assert not b.cache_hit and b.top_tr == a.top_tr[:2] and np.array_equal(a.tr, b.tr)
 
@@ -205,7 +205,7 @@ def test_out_of_memory_halves_the_batch(lm, monkeypatch):
             raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
         return real(lm_, batch)
 
-    monkeypatch.setattr("backend.analysis.primitives.head_maps.forward_last_logits", flaky)
+    monkeypatch.setattr("backend.analysis.tsla.head_maps.forward_last_logits", flaky)
     got = head_scores(lm, task, shots=2, prompts=8, cache=False, batch_size=8)
     assert seen[:3] == [8, 4, 2] and max(seen[3:]) <= 2
     np.testing.assert_allclose(got.tr, ref.tr, rtol=1e-4, atol=1e-7)
@@ -213,7 +213,7 @@ def test_out_of_memory_halves_the_batch(lm, monkeypatch):
     def always(lm_, batch):
         raise torch.OutOfMemoryError("CUDA out of memory")
 
-    monkeypatch.setattr("backend.analysis.primitives.head_maps.forward_last_logits", always)
+    monkeypatch.setattr("backend.analysis.tsla.head_maps.forward_last_logits", always)
     with pytest.raises(MemoryError, match="even at batch size 1"):
         head_scores(lm, task, shots=2, prompts=2, cache=False)
 
@@ -273,3 +273,18 @@ def test_context_cached_finds_the_first_cached_variant_and_never_computes(lm, tm
     called = Context(lm, task, store=cache)
     r = called.call("icl", shots=[0, 2], prompts=10_000, warn_prefix="icl: ")  # more prompts than queries: a warning
     assert r.warnings and called.warnings == [f"icl: {w}" for w in r.warnings]  # a sub-call's warnings are passed on
+
+
+def test_the_random_set_is_drawn_from_the_heads_in_neither_top_set(lm):
+    """Issue 19: the "random heads" control included top heads (L1.H1, L0.H4). The steering page's random-heads
+    vector is built from the same set."""
+    from backend.analysis.kernel import analyze
+
+    task = sentiment_task()
+    for seed in range(4):
+        r = head_scores(lm, task, shots=2, prompts=8, seed=seed, cache=False)
+        assert len(r.random_heads) == r.top_k and not set(r.random_heads) & (set(r.top_tr) | set(r.top_tl))
+    v = analyze("vectors", lm, task, types=["random"], shots=2, prompts=8, seed=3, cache=False)
+    assert [tuple(h) for h in v.vectors["random"].heads] == [tuple(h) for h in r.random_heads]
+    big = head_scores(lm, task, shots=2, prompts=8, top_k=7, cache=False)  # 12 heads: 7 + 7 top leave too few
+    assert len(big.random_heads) == 7 and len(set(big.random_heads)) == 7

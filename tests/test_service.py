@@ -1,6 +1,8 @@
 """The HTTP service through FastAPI's TestClient: jobs, dedupe, cancel, limits, auth, bad requests, cache."""
 from __future__ import annotations
 
+import json
+
 import subprocess
 import sys
 import threading
@@ -287,7 +289,9 @@ def test_model_root_and_hub_rules(monkeypatch, tmp_path, tiny_dir):
         r = c.post("/jobs", json={**body, "model": "tiny"})
         assert r.status_code == 202, r.json()
         assert wait(c, r.json()["id"])["status"] == "done"
-        assert c.get("/capabilities").json()["model_root"] == str(root.resolve())
+        caps = c.get("/capabilities").json()
+        assert caps["model_root"] is True and str(root) not in json.dumps(caps)  # said to be set, never shown
+        assert [m["name"] for m in caps["loaded_models"]] == ["tiny"]
 
 
 def test_analysis_kinds_on_a_tiny_model(tiny_dir):
@@ -440,3 +444,75 @@ def test_serve_command_end_to_end(tmp_path):
     finally:
         proc.terminate()
         proc.wait(10)
+
+
+def test_preload_makes_a_model_resident_at_start_up_and_a_bad_name_is_harmless(caplog):
+    """`serve --preload` (what `launch` passes): the model loads in the background once the service is up, so a
+    shared link's `POST /jobs/cached` finds its results without waiting for a first job to load the model."""
+    import logging
+
+    from backend.service.model_pool import ModelPool
+
+    class Fake:
+        def __init__(self, name: str):
+            self.name, self.lock = name, threading.RLock()
+
+        def info(self) -> dict:
+            return {"name": self.name}
+
+    pool = ModelPool(max_models=2, allow_hub=True, loader=lambda key: Fake(key))
+    with caplog.at_level(logging.WARNING), client(pool=pool, preload=("org-a/m", "../nope")) as c:
+        deadline = time.monotonic() + 10
+        while pool.peek("org-a/m") is None and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert pool.peek("org-a/m") is not None
+        assert c.get("/health").status_code == 200
+    assert any("could not preload model ../nope" in r.getMessage() for r in caplog.records)
+
+
+def test_launch_preloads_its_model_and_warms_the_dashboard():
+    import argparse
+
+    from backend.launch import commands
+
+    a = argparse.Namespace(backend_port=8765, host="127.0.0.1", port=8501, model="smollm2-135m")
+    service, dashboard = commands(a, {"HEADLENS_AUTO_PULL": "0"})
+    assert service[service.index("--preload") + 1] == "smollm2-135m"
+    assert dashboard[1:4] == ["-m", "ui.warm", "run"]
+
+
+def test_the_pool_answers_while_a_model_loads():
+    """A model loading (the launch's preload, a first job) no longer holds the pool: `loaded()` (what the
+    capabilities list) and `peek` answer at once, and a second request for the same model waits for that load
+    instead of loading it twice."""
+    from backend.service.model_pool import ModelPool
+
+    started, release, loads = threading.Event(), threading.Event(), []
+
+    class Fake:
+        def __init__(self, name: str):
+            self.name, self.lock = name, threading.RLock()
+
+        def info(self) -> dict:
+            return {"name": self.name}
+
+    def loader(key: str):
+        loads.append(key)
+        started.set()
+        release.wait(10)
+        return Fake(key)
+
+    pool = ModelPool(max_models=2, allow_hub=True, loader=loader)
+    got: list = []
+    threads = [threading.Thread(target=lambda: got.append(pool.get("org-a/m"))) for _ in range(2)]
+    threads[0].start()
+    assert started.wait(10)
+    threads[1].start()
+    t0 = time.monotonic()
+    assert pool.loaded() == [] and pool.peek("org-a/m") is None
+    assert time.monotonic() - t0 < 1.0
+    release.set()
+    for t in threads:
+        t.join(10)
+    assert loads == ["org-a/m"] and len(got) == 2 and got[0] is got[1]
+    assert [m["name"] for m in pool.loaded()] == ["org-a/m"]

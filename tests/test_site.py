@@ -11,13 +11,14 @@ import pytest
 import torch
 
 from backend.analysis.kernel import analyze
-from backend.analysis.primitives import soft_select as S
+from backend.analysis.site import soft_select as S
 from backend.analysis.primitives.batching import encode, forward_last_logits, make_batch
 from backend.analysis.primitives.capture import capture_means
-from backend.analysis.primitives.generate import (GenerationError, cut, evaluate_generation, exact_match, generate,
+from backend.analysis.site.generate import (GenerationError, cut, evaluate_generation, exact_match, generate,
                                                   require_kv_cache, stop_strings, strict_match)
 from backend.analysis.primitives.saved import SavedTensorError
 from backend.models import wrap
+from backend.tensor_store import TensorSession, tensor_path
 from backend.tasks.base import Task, TaskError, Template
 from tiny_models import tiny_model
 
@@ -258,14 +259,14 @@ def test_site_kind_save_load_same_accuracy_and_refusals(lms, task, gpt2_tokenize
     assert set(r.baselines) == {"zero_shot", "icl_2", "all_ones"} and r.baselines["icl_2"].metrics is not None
     assert r.patching.ks == [1, 2, lm.n_layers * lm.n_heads] and len(r.patching.top.accuracy) == 3
     assert r.patching.top.accuracy[-1] == r.patching.bottom.accuracy[-1]  # all heads either way
-    assert len(r.loss) == SMALL["steps"] and r.site.exact_match is not None and Path(r.path).is_file()
-    loaded = analyze("site", lm, task, **SMALL, **NO_EXTRAS, load=r.path)
+    assert len(r.loss) == SMALL["steps"] and r.site.exact_match is not None and tensor_path(r.tensor).is_file()
+    loaded = analyze("site", lm, task, **SMALL, **NO_EXTRAS, load=r.tensor)
     assert loaded.loaded and loaded.train_seconds == 0
     assert loaded.site == r.site and loaded.site_hard == r.site_hard
     assert torch.allclose(torch.as_tensor(loaded.alpha), torch.as_tensor(r.alpha), atol=1e-6)
     other = wrap(tiny_model("llama", seed=1), gpt2_tokenizer, "tiny-llama-other")
     with pytest.raises(SavedTensorError, match="another model"):
-        S.load_site(r.path, other)
+        S.load_site(TensorSession(), r.tensor, other)
 
 
 def test_generation_task_and_gqa_qwen(lms, gen_task):
@@ -283,7 +284,7 @@ def test_budget_curve_runs_site_per_m(lms, task):
 
 
 def test_transfer_and_methods(lms, task, gen_task, monkeypatch):
-    from backend.analysis import site_transfer as st
+    from backend.analysis.site import site_transfer as st
 
     lm = lms["llama"]
     monkeypatch.setattr(st, "resolve_tasks", lambda lm, names: [task, gen_task])
@@ -299,6 +300,32 @@ def test_transfer_and_methods(lms, task, gen_task, monkeypatch):
     site_row = m.rows[-1]
     assert site_row.trainable == lm.n_layers * lm.n_heads and site_row.train_seconds is not None
     assert any("LTV" in x for x in m.missing) or "ltv" in keys
+
+
+def test_the_ltv_baseline_is_found_whatever_the_fields_it_does_not_read(lms, task):
+    """Issue 19, defect 8: SITE found the `ltv` result only when every other parameter was a default; after
+    `ltv --no-mechanism` or `--perturbations 128` it said there was none. A SITE result computed before the LTV
+    was cached is recomputed once it is (cached equals fresh)."""
+    lm = lms["llama"]
+    site = dict(SMALL, compare=["ltv"], patching=[], budget=[], correlations=["ltv"])
+    before = analyze("site", lm, task, **site)
+    assert "no cached LTV result" in before.baselines["ltv"].note and "ltv" not in before.correlations
+    ltv = analyze("ltv", lm, task, prompts=6, seed=0, shots=2, epochs=2, train_prompts=8, val_prompts=4,
+                  mechanism=False, perturbations=128)
+    after = analyze("site", lm, task, **site)
+    assert not after.cache_hit  # recomputed: the LTV it looked for is cached now
+    row = after.baselines["ltv"]
+    assert row.metrics.accuracy == pytest.approx(ltv.table["ltv"].accuracy)
+    assert "epochs 2" in row.note and "train_prompts 8" in row.note  # the recipe off its defaults is named
+    assert "ltv" not in after.correlations  # the key heads need the mechanism
+    with_keys = analyze("ltv", lm, task, prompts=6, seed=0, shots=2, epochs=2, train_prompts=8, val_prompts=4,
+                        random_draws=2, perturbations=8, key_pct=20.0)
+    assert with_keys.per_layer[0].key_heads is not None
+    third = analyze("site", lm, task, **site)
+    assert not third.cache_hit and "ltv" in third.correlations
+    assert analyze("site", lm, task, **site).cache_hit
+    m = analyze("methods", lm, task, shots=2, prompts=6, site_m=4, site_shots=2, site_steps=4, top_k=3)
+    assert "ltv" in [r.key for r in m.rows] and not any("LTV" in x for x in m.missing)
 
 
 def test_cli_flags_and_api():

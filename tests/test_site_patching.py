@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from backend.analysis.kernel import analyze
-from backend.analysis.primitives import soft_select as S
+from backend.analysis.site import soft_select as S
 from backend.analysis.primitives.batching import encode
 from backend.analysis.primitives.inject import gold_tokens
 from backend.analysis.primitives.sweep import RowConfig, sweep_outcomes

@@ -9,12 +9,12 @@ import torch
 from pydantic import ValidationError
 
 from backend import build_vectors, geometry, perturbation_report, steer
-from backend.analysis.geometry import hidden_metrics, pca_view
+from backend.analysis.tsla.geometry import hidden_metrics, pca_view
 from backend.analysis.primitives.batching import encode, forward_last_logits, make_batch
 from backend.analysis.primitives.capture import capture_means
 from backend.analysis.primitives.sweep import RowConfig, sweep_outcomes
 from backend.analysis.primitives.tsla import label_space, projector
-from backend.analysis.vectors import head_set_vector
+from backend.analysis.tsla.vectors import head_set_vector
 from backend.hooks import hooked
 from backend.models import wrap
 from backend.tasks.base import Task, TaskError

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from backend.analysis.primitives import engine as S
+from backend.analysis.primitives import engine_fast as F
 from backend.analysis.primitives.engine import RowConfig, run_sweep
 
 from tiny_models import CONFIGS, tiny_model
@@ -95,7 +96,7 @@ def test_zero_and_mean_ablation_both_step_kinds(arch, gpt2_tokenizer, monkeypatc
     for f in (None, fill):
         ref = collect(lm, ids, configs, fill=f, engine="full", batch_size=8)
         for packed in (True, False):
-            monkeypatch.setattr(S, "PACKED", packed)
+            monkeypatch.setattr(F, "PACKED", packed)
             got = fast(lm, ids, configs, monkeypatch, fill=f, batch_size=3)
             assert (got - ref).abs().max().item() <= 1e-5, (f is not None, packed)
 
@@ -133,7 +134,7 @@ def test_one_token_prompts(arch, gpt2_tokenizer, monkeypatch):
     for ids in (prompts((1, 1, 1)), prompts((1, 4))):
         ref = collect(lm, ids, configs, engine="full")
         for packed in (True, False):
-            monkeypatch.setattr(S, "PACKED", packed)
+            monkeypatch.setattr(F, "PACKED", packed)
             assert (fast(lm, ids, configs, monkeypatch) - ref).abs().max().item() <= 1e-5
 
 
@@ -143,8 +144,8 @@ def test_eager_attention_uses_an_additive_packed_mask(arch, gpt2_tokenizer, monk
     ids, configs = prompts(seed=3), mixture(lm, seed=3)
     ref = collect(lm, ids, configs, engine="full")
     masks = []
-    real = S._packed_mask
-    monkeypatch.setattr(S, "_packed_mask", lambda *a: masks.append(r := real(*a)) or r)
+    real = F._packed_mask
+    monkeypatch.setattr(F, "_packed_mask", lambda *a: masks.append(r := real(*a)) or r)
     got = fast(lm, ids, configs, monkeypatch, batch_size=2)
     assert masks and all(m is not None and m.dtype == lm.dtype for m in masks)
     assert (got - ref).abs().max().item() <= 1e-5
@@ -166,8 +167,8 @@ def test_sliding_window_shorter_than_the_prompts(arch, gpt2_tokenizer, monkeypat
     ids, configs = prompts(), mixture(lm)
     ref = collect(lm, ids, configs, engine="full")
     masks = []
-    real = S._packed_mask
-    monkeypatch.setattr(S, "_packed_mask", lambda *a: masks.append(r := real(*a)) or r)
+    real = F._packed_mask
+    monkeypatch.setattr(F, "_packed_mask", lambda *a: masks.append(r := real(*a)) or r)
     got = fast(lm, ids, configs, monkeypatch, batch_size=3)
     assert (got - ref).abs().max().item() <= 1e-5
     assert any(m is None for m in masks) == (arch == "gemma2"), masks
@@ -206,11 +207,11 @@ def test_work_done_is_what_the_configurations_change(gpt2_tokenizer, monkeypatch
 
 def test_passes_start_at_their_earliest_layer():
     """Long prompts: one pass per start layer; short ones: start layers merge into fewer, fuller passes."""
-    plans = [S._Plan("all", start=s) for s in (5, 0, 9, 5, 2, 9)]
+    plans = [F._Plan("all", start=s) for s in (5, 0, 9, 5, 2, 9)]
     todo = list(range(len(plans)))
-    long = S._chunks(plans, todo, 12, tokens=8 * 512, per=4)
+    long = F._chunks(plans, todo, 12, tokens=8 * 512, per=4)
     assert [(s, sorted(c)) for s, c in long] == [(9, [2, 5]), (5, [0, 3]), (2, [4]), (0, [1])]
-    short = S._chunks(plans, todo, 12, tokens=2, per=4)
+    short = F._chunks(plans, todo, 12, tokens=2, per=4)
     assert len(short) < len(long) and all(len(c) <= 4 for _, c in short)
     assert sorted(c for _, cs in short for c in cs) == todo
     assert all(s == min(plans[c].start for c in cs) for s, cs in short)
@@ -221,7 +222,7 @@ def test_each_pair_once_after_out_of_memory(gpt2_tokenizer, monkeypatch):
     lm = _lm("gpt2", gpt2_tokenizer)
     ids, configs = prompts(), mixture(lm)
     ref = collect(lm, ids, configs, engine="full")
-    real, raised = S._from_layer, []
+    real, raised = F._from_layer, []
 
     def once(*a, **k):
         if not raised:
@@ -229,7 +230,7 @@ def test_each_pair_once_after_out_of_memory(gpt2_tokenizer, monkeypatch):
             raise torch.OutOfMemoryError("CUDA out of memory (simulated)")
         return real(*a, **k)
 
-    monkeypatch.setattr(S, "_from_layer", once)
+    monkeypatch.setattr(F, "_from_layer", once)
     got = fast(lm, ids, configs, monkeypatch, batch_size=4)  # collect asserts exactly once
     assert raised and (got - ref).abs().max().item() <= 1e-5
 
@@ -239,19 +240,19 @@ def test_falls_back_to_full_passes_for_the_rest(gpt2_tokenizer):
     lm = _lm("gpt2", gpt2_tokenizer)
     ids, configs = prompts(), mixture(lm)
     ref = collect(lm, ids, configs, engine="full")
-    real, calls = S._fast_batch, []
+    real, calls = F._fast_batch, []
 
     def second_fails(*a, **k):
         calls.append(1)
         if len(calls) == 2:
-            raise S._Unsupported("simulated")
+            raise F._Unsupported("simulated")
         return real(*a, **k)
 
-    S._fast_batch = second_fails
+    F._fast_batch = second_fails
     try:
         got = collect(lm, ids, configs, batch_size=2)
     finally:
-        S._fast_batch = real
+        F._fast_batch = real
     assert (got - ref).abs().max().item() <= 1e-5
 
 

@@ -20,9 +20,11 @@ from backend.analysis.kinds import Kind, register, unregister
 from backend.analysis.results import Result
 from backend.service.app import create_app
 from backend.service.limits import Limits
-from backend.service.ray_runner import Placement, RunnerUnavailable, connect, make_runner, model_bytes, placement
-from backend.service.ray_runner import RayConfig
-from backend.service.sweeps import Cell, compact, summarize
+from backend.service.ray_actors import Placement, model_bytes, placement
+from backend.service.ray_cluster import RayConfig, RunnerUnavailable, connect
+from backend.service.ray_runner import make_runner
+from backend.service.sweep_summary import compact, summarize
+from backend.service.sweeps import Cell
 
 REPO = Path(__file__).resolve().parents[1]
 SPEC = {"models": ["default"], "tasks": ["syn-sentiment", "syn-antonym"], "kinds": ["scores"], "seeds": [0, 1],
@@ -127,7 +129,9 @@ def test_sweep_bad_inputs_are_4xx_naming_them():
         assert c.get("/sweeps").json() == []  # nothing was started
     with TestClient(create_app(limits=Limits(max_sweep_jobs=3))) as c:  # HEADLENS_MAX_SWEEP_JOBS
         r = c.post("/sweeps", json=SPEC)
-        assert r.status_code == 422 and "more than 3 jobs (HEADLENS_MAX_SWEEP_JOBS)" in r.json()["detail"], r.text
+        assert r.status_code == 422, r.text  # 4 jobs, from the grid's size before any is admitted
+        assert "4 jobs (1 models x 2 tasks x 1 kinds x 2 seeds), over this server's limit of 3 " \
+               "(HEADLENS_MAX_SWEEP_JOBS)" in r.json()["detail"], r.text
         assert c.get("/sweeps").json() == []
 
 

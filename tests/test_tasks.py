@@ -173,8 +173,10 @@ def test_load_task_by_name_path_and_errors(tmp_path):
 
 def test_task_summary():
     s = task_summary(builtin_tasks()["sentiment"])
-    assert s == {"name": "sentiment", "kind": "classification", "n_examples": len(builtin_tasks()["sentiment"].examples),
+    n = len(builtin_tasks()["sentiment"].examples)
+    assert s == {"name": "sentiment", "kind": "classification", "n_examples": n, "n_queries": n - n // 2,
                  "labels": ["positive", "negative"], "models": "any", "description": s["description"]}
+    assert s["n_queries"] == builtin_tasks()["sentiment"].n_queries(7)  # the same for every seed
     assert task_summary(builtin_tasks()["antonym"])["labels"] is None
     json.dumps([task_summary(t) for t in builtin_tasks().values()])
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from backend.tasks.synthetic import build_world
-from backend.analysis.train_default import (CONFIGS, build_tokenizer, icl_batch, label_loss, lr_factor, main, rep_batch,
+from backend.analysis.general.train_default import (CONFIGS, build_tokenizer, icl_batch, label_loss, lr_factor, main, rep_batch,
                                             rep_length_at)
 
 

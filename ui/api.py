@@ -156,7 +156,8 @@ def health() -> dict[str, Any]:
 
 
 def capabilities() -> dict[str, Any]:
-    """{version, device, dtype, loaded_models, tasks, limits, job_kinds, model_root, allow_hub, auth_required}."""
+    """{version, device, dtype, loaded_models, tasks, limits, job_kinds, model_root, allow_hub, auth_required,
+    presets, allow_pull}."""
     return _call(lambda: client().capabilities(), "capabilities")
 
 
@@ -171,6 +172,16 @@ def upload_task(filename: str, content: bytes, kind: str | None = None) -> dict[
 
 
 # -- jobs -------------------------------------------------------------------------------------------------
+def models() -> list[dict[str, Any]]:
+    """The presets (named real models), pulled or not, with the state of the service's pull of each."""
+    return _call(lambda: client().models(), "models")
+
+
+def pull_model(name: str) -> dict[str, Any]:
+    """Start pulling a preset on the service; its entry of `models()`."""
+    return _call(lambda: client().pull_model(name), "pull_model")
+
+
 def run(kind: str, params: dict[str, Any], on_progress: OnProgress | None = None) -> dict[str, Any]:
     """Submit a job of page-kind `kind` (a key of KINDS) and wait for its result."""
     service_kind = KINDS.get(kind, kind)
@@ -198,6 +209,18 @@ def job(job_id: str) -> dict[str, Any]:
 def cancel(job_id: str) -> dict[str, Any]:
     """Withdraw this session from a job (`DELETE /jobs/{id}`): cancelled when no one else waits for it."""
     return _call(lambda: client().cancel(job_id), "cancel")
+
+
+def estimate(kind: str, params: dict[str, Any]) -> dict[str, Any] | None:
+    """The job's estimated work and time before it runs (`seconds`, `text`: "about 3 min", `admitted`, `refusal`);
+    None when the service cannot say (an older service, or a request it refuses for another reason: the job's own
+    submission then says why)."""
+    try:
+        return _call(lambda: client().estimate(KINDS.get(kind, kind), **params), "estimate")
+    except ApiError as e:
+        if e.kind in ("unreachable", "unauthorized", "internal"):
+            raise
+        return None
 
 
 def cached(kind: str, params: dict[str, Any]) -> dict[str, Any] | None:

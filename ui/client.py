@@ -84,7 +84,7 @@ class HeadlensClient:
             self._http = httpx.Client(base_url=self.base_url, headers=headers, timeout=timeout)
 
     # -- plumbing -------------------------------------------------------------------------------------
-    def _request(self, method: str, path: str, **kw: Any) -> Any:
+    def _request(self, method: str, path: str, raw: bool = False, **kw: Any) -> Any:
         try:
             r = self._http.request(method, path, **kw)
         except httpx.TransportError as e:
@@ -96,7 +96,7 @@ class HeadlensClient:
             except ValueError:
                 detail = r.text or r.reason_phrase
             raise ClientError(str(detail), status=r.status_code)
-        return r.json()
+        return r.content if raw else r.json()
 
     def close(self) -> None:
         self._http.close()
@@ -113,7 +113,8 @@ class HeadlensClient:
         return self._request("GET", "/health")
 
     def capabilities(self) -> dict[str, Any]:
-        """{version, device, dtype, loaded_models, tasks, limits, job_kinds, model_root, allow_hub, auth_required}."""
+        """{version, device, dtype, loaded_models, tasks, limits, job_kinds, model_root (whether one is set),
+        allow_hub, auth_required, presets, allow_pull}."""
         return self._request("GET", "/capabilities")
 
     def tasks(self) -> list[dict[str, Any]]:
@@ -125,6 +126,29 @@ class HeadlensClient:
         data = content.encode("utf-8") if isinstance(content, str) else content
         form = {"kind": kind} if kind else None
         return self._request("POST", "/tasks/upload", files={"file": (filename, data)}, data=form)
+
+    # -- saved tensors (learned task vectors, SITE alphas) -----------------------------------------------------------
+    def upload_tensor(self, data: bytes) -> dict[str, Any]:
+        """Add a saved vector or alpha file (.safetensors bytes, as ltv_train and site write them; checked whole):
+        {id, kind, model, task, d_model, n_layers, n_heads, shapes, bytes}; the id is what `load` takes. Malformed ->
+        ClientError (422); too large -> 413."""
+        return self._request("POST", "/tensors", content=data, headers={"content-type": "application/octet-stream"})
+
+    def tensor(self, tensor_id: str) -> bytes:
+        """The file (safetensors bytes) of a saved tensor: a result's `tensor`. Unknown -> ClientError (404)."""
+        from urllib.parse import quote
+
+        return self._request("GET", f"/tensors/{quote(tensor_id, safe='')}", raw=True)
+
+    # -- presets (named real models) ----------------------------------------------------------------------------
+    def models(self) -> list[dict[str, Any]]:
+        """[{name, title, family, shape, licence, download_bytes, disk_bytes, pulled, converted, pull: {status,
+        progress, message, error}}, ...]: every preset, pulled or not."""
+        return self._request("GET", "/models")
+
+    def pull_model(self, name: str) -> dict[str, Any]:
+        """Start pulling a preset on the service (or join the pull running); its entry of `models()`."""
+        return self._request("POST", f"/models/{name}/pull")
 
     # -- jobs -------------------------------------------------------------------------------------------------
     def submit(self, kind: str, **params: Any) -> str:
@@ -142,6 +166,11 @@ class HeadlensClient:
 
     def cancel(self, job_id: str) -> dict[str, Any]:
         return self._request("DELETE", f"/jobs/{job_id}")
+
+    def estimate(self, kind: str, **params: Any) -> dict[str, Any]:
+        """The job's estimated work and time (POST /jobs/estimate): `passes`, `seconds`, `text`, `admitted`, ...;
+        never queues or computes."""
+        return self._request("POST", "/jobs/estimate", json={"kind": kind, **params})
 
     def cached(self, kind: str, **params: Any) -> dict[str, Any] | None:
         """The job's result when the service has it cached, else None; never starts a computation."""

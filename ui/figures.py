@@ -6,6 +6,7 @@ grid. A third trace outlines the heads already selected.
 """
 from __future__ import annotations
 
+import html
 from typing import Any, Iterable, Sequence
 
 import numpy as np
@@ -44,7 +45,21 @@ OTHER_MAPS: dict[str, dict[str, Any]] = {
     "alpha": {"label": "α", "long": "SITE's learned head weight",
               "caption": "α per head: how far SITE moves the head's last-token output towards its task embedding.",
               "signed": False},
+    "cie": {"label": "CIE", "long": "causal indirect effect (function vector)",
+            "caption": "CIE (causal indirect effect, the function vector's ranking): the gain in p(gold) when the "
+                       "head's last-token z is set to its mean over the clean ICL prompts, on prompts whose "
+                       "demonstrations have shuffled inputs; here on the maps' own prompts. Positive: the head "
+                       "carries the task.",
+            "signed": True},
+    "recovered": {"label": "Recovered", "long": "share of the gold logit recovered by patching",
+                  "caption": "Recovered share: mean (gold logit patched − target) / mean (gold logit clean − target), "
+                             "patching only this head's last-token z from the clean ICL prompts into the target "
+                             "prompts. 1 = this head alone restores the clean gold logit; 0 = no effect.",
+                  "signed": True},
+    "diff": {"label": "A − B", "long": "difference of two maps", "caption": "", "signed": True},
 }
+EXTRA_MAPS = ("cie",)
+"""Head-map-page maps beyond the five of `scores`, computed by another job on request (the patching kind)."""
 ORDER_STYLE = {
     "tr": {"name": "top TR", "color": "#1f77b4"},
     "tl": {"name": "top TL", "color": "#ff7f0e"},
@@ -52,13 +67,21 @@ ORDER_STYLE = {
     "random": {"name": "random (mean ± sd)", "color": "#7f7f7f"},
 }
 SELECT_COLOR = "#00e0ff"
+TOP_COLOR, TOP_COLOR_NAME = "#ff2d95", "pink"
+"""The outline of the top heads of a map (the selection's is SELECT_COLOR, drawn larger around it)."""
 FONT = "Inter, 'Source Sans Pro', system-ui, sans-serif"
+
+
+def esc(text: Any) -> str:
+    """Text from a tokenizer, a task file or a user, fit for a plotly label, title or hover: plotly reads `<s>`,
+    `<b>`, `<i>`... in them as tags (a tokenizer's `<s>` vanished as a strikethrough); escaped, it shows as is."""
+    return html.escape(str(text), quote=False)
 
 
 def caption(model: str, task: str | None, shots: int | None = None, k: int | str | None = None) -> str:
     """What a figure was computed on, for its title (exported PNGs carry it): "default · syn-sentiment · 8 shots ·
-    top 4 heads"."""
-    parts = [str(model), str(task)]
+    top 4 heads" (the names escaped: see `esc`)."""
+    parts = [esc(model), esc(task)]
     if shots is not None:
         parts.append(f"{shots} shot{'s' if shots != 1 else ''}")
     if k is not None:
@@ -71,9 +94,9 @@ def subtitle(text: str) -> str:
     return f"<br><span style='font-size:11px;color:#777'>{text}</span>"
 
 
-def png_config(filename: str, scale: int = 2) -> dict[str, Any]:
-    """`config=` for st.plotly_chart: the modebar's camera button saves a `filename`.png at `scale`x."""
-    return {"displaylogo": False, "toImageButtonOptions": {"format": "png", "filename": filename, "scale": scale},
+def png_config(filename: str, scale: int = 2, fmt: str = "png") -> dict[str, Any]:
+    """`config=` for st.plotly_chart: the modebar's camera button saves `filename`.<fmt> (png at `scale`x, or svg)."""
+    return {"displaylogo": False, "toImageButtonOptions": {"format": fmt, "filename": filename, "scale": scale},
             "modeBarButtonsToRemove": ["autoScale2d", "toggleSpikelines"]}
 
 
@@ -99,17 +122,39 @@ def top_k(values: np.ndarray, k: int) -> list[Head]:
     return [(int(i // H), int(i % H)) for i in order]
 
 
+MODEBAR_PX = 34
+"""Height of the band at a figure's top that plotly's toolbar (the modebar: camera, zoom, ...) covers."""
+
+
+def clear_of_modebar(fig: go.Figure) -> go.Figure:
+    """Put the title (and the subplots' titles) below the toolbar's band: it covered the titles' right ends. The
+    title hangs from MODEBAR_PX below the top; the top margin grows to hold it (at least the band when untitled)."""
+    text = str(fig.layout.title.text or "")
+    lines = (1 + text.count("<br>")) if text else 0
+    need = MODEBAR_PX + (8 + 22 * lines if lines else 0) + (18 if fig.layout.annotations else 0)
+    fig.update_layout(title=dict(yref="container", y=1, yanchor="top", pad=dict(t=MODEBAR_PX)),
+                      margin=dict(t=max(int(fig.layout.margin.t or 0), need)))
+    return fig
+
+
 def _style(fig: go.Figure, height: int) -> go.Figure:
     two_lines = "<br>" in str(fig.layout.title.text or "")
     fig.update_layout(height=height + (30 if two_lines else 0), margin=dict(l=10, r=10, t=96 if two_lines else 40, b=10),
                       font=dict(family=FONT), hoverlabel=dict(font=dict(family=FONT)),
                       legend=dict(orientation="h", y=-0.2))
-    return fig
+    return clear_of_modebar(fig)
 
 
 def map_spec(metric: str) -> dict[str, Any]:
     """The label, long name, caption and sign of a per-head map: one of the five head maps or another heatmap."""
     return METRICS[metric] if metric in METRICS else OTHER_MAPS[metric]
+
+
+def _top_legend(fig: go.Figure) -> go.Figure:
+    """The top heads' legend entry above the plot's right end (below it, it sat on the axis title)."""
+    fig.update_layout(legend=dict(orientation="h", x=1.0, xanchor="right", y=1.0, yanchor="bottom",
+                                  bgcolor="rgba(0,0,0,0)", font=dict(size=11)))
+    return fig
 
 
 def _colorscale(metric: str) -> dict[str, Any]:
@@ -122,11 +167,24 @@ def _fmt(x: float) -> str:
     return f"{x:.4g}"
 
 
+def top_set(values: Any, top: "int | Iterable[Sequence[int]] | None") -> list[Head]:
+    """The heads to outline as a map's top heads: `top` heads given, or the `top` largest of `values` (ties by
+    position, as the backend's top-k lists are), or none."""
+    if top is None:
+        return []
+    if isinstance(top, (int, np.integer)):
+        return top_k(np.asarray(values, dtype=float), int(top)) if int(top) > 0 else []
+    return [(int(l), int(h)) for l, h in top]
+
+
 def head_heatmap(values: Any, metric: str, selected: Iterable[Sequence[int]] = (), title: str | None = None,
-                 height: int | None = None) -> go.Figure:
+                 height: int | None = None, top: "int | Iterable[Sequence[int]] | None" = None,
+                 top_name: str | None = None) -> go.Figure:
     """Layer (rows, layer 0 on top) x head (columns) heatmap of one (L, H) map, selectable by head.
 
-    Hover shows the head, the value and its rank among all L*H heads (1 = largest)."""
+    Hover shows the head, the value and its rank among all L*H heads (1 = largest). `top` (a count, or the heads)
+    outlines the map's top heads in TOP_COLOR (legend: `top_name`, default "top k"); the selection's outline is
+    drawn larger, so a head that is both shows both."""
     z = np.asarray(values, dtype=float)
     L, H = z.shape
     rk = ranks(z)
@@ -150,6 +208,14 @@ def head_heatmap(values: Any, metric: str, selected: Iterable[Sequence[int]] = (
         x=[h for _, h in sel], y=[l for l, _ in sel], mode="markers", name="selected", showlegend=False,
         hoverinfo="skip", marker=dict(symbol="square-open", size=cell, color=SELECT_COLOR,
                                       line=dict(width=3, color=SELECT_COLOR))))
+    tops = [(l, h) for l, h in top_set(z, top) if 0 <= l < L and 0 <= h < H]
+    if tops:
+        fig.add_trace(go.Scatter(
+            x=[h for _, h in tops], y=[l for l, _ in tops], mode="markers", showlegend=True,
+            name=top_name or f"top {len(tops)} by {label}", hoverinfo="skip",
+            marker=dict(symbol="square-open", size=max(4.0, cell * 0.7), color=TOP_COLOR,
+                        line=dict(width=2, color=TOP_COLOR))))
+        _top_legend(fig)
     fig.update_xaxes(title_text="head", tickmode="linear" if H <= 40 else "auto", dtick=1 if H <= 40 else None,
                      range=[-0.5, H - 0.5], showgrid=False, zeroline=False)
     fig.update_yaxes(title_text="layer", range=[L - 0.5, -0.5], tickmode="linear" if L <= 40 else "auto",
@@ -157,41 +223,74 @@ def head_heatmap(values: Any, metric: str, selected: Iterable[Sequence[int]] = (
     fig.update_layout(title=dict(text=title or f"{label}: {map_spec(metric)['long']}", x=0.0, xanchor="left"),
                       clickmode="event+select", dragmode="zoom", hovermode="closest",
                       plot_bgcolor="rgba(0,0,0,0)")
-    return _style(fig, height)
+    _style(fig, height)
+    return _top_legend(fig) if tops else fig
 
 
-def all_maps(result: dict[str, Any], selected: Iterable[Sequence[int]] = (), title: str | None = None) -> go.Figure:
+def all_maps(result: dict[str, Any], selected: Iterable[Sequence[int]] = (), title: str | None = None,
+             top: int | None = None) -> go.Figure:
     """The five maps side by side, each on its own colour scale with its own colour bar (hover for value and
-    rank)."""
-    names = list(METRICS)
+    rank); `top` (default: the result's `top_k`) outlines each map's top heads."""
+    top = int(result.get("top_k") or 0) if top is None else int(top)
+    return maps_row([(m, result[m], METRICS[m]["label"]) for m in METRICS], selected, title, top)
+
+
+def maps_row(maps: Sequence[tuple[str, Any, str]], selected: Iterable[Sequence[int]] = (), title: str | None = None,
+             top: "int | Sequence[Iterable[Sequence[int]] | None] | None" = None,
+             shared_scale: bool = False) -> go.Figure:
+    """Head maps side by side: (metric spec, values (layers, heads), subplot title) each, on its own colour scale
+    with its own colour bar; `top` outlines each map's top heads (a count, or per map its heads); `shared_scale`:
+    the maps of the first map's metric on one colour range (two runs of the same map)."""
+    names = [m for m, _, _ in maps]
     sel = [(int(l), int(h)) for l, h in selected]
-    fig = make_subplots(rows=1, cols=len(names), subplot_titles=[METRICS[m]["label"] for m in names],
-                        shared_yaxes=True, horizontal_spacing=0.055)
+    zs = [np.asarray(v, dtype=float) for _, v, _ in maps]
+    same = [z for m, z in zip(names, zs) if m == names[0]]
+    lo, hi = min(float(np.nanmin(z)) for z in same), max(float(np.nanmax(z)) for z in same)
+    if map_spec(names[0])["signed"]:
+        lo, hi = -max(abs(lo), abs(hi)), max(abs(lo), abs(hi))
+    fig = make_subplots(rows=1, cols=len(names), subplot_titles=[t for _, _, t in maps],
+                        shared_yaxes=len({z.shape for z in zs}) == 1, horizontal_spacing=0.055 if len(names) > 3
+                        else 0.08)
     for i, m in enumerate(names, start=1):
-        z = np.asarray(result[m], dtype=float)
+        spec = map_spec(m)
+        z = zs[i - 1]
         L, H = z.shape
         rk = ranks(z)
-        text = [[f"L{l}.H{h}<br>{METRICS[m]['label']} = {_fmt(z[l, h])}<br>rank {rk[l, h]} of {L * H}"
+        text = [[f"L{l}.H{h}<br>{spec['label']} = {_fmt(z[l, h])}<br>rank {rk[l, h]} of {L * H}"
                  for h in range(H)] for l in range(L)]
         right = fig.layout[f"xaxis{i if i > 1 else ''}"].domain[1]
+        scale = _colorscale(m)
+        if shared_scale and m == names[0] and hi > lo:
+            scale.update(zmin=lo, zmax=hi)
         fig.add_trace(go.Heatmap(z=z, showscale=True, text=text, hovertemplate="%{text}<extra></extra>",
-                                 name=METRICS[m]["label"], xgap=1, ygap=1,
+                                 name=spec["label"], xgap=1, ygap=1,
                                  colorbar=dict(x=right + 0.004, xanchor="left", thickness=9, len=0.9,
-                                               tickfont=dict(size=9)), **_colorscale(m)), row=1, col=i)
+                                               tickfont=dict(size=9)), **scale), row=1, col=i)
         if sel:
             fig.add_trace(go.Scatter(x=[h for _, h in sel], y=[l for l, _ in sel], mode="markers",
                                      hoverinfo="skip", showlegend=False,
                                      marker=dict(symbol="square-open", size=9, color=SELECT_COLOR,
                                                  line=dict(width=2, color=SELECT_COLOR))), row=1, col=i)
+        tops = top_set(z, top if top is None or isinstance(top, (int, np.integer)) else top[i - 1])
+        if tops:
+            fig.add_trace(go.Scatter(x=[h for _, h in tops], y=[l for l, _ in tops], mode="markers",
+                                     hoverinfo="skip", showlegend=i == 1, legendgroup="top",
+                                     name=f"top {len(tops)} of each map" if isinstance(top, (int, np.integer))
+                                     else f"top {len(tops)} heads",
+                                     marker=dict(symbol="square-open", size=6, color=TOP_COLOR,
+                                                 line=dict(width=1.5, color=TOP_COLOR))), row=1, col=i)
         fig.update_xaxes(showgrid=False, zeroline=False, title_text="head", row=1, col=i)
     fig.update_yaxes(autorange="reversed", showgrid=False, zeroline=False)
     fig.update_yaxes(title_text="layer", row=1, col=1)
-    L = np.asarray(result[names[0]]).shape[0]
+    L = max(z.shape[0] for z in zs)
     if title:
         fig.update_layout(title=dict(text=title, x=0.0))
-    _style(fig, int(min(520, max(260, 22 * L + 140))))
-    fig.update_layout(margin=dict(t=96 if title else 60, r=40))
-    return fig
+    _style(fig, int(min(520, max(260, 22 * L + 140))) + (36 if top else 0))
+    fig.update_layout(margin=dict(t=96 if title else 60, r=40, b=90 if top else 10))
+    if top:  # below the axis titles (above the maps it sat on the last subplot's title)
+        fig.update_layout(legend=dict(orientation="h", x=1.0, xanchor="right", y=-0.36, yanchor="top",
+                                      bgcolor="rgba(0,0,0,0)", font=dict(size=11)))
+    return clear_of_modebar(fig)
 
 
 def layer_distribution(result: dict[str, Any], k: int, title: str | None = None) -> go.Figure:
@@ -236,6 +335,24 @@ def icl_curve(icl: dict[str, Any], title: str | None = None) -> go.Figure:
                       xaxis=dict(title="demonstrations in the prompt (k)", tickmode="array", tickvals=k),
                       yaxis=dict(title="% of prompts", range=[-3, 103]))
     return _style(fig, 360)
+
+
+def rises(abl: dict[str, Any], tol: float = 0.01) -> list[str]:
+    """Where a top-head ablation curve goes up as k grows (by more than `tol`), its largest rise per measure:
+    "top TL, TR ratio: k 4 → 8 (20% → 40%)" (the random curves' means wander by chance: left out)."""
+    ks = list(abl["ks"])
+    out = []
+    for name, c in abl["curves"].items():
+        if name == "random":
+            continue
+        for m in METRIC_STYLE:
+            ys = c.get(m) or []
+            ups = [i for i in range(1, len(ys)) if ys[i] > ys[i - 1] + tol]
+            if ups:
+                i = max(ups, key=lambda j: ys[j] - ys[j - 1])
+                out.append(f"{ORDER_STYLE.get(name, {'name': name})['name']}, {METRIC_STYLE[m]['name']}: k {ks[i - 1]} → "
+                           f"{ks[i]} ({100 * ys[i - 1]:.0f}% → {100 * ys[i]:.0f}%)")
+    return out
 
 
 def ablation_curves(abl: dict[str, Any], title: str | None = None) -> go.Figure:

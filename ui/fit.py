@@ -37,7 +37,7 @@ def show(r: dict[str, Any] | None, model: str) -> None:
     if r["verdict"] == "refuse":
         st.error(f"**This task does not fit model `{model}`**: {summary(r)}.\n\n{why}", icon=":material/block:")
     elif r["verdict"] == "warn":
-        st.warning(f"**This task may not fit model `{model}`**: {summary(r)}.\n\n{why}", icon=":material/warning:")
+        jobs.warn(f"**This task may not fit model `{model}`**: {summary(r)}.\n\n{why}")
     else:
         st.caption(f":material/check_circle: Fits `{model}`: {summary(r)}.")
 

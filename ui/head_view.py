@@ -4,7 +4,7 @@ What CircuitsVis, the LLM Transparency Tool and a TransformerLens notebook show:
 the prompt's tokens as a token view (hover a token: what it attends to, and each weight), the head's write
 projected onto each label's unembedding (per-label DLA), its TR / TL / induction ranks, what zero-ablating it does
 on this prompt, and the model's top next tokens (per layer, with the logit lens). Built from the `head` job
-(backend/analysis/head.py); no torch here.
+(backend/analysis/general/head.py); no torch here.
 """
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ import pandas as pd
 import plotly.graph_objects as go
 import streamlit as st
 
-from . import figures, snippets, state
+from . import figures, share, snippets, state
 
 TOKEN_CSS = """
 <style>
@@ -60,11 +60,14 @@ TOKEN_JS = """
 """
 
 
-def job_params(s: state.Settings, head: tuple[int, int], prompt: int, text: str | None, lens: bool) -> dict[str, Any]:
-    """The `head` job's parameters for the current settings."""
+def job_params(s: state.Settings, head: tuple[int, int], prompt: int, text: str | None, lens: bool,
+               grid: bool = False) -> dict[str, Any]:
+    """The `head` job's parameters for the current settings (`grid`: every head of the layer too)."""
     p = s.job(head=[int(head[0]), int(head[1])], prompt=int(prompt), logit_lens=bool(lens))
     if text:
         p["text"] = text
+    if grid:
+        p["layer_heads"] = True
     return p
 
 
@@ -90,12 +93,17 @@ def token_view_html(r: dict[str, Any], uid: str = "hl-tv") -> str:
             + "".join(spans) + "</div>" + TOKEN_JS % {"uid": uid})
 
 
+def token_labels(r: dict[str, Any]) -> list[str]:
+    """The prompt's tokens as plotly labels: newlines shown as ↵, an empty token as ∅, escaped (`<s>` shows)."""
+    return [figures.esc(t.replace("\n", "↵") or "∅") for t in r["tokens"]]
+
+
 def attention_figure(r: dict[str, Any], title: str | None = None) -> go.Figure:
     """The last token's attention over the prompt's tokens, as bars (x: token position, labelled by token)."""
     w = r["attention"][-1]
-    toks = [t.replace("\n", "↵") or "∅" for t in r["tokens"]]
+    toks = token_labels(r)
     fig = go.Figure(go.Bar(x=list(range(len(w))), y=w, marker_color="#1f77b4", name="attention",
-                           customdata=toks, hovertemplate="token %{x} %{customdata!r}: %{y:.4f}<extra></extra>"))
+                           customdata=toks, hovertemplate="token %{x} “%{customdata}”: %{y:.4f}<extra></extra>"))
     fig.update_xaxes(tickmode="array", tickvals=list(range(len(w))), ticktext=toks, tickangle=-60, title_text="source token")
     fig.update_yaxes(title_text="attention weight", rangemode="tozero")
     fig.update_layout(title=dict(text=title or f"L{r['layer']}.H{r['head']}: attention from the last token", x=0.0),
@@ -105,25 +113,65 @@ def attention_figure(r: dict[str, Any], title: str | None = None) -> go.Figure:
 
 def pattern_figure(r: dict[str, Any], title: str | None = None) -> go.Figure:
     """The whole attention pattern (destination rows x source columns)."""
-    toks = [t.replace("\n", "↵") or "∅" for t in r["tokens"]]
+    toks = token_labels(r)
     rows = r["attention_rows"]
     fig = go.Figure(go.Heatmap(z=r["attention"], x=list(range(len(toks))), y=rows, colorscale="Blues", zmin=0,
-                               customdata=[[f"{toks[i]!r} → {toks[j]!r}" for j in range(len(toks))] for i in rows],
+                               customdata=[[f"“{toks[i]}” → “{toks[j]}”" for j in range(len(toks))] for i in rows],
                                hovertemplate="%{customdata}: %{z:.4f}<extra></extra>",
                                colorbar=dict(title=dict(text="weight", side="right"), thickness=10)))
-    fig.update_xaxes(tickmode="array", tickvals=list(range(len(toks))), ticktext=toks, tickangle=-60,
-                     title_text="source token")
-    fig.update_yaxes(tickmode="array", tickvals=rows, ticktext=[toks[i] for i in rows], autorange="reversed",
-                     title_text="destination token")
+    step = max(1, -(-len(toks) // 60))  # at most ~60 tick labels a side, so they stay readable
+    fig.update_xaxes(tickmode="array", tickvals=list(range(0, len(toks), step)), ticktext=toks[::step], tickangle=-60,
+                     title_text="source token", constrain="domain")
+    fig.update_yaxes(tickmode="array", tickvals=rows[::step], ticktext=[toks[i] for i in rows[::step]],
+                     autorange="reversed", title_text="destination token")
     fig.update_layout(title=dict(text=title or f"L{r['layer']}.H{r['head']}: attention pattern", x=0.0))
-    return figures._style(fig, int(min(720, max(320, 14 * len(rows) + 160))))
+    return figures._style(fig, int(min(900, max(420, 16 * len(rows) + 200))))
+
+
+GRID_HOVER_CELLS = 60_000
+"""Up to this many cells (heads x rows x tokens) the layer grid's hover names both tokens; beyond it, positions."""
+
+
+def layer_grid_figure(r: dict[str, Any], title: str | None = None, cols: int = 4) -> go.Figure:
+    """Every head of the drilled head's layer, one small attention pattern each (destination rows x source tokens),
+    on one 0..1 scale, the drilled head's panel titled in bold: CircuitsVis' attention-pattern grid."""
+    from plotly.subplots import make_subplots
+
+    att = r["layer_attention"]
+    H, toks, rows = len(att), token_labels(r), r["attention_rows"]
+    cols = max(1, min(cols, H))
+    n_rows = -(-H // cols)
+    names = [f"<b>H{h} (drilled)</b>" if h == r["head"] else f"H{h}" for h in range(H)]
+    fig = make_subplots(rows=n_rows, cols=cols, subplot_titles=names, horizontal_spacing=0.03,
+                        vertical_spacing=0.08 if n_rows > 1 else 0.0)
+    named = H * len(rows) * len(toks) <= GRID_HOVER_CELLS
+    step = max(1, -(-len(toks) // 24))
+    for h in range(H):
+        rr, cc = h // cols + 1, h % cols + 1
+        kw: dict[str, Any] = {}
+        if named:
+            kw["customdata"] = [[f"“{toks[i]}” → “{toks[j]}”" for j in range(len(toks))] for i in rows]
+            kw["hovertemplate"] = f"L{r['layer']}.H{h} %{{customdata}}: %{{z:.3f}}<extra></extra>"
+        else:
+            kw["hovertemplate"] = f"L{r['layer']}.H{h} token %{{y}} → token %{{x}}: %{{z:.3f}}<extra></extra>"
+        fig.add_trace(go.Heatmap(z=att[h], x=list(range(len(toks))), y=rows, zmin=0, zmax=1, colorscale="Blues",
+                                 showscale=h == 0, colorbar=dict(title=dict(text="weight", side="right"),
+                                                                 thickness=10, len=0.6), **kw), row=rr, col=cc)
+        fig.update_xaxes(tickmode="array", tickvals=list(range(0, len(toks), step)), ticktext=toks[::step],
+                         tickangle=-60, tickfont=dict(size=8), showticklabels=rr == n_rows, constrain="domain",
+                         row=rr, col=cc)
+        fig.update_yaxes(autorange="reversed", tickmode="array", tickvals=rows[::step],
+                         ticktext=[toks[i] for i in rows[::step]], tickfont=dict(size=8), showticklabels=cc == 1,
+                         scaleanchor=f"x{h + 1 if h else ''}", row=rr, col=cc)
+    fig.update_layout(title=dict(text=title or f"Layer {r['layer']}: every head's attention pattern", x=0.0))
+    return figures._style(fig, int(min(1400, n_rows * (300 if len(toks) > 24 else 220) + 120)))
 
 
 def dla_figure(r: dict[str, Any], title: str | None = None) -> go.Figure:
     """The head's last-token write dotted with each label's unembedding row, gold highlighted."""
     labels = [str(x) for x in r["labels"]]
     colors = ["#2ca02c" if x == r.get("gold") else "#9467bd" for x in labels]
-    fig = go.Figure(go.Bar(x=r["label_dla"], y=[x.strip() or repr(x) for x in labels], orientation="h",
+    fig = go.Figure(go.Bar(x=r["label_dla"], y=[figures.esc(x.strip() or repr(x)) for x in labels], orientation="h",
                            marker_color=colors, hovertemplate="%{y}: %{x:.4g}<extra></extra>"))
     fig.update_xaxes(title_text="write · unembedding (logit contribution)", zeroline=True, zerolinecolor="#888")
     fig.update_yaxes(autorange="reversed")
@@ -142,7 +190,7 @@ def render(r: dict[str, Any], s: state.Settings, params: dict[str, Any], n_heads
     """The drill-down views of a `head` result; `compact` (the Head map's panel) leaves out the pattern grid,
     the top tokens and the logit lens."""
     name = f"L{r['layer']}.H{r['head']}"
-    ctx = figures.subtitle(figures.caption(s.model, s.task, r.get("shots")))
+    ctx = figures.subtitle(figures.caption(s.model, s.task_title, r.get("shots")))
     where = "your own prompt" if r.get("prompt_index") is None else f"prompt {r['prompt_index']}"
     m = st.columns(5)
     m[0].metric(f"TR ({where})", f"{r['tr']:.3g}", help="‖P o‖: the head's write inside the span of the labels' "
@@ -157,11 +205,10 @@ def render(r: dict[str, Any], s: state.Settings, params: dict[str, Any], n_heads
     st.html(token_view_html(r, f"hl-tv-{key}"), unsafe_allow_javascript=True)
     c1, c2 = st.columns([3, 2], gap="medium")
     with c1:
-        st.plotly_chart(attention_figure(r, f"{name}: attention from the last token{ctx}"), key=f"{key}_att",
-                        config=figures.png_config(f"attention-{name}-{s.task}"))
+        share.chart(attention_figure(r, f"{name}: attention from the last token{ctx}"), "attention", key=f"{key}_att",
+                    heads=[(r["layer"], r["head"])])
     with c2:
-        st.plotly_chart(dla_figure(r, f"{name}: per-label DLA{ctx}"), key=f"{key}_dla",
-                        config=figures.png_config(f"dla-{name}-{s.task}"))
+        share.chart(dla_figure(r, f"{name}: per-label DLA{ctx}"), "dla", key=f"{key}_dla", heads=[(r["layer"], r["head"])])
     gold = r.get("gold")
     ab = r["ablated"]
     st.markdown(f"**Ablating {name} on this prompt** (zero ablation): prediction "
@@ -171,23 +218,29 @@ def render(r: dict[str, Any], s: state.Settings, params: dict[str, Any], n_heads
                 + f" · ‖write‖ = {r['write_norm']:.3g}")
     table = pd.DataFrame({"label": [str(x).strip() for x in r["labels"]], "DLA": r["label_dla"],
                           "p before": r["label_probs"], "p ablated": ab["label_probs"]})
-    st.dataframe(table, hide_index=True, key=f"{key}_labels",
+    share.dataframe(f"{name}: per-label DLA and ablation", table, hide_index=True, key=f"{key}_labels",
                  column_config={c: st.column_config.NumberColumn(format="%.4g") for c in ("DLA", "p before",
                                                                                           "p ablated")})
     snippets.show("head", params, "r.tokens, r.attention        # the pattern: rows r.attention_rows x tokens\n"
                                   "r.labels, r.label_dla        # per-label direct logit attribution\n"
                                   "r.ranks, r.ablated.gold_prob")
+    if r.get("layer_attention"):
+        st.markdown(f"**All {len(r['layer_attention'])} heads of layer {r['layer']}** (attention patterns, "
+                    "CircuitsVis' grid; darker = more)")
+        share.chart(layer_grid_figure(r, f"Layer {r['layer']}: every head's attention pattern{ctx}"), "layer-grid",
+                    key=f"{key}_grid", heads=f"L{r['layer']}")
     if compact:
         return
-    with st.expander("The whole attention pattern (every destination token)"):
-        st.plotly_chart(pattern_figure(r, f"{name}: attention pattern{ctx}"), key=f"{key}_pattern",
-                        config=figures.png_config(f"pattern-{name}-{s.task}"))
+    # drawn only when shown: a chart drawn inside a collapsed expander keeps the width it had there (a ~64 px strip)
+    if st.toggle("The whole attention pattern (every destination token)", key=f"w_{key}_pattern"):
+        share.chart(pattern_figure(r, f"{name}: attention pattern{ctx}"), "pattern", key=f"{key}_pattern",
+                    heads=[(r["layer"], r["head"])])
     t1, t2 = st.columns(2, gap="medium")
     with t1:
         st.markdown("**Top next tokens**")
         after = ab.get("top_probs") or [next((a["prob"] for a in ab["top"] if a["id"] == t["id"]), None)
                                         for t in r["top"]]
-        st.dataframe(pd.DataFrame([{"token": t["token"], "p": t["prob"], "p with the head ablated": a}
+        share.dataframe(f"{name}: top next tokens", pd.DataFrame([{"token": t["token"], "p": t["prob"], "p with the head ablated": a}
                                    for t, a in zip(r["top"], after)]), hide_index=True, key=f"{key}_top",
                      column_config={"p": st.column_config.NumberColumn(format="%.4f"),
                                     "p with the head ablated": st.column_config.NumberColumn(format="%.4f")})
@@ -195,7 +248,7 @@ def render(r: dict[str, Any], s: state.Settings, params: dict[str, Any], n_heads
         lens = r.get("logit_lens")
         st.markdown("**Logit lens** (top tokens after each layer)")
         if lens:
-            st.dataframe(pd.DataFrame([{"layer": i, **{f"#{j + 1}": f"{t['token'].strip() or '∅'} ({t['prob']:.2f})"
+            share.dataframe(f"{name}: logit lens", pd.DataFrame([{"layer": i, **{f"#{j + 1}": f"{t['token'].strip() or '∅'} ({t['prob']:.2f})"
                                                          for j, t in enumerate(row)}} for i, row in enumerate(lens)]),
                          hide_index=True, key=f"{key}_lens")
         else:

@@ -101,6 +101,7 @@ def quick_picks(scores: dict[str, Any] | None, n_layers: int, n_heads: int, key:
     slots[2].button("Top TL", on_click=top, args=("tl",), disabled=not has, key=f"q_tl_{key}", width="stretch")
     slots[3].button("Top induction", on_click=top, args=("induction",), disabled=not has, key=f"q_ind_{key}",
                     width="stretch")
-    slots[4].button("Random", on_click=rand, key=f"q_rand_{key}", width="stretch", icon=":material/casino:")
+    slots[4].button("Random", on_click=rand, key=f"q_rand_{key}", width="stretch",
+                    icon=None if compact else ":material/casino:")  # a narrow column: the label alone fits
     slots[5].button("Clear", on_click=put, args=([],), key=f"q_clear_{key}", width="stretch",
-                    icon=":material/close:")
+                    icon=None if compact else ":material/close:")

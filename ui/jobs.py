@@ -16,13 +16,14 @@ Results carry `_waited` (seconds from the request to the result) next to the ser
 """
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import streamlit as st
 
-from . import api, state
+from . import api, share, state
 
 ERROR_TITLES = {
     "unreachable": "The headlens service is unreachable.",
@@ -38,22 +39,72 @@ POLL_MAX_S = 0.15
 DRAW_AFTER_S = 0.4  # a job still running after this gets its progress bar and Cancel button
 REDRAW_S = 0.5  # the bar's seconds counter moves at this pace (a stage change redraws at once)
 TIMEOUT_S = api.JOB_TIMEOUT_S
+SHOW_ESTIMATE_S = 5.0  # a job estimated to take longer gets its estimated time in its Run row and progress bar
+
+
+def log_note() -> str:
+    """Where the servers' full output is, when `python -m backend launch` started them (it sets HEADLENS_LOG)."""
+    path = os.environ.get("HEADLENS_LOG")
+    return f"The servers' full output (tracebacks included) is in `{path}`." if path else \
+        "`python -m backend launch` writes the servers' full output to `logs/headlens.log`."
+
+
+def error_box(title: str, message: str, details: str, hint: str = "") -> None:
+    """An error as one sentence (`title`: what failed, and the message's first line), and an expander with
+    everything (`details`: the full message, a traceback) in a code block with a copy button, and the log."""
+    first = message.strip().splitlines()[0] if message.strip() else ""
+    st.error(f"**{title}**" + (f" {first}" if first else "") + (f"\n\n{hint}" if hint else ""),
+             icon=":material/error:")
+    with st.expander("Details", icon=":material/bug_report:"):
+        st.code(details, language=None, wrap_lines=True)  # its copy button copies it all
+        st.caption(log_note())
 
 
 def show_error(e: api.ApiError, what: str | None = None) -> None:
-    """One st.error: what failed, the service's message, and what to do where we know it."""
+    """What failed, the service's message, and what to do where we know it; the details in an expander."""
     title = ERROR_TITLES.get(e.kind, "Error.")
     if what:
         title = f"{what}: {title[0].lower()}{title[1:]}"
-    body = f"**{title}**\n\n{e.message}"
-    if e.hint:
-        body += f"\n\n{e.hint}"
-    st.error(body, icon=":material/error:")
+    details = f"{title}\n{e.message}\n\nkind: {e.kind}" + (f", HTTP status {e.status}" if e.status else "") + \
+              f"\nservice: {api.backend_url()}"
+    error_box(title, e.message, details, e.hint)
+
+
+def begin_page() -> None:
+    """Start this run's box of warnings and notes (`layout.page_setup` calls it first on every page)."""
+    st.session_state["_hl_box"] = {"warnings": [], "notes": [], "holder": None}
+
+
+def warn(text: str, note: bool = False) -> None:
+    """Add a warning (or a note) to the page's one box: each text once per page, all of them in one collapsible
+    box drawn where the first one came (the results' warnings, the fit check's, a link's ignored values)."""
+    box = st.session_state.get("_hl_box")
+    if box is None:
+        begin_page()
+        box = st.session_state["_hl_box"]
+    into = box["notes" if note else "warnings"]
+    if text in into:
+        return
+    into.append(text)
+    w, n = box["warnings"], box["notes"]
+    if box["holder"] is None:
+        box["holder"] = st.empty()
+    parts = ([f"{len(w)} warning{'s' if len(w) != 1 else ''}"] if w else []) + \
+            ([f"{len(n)} note{'s' if len(n) != 1 else ''}"] if n else [])
+    with box["holder"].container():
+        with st.expander(" · ".join(parts) + " on this page", icon=":material/warning:" if w else ":material/info:"):
+            for x in w:
+                st.warning(x, icon=":material/warning:")
+            for x in n:
+                st.caption(f":material/info: {x}")
 
 
 def show_warnings(result: dict[str, Any] | None) -> None:
+    """A result's warnings and notes, into the page's one box (see `warn`)."""
     for w in (result or {}).get("warnings") or []:
-        st.warning(w, icon=":material/warning:")
+        warn(w)
+    for n in (result or {}).get("notes") or []:
+        warn(n, note=True)
 
 
 def timing(result: dict[str, Any]) -> str:
@@ -132,13 +183,18 @@ def peek(kind: str, params: dict[str, Any], *, ask_service: bool = True) -> dict
     """A result without computing: this session's memory, else (with `ask_service`) the service's cache."""
     hit = state.remembered(kind, params)
     if hit is not None or not ask_service or kind in api.UNCACHED:
+        if hit is not None:
+            share.used(kind, params)
         return hit
     t0 = time.monotonic()
     try:
         found = api.cached(kind, params)
     except api.ApiError:
         return None
-    return None if found is None else _remember(Job(kind, params, ""), found, t0)
+    if found is None:
+        return None
+    share.used(kind, params)
+    return _remember(Job(kind, params, ""), found, t0)
 
 
 def _show_cancelled(job: Job) -> None:
@@ -177,7 +233,7 @@ def fetch_many(requests: list[Job], *, quiet: bool = False) -> list[dict[str, An
                 if found is not None:
                     out[i] = _remember(job, found, t0)
                     continue
-                cur = {"key": job.key, "id": api.submit(job.kind, job.params), "t0": t0}
+                cur = {"key": job.key, "id": api.submit(job.kind, job.params), "t0": t0, "eta": _eta(job)}
             except api.ApiError as e:
                 if not quiet:
                     show_error(e, job.what or job.label)
@@ -187,6 +243,9 @@ def fetch_many(requests: list[Job], *, quiet: bool = False) -> list[dict[str, An
     if pending:
         for i, result in _wait(pending, quiet).items():
             out[i] = result
+    for job, result in zip(requests, out):
+        if result is not None:
+            share.used(job.kind, job.params)  # its command goes into the page's Share as HTML file
     return out
 
 
@@ -216,8 +275,6 @@ def _wait(pending: list[tuple[int, Job, dict[str, Any]]], quiet: bool) -> dict[i
             now = time.monotonic()
             waited = now - cur["t0"]
             if j["status"] in ("queued", "running"):
-                if job.on_live is not None and j.get("live"):
-                    job.on_live(j["live"])  # e.g. a training's loss so far
                 if waited > TIMEOUT_S:
                     cancel_slot(job.where)
                     if sl["holder"] is not None:
@@ -226,6 +283,8 @@ def _wait(pending: list[tuple[int, Job, dict[str, Any]]], quiet: bool) -> dict[i
                     results[i] = None
                 elif now - started >= DRAW_AFTER_S:
                     _draw(sl, j, waited, now)
+                    if job.on_live is not None and j.get("live"):
+                        job.on_live(j["live"])  # e.g. a training's loss so far, drawn below the bar
                 continue
             _inflight().pop(job.where, None)
             if sl["holder"] is not None:
@@ -246,20 +305,31 @@ def _wait(pending: list[tuple[int, Job, dict[str, Any]]], quiet: bool) -> dict[i
     return results
 
 
+def _eta(job: Job) -> str:
+    """` of about 3 min` (the service's estimate for a job over SHOW_ESTIMATE_S s), else ""; what a progress bar
+    adds after the seconds waited."""
+    try:
+        e = api.estimate(job.kind, job.params)
+    except api.ApiError:
+        return ""
+    return f" of {e['text']}" if e and e.get("seconds") is not None and e["seconds"] >= SHOW_ESTIMATE_S else ""
+
+
 def _draw(sl: dict[str, Any], j: dict[str, Any], waited: float, now: float) -> None:
     """Draw (the first time) or update a running job's progress bar and Cancel button."""
     job = sl["job"]
     frac = min(max(float(j.get("progress") or 0.0), 0.0), 1.0)
     stage = (j.get("message") or j["status"], round(frac, 2))
+    eta = sl["cur"].get("eta") or ""
     if sl["holder"] is None:
         sl["holder"] = st.empty()
         with sl["holder"].container():
             c1, c2 = st.columns([6, 1], vertical_alignment="bottom")
-            sl["bar"] = c1.progress(frac, text=f"{job.label}: {stage[0]} · {frac:.0%} · {waited:.1f} s")
+            sl["bar"] = c1.progress(frac, text=f"{job.label}: {stage[0]} · {frac:.0%} · {waited:.1f} s{eta}")
             c2.button("Cancel", key=f"cancel_{job.where}", icon=":material/stop_circle:", width="stretch",
                       on_click=cancel_slot, args=(job.where,), help="Stop this job (DELETE /jobs/{id}).")
     elif stage != sl["shown"] or now - sl["drawn_at"] >= REDRAW_S:
-        sl["bar"].progress(frac, text=f"{job.label}: {stage[0]} · {frac:.0%} · {waited:.1f} s")
+        sl["bar"].progress(frac, text=f"{job.label}: {stage[0]} · {frac:.0%} · {waited:.1f} s{eta}")
     else:
         return
     sl["shown"], sl["drawn_at"] = stage, now

@@ -2,21 +2,34 @@
 sidebar holding the shared settings (model, task, shots, prompts, seed) and a shareable link."""
 from __future__ import annotations
 
+import dataclasses
+import html
+import threading
 import time
 from typing import Any
 from urllib.parse import urlencode
 
 import streamlit as st
 
-from . import api, state
+from . import api, jobs, share, state
 from .jobs import show_error
+from .model_box import model_box
 
 CSS = """
 <style>
   .block-container {padding-top: 2.2rem; padding-bottom: 3rem;}
-  [data-testid="stMetricValue"] {font-size: 1.9rem;}
+  [data-testid="stMetricValue"] {font-size: clamp(1.15rem, 2.1vw, 1.9rem);}  /* "100…" in narrow columns */
   [data-testid="stSidebar"] .hl-brand {font-size: 1.35rem; font-weight: 700; letter-spacing: .02em;}
   .hl-muted {color: rgba(120,120,140,.95); font-size: .88rem;}
+  .hl-link {font-family: ui-monospace, SFMono-Regular, Menlo, monospace; font-size: .78rem; word-break: break-all;
+            background: rgba(128,128,140,.08); border-radius: 6px; padding: 6px 8px; margin-bottom: .4rem;}
+  .hl-link a {color: inherit; text-decoration: none;}
+  /* labels wrap instead of ending in an ellipsis ("Label accuracy (8-s…", truncated button labels) */
+  [data-testid="stMetricLabel"], [data-testid="stMetricLabel"] * {white-space: normal !important;
+      overflow: visible !important; text-overflow: clip !important; height: auto !important;}
+  [data-testid^="stBaseButton"] p, [data-testid^="stBaseButton"] div {white-space: normal !important;
+      overflow: visible !important; text-overflow: clip !important; line-height: 1.25; word-break: normal !important;
+      overflow-wrap: normal !important;}
 </style>
 """
 CAPS_TTL_S = 15.0
@@ -32,16 +45,34 @@ PAGES = [("app.py", "Home", ":material/home:"), ("pages/1_Head_map.py", "Head ma
 _CAPS: dict[tuple[str, int], tuple[float, dict[str, Any]]] = {}  # per service, shared by this process's sessions
 
 
+_REFRESHING: set[tuple[str, int]] = set()
+
+
 def capabilities(force: bool = False) -> dict[str, Any]:
-    """The service's capabilities, asked at most every CAPS_TTL_S seconds by this process (a new session, e.g.
-    a shared link, does not wait for them: they take the service 0.1-0.3 s to build). Raises ApiError."""
+    """The service's capabilities, kept per dashboard process: a page never waits for them once this process has
+    them (they take the service 0.1-0.3 s to build); a copy older than CAPS_TTL_S is served while a background
+    thread asks for a new one. Raises ApiError when there is no copy and the service does not answer."""
     url = (api.backend_url(), api.generation())
     cached = _CAPS.get(url)
-    if not force and cached and time.monotonic() - cached[0] < CAPS_TTL_S:
+    if not force and cached:
+        if time.monotonic() - cached[0] >= CAPS_TTL_S and url not in _REFRESHING:
+            _REFRESHING.add(url)
+            threading.Thread(target=_refresh, args=(url,), daemon=True, name="headlens-caps").start()
         return cached[1]
     caps = api.capabilities()
     _CAPS[url] = (time.monotonic(), caps)
     return caps
+
+
+def _refresh(url: tuple[str, int]) -> None:
+    try:
+        caps = api.capabilities()
+        if url == (api.backend_url(), api.generation()):
+            _CAPS[url] = (time.monotonic(), caps)
+    except api.ApiError:
+        pass  # the next page that needs them asks again (the stale copy stays)
+    finally:
+        _REFRESHING.discard(url)
 
 
 def forget_capabilities() -> None:
@@ -120,12 +151,7 @@ def sidebar(caps: dict[str, Any]) -> None:
         for path, label, icon in PAGES:
             st.page_link(path, label=label, icon=icon, query_params=q)
         st.subheader("Settings", divider="gray")
-        loaded = [m["name"] for m in caps.get("loaded_models", []) if m.get("name")]
-        models = list(dict.fromkeys(["default", *loaded, s.model]))
-        state.bind(st.selectbox, "Model", "model", options=models, accept_new_options=True,
-                   format_func=lambda m: "default (headlens-tiny, embedded)" if m == "default" else m,
-                   help="`default` is the embedded headlens-tiny model. Type a Hugging Face id (e.g. `gpt2`) "
-                        "or a local folder on the service's machine to use another one.")
+        model_box(caps, on_installed=forget_capabilities)
         s = state.get()
         ids, info = task_options(caps, s.model, s.task)
         if s.task is None or s.task not in ids:
@@ -155,12 +181,23 @@ def sidebar(caps: dict[str, Any]) -> None:
             state.bind(st.number_input, "Prompts", "prompts", min_value=1,
                        max_value=int(limits.get("max_prompts", 500)), step=10,
                        help="Held-out queries scored; results are means over them.")
+        pool = task_info(caps, state.get().task).get("n_queries")
+        if pool and state.get().prompts > int(pool):
+            st.caption(f"This task has {pool} held-out queries: all {pool} are scored, each once.")
         state.bind(st.number_input, "Seed", "seed", min_value=0, step=1,
                    help="Seeds the split into demonstrations and queries.")
         top_heads_control()
         st.subheader("Share", divider="gray")
         st.caption("This link reopens the current view (settings and selected heads):")
-        st.code(share_link(), language=None, wrap_lines=True)
+        link = share_link()
+        # a link, not st.code: st.code loads a 1.5 MB syntax highlighter, 0.5-1.5 s of a fresh session's first view
+        st.markdown(f'<div class="hl-link"><a href="{html.escape(link, quote=True)}" target="_self">'
+                    f"{html.escape(link)}</a></div>", unsafe_allow_html=True)
+        share.button(caps, link)
+        state.bind(st.segmented_control, "Figure files", "img", options=list(share.FORMATS), required=True,
+                   format_func=str.upper, help="What each figure's camera button (its toolbar, top right) saves: a "
+                                               "PNG at 2x, or an SVG. File names carry the model, task, shots and "
+                                               "heads.")
         st.caption(f"Service: `{api.backend_url()}` · {caps.get('device', '?')} / {caps.get('dtype', '?')} · "
                    f"v{caps.get('version', '?')}")
 
@@ -194,9 +231,12 @@ def top_heads_control() -> None:
 def page_setup(title: str, icon: str = ":material/search:") -> tuple[state.Settings, dict[str, Any]]:
     """Config, state, capabilities and sidebar. Stops the page with an error when the service is unreachable."""
     api.trace(f"page:{title.replace(' ', '_')}")
+    # "auto": open on a wide screen, collapsed on a phone (expanded, it covered 75% of a 390 px screen)
     st.set_page_config(page_title=f"{title} · headlens", page_icon=icon, layout="wide",
-                       initial_sidebar_state="expanded")
+                       initial_sidebar_state="auto")
     st.markdown(CSS, unsafe_allow_html=True)
+    jobs.begin_page()
+    share.begin(title)
     problems = state.init()
     try:
         caps = capabilities()
@@ -208,10 +248,20 @@ def page_setup(title: str, icon: str = ":material/search:") -> tuple[state.Setti
             st.rerun()
         st.stop()
     for p in problems:
-        st.warning(p, icon=":material/link_off:")
+        jobs.warn(p)
     sidebar(caps)
     state.sync_url()
-    return state.get(), caps
+    return effective(state.get(), caps), caps
+
+
+def effective(s: state.Settings, caps: dict[str, Any]) -> state.Settings:
+    """The settings the jobs get: `prompts` at most the task's held-out queries (the sidebar says so), so the
+    default 50 on a task of 20 queries asks for 20 and no result warns that it had fewer than asked; and the name
+    figures give the task (an upload's file name, not its id)."""
+    info = task_info(caps, s.task)
+    pool = info.get("n_queries")
+    name = (info.get("filename") or info.get("name")) if info.get("source") == "upload" else None
+    return dataclasses.replace(s, prompts=int(pool) if pool and s.prompts > int(pool) else s.prompts, task_name=name)
 
 
 def need_task(s: state.Settings) -> None:

@@ -6,8 +6,9 @@ service already has, so a shared link reopens a cached result at once, without r
 from __future__ import annotations
 
 import json
+import traceback
 from contextlib import contextmanager
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import streamlit as st
 
@@ -16,21 +17,58 @@ from . import jobs
 
 @contextmanager
 def guard(what: str) -> Iterator[None]:
-    """A result the page cannot draw is an st.error, never a traceback (st.stop/rerun pass through)."""
+    """A result the page cannot draw is one sentence, with the traceback in an expander (st.stop/rerun pass
+    through)."""
     try:
         yield
     except Exception as e:
-        st.error(f"**{what}: could not draw the result.**\n\n{type(e).__name__}: {e}", icon=":material/error:")
+        jobs.error_box(f"{what}: could not draw the result.", f"{type(e).__name__}: {e}", traceback.format_exc())
 
 
-def run_row(text: str, caption: str, key: str, label: str = "Run") -> bool:
-    """A section's description and its Run button; True on the rerun where it was pressed."""
+def run_row(text: str, caption: str, key: str, label: str = "Run",
+            estimate: list[tuple[str, dict[str, Any]]] | None = None) -> bool:
+    """A section's description and its Run button; True on the rerun where it was pressed. `estimate`: the jobs the
+    button runs, (kind, params): their estimated time is stated when over jobs.SHOW_ESTIMATE_S, and a job over the
+    service's work limit says so before it is run."""
     left, right = st.columns([4, 1], vertical_alignment="center")
     with left:
         st.markdown(text)
         st.caption(caption)
+        if estimate:
+            estimate_line(estimate)
     with right:
         return st.button(label, type="primary", icon=":material/play_arrow:", width="stretch", key=key)
+
+
+def estimate_text(estimates: list[dict[str, Any] | None]) -> tuple[str, str | None]:
+    """(the caption stating the jobs' estimated time, or ""; the first refusal, or None) from POST /jobs/estimate
+    answers. Pure: the page draws it."""
+    from backend.text import describe_seconds
+
+    found = [e for e in estimates if e]
+    refusal = next((e["refusal"] for e in found if not e.get("admitted", True) and e.get("refusal")), None)
+    seconds = [e["seconds"] for e in found if e.get("seconds") is not None]
+    total = sum(seconds) if seconds else None
+    if total is None or total < jobs.SHOW_ESTIMATE_S:
+        return "", refusal
+    basis = ("this model's speed measured here" if all(e.get("seconds_basis") == "measured" for e in found)
+             else "assumed from the model's size until it is loaded")
+    passes = sum(e.get("passes") or 0 for e in found)
+    return f":material/schedule: Estimated time: **{describe_seconds(total)}** ({passes:,.0f} prompt passes; " \
+           f"{basis}). Results are cached: it runs once.", refusal
+
+
+def estimate_line(jobs_: list[tuple[str, dict[str, Any]]]) -> None:
+    from . import api
+
+    try:
+        text, refusal = estimate_text([api.estimate(kind, params) for kind, params in jobs_])
+    except api.ApiError:
+        return  # the page's own calls report an unreachable service
+    if text:
+        st.caption(text)
+    if refusal:
+        st.warning(refusal, icon=":material/hourglass_disabled:")
 
 
 def section(name: str, clicked: bool, job: jobs.Job, waiting: str) -> dict[str, Any] | None:
@@ -45,6 +83,39 @@ def section(name: str, clicked: bool, job: jobs.Job, waiting: str) -> dict[str, 
     if found is None:
         st.info(waiting, icon=":material/play_arrow:")
     return found
+
+
+class LiveChart:
+    """A running job's live figure (a training's loss so far), redrawn in one place below what the page drew before
+    it started. Each draw of a script run gets its own element key (`<name>_live_<n>`, n counting the draws of
+    this run): a key built from the data (a training's step) repeats when a job trains several times (SITE's
+    budget runs restart at step 0) and Streamlit refuses a key used twice in one run."""
+
+    def __init__(self, name: str, min_interval_s: float = 0.3):
+        self.name, self.min_interval_s = name, min_interval_s
+        self.box: Any = None
+        self.draws, self.last, self.shown_at = 0, None, 0.0
+
+    def draw(self, figure: Callable[[dict[str, Any]], Any], data: dict[str, Any], signature: Any = None,
+             config: dict[str, Any] | None = None) -> bool:
+        """Draw `figure(data)` unless `signature` (what changed, e.g. the step) is the one drawn last or the last
+        draw is under `min_interval_s` old; True when it drew. The placeholder is made at the first draw, so the
+        chart appears below the Run row and the progress bar, never above them."""
+        import time
+
+        now = time.monotonic()
+        if signature is not None and signature == self.last or now - self.shown_at < self.min_interval_s:
+            return False
+        if self.box is None:
+            self.box = st.empty()
+        self.draws += 1
+        self.last, self.shown_at = signature, now
+        self.box.plotly_chart(figure(data), key=f"{self.name}_live_{self.draws}", config=config)
+        return True
+
+    def clear(self) -> None:
+        if self.box is not None:
+            self.box.empty()
 
 
 def download(label: str, result: dict[str, Any], name: str, key: str) -> None:

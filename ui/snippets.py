@@ -16,7 +16,7 @@ API = {"model_info": "model_info", "maps": "head_maps", "scores": "head_scores",
        "ablation_curves": "ablation_curves", "ablate": "ablate", "vectors": "build_vectors", "steer": "steer",
        "geometry": "geometry", "perturb": "perturbation_report", "fit": "task_fit", "head": "head_view",
        "ltv_train": "ltv_vector", "ltv": "train_ltv", "ltv_tasks": "ltv_across_tasks", "site": "train_site",
-       "site_transfer": "site_transfer", "methods": "compare_methods"}
+       "site_transfer": "site_transfer", "methods": "compare_methods", "patching": "activation_patching"}
 """Service kind -> Python API function (backend/analysis/kinds.py `api`; a test checks they are the same map)."""
 
 
@@ -54,3 +54,54 @@ def show(kind: str, params: dict[str, Any], then: str = "") -> None:
     with st.popover("Copy as Python", icon=":material/code:"):
         st.caption("The same result in a notebook (run from the repository root; results come from the same cache):")
         st.code(python(kind, params, then, upload.get("filename")), language="python")
+
+
+def defaults(caps: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """Each service kind's parameter defaults, from the capabilities' params schemas."""
+    out: dict[str, dict[str, Any]] = {}
+    for k in caps.get("job_kinds") or []:
+        props = (k.get("params") or {}).get("properties") or {}
+        out[k["name"]] = {n: f.get("default") for n, f in props.items() if "default" in f}
+    return out
+
+
+def _flag_value(v: Any) -> str:
+    if isinstance(v, (list, tuple)) and v and all(isinstance(x, (list, tuple)) and len(x) == 2 for x in v):
+        return ",".join(f"{int(a)}.{int(b)}" for a, b in v)  # heads, as --heads 3.5,1.2
+    if isinstance(v, (list, tuple)):
+        return ",".join(str(x) for x in v)
+    return str(v)
+
+
+HEAD_FIELDS = frozenset({"head"})
+"""Fields holding one (layer, head): written layer.head on the command line."""
+
+
+def cli(kind: str, params: dict[str, Any], kind_defaults: dict[str, dict[str, Any]] | None = None,
+        task_file: str | None = None, out: str | None = None) -> str:
+    """The `python -m backend <kind>` line that computes the same result as a page-kind `kind` job with `params`
+    (as sent to the service; an uploaded task is named by its file, `task_file`). Booleans are switches (`--x`, or
+    `--no-x` for one that defaults to on: `kind_defaults`, service kind -> its defaults, see `defaults`), lists
+    comma-separated, heads layer.head; a value that starts with '-' is written `--flag=value`."""
+    import shlex
+
+    service_kind = api.KINDS.get(kind, kind)
+    words = ["python", "-m", "backend", service_kind.replace("_", "-")]
+    dflt = (kind_defaults or {}).get(service_kind) or {}
+    for name, v in params.items():
+        if v is None or name == "batch_size":
+            continue
+        if name == "task" and str(v).startswith("upload:"):
+            v = task_file or "my_task.csv"
+        flag = "--" + name.replace("_", "-")
+        if isinstance(v, bool):
+            if v and dflt.get(name) is not True:
+                words.append(flag)
+            elif not v and dflt.get(name) is True:
+                words.append("--no-" + name.replace("_", "-"))
+            continue
+        text = f"{int(v[0])}.{int(v[1])}" if name in HEAD_FIELDS else _flag_value(v)
+        words += [f"{flag}={text}"] if text.startswith("-") else [flag, text]
+    if out:
+        words += ["--json", out]
+    return " ".join(shlex.quote(w) for w in words)

@@ -20,7 +20,7 @@ from typing import Any, Callable, Iterable, Sequence
 import streamlit as st
 
 Head = tuple[int, int]
-MAPS = ("tr", "tl", "dla_tr", "dla_tl", "induction")
+MAPS = ("tr", "tl", "dla_tr", "dla_tl", "induction", "cie")  # the five of `scores`, and the CIE (kind `patching`)
 MODES = ("zero", "mean")
 
 
@@ -84,6 +84,7 @@ VECTOR_TYPES = ("tr", "tl", "random", "fv", "vanilla", "custom")
 SWEEP_METRICS = ("tr_depth", "tl_depth", "tr_induction", "tl_induction", "accuracy", "zero_shot_accuracy",
                  "icl_accuracy", "icl_gain", "ablation_drop_tr", "ablation_drop_tl")
 PERTURBATIONS = ("shuffled_inputs", "random_labels", "flipped_labels", "symbol_labels", "number_labels")
+PATCH_TARGETS = ("zero_shot", "shuffled_inputs", "random_labels", "flipped_labels")  # kind `patching`'s `target`
 
 
 def _flag(s: str) -> bool:
@@ -190,17 +191,27 @@ FIELDS: dict[str, Field] = {f.name: f for f in (
     Field("only_changed", lambda: False, _flag, _fmt_flag, view=True),
     Field("ab_positions", lambda: "last", _choice(("last", "all")), view=True),  # where the live toggle ablates
     Field("all_maps", lambda: False, _flag, _fmt_flag, view=True),
+    Field("img", lambda: "png", _choice(("png", "svg")), view=True),  # what a figure's camera button saves
+    # -- Head map: activation patching, and a second run side by side
+    Field("pt", lambda: False, _flag, _fmt_flag, view=True),  # the patching section open
+    Field("pt_target", lambda: "zero_shot", _choice(PATCH_TARGETS), view=True),
+    Field("pt_patch", lambda: "paired", _choice(("paired", "mean")), view=True),
+    Field("cmp", lambda: False, _flag, _fmt_flag, view=True),
+    Field("cmp_model", lambda: None, _text, view=True),  # None: the same model
+    Field("cmp_task", lambda: None, _text, view=True),  # None: the same task
+    Field("cmp_seed", lambda: None, _int_in(0, 2**31 - 1), view=True),  # None: seed + 1
     # -- head drill-down (Head map panel, Head page)
     Field("head", lambda: None, _head, lambda h: f"{int(h[0])}.{int(h[1])}", view=True),
     Field("prompt", lambda: 0, _int_in(0, 100000), view=True),
     Field("text", lambda: None, _raw_text, view=True),
     Field("lens", lambda: False, _flag, _fmt_flag, view=True),
+    Field("grid", lambda: False, _flag, _fmt_flag, view=True),  # every head of the layer (the attention grid)
     # -- Steering & geometry
     Field("sg_vectors", lambda: ["tr", "tl", "random", "fv", "vanilla"], _choices(VECTOR_TYPES), _join, view=True),
     Field("sg_layer", lambda: None, _layer_or_all, view=True),  # None: the middle layer
     Field("sg_alpha", lambda: 1.0, _float_in(-100, 100), lambda v: f"{float(v):g}", view=True),
     Field("sg_pca_layer", lambda: None, _int_in(0, 100000), view=True),  # None: the last layer
-    Field("sg_final_norm", lambda: False, _flag, _fmt_flag, view=True),
+    Field("sg_final_norm", lambda: True, _flag, _fmt_flag, view=True),  # the logit difference in logits
     Field("sg_perturbations", lambda: None, _choices(PERTURBATIONS), _join, view=True),  # None: those that run
     Field("sg_color", lambda: "condition", _choice(("condition", "gold")), view=True),
     Field("sg_arrows", lambda: False, _flag, _fmt_flag, view=True),
@@ -241,6 +252,12 @@ class Settings:
     kmax: int = 16
     top_pct: float = TOP_PCT
     top_k: int | None = None
+    task_name: str | None = None
+    """What figures call the task: an upload's file name rather than its `upload:<hash>` id (`layout` sets it)."""
+
+    @property
+    def task_title(self) -> str | None:
+        return self.task_name or self.task
 
     def job(self, **extra: Any) -> dict[str, Any]:
         """Parameters common to every job; `extra` adds or overrides."""

@@ -10,6 +10,8 @@ from typing import Any
 import pandas as pd
 import plotly.graph_objects as go
 
+from .figures import clear_of_modebar, esc
+
 METRICS = {  # summary field -> (label, help, range or None, signed)
     "tr_depth": ("TR depth", "mean relative depth (layer / (layers - 1)) of the top TR heads: 0 first layer, 1 last",
                  (0.0, 1.0), False),
@@ -74,13 +76,14 @@ def table_heatmap(summary: dict[str, Any], metric: str, table: pd.DataFrame | No
     kw: dict[str, Any] = {"zmin": rng[0], "zmax": rng[1]} if rng else {}
     if signed:
         kw["zmid"] = 0.0
-    fig = go.Figure(go.Heatmap(z=z, x=list(df.columns), y=list(df.index), text=text, texttemplate="%{text}",
+    fig = go.Figure(go.Heatmap(z=z, x=[esc(c) for c in df.columns], y=[esc(i) for i in df.index], text=text,
+                               texttemplate="%{text}",
                                colorscale="RdBu_r" if signed else "Viridis", colorbar={"title": {"text": label}},
                                hovertemplate="model %{y}<br>task %{x}<br>" + label + " = %{z:.3f}<extra></extra>",
                                **kw))
     fig.update_layout(title={"text": f"{label}: models × tasks", "x": 0}, height=140 + 42 * max(len(df.index), 1),
                       margin={"l": 10, "r": 10, "t": 50, "b": 10}, yaxis={"autorange": "reversed"})
-    return fig
+    return clear_of_modebar(fig)
 
 
 def depth_profile(summary: dict[str, Any]) -> go.Figure:
@@ -92,15 +95,16 @@ def depth_profile(summary: dict[str, Any]) -> go.Figure:
         for kind, dash in (("tr", "solid"), ("tl", "dot")):
             h = m.get(f"{kind}_depth_hist")
             if h:
-                fig.add_trace(go.Scatter(x=edges, y=h, mode="lines+markers", name=f"{short(m['model'])} {kind.upper()}",
+                name = esc(short(m["model"]))
+                fig.add_trace(go.Scatter(x=edges, y=h, mode="lines+markers", name=f"{name} {kind.upper()}",
                                          line={"dash": dash}, legendgroup=str(m["model"]),
-                                         hovertemplate=f"{short(m['model'])}<br>{kind.upper()} heads at depth %{{x}}: "
+                                         hovertemplate=f"{name}<br>{kind.upper()} heads at depth %{{x}}: "
                                                        "%{y:.0%}<extra></extra>"))
     fig.update_layout(title={"text": "Top TR (solid) and TL (dotted) heads by relative depth", "x": 0},
                       xaxis_title="relative depth (0 = first layer, 1 = last)", yaxis_title="share of top heads",
                       yaxis={"tickformat": ".0%", "rangemode": "tozero"}, height=360,
                       margin={"l": 10, "r": 10, "t": 50, "b": 10})
-    return fig
+    return clear_of_modebar(fig)
 
 
 def overlap_scatter(summary: dict[str, Any]) -> go.Figure:
@@ -109,11 +113,11 @@ def overlap_scatter(summary: dict[str, Any]) -> go.Figure:
     for kind, symbol in (("tr", "circle"), ("tl", "diamond")):
         ms = [m for m in summary.get("models") or [] if m.get(f"{kind}_depth") is not None]
         fig.add_trace(go.Scatter(x=[m[f"{kind}_depth"] for m in ms], y=[m.get(f"{kind}_induction") for m in ms],
-                                 text=[short(m["model"]) for m in ms], mode="markers+text", textposition="top center",
+                                 text=[esc(short(m["model"])) for m in ms], mode="markers+text", textposition="top center",
                                  marker={"symbol": symbol, "size": 11}, name=f"top {kind.upper()}",
                                  hovertemplate="%{text}<br>depth %{x:.2f}<br>∩ induction %{y:.2f}<extra></extra>"))
     fig.update_layout(title={"text": "Depth and overlap with induction heads, per model", "x": 0},
                       xaxis={"title": "mean relative depth", "range": [-0.05, 1.05]},
                       yaxis={"title": "Jaccard with top induction heads", "range": [-0.05, 1.05]}, height=360,
                       margin={"l": 10, "r": 10, "t": 50, "b": 10})
-    return fig
+    return clear_of_modebar(fig)

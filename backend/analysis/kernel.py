@@ -7,9 +7,22 @@ store and adds `cache_hit` and `seconds`. The key hashes the kind, the model fin
 hash and the *requested* parameters (all but `batch_size`), so a cache hit costs no tokenising. A cached
 value that does not fit the kind's result model is logged and recomputed. One feature's result feeds another
 through `ctx.call(kind, ...)`, the same cached call; features never import each other.
+
+Also here, once for every kind: a result's `notes` (`ctx.warn(Note(...))`) apart from its `warnings`; one
+warning for the labels that span several tokens, wherever they were tokenised (`primitives/notes.py`); and
+`ctx.cached`, another kind's cached result found by the parameters the caller reads (an index per kind, model and
+task lists what is cached). A result that looked for another kind's result and found none is recomputed once
+that result is cached, so a cached result always equals a fresh one.
+
+Trained tensors (`ltv_train`, `site`) are files named by the hash of their bytes (`backend/tensor_store.py`); an
+analysis reads and writes them through `ctx.tensors`, one `TensorSession` per call tree. A cached result that refers
+to a tensor (a `tensor` or `tensors` field) is a hit only while that file is there and intact; otherwise it is
+recomputed. A tensor that could not be written (a full or read-only disk) comes back inline with the result
+(`unsaved_tensors`: the file's bytes, base64, ready for POST /tensors) and a warning, and that result is not cached.
 """
 from __future__ import annotations
 
+import base64
 import logging
 import time
 from dataclasses import dataclass, field
@@ -20,9 +33,11 @@ from pydantic import BaseModel, ValidationError
 from ..cache import default_cache, make_key
 from ..jsonable import to_jsonable
 from ..locks import KeyLocks
+from ..tensor_store import TensorSession, TensorStore, is_id
 from .kinds import Kind, get_kind
 from .params import NOT_IN_KEY, Params
 from .primitives.fit import require_fit
+from .primitives.notes import Note, collect_multi_token, is_multi_token_warning, multi_token_warning
 from .results import Result
 
 if TYPE_CHECKING:
@@ -32,6 +47,8 @@ if TYPE_CHECKING:
 Progress = Callable[[float, str], None]
 log = logging.getLogger(__name__)
 _LOCKS = KeyLocks()  # per-key locks across threads and processes; the folder follows HEADLENS_CACHE_DIR
+INDEX = "index:"  # the namespace of the index entries (`index_key`)
+INDEX_MAX = 256  # entries kept per kind, model and task (the newest)
 
 
 class Store(Protocol):
@@ -51,7 +68,7 @@ class Context:
     """What an analysis function gets besides its params: the model, the task, progress, and cached calls.
 
     `progress(fraction, message)` may raise (a cancelled job); `stage(lo, hi, name)` maps a sub-step's
-    progress into [lo, hi]; `warn` adds a line to the result's warnings.
+    progress into [lo, hi]; `warn` adds a line to the result's warnings (a `Note`: to its notes).
     """
 
     lm: "LoadedModel | None"
@@ -60,6 +77,12 @@ class Context:
     store: Store | None = None
     warnings: list[str] = field(default_factory=list)
     report: Callable[[dict[str, Any]], None] | None = None
+    notes: list[str] = field(default_factory=list)
+    multi_token: set[str] = field(default_factory=set)
+    absent: list[dict[str, Any]] = field(default_factory=list)
+    """`ctx.cached` lookups that found nothing: {"kind", "tries"} (the result is recomputed once one would hit)."""
+    tensors: TensorSession = field(default_factory=TensorSession)
+    """Where trained tensors are read and written (`saved.save_tensors`, `saved.load_tensors`)."""
 
     def stage(self, lo: float, hi: float, name: str = "") -> Progress:
         def report(fraction: float, message: str = "") -> None:
@@ -69,12 +92,20 @@ class Context:
         return report
 
     def call(self, kind: str, *, progress: Progress | None = None, warn_prefix: str = "", **params: Any) -> Result:
-        """Another kind's result on the same model and task, through the same cache; its warnings become this
-        analysis's warnings too (after `warn_prefix`)."""
+        """Another kind's result on the same model and task, through the same cache; its warnings and notes become
+        this analysis's too (after `warn_prefix`), its multi-token labels join this one's (one warning for all)."""
         r = analyze(kind, self.lm, self.task, params, cache=self.store if self.store is not None else False,
-                    progress=progress, live=self.report)
+                    progress=progress, live=self.report, tensors=self.tensors)
+        self.multi_token.update(r.multi_token_labels)
+        self.absent.extend(a for a in r.absent_inputs if a not in self.absent)
+        if any(a["kind"] == kind for a in self.absent):  # looked up, missed, then computed here: no longer missing
+            self.absent = [a for a in self.absent if a["kind"] != kind
+                           or find_cached(kind, self.lm, self.task, a["tries"], self.store, self.tensors) is None]
         for w in r.warnings:
-            self.warn(warn_prefix + w)
+            if not is_multi_token_warning(w):
+                self.warn(warn_prefix + w)
+        for n in r.notes:
+            self.warn(Note(warn_prefix + n))
         return r
 
     def live(self, data: dict[str, Any]) -> None:
@@ -84,27 +115,65 @@ class Context:
             self.report(data)
 
     def cached(self, kind: str, tries: "list[dict[str, Any]]") -> Result | None:
-        """The first of `tries` (param sets, best first) whose `kind` result on this model and task is cached;
-        None when none is, or `kind` is not registered, or its params no longer take these fields. Never
-        computes (one feature shows another's result only when the user already ran it)."""
-        from .kinds import KINDS
-
-        if kind not in KINDS:
-            return None
-        fields = get_kind(kind).params.model_fields
-        store = self.store if self.store is not None else False
-        for params in tries:
-            try:
-                r = lookup(kind, self.lm, self.task, {k: v for k, v in params.items() if k in fields}, cache=store)
-            except (ValueError, TypeError):  # the kind's params changed shape: treat as absent
-                return None
-            if r is not None:
-                return r
-        return None
+        """A cached `kind` result on this model and task that matches the first of `tries` it can: a try names
+        the fields the caller's reading depends on; every other field may hold any value (the defaults
+        preferred, then the newest). None when nothing matches, `kind` is not registered or its params no longer
+        take these fields. Never computes (one feature shows another's result only when the user already ran
+        it); a miss is recorded, and this result is recomputed once the other is cached."""
+        r = find_cached(kind, self.lm, self.task, tries, self.store, self.tensors)
+        if r is None:
+            miss = {"kind": kind, "tries": to_jsonable(tries)}
+            if miss not in self.absent:
+                self.absent.append(miss)
+        return r
 
     def warn(self, message: str) -> None:
-        if message not in self.warnings:
-            self.warnings.append(message)
+        into = self.notes if isinstance(message, Note) else self.warnings
+        if message not in into:
+            into.append(str(message))
+
+
+def session(tensors: "TensorSession | TensorStore | None") -> TensorSession:
+    """The call tree's tensor session: the one given, or a new one over the store given (default: the cache's)."""
+    return tensors if isinstance(tensors, TensorSession) else TensorSession(tensors)
+
+
+def local_files(kind: Kind, params: "Mapping[str, Any] | None") -> dict[str, Any]:
+    """`params` with every tensor field (`Params.tensor_fields`, e.g. `load`) that names a local file instead of an
+    id replaced by the id of that file, copied into the tensor store once checked. For the CLI and the Python API,
+    which run as the user; the service never calls it (over HTTP a path is never accepted)."""
+    out = dict(params.model_dump() if isinstance(params, BaseModel) else params or {})
+    for name in getattr(kind.params, "tensor_fields", ()):
+        v = out.get(name)
+        if (isinstance(v, str) or hasattr(v, "__fspath__")) and not is_id(v):
+            from .primitives.saved import register_file
+
+            out[name] = register_file(v)
+    return out
+
+
+def unsaved_warning(tid: str, reason: str) -> str:
+    return (f"could not save tensor {tid} ({reason}): this result is not cached, and the file comes inline "
+            f"(`unsaved_tensors`, base64: POST it to /tensors to keep it)")
+
+
+def tensor_refs(value: Any) -> list[str]:
+    """The tensor ids a result refers to: the values of its `tensor` and `tensors` fields, at any depth."""
+    out: list[str] = []
+    todo = [value]
+    while todo:
+        v = todo.pop()
+        if isinstance(v, dict):
+            for k, x in v.items():
+                if k == "tensor" and is_id(x):
+                    out.append(x)
+                elif k == "tensors" and isinstance(x, (dict, list)):
+                    out.extend(t for t in (x.values() if isinstance(x, dict) else x) if is_id(t))
+                elif isinstance(x, (dict, list)) and k != "unsaved_tensors":
+                    todo.append(x)
+        elif isinstance(v, list):
+            todo.extend(x for x in v if isinstance(x, (dict, list)))
+    return list(dict.fromkeys(out))
 
 
 def resolve_store(cache: "bool | Store | None") -> Store | None:
@@ -124,11 +193,15 @@ def validate_params(kind: Kind, params: "Params | Mapping[str, Any] | None" = No
 
 def cache_key(kind: Kind, lm: "LoadedModel | None", task: "Task | None", p: Params) -> str:
     """The result's key: kind, model fingerprint, task content hash, requested params (not batch_size, unless the
-    kind's params say it changes the result: `Params.not_in_key`), and the kind's `version` when it is > 0."""
+    kind's params say it changes the result: `Params.not_in_key`; a field added later only when it is set:
+    `Params.added_fields`), and the kind's `version` when it is > 0."""
+    exclude = set(getattr(p, "not_in_key", NOT_IN_KEY))
+    fields = type(p).model_fields
+    exclude |= {f for f in getattr(p, "added_fields", ()) if f in fields and getattr(p, f) == fields[f].default}
     extra = {"kind_version": kind.version} if kind.version else {}
     return make_key(kind.name, model=lm.fingerprint if lm is not None else None,
                     task=task.content_hash() if task is not None else None,
-                    params=p.model_dump(mode="json", exclude=set(getattr(p, "not_in_key", NOT_IN_KEY))), **extra)
+                    params=p.model_dump(mode="json", exclude=exclude), **extra)
 
 
 def envelope(lm: "LoadedModel | None", task: "Task | None", p: Params) -> dict[str, Any]:
@@ -139,12 +212,13 @@ def envelope(lm: "LoadedModel | None", task: "Task | None", p: Params) -> dict[s
 def analyze(kind: str, lm: "LoadedModel | None", task: "Task | None" = None,
             params: "Params | Mapping[str, Any] | None" = None, *, cache: "bool | Store | None" = True,
             progress: Progress | None = None, live: Callable[[dict[str, Any]], None] | None = None,
-            **overrides: Any) -> Result:
+            tensors: "TensorSession | TensorStore | None" = None, **overrides: Any) -> Result:
     """Run analysis `kind` on `lm` and `task` with `params` (+ keyword overrides), cached; a typed result.
 
     A miss computes under the key's lock (threads and processes), so a key is never computed twice at once:
     a second caller waits, then reads the first one's result. Nothing that does not fit the result model
-    is written to the store.
+    is written to the store, nor a result whose tensors could not be saved. `tensors`: where trained tensors go
+    (default: the cache folder's store).
     """
     spec = get_kind(kind)
     p = validate_params(spec, params, **overrides)
@@ -156,13 +230,25 @@ def analyze(kind: str, lm: "LoadedModel | None", task: "Task | None" = None,
     env = envelope(lm, task, p)
     progress = progress or _noop
     store = resolve_store(cache) if spec.cached else None
+    tensors = session(tensors)
 
     def compute() -> dict[str, Any]:
         if spec.needs_fit and lm is not None and task is not None:
             require_fit(lm, task)  # a task whose words the model does not know is an error, not a result
-        ctx = Context(lm, task, progress, store, report=live)
-        value = spec.function()(ctx, p)
-        value = to_jsonable({**value, "warnings": [*ctx.warnings, *value.get("warnings", [])]})
+        ctx = Context(lm, task, progress, store, report=live, tensors=tensors)
+        before = len(tensors.failures)
+        with collect_multi_token() as firsts:
+            value = spec.function()(ctx, p)
+        unsaved = {t: tensors.unsaved[t] for t in tensors.failures[before:]}  # this call's and its sub-calls'
+        labels = sorted(set(firsts) | ctx.multi_token | set(value.get("multi_token_labels") or []))
+        warnings = [w for w in [*ctx.warnings, *value.get("warnings", [])] if not is_multi_token_warning(w)]
+        if unsaved:
+            warnings = list(dict.fromkeys([*warnings, *(unsaved_warning(t, why) for t, (_, why) in unsaved.items())]))
+        value = to_jsonable({**value, "warnings": ([multi_token_warning(labels, firsts)] if labels else []) + warnings,
+                             "notes": list(dict.fromkeys([*ctx.notes, *value.get("notes", [])])),
+                             "multi_token_labels": labels, "absent_inputs": ctx.absent})
+        if unsaved:
+            value["unsaved_tensors"] = {t: base64.b64encode(data).decode("ascii") for t, (data, _) in unsaved.items()}
         spec.result.model_validate({**value, **env})  # a malformed result fails here, before it is stored
         return value
 
@@ -170,19 +256,22 @@ def analyze(kind: str, lm: "LoadedModel | None", task: "Task | None" = None,
         value, hit = compute(), False
     else:
         key = cache_key(spec, lm, task, p)
-        value, hit = _read(store, key, spec, env), True
+        value, hit = _read(store, key, spec, env, lm, task, tensors=tensors), True
         if value is None:
             with _LOCKS.hold(key, cancelled=lambda: bool(progress(0.0, "waiting for the same computation"))):
-                value = _read(store, key, spec, env)
+                value = _read(store, key, spec, env, lm, task, tensors=tensors)
                 if value is None:
                     value, hit = compute(), False
-                    store.put(key, value)
+                    if not value.get("unsaved_tensors"):  # its tensors are not on disk: not a result to keep
+                        store.put(key, value)
+                        if spec.indexed:
+                            _index(store, spec, lm, task, key, p)
     return spec.result.model_validate({**value, **env, "cache_hit": hit, "seconds": time.perf_counter() - t0})
 
 
 def lookup(kind: str, lm: "LoadedModel | None", task: "Task | None" = None,
            params: "Params | Mapping[str, Any] | None" = None, *, cache: "bool | Store | None" = True,
-           **overrides: Any) -> Result | None:
+           tensors: "TensorSession | TensorStore | None" = None, **overrides: Any) -> Result | None:
     """The cached result of `analyze(kind, ...)` with these arguments, or None; never computes."""
     spec = get_kind(kind)
     p = validate_params(spec, params, **overrides)
@@ -191,14 +280,17 @@ def lookup(kind: str, lm: "LoadedModel | None", task: "Task | None" = None,
         return None
     t0 = time.perf_counter()
     env = envelope(lm, task, p)
-    value = _read(store, cache_key(spec, lm, task, p), spec, env)
+    value = _read(store, cache_key(spec, lm, task, p), spec, env, lm, task, tensors=session(tensors))
     if value is None:
         return None
     return spec.result.model_validate({**value, **env, "cache_hit": True, "seconds": time.perf_counter() - t0})
 
 
-def _read(store: Store, key: str, spec: Kind, env: dict[str, Any]) -> dict[str, Any] | None:
-    """The stored value when it fits the kind's result model; None (and a log line) otherwise."""
+def _read(store: Store, key: str, spec: Kind, env: dict[str, Any], lm: "LoadedModel | None" = None,
+          task: "Task | None" = None, fresh: bool = True, tensors: TensorSession | None = None) -> dict[str, Any] | None:
+    """The stored value when it fits the kind's result model, every tensor it refers to is there and intact, and
+    (`fresh`) none of the other kinds' results it looked for and missed (`absent_inputs`) is cached now; None (and
+    a log line) otherwise."""
     value = store.get(key)
     if value is None:
         return None
@@ -208,4 +300,90 @@ def _read(store: Store, key: str, spec: Kind, env: dict[str, Any]) -> dict[str, 
         log.warning("cached %s result %s does not fit %s (%s); recomputing", spec.name, key, spec.result.__name__,
                     str(e).splitlines()[0])
         return None
+    tensors = tensors or TensorSession()
+    for tid in tensor_refs(value):
+        if not tensors.has(tid):
+            log.warning("cached %s result %s refers to tensor %s, which is gone or damaged; recomputing", spec.name,
+                        key, tid)
+            return None
+    for miss in (value.get("absent_inputs") or []) if fresh else []:
+        try:
+            found = find_cached(miss["kind"], lm, task, miss["tries"], store) is not None
+        except (KeyError, TypeError):
+            found = False
+        if found:
+            log.info("cached %s result %s looked for a %s result that is cached now; recomputing", spec.name, key,
+                     miss["kind"])
+            return None
     return value
+
+
+# -- the index: what is cached per kind, model and task, for `Context.cached` ---------------------------------------
+def index_key(kind: str, lm: "LoadedModel | None", task: "Task | None") -> str:
+    """The key of the index entry of `kind` on this model and task: {"entries": [{"key", "params"}, ...]}."""
+    return make_key(INDEX + kind, model=lm.fingerprint if lm is not None else None,
+                    task=task.content_hash() if task is not None else None)
+
+
+def merge_index(store: Store, ikey: str, value: dict[str, Any]) -> None:
+    """Add `value`'s entries to the index entry `ikey` (each key once, the newest last, at most INDEX_MAX). The
+    caller holds the key's lock."""
+    have = (store.get(ikey) or {}).get("entries") or []
+    new = [e for e in value.get("entries") or [] if isinstance(e, dict) and isinstance(e.get("key"), str)]
+    keys = {e["key"] for e in new}
+    store.put(ikey, {"entries": ([e for e in have if isinstance(e, dict) and e.get("key") not in keys] + new)[-INDEX_MAX:]})
+
+
+def _index(store: Store, spec: Kind, lm: "LoadedModel | None", task: "Task | None", key: str, p: Params) -> None:
+    ikey = index_key(spec.name, lm, task)
+    with _LOCKS.hold(ikey):
+        merge_index(store, ikey, {"entries": [{"key": key, "params": p.model_dump(mode="json")}]})
+
+
+def find_cached(kind: str, lm: "LoadedModel | None", task: "Task | None", tries: "list[dict[str, Any]]",
+                store: Store | None, tensors: TensorSession | None = None) -> Result | None:
+    """What `Context.cached` finds (see there): for each try, the exact result with every other field at its
+    default, else (an indexed kind) the cached results whose params hold the try's values, the one with the
+    fewest fields off their defaults first, then the newest."""
+    from .kinds import KINDS
+
+    if kind not in KINDS or store is None:
+        return None
+    spec = get_kind(kind)
+    fields = spec.params.model_fields
+    try:
+        defaults = spec.params().model_dump(mode="json")
+    except ValidationError:
+        defaults = {}
+    entries: list[dict[str, Any]] | None = None
+
+    def read(key: str, q: Params) -> Result | None:  # one level: what the found result itself missed is not chased
+        env = envelope(lm, task, q)
+        value = _read(store, key, spec, env, fresh=False, tensors=tensors)
+        return None if value is None else spec.result.model_validate({**value, **env, "cache_hit": True})
+
+    for want in tries:
+        named = {k: v for k, v in want.items() if k in fields}
+        try:
+            p = validate_params(spec, named)
+            r = read(cache_key(spec, lm, task, p), p)
+        except (ValidationError, ValueError, TypeError):  # the kind's params changed shape: treat as absent
+            continue
+        if r is not None:
+            return r
+        if not spec.indexed:
+            continue
+        if entries is None:
+            entries = list(reversed((store.get(index_key(kind, lm, task)) or {}).get("entries") or []))
+        norm = p.model_dump(mode="json")
+        match = [e for e in entries if isinstance(e.get("params"), dict)
+                 and all(e["params"].get(k) == norm[k] for k in named)]
+        match.sort(key=lambda e: sum(e["params"].get(k) != v for k, v in defaults.items()))
+        for e in match:
+            try:
+                r = read(e["key"], validate_params(spec, e["params"]))
+            except (ValidationError, ValueError, TypeError):
+                continue
+            if r is not None:
+                return r
+    return None

@@ -15,11 +15,77 @@ from __future__ import annotations
 
 from typing import Any
 
+from pydantic import Field
+
 from .. import options as o
 from .kernel import Context
 from .kinds import KINDS, get_kind
-from .params import MethodsParams
+from .params import Bool, Int, Layer, PromptParams, Selection
+from .primitives.cost import Shape, Sizes, Work
+from .results import Model, Result, TensorsInline
 from .primitives.sweep import resolve_layers
+
+
+class MethodsParams(Selection, PromptParams):
+    """kind `methods`: every steering method on one task and model side by side: the extracted vectors (vanilla,
+    function vector, TR / TL head sets, from `steer`), LTV (its cached result) and SITE; accuracy, TR ratio,
+    parameter count and training seconds."""
+
+    layer: Layer | None = Field(None, description="injection layer of the extracted vectors (a decoder layer's "
+                                                  "input); None = L/2")
+    site_m: Int = Field(o.SITE_M, ge=1, le=10_000, description="SITE: few-shot prompts of the task embedding")
+    site_shots: Int = Field(o.SITE_SHOTS, ge=0, description="SITE: demonstrations per embedding prompt")
+    site_steps: Int = Field(o.SITE_STEPS, ge=0, le=100_000, description="SITE: training steps")
+    ltv: Bool = Field(False, description="train the LTV when no cached result is found (else it is left out)")
+    sweep: Bool = Field(False, description="also each extracted vector's best layer over every layer (a `steer` "
+                                           "sweep) and the LTV's (when its layer sweep is cached); chosen on the "
+                                           "same prompts, so an upper bound")
+
+    def writes_tensors(self) -> bool:
+        return True  # SITE, and LTV with `ltv`
+
+    def work(self, shape: Shape, sizes: Sizes) -> Work:
+        """The `steer` of the extracted vectors, the `site` run with these settings and, with `ltv`, an LTV: the
+        sub-calls' own work (each is cached; this counts them all)."""
+        sel = {"top_pct": self.top_pct, "top_k": self.top_k}
+        w = get_kind("steer").params(vectors=[k for k, _, _ in EXTRACTED], layer=self.layer, shots=self.shots,
+                                     prompts=self.prompts, seed=self.seed, **sel).work(shape, sizes).named("steer")
+        w = w + get_kind("site").params(m=self.site_m, shots=self.site_shots, steps=self.site_steps,
+                                        prompts=self.prompts, seed=self.seed).work(shape, sizes).named("SITE")
+        if self.ltv and "ltv" in KINDS:
+            w = w + get_kind("ltv").params(shots=self.shots, prompts=self.prompts, seed=self.seed, **sel).work(
+                shape, sizes).named("LTV")
+        return w
+
+
+class MethodRow(Model):
+    key: str
+    name: str
+    family: str = Field(..., description="reference | extracted | trained")
+    accuracy: float | None = None
+    label_accuracy: float | None = None
+    tr_ratio: float | None = None
+    exact_match: float | None = None
+    params: int | None = Field(None, description="numbers that define the method")
+    trainable: int = 0
+    train_seconds: float | None = None
+    source: str = Field("", description="the analysis kind the numbers come from")
+    note: str = ""
+    layer: int | None = Field(None, description="the decoder layer whose input the vector is added to (vectors)")
+    best_layer: int | None = Field(None, description="with `sweep`: the layer of the best accuracy over the sweep")
+    best_accuracy: float | None = Field(None, description="with `sweep`: the accuracy there (chosen on these "
+                                                          "prompts: an upper bound)")
+
+
+class MethodsResult(Result, TensorsInline):
+    """kind `methods`: every steering method on one task and model, side by side."""
+
+    layer: int
+    shots: int
+    prompts: int
+    rows: list[MethodRow]
+    missing: list[str] = Field(default_factory=list, description="methods left out, and why")
+
 
 EXTRACTED = (("vanilla", "vanilla task vector", "mean ICL minus zero-shot hidden state at the layer"),
              ("fv", "function vector", "summed mean writes of the top heads by causal indirect effect"),
@@ -56,7 +122,7 @@ def methods(ctx: Context, p: MethodsParams) -> dict[str, Any]:
 
     ltv = _ltv(ctx, p)
     if ltv is None:
-        missing.append("LTV: no cached result for this model, task, shots, prompts and seed (run it on the LTV page, "
+        missing.append("LTV: no cached `ltv` result for this model, task, seed and prompts (run it on the LTV page, "
                        "or ask for it here with ltv=true)")
     else:
         try:
@@ -70,7 +136,8 @@ def methods(ctx: Context, p: MethodsParams) -> dict[str, Any]:
             rows.append({"key": "ltv", "name": "LTV", "family": "trained", **_m(m), "params": n_vec * d,
                          "trainable": n_vec * d, "train_seconds": train.train_seconds if train is not None else None,
                          "source": "ltv", "layer": ltv.layer, **best,
-                         "note": f"learned task vector at layer {ltv.layer}'s input"})
+                         "note": f"learned task vector at layer {ltv.layer}'s input"
+                         + "".join(f", {k} {v}" for k, v in get_kind("ltv").params.recipe_changes(ltv.params).items())})
         except (AttributeError, KeyError, TypeError):
             missing.append("LTV: its cached result has another shape than this view reads")
 
@@ -97,11 +164,14 @@ def _m(m: Any) -> dict[str, Any]:
 
 
 def _ltv(ctx: Context, p: MethodsParams) -> Any:
-    """The LTV result at these settings: cached (at the default layer L/2 or from the layer sweep; these prompts,
-    else the default count), or (with `ltv`) computed; None when the kind is absent."""
+    """The LTV result at these settings: cached (its table holds the LTV at L/2: the default layer, L/2 named or the
+    layer sweep; these prompts, else the default count; any ICL shots, head-set sizes, mechanism settings or
+    recipe, the defaults preferred), or (with `ltv`) computed; None when the kind is absent."""
     base = {"shots": p.shots, "seed": p.seed, "top_pct": p.top_pct, "top_k": p.top_k}
-    r = ctx.cached("ltv", [{**base, "prompts": n, "layer": layer}
-                           for n in dict.fromkeys((p.prompts, o.PROMPTS)) for layer in (None, "all")])
+    r = ctx.cached("ltv", [{"seed": p.seed, "load": None, "prompts": n, **at}
+                           for n in dict.fromkeys((p.prompts, o.PROMPTS))
+                           for at in ({"layer": None}, {"layer": ctx.lm.n_layers // 2},
+                                      {"layer": "all", "joint": False})])
     if r is None and p.ltv and "ltv" in KINDS:
         fields = get_kind("ltv").params.model_fields
         r = ctx.call("ltv", progress=ctx.stage(0.3, 0.6, "LTV"), **{k: v for k, v in {**base, "prompts": p.prompts}

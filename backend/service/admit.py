@@ -5,6 +5,11 @@ a bad value, an unknown task, a model outside the allowed places, a limit exceed
 cannot be built (e.g. more shots than the task has demonstrations). Once the model is resident, a task
 whose inputs it mostly cannot read (kind `fit`) is refused too; before that, the analysis fails with the
 same message.
+
+Saved tensors: a `load` field is an id (never a path: the params model refuses anything else), and must name a
+stored, intact file (404 otherwise, the same sentence whatever the reason); it is pinned for ADMIT_PIN_S so the
+uploads' quota cannot remove it before the job is queued (the routes then pin it for the job's life). A job that
+trains tensors is refused with a 507 when the tensor folder cannot take a file, before any training.
 """
 from __future__ import annotations
 
@@ -13,7 +18,9 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
 
-from .errors import BadRequest, clip
+from ..tensor_store import TensorStore, TensorWriteError, default_store, missing
+from .errors import BadRequest, InsufficientStorage, NotFound, clip
+from .estimate import Estimate, estimate
 from .jobs import job_key
 from .limits import Limits
 from .model_pool import ModelPool
@@ -24,11 +31,17 @@ if TYPE_CHECKING:
     from fastapi.exceptions import RequestValidationError
 
 
+ADMIT_PIN_S = 600.0
+STORAGE_CHECK_S = 2.0  # a writable tensor folder stands this long (a sweep admits its jobs in one go)
+
+
 @dataclass(frozen=True)
 class Admitted:
     kind: str
     params: dict[str, Any]
     key: str
+    tensors: tuple[str, ...] = ()  # the saved tensors the job reads (pin them while it is queued or running)
+    estimate: Estimate | None = None
 
 
 def describe_validation(e: ValidationError | RequestValidationError, allowed: list[str] | None = None) -> str:
@@ -47,11 +60,14 @@ def describe_validation(e: ValidationError | RequestValidationError, allowed: li
     return "; ".join(parts)
 
 
-def admit(body: dict[str, Any], pool: ModelPool, tasks: TaskStore, limits: Limits) -> Admitted:
+def admit(body: dict[str, Any], pool: ModelPool, tasks: TaskStore, limits: Limits, *,
+          tensors: TensorStore | None = None, storage: bool = True, check_work: bool = True) -> Admitted:
     """Validate a POST /jobs body; raises ServiceError subclasses (4xx) with a clear message.
 
     `model` and `task` are checked by the service (access rules, known tasks); the other fields by the
-    kind's params model from the registry; then the limits."""
+    kind's params model from the registry; then the limits (`check_work=False`: all but the work limit, for an
+    estimate that says by how much a job is over it), the saved tensors it reads and (`storage`) whether the
+    tensors it would train can be saved."""
     from ..analysis.kinds import KINDS, get_kind
 
     kind = body.get("kind")
@@ -82,6 +98,10 @@ def admit(body: dict[str, Any], pool: ModelPool, tasks: TaskStore, limits: Limit
         identity["model"] = pool.check(jf.model)
         resident = pool.peek(jf.model)
         model_info = resident.info() if resident is not None else None
+    device = pool.device_info()[0] if hasattr(pool, "device_info") else "cpu"
+    work = estimate(spec, p, identity.get("model"), task, device)
+    if check_work:  # from the params, the model's files and the task: the same whether it is loaded or not
+        limits.check_work(work)
     if model_info is not None:
         try:
             check_model_fit(p, model_info)
@@ -91,10 +111,23 @@ def admit(body: dict[str, Any], pool: ModelPool, tasks: TaskStore, limits: Limit
                 require_fit(resident, task)
         except ValueError as e:
             raise BadRequest(str(e)) from None
-    limits.check_work(p, model_info)
+    store = tensors or default_store()
+    reads = tuple(v for v in (getattr(p, f, None) for f in getattr(p, "tensor_fields", ())) if isinstance(v, str))
+    for tid in reads:
+        if not store.has(tid):
+            raise NotFound(str(missing(tid)))
+        store.pin_for(tid, ADMIT_PIN_S)
+    if storage and getattr(p, "writes_tensors", lambda: False)():
+        try:
+            store.check_writable(max_age=STORAGE_CHECK_S)
+        except TensorWriteError as e:
+            raise InsufficientStorage(f"this server cannot save trained tensors now (its tensor folder: {e.reason}), "
+                                      f"so {spec.name} would lose its training; ask its operator to free space or "
+                                      f"fix the cache folder") from None
     params = {**({"model": jf.model} if spec.uses_model else {}), **({"task": jf.task} if spec.uses_task else {}),
               **p.model_dump(mode="json")}
-    return Admitted(spec.name, params, job_key(spec.name, params, **identity))
+    return Admitted(spec.name, params, job_key(spec.name, params, **identity), tensors=reads,
+                    estimate=work)
 
 
 def check_model_fit(p: Any, model: dict[str, Any]) -> None:

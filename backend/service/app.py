@@ -1,13 +1,16 @@
 """The FastAPI app: `create_app()` wires the routes to a job runner, the model pool and the task store.
 
-Routes: GET /health, GET /capabilities, GET /tasks, POST /tasks/upload, POST /jobs, GET /jobs,
-GET /jobs/{id}, DELETE /jobs/{id}; POST /sweeps, GET /sweeps, GET /sweeps/{id}, DELETE /sweeps/{id} (sweeps.py).
+Routes: GET /health, GET /capabilities, GET /tasks, POST /tasks/upload, POST /jobs, POST /jobs/estimate, GET /jobs,
+GET /jobs/{id}, DELETE /jobs/{id}; POST /tensors, GET /tensors/{id} (saved vectors and alphas, by id);
+POST /sweeps, GET /sweeps, GET /sweeps/{id}, DELETE /sweeps/{id} (sweeps.py);
+GET /models, POST /models/{name}/pull (the presets, pulled in the background: pulls.py).
+No answer shows an absolute server path: tensors are ids, the model root is only said to be set.
 Errors are `{"detail": "<one-line message>"}` with a 4xx status.
 When HEADLENS_TOKEN is set, every route but /health needs `Authorization: Bearer <token>` or
 `X-Headlens-Token: <token>`.
 
 Request bodies are bounded (`BodyLimit`): over HEADLENS_MAX_BODY_KB (POST /tasks/upload: twice
-HEADLENS_MAX_UPLOAD_MB plus 64 KB) is a 413, refused from Content-Length before the body is read, or
+HEADLENS_MAX_UPLOAD_MB plus 64 KB; POST /tensors: HEADLENS_MAX_TENSOR_MB plus 64 KB) is a 413, refused from Content-Length before the body is read, or
 as soon as a chunked body passes the limit. No error answer echoes more than ~200 characters of any one
 input (`errors.clip` where messages are built; MAX_DETAIL caps a whole message as a last guard).
 """
@@ -16,27 +19,33 @@ from __future__ import annotations
 import hmac
 import logging
 import os
+import threading
 from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import Any, AsyncIterator, Awaitable, Callable, MutableMapping
 
 from fastapi import FastAPI, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 from pydantic import ValidationError
 
 from .admit import admit, describe_validation
-from .errors import BadRequest, NotFound, ServiceError, clip
+from ..tensor_store import TensorMissing, TensorStore, TensorWriteError, default_store
+from .errors import BadRequest, InsufficientStorage, NotFound, ServiceError, TooLarge, clip
 from .jobs import JobRunner
 from .limits import Limits
 from .model_pool import ModelPool
-from .schemas import (Capabilities, ErrorResponse, Health, JobKindInfo, JobRequest, JobStatus, TaskInfo,
-                      UploadRequest, UploadResponse)
+from .pulls import Pulls
+from ..text import describe_seconds
+from .schemas import (ACTIVE_STATES, Capabilities, ErrorResponse, Health, JobEstimate, JobKindInfo, JobRequest,
+                      JobStatus, TaskInfo, TensorInfo, UploadRequest, UploadResponse)
 from .task_store import TaskStore, task_info
 
 VERSION = "0.1.0"
 OPEN_PATHS = ("/health",)
 UPLOAD_PATH = "/tasks/upload"
+TENSOR_PATH = "/tensors"
 MAX_DETAIL = 1200  # characters of an error message, at most (a last guard; inputs are clipped to ~200)
 log = logging.getLogger(__name__)
 
@@ -45,7 +54,11 @@ _UPLOAD_DOC = {"requestBody": {"required": True, "content": {
     "multipart/form-data": {"schema": {"type": "object", "required": ["file"], "properties": {
         "file": {"type": "string", "format": "binary"},
         "kind": {"type": "string", "enum": ["classification", "generation"]}}}}}}}
-_ERRORS: dict[int | str, dict[str, Any]] = {s: {"model": ErrorResponse} for s in (401, 403, 404, 413, 422, 429)}
+_TENSOR_DOC = {"requestBody": {"required": True, "content": {
+    "application/octet-stream": {"schema": {"type": "string", "format": "binary"}},
+    "multipart/form-data": {"schema": {"type": "object", "required": ["file"], "properties": {
+        "file": {"type": "string", "format": "binary"}}}}}}}
+_ERRORS: dict[int | str, dict[str, Any]] = {s: {"model": ErrorResponse} for s in (401, 403, 404, 413, 422, 429, 507)}
 
 
 Scope = MutableMapping[str, Any]
@@ -69,7 +82,9 @@ class BodyLimit:
             await self.app(scope, receive, send)
             return
         upload = scope.get("path") == UPLOAD_PATH
-        limit = self.limits.max_upload_body_bytes if upload else self.limits.max_body_bytes
+        tensor = scope.get("path") == TENSOR_PATH and scope.get("method") == "POST"
+        limit = self.limits.max_upload_body_bytes if upload else \
+            self.limits.max_tensor_body_bytes if tensor else self.limits.max_body_bytes
         declared = next((v for k, v in scope.get("headers") or () if k == b"content-length"), None)
         if declared is not None:
             try:
@@ -78,7 +93,7 @@ class BodyLimit:
                 await _error(scope, receive, send, BadRequest("the Content-Length header is not a number", 400))
                 return
             if n > limit:
-                await _error(scope, receive, send, self.limits.body_too_large(n, limit, upload))
+                await _error(scope, receive, send, self._too_large(n, limit, upload, tensor))
                 return
         chunks, total = [], 0
         while True:
@@ -90,7 +105,7 @@ class BodyLimit:
             body = message.get("body", b"")
             total += len(body)
             if total > limit:
-                await _error(scope, receive, send, self.limits.body_too_large(None, limit, upload))
+                await _error(scope, receive, send, self._too_large(None, limit, upload, tensor))
                 return
             chunks.append(body)
             if not message.get("more_body", False):
@@ -107,6 +122,13 @@ class BodyLimit:
 
         await self.app(scope, replay, send)
 
+    def _too_large(self, n: int | None, limit: int, upload: bool, tensor: bool) -> ServiceError:
+        if tensor:
+            size = f"is {n / 2**20:.2f} MB," if n is not None else "runs"
+            return TooLarge(f"the tensor upload {size} over this server's limit of "
+                            f"{self.limits.max_tensor_bytes / 2**20:.2f} MB (HEADLENS_MAX_TENSOR_MB)")
+        return self.limits.body_too_large(n, limit, upload)
+
 
 async def _error(scope: Scope, receive: Any, send: Any, e: ServiceError) -> None:
     await JSONResponse({"detail": clip(e.message, MAX_DETAIL)}, status_code=e.status,
@@ -119,9 +141,24 @@ def _token_ok(request: Request, token: str) -> bool:
     return bool(given) and hmac.compare_digest(given.encode(), token.encode())
 
 
+def _preload(pool: ModelPool, names: tuple[str, ...]) -> None:
+    """Load `names` into the pool (a failure is a line in the log: the first job then says what is wrong)."""
+    for name in names:
+        try:
+            pool.get(name)
+            log.info("preloaded model %s", name)
+        except Exception as e:  # noqa: BLE001 - never fatal: the service runs without it
+            log.warning("could not preload model %s: %s", name, str(e).splitlines()[0] if str(e) else type(e).__name__)
+
+
 def create_app(runner: JobRunner | None = None, *, pool: ModelPool | None = None, tasks: TaskStore | None = None,
-               limits: Limits | None = None, token: str | None = None) -> FastAPI:
-    """The service app. Defaults: limits and token from the environment, a `LocalJobRunner` over `pool`."""
+               limits: Limits | None = None, token: str | None = None, pulls: Pulls | None = None,
+               pull_on_start: tuple[str, ...] = (), tensors: TensorStore | None = None,
+               preload: tuple[str, ...] = ()) -> FastAPI:
+    """The service app. Defaults: limits and token from the environment, a `LocalJobRunner` over `pool`.
+    `pull_on_start`: presets to pull in the background once the service is up (`serve --pull`); `preload`: models
+    to load in the background at start-up (`serve --preload`), so a shared link's cached results are found at once
+    instead of after the first job loads the model (`POST /jobs/cached` answers for resident models only)."""
     limits = limits or Limits.from_env()
     pool = pool or ModelPool(max_models=limits.max_models)
     tasks = tasks or TaskStore(memory_items=limits.upload_cache, quota_bytes=limits.upload_quota_bytes)
@@ -130,16 +167,28 @@ def create_app(runner: JobRunner | None = None, *, pool: ModelPool | None = None
 
         runner = make_runner(pool, tasks, limits)
     token = token if token is not None else os.environ.get("HEADLENS_TOKEN") or ""
+    pulls = pulls or Pulls()
+    tensors = tensors or default_store()  # the kernel's and the admission's store (one per cache folder)
+    tensors.quota_bytes = limits.tensor_quota_bytes
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        if preload:
+            threading.Thread(target=_preload, args=(pool, preload), name="headlens-preload", daemon=True).start()
+        for name in pull_on_start:
+            try:
+                pulls.start(name)
+            except ServiceError as e:  # HEADLENS_ALLOW_PULL=0, an unknown name: a line in the log, nothing more
+                log.warning("not pulling %s: %s", name, e.message)
         yield
+        pulls.close()
         app.state.sweeps.close()
         runner.close()
 
     app = FastAPI(title="headlens", version=VERSION, lifespan=lifespan, responses=_ERRORS,
                   description="Which attention heads of a language model do in-context learning.")
     app.state.runner, app.state.pool, app.state.tasks, app.state.limits = runner, pool, tasks, limits
+    app.state.pulls, app.state.tensors = pulls, tensors
 
     # -- body size, auth and errors ------------------------------------------------------------------
     app.add_middleware(BodyLimit, limits=limits)  # added first: inside the token check, which runs before it
@@ -178,10 +227,11 @@ def create_app(runner: JobRunner | None = None, *, pool: ModelPool | None = None
 
         kinds = [JobKindInfo(name=k.name, description=k.description, uses_task=k.uses_task, params=k.schema(),
                              result=k.result_schema()) for k in KINDS.values()]
-        return Capabilities(version=VERSION, device=device, dtype=dtype, loaded_models=pool.loaded(),
+        loaded = [{**m, "name": _under_root(pool, m.get("name"))} for m in pool.loaded()]
+        return Capabilities(version=VERSION, device=device, dtype=dtype, loaded_models=loaded,
                             tasks=tasks.list(), limits=limits.to_json(), job_kinds=kinds,
-                            model_root=str(pool.root) if pool.root else None, allow_hub=pool.allow_hub,
-                            auth_required=bool(token))
+                            model_root=pool.root is not None, allow_hub=pool.allow_hub,
+                            auth_required=bool(token), presets=pulls.list(), allow_pull=pulls.allow)
 
     # -- tasks ------------------------------------------------------------------------------------------
     @app.get("/tasks", response_model=list[TaskInfo])
@@ -213,11 +263,58 @@ def create_app(runner: JobRunner | None = None, *, pool: ModelPool | None = None
         task_id, task = await run_in_threadpool(tasks.add, filename, data, kind)
         return UploadResponse(id=task_id, summary=task_info(task, task_id, "upload"))
 
+    # -- saved tensors ------------------------------------------------------------------------------------
+    @app.post(TENSOR_PATH, response_model=TensorInfo, openapi_extra=_TENSOR_DOC)
+    async def upload_tensor(request: Request) -> TensorInfo:
+        """Add a saved vector or alpha file (.safetensors, as ltv_train or site write it; raw bytes or a multipart
+        `file`); checked whole (format, shapes, finite values, ranges); returns its id, which `load` takes."""
+        if request.headers.get("content-type", "").startswith("multipart/form-data"):
+            form = await request.form()
+            f = form.get("file")
+            if f is None or isinstance(f, str):
+                raise BadRequest("a multipart tensor upload needs a `file` field holding the .safetensors file")
+            data = await f.read(limits.max_tensor_bytes + 1)
+        else:
+            data = await request.body()
+        limits.check_tensor_upload(len(data))
+        return TensorInfo(**await run_in_threadpool(_add_tensor, tensors, data))
+
+    @app.get(TENSOR_PATH + "/{tensor_id}", response_class=Response,
+             responses={200: {"content": {"application/octet-stream": {}}}, 404: {"model": ErrorResponse}})
+    def download_tensor(tensor_id: str) -> Response:
+        """The file of a saved tensor (safetensors bytes)."""
+        try:
+            data = tensors.get(tensor_id)
+        except TensorMissing as e:
+            raise NotFound(str(e)) from None
+        return Response(data, media_type="application/octet-stream",
+                        headers={"Content-Disposition": f'attachment; filename="{tensor_id}.safetensors"'})
+
     # -- jobs ---------------------------------------------------------------------------------------------
     @app.post("/jobs", response_model=JobStatus, status_code=202)
     def submit_job(req: JobRequest) -> JobStatus:
-        a = admit({"kind": req.kind, **(req.model_extra or {})}, pool, tasks, limits)
-        return runner.submit(a.kind, a.params, a.key)
+        a = admit({"kind": req.kind, **(req.model_extra or {})}, pool, tasks, limits, tensors=tensors)
+        job = runner.submit(a.kind, a.params, a.key)
+        for tid in a.tensors:  # kept while the job is queued or running (the uploads' quota skips it)
+            tensors.pin(tid, lambda jid=job.id: _active(runner, jid))
+        return job
+
+    @app.post("/jobs/estimate", response_model=JobEstimate)
+    def estimate_job(req: JobRequest) -> JobEstimate:
+        """A job's estimated work and time, before it runs: never queues, computes or loads a model. Work (tokens
+        through the model, and prompt passes: HEADLENS_MAX_WORK's unit) comes from the params, the model's files
+        and the task; seconds from the model's measured speed (`model_info`), else from its size (`assumed`).
+        A job over the work limit is answered here with `admitted: false` and the refusal POST /jobs would give."""
+        a = admit({"kind": req.kind, **(req.model_extra or {})}, pool, tasks, limits, tensors=tensors,
+                  storage=False, check_work=False)
+        e = a.estimate
+        refusal = None
+        try:
+            limits.check_work(e)
+        except ServiceError as err:
+            refusal = err.message
+        return JobEstimate(kind=a.kind, **e.to_json(), limit=limits.max_work, admitted=refusal is None,
+                           refusal=refusal, text=describe_seconds(e.seconds))
 
     @app.post("/jobs/cached", response_model=JobStatus, responses={404: {"model": ErrorResponse}})
     def cached_job(req: JobRequest) -> JobStatus:
@@ -230,7 +327,8 @@ def create_app(runner: JobRunner | None = None, *, pool: ModelPool | None = None
         from ..analysis.kernel import lookup
         from ..analysis.kinds import get_kind
 
-        a = admit({"kind": req.kind, **(req.model_extra or {})}, pool, tasks, limits)
+        a = admit({"kind": req.kind, **(req.model_extra or {})}, pool, tasks, limits, tensors=tensors,
+                  storage=False)
         fields = dict(a.params)
         model, task_id = fields.pop("model", None), fields.pop("task", None)
         spec = get_kind(a.kind)
@@ -260,8 +358,48 @@ def create_app(runner: JobRunner | None = None, *, pool: ModelPool | None = None
 
     from .sweeps import add_routes as add_sweep_routes
 
-    add_sweep_routes(app, runner, pool, tasks, limits)  # POST /sweeps, GET /sweeps, GET/DELETE /sweeps/{id}
+    sweeps = add_sweep_routes(app, runner, pool, tasks, limits)  # POST /sweeps, GET /sweeps, GET/DELETE /sweeps/{id}
+
+    def in_use() -> set[str]:  # uploads queued jobs and running sweeps still need: pinned in the task store
+        active = {j.params.get("task") for j in runner.list() if j.status in ("queued", "running")}
+        return {t for t in active if isinstance(t, str)} | sweeps.tasks_in_use()
+
+    tasks.in_use = in_use
+    from .pulls import add_routes as add_pull_routes
+
+    add_pull_routes(app, pulls)  # GET /models, POST /models/{name}/pull
     return app
+
+
+def _under_root(pool: ModelPool, name: Any) -> Any:
+    """A model folder under the model root as the name relative to it (which the service takes too), so no answer
+    shows where the root is."""
+    if pool.root is not None and isinstance(name, str) and os.path.isabs(name):
+        try:
+            return os.path.relpath(name, pool.root) if Path(name).resolve().is_relative_to(pool.root) else name
+        except (OSError, ValueError):
+            return name
+    return name
+
+
+def _active(runner: JobRunner, job_id: str) -> bool:
+    job = runner.get(job_id, include_result=False)
+    return job is not None and job.status in ACTIVE_STATES
+
+
+def _add_tensor(store: TensorStore, data: bytes) -> dict[str, Any]:
+    """Check an uploaded tensor file and keep it (counted against the uploads' quota); its summary."""
+    from ..analysis.primitives.saved import inspect
+
+    try:
+        tid, info = inspect(data, "the upload")
+    except ValueError as e:
+        raise BadRequest(str(e)) from None
+    try:
+        store.put(tid, data, upload=True)
+    except TensorWriteError as e:
+        raise InsufficientStorage(f"the upload could not be kept: {e.reason}") from None
+    return info
 
 
 def _found(job: JobStatus | None, job_id: str) -> JobStatus:

@@ -46,3 +46,9 @@ class Busy(ServiceError):
     status = 429
 
 
+
+
+class InsufficientStorage(ServiceError):
+    """The service cannot write what the job would make (trained tensors): a full or read-only disk."""
+
+    status = 507

@@ -4,7 +4,13 @@ A runner takes admitted jobs as plain data — (kind, normalized params dict, ke
 ships them elsewhere (Ray, a process pool) can replace `LocalJobRunner` without touching the routes.
 
 `LocalJobRunner`:
-- runs jobs one at a time, in submission order (GPU work is serialized);
+- runs jobs one at a time, in submission order within a lane (GPU work is serialized);
+- has two lanes: `interactive` (POST /jobs) and `sweep` (a sweep's jobs). A free worker takes an interactive job
+  first; an interactive job that finds every worker busy makes a running sweep job give way: that job stops at its
+  next progress step and waits at the head of the sweep lane (what it finished through `ctx.call` stays cached),
+  at most PREEMPT_MAX times, so a long sweep job still finishes under a steady stream of interactive ones. Each
+  lane has its own HEADLENS_MAX_QUEUE, so a sweep never fills the interactive queue; an interactive request for
+  a job a sweep has queued moves it to the interactive lane;
 - deduplicates: a request with the key of a queued, running or done job gets that job back;
 - holds a per-key lock (`locks.KeyLocks`) while computing, so runners in other threads or processes
   that share the cache folder wait and then read the cached result instead of recomputing it;
@@ -63,8 +69,9 @@ def describe_error(e: BaseException) -> str:
         return str(e)
     from ..adapters import UnsupportedArchitecture
     from ..models import ModelLoadError
+    from ..tensor_store import TensorWriteError
 
-    if isinstance(e, (ValueError, ModelLoadError, UnsupportedArchitecture, FileNotFoundError)):
+    if isinstance(e, (ValueError, ModelLoadError, UnsupportedArchitecture, FileNotFoundError, TensorWriteError)):
         return str(e)
     if isinstance(e, KeyError):
         return str(e.args[0]) if e.args else name
@@ -75,8 +82,26 @@ class Cancelled(Exception):
     """Raised inside a job (by its progress callback) once the job has been cancelled."""
 
 
+class Preempted(Exception):
+    """Raised inside a sweep job (by its progress callback) when an interactive job needs its worker: the job goes
+    back to the head of the sweep lane."""
+
+
 class JobTimeLimit(Exception):
     """Raised inside a job (by its progress callback) once it has run past the per-job time limit."""
+
+
+def time_limited(progress: Progress, limit_s: float) -> Progress:
+    """`progress`, raising JobTimeLimit once `limit_s` seconds have passed (the CLI's HEADLENS_JOB_TIMEOUT_S: the
+    analysis stops at its next progress step, as a service job does)."""
+    start = time.monotonic()
+
+    def report(fraction: float, message: str = "") -> None:
+        if time.monotonic() - start > limit_s:
+            raise JobTimeLimit(f"the analysis ran past the time limit of {limit_s:g} s (HEADLENS_JOB_TIMEOUT_S); "
+                               f"ask for fewer prompts or values, or raise the limit")
+        progress(fraction, message)
+    return report
 
 
 @dataclass
@@ -105,7 +130,12 @@ def make_executor(pool: Any, tasks: Any) -> Executor:
         model, task = fields.pop("model", None), fields.pop("task", None)
         lm = pool.get(model) if spec.uses_model else None
         t = tasks.get(task) if spec.uses_task else None
-        return analyze(kind, lm, t, fields, progress=progress, live=getattr(progress, "live", None)).to_json()
+        out = analyze(kind, lm, t, fields, progress=progress, live=getattr(progress, "live", None)).to_json()
+        if kind == "model_info":  # its seconds per token make the time estimates of this model's jobs
+            from .estimate import note_speed
+
+            note_speed(pool.check(model), out)
+        return out
     return execute
 
 
@@ -114,8 +144,8 @@ class JobRunner(ABC):
     """What the routes need from a job queue. Every argument and return value is plain data."""
 
     @abstractmethod
-    def submit(self, kind: str, params: dict[str, Any], key: str) -> JobStatus:
-        """Queue a job (or return the queued/running/done job with the same key)."""
+    def submit(self, kind: str, params: dict[str, Any], key: str, lane: str = "interactive") -> JobStatus:
+        """Queue a job in `lane` (interactive, or sweep), or return the queued/running/done job with the same key."""
 
     @abstractmethod
     def get(self, job_id: str, include_result: bool = True) -> JobStatus | None:
@@ -152,6 +182,9 @@ class _Job:
     submitters: int = 1
     live: dict[str, Any] | None = None
     cancel: threading.Event = field(default_factory=threading.Event)
+    lane: str = "interactive"
+    preempt: threading.Event = field(default_factory=threading.Event)
+    preempted: int = 0
 
     def snapshot(self, include_result: bool = True) -> JobStatus:
         hit = self.result.get("cache_hit") if self.result else None
@@ -159,7 +192,12 @@ class _Job:
                          message=self.message, result=self.result if include_result else None, error=self.error,
                          error_type=self.error_type, params=self.params, created=self.created, started=self.started,
                          finished=self.finished, cache_hit=hit if isinstance(hit, bool) else None,
-                         live=self.live if self.status in ACTIVE_STATES else None, submitters=self.submitters)
+                         live=self.live if self.status in ACTIVE_STATES else None, submitters=self.submitters,
+                         lane=self.lane, preempted=self.preempted)
+
+
+LANES = ("interactive", "sweep")
+PREEMPT_MAX = 3  # times a sweep job gives way to interactive ones; after that it runs to its end
 
 
 class LocalJobRunner(JobRunner):
@@ -175,13 +213,16 @@ class LocalJobRunner(JobRunner):
         self._keep = keep_finished
         self._jobs: dict[str, _Job] = {}
         self._by_key: dict[str, str] = {}
-        self._queue: deque[str] = deque()
+        self._queues: dict[str, deque[str]] = {lane: deque() for lane in LANES}
+        self._running: list[_Job] = []
         self._cond = threading.Condition()
         self._workers: list[threading.Thread] = []
         self._closed = False
 
     # -- interface ------------------------------------------------------------------------------------
-    def submit(self, kind: str, params: dict[str, Any], key: str) -> JobStatus:
+    def submit(self, kind: str, params: dict[str, Any], key: str, lane: str = "interactive") -> JobStatus:
+        if lane not in LANES:
+            raise ValueError(f"lane must be one of {LANES}, not {lane!r}")
         with self._cond:
             if self._closed:
                 raise ServiceError("the job runner is shut down", status=503)
@@ -189,14 +230,18 @@ class LocalJobRunner(JobRunner):
             if same is not None and same.status in (*ACTIVE_STATES, "done") and not same.cancel.is_set():
                 if same.status in ACTIVE_STATES:
                     same.submitters += 1
+                    if lane == "interactive" and same.lane == "sweep":  # someone waits for it now: no longer a sweep's
+                        self._promote(same)
                 return self._snapshot(same)
-            self._limits.check_queue(sum(j.status in ACTIVE_STATES for j in self._jobs.values()))
-            job = _Job(id=secrets.token_hex(8), kind=kind, params=params, key=key)
+            self._limits.check_queue(sum(j.status in ACTIVE_STATES and j.lane == lane for j in self._jobs.values()))
+            job = _Job(id=secrets.token_hex(8), kind=kind, params=params, key=key, lane=lane)
             self._jobs[job.id] = job
             self._by_key[key] = job.id
-            self._queue.append(job.id)
+            self._queues[lane].append(job.id)
             self._prune()
             self._start_worker()
+            if lane == "interactive":
+                self._make_room()
             self._cond.notify_all()
             return self._snapshot(job)
 
@@ -221,7 +266,7 @@ class LocalJobRunner(JobRunner):
                 if self._by_key.get(job.key) == job.id:
                     del self._by_key[job.key]
                 if job.status == "queued":
-                    self._queue.remove(job.id)
+                    self._queues[job.lane].remove(job.id)
                     self._finish(job, "cancelled", "cancelled before it started")
                 else:
                     job.message = "cancelling"
@@ -235,10 +280,11 @@ class LocalJobRunner(JobRunner):
     def close(self, timeout: float = 5.0) -> None:
         with self._cond:
             self._closed = True
-            for jid in list(self._queue):
-                self._jobs[jid].cancel.set()
-                self._finish(self._jobs[jid], "cancelled", "the service shut down")
-            self._queue.clear()
+            for queue in self._queues.values():
+                for jid in list(queue):
+                    self._jobs[jid].cancel.set()
+                    self._finish(self._jobs[jid], "cancelled", "the service shut down")
+                queue.clear()
             for job in self._jobs.values():
                 job.cancel.set()
             self._cond.notify_all()
@@ -248,9 +294,35 @@ class LocalJobRunner(JobRunner):
     # -- internals ----------------------------------------------------------------------------------
     def _snapshot(self, job: _Job, include_result: bool = True) -> JobStatus:
         if job.status == "queued":
-            ahead = self._queue.index(job.id) if job.id in self._queue else 0
-            job.message = f"queued ({ahead} job{'s' if ahead != 1 else ''} ahead)"
+            queue = self._queues[job.lane]
+            ahead = (queue.index(job.id) if job.id in queue else 0) + (
+                len(self._queues["interactive"]) if job.lane == "sweep" else 0)
+            paused = "paused for interactive jobs, " if job.preempted else ""
+            job.message = f"queued ({paused}{ahead} job{'s' if ahead != 1 else ''} ahead)"
         return job.snapshot(include_result)
+
+    def _promote(self, job: _Job) -> None:
+        """A sweep's job an interactive request now waits for: it moves to the interactive lane (never preempted)."""
+        job.lane = "interactive"
+        job.preempt.clear()
+        if job.status == "queued" and job.id in self._queues["sweep"]:
+            self._queues["sweep"].remove(job.id)
+            self._queues["interactive"].append(job.id)
+            self._make_room()
+
+    def _make_room(self) -> None:
+        """With every worker busy, ask the running sweep job that started last to give way (see the module
+        docstring); one per interactive job waiting beyond the free workers."""
+        waiting = len(self._queues["interactive"])
+        yielding = sum(j.preempt.is_set() for j in self._running)
+        free = self._n_workers - len(self._running)
+        need = waiting - free - yielding
+        if need <= 0:
+            return
+        candidates = sorted((j for j in self._running if j.lane == "sweep" and not j.preempt.is_set()
+                             and j.preempted < PREEMPT_MAX), key=lambda j: j.started or 0.0, reverse=True)
+        for j in candidates[:need]:
+            j.preempt.set()
 
     def _finish(self, job: _Job, status: str, message: str) -> None:
         job.status, job.message, job.finished = status, message, time.time()
@@ -272,18 +344,29 @@ class LocalJobRunner(JobRunner):
     def _loop(self) -> None:
         while True:
             with self._cond:
-                while not self._queue and not self._closed:
+                while not any(self._queues.values()) and not self._closed:
                     self._cond.wait()
                 if self._closed:
                     return
-                job = self._jobs[self._queue.popleft()]
+                lane = "interactive" if self._queues["interactive"] else "sweep"
+                job = self._jobs[self._queues[lane].popleft()]
                 job.status, job.started, job.message = "running", time.time(), "starting"
-            self._run(job)
+                job.preempt.clear()
+                self._running.append(job)
+            try:
+                self._run(job)
+            finally:
+                with self._cond:
+                    self._running.remove(job)
+                    self._make_room()
+                    self._cond.notify_all()
 
     def _run(self, job: _Job) -> None:
         def report(fraction: float, message: str = "") -> None:
             if job.cancel.is_set():
                 raise Cancelled()
+            if job.preempt.is_set() and job.lane == "sweep":
+                raise Preempted()
             if job.started is not None and time.time() - job.started > self._limits.job_timeout_s:
                 raise JobTimeLimit(f"the job ran past this server's time limit of {self._limits.job_timeout_s} s "
                                    f"(HEADLENS_JOB_TIMEOUT_S); ask for fewer prompts or values")
@@ -306,6 +389,16 @@ class LocalJobRunner(JobRunner):
         except Cancelled:
             with self._cond:
                 self._finish(job, "cancelled", "cancelled")
+        except Preempted:  # back to the head of the sweep lane, unless it was cancelled or promoted meanwhile
+            with self._cond:
+                job.preempt.clear()
+                if job.cancel.is_set():
+                    self._finish(job, "cancelled", "cancelled")
+                else:
+                    job.preempted += 1
+                    job.status, job.started, job.progress, job.live = "queued", None, 0.0, None
+                    self._queues[job.lane].appendleft(job.id)
+                    self._cond.notify_all()
         except Exception as e:  # a failed job never takes the worker down
             if describe_error(e).startswith("internal error"):
                 log.exception("job %s (%s) failed", job.id, job.kind)

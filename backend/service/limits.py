@@ -7,13 +7,17 @@
 | HEADLENS_MAX_TOKENS        | 8192    | estimated tokens of one prompt (~4 UTF-8 bytes per token) |
 | HEADLENS_MAX_UPLOAD_MB     | 5       | size of an uploaded task file                             |
 | HEADLENS_MAX_MODELS        | 2       | models kept resident (LRU)                                |
-| HEADLENS_MAX_QUEUE         | 64      | jobs waiting or running at once                           |
+| HEADLENS_MAX_QUEUE         | 64      | jobs waiting or running at once, per lane (interactive,   |
+|                            |         | sweep: service/jobs.py)                                   |
 | HEADLENS_MAX_BODY_KB       | 256     | request body of every route but uploads (413 above it)    |
 | HEADLENS_UPLOAD_QUOTA_MB   | 200     | uploaded task files kept on disk (least recently used go) |
 | HEADLENS_UPLOAD_CACHE      | 32      | parsed uploads kept in memory (LRU; re-read from disk)    |
-| HEADLENS_MAX_WORK          | 200000  | estimated prompt passes of one job (the kind's `work`)    |
+| HEADLENS_MAX_WORK          | 200000  | estimated prompt passes of one job (service/estimate.py)  |
 | HEADLENS_JOB_TIMEOUT_S     | 3600    | seconds a job may run (it fails at its next progress step)|
 | HEADLENS_MAX_SWEEP_JOBS    | 10000   | jobs of one sweep                                         |
+| HEADLENS_MAX_TENSOR_MB     | 32      | size of an uploaded tensor file (POST /tensors)           |
+| HEADLENS_TENSOR_QUOTA_MB   | 1024    | uploaded tensor files kept on disk (least recently used   |
+|                            |         | go; never one a queued or running job refers to)          |
 | HEADLENS_SWEEP_WINDOW      | unset   | a sweep's jobs in flight (unset: 2 x the runner's workers |
 |                            |         | and at least 32; never over half HEADLENS_MAX_QUEUE)      |
 
@@ -66,6 +70,8 @@ class Limits:
     max_work: int = 200_000
     job_timeout_s: int = 3600
     max_sweep_jobs: int = 10_000
+    max_tensor_bytes: int = 32 * 1024 * 1024
+    tensor_quota_bytes: int = 1024 * 1024 * 1024
     sweep_window: int | None = None  # None: max(32, 2 x the runner's workers) (sweeps.SweepManager)
 
     @classmethod
@@ -85,6 +91,9 @@ class Limits:
             max_work=int(env_number("HEADLENS_MAX_WORK", d.max_work)),
             job_timeout_s=int(env_number("HEADLENS_JOB_TIMEOUT_S", d.job_timeout_s)),
             max_sweep_jobs=int(env_number("HEADLENS_MAX_SWEEP_JOBS", d.max_sweep_jobs)),
+            max_tensor_bytes=int(env_number("HEADLENS_MAX_TENSOR_MB", d.max_tensor_bytes / 2**20, 0.001) * 2**20),
+            tensor_quota_bytes=int(env_number("HEADLENS_TENSOR_QUOTA_MB", d.tensor_quota_bytes / 2**20, 0.001)
+                                   * 2**20),
             # unset gives 0 (the default is not checked against the minimum; a value set must be at least 1)
             sweep_window=int(env_number("HEADLENS_SWEEP_WINDOW", 0)) or d.sweep_window,
         )
@@ -113,16 +122,14 @@ class Limits:
         if task is not None and shot_list:
             self._check_prompts(task, max(shot_list), prompts or 1, getattr(params, "seed", 0))
 
-    def check_work(self, params: Any, model: dict[str, Any] | None = None) -> None:
-        """Refuse a job whose estimated work (the params model's `work`, in prompt passes) is over the limit;
-        `model` is the model's info when it is loaded (otherwise a large model is assumed)."""
-        estimate = getattr(params, "work", None)
-        if estimate is None:
-            return
-        n, how = estimate(model)
+    def check_work(self, estimate: Any) -> None:
+        """Refuse a job whose estimated work (`estimate.Estimate.passes`: prompt passes of the job's own prompts,
+        from its params, the model's files and the task, never from a loaded model) is over the limit."""
+        n = estimate.passes
         if n > self.max_work:
-            raise BadRequest(f"this job would run about {n:,} prompt passes ({how}), over this server's limit of "
-                             f"{self.max_work:,} (HEADLENS_MAX_WORK); use fewer prompts, values or seeds")
+            raise BadRequest(f"this job would run about {n:,.0f} prompt passes ({estimate.how}), over this server's "
+                             f"limit of {self.max_work:,} (HEADLENS_MAX_WORK); use fewer prompts, values, layers, "
+                             f"steps or seeds")
 
     def _check_prompts(self, task: "Task", shots: int, n: int, seed: int) -> None:
         from ..tasks.base import TaskError
@@ -142,6 +149,16 @@ class Limits:
         if n_bytes > self.max_upload_bytes:
             raise TooLarge(f"the upload is {n_bytes / 2**20:.2f} MB, over this server's limit of "
                            f"{self.max_upload_bytes / 2**20:.2f} MB (HEADLENS_MAX_UPLOAD_MB)")
+
+    def check_tensor_upload(self, n_bytes: int) -> None:
+        if n_bytes > self.max_tensor_bytes:
+            raise TooLarge(f"the tensor file is {n_bytes / 2**20:.2f} MB, over this server's limit of "
+                           f"{self.max_tensor_bytes / 2**20:.2f} MB (HEADLENS_MAX_TENSOR_MB)")
+
+    @property
+    def max_tensor_body_bytes(self) -> int:
+        """Body limit of POST /tensors: the file (raw, or in a multipart form) plus 64 KB."""
+        return self.max_tensor_bytes + (1 << 16)
 
     @property
     def max_upload_body_bytes(self) -> int:

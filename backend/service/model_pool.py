@@ -1,9 +1,10 @@
 """Loaded models, kept resident and reused, at most `max_models` of them (least recently used goes first).
 
-Which names a request may use:
-- `default` (the embedded model) always;
-- a local folder: anywhere, or only under `HEADLENS_MODEL_ROOT` when that is set (a relative name is
-  looked up under the root first); a folder outside the root is a 403;
+Which names a request may use (what each means: backend/model_sources.py):
+- `default` (the embedded model) always, and a preset (`smollm2-135m`, `gemma3-270m`) once it is pulled (404
+  naming the pull command before);
+- a local folder or a .gguf file (or a folder holding one): anywhere, or only under `HEADLENS_MODEL_ROOT` when
+  that is set (a relative name is looked up under the root first); a path outside the root is a 403;
 - a Hugging Face id, unless `HEADLENS_ALLOW_HUB=0` (403).
 `HEADLENS_DEVICE` (cpu, cuda, cuda:1 ...) and `HEADLENS_DTYPE` (fp32, bf16, fp16) pick where models load.
 A name longer than MAX_NAME_CHARS (1024) characters, with a path part over MAX_PART_BYTES (255) bytes, or
@@ -33,10 +34,6 @@ def _env_flag(name: str, default: bool) -> bool:
     return raw.strip().lower() not in ("0", "false", "no", "off")
 
 
-def _looks_like_path(name: str) -> bool:
-    return name.startswith((".", "/", "~", "\\")) or name.count("/") > 1 or Path(name).is_absolute()
-
-
 class ModelPool:
     """Resident models by canonical name, LRU-limited; `check` applies the access rules without loading."""
 
@@ -51,18 +48,21 @@ class ModelPool:
         self.dtype = dtype or os.environ.get("HEADLENS_DTYPE") or None
         self._loader = loader
         self._models: OrderedDict[str, "LoadedModel"] = OrderedDict()
-        self._lock = threading.RLock()
+        self._lock = threading.RLock()  # the resident models (held briefly)
+        self._load_lock = threading.Lock()  # one load at a time; peek, loaded and check never wait for it
 
     # -- access rules -------------------------------------------------------------------------------
     def check(self, name: str) -> str:
-        """The canonical name to load `name` by (`default`, an absolute folder, or a hub id).
+        """The canonical name to load `name` by (`default`, a preset, an absolute folder or .gguf file, or a hub id).
 
-        Raises Forbidden (403) for a folder outside the root or a hub id when the hub is off, NotFound
-        (404) for a missing folder or a missing embedded model, BadRequest (422) for a folder that is no model.
+        Raises Forbidden (403) for a path outside the root or a hub id when the hub is off, NotFound (404) for a
+        missing path, a missing embedded model or a preset not pulled yet, BadRequest (422) for a path that is no
+        model (no config.json, not GGUF, a GGUF architecture the adapter table lacks).
         """
         name = (name or "").strip()
         if not name:
-            raise BadRequest("model must not be empty; give `default`, a model folder or a Hugging Face id")
+            raise BadRequest("model must not be empty; give `default`, a preset, a model folder, a .gguf file or a "
+                             "Hugging Face id")
         problem = model_name_problem(name)
         if problem:
             raise BadRequest(problem)
@@ -73,38 +73,40 @@ class ModelPool:
             raise BadRequest(f"model: {clip(name)!r} is not a usable name ({type(e).__name__}: {why})") from None
 
     def _check(self, name: str) -> str:
+        from .. import model_sources as ms
+        from ..presets import PRESETS
+
         with self._lock:
             if name in self._models:  # made resident with put()
                 return name
-        if name in DEFAULT_MODEL_NAMES:
-            from ..paths import DEFAULT_MODEL_DIR
-
-            if not DEFAULT_MODEL_DIR.is_dir():
-                raise NotFound(f"the embedded default model is missing at {DEFAULT_MODEL_DIR}; regenerate it "
-                               f"with `python -m backend train-default`")
-            return "default"
-        path = Path(name).expanduser()
-        if self.root is not None and not path.is_absolute() and (self.root / path).exists():
-            path = self.root / path
-        if path.exists():
-            resolved = path.resolve()
-            self._check_root(name, resolved)
-            if not (resolved / "config.json").is_file():
-                raise BadRequest(f"{clip(name)} holds no config.json: not a Hugging Face model folder")
-            return str(resolved)
-        if _looks_like_path(name):
-            self._check_root(name, path.resolve())
-            raise NotFound(f"model folder {clip(name)!r} does not exist on the server")
+        try:
+            if name in DEFAULT_MODEL_NAMES or name in PRESETS:  # the server's own models: no root applies
+                return ms.resolve(name).name
+            path = Path(name).expanduser()
+            if self.root is not None and not path.is_absolute() and (self.root / path).exists():
+                path = self.root / path
+            if path.exists():
+                self._check_root(name, path.resolve())
+                src = ms.local(path, name)
+                self._check_root(name, Path(src.name))  # a folder's one .gguf file: a symlink may leave the root
+                return src.name
+            if ms.looks_like_path(name):
+                self._check_root(name, path.resolve())
+                what = "GGUF file" if name.lower().endswith(".gguf") else "model folder"
+                raise NotFound(f"{what} {clip(name)!r} does not exist on the server")
+        except ms.SourceError as e:
+            raise (BadRequest(str(e)) if e.reason == "invalid" else NotFound(str(e))) from None
         if not self.allow_hub:
-            where = f"a folder under {self.root}" if self.root else "a local model folder"
+            where = "a folder under the server's model folder (HEADLENS_MODEL_ROOT)" if self.root else \
+                "a local model folder"
             raise Forbidden(f"Hugging Face hub ids such as {clip(name)!r} are disabled on this server "
-                            f"(HEADLENS_ALLOW_HUB=0); use `default` or {where}")
+                            f"(HEADLENS_ALLOW_HUB=0); use `default`, a pulled preset or {where}")
         return name
 
     def _check_root(self, name: str, resolved: Path) -> None:
         if self.root is not None and not resolved.is_relative_to(self.root):
-            raise Forbidden(f"model path {clip(name)!r} is outside the server's model folder {self.root} "
-                            f"(HEADLENS_MODEL_ROOT); local models must live under it")
+            raise Forbidden(f"model path {clip(name)!r} is outside the server's model folder (HEADLENS_MODEL_ROOT); "
+                            f"local models must live under it (a name relative to it works)")
 
     # -- resident models --------------------------------------------------------------------------
     def get(self, name: str) -> "LoadedModel":
@@ -114,11 +116,19 @@ class ModelPool:
             if key in self._models:
                 self._models.move_to_end(key)
                 return self._models[key]
+        with self._load_lock:  # loads one at a time, without holding the pool (capabilities list it meanwhile)
+            with self._lock:
+                if key in self._models:  # loaded by the request this one waited for
+                    self._models.move_to_end(key)
+                    return self._models[key]
             lm = self._load(key)
-            self._models[key] = lm
-            while len(self._models) > self.max_models:
-                _, old = self._models.popitem(last=False)
-                self._free(old)
+            with self._lock:
+                self._models[key] = lm
+                old = []
+                while len(self._models) > self.max_models:
+                    old.append(self._models.popitem(last=False)[1])
+            for m in old:
+                self._free(m)
             return lm
 
     def _load(self, key: str) -> "LoadedModel":

@@ -72,8 +72,30 @@ class JobStatus(BaseModel):
     finished: float | None = None
     cache_hit: bool | None = None
     submitters: int = Field(1, description="submissions sharing this job; a DELETE cancels it only at the last")
+    lane: Literal["interactive", "sweep"] = Field("interactive", description="interactive jobs run before a sweep's")
+    preempted: int = Field(0, description="times this sweep job gave way to interactive jobs (it then starts again)")
     live: dict[str, Any] | None = Field(None, description="while running: data a page draws live (e.g. the loss "
                                                             "curve so far of a training)")
+
+
+class JobEstimate(BaseModel):
+    """POST /jobs/estimate: a job's work and time before it runs (backend/service/estimate.py)."""
+
+    kind: str
+    passes: float = Field(..., description="prompt passes of the job's own prompts (HEADLENS_MAX_WORK's unit)")
+    tokens: float = Field(..., description="tokens through the whole model, training forward passes included")
+    train_tokens: float = Field(..., description="of which in training (each with a backward pass, ~2x)")
+    how: str = Field(..., description="the largest parts of the work")
+    seconds: float | None = Field(None, description="estimated seconds; null when unknown")
+    seconds_basis: str = Field(..., description="measured (this model's seconds per token, from model_info) or "
+                                                "assumed (from its size)")
+    seconds_per_token: float | None = None
+    text: str = Field(..., description="the seconds in words: `about 3 min`")
+    shape: dict[str, Any] = Field(default_factory=dict, description="the model's size, read from its files")
+    sizes: dict[str, Any] = Field(default_factory=dict, description="tokens of the job's prompts")
+    limit: int = Field(..., description="HEADLENS_MAX_WORK")
+    admitted: bool
+    refusal: str | None = None
 
 
 # -- tasks -----------------------------------------------------------------------------------------------
@@ -85,6 +107,7 @@ class TaskInfo(BaseModel):
     name: str
     kind: str
     n_examples: int
+    n_queries: int | None = Field(None, description="held-out queries a seed scores (prompts beyond it are capped)")
     labels: list[str] | None = None
     models: str = "any"
     description: str = ""
@@ -105,6 +128,20 @@ class UploadResponse(BaseModel):
     summary: TaskInfo
 
 
+class TensorInfo(BaseModel):
+    """A saved tensor file the service holds (POST /tensors, GET /tensors/{id})."""
+
+    id: str = Field(..., description="`<kind>-<32 hex digits>` (a hash of the file): use it as `load`")
+    kind: Literal["ltv", "site"]
+    model: str = Field(..., description="the model it was trained for (its name in the file)")
+    task: str = Field("", description="the task it was trained on (its name in the file)")
+    d_model: int
+    n_layers: int
+    n_heads: int
+    shapes: dict[str, list[int]]
+    bytes: int
+
+
 # -- service ---------------------------------------------------------------------------------------------
 class Health(BaseModel):
     status: Literal["ok"] = "ok"
@@ -119,6 +156,34 @@ class JobKindInfo(BaseModel):
     result: dict[str, Any] = Field(default_factory=dict, description="JSON schema of the kind's result")
 
 
+class PullInfo(BaseModel):
+    status: Literal["idle", "running", "done", "error"] = "idle"
+    progress: float = 0.0
+    message: str = ""
+    error: str | None = None
+    started: float | None = None
+    finished: float | None = None
+    seconds: float | None = None
+
+
+class PresetInfo(BaseModel):
+    """A named real model (backend/presets.py) and whether this server has it."""
+
+    name: str
+    title: str
+    family: str
+    shape: str
+    licence: str
+    download_bytes: int
+    disk_bytes: int
+    packages: list[str]
+    note: str = ""
+    pulled: bool
+    converted: bool
+    pull_command: str
+    pull: PullInfo = Field(default_factory=PullInfo, description="this service's pull of it")
+
+
 class Capabilities(BaseModel):
     version: str
     device: str
@@ -127,9 +192,12 @@ class Capabilities(BaseModel):
     tasks: list[TaskInfo]
     limits: dict[str, int | None]  # Limits.to_json(); sweep_window None: from the runner
     job_kinds: list[JobKindInfo]
-    model_root: str | None = None
+    model_root: bool = Field(False, description="local model paths must lie under the server's model folder "
+                                                "(HEADLENS_MODEL_ROOT; its path is not shown)")
     allow_hub: bool = True
     auth_required: bool = False
+    presets: list[PresetInfo] = Field(default_factory=list, description="the named real models (GET /models)")
+    allow_pull: bool = True
 
 
 class ErrorResponse(BaseModel):

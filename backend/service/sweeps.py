@@ -17,11 +17,7 @@ thousands of jobs neither overflows the queue nor starves interactive jobs; jobs
 at once, so a sweep that is run again continues where the last one stopped. Cancelling a sweep withdraws its
 jobs (an identical job another client waits for goes on).
 
-The summary (`summarize`): one row per (model, task), means over seeds: accuracy and zero-shot accuracy, the
-relative depth (layer / (layers - 1)) of the top TR and TL heads and their overlap (Jaccard) with the top
-induction heads (from `scores`), the ICL accuracy at the most shots (`icl`), the accuracy lost when the top heads
-of each order are ablated (`ablation_curves`); and per model, the same over tasks plus the depth distribution
-of the top TR and TL heads (5 bins). Only result fields, no architecture knowledge.
+The summary of a sweep's results: `sweep_summary.py`.
 """
 from __future__ import annotations
 
@@ -30,18 +26,18 @@ import secrets
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Annotated, Any
 
 from fastapi import Request
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, Strict, ValidationError
 
 from .admit import Admitted, admit, describe_validation
 from .errors import BadRequest, NotFound, ServiceError, clip
 from .limits import Limits
+from .sweep_summary import _dedupe, compact, summarize
 
 log = logging.getLogger(__name__)
 
-DEPTH_BINS = 5
 FINISHED = ("done", "error", "cancelled")
 MAX_KEEP = 50  # finished sweeps kept in memory
 
@@ -56,7 +52,8 @@ class SweepRequest(BaseModel):
     models: list[str] = Field(..., min_length=1, max_length=64)
     tasks: list[str] = Field(..., min_length=1, max_length=512)
     kinds: list[str] = Field(default_factory=lambda: ["scores"], min_length=1, max_length=16)
-    seeds: list[int] = Field(default_factory=lambda: [0], min_length=1, max_length=64)
+    seeds: list[Annotated[int, Strict(), Field(ge=0)]] = Field(default_factory=lambda: [0], min_length=1,
+                                                               max_length=64)
     params: dict[str, Any] = Field(default_factory=dict, description="fields given to every kind that has them; "
                                    "`<kind>.<field>` to one kind only")
     name: str | None = Field(None, max_length=200)
@@ -72,6 +69,7 @@ class Cell:
     seed: int | None
     admitted: Admitted
     job_id: str | None = None
+    served: bool = False  # its submission found the job finished already: nothing computed for this sweep
     status: str = "pending"
     progress: float = 0.0
     cache_hit: bool | None = None
@@ -83,10 +81,6 @@ class Cell:
         return {"model": self.model, "task": self.task, "kind": self.kind, "seed": self.seed, "job_id": self.job_id,
                 "status": self.status, "progress": round(self.progress, 4), "cache_hit": self.cache_hit,
                 "error": self.error}
-
-
-def _dedupe(items: list[Any]) -> list[Any]:
-    return list(dict.fromkeys(items))
 
 
 def plan(req: SweepRequest, pool: Any, tasks: Any, limits: Limits) -> list[Cell]:
@@ -103,6 +97,12 @@ def plan(req: SweepRequest, pool: Any, tasks: Any, limits: Limits) -> list[Cell]
     for s in seeds:
         if s < 0:
             raise BadRequest(f"sweep: seeds must be non-negative, got {s}")
+    size = sum((len(models) if spec.uses_model else 1) * (len(task_ids) if spec.uses_task else 1)
+               * (len(seeds) if "seed" in spec.params.model_fields else 1) for spec in specs)
+    if size > limits.max_sweep_jobs:  # from the grid's size, before any cell is admitted
+        raise BadRequest(f"sweep: {size:,} jobs ({len(models)} models x {len(task_ids)} tasks x {len(kinds)} kinds x "
+                         f"{len(seeds)} seeds), over this server's limit of {limits.max_sweep_jobs:,} "
+                         f"(HEADLENS_MAX_SWEEP_JOBS); split it")
     if "seed" in req.params:
         raise BadRequest("sweep: give seeds as `seeds`, not in `params`")
     for bad in ("model", "task", "kind"):
@@ -166,88 +166,6 @@ def plan(req: SweepRequest, pool: Any, tasks: Any, limits: Limits) -> list[Cell]
     return cells
 
 
-# -- summaries --------------------------------------------------------------------------------------------
-def _depths(heads: list[Any], n_layers: int) -> list[float]:
-    return [float(l) / (n_layers - 1) if n_layers > 1 else 0.0 for l, _ in heads]
-
-
-def compact(kind: str, r: dict[str, Any]) -> dict[str, Any]:
-    """What the summary needs of one result (kept per job instead of the result)."""
-    try:
-        if kind == "scores":
-            L, ov = int(r["n_layers"]), r.get("overlap") or {}
-            return {"accuracy": r["icl"]["accuracy"], "label_accuracy": r["icl"]["label_accuracy"],
-                    "zero_shot_accuracy": (r.get("zero_shot") or {}).get("accuracy"),
-                    "tr_depths": _depths(r["top_tr"], L), "tl_depths": _depths(r["top_tl"], L),
-                    "tr_induction": (ov.get("tr_induction") or {}).get("jaccard"),
-                    "tl_induction": (ov.get("tl_induction") or {}).get("jaccard"),
-                    "tr_tl": (ov.get("tr_tl") or {}).get("jaccard"), "n_layers": L, "n_heads": int(r["n_heads"])}
-        if kind == "icl":
-            acc = r["accuracy"]
-            return {"icl_accuracy": acc[-1], "icl_gain": acc[-1] - acc[0], "icl_shots": r["shots"][-1]}
-        if kind == "ablation_curves":
-            return {f"ablation_drop_{order}": c["accuracy"][0] - c["accuracy"][-1]
-                    for order, c in (r.get("curves") or {}).items() if c.get("accuracy")}
-    except (KeyError, IndexError, TypeError, ValueError):
-        return {}
-    return {k: r[k] for k in ("accuracy", "label_accuracy") if isinstance(r.get(k), (int, float))}
-
-
-SCALARS = ("accuracy", "zero_shot_accuracy", "tr_depth", "tl_depth", "tr_induction", "tl_induction", "tr_tl",
-           "icl_accuracy", "icl_gain")
-
-
-def _mean(xs: list[Any]) -> float | None:
-    xs = [float(x) for x in xs if isinstance(x, (int, float))]
-    return sum(xs) / len(xs) if xs else None
-
-
-def _hist(depths: list[float]) -> list[float]:
-    counts = [0] * DEPTH_BINS
-    for d in depths:
-        counts[min(int(d * DEPTH_BINS), DEPTH_BINS - 1)] += 1
-    n = sum(counts)
-    return [c / n for c in counts] if n else counts
-
-
-def summarize(cells: list[Cell]) -> dict[str, Any]:
-    """{"rows": one per (model, task), "models": one per model} from the finished jobs' compact results."""
-    groups: dict[tuple[Any, Any], list[Cell]] = {}
-    for c in cells:
-        if c.status == "done" and c.summary is not None:
-            groups.setdefault((c.model, c.task), []).append(c)
-    rows, pooled = [], {}
-    for (m, t), cs in groups.items():
-        vals: dict[str, list[Any]] = {}
-        for c in cs:
-            s = dict(c.summary or {})
-            for d in ("tr", "tl"):
-                if f"{d}_depths" in s:
-                    pooled.setdefault(m, {"tr": [], "tl": []})[d].extend(s[f"{d}_depths"])
-                    s[f"{d}_depth"] = _mean(s.pop(f"{d}_depths"))
-            for k, v in s.items():
-                vals.setdefault(k, []).append(v)
-        row: dict[str, Any] = {"model": m, "task": t, "jobs": len(cs),
-                               "seeds": sorted({c.seed for c in cs if c.seed is not None})}
-        for k, v in vals.items():
-            if k in ("n_layers", "n_heads"):
-                row[k] = v[0]
-            elif all(isinstance(x, (int, float)) or x is None for x in v):
-                row[k] = _mean(v)
-        rows.append(row)
-    models = []
-    for m in _dedupe([r["model"] for r in rows]):
-        mine = [r for r in rows if r["model"] == m]
-        entry: dict[str, Any] = {"model": m, "tasks": len(mine)}
-        for k in _dedupe([k for r in mine for k in r if k not in ("model", "task", "jobs", "seeds")]):
-            entry[k] = mine[0][k] if k in ("n_layers", "n_heads") else _mean([r.get(k) for r in mine])
-        depths = pooled.get(m)
-        if depths:
-            entry["tr_depth_hist"], entry["tl_depth_hist"] = _hist(depths["tr"]), _hist(depths["tl"])
-        models.append(entry)
-    return {"rows": rows, "models": models, "depth_bins": DEPTH_BINS}
-
-
 # -- the sweep record and its feeder ----------------------------------------------------------------------
 @dataclass
 class _Sweep:
@@ -277,7 +195,7 @@ class _Sweep:
         out = {s: 0 for s in ("pending", "queued", "running", "done", "error", "cancelled")}
         for c in self.cells:
             out[c.status] = out.get(c.status, 0) + 1
-        out["cached"] = sum(1 for c in self.cells if c.status == "done" and c.cache_hit)
+        out["cached"] = sum(1 for c in self.cells if c.status == "done" and (c.cache_hit or c.served))
         out["total"] = len(self.cells)
         return out
 
@@ -290,7 +208,7 @@ class _Sweep:
             e["total"] += 1
             e["finished"] += c.status in FINISHED
             e["errors"] += c.status == "error"
-            e["cached"] += bool(c.status == "done" and c.cache_hit)
+            e["cached"] += bool(c.status == "done" and (c.cache_hit or c.served))
             e["progress"] += 1.0 if c.status in FINISHED else c.progress
         for e in per_model.values():
             e["progress"] = round(e["progress"] / max(e["total"], 1), 4)
@@ -325,6 +243,10 @@ class SweepManager:
         with self._lock:
             self._sweeps[sw.id] = sw
             self._prune()
+        from ..tensor_store import default_store
+
+        for tid in {t for c in cells for t in c.admitted.tensors}:  # saved tensors its jobs read: kept meanwhile
+            default_store().pin(tid, lambda sw=sw: sw.status not in FINISHED)
         sw.thread = threading.Thread(target=self._feed, args=(sw,), name=f"headlens-sweep-{sw.id}", daemon=True)
         sw.thread.start()
         return self.get(sw.id, detail=False) or {}
@@ -361,6 +283,12 @@ class SweepManager:
             sw.thread.join(timeout)
         return self.get(sweep_id) or {}
 
+    def tasks_in_use(self) -> set[str]:
+        """The tasks of running sweeps' jobs that have not finished (an upload they name stays pinned)."""
+        with self._lock:
+            return {c.task for s in self._sweeps.values() if s.status == "running" for c in s.cells
+                    if c.task and c.status not in FINISHED}
+
     def close(self) -> None:
         with self._lock:
             sweeps = list(self._sweeps.values())
@@ -384,14 +312,14 @@ class SweepManager:
                 while pending and len(active) < self.window:
                     c = pending[0]
                     try:
-                        j = self.runner.submit(c.admitted.kind, c.admitted.params, c.admitted.key)
+                        j = self.runner.submit(c.admitted.kind, c.admitted.params, c.admitted.key, lane="sweep")
                     except ServiceError as e:
                         if e.status == 429:  # the queue is full: try again shortly
                             break
                         raise
                     pending.pop(0)
                     with self._lock:
-                        c.job_id, c.status = j.id, j.status
+                        c.job_id, c.status, c.served = j.id, j.status, j.status == "done"
                     active.append(c)
                 for c in list(active):
                     j = self.runner.get(c.job_id, include_result=False)
@@ -409,8 +337,13 @@ class SweepManager:
                 time.sleep(self.poll)
             with self._lock:
                 errors = sum(c.status == "error" for c in sw.cells)
-                sw.status, sw.finished = "done", time.time()
-                sw.message = f"{errors} job{'s' if errors != 1 else ''} failed" if errors else "done"
+                gone = sum(c.status == "cancelled" for c in sw.cells)  # cancelled by a DELETE /jobs/{id} elsewhere
+                said = [f"{errors} job{'s' if errors != 1 else ''} failed"] if errors else []
+                if gone:  # the sweep did not get every result it was asked for: not "done"
+                    said.append(f"{gone} job{'s were' if gone != 1 else ' was'} cancelled outside this sweep "
+                                f"(DELETE /jobs/{{id}}); run the sweep again for the missing results")
+                sw.status, sw.finished = ("error" if gone else "done"), time.time()
+                sw.message = "; ".join(said) or "done"
         except Exception as e:  # the runner shut down, or a bug: the sweep ends, the message says why
             log.exception("sweep %s stopped", sw.id)
             with self._lock:

@@ -7,7 +7,9 @@ Server-side file paths are never accepted as tasks.
 Bounds: at most `memory_items` parsed uploads stay in memory (least recently used go first; an evicted
 one is parsed again from its record on disk when asked for), and the records on disk are kept under
 `quota_bytes` (HEADLENS_UPLOAD_QUOTA_MB) by deleting the least recently used ones (a read touches the
-record's mtime); a task whose record is gone is a 404 "upload the file again". A record that cannot
+record's mtime); a task whose record is gone is a 404 "upload the file again". Uploads that admitted jobs still
+need (queued or running, or a running sweep's jobs not queued yet: `in_use`, wired by the app) are pinned: never
+evicted from memory, never deleted for the quota. A record that cannot
 be read back (truncated, wrong fields, content not matching its hash) is logged, deleted and answered
 with a 422 "upload upload:<hash> is damaged; upload it again".
 """
@@ -21,7 +23,7 @@ import re
 import threading
 from collections import OrderedDict
 from pathlib import Path
-from typing import TYPE_CHECKING, NoReturn
+from typing import TYPE_CHECKING, Callable, NoReturn
 
 from .errors import BadRequest, NotFound, clip
 from .schemas import TaskInfo
@@ -70,6 +72,8 @@ class TaskStore:
         self._uploads: OrderedDict[str, "Task"] = OrderedDict()
         self._sizes: dict[str, int] = {}
         self._lock = threading.Lock()
+        self.in_use: Callable[[], set[str]] = set
+        """Task ids admitted jobs still need (the app wires the runner's and the sweeps'): pinned."""
 
     @property
     def directory(self) -> Path:
@@ -88,14 +92,27 @@ class TaskStore:
         raise NotFound(f"unknown task {clip(task_id)!r}; built-in tasks: {', '.join(names)}. To run your own "
                        f"task, upload it with POST /tasks/upload and use the `upload:<hash>` id it returns.")
 
+    def _pinned(self) -> set[str]:
+        try:
+            return set(self.in_use())
+        except Exception:  # the runner shutting down: nothing pinned
+            return set()
+
     def _remember(self, task_id: str, task: "Task", size: int) -> None:
         with self._lock:
             self._uploads[task_id] = task
             self._uploads.move_to_end(task_id)
             self._sizes[task_id] = size
-            while len(self._uploads) > 1 and (len(self._uploads) > self.memory_items
-                                              or sum(self._sizes.values()) > self.memory_bytes):
-                old, _ = self._uploads.popitem(last=False)
+            def over() -> bool:
+                return len(self._uploads) > self.memory_items or sum(self._sizes.values()) > self.memory_bytes
+
+            if len(self._uploads) <= 1 or not over():
+                return
+            pinned = self._pinned() | {task_id}
+            for old in [t for t in self._uploads if t not in pinned]:  # least recently used first
+                if not over():
+                    break
+                del self._uploads[old]
                 self._sizes.pop(old, None)
 
     def _get_upload(self, task_id: str) -> "Task":
@@ -215,10 +232,13 @@ class TaskStore:
         except OSError:
             return
         total = sum(size for _, size, _ in entries)
+        if total <= self.quota_bytes:
+            return
+        pinned = {t[len(UPLOAD_PREFIX):] for t in self._pinned() if t and t.startswith(UPLOAD_PREFIX)}
         for _, size, p in sorted(entries, key=lambda e: e[0]):
             if total <= self.quota_bytes:
                 break
-            if p == keep or ".json.tmp" in p.name:  # the newest upload, and writes in flight, stay
+            if p == keep or ".json.tmp" in p.name or p.stem in pinned:  # the newest, writes in flight, in use
                 continue
             try:
                 p.unlink()

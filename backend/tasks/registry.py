@@ -102,7 +102,12 @@ def load_task(name_or_path: str | os.PathLike, kind: Kind | None = None) -> Task
 
 
 def task_summary(task: Task) -> dict[str, Any]:
-    """What `python -m backend tasks --json` lists for a task: name, kind, n_examples, labels, models, description."""
-    return {"name": task.name, "kind": task.kind, "n_examples": len(task.examples),
+    """What `python -m backend tasks --json` lists for a task: name, kind, n_examples, n_queries (the held-out
+    queries a seed scores; the split is about 1:1 whatever the seed), labels, models, description."""
+    try:
+        n_queries: int | None = task.n_queries(0)
+    except TaskError:  # too few examples to split: every analysis says so
+        n_queries = None
+    return {"name": task.name, "kind": task.kind, "n_examples": len(task.examples), "n_queries": n_queries,
             "labels": list(task.labels) if task.labels is not None else None,
             "models": task.models, "description": task.description}

@@ -80,7 +80,7 @@ def _extra_patching(lm: Any, task: Any, r: Any, ks: list[int], prompts: int) -> 
     import torch
 
     from backend.analysis.primitives.batching import encode
-    from backend.analysis.primitives.soft_select import hard_alpha, load_site, ranked_heads, site_data, soft_logits
+    from backend.analysis.site.soft_select import hard_alpha, load_site, ranked_heads, site_data, soft_logits
     from backend.analysis.primitives.sweep import RowConfig, sweep_outcomes
 
     alpha, t, _ = load_site(r.path, lm)
@@ -255,7 +255,7 @@ def render(models: dict, a: dict) -> list[str]:
         tr = res.get("transfer")
         if tr:
             names = tr["tasks"]
-            out += [f"Transfer (task A's alphas, B's embedding, on B; accuracy %; groups: "
+            out += ["Transfer (task A's alphas, B's embedding, on B; accuracy %; groups: "
                     + ", ".join(f"{n} = {GROUPS[n]}" for n in names) + "):", "",
                     "| A \\ B | " + " | ".join(names) + " |", "|---|" + "---|" * len(names)]
             for i, n in enumerate(names):

@@ -15,6 +15,7 @@ import torch
 from ...models import LoadedModel
 from ...tasks.base import Prompt, Queries, Task, TaskError
 from .fit import unknown_id
+from .notes import Note, report_multi_token
 
 Progress = Callable[[float, str], None]
 
@@ -65,7 +66,7 @@ def encode(lm: LoadedModel, prompts: Sequence[Prompt], kind: str) -> Encoded:
                             f"tokens (prompt {i + 1} has {len(ids[i])} tokens); use fewer shots or shorter inputs")
     memo: dict[tuple[str, str], list[int]] = {}
     unk = unknown_id(tok)
-    label_ids, gold, multi = [], [], set()
+    label_ids, gold, multi = [], [], {}
     for p in prompts:
         firsts = []
         for lab in p.labels:
@@ -77,8 +78,8 @@ def encode(lm: LoadedModel, prompts: Sequence[Prompt], kind: str) -> Encoded:
             if unk is not None and toks[0] == unk:
                 raise TaskError(f"label {lab!r} is unknown to this model's tokenizer (it encodes to "
                                 f"{tok.unk_token!r}); this task does not fit this model")
-            if len(toks) > 1:
-                multi.add(lab)
+            if len(toks) > 1 and lab not in multi:
+                multi[lab] = tok.decode([toks[0]])
             firsts.append(toks[0])
         if kind == "classification" and len(set(firsts)) < len(firsts):
             seen: dict[int, str] = {}
@@ -95,6 +96,7 @@ def encode(lm: LoadedModel, prompts: Sequence[Prompt], kind: str) -> Encoded:
             firsts, g = [firsts[i] for i in keep], 0
         label_ids.append(firsts)
         gold.append(g)
+    report_multi_token(multi)  # the kernel's one warning for the whole analysis (primitives/notes.py)
     return Encoded(list(prompts), ids, label_ids, gold, kind, sorted(multi))
 
 
@@ -109,12 +111,6 @@ class Built:
     @property
     def n(self) -> int:
         return len(self.prompts)
-
-
-def multi_token_note(labels: Sequence[str]) -> str:
-    """The warning for answers that span several tokens: every score (and a training loss) uses the first one."""
-    return (f"{len(labels)} label(s) span several tokens with this tokenizer (e.g. {', '.join(map(repr, labels[:4]))}): "
-            f"the training loss and every accuracy score the first token of the answer")
 
 
 def build_prompts(lm: LoadedModel, task: Task, shots: int, n: int, seed: int, perturb=None,
@@ -132,10 +128,11 @@ def build_prompts(lm: LoadedModel, task: Task, shots: int, n: int, seed: int, pe
     if task.fixed is not None:  # a given prompt set: as given, whatever the shots
         prompts = task.build_prompts(shots, min(n, pool), seed)
         return Built(prompts, max(p.n_shots for p in prompts), warnings)
-    if n > pool:
+    if n > pool:  # the scored queries capped: a warning; the prompts a vector is extracted from: a note
         what = "held-out queries" if queries == "held_out" else "examples in its demonstration pool"
-        warnings.append(f"task {task.name!r} has {pool} {what} for seed {seed}; used {pool} prompts, "
-                        f"not the {n} asked (each query once)")
+        text = f"task {task.name!r} has {pool} {what} for seed {seed}; used {pool} prompts, not the {n} asked " \
+               f"(each query once)"
+        warnings.append(text if queries == "held_out" else Note(text))
         n = pool
     k = shots
     while True:

@@ -31,7 +31,8 @@ import torch
 
 from ...models import LoadedModel
 from .batching import Batch, Progress, make_batch
-from .engine import _halve, _packed_mask, _record_outputs, _shallow, _Unsupported
+from .engine_fast import _packed_mask, _record_outputs, _shallow, _Unsupported
+from .engine_plan import _halve
 
 STEP_ROWS = 2048  # (vector, prompt) rows per step pass at most ...
 MAX_PACK = 64  # ... and at most this many vectors side by side in one packed row

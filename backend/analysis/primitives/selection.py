@@ -5,7 +5,6 @@ import math
 import random
 
 import numpy as np
-from scipy import stats
 
 from ...options import MIN_TOP_HEADS, TOP_PCT
 
@@ -29,10 +28,12 @@ def top_heads(scores: np.ndarray, pct: float = TOP_PCT, k: int | None = None) ->
     return [(int(i // H), int(i % H)) for i in flat]
 
 
-def random_heads(n_layers: int, n_heads: int, k: int, seed: int = 0) -> list[Head]:
-    """A seeded random set of k distinct heads."""
+def random_heads(n_layers: int, n_heads: int, k: int, seed: int = 0, exclude: "set[Head] | None" = None) -> list[Head]:
+    """A seeded random set of k distinct heads, drawn from the heads not in `exclude` (a control set disjoint
+    from the top heads) when at least k remain, else from all heads."""
     allh = [(l, h) for l in range(n_layers) for h in range(n_heads)]
-    return random.Random(f"random-heads-{seed}").sample(allh, k)
+    rest = [x for x in allh if x not in (exclude or set())]
+    return random.Random(f"random-heads-{seed}").sample(rest if len(rest) >= k else allh, k)
 
 
 def ranking(scores: np.ndarray) -> list[Head]:
@@ -42,6 +43,8 @@ def ranking(scores: np.ndarray) -> list[Head]:
 
 def overlap(a: np.ndarray, b: np.ndarray, k: int) -> dict[str, float | None]:
     """Jaccard of the top-k sets, and Spearman / Kendall rank correlations over all heads."""
+    from scipy import stats  # imported on first use: scipy.stats takes a second, and the CLI imports every kind
+
     ta, tb = set(top_heads(a, k=k)), set(top_heads(b, k=k))
     rho = stats.spearmanr(a.ravel(), b.ravel()).statistic
     tau = stats.kendalltau(a.ravel(), b.ravel()).statistic

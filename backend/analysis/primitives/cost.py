@@ -1,0 +1,199 @@
+"""What a job costs, as a function of its params: the arithmetic each kind's `work` is written in (no torch here).
+
+A job's work is counted in **tokens through the whole model**: a full forward pass of a prompt of T tokens is T,
+a one-token step over a KV cache (a decoding step, a last-token configuration of the sweep engine) is 1, an
+all-position ablation that starts at a later layer the share of the layers it runs. `train` is the part of it that
+runs forward passes of a training (each is followed by a backward pass, about twice its cost). Nothing here
+depends on whether a model is loaded: the model enters as its `Shape` (read from its config, or assumed), the
+prompts as their `Sizes` (tokens of a prompt with k demonstrations, from the task's text and the model's
+tokenizer, or estimated from bytes).
+
+    w = passes("ICL", 50, sizes.prompt(8)) + passes("zero-shot", 50, sizes.prompt(0))
+    w.tokens, w.how()
+
+`tests/test_cost_model.py` checks every registry entry against the tokens its run really puts through the
+default model (a hook on every output projection), within 2x.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+BYTES_PER_TOKEN = 4  # rough UTF-8 bytes per BPE token of natural text, when no tokenizer is at hand
+INDUCTION_BATCH, INDUCTION_TOKENS = 4, 50  # induction scores: a batch of [bos] r r, r of 50 tokens
+ALL_POSITION_SHARE = 0.8
+"""The share of a full pass an all-position head ablation of unknown heads costs (it starts at the first layer it
+changes; top heads and random sets usually include an early layer)."""
+
+
+@dataclass(frozen=True)
+class Shape:
+    """The model's size as the cost model needs it; `source` says where it came from (config, gguf, assumed).
+    `n_params`: the parameters a token passes through, the decoder layers' (the embedding is a lookup, the
+    unembedding runs for the last token only)."""
+
+    n_layers: int
+    n_heads: int
+    d_model: int
+    max_positions: int | None = None
+    n_params: int | None = None
+    source: str = "assumed"
+
+    @property
+    def heads(self) -> int:
+        return self.n_layers * self.n_heads
+
+
+ASSUMED = Shape(32, 32, 4096, 8192, 6_500_000_000, "assumed")
+"""A model whose files cannot be read without loading it (a Hugging Face id not downloaded): a 7B-class one."""
+
+
+@dataclass(frozen=True)
+class Sizes:
+    """Tokens of the job's prompts: `query` (the prompt without demonstrations), `demo` (one more demonstration),
+    `answer` (a gold answer); `queries` and `pool`: the task's held-out queries and demonstration pool (None:
+    unknown); `source`: tokenizer or bytes."""
+
+    query: float = 8.0
+    demo: float = 8.0
+    answer: float = 2.0
+    source: str = "assumed"
+    queries: int | None = None
+    pool: int | None = None
+    tasks: tuple[str, ...] = ()  # the tasks a kind over several tasks runs (empty: unknown)
+
+    def prompt(self, shots: int) -> float:
+        """Tokens of one prompt with `shots` demonstrations."""
+        return self.query + max(int(shots), 0) * self.demo
+
+    def n(self, prompts: int) -> int:
+        """Prompts of held-out queries a job scores: as many as asked, at most the task's queries."""
+        return min(prompts, self.queries) if self.queries else prompts
+
+
+GENERIC = Sizes()
+"""Prompts of a job without one task (a kind over several tasks): a typical built-in task's."""
+
+
+def sizes_of(task: object, count: Callable[[str], int] | None = None, seed: int = 0, k: int = 4) -> Sizes:
+    """The `Sizes` of a task's prompts: tokens of a few 0-shot and k-shot prompts, counted by `count` (a tokenizer's
+    length; None: UTF-8 bytes / BYTES_PER_TOKEN). A task that cannot build them gets GENERIC."""
+    source = "tokenizer" if count is not None else "bytes"
+    count = count or (lambda text: -(-len(text.encode("utf-8")) // BYTES_PER_TOKEN))
+    try:
+        fixed = getattr(task, "fixed", None)
+        if fixed is not None:  # prompts given as they are: no demonstrations to add
+            texts = [p.text for p in list(fixed)[:8]]
+            q = sum(count(t) for t in texts) / max(len(texts), 1)
+            return Sizes(q, 0.0, 2.0, source, len(fixed), 0)
+        try:
+            pool, queries = task.split(seed)  # type: ignore[attr-defined]
+            n_pool, n_queries = len(pool), len(queries)
+        except Exception:
+            n_pool = n_queries = None
+        zero = task.build_prompts(0, 4, seed)  # type: ignore[attr-defined]
+        few, shots = [], 0
+        for shots in (k, 2, 1):
+            try:
+                few = task.build_prompts(shots, 4, seed)  # type: ignore[attr-defined]
+                break
+            except Exception:  # too few demonstrations for k
+                continue
+        q = sum(count(p.text) for p in zero) / len(zero)
+        demo = max((sum(count(p.text) for p in few) / len(few) - q) / shots, 1.0) if few else GENERIC.demo
+        answer = sum(max(count(" " + p.gold), 1) for p in zero) / len(zero)
+        return Sizes(q, demo, answer, source, n_queries or None, n_pool)
+    except Exception:
+        return GENERIC
+
+
+def mean_sizes(many: Sequence[Sizes], names: Sequence[str]) -> Sizes:
+    """The mean prompt sizes of several tasks (a kind that runs each, `names`)."""
+    if not many:
+        return GENERIC
+    k = len(many)
+    mean = lambda f: sum(getattr(s, f) for s in many) / k  # noqa: E731
+    queries = [s.queries for s in many if s.queries]
+    pools = [s.pool for s in many if s.pool]
+    return Sizes(mean("query"), mean("demo"), mean("answer"), many[0].source, min(queries) if queries else None,
+                 min(pools) if pools else None, tuple(names))
+
+
+@dataclass(frozen=True)
+class Work:
+    """Tokens through the whole model (`train`: the share in training forward passes), named by part."""
+
+    tokens: float = 0.0
+    train: float = 0.0
+    parts: tuple[tuple[str, float], ...] = field(default=())
+
+    def __add__(self, other: "Work") -> "Work":
+        return Work(self.tokens + other.tokens, self.train + other.train, _merge(self.parts + other.parts))
+
+    def __mul__(self, k: float) -> "Work":
+        return Work(self.tokens * k, self.train * k, tuple((n, t * k) for n, t in self.parts))
+
+    __rmul__ = __mul__
+
+    def named(self, name: str) -> "Work":
+        """The same work as one part called `name`."""
+        return Work(self.tokens, self.train, ((name, self.tokens),) if self.tokens else ())
+
+    def passes(self, per_pass: float) -> float:
+        """In passes of a prompt of `per_pass` tokens."""
+        return self.tokens / max(per_pass, 1.0)
+
+    def how(self, top: int = 4) -> str:
+        """The largest parts, e.g. `training 40,000 tokens, ICL 1,300, zero-shot 150`."""
+        parts = sorted((p for p in self.parts if p[1] >= 0.5), key=lambda p: -p[1])
+        if not parts:
+            return "no forward passes"
+        shown = ", ".join(f"{n} {t:,.0f}" for n, t in parts[:top])
+        rest = len(parts) - top
+        return f"{shown} tokens" + (f" (+{rest} smaller part{'s' if rest != 1 else ''})" if rest > 0 else "")
+
+
+NONE = Work()
+
+
+def _merge(parts: tuple[tuple[str, float], ...]) -> tuple[tuple[str, float], ...]:
+    out: dict[str, float] = {}
+    for n, t in parts:
+        out[n] = out.get(n, 0.0) + t
+    return tuple(out.items())
+
+
+def passes(name: str, n: float, tokens: float) -> Work:
+    """`n` full forward passes of prompts of `tokens` tokens."""
+    return Work(n * tokens, 0.0, ((name, n * tokens),))
+
+
+def steps(name: str, n: float) -> Work:
+    """`n` one-token steps over a KV cache (decoding, last-token configurations)."""
+    return Work(float(n), 0.0, ((name, float(n)),))
+
+
+def training(name: str, n: float, tokens: float) -> Work:
+    """`n` training forward passes of prompts of `tokens` tokens (each with its backward pass)."""
+    return Work(n * tokens, n * tokens, ((name, n * tokens),))
+
+
+def induction(shape: Shape) -> Work:
+    """The induction scores' pass: a batch of [bos] r r (r shortened to fit the trained context)."""
+    n = INDUCTION_TOKENS if not shape.max_positions else max(1, min(INDUCTION_TOKENS, (shape.max_positions - 1) // 2))
+    return passes("induction", INDUCTION_BATCH, 2 * n + 1)
+
+
+def generation(name: str, n: float, tokens: float, max_new_tokens: int) -> Work:
+    """Greedy generation of `n` prompts of `tokens` tokens: the prefill, then `max_new_tokens` - 1 decoding steps (a
+    batch decodes until its last row has stopped, and one row that does not stop is the rule, not the exception:
+    measured on zero-shot prompts, where the answer rambles on)."""
+    return (passes(name, n, tokens) + steps(name, n * max(max_new_tokens - 1, 0))).named(name)
+
+
+def ablation_share(shape: Shape, heads: Sequence[tuple[int, int]] | None = None) -> float:
+    """The share of a full pass an all-position head ablation costs: from its first ablated layer on."""
+    if not heads:
+        return ALL_POSITION_SHARE
+    first = min(l for l, _ in heads)
+    return max(shape.n_layers - first, 1) / max(shape.n_layers, 1)

@@ -1,0 +1,340 @@
+"""The sweep engine's fast paths (engine="auto"; see `engine.py` for what each recomputes): the clean pass of a
+prompt batch, last-token configurations as one more token over its KV cache (packed side by side, or the cache
+repeated over rows), and all-position configurations from their start layer on the recorded clean residual stream.
+A model they cannot serve raises `_Unsupported`, and the rest of the sweep runs on full passes."""
+from __future__ import annotations
+
+import copy
+from contextlib import contextmanager
+from typing import Iterator, Sequence
+
+import torch
+
+from ...models import LoadedModel
+
+from .batching import Batch, make_batch
+from .prefix_store import STORE, batch_prefix, entries_of, fits
+from .engine_plan import _Emitter, _halve, _last_logits, _Plan
+
+# A step pass (one new token per configuration) holds up to STEP_ROWS_FACTOR * batch_size (configuration,
+# prompt) rows when packed (the prefix cache is shared), batch_size rows when the cache is repeated per row.
+STEP_ROWS_FACTOR = 4
+PACKED = True  # tests switch it off to exercise the repeated-cache step on every family
+# The cost of one more pass, in tokens' worth of compute (weights read once per pass, per-layer overheads):
+# grouping all-position configurations weighs it against recomputing clean layers. See `_chunks`.
+PASS_OVERHEAD_TOKENS = 64
+STORED_BATCH = 128  # prompts per batch when every clean prefix is kept (`prefix_store`): steps read the weights once
+
+
+class _Unsupported(Exception):
+    """The model does something the fast paths do not handle; the rest of the sweep runs on the full engine."""
+
+
+def _run_fast(lm: LoadedModel, ids: Sequence[Sequence[int]], plans: list[_Plan], fill: torch.Tensor | None,
+              batch_size: int, out: _Emitter, keep_prefix: bool = False) -> None:
+    clean = [c for c, p in enumerate(plans) if p.kind == "clean"]
+    last = [c for c, p in enumerate(plans) if p.kind == "last"]
+    every = [c for c, p in enumerate(plans) if p.kind == "all"]
+    order = sorted(range(len(ids)), key=lambda i: -len(ids[i]))
+    done, bs = 0, batch_size
+    if not every and STORE.get(lm, ids) is not None:  # no clean pass at all: the prompts in fewer, fuller steps
+        bs = max(bs, min(len(ids), STORED_BATCH))
+    while done < len(order):
+        prompts = order[done:done + bs]
+        try:
+            _fast_batch(lm, make_batch(lm, ids, prompts), plans, clean, last, every, fill, bs, out,
+                        [ids[i] for i in prompts], keep_prefix)
+        except (torch.OutOfMemoryError, RuntimeError) as e:
+            bs = _halve(lm, e, bs)
+            continue
+        done += len(prompts)
+
+
+def _chunks(plans: list[_Plan], todo: list[int], n_layers: int, tokens: int, per: int) -> list[tuple[int, list[int]]]:
+    """All-position configurations in passes of at most `per`, each pass starting at its earliest start layer.
+
+    Configurations sorted by start layer are cut into runs that minimise the modelled cost
+    sum over passes of (layers run) * (PASS_OVERHEAD_TOKENS + tokens * configurations): one pass per start
+    layer when prompts are long, fewer, fuller passes (recomputing a few clean layers) when they are short."""
+    items = sorted(todo, key=lambda c: -plans[c].start)
+    n = len(items)
+    best, cut = [0.0] + [float("inf")] * n, [0] * (n + 1)
+    for j in range(1, n + 1):
+        layers = n_layers - plans[items[j - 1]].start
+        for i in range(max(1, j - per + 1), j + 1):
+            cost = best[i - 1] + layers * (PASS_OVERHEAD_TOKENS + tokens * (j - i + 1))
+            if cost < best[j]:
+                best[j], cut[j] = cost, i
+    out, j = [], n
+    while j > 0:
+        i = cut[j]
+        out.append((plans[items[j - 1]].start, items[i - 1:j]))
+        j = i - 1
+    return out[::-1]
+
+
+def _fast_batch(lm: LoadedModel, batch: Batch, plans: list[_Plan], clean: list[int], last: list[int],
+                every: list[int], fill: torch.Tensor | None, bs: int, out: _Emitter,
+                rows_ids: Sequence[Sequence[int]] = (), keep: bool = False) -> None:
+    from transformers import DynamicCache
+
+    P, W = batch.input_ids.shape
+    dev = batch.input_ids.device
+    prompts = batch.rows
+    ps = torch.tensor(prompts, device=dev)
+    clean = out.pending(clean, prompts) if clean else []
+    last = out.pending(last, prompts) if last else []
+    every = out.pending(every, prompts) if every else []
+    passes = _chunks(plans, every, lm.n_layers, P * W, max(1, bs // P))
+    need = sorted({s - 1 for s, _ in passes if s > 0})
+    if not (clean or last or need):  # only passes from layer 0 left: no clean pass needed
+        for s, chunk in passes:
+            _from_layer(lm, batch, s, None, plans, chunk, fill, out)
+        return
+    recorded: dict[int, torch.Tensor] = {}
+    stored = STORE.get(lm, rows_ids) if rows_ids and not need and batch.last is None else None
+    if stored is not None:  # 1. the clean pass, kept from an earlier call
+        cache, logits, at_last = batch_prefix(lm, stored, W)
+    else:  # 1. the clean pass: clean logits, the prefix cache, the outputs of the layers passes restart after
+        keep = keep and bool(rows_ids) and batch.last is None and fits(lm, sum(len(x) for x in rows_ids))
+        cache = None
+        if (last or keep) and W > 1:
+            cache = DynamicCache(config=lm.model.config)
+            cache.activate_past_recording()  # sliding-window layers keep what `crop` needs
+        at_last: dict[int, torch.Tensor] = {}  # every layer's clean output at the last token (steps start later)
+        with _record_outputs(lm, need, recorded, at_last if (last or keep) else None):
+            logits = _last_logits(lm, batch.input_ids, batch.attention_mask, batch.position_ids, cache)
+        if cache is not None:
+            cache.crop(-1)
+        if keep:
+            entries = entries_of(cache, logits, at_last, [len(x) for x in rows_ids])
+            if entries is not None:
+                STORE.put(lm, rows_ids, entries)
+    for c in clean:
+        out.emit(logits, torch.full((P,), c, device=dev), ps, "sweep: untouched configurations")
+    # 2. last-token configurations: one new token each over the prefix cache
+    if last:
+        _last_token(lm, batch, cache, plans, last, fill, bs, out, at_last)
+    del cache, at_last
+    # 3. all-position masks: from the first changed layer on, latest first
+    for k, (s, chunk) in enumerate(passes):
+        later = {t - 1 for t, _ in passes[k + 1:]}
+        _from_layer(lm, batch, s, recorded.get(s - 1), plans, chunk, fill, out)
+        if s - 1 not in later:
+            recorded.pop(s - 1, None)
+
+
+@contextmanager
+def _record_outputs(lm: LoadedModel, layers: Sequence[int], into: dict[int, torch.Tensor],
+                    last_into: dict[int, torch.Tensor] | None = None) -> Iterator[None]:
+    """Record the output of the given decoder layers (and, into `last_into`, every layer's output at the last
+    position, (batch, 1, d_model)); every layer's output must be a plain tensor."""
+    handles = []
+    bad: list[str] = []
+
+    def make(layer: int):
+        def hook(module, args, output):
+            if not isinstance(output, torch.Tensor):
+                bad.append(type(output).__name__)
+                return
+            if layer in layers:
+                into[layer] = output
+            if last_into is not None:
+                last_into[layer] = output[:, -1:].clone()
+        return hook
+
+    try:
+        for layer in range(lm.n_layers):
+            handles.append(lm.layers[layer].register_forward_hook(make(layer)))
+        yield
+    finally:
+        for h in handles:
+            h.remove()
+    if bad:
+        raise _Unsupported(f"decoder layers return {bad[0]}, not a tensor")
+
+
+@contextmanager
+def _interventions(lm: LoadedModel, masks: dict[int, torch.Tensor], fill: torch.Tensor | None,
+                   inject: dict[int, torch.Tensor], last_only: bool) -> Iterator[None]:
+    """masks[l]: multipliers broadcastable to (batch, seq, heads), applied to z at layer l's output projection
+    input (z' = m z + (1 - m) fill); inject[l]: broadcastable to (batch, seq, d_model), added to layer l's
+    output at every position, or at the last one only."""
+    H, dh = lm.n_heads, lm.head_dim
+    handles = []
+
+    def pre(layer: int):
+        m = masks[layer][..., None]
+        f = None if fill is None else fill[layer]
+
+        def hook(module, args, kwargs):
+            z = args[0] if args else kwargs["hidden_states"]
+            b, s, _ = z.shape
+            zz = z.reshape(b, s, H, dh)
+            mm = m.to(z.dtype)
+            zz = mm * zz if f is None else mm * zz + (1 - mm) * f.to(z.dtype)
+            z = zz.reshape(b, s, H * dh)
+            if args:
+                return (z,) + tuple(args[1:]), kwargs
+            return args, {**kwargs, "hidden_states": z}
+        return hook
+
+    def post(layer: int):
+        v = inject[layer]
+
+        def hook(module, args, output):
+            h = output[0] if isinstance(output, tuple) else output
+            vv = v.to(h.dtype)
+            h = torch.cat([h[:, :-1], h[:, -1:] + vv], dim=1) if last_only else h + vv
+            return (h,) + tuple(output[1:]) if isinstance(output, tuple) else h
+        return hook
+
+    try:
+        for layer in sorted(masks):
+            handles.append(lm.o_proj(layer).register_forward_pre_hook(pre(layer), with_kwargs=True))
+        for layer in sorted(inject):
+            handles.append(lm.layers[layer].register_forward_hook(post(layer)))
+        yield
+    finally:
+        for h in handles:
+            h.remove()
+
+
+def _stack(lm: LoadedModel, plans: list[_Plan], chunk: Sequence[int]) -> tuple[dict[int, torch.Tensor],
+                                                                                 dict[int, torch.Tensor]]:
+    """Per layer, the chunk's masks (c, heads) and vectors (c, d_model), only where some configuration acts."""
+    L, H, d, dev = lm.n_layers, lm.n_heads, lm.d_model, lm.device
+    masks, vecs = {}, {}
+    ml = [plans[c].mask for c in chunk]
+    if any(m is not None for m in ml):
+        ones = torch.ones(L, H, device=dev)
+        full = torch.stack([ones if m is None else m for m in ml])  # (c, L, H)
+        for layer in (full != 1).any(2).any(0).nonzero().flatten().tolist():
+            masks[layer] = full[:, layer]
+    zero = torch.zeros(d, device=dev)
+    for layer in sorted({l for c in chunk for l in (plans[c].inject or {})}):
+        vecs[layer] = torch.stack([(plans[c].inject or {}).get(layer, zero) for c in chunk])
+    return masks, vecs
+
+
+def _shallow(cache):
+    """A copy of a DynamicCache whose layers can be extended without touching the original's tensors
+    (dynamic layers rebind, never write in place)."""
+    c = copy.copy(cache)
+    c.layers = [copy.copy(layer) for layer in cache.layers]
+    return c
+
+
+def _packed_mask(lm: LoadedModel, batch: Batch, cache, c: int) -> torch.Tensor | None:
+    """The 4D mask of a packed step of `c` new tokens per row (each sees the prefix and itself), or None when
+    one mask cannot serve every layer or the attention kernel takes no 4D mask."""
+    impl = getattr(lm.model.config, "_attn_implementation", None)
+    if not PACKED or impl not in ("sdpa", "eager"):
+        return None
+    P, W = batch.input_ids.shape
+    dev = batch.input_ids.device
+    if cache is None:
+        offset = 0
+        prefix = batch.attention_mask[:, :0].bool()
+    else:
+        sizes = {cache.get_mask_sizes(c, layer) for layer in range(len(cache.layers))}
+        if len(sizes) != 1:
+            return None
+        kv_length, offset = sizes.pop()
+        if offset + kv_length - c != W - 1:
+            return None
+        prefix = batch.attention_mask[:, offset:W - 1].bool()
+    eye = torch.eye(c, dtype=torch.bool, device=dev)
+    m = torch.cat([prefix[:, None, :].expand(P, c, prefix.shape[1]), eye[None].expand(P, c, c)], dim=-1)[:, None]
+    if impl == "eager":
+        return torch.zeros(m.shape, dtype=lm.dtype, device=dev).masked_fill(~m, torch.finfo(lm.dtype).min)
+    return m
+
+
+def _last_token(lm: LoadedModel, batch: Batch, cache, plans: list[_Plan], todo: list[int],
+                fill: torch.Tensor | None, bs: int, out: _Emitter, at_last: dict[int, torch.Tensor]) -> None:
+    """Each configuration as one new token (the prompt's last) over the clean prefix cache. Configurations go in
+    order of their start layer s; a step runs layers >= s of its chunk's earliest s only (layer s - 1 returns its
+    clean output at the last token, `at_last`)."""
+    P, W = batch.input_ids.shape
+    dev = batch.input_ids.device
+    ps = torch.tensor(batch.rows, device=dev)
+    tok, pos = batch.input_ids[:, -1:], batch.position_ids[:, -1:]
+    per = max(1, STEP_ROWS_FACTOR * bs // P)
+    todo = sorted(todo, key=lambda c: plans[c].start)
+    k = 0
+    while k < len(todo):
+        chunk = todo[k:k + per]
+        c = len(chunk)
+        mask4 = _packed_mask(lm, batch, cache, c)
+        if mask4 is None and c * P > bs and c > 1:  # the repeated cache holds at most bs rows
+            per = max(1, bs // P)
+            continue
+        masks, vecs = _stack(lm, plans, chunk)
+        step = None if cache is None else _shallow(cache)
+        cs = torch.tensor(chunk, device=dev)
+        start = min(plans[i].start for i in chunk)
+        rec = at_last.get(start - 1) if start > 0 else None
+        if rec is None:
+            start = 0
+        if mask4 is not None:  # packed: row p holds configurations chunk[0..c) side by side
+            masks = {l: m[None] for l, m in masks.items()}  # (1, c, H)
+            vecs = {l: v[None] for l, v in vecs.items()}  # (1, c, d)
+            with _skip_until(lm, start, None if rec is None else rec.expand(P, c, rec.shape[-1])), \
+                    _interventions(lm, masks, fill, vecs, last_only=False):
+                o = lm.model(input_ids=tok.expand(P, c), attention_mask=mask4, position_ids=pos.expand(P, c),
+                             cache=step, use_cache=step is not None, logits_to_keep=0)
+            logits = o.logits.reshape(P * c, -1)
+            out.emit(logits, cs.repeat(P), ps.repeat_interleave(c), "sweep: last-token configurations")
+        else:  # repeated cache: row p * c + j is prompt p under configuration chunk[j]
+            if step is not None:
+                step.batch_repeat_interleave(c)
+            masks = {l: m.repeat(P, 1)[:, None] for l, m in masks.items()}  # (P c, 1, H)
+            vecs = {l: v.repeat(P, 1)[:, None] for l, v in vecs.items()}  # (P c, 1, d)
+            with _skip_until(lm, start, None if rec is None else rec.repeat_interleave(c, 0)), \
+                    _interventions(lm, masks, fill, vecs, last_only=False):
+                logits = _last_logits(lm, tok.repeat_interleave(c, 0), batch.attention_mask.repeat_interleave(c, 0),
+                                      pos.repeat_interleave(c, 0), step)
+            out.emit(logits, cs.repeat(P), ps.repeat_interleave(c), "sweep: last-token configurations")
+        k += c
+
+
+@contextmanager
+def _skip_until(lm: LoadedModel, start: int, clean_out: torch.Tensor | None) -> Iterator[None]:
+    """Decoder layers < start - 1 pass their input through; layer start - 1 returns `clean_out`."""
+    if start == 0:
+        yield
+        return
+
+    def through(*args, **kwargs):
+        return args[0] if args else kwargs["hidden_states"]
+
+    def recorded(*args, **kwargs):
+        return clean_out
+
+    layers = [lm.layers[i] for i in range(start)]
+    try:
+        for i, layer in enumerate(layers):
+            layer.forward = recorded if i == start - 1 else through
+        yield
+    finally:
+        for layer in layers:
+            layer.__dict__.pop("forward", None)
+
+
+def _from_layer(lm: LoadedModel, batch: Batch, start: int, clean_out: torch.Tensor | None, plans: list[_Plan],
+                chunk: list[int], fill: torch.Tensor | None, out: _Emitter) -> None:
+    """One pass of all-position configurations (none changes a layer before `start`) from that layer on."""
+    P, W = batch.input_ids.shape
+    dev = batch.input_ids.device
+    ps = torch.tensor(batch.rows, device=dev)
+    c = len(chunk)
+    masks, vecs = _stack(lm, plans, chunk)  # row j * P + p is prompt p under configuration chunk[j]
+    masks = {l: m.repeat_interleave(P, 0)[:, None] for l, m in masks.items()}  # (c P, 1, H): all positions
+    vecs = {l: v.repeat_interleave(P, 0)[:, None] for l, v in vecs.items()}  # (c P, 1, d), last token
+    rec = None if clean_out is None else clean_out.repeat(c, 1, 1)
+    with _skip_until(lm, start, rec), _interventions(lm, masks, fill, vecs, last_only=True):
+        logits = _last_logits(lm, batch.input_ids.repeat(c, 1), batch.attention_mask.repeat(c, 1),
+                              batch.position_ids.repeat(c, 1))
+    cs = torch.tensor(chunk, device=dev).repeat_interleave(P)
+    out.emit(logits, cs, ps.repeat(c), f"sweep: configurations from layer {start}")

@@ -1,0 +1,101 @@
+"""Kind `perturb`: what perturbing the demonstrations does to ICL, to the head maps, and to the effect of
+ablating the original top TR and TL heads.
+
+For each perturbation: ICL metrics; TR and TL maps under it and their differences from the unperturbed maps,
+(layers, heads); and metrics when the *unperturbed* top-k TR heads, top-k TL heads, or k random heads are
+zero-ablated on the perturbed prompts. A perturbation that does not apply to the task reports why.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import Field, field_validator
+
+from ... import options as o
+
+from ...tasks.base import TaskError
+from ...tasks.perturb import get_perturbation
+from ..kernel import Context
+from ..kinds import get_kind
+from ..params import PromptParams, Selection
+from ..primitives import cost
+from ..primitives.cost import Shape, Sizes, Work, passes
+from ..results import Grid, Head, Metrics, Model, Result
+from ..primitives.batching import Encoded, build_prompts, encode
+from .head_maps import head_maps
+from ..primitives.selection import random_heads
+from ..primitives.sweep import RowConfig, head_mask, sweep_outcomes
+
+
+class PerturbParams(Selection, PromptParams):
+    """kind `perturb`: ICL metrics, TR/TL maps and ablation effects under demonstration perturbations."""
+
+    perturbations: list[o.Perturbation] = Field(default_factory=lambda: list(o.PERTURBATIONS), min_length=1)
+
+    @field_validator("perturbations")
+    @classmethod
+    def _unique(cls, v: list[str]) -> list[str]:
+        return list(dict.fromkeys(v))
+
+    def work(self, shape: Shape, sizes: Sizes) -> Work:
+        t = sizes.prompt(self.shots)
+        base = get_kind("scores").params(shots=self.shots, prompts=self.prompts, top_pct=self.top_pct,
+                                         top_k=self.top_k).work(shape, sizes).named("head scores")
+        n, per = sizes.n(self.prompts), len(self.perturbations)
+        ablations = (passes("ablations", n, t)  # the clean pass, then the TR, TL and random sets
+                     + passes("ablations", 3 * n, t * cost.ablation_share(shape)))
+        return base + ablations * (1 + per) + passes("perturbed head maps", per * n, t)
+
+
+class PerturbEntry(Model):
+    skipped: str | None = None
+    icl: Metrics | None = None
+    tr: Grid | None = None
+    tl: Grid | None = None
+    tr_diff: Grid | None = None
+    tl_diff: Grid | None = None
+    ablation: dict[str, Metrics] | None = None
+    example: str | None = None
+
+
+class PerturbResult(Result):
+    top_k: int
+    shots: int
+    prompts: int
+    heads: dict[str, list[Head]]
+    perturbations: dict[str, PerturbEntry]
+
+
+def perturb(ctx: Context, p: PerturbParams) -> dict[str, Any]:
+    """The unperturbed baseline ("none") plus one entry per perturbation (or `skipped` with the reason)."""
+    lm, task = ctx.lm, ctx.task
+    base = ctx.call("scores", shots=p.shots, prompts=p.prompts, seed=p.seed, top_pct=p.top_pct, top_k=p.top_k,
+                    batch_size=p.batch_size, progress=ctx.stage(0.0, 0.3, "head scores"))
+    k = base.top_k
+    sets = {"tr": base.top_tr, "tl": base.top_tl, "random": random_heads(lm.n_layers, lm.n_heads, k, p.seed)}
+    configs = [RowConfig()] + [RowConfig(mask=head_mask(lm, s)) for s in sets.values()]
+
+    def ablations(enc: Encoded, progress: Any = None) -> dict[str, dict[str, Any]]:
+        res = sweep_outcomes(lm, enc, configs, batch_size=p.batch_size * 2, progress=progress)
+        return {name: res.summary(i) for i, name in enumerate(["none", *sets])}
+
+    original = encode(lm, build_prompts(lm, task, base.shots, p.prompts, p.seed).prompts, task.kind)
+    out: dict[str, Any] = {"none": {"icl": base.icl, "tr": base.tr, "tl": base.tl,
+                                    "ablation": ablations(original, ctx.stage(0.3, 0.4, "ablating, unperturbed"))}}
+    step = 0.6 / len(p.perturbations)
+    for i, name in enumerate(p.perturbations):
+        lo = 0.4 + step * i
+        ctx.progress(lo, name)
+        try:
+            built = build_prompts(lm, task, base.shots, p.prompts, p.seed, perturb=get_perturbation(name))
+            enc = encode(lm, built.prompts, task.kind)
+        except TaskError as e:
+            out[name] = {"skipped": str(e)}
+            continue
+        maps = head_maps(lm, enc, p.batch_size, progress=ctx.stage(lo, lo + step / 2, f"{name}: head maps"))
+        out[name] = {"icl": maps.metrics(), "tr": maps.tr, "tl": maps.tl, "tr_diff": maps.tr - base.tr,
+                     "tl_diff": maps.tl - base.tl,
+                     "ablation": ablations(enc, ctx.stage(lo + step / 2, lo + step, f"{name}: ablating")),
+                     "example": built.prompts[0].text[-400:]}
+    return {"top_k": k, "shots": base.shots, "prompts": len(original.ids),
+            "heads": {n: list(s) for n, s in sets.items()}, "perturbations": out}

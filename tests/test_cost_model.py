@@ -1,0 +1,100 @@
+"""Every kind's declared cost (`Params.work`) against what its run really puts through the default model.
+
+The cost model counts tokens through the whole model (`analysis/primitives/cost.py`). Measured here: a pre-hook on
+every layer's output projection adds rows x positions of each call, over the number of layers; so a full pass of T
+tokens counts T, a one-token step over a KV cache 1, a pass that starts at a later layer the share of the layers it
+runs, and layers that only pass their input through (the sweep engine's) nothing. Each kind runs once on small
+params with an empty store (its sub-calls computed, as on a cold cache); the estimate, from the params, the model's
+files and the task alone (`service/estimate.py`), must lie within 2x of the measurement.
+"""
+from __future__ import annotations
+
+import pytest
+
+from backend.analysis.kinds import KINDS
+
+SMALL = dict(prompts=6, shots=2)
+LTV = dict(epochs=2, patience=2, train_prompts=8, val_prompts=4, batch_size=4)
+SITE = dict(m=4, shots=2, steps=6, val_every=3, val_prompts=4, prompts=6, max_new_tokens=4)
+CASES = {  # kind -> (task, params): small, and shaped so that the estimate's upper bounds are reached
+    "model_info": (None, {}),
+    "maps": ("syn-sentiment", SMALL),
+    "scores": ("syn-sentiment", SMALL),
+    "icl": ("syn-sentiment", {"prompts": 6, "shots": [0, 2, 4]}),
+    "ablation_curves": ("syn-sentiment", {**SMALL, "ks": [0, 2, 4], "random_seeds": [0, 1]}),
+    "ablate": ("syn-sentiment", {**SMALL, "heads": [[1, 2], [3, 0]], "mode": "mean"}),
+    "vectors": ("syn-antonym", SMALL),
+    "steer": ("syn-antonym", {**SMALL, "layer": "all"}),
+    "geometry": ("syn-antonym", SMALL),
+    "perturb": ("syn-sentiment", {**SMALL, "perturbations": ["shuffled_inputs", "random_labels"]}),
+    "fit": ("syn-sentiment", {}),
+    "patching": ("syn-sentiment", SMALL),
+    "head": ("syn-sentiment", {**SMALL, "head": [1, 2]}),
+    "ltv_train": ("syn-antonym", LTV),
+    "ltv": ("syn-antonym", {**LTV, **SMALL, "perturbations": 16, "random_draws": 2}),
+    "ltv_tasks": (None, {**LTV, **SMALL, "tasks": ["syn-antonym", "syn-successor"]}),
+    "site": ("syn-antonym", {**SITE, "budget": [2], "patching": [1, 4], "icl_shots": [2]}),
+    "site_transfer": (None, {**SITE, "tasks": ["syn-antonym", "syn-successor"]}),
+    "methods": ("syn-antonym", {**SMALL, "site_m": 4, "site_shots": 2, "site_steps": 6}),
+}
+
+
+class MemoryStore(dict):
+    def get(self, key):  # noqa: D102 - the Store protocol
+        return dict.get(self, key)
+
+    def put(self, key, value):
+        self[key] = value
+
+
+@pytest.fixture(scope="module")
+def counted():
+    """The default model with a token counter on every output projection."""
+    from backend import load_model
+
+    lm = load_model("default")
+    count = [0.0]
+
+    def pre(_module, args, kwargs):
+        x = args[0] if args else kwargs["input"]
+        count[0] += x.shape[0] * x.shape[1] / lm.n_layers
+
+    handles = [lm.o_proj(l).register_forward_pre_hook(pre, with_kwargs=True) for l in range(lm.n_layers)]
+    yield lm, count
+    for h in handles:
+        h.remove()
+
+
+def test_every_kind_has_a_case():
+    assert set(CASES) == set(KINDS), "a kind without a cost case: " + ", ".join(sorted(set(KINDS) ^ set(CASES)))
+
+
+@pytest.mark.parametrize("kind", sorted(CASES))
+def test_declared_cost_matches_measured_tokens(kind, counted):
+    from backend.analysis.kernel import analyze
+    from backend.analysis.kinds import get_kind
+    from backend.service.estimate import estimate
+    from backend.tasks.registry import load_task
+
+    lm, count = counted
+    name, params = CASES[kind]
+    spec = get_kind(kind)
+    task = load_task(name) if name else None
+    p = spec.params.model_validate(params)
+    est = estimate(spec, p, "default" if spec.uses_model else None, task)
+    assert est.shape.source == "config" and (est.shape.n_layers, est.shape.n_heads) == (lm.n_layers, lm.n_heads)
+    from backend.analysis.primitives import induction, token_speed
+    from backend.analysis.primitives.prefix_store import STORE
+
+    # a cold run, as the estimate assumes: memos of the process (another test may have filled them) emptied
+    token_speed._MEASURED.clear()
+    induction._MEMO.clear()
+    STORE.clear()
+    count[0] = 0.0
+    analyze(kind, lm, task, p, cache=MemoryStore())
+    measured = count[0]
+    if measured == 0:
+        assert est.tokens == 0, f"{kind}: no forward pass, estimated {est.tokens:.0f} tokens ({est.how})"
+        return
+    ratio = est.tokens / measured
+    assert 0.5 <= ratio <= 2.0, f"{kind}: estimated {est.tokens:.0f} tokens ({est.how}), measured {measured:.0f}"
