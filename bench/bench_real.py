@@ -261,7 +261,12 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2, help="torch threads of this process (the ceiling)")
     ap.add_argument("--only", default="scores,toggle,threads,ltv,site,service")
     ap.add_argument("--json", default=None)
+    ap.add_argument("--smoke", action="store_true", help="the embedded model, tiny sizes, scores and toggles only "
+                                                          "(seconds; numbers meaningless)")
     a = ap.parse_args()
+    if a.smoke:
+        a.model, a.task, a.shots, a.prompts, a.reps, a.threads, a.only = "default", "syn-antonym", 2, 4, 1, 1, \
+            "scores,toggle"
     torch.set_num_threads(a.threads)
     fresh_cache()
     from backend.models import load_model
