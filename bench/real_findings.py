@@ -86,15 +86,15 @@ def main() -> None:
     ap.add_argument("--site-prompts", type=int, default=50, help="SITE test prompts (seed 0)")
     ap.add_argument("--site-tasks", default="sentiment,topic,antonym,present-past",
                     help="tasks of the SITE section (a subset of --tasks; SITE is the costliest kind on a CPU)")
-    ap.add_argument("--ltv-main-tasks", default="present-past,country-capital,sentiment,antonym",
+    ap.add_argument("--ltv-main-tasks", default="sentiment,present-past",
                     help="tasks of the LTV section at the middle layer (a subset of --tasks)")
     ap.add_argument("--light", default="gemma3-270m",
                     help="labels measured at a reduced scope for the CPU budget: TSLA on the first seed only, SITE on "
-                         "the first 2 --site-tasks, LTV on the first 2 --ltv-main-tasks and no layer sweep")
+                         "the first --site-tasks and --ltv-main-tasks only, and no layer sweep")
     ap.add_argument("--ltv-tasks", default="present-past",
                     help="tasks of the LTV layer sweep (every task gets the middle layer)")
-    ap.add_argument("--ltv-layers", default="quarters", help="'quarters' (L/4, L/2, 3L/4 and the vanilla vector's "
-                                                             "best layer) or a comma list")
+    ap.add_argument("--ltv-layers", default="quarters", help="'quarters' (L/4, L/2, 3L/4), 'quarters+vanilla' (and the vanilla "
+                                                             "vector's best layer) or a comma list")
     ap.add_argument("--ltv-prompts", type=int, default=30, help="LTV and its steer sweeps: held-out queries")
     ap.add_argument("--ltv-shots", type=int, default=8)
     ap.add_argument("--ltv-perturbations", type=int, default=256,
@@ -136,8 +136,8 @@ def main() -> None:
         scope = argparse.Namespace(**vars(a))
         if light:
             scope.seeds, scope.ltv_tasks = a.seeds[:1], ""
-            scope.site_tasks = ",".join(a.site_tasks.split(",")[:2])
-            scope.ltv_main_tasks = ",".join(a.ltv_main_tasks.split(",")[:2])
+            scope.site_tasks = a.site_tasks.split(",")[0]
+            scope.ltv_main_tasks = a.ltv_main_tasks.split(",")[0]
         entry["scope"] = {"seeds": scope.seeds, "site_tasks": scope.site_tasks, "ltv_main_tasks": scope.ltv_main_tasks,
                           "ltv_tasks": scope.ltv_tasks, "light": light}
         for s in sections:

@@ -22,8 +22,10 @@ VECTORS = ("vanilla", "fv", "tr", "tl")
 
 def sweep_layers(lm: Any, spec: str, vanilla_best: int | None) -> list[int]:
     L = lm.n_layers
-    if spec == "quarters":
-        layers = {L // 4, L // 2, (3 * L) // 4} | ({vanilla_best} if vanilla_best is not None else set())
+    if spec in ("quarters", "quarters+vanilla"):
+        layers = {L // 4, L // 2, (3 * L) // 4}
+        if spec == "quarters+vanilla" and vanilla_best is not None:
+            layers.add(vanilla_best)
     else:
         layers = {int(x) for x in spec.split(",")}
     return sorted(l for l in layers if 0 <= l < L)
