@@ -175,3 +175,23 @@ if scores is not None:
                  query_params=state.query())
     n2.page_link("pages/2_Ablation.py", label="Switch heads off (ablation)", icon=":material/power_settings_new:",
                  query_params=state.query())
+
+# -- the findings report ---------------------------------------------------------------------------------------------
+st.subheader("Findings report", divider="gray")
+report_job = jobs.Job("findings", {"model": s.model, "tasks": [s.task]}, "Findings report", "Findings report")
+if run_row(f"The three papers' findings on `{s.model}`, task `{s.task}` (TSLA, LTV, SITE; small sizes)",
+           "Each finding with the paper's figure beside ours and holds / partly / does not hold, as one HTML file "
+           "that opens with no server: the file to mail after a demo (`python -m backend report` for more tasks).",
+           "findings_run", label="Build report", estimate=[(report_job.kind, report_job.params)]) \
+        or jobs.in_flight(report_job):
+    (report,) = jobs.fetch_many([report_job])
+else:
+    report = jobs.peek(report_job.kind, report_job.params)
+if report is not None:
+    from backend.findings_html import report_html
+
+    jobs.show_warnings(report)
+    st.dataframe([{"paper": r["paper"], "finding": r["finding"], "paper's figure": r["paper_figure"],
+                   "on this model": r["ours"]} for r in report["summary"]], hide_index=True, use_container_width=True)
+    st.download_button("Download the report (HTML)", report_html(report), mime="text/html",
+                       file_name=f"findings-{share.file_stem('report')}.html", icon=":material/download:")

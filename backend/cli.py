@@ -17,6 +17,7 @@ from typing import Any, Callable
 
 from .service.errors import UsageError  # also raised by service.sweep_cli (one class; defined below both)
 from .service.cli_flags import add_params, parse_value, read_params  # noqa: F401 (parse_value: tests)
+from .text import clip
 
 COMMANDS: dict[str, Callable[[argparse.Namespace], Any]] = {}
 MODEL_FIELDS = ("model", "device", "dtype", "device_map", "trust_remote_code")
@@ -113,6 +114,12 @@ def load_task_from(a: argparse.Namespace):
 
 def run_kind(name: str, a: argparse.Namespace) -> None:
     """Validate the flags, load the model and task, run the analysis with a progress bar, write the JSON."""
+    emit(compute_kind(name, a).to_json(), a.out)
+
+
+def compute_kind(name: str, a: argparse.Namespace) -> Any:
+    """The analysis `name` from the parsed flags (validated, within the service's limits), with a progress bar;
+    warnings and notes on stderr."""
     from .analysis.kernel import analyze
     from .analysis.kinds import get_kind
     from .service.errors import ServiceError
@@ -141,7 +148,7 @@ def run_kind(name: str, a: argparse.Namespace) -> None:
         print(f"warning: {w}", file=sys.stderr)
     for n in r.notes:
         print(f"note: {n}", file=sys.stderr)
-    emit(r.to_json(), a.out)
+    return r
 
 
 # -- commands that are not analyses -------------------------------------------------------------------------
@@ -194,6 +201,19 @@ def cmd_models(a: argparse.Namespace) -> None:
     finally:
         bar.close()
     print(f"{a.name} is ready in {path}; use it with --model {a.name}", file=sys.stderr)
+
+
+@command("report")
+def cmd_report(a: argparse.Namespace) -> None:
+    """The findings report (kind `findings`) as one self-contained HTML file."""
+    from .findings_html import report_html
+
+    r = compute_kind("findings", a)
+    out = Path(a.html or f"findings-{re.sub(r'[^A-Za-z0-9_.-]+', '_', Path(a.model).name or a.model)}.html")
+    if out.is_dir():
+        raise UsageError(f"--out {clip(str(out), 200)}: is a directory; give a file path")
+    out.write_text(report_html(r), encoding="utf-8")
+    print(f"wrote {out} ({out.stat().st_size / 1e3:.0f} kB)", file=sys.stderr)
 
 
 @command("launch")
@@ -271,6 +291,18 @@ def build_parser() -> argparse.ArgumentParser:
     mp.add_argument("--progress", choices=["bar", "json"], default="bar", help="json: one line per update on stdout")
     mr = msub.add_parser("remove", help="delete a pulled preset and its conversion")
     mr.add_argument("name")
+
+    from .analysis.kinds import get_kind
+
+    rp = sub.add_parser("report", help="the three papers' findings on a model, as one HTML file (kind `findings`)",
+                        description="Measures TSLA, LTV and SITE findings on --model over --tasks (built-in names) "
+                                    "and writes one self-contained HTML file: each finding with the paper's figure "
+                                    "and holds / partly / does not hold. Results are cached.")
+    _model_args(rp)
+    rp.add_argument("--out", dest="html", default=None, help="the HTML file (default: findings-<model>.html)")
+    rp.add_argument("--no-cache", action="store_true", help="compute afresh and do not store the results")
+    rp.set_defaults(out=None)
+    add_params(rp, get_kind("findings").params)
 
     la = sub.add_parser("launch", help="start the backend service and the dashboard together, print the URL")
     la.add_argument("--host", default="127.0.0.1")

@@ -120,7 +120,7 @@ def table_html(columns: Sequence[str], rows: Iterable[Sequence[Any]], max_rows: 
 def page_html(title: str, *, figures: Sequence[Mapping[str, Any]] = (), settings: Mapping[str, Any] | None = None,
               tables: Sequence[Mapping[str, Any]] = (), commands: Sequence[str] = (), link: str | None = None,
               notes: Sequence[str] = (), subtitle: str | None = None, python: str | None = None,
-              created: str | None = None, include_plotlyjs: bool = True) -> str:
+              created: str | None = None, include_plotlyjs: bool = True, body_html: str = "") -> str:
     """The whole file as one string.
 
     figures: {"figure" (a plotly figure, its dict or JSON), "filename" (for its PNG / SVG), "title" (its label),
@@ -128,7 +128,7 @@ def page_html(title: str, *, figures: Sequence[Mapping[str, Any]] = (), settings
     -> value (shown as a table); tables: {"title", "columns", "rows"}; commands: shell lines that reproduce the
     numbers (`python -m backend ...`); link: the dashboard link of the same view; notes: sentences shown as a list;
     python: notebook lines; created: a timestamp (default: now, UTC). include_plotlyjs=False leaves plotly.js out
-    (tests; such a file needs it from elsewhere)."""
+    (tests, or a file with no figures); body_html: HTML placed after the tables (already escaped)."""
     created = created or _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     out = ["<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">',
            '<meta name="viewport" content="width=device-width, initial-scale=1">',
@@ -169,6 +169,7 @@ def page_html(title: str, *, figures: Sequence[Mapping[str, Any]] = (), settings
         for t in tables:
             out.append(f"<h3>{html.escape(str(t.get('title', '')))}</h3>")
             out.append(table_html(list(t["columns"]), t["rows"]))
+    out.append(body_html)
     out.append(f"<script>{FIGURE_JS}</script>" if figures else "")
     out.append("</main></body></html>")
     return "\n".join(out)

@@ -29,6 +29,7 @@ CASES = {  # kind -> (task, params): small, and shaped so that the estimate's up
     "perturb": ("syn-sentiment", {**SMALL, "perturbations": ["shuffled_inputs", "random_labels"]}),
     "fit": ("syn-sentiment", {}),
     "patching": ("syn-sentiment", SMALL),
+    "findings": (None, {"tasks": ["syn-sentiment"], "sections": ["tsla"], "prompts": 4, "shots": 2, "random_sets": 1}),
     "head": ("syn-sentiment", {**SMALL, "head": [1, 2]}),
     "ltv_train": ("syn-antonym", LTV),
     "ltv": ("syn-antonym", {**LTV, **SMALL, "perturbations": 16, "random_draws": 2}),

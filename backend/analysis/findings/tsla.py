@@ -1,4 +1,4 @@
-"""TSLA on a real model (a section of bench/real_findings.py): the 0-shot -> k-shot TR ratio, ablation of the top TR /
+"""TSLA on a real model (a section of the findings report, `report.py`): the 0-shot -> k-shot TR ratio, ablation of the top TR /
 TL heads against random heads (F1, F2), the overlap with induction heads (F3), and the steering geometry.
 
 Per task and seed (`--seeds`, `--prompts` each, `--shots` demonstrations): `icl` at 0 and k shots; `scores` (top 3%
@@ -12,7 +12,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from .common import verdict
+from .common import section_analyze, verdict
 
 PAPER = "TSLA"
 QUAL = "qualitative (the paper's figures; no single number)"
@@ -36,7 +36,7 @@ def pooled(results: list, get: Callable) -> np.ndarray:
 
 
 def measure(lm: Any, tasks: list, a: Any, log: Callable[[str], None]) -> dict[str, Any]:
-    from backend.analysis.kernel import analyze
+    analyze = section_analyze(a)
 
     k3, k10 = ks(lm)
     rows = {}

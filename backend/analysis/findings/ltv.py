@@ -1,4 +1,4 @@
-"""Learned task vectors on a real model (a section of bench/real_findings.py): the LTV against the vanilla task vector
+"""Learned task vectors on a real model (a section of the findings report, `report.py`): the LTV against the vanilla task vector
 and the function vector at the middle layer and across layers, its key heads, and its linear propagation.
 
 Per task (seed 0, 50 held-out queries, 8-shot ICL): `ltv` at the middle layer's input with the default recipe and
@@ -14,7 +14,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from .common import pct, verdict
+from .common import pct, section_analyze, verdict
 
 PAPER = "LTV"
 VECTORS = ("vanilla", "fv", "tr", "tl")
@@ -42,7 +42,7 @@ def _best(layers: list[int], acc: list[float]) -> int:
 
 
 def measure(lm: Any, tasks: list, a: Any, log: Callable[[str], None]) -> dict[str, Any]:
-    from backend.analysis.kernel import analyze
+    analyze = section_analyze(a)
 
     mid = lm.n_layers // 2
     common = dict(perturbations=a.ltv_perturbations, shots=a.ltv_shots, prompts=a.ltv_prompts, **a.ltv_recipe)

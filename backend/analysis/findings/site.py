@@ -1,4 +1,4 @@
-"""SITE on a real model (a section of bench/real_findings.py): SITE against 10-shot ICL, top-alpha against
+"""SITE on a real model (a section of the findings report, `report.py`): SITE against 10-shot ICL, top-alpha against
 bottom-alpha (and random) patching, and transfer between similar and dissimilar tasks.
 
 Per task (seed 0, `--site-prompts` held-out test queries): the `site` kind with its recipe (M = 50 prompts of 10
@@ -15,7 +15,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from .common import pct, verdict
+from .common import pct, section_analyze, verdict
 
 PAPER = "SITE"
 GROUPS = {"sentiment": "classification", "topic": "classification", "antonym": "word transform",
@@ -38,7 +38,7 @@ def plan(a: Any, tasks: list) -> str:
 
 
 def measure(lm: Any, tasks: list, a: Any, log: Callable[[str], None]) -> dict[str, Any]:
-    from backend.analysis.kernel import analyze
+    analyze = section_analyze(a)
 
     ks = patch_ks(lm)
     rows = {}
@@ -49,7 +49,7 @@ def measure(lm: Any, tasks: list, a: Any, log: Callable[[str], None]) -> dict[st
         b = r.baselines
         get = lambda k, m: None if k not in b or b[k].metrics is None else getattr(b[k].metrics, m)  # noqa: E731
         alpha = np.asarray(r.alpha, float)
-        extra = _extra_patching(lm, task, r, ks, a.site_prompts)
+        extra = _extra_patching(lm, task, r, ks, a.site_prompts, getattr(a, "tensors", None))
         rows[name] = {
             "kind": task.kind, "n": r.site.n, "shots": r.shots,
             "methods": {k: {"accuracy": get(k, "accuracy"), "exact_match": get(k, "exact_match")}
@@ -74,7 +74,7 @@ def measure(lm: Any, tasks: list, a: Any, log: Callable[[str], None]) -> dict[st
     return {"ks": ks, "heads": lm.n_layers * lm.n_heads, "rows": rows, "transfer": transfer}
 
 
-def _extra_patching(lm: Any, task: Any, r: Any, ks: list[int], prompts: int) -> dict[str, Any]:
+def _extra_patching(lm: Any, task: Any, r: Any, ks: list[int], prompts: int, store: Any = None) -> dict[str, Any]:
     """Random-k patching (mean of RANDOM_DRAWS draws) and top-k at the trained alphas, from the saved alphas and
     task embedding; and whether the sweep engine's top-k patching equals the SITE hooks' (max |delta accuracy|)."""
     import torch
@@ -83,7 +83,9 @@ def _extra_patching(lm: Any, task: Any, r: Any, ks: list[int], prompts: int) -> 
     from backend.analysis.site.soft_select import hard_alpha, load_site, ranked_heads, site_data, soft_logits
     from backend.analysis.primitives.sweep import RowConfig, sweep_outcomes
 
-    alpha, t, _ = load_site(r.path, lm)
+    from backend.tensor_store import default_store
+
+    alpha, t, _ = load_site(store or default_store(), r.tensor, lm)
     alpha = alpha.float().cpu()
     enc = encode(lm, site_data(lm, task, m=1, shots=0, val_prompts=1, test_prompts=prompts, seed=0).test, task.kind)
     L, H = lm.n_layers, lm.n_heads

@@ -1,0 +1,159 @@
+"""Kind `findings`: the three papers' findings measured on one model, each with the paper's figure beside it and a
+verdict (holds / partly / does not hold), by the rules of `report.py` (fixed before any result is read).
+
+The sections (`tsla`, `site`, `ltv`) run the analysis kinds through this job's cache, progress and cancel:
+TSLA per task and seed (`icl` at 0 and k shots, `scores`, `ablation_curves` of the top TR / TL / random heads at
+k = 3% and 10% of the heads, `geometry`); SITE on the first `site_tasks` tasks (`site` with patching, random-k
+patching, and `site_transfer` when two tasks of a similarity group are among them); LTV on the first `ltv_tasks`
+tasks (`ltv` at L/2 with its mechanism, `steer` sweeps of the extracted vectors on two seeds; `ltv_sweep`: the LTV
+at L/4 and 3L/4 too, on the first task). `markdown` is the report; `python -m backend report` writes it as one
+self-contained HTML file (`backend/findings_html.py`). `bench/real_findings.py` runs the same sections over several models.
+"""
+from __future__ import annotations
+
+import argparse
+import time
+from typing import Any, Literal
+
+from pydantic import Field, field_validator
+
+from ...tasks.registry import builtin_by_names, model_tasks
+from ..kernel import Context, analyze
+from ..kinds import get_kind
+from ..params import Bool, Int, NonNegative, Params
+from ..primitives.cost import NONE, Shape, Sizes, Work
+from ..results import Model, Result
+from .report import SECTIONS, measure_model, render
+
+Section = Literal[SECTIONS]  # type: ignore[valid-type]
+DEFAULT_TASKS = 4  # tasks = None: the model's first built-in tasks
+
+
+class FindingsParams(Params):
+    """kind `findings`: the papers' findings on one model (sizes small enough for a CPU by default)."""
+
+    tasks: list[str] | None = Field(None, min_length=1, max_length=16,
+                                    description="built-in task names; None = the model's first 4 built-in tasks")
+    sections: list[Section] = Field(default_factory=lambda: list(SECTIONS), min_length=1,
+                                    description="which papers: tsla, site, ltv")
+    seeds: list[NonNegative] = Field(default_factory=lambda: [0], min_length=1, max_length=8,
+                                     description="TSLA seeds (each its own demonstration/query split)")
+    shots: Int = Field(8, ge=1, le=64, description="TSLA and LTV demonstrations per prompt")
+    prompts: Int = Field(20, ge=2, le=500, description="TSLA held-out queries per seed")
+    random_sets: Int = Field(2, ge=1, le=16, description="random head sets per k (TSLA ablation)")
+    site_tasks: Int = Field(1, ge=0, le=16, description="SITE on the first this many tasks")
+    site_prompts: Int = Field(20, ge=2, le=500, description="SITE test prompts")
+    ltv_tasks: Int = Field(1, ge=0, le=16, description="LTV on the first this many tasks")
+    ltv_prompts: Int = Field(20, ge=2, le=500, description="LTV and its steer sweeps: held-out queries")
+    ltv_perturbations: Int = Field(64, ge=2, le=1024, description="linear propagation: perturbed vectors")
+    ltv_sweep: Bool = Field(False, description="the LTV at L/4 and 3L/4 too, on the first task")
+
+    @field_validator("sections")
+    @classmethod
+    def _unique(cls, v: list[str]) -> list[str]:
+        return list(dict.fromkeys(v))
+
+    def work(self, shape: Shape, sizes: Sizes) -> Work:
+        """The sections' kinds, each counted once per call (their shared `scores` once per task and seed)."""
+        n_tasks = len(self.tasks) if self.tasks else DEFAULT_TASKS
+        k3 = max(4, round(0.03 * shape.heads))
+        w = NONE
+        if "tsla" in self.sections:
+            common = {"prompts": self.prompts}
+            one = (get_kind("icl").params(shots=[0, self.shots], examples=0, **common).work(shape, sizes)
+                   + get_kind("ablation_curves").params(orders=["tr", "tl", "random"], ks=[0, k3],
+                                                        random_seeds=list(range(self.random_sets)), shots=self.shots,
+                                                        **common).work(shape, sizes)
+                   + get_kind("geometry").params(shots=self.shots, top_pct=10.0, **common).work(shape, sizes))
+            w = w + (one * (n_tasks * len(self.seeds))).named("TSLA")
+        if "site" in self.sections and self.site_tasks:
+            site = get_kind("site").params(prompts=self.site_prompts, budget=[], correlations=[], icl_shots=[10],
+                                           compare=["zero_shot", "icl", "fv", "vanilla", "all_ones"])
+            w = w + (site.work(shape, sizes) * min(self.site_tasks, n_tasks)).named("SITE")
+        if "ltv" in self.sections and self.ltv_tasks:
+            steer = get_kind("steer").params(vectors=["vanilla", "fv", "tr", "tl"], layer="all", shots=self.shots,
+                                             prompts=self.ltv_prompts).work(shape, sizes)
+            ltv = get_kind("ltv").params(shots=self.shots, prompts=self.ltv_prompts,
+                                         perturbations=self.ltv_perturbations).work(shape, sizes)
+            runs = min(self.ltv_tasks, n_tasks)
+            w = w + (steer * (2 * runs) + ltv * (runs + (2 if self.ltv_sweep else 0))).named("LTV")
+        return w
+
+
+class SummaryRow(Model):
+    paper: str
+    finding: str
+    paper_figure: str = Field(..., description="what the paper reports")
+    ours: str = Field(..., description="the verdict and the numbers behind it, on this model")
+
+
+class FindingsResult(Result):
+    """The report on one model: the summary (a row per finding) and the whole report as markdown."""
+
+    model: str
+    shape: str
+    tasks: list[str]
+    sections: list[str]
+    summary: list[SummaryRow]
+    markdown: str
+    seconds: float
+
+
+def findings(ctx: Context, p: FindingsParams) -> dict[str, Any]:
+    lm = ctx.lm
+    tasks = builtin_by_names(p.tasks, "findings") if p.tasks else model_tasks(lm.name)[:DEFAULT_TASKS]
+    named = [(t.name, t) for t in tasks]
+    names = [n for n, _ in named]
+    sections = list(p.sections)
+    calls = {"n": 0}
+    planned = _planned_calls(p, len(named))
+
+    def run(kind: str, lm_: Any, task: Any, **params: Any) -> Any:
+        """A section's analysis, through this job's cache and tensors; the bar advances one call at a time."""
+        i = calls["n"]
+        calls["n"] += 1
+        lo, hi = min(i / planned, 0.99), min((i + 1) / planned, 0.99)
+        what = f"{kind} on {task.name}" if task is not None else kind
+        r = analyze(kind, lm_, task, params, cache=ctx.store if ctx.store is not None else False,
+                    tensors=ctx.tensors, progress=ctx.stage(lo, hi, what))
+        for w in r.warnings:
+            ctx.warn(f"{what}: {w}")
+        return r
+
+    a = argparse.Namespace(
+        seeds=list(p.seeds), prompts=p.prompts, shots=p.shots, random_sets=p.random_sets, site_prompts=p.site_prompts,
+        site_tasks=",".join(names[:p.site_tasks]), ltv_main_tasks=",".join(names[:p.ltv_tasks]),
+        ltv_tasks=names[0] if p.ltv_sweep and p.ltv_tasks else "", ltv_layers="quarters", ltv_prompts=p.ltv_prompts,
+        ltv_shots=p.shots, ltv_perturbations=p.ltv_perturbations, site_recipe={}, ltv_recipe={}, light="",
+        analyze=run, tensors=ctx.tensors)
+    t0 = time.time()
+    label = lm.name
+    entry = measure_model(lm, lm.name, label, named, a, sections)
+    data = {"args": {"model": label, "sections": ",".join(sections), "seeds": a.seeds, "prompts": a.prompts,
+                     "shots": a.shots, "random_sets": a.random_sets, "site_prompts": a.site_prompts,
+                     "ltv_prompts": a.ltv_prompts, "ltv_shots": a.ltv_shots, "ltv_perturbations": a.ltv_perturbations,
+                     "ltv_layers": a.ltv_layers, "ltv_tasks": a.ltv_tasks, "out": None},
+            "notes": [], "models": {label: entry}, "seconds": time.time() - t0}
+    from .report import sections_by_name
+
+    runners = sections_by_name()
+    summary = [{"paper": r["paper"], "finding": r["finding"], "paper_figure": r["paper_figure"],
+                "ours": r["ours"].get(label, "not run")}
+               for s in sections for r in runners[s].summary(data["models"], data["args"])]
+    command = ("python -m backend report --model " + label + " --tasks " + ",".join(names)
+               + " --sections " + ",".join(sections))
+    ctx.progress(1.0, "done")
+    return {"model": label, "shape": entry["shape"], "tasks": names, "sections": sections, "summary": summary,
+            "markdown": render(data, sections, command=command), "seconds": data["seconds"]}
+
+
+def _planned_calls(p: FindingsParams, n_tasks: int) -> int:
+    """About how many kind calls the sections make (for the progress bar)."""
+    n = 0
+    if "tsla" in p.sections:
+        n += 4 * n_tasks * len(p.seeds)
+    if "site" in p.sections:
+        n += min(p.site_tasks, n_tasks) + 1
+    if "ltv" in p.sections:
+        n += 3 * min(p.ltv_tasks, n_tasks) + (2 if p.ltv_sweep else 0)
+    return max(n, 1)

@@ -1,1 +1,0 @@
-"""The sections of bench/real_findings.py (TSLA, SITE, LTV): each `plan`, `measure`, `summary` and `render`."""
