@@ -20,14 +20,18 @@ DEFAULTS: dict[str, dict[str, Any]] = {
     "default": {"task": "syn-sentiment", "shots": 8, "prompts": 50, "top_k": None, "kmax": 16, "sg_layer": None,
                 "ltv_layer": "all", "site_m": 50, "site_shots": 10, "site_steps": 400},
     # filled from bench/REAL_FINDINGS.md (see WHY)
-    "smollm2-135m": {"task": "present-past", "shots": 8, "prompts": 50, "top_k": 27, "kmax": 27, "sg_layer": 20,
+    "smollm2-135m": {"task": "present-past", "shots": 8, "prompts": 50, "top_k": 27, "kmax": 27, "sg_layer": 21,
                      "ltv_layer": 15, "site_m": 50, "site_shots": 10, "site_steps": 400},
     "gemma3-270m": {"task": "country-capital", "shots": 8, "prompts": 50, "top_k": 7, "kmax": 18, "sg_layer": 10,
                     "ltv_layer": 9, "site_m": 50, "site_shots": 10, "site_steps": 400},
 }
 WHY: dict[str, str] = {
     "default": "the embedded model's synthetic tasks: every phenomenon shows at 8 shots (bench/FINDINGS.md).",
-    "smollm2-135m": "to be measured",
+    "smollm2-135m": ("present-past has the largest 0 -> 8-shot gain among the tasks whose TR ratio rises (8-shot "
+                     "accuracy 0.97 against 0.00 at 0 shots, 60 prompts); ablating the top 27 heads (10%) drops the "
+                     "TR ratio on 6 of 8 tasks, against random heads; the vanilla task vector is best at layer 21's "
+                     "input (90% on seed 0 and on seed 1, against 7% at the middle layer); the LTV reaches 93% at "
+                     "layer 15 (bench/REAL_FINDINGS.md)."),
     "gemma3-270m": "to be measured",
 }
 CONFIGS: dict[tuple[str, int, int], str] = {("llama", 30, 576): "smollm2-135m", ("gemma3_text", 18, 640): "gemma3-270m"}

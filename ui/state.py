@@ -347,7 +347,23 @@ def sync_url() -> None:
 # -- widgets bound to the state ---------------------------------------------------------------------
 def _copy(name: str, convert: Callable[[Any], Any] | None) -> None:
     v = st.session_state[f"w_{name}"]
+    before = st.session_state.get(f"s_{name}")
     st.session_state[f"s_{name}"] = convert(v) if convert else v
+    if name == "model" and st.session_state[f"s_{name}"] != before:
+        apply_model_defaults(st.session_state[f"s_{name}"])
+
+
+def apply_model_defaults(model: str) -> list[str]:
+    """Set the settings a newly picked model starts on (`backend.model_defaults`: measured per model; task, shots,
+    top-k, the ablation curve's largest k, the Steering and LTV pages' layer); the names set."""
+    from backend.model_defaults import defaults_for
+
+    done = []
+    for name, value in defaults_for(model).items():
+        if name in FIELDS:
+            put(name, value)
+            done.append(name)
+    return done
 
 
 def bind(widget: Callable[..., Any], label: str, name: str, *, to_widget: Callable[[Any], Any] | None = None,
