@@ -3,7 +3,7 @@ TL heads against random heads (F1, F2), the overlap with induction heads (F3), a
 
 Per task and seed (`--seeds`, `--prompts` each, `--shots` demonstrations): `icl` at 0 and k shots; `scores` (top 3%
 sets); `ablation_curves` (zero ablation at every position, k = 3% and 10% of the heads, `--random-sets` random sets);
-`geometry` (TR / TL / random vectors of the top 10% heads at the middle layer's input, read at the last layer).
+`geometry` (TR / TL / random vectors of the top 10% heads at the middle layer's input, read at the last layer, before the final norm: `final_norm=False`, the residual stream itself).
 Seeds are pooled weighting by prompts.
 """
 from __future__ import annotations
@@ -48,7 +48,7 @@ def measure(lm: Any, tasks: list, a: Any, log: Callable[[str], None]) -> dict[st
             sc.append(analyze("scores", lm, task, shots=a.shots, top_k=k3, **common))
             abl.append(analyze("ablation_curves", lm, task, orders=["tr", "tl", "random"], ks=[0, k3, k10],
                                shots=a.shots, random_seeds=list(range(a.random_sets)), **common))
-            geo.append(analyze("geometry", lm, task, shots=a.shots, top_pct=10.0, **common))
+            geo.append(analyze("geometry", lm, task, shots=a.shots, top_pct=10.0, final_norm=False, **common))
             log(f"{name} seed {s}: done")
         last = lm.n_layers - 1
         rows[name] = {
