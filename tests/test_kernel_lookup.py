@@ -129,3 +129,19 @@ def test_notes_stay_apart_from_warnings_through_calls():
     assert r.notes == ["sized to the task (detail 7)"]
     hit = analyze("t_caller", None, None, seed=0)
     assert hit.cache_hit and hit.notes == r.notes and hit.warnings == r.warnings
+
+
+def test_a_stage_cost_lookup_does_not_make_a_result_stale(tmp_path):
+    """ltv's progress weights look up `vectors` and `scores` (record=False): a miss there must not mark the result
+    stale once they are cached, so the same call is a cache hit (here: mechanism off, so nothing else calls scores)."""
+    from backend.analysis.kernel import analyze
+    from backend.cache import ResultCache
+    from backend.models import load_model
+    from backend.tasks.registry import load_task
+
+    lm, task, store = load_model("default"), load_task("syn-antonym"), ResultCache(tmp_path)
+    recipe = dict(epochs=1, train_prompts=4, val_prompts=2, batch_size=4)
+    fields = dict(recipe, prompts=2, shots=1, mechanism=False)
+    assert not analyze("ltv", lm, task, fields, cache=store).cache_hit
+    again = analyze("ltv", lm, task, fields, cache=store)
+    assert again.cache_hit and again.absent_inputs == []

@@ -123,11 +123,12 @@ def test_launch_pulls_smollm2_in_the_background_unless_told_not_to():
 
     from backend.launch import commands
 
-    a = Namespace(backend_port=8765, host="127.0.0.1", port=8501)
+    a = Namespace(backend_port=8765, host="127.0.0.1", port=8501, model="default")
     service, _ = commands(a, {})
-    assert service[-2:] == ["--pull", "smollm2-135m"]
+    assert service[service.index("--pull") + 1] == "smollm2-135m" and service[-2:] == ["--preload", "default"]
     assert "--pull" not in commands(a, {"HEADLENS_AUTO_PULL": "0"})[0]
-    assert commands(a, {"HEADLENS_AUTO_PULL": "gemma3-270m"})[0][-1] == "gemma3-270m"
+    service = commands(a, {"HEADLENS_AUTO_PULL": "gemma3-270m"})[0]
+    assert service[service.index("--pull") + 1] == "gemma3-270m"
 
 
 def test_the_model_box_lists_the_presets_with_an_install_button(models_dir, inprocess):

@@ -114,14 +114,15 @@ class Context:
         if self.report is not None:
             self.report(data)
 
-    def cached(self, kind: str, tries: "list[dict[str, Any]]") -> Result | None:
+    def cached(self, kind: str, tries: "list[dict[str, Any]]", record: bool = True) -> Result | None:
         """A cached `kind` result on this model and task that matches the first of `tries` it can: a try names
         the fields the caller's reading depends on; every other field may hold any value (the defaults
         preferred, then the newest). None when nothing matches, `kind` is not registered or its params no longer
         take these fields. Never computes (one feature shows another's result only when the user already ran
-        it); a miss is recorded, and this result is recomputed once the other is cached."""
+        it); a miss is recorded, and this result is recomputed once the other is cached. `record=False`: a
+        lookup that changes no number of the result (a progress bar's stage costs), so its miss is not recorded."""
         r = find_cached(kind, self.lm, self.task, tries, self.store, self.tensors)
-        if r is None:
+        if r is None and record:
             miss = {"kind": kind, "tries": to_jsonable(tries)}
             if miss not in self.absent:
                 self.absent.append(miss)

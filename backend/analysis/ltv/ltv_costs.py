@@ -60,16 +60,16 @@ def ltv_costs(ctx: Context, p: Any, groups: list[list[int]], zero: Any, icl: Any
     if not p.load:
         recipe = {k: getattr(p, k) for k in RECIPE}
         for i, g in enumerate(groups):
-            done = ctx.cached("ltv_train", [{"layer": g[0] if len(g) == 1 else g, **recipe}]) is not None
+            done = ctx.cached("ltv_train", [{"layer": g[0] if len(g) == 1 else g, **recipe}], record=False) is not None
             costs[f"train {i}"] = 0.0 if done else training_cost(lm, p, min(g), t0, positions)
     vec = {"types": list(EXTRACTED), "shots": p.shots, "prompts": p.prompts, "seed": p.seed, "top_pct": p.top_pct,
            "top_k": p.top_k}
     icl_pass = pass_cost(L, P * ti, P / o.BATCH_SIZE)
     scored = True
-    if ctx.cached("vectors", [vec]) is not None:
+    if ctx.cached("vectors", [vec], record=False) is not None:
         costs["vectors"] = 0.0
     else:
-        scored = ctx.cached("scores", [{k: v for k, v in vec.items() if k != "types"}]) is not None
+        scored = ctx.cached("scores", [{k: v for k, v in vec.items() if k != "types"}], record=False) is not None
         induction = 2 * pass_cost(L, 4 * (2 * induction_length(lm) + 1))  # eager attention: ~2x
         fv = min(p.prompts, o.FV_PROMPTS)  # a clean pass, then a last-token step per head from its layer on
         fv_steps = fv * H * L * ((L + 1) / 2 + U) + L * L / 2 * OVERHEAD_TOKENS * H * fv / (4 * o.SWEEP_BATCH_SIZE)

@@ -38,7 +38,7 @@ def site_costs(ctx: Context, p: Any, enc: dict[str, Any]) -> dict[str, float]:
     if {"fv", "vanilla"} & set(p.compare):
         fields = {"types": [v for v in ("fv", "vanilla") if v in p.compare], "prompts": min(p.prompts, o.PROMPTS),
                   "seed": p.seed}
-        if ctx.cached("vectors", [fields]) is None:  # its ICL passes and the function vector's steps, roughly
+        if ctx.cached("vectors", [fields], record=False) is None:  # its ICL passes and the function vector's steps, roughly
             base += 4 * pass_cost(L, o.PROMPTS * per_embed) + o.FV_PROMPTS * lm.n_heads * L * ((L + 1) / 2 + U)
     costs["baselines"] = base
     costs["patching"] = pass_cost(L, tokens(test.ids)) + 2 * len(p.patching) * n_test * (L + U) if p.patching else 0.0
@@ -46,6 +46,6 @@ def site_costs(ctx: Context, p: Any, enc: dict[str, Any]) -> dict[str, float]:
     costs["budget"] = sum(pass_cost(L, m * per_embed, m / bs) + train + 2 * gen for m in extra)
     costs["correlations"] = 0.0
     if {"tr", "tl", "induction"} & set(p.correlations) and ctx.cached(
-            "scores", [{"shots": o.SHOTS, "prompts": o.PROMPTS, "seed": p.seed}]) is None:
+            "scores", [{"shots": o.SHOTS, "prompts": o.PROMPTS, "seed": p.seed}], record=False) is None:
         costs["correlations"] = 2 * pass_cost(L, o.PROMPTS * per_embed * o.SHOTS / max(p.shots, 1))
     return costs

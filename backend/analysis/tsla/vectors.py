@@ -136,7 +136,7 @@ def vectors(ctx: Context, p: VectorsParams) -> dict[str, Any]:
     icl_pass = pass_cost(L, tokens(enc.ids), P / bs) + P * U
     share = spans({
         "scores": 2 * icl_pass + 2 * pass_cost(L, 4 * (2 * induction_length(lm) + 1))
-        if need_scores and ctx.cached("scores", [scores_params]) is None else 0,
+        if need_scores and ctx.cached("scores", [scores_params], record=False) is None else 0,
         "means": icl_pass if heads or vanilla else 0,
         "fv": (icl_pass * n_fv / P + n_fv * L * H * ((L + 1) / 2 + U)
                + L * L / 2 * OVERHEAD_TOKENS * H * n_fv / (4 * 2 * bs)) if "fv" in types else 0,
