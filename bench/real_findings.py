@@ -106,7 +106,10 @@ def main() -> None:
             print(f"{s}: {runners[s].plan(a, section_tasks(a, s, tasks))}")
         return
     t0 = time.time()
-    data: dict = {"args": {k: v for k, v in vars(a).items()}, "notes": notes, "models": {}}
+    import subprocess
+
+    commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout.strip()
+    data: dict = {"commit": commit, "args": {k: v for k, v in vars(a).items()}, "notes": notes, "models": {}}
     for name, label in zip(models, labels):
         lm = load_model(name)
         data["models"][label] = measure_model(lm, name, label, tasks, a, sections,
