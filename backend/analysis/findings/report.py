@@ -46,7 +46,7 @@ def section_tasks(a: Any, section: str, tasks: list) -> list:
 def measure_model(lm: Any, name: str, label: str, tasks: list, a: Any, sections: Sequence[str],
                   log: Callable[[str], None] = lambda m: None) -> dict[str, Any]:
     """One model's entry of the report: each section's measurements on its tasks (`a`: the report's settings, a
-    namespace; `light` models at the reduced scope)."""
+    namespace; `light` models: TSLA on the first seed only)."""
     runners = sections_by_name()
     entry: dict[str, Any] = {"label": label, "name": name, "shape": f"{lm.n_layers} layers x {lm.n_heads} heads "
                              f"({lm.n_kv_heads} KV), d_model {lm.d_model}", "device": str(lm.device),
@@ -54,9 +54,7 @@ def measure_model(lm: Any, name: str, label: str, tasks: list, a: Any, sections:
     light = label in (getattr(a, "light", "") or "").split(",")
     scope = argparse.Namespace(**vars(a))
     if light:
-        scope.seeds, scope.ltv_tasks = a.seeds[:1], ""
-        scope.site_tasks = a.site_tasks.split(",")[0]
-        scope.ltv_main_tasks = a.ltv_main_tasks.split(",")[0]
+        scope.seeds = a.seeds[:1]
     entry["scope"] = {"seeds": scope.seeds, "site_tasks": scope.site_tasks, "ltv_main_tasks": scope.ltv_main_tasks,
                       "ltv_tasks": scope.ltv_tasks, "light": light}
     for s in sections:
@@ -94,8 +92,8 @@ def render(data: dict, sections: list[str], command: str | None = None) -> str:
     for m in light:
         sc = m["scope"]
         out += [f"Scope of `{m['label']}` (reduced for the 2-core CPU budget, `--light`): TSLA on seed "
-                f"{', '.join(map(str, sc['seeds']))} only; SITE on {sc['site_tasks']}; LTV on {sc['ltv_main_tasks']} "
-                f"at the middle layer, no layer sweep.", ""]
+                f"{', '.join(map(str, sc['seeds']))} only (SITE on {sc['site_tasks']}; LTV on {sc['ltv_main_tasks']} "
+                f"at the middle layer, its layer sweep on {sc['ltv_tasks'] or 'none'}, as for the other models).", ""]
     if data["notes"]:
         out += ["Left out: " + "; ".join(data["notes"]), ""]
     summary = [row for s in sections for row in runners[s].summary(models, a)]
