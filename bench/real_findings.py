@@ -89,8 +89,7 @@ def main() -> None:
     ap.add_argument("--ltv-main-tasks", default="sentiment,present-past",
                     help="tasks of the LTV section at the middle layer (a subset of --tasks)")
     ap.add_argument("--light", default="gemma3-270m",
-                    help="labels measured at a reduced scope for the CPU budget: TSLA on the first seed only, SITE on "
-                         "the first --site-tasks and --ltv-main-tasks only, and no layer sweep")
+                    help="labels measured at a reduced scope for the CPU budget: TSLA on the first seed only")
     ap.add_argument("--ltv-tasks", default="present-past",
                     help="tasks of the LTV layer sweep (every task gets the middle layer)")
     ap.add_argument("--ltv-layers", default="quarters", help="'quarters' (L/4, L/2, 3L/4), 'quarters+vanilla' (and the vanilla "
@@ -138,9 +137,7 @@ def main() -> None:
         light = label in (a.light or "").split(",")
         scope = argparse.Namespace(**vars(a))
         if light:
-            scope.seeds, scope.ltv_tasks = a.seeds[:1], ""
-            scope.site_tasks = a.site_tasks.split(",")[0]
-            scope.ltv_main_tasks = a.ltv_main_tasks.split(",")[0]
+            scope.seeds = a.seeds[:1]
         entry["scope"] = {"seeds": scope.seeds, "site_tasks": scope.site_tasks, "ltv_main_tasks": scope.ltv_main_tasks,
                           "ltv_tasks": scope.ltv_tasks, "light": light}
         for s in sections:
@@ -210,8 +207,8 @@ def render(data: dict, sections: list[str]) -> str:
     for m in light:
         sc = m["scope"]
         out += [f"Scope of `{m['label']}` (reduced for the 2-core CPU budget, `--light`): TSLA on seed "
-                f"{', '.join(map(str, sc['seeds']))} only; SITE on {sc['site_tasks']}; LTV on {sc['ltv_main_tasks']} "
-                f"at the middle layer, no layer sweep.", ""]
+                f"{', '.join(map(str, sc['seeds']))} only (SITE on {sc['site_tasks']}; LTV on {sc['ltv_main_tasks']} "
+                f"at the middle layer, its layer sweep on {sc['ltv_tasks'] or 'none'}, as for the other models).", ""]
     if data["notes"]:
         out += ["Left out: " + "; ".join(data["notes"]), ""]
     summary = [row for s in sections for row in runners[s].summary(models, a)]
