@@ -16,7 +16,8 @@ API = {"model_info": "model_info", "maps": "head_maps", "scores": "head_scores",
        "ablation_curves": "ablation_curves", "ablate": "ablate", "vectors": "build_vectors", "steer": "steer",
        "geometry": "geometry", "perturb": "perturbation_report", "fit": "task_fit", "head": "head_view",
        "ltv_train": "ltv_vector", "ltv": "train_ltv", "ltv_tasks": "ltv_across_tasks", "site": "train_site",
-       "site_transfer": "site_transfer", "methods": "compare_methods", "patching": "activation_patching"}
+       "site_transfer": "site_transfer", "methods": "compare_methods", "patching": "activation_patching",
+       "findings": "findings_report"}
 """Service kind -> Python API function (backend/analysis/kinds.py `api`; a test checks they are the same map)."""
 
 
