@@ -61,3 +61,19 @@ def test_help_states_the_defaults():
     for name, d in D.DEFAULTS.items():
         h = D.help_for(name)
         assert d["task"] in h and f"{d['shots']} shots" in h and D.WHY[name] in h
+
+
+def test_picking_a_model_sets_the_settings_it_starts_on(monkeypatch):
+    """The model box's on_change (state._copy of `model`) applies the new model's defaults; the same model again
+    changes nothing the user set."""
+    import ui.state as state
+
+    ss = {"s_model": "default", "w_model": "gemma3-270m", "s_task": "syn-sentiment", "s_shots": 4}
+    monkeypatch.setattr(state.st, "session_state", ss)
+    state._copy("model", None)
+    want = D.defaults_for("gemma3-270m")
+    assert ss["s_model"] == "gemma3-270m" and ss["s_task"] == want["task"] == "sentiment"
+    assert ss["s_shots"] == want["shots"] and ss["s_sg_layer"] == want["sg_layer"]
+    ss["s_task"] = "topic"
+    state._copy("model", None)  # unchanged model: the user's task stays
+    assert ss["s_task"] == "topic"
