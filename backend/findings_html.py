@@ -72,4 +72,5 @@ def report_html(result: Any, include_plotlyjs: bool = False) -> str:
                      settings={"model": r["model"], "tasks": ", ".join(r["tasks"]), "sections": ", ".join(r["sections"])},
                      tables=[{"title": "Summary", "columns": ["paper", "finding", "paper's figure", f"{r['model']}"],
                               "rows": rows}],
-                     body_html=body, notes=list(r.get("warnings") or []), include_plotlyjs=include_plotlyjs)
+                     commands=[r["command"]] if r.get("command") else [], body_html=body,
+                     notes=list(r.get("warnings") or []), include_plotlyjs=include_plotlyjs)

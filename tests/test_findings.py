@@ -45,7 +45,9 @@ def test_the_html_opens_without_a_server(report):
     _, r = report
     page = report_html(r)
     assert "<script src" not in page and "http://" not in page.replace("http://www.w3.org", "")
-    assert page.count("<table>") >= 3 and "figure" in page
+    assert page.count("<table>") >= 3 and "figure" in page and html.escape(r.command) in page
+    assert r.command.startswith("python -m backend report --model default --tasks syn-sentiment,syn-antonym")
+    assert " --prompts 4 " in r.command and " --ltv-perturbations 4" in r.command
     for row in r.summary:
         assert html.escape(row.finding, quote=False) in page
 

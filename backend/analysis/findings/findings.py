@@ -96,6 +96,7 @@ class FindingsResult(Result):
     sections: list[str]
     summary: list[SummaryRow]
     markdown: str
+    command: str = Field("", description="the command line that reproduces the report")
     seconds: float
 
 
@@ -140,11 +141,11 @@ def findings(ctx: Context, p: FindingsParams) -> dict[str, Any]:
     summary = [{"paper": r["paper"], "finding": r["finding"], "paper_figure": r["paper_figure"],
                 "ours": r["ours"].get(label, "not run")}
                for s in sections for r in runners[s].summary(data["models"], data["args"])]
-    command = ("python -m backend report --model " + label + " --tasks " + ",".join(names)
-               + " --sections " + ",".join(sections))
+    command = " ".join(["python -m backend report --model", label, "--tasks", ",".join(names), "--sections",
+                        ",".join(sections), *_flags(p)])
     ctx.progress(1.0, "done")
     return {"model": label, "shape": entry["shape"], "tasks": names, "sections": sections, "summary": summary,
-            "markdown": render(data, sections, command=command), "seconds": data["seconds"]}
+            "markdown": render(data, sections, command=command), "command": command, "seconds": data["seconds"]}
 
 
 def _planned_calls(p: FindingsParams, n_tasks: int) -> int:
@@ -157,3 +158,18 @@ def _planned_calls(p: FindingsParams, n_tasks: int) -> int:
     if "ltv" in p.sections:
         n += 3 * min(p.ltv_tasks, n_tasks) + (2 if p.ltv_sweep else 0)
     return max(n, 1)
+
+
+def _flags(p: FindingsParams) -> list[str]:
+    """The CLI flags of the fields that differ from their defaults (tasks and sections aside)."""
+    out = []
+    for name, f in FindingsParams.model_fields.items():
+        v = getattr(p, name)
+        if name in ("tasks", "sections") or v == f.get_default(call_default_factory=True):
+            continue
+        flag = "--" + name.replace("_", "-")
+        if isinstance(v, bool):
+            out.append(flag if v else "--no-" + name.replace("_", "-"))
+        else:
+            out += [flag, ",".join(map(str, v)) if isinstance(v, list) else str(v)]
+    return out
