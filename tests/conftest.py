@@ -54,6 +54,18 @@ def tiny_lm(request, gpt2_tokenizer):
 
 
 @pytest.fixture(scope="module")
+def one_thread():
+    """One torch thread for a module of tiny-model tests (as the kinds run them on a CPU; faster on a busy one).
+    A module asks for it with `pytestmark = pytest.mark.usefixtures("one_thread")`."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
 def shared_cache(tmp_path_factory):
     """One cache folder per test module, so a module's tests reuse each other's results."""
     return tmp_path_factory.mktemp("module-cache")

@@ -17,12 +17,12 @@ VERDICT = re.compile(r"^(holds|partly|does not hold|not run)\b")  # not run: SIT
 
 
 @pytest.fixture(scope="module")
-def report(tmp_path_factory):
-    import os
-
-    os.environ["HEADLENS_CACHE_DIR"] = str(tmp_path_factory.mktemp("findings-cache"))
-    lm = load_model("default")
-    return lm, analyze("findings", lm, None, TINY)
+def report(shared_cache):
+    """One report per module, computed on the module's cache folder (results and saved tensors)."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("HEADLENS_CACHE_DIR", str(shared_cache))
+        lm = load_model("default")
+        return lm, analyze("findings", lm, None, TINY)
 
 
 def test_every_section_gives_each_finding_a_verdict(report):
@@ -35,9 +35,11 @@ def test_every_section_gives_each_finding_a_verdict(report):
     assert "## Summary" in r.markdown and "python -m backend report --model" in r.markdown
 
 
-def test_a_second_run_is_the_cached_result(report):
+def test_a_second_run_is_the_cached_result(report, shared_cache, monkeypatch):
     lm, r = report
+    monkeypatch.setenv("HEADLENS_CACHE_DIR", str(shared_cache))
     again = analyze("findings", lm, None, TINY)
+    assert again.cache_hit and not r.cache_hit
     assert again.summary == r.summary and again.markdown == r.markdown
 
 

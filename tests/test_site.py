@@ -27,13 +27,7 @@ SMALL = dict(m=4, shots=2, prompts=6, steps=6, val_every=3, val_prompts=3, max_n
 NO_EXTRAS = dict(compare=[], patching=[], budget=[], correlations=[])
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Tiny models: one torch thread (as the kinds run them on the CPU), faster on a busy machine."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")

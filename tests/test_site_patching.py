@@ -19,12 +19,7 @@ WORDS = ["cat", "dog", "red", "blue", "sun", "moon", "tree", "rock", "fish", "bi
          "hot", "cold", "up", "down", "left", "right"]
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen2"])

@@ -7,7 +7,8 @@ k = 3% and 10% of the heads, `geometry`); SITE on the first `site_tasks` tasks (
 patching, and `site_transfer` when two tasks of a similarity group are among them); LTV on the first `ltv_tasks`
 tasks (`ltv` at L/2 with its mechanism, `steer` sweeps of the extracted vectors on two seeds; `ltv_sweep`: the LTV
 at L/4 and 3L/4 too, on the first task). `markdown` is the report; `python -m backend report` writes it as one
-self-contained HTML file (`backend/findings_html.py`). `bench/real_findings.py` runs the same sections over several models.
+self-contained HTML file (`backend/findings_html.py`). `bench/real_findings.py` runs the same sections over
+several models.
 """
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ from ..kinds import get_kind
 from ..params import Bool, Int, NonNegative, Params
 from ..primitives.cost import NONE, Shape, Sizes, Work
 from ..results import Model, Result
-from .report import SECTIONS, measure_model, render
+from .report import SECTIONS, measure_model, render, sections_by_name
 
 Section = Literal[SECTIONS]  # type: ignore[valid-type]
 DEFAULT_TASKS = 4  # tasks = None: the model's first built-in tasks
@@ -135,8 +136,6 @@ def findings(ctx: Context, p: FindingsParams) -> dict[str, Any]:
                      "ltv_prompts": a.ltv_prompts, "ltv_shots": a.ltv_shots, "ltv_perturbations": a.ltv_perturbations,
                      "ltv_layers": a.ltv_layers, "ltv_tasks": a.ltv_tasks, "out": None},
             "notes": [], "models": {label: entry}, "seconds": time.time() - t0}
-    from .report import sections_by_name
-
     runners = sections_by_name()
     summary = [{"paper": r["paper"], "finding": r["finding"], "paper_figure": r["paper_figure"],
                 "ours": r["ours"].get(label, "not run")}

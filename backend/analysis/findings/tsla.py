@@ -3,7 +3,8 @@ TL heads against random heads (F1, F2), the overlap with induction heads (F3), a
 
 Per task and seed (`--seeds`, `--prompts` each, `--shots` demonstrations): `icl` at 0 and k shots; `scores` (top 3%
 sets); `ablation_curves` (zero ablation at every position, k = 3% and 10% of the heads, `--random-sets` random sets);
-`geometry` (TR / TL / random vectors of the top 10% heads at the middle layer's input, read at the last layer, before the final norm: `final_norm=False`, the residual stream itself).
+`geometry` (TR / TL / random vectors of the top 10% heads at the middle layer's input, read at the last layer,
+before the final norm: `final_norm=False`, the residual stream itself).
 Seeds are pooled weighting by prompts.
 """
 from __future__ import annotations
