@@ -208,10 +208,10 @@ def cmd_report(a: argparse.Namespace) -> None:
     """The findings report (kind `findings`) as one self-contained HTML file."""
     from .findings_html import report_html
 
-    r = compute_kind("findings", a)
     out = Path(a.html or f"findings-{re.sub(r'[^A-Za-z0-9_.-]+', '_', Path(a.model).name or a.model)}.html")
-    if out.is_dir():
+    if out.is_dir():  # before hours of measuring, not after
         raise UsageError(f"--out {clip(str(out), 200)}: is a directory; give a file path")
+    r = compute_kind("findings", a)
     out.write_text(report_html(r), encoding="utf-8")
     print(f"wrote {out} ({out.stat().st_size / 1e3:.0f} kB)", file=sys.stderr)
 

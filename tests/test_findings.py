@@ -71,3 +71,4 @@ def test_the_report_command_writes_one_file(tmp_path, report):
             args += [f"--{k.replace('_', '-')}", str(v)]
     assert main(args) == 0 and out.read_text().startswith("<!DOCTYPE html>")
     assert main(["report", "--model", "default", "--tasks", "no-such-task", "--out", str(out)]) == 2
+    assert main(["report", "--model", "default", "--tasks", "syn-sentiment", "--out", str(tmp_path)]) == 2
