@@ -30,7 +30,7 @@ import stat
 import threading
 import time
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 from .paths import cache_dir
 from .text import clip
@@ -69,6 +69,26 @@ def tensor_id(kind: str, data: bytes) -> str:
 
 def is_id(value: object) -> bool:
     return isinstance(value, str) and ID.fullmatch(value) is not None
+
+
+def tensor_refs(value: Any) -> list[str]:
+    """The tensor ids a result refers to: the values of its `tensor` and `tensors` fields, at any depth (not those
+    of `unsaved_tensors`, which come inline)."""
+    out: list[str] = []
+    todo = [value]
+    while todo:
+        v = todo.pop()
+        if isinstance(v, dict):
+            for k, x in v.items():
+                if k == "tensor" and is_id(x):
+                    out.append(x)
+                elif k == "tensors" and isinstance(x, (dict, list)):
+                    out.extend(t for t in (x.values() if isinstance(x, dict) else x) if is_id(t))
+                elif isinstance(x, (dict, list)) and k != "unsaved_tensors":
+                    todo.append(x)
+        elif isinstance(v, list):
+            todo.extend(x for x in v if isinstance(x, (dict, list)))
+    return list(dict.fromkeys(out))
 
 
 def missing(tid: object) -> TensorMissing:

@@ -33,7 +33,7 @@ from pydantic import BaseModel, ValidationError
 from ..cache import default_cache, make_key
 from ..jsonable import to_jsonable
 from ..locks import KeyLocks
-from ..tensor_store import TensorSession, TensorStore, is_id
+from ..tensor_store import TensorSession, TensorStore, is_id, tensor_refs
 from .kinds import Kind, get_kind
 from .params import NOT_IN_KEY, Params
 from .primitives.fit import require_fit
@@ -156,25 +156,6 @@ def local_files(kind: Kind, params: "Mapping[str, Any] | None") -> dict[str, Any
 def unsaved_warning(tid: str, reason: str) -> str:
     return (f"could not save tensor {tid} ({reason}): this result is not cached, and the file comes inline "
             f"(`unsaved_tensors`, base64: POST it to /tensors to keep it)")
-
-
-def tensor_refs(value: Any) -> list[str]:
-    """The tensor ids a result refers to: the values of its `tensor` and `tensors` fields, at any depth."""
-    out: list[str] = []
-    todo = [value]
-    while todo:
-        v = todo.pop()
-        if isinstance(v, dict):
-            for k, x in v.items():
-                if k == "tensor" and is_id(x):
-                    out.append(x)
-                elif k == "tensors" and isinstance(x, (dict, list)):
-                    out.extend(t for t in (x.values() if isinstance(x, dict) else x) if is_id(t))
-                elif isinstance(x, (dict, list)) and k != "unsaved_tensors":
-                    todo.append(x)
-        elif isinstance(v, list):
-            todo.extend(x for x in v if isinstance(x, (dict, list)))
-    return list(dict.fromkeys(out))
 
 
 def resolve_store(cache: "bool | Store | None") -> Store | None:

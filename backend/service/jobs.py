@@ -11,7 +11,9 @@ ships them elsewhere (Ray, a process pool) can replace `LocalJobRunner` without 
   at most PREEMPT_MAX times, so a long sweep job still finishes under a steady stream of interactive ones. Each
   lane has its own HEADLENS_MAX_QUEUE, so a sweep never fills the interactive queue; an interactive request for
   a job a sweep has queued moves it to the interactive lane;
-- deduplicates: a request with the key of a queued, running or done job gets that job back;
+- deduplicates: a request with the key of a queued, running or done job gets that job back; a done job whose
+  outputs are gone (a saved tensor its result names, deleted or damaged since: `outputs_present`) is no result,
+  and the request queues the job again;
 - holds a per-key lock (`locks.KeyLocks`) while computing, so runners in other threads or processes
   that share the cache folder wait and then read the cached result instead of recomputing it;
 - cancels cooperatively: the job's progress callback raises `Cancelled` once the job is cancelled.
@@ -139,6 +141,20 @@ def make_executor(pool: Any, tasks: Any) -> Executor:
     return execute
 
 
+def outputs_present_in(store: Any = None) -> Callable[[dict[str, Any]], bool]:
+    """Whether every saved tensor a result names (its `tensor` / `tensors` fields) is still stored and intact, in
+    `store` (a TensorStore; default: the cache folder's, looked up at each call)."""
+    def present(result: dict[str, Any]) -> bool:
+        from ..tensor_store import default_store, tensor_refs
+
+        refs = tensor_refs(result)
+        if not refs:
+            return True
+        s = store or default_store()
+        return all(s.has(tid) for tid in refs)
+    return present
+
+
 # -- the interface ------------------------------------------------------------------------------------
 class JobRunner(ABC):
     """What the routes need from a job queue. Every argument and return value is plain data."""
@@ -205,8 +221,10 @@ class LocalJobRunner(JobRunner):
     submission order of starting): what `ray_runner.RayJobRunner` uses, its executor shipping each job to Ray."""
 
     def __init__(self, execute: Executor, limits: Limits | None = None, locks: KeyLocks | None = None,
-                 keep_finished: int = 200, workers: int = 1):
+                 keep_finished: int = 200, workers: int = 1,
+                 outputs_present: Callable[[dict[str, Any]], bool] | None = None):
         self._execute = execute
+        self._outputs_present = outputs_present or outputs_present_in()
         self._n_workers = max(1, int(workers))  # >1: jobs run concurrently (a runner that ships them elsewhere)
         self._limits = limits or Limits.from_env()
         self._locks = locks or KeyLocks()
@@ -227,6 +245,11 @@ class LocalJobRunner(JobRunner):
             if self._closed:
                 raise ServiceError("the job runner is shut down", status=503)
             same = self._jobs.get(self._by_key.get(key, ""))
+            if same is not None and same.status == "done" and not self._outputs_present(same.result or {}):
+                log.info("job %s (%s): its saved outputs are gone; computing it again", same.id, same.kind)
+                del self._by_key[key]
+                same.message = "done; its saved outputs are gone since (a new request computes it again)"
+                same = None
             if same is not None and same.status in (*ACTIVE_STATES, "done") and not same.cancel.is_set():
                 if same.status in ACTIVE_STATES:
                     same.submitters += 1

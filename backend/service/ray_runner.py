@@ -74,7 +74,7 @@ from typing import Any
 
 from .errors import ServiceError, clip
 from .estimate import note_speed
-from .jobs import Cancelled, JobProgress, LocalJobRunner, Progress
+from .jobs import Cancelled, JobProgress, LocalJobRunner, Progress, outputs_present_in
 from .limits import Limits
 from .ray_actors import ModelActors, _Actor, model_signature
 from .ray_cluster import RayConfig, RunnerUnavailable, connect
@@ -128,7 +128,8 @@ class RayJobRunner(LocalJobRunner):
             num_cpus=0, max_concurrency=16, max_restarts=-1, runtime_env={"env_vars": env},
             scheduling_strategy=NodeAffinitySchedulingStrategy(here, soft=False)).remote(str(self.cache_directory))
         self.actors = ModelActors(self.ray, self.cfg, self.reader, dtype=getattr(pool, "dtype", None), env=env)
-        super().__init__(self._execute_on_ray, limits=limits, workers=self.cfg.max_actors)
+        super().__init__(self._execute_on_ray, limits=limits, workers=self.cfg.max_actors,
+                         outputs_present=outputs_present_in(self.tensors))  # a done job whose tensors are gone reruns
 
     # -- executing one job ------------------------------------------------------------------------------------
     def _execute_on_ray(self, kind: str, params: dict[str, Any], progress: Progress) -> dict[str, Any]:
