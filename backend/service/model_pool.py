@@ -9,19 +9,26 @@ Which names a request may use (what each means: backend/model_sources.py):
 `HEADLENS_DEVICE` (cpu, cuda, cuda:1 ...) and `HEADLENS_DTYPE` (fp32, bf16, fp16) pick where models load.
 A name longer than MAX_NAME_CHARS (1024) characters, with a path part over MAX_PART_BYTES (255) bytes, or
 with control characters is a 422 naming the field `model`, before the filesystem sees it.
+
+`require_loadable` (admission, after `check`) refuses what could not load, before any job is queued or estimated:
+a hub id that is not in the local Hugging Face cache while the hub is off (HF_HUB_OFFLINE, TRANSFORMERS_OFFLINE)
+or unreachable (404), one the hub says does not exist or is gated (404 / 403; its config.json is fetched, which
+also gives the estimate its real shape), and a model whose config.json names an architecture the adapter table
+lacks (422).
 """
 from __future__ import annotations
 
 import gc
 import os
 import threading
+import time
 from collections import OrderedDict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
 from ..paths import DEFAULT_MODEL_NAMES
 from ..text import model_name_problem
-from .errors import BadRequest, Forbidden, NotFound, clip
+from .errors import BadRequest, Forbidden, NotFound, ServiceError, clip
 
 if TYPE_CHECKING:
     from ..models import LoadedModel
@@ -50,6 +57,7 @@ class ModelPool:
         self._models: OrderedDict[str, "LoadedModel"] = OrderedDict()
         self._lock = threading.RLock()  # the resident models (held briefly)
         self._load_lock = threading.Lock()  # one load at a time; peek, loaded and check never wait for it
+        self._hub_verdicts: dict[tuple[str, str], tuple[float, ServiceError | None]] = {}
 
     # -- access rules -------------------------------------------------------------------------------
     def check(self, name: str) -> str:
@@ -102,6 +110,45 @@ class ModelPool:
             raise Forbidden(f"Hugging Face hub ids such as {clip(name)!r} are disabled on this server "
                             f"(HEADLENS_ALLOW_HUB=0); use `default`, a pulled preset or {where}")
         return name
+
+    def require_loadable(self, canonical: str) -> None:
+        """Refuse (a ServiceError) a model, by its canonical name from `check`, that could not be loaded now (see
+        the module docstring); a resident model, and any model of a pool with its own `loader`, pass."""
+        with self._lock:
+            if canonical in self._models:
+                return
+        if self._loader is not None:
+            return
+        from .model_shape import model_type
+
+        if _is_hub_id(canonical):
+            self._require_on_hub(canonical)
+        kind = model_type(canonical)
+        if kind is not None:
+            from ..adapters import UnsupportedArchitecture, spec_for
+
+            try:
+                spec_for(kind)
+            except UnsupportedArchitecture as e:
+                raise BadRequest(f"model {clip(canonical, 100)!r} cannot be analysed: {e}") from None
+
+    def _require_on_hub(self, name: str) -> None:
+        from ..models import HUB_PROBE_TTL, cached_on_hub_cache, hub_endpoint
+
+        if cached_on_hub_cache(name):
+            return
+        key = (hub_endpoint(), name)
+        with self._lock:
+            hit = self._hub_verdicts.get(key)
+        if hit is not None and (hit[1] is None or time.monotonic() - hit[0] < HUB_PROBE_TTL):
+            if hit[1] is not None:
+                raise hit[1]
+            return
+        verdict = _hub_verdict(name)
+        with self._lock:
+            self._hub_verdicts[key] = (time.monotonic(), verdict)
+        if verdict is not None:
+            raise verdict
 
     def _check_root(self, name: str, resolved: Path) -> None:
         if self.root is not None and not resolved.is_relative_to(self.root):
@@ -181,3 +228,59 @@ class ModelPool:
         device = self.device or default_device()
         dtype = self.dtype or ("bf16" if device.startswith("cuda") else "fp32")
         return device, dtype
+
+
+HUB_FETCH_TIMEOUT = 6.0  # seconds to fetch a hub id's config.json at admission before refusing it
+
+
+def _is_hub_id(canonical: str) -> bool:
+    """Whether a canonical name (`ModelPool.check`) is a Hugging Face hub id: not the embedded model, a preset or an
+    absolute path."""
+    from ..presets import PRESETS
+
+    return not (canonical in DEFAULT_MODEL_NAMES or canonical in PRESETS or os.path.isabs(canonical))
+
+
+def _hub_verdict(name: str) -> ServiceError | None:
+    """None when hub id `name` (not in the local cache) can be fetched now: its config.json is downloaded into the
+    local cache within HUB_FETCH_TIMEOUT s (the shape the estimate reads); else the refusal, one sentence."""
+    from ..models import HUB_PROBE_TIMEOUT, hub_endpoint, hub_offline_flag, hub_reachable
+    from .model_shape import forget
+
+    flag = hub_offline_flag()
+    if flag is not None or not hub_reachable():
+        why = f"{flag} is set" if flag else f"no answer from the hub within {HUB_PROBE_TIMEOUT:g} s"
+        return NotFound(f"model {clip(name)!r} is not in this server's Hugging Face cache and the hub is unreachable "
+                        f"(offline: {why}), so it cannot be loaded; use `default`, a pulled preset, a local model "
+                        f"folder or an id already in the cache")
+    got: list[BaseException | None] = []
+
+    def fetch() -> None:
+        try:
+            from huggingface_hub import hf_hub_download
+
+            hf_hub_download(name, "config.json", endpoint=hub_endpoint(), etag_timeout=HUB_FETCH_TIMEOUT)
+            got.append(None)
+        except BaseException as e:  # noqa: BLE001 - reported below as one sentence
+            got.append(e)
+
+    t = threading.Thread(target=fetch, name="headlens-hub-config", daemon=True)
+    t.start()
+    t.join(HUB_FETCH_TIMEOUT + 0.5)
+    if got and got[0] is None:
+        forget(name)  # a shape memoised before (assumed) is read again from the config now cached
+        return None
+    if not got:
+        return NotFound(f"model {clip(name)!r}: the Hugging Face hub did not send its config.json within "
+                        f"{HUB_FETCH_TIMEOUT:g} s, so it cannot be loaded now; try again later")
+    e = got[0]
+    kind = type(e).__name__
+    if kind == "GatedRepoError":
+        return Forbidden(f"model {clip(name)!r} is gated on the Hugging Face hub: this server has no access to it")
+    if kind in ("RepositoryNotFoundError", "RevisionNotFoundError", "EntryNotFoundError",
+                "RemoteEntryNotFoundError", "HFValidationError") or getattr(
+                    getattr(e, "response", None), "status_code", None) in (401, 404):
+        return NotFound(f"no model {clip(name)!r} on the Hugging Face hub (or no config.json in it); give a model "
+                        f"id as `org/name`, `default`, a pulled preset or a local model folder")
+    return NotFound(f"model {clip(name)!r}: its config.json could not be fetched from the Hugging Face hub "
+                    f"({kind}), so it cannot be loaded now")

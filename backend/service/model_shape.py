@@ -110,6 +110,30 @@ def model_shape(canonical: str | None) -> Shape:
     return shape
 
 
+def model_type(canonical: str | None) -> str | None:
+    """The `model_type` its config.json declares (the adapter table's key), read without loading; None when it has
+    no config.json on this disk yet (a GGUF file not converted: its header was checked by `model_sources`)."""
+    if not canonical:
+        return None
+    try:
+        folder = _folder(canonical)
+        if folder is None:
+            return None
+        cfg = json.loads((folder / "config.json").read_text())
+        kind = cfg.get("model_type") if isinstance(cfg, dict) else None
+        return kind if isinstance(kind, str) else None
+    except Exception:  # unreadable: the load says why
+        return None
+
+
+def forget(canonical: str) -> None:
+    """Drop what is memoised for `canonical` (its config.json has just been fetched into the hub cache)."""
+    with _LOCK:
+        for memo in (_SHAPES, _COUNTERS):
+            for key in [k for k in memo if k[0] == canonical]:
+                del memo[key]
+
+
 def token_counter(canonical: str | None) -> Callable[[str], int] | None:
     """len(tokenizer(text)) of the model's own tokenizer, read from its files without the weights; None when it has
     none on this disk (the caller estimates from bytes)."""
