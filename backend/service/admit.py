@@ -1,10 +1,13 @@
 """Admission of a job request: validate it, apply the limits and access rules, and give it a dedupe key.
 
 Everything detectable before any model is loaded is refused here with a 4xx: an unknown kind or field,
-a bad value, an unknown task, a model outside the allowed places, a limit exceeded, prompts that
-cannot be built (e.g. more shots than the task has demonstrations). Once the model is resident, a task
-whose inputs it mostly cannot read (kind `fit`) is refused too; before that, the analysis fails with the
-same message.
+a bad value, an unknown task (`task`, or a name in `tasks`), a model outside the allowed places or that cannot load
+(a missing folder, a hub id while the hub is off), a limit exceeded, prompts that cannot be built (e.g. more shots
+than the task has demonstrations), a field that does not fit the model's shape read from its files (a head, a layer
+or a k beyond it: `check_shape_fit`). Once the model is resident, a task whose inputs it mostly cannot read (kind
+`fit`) is refused too; before that, the analysis fails with the same message. POST /jobs and POST /jobs/estimate
+go through this one function, so they refuse the same bodies with the same status (the estimate answers the work
+limit with `admitted: false` instead).
 
 Saved tensors: a `load` field is an id (never a path: the params model refuses anything else), and must name a
 stored, intact file (404 otherwise, the same sentence whatever the reason); it is pinned for ADMIT_PIN_S so the
@@ -20,6 +23,7 @@ from pydantic import ValidationError
 
 from ..tensor_store import TensorStore, TensorWriteError, default_store, missing
 from .errors import BadRequest, InsufficientStorage, NotFound, clip
+from ..analysis.primitives.cost import Shape
 from .estimate import Estimate, estimate
 from .jobs import job_key
 from .limits import Limits
@@ -62,12 +66,15 @@ def describe_validation(e: ValidationError | RequestValidationError, allowed: li
 
 def admit(body: dict[str, Any], pool: ModelPool, tasks: TaskStore, limits: Limits, *,
           tensors: TensorStore | None = None, storage: bool = True, check_work: bool = True) -> Admitted:
-    """Validate a POST /jobs body; raises ServiceError subclasses (4xx) with a clear message.
+    """Validate a job body: the one admission of POST /jobs, POST /jobs/estimate, POST /jobs/cached and a sweep's
+    jobs; raises ServiceError subclasses (4xx) with a clear message.
 
-    `model` and `task` are checked by the service (access rules, known tasks); the other fields by the
-    kind's params model from the registry; then the limits (`check_work=False`: all but the work limit, for an
-    estimate that says by how much a job is over it), the saved tensors it reads and (`storage`) whether the
-    tensors it would train can be saved."""
+    In order: the kind; `model` and `task` (access rules, known tasks, a model that can load); the other fields by
+    the kind's params model from the registry; built-in task names in `tasks`; the limits; every field that must fit
+    the model's shape, read from its files (heads, layers, ks); the saved tensors it reads (there, and made for a
+    model of this shape); (`storage`) whether the tensors it would train can be saved; last the work limit
+    (`check_work=False`: skipped, for an estimate that says by how much a job is over it; being last, an estimate
+    and a submission refuse the same bodies with the same status otherwise)."""
     from ..analysis.kinds import KINDS, get_kind
 
     kind = body.get("kind")
@@ -92,30 +99,33 @@ def admit(body: dict[str, Any], pool: ModelPool, tasks: TaskStore, limits: Limit
                              f"upload:<hash> id)")
         task = tasks.get(jf.task)
         identity["task"] = task.content_hash()
+    check_task_names(spec.name, p)
     limits.check_job(p, task)
     model_info = resident = None
     if spec.uses_model:
         identity["model"] = pool.check(jf.model)
+        pool.require_loadable(identity["model"])
         resident = pool.peek(jf.model)
         model_info = resident.info() if resident is not None else None
     device = pool.device_info()[0] if hasattr(pool, "device_info") else "cpu"
     work = estimate(spec, p, identity.get("model"), task, device)
-    if check_work:  # from the params, the model's files and the task: the same whether it is loaded or not
-        limits.check_work(work)
-    if model_info is not None:
-        try:
-            check_model_fit(p, model_info)
-            if task is not None and spec.name != "fit":  # a task the model cannot read is refused (kind `fit`)
-                from ..analysis.primitives.fit import require_fit
+    shape = known_shape(work.shape, model_info)
+    try:
+        if shape is not None:
+            check_shape_fit(p, shape)
+        if model_info is not None and task is not None and spec.name != "fit":
+            from ..analysis.primitives.fit import require_fit  # a task the model cannot read (kind `fit` says so)
 
-                require_fit(resident, task)
-        except ValueError as e:
-            raise BadRequest(str(e)) from None
+            require_fit(resident, task)
+    except ValueError as e:
+        raise BadRequest(str(e)) from None
     store = tensors or default_store()
     reads = tuple(v for v in (getattr(p, f, None) for f in getattr(p, "tensor_fields", ())) if isinstance(v, str))
     for tid in reads:
         if not store.has(tid):
             raise NotFound(str(missing(tid)))
+        if shape is not None:
+            check_tensor_fit(store, tid, p, shape)
         store.pin_for(tid, ADMIT_PIN_S)
     if storage and getattr(p, "writes_tensors", lambda: False)():
         try:
@@ -124,23 +134,94 @@ def admit(body: dict[str, Any], pool: ModelPool, tasks: TaskStore, limits: Limit
             raise InsufficientStorage(f"this server cannot save trained tensors now (its tensor folder: {e.reason}), "
                                       f"so {spec.name} would lose its training; ask its operator to free space or "
                                       f"fix the cache folder") from None
+    if check_work:  # from the params, the model's files and the task: the same whether it is loaded or not
+        limits.check_work(work)
     params = {**({"model": jf.model} if spec.uses_model else {}), **({"task": jf.task} if spec.uses_task else {}),
               **p.model_dump(mode="json")}
     return Admitted(spec.name, params, job_key(spec.name, params, **identity), tensors=reads,
                     estimate=work)
 
 
-def check_model_fit(p: Any, model: dict[str, Any]) -> None:
-    """Fields that must fit the model's shape (heads, layers, ks), checked when the model is resident;
-    otherwise the analysis checks them once it is loaded."""
-    L, H = model["n_layers"], model["n_heads"]
-    bad = [(l, h) for l, h in (getattr(p, "heads", None) or []) if l >= L or h >= H]
-    if bad:
-        raise ValueError(f"heads: {bad[:5]} outside the model's {L} layers x {H} heads")
+def check_task_names(kind: str, p: Any) -> None:
+    """A kind over several built-in tasks (`tasks`: findings, ltv_tasks, site_transfer) names only built-in tasks
+    (never an upload id or a path): NotFound naming the unknown ones otherwise; ltv_tasks and site_transfer compare
+    at least two."""
+    names = getattr(p, "tasks", None)
+    if "tasks" not in type(p).model_fields or not names:
+        return
+    from ..tasks.base import TaskError
+    from ..tasks.registry import builtin_by_names
+
+    try:
+        found = builtin_by_names(list(names), kind)
+    except TaskError as e:
+        raise NotFound(clip(str(e), 600)) from None
+    if kind in ("ltv_tasks", "site_transfer") and len(found) < 2:
+        raise BadRequest(f"tasks: {kind} compares at least two tasks; give two or more built-in task names (or "
+                         f"leave `tasks` out for the model's own tasks)")
+
+
+def known_shape(shape: Shape, model_info: dict[str, Any] | None) -> Shape | None:
+    """The model's shape when it is known: read from its files (config.json, a GGUF header), else from the resident
+    model; None when neither (a hub id not fetched: the analysis checks its fields once the model is loaded)."""
+    if shape.source not in ("assumed", "none") and shape.n_layers > 0 and shape.n_heads > 0:
+        return shape
+    if model_info is not None and model_info.get("n_layers") and model_info.get("n_heads"):
+        return Shape(int(model_info["n_layers"]), int(model_info["n_heads"]), int(model_info.get("d_model") or 0),
+                     source="resident")
+    return None
+
+
+def check_shape_fit(p: Any, shape: Shape) -> None:
+    """Every field that must fit the model's L layers x H heads, at admission (ValueError, one sentence): `heads`
+    and `head` ([layer, head] pairs), `layer` (an index or a list of them) and `pca_layer` (0..L-1), `ks` (at most
+    L*H heads ablated). Other sizes clip to the model (top_k, site's patching ks) or depend on the prompts."""
+    L, H = shape.n_layers, shape.n_heads
+    one = getattr(p, "head", None)
+    for name, pairs in (("heads", list(getattr(p, "heads", None) or [])),
+                        ("head", [tuple(one)] if isinstance(one, (tuple, list)) else [])):
+        bad = [[l, h] for l, h in pairs if l >= L or h >= H]
+        if bad:
+            raise ValueError(f"{name}: {bad[0] if name == 'head' else bad[:5]} outside this model's {L} layers x {H} "
+                             f"heads (layers 0..{L - 1}, heads 0..{H - 1})")
     for name in ("layer", "pca_layer"):
         v = getattr(p, name, None)
-        if isinstance(v, int) and v >= L:
-            raise ValueError(f"{name}: {v} out of range: this model has layers 0..{L - 1}")
+        far = [x for x in (v if isinstance(v, list) else [v]) if isinstance(x, int) and x >= L]
+        if far:
+            shown = far[0] if not isinstance(v, list) else far[:5]
+            raise ValueError(f"{name}: {shown} out of range: this model has layers 0..{L - 1}")
     ks = [k for k in (getattr(p, "ks", None) or []) if k > L * H]
     if ks:
         raise ValueError(f"ks: {ks[:5]} exceed this model's {L * H} heads ({L} layers x {H}); use k <= {L * H}")
+
+
+def check_tensor_fit(store: TensorStore, tid: str, p: Any, shape: Shape) -> None:
+    """A saved tensor the job loads must be made for a model of this shape (its metadata: d_model, the SITE alphas'
+    layers x heads, the LTV's layers; the fingerprint is checked once the model is loaded): 422 otherwise."""
+    from ..analysis.primitives.saved import SavedTensorError, check_content, decode
+
+    src = f"tensor {tid}"
+    try:
+        meta = check_content(*decode(store.get(tid), src), src)
+    except (SavedTensorError, ValueError) as e:
+        raise BadRequest(str(e)) from None
+    made = clip(meta.get("model") or "?", 80)
+    if shape.d_model and meta["d_model"] != shape.d_model:
+        raise BadRequest(f"{src} was trained for d_model {meta['d_model']} ({made}); this model has d_model "
+                         f"{shape.d_model}")
+    if meta["kind"] == "site" and (meta["n_layers"], meta["n_heads"]) != (shape.n_layers, shape.n_heads):
+        raise BadRequest(f"{src} holds {meta['n_layers']} x {meta['n_heads']} heads ({made}); this model has "
+                         f"{shape.n_layers} x {shape.n_heads}")
+    if meta["kind"] == "ltv":
+        layers = list(meta["recipe"].get("layers") or [])
+        far = [l for l in layers if l >= shape.n_layers]
+        if far:
+            raise BadRequest(f"{src} holds vectors for layer(s) {far[:4]} ({made}); this model has layers "
+                             f"0..{shape.n_layers - 1}")
+        asked = getattr(p, "layer", None)
+        if asked is not None:
+            want = list(range(shape.n_layers)) if asked == "all" else sorted({asked} if isinstance(asked, int)
+                                                                              else set(asked))
+            if want != layers:
+                raise BadRequest(f"layer: {tid!r} holds a vector for layer(s) {layers}; leave `layer` out or ask "
+                                 f"for those")

@@ -291,9 +291,13 @@ def create_app(runner: JobRunner | None = None, *, pool: ModelPool | None = None
                         headers={"Content-Disposition": f'attachment; filename="{tensor_id}.safetensors"'})
 
     # -- jobs ---------------------------------------------------------------------------------------------
+    def admission(req: JobRequest, **how: Any) -> Any:
+        """The one admission of a job request (admit.py), for every route that takes one."""
+        return admit({"kind": req.kind, **(req.model_extra or {})}, pool, tasks, limits, tensors=tensors, **how)
+
     @app.post("/jobs", response_model=JobStatus, status_code=202)
     def submit_job(req: JobRequest) -> JobStatus:
-        a = admit({"kind": req.kind, **(req.model_extra or {})}, pool, tasks, limits, tensors=tensors)
+        a = admission(req)
         job = runner.submit(a.kind, a.params, a.key)
         for tid in a.tensors:  # kept while the job is queued or running (the uploads' quota skips it)
             tensors.pin(tid, lambda jid=job.id: _active(runner, jid))
@@ -304,17 +308,18 @@ def create_app(runner: JobRunner | None = None, *, pool: ModelPool | None = None
         """A job's estimated work and time, before it runs: never queues, computes or loads a model. Work (tokens
         through the model, and prompt passes: HEADLENS_MAX_WORK's unit) comes from the params, the model's files
         and the task; seconds from the model's measured speed (`model_info`), else from its size (`assumed`).
-        A job over the work limit is answered here with `admitted: false` and the refusal POST /jobs would give."""
-        a = admit({"kind": req.kind, **(req.model_extra or {})}, pool, tasks, limits, tensors=tensors,
-                  storage=False, check_work=False)
+        The admission is POST /jobs's own, so a body it refuses is refused here with the same status; only a job
+        over the work limit is answered here (`admitted: false`, the refusal and its status POST /jobs would give)."""
+        a = admission(req, check_work=False)
         e = a.estimate
         refusal = None
         try:
             limits.check_work(e)
         except ServiceError as err:
-            refusal = err.message
+            refusal = err
         return JobEstimate(kind=a.kind, **e.to_json(), limit=limits.max_work, admitted=refusal is None,
-                           refusal=refusal, text=describe_seconds(e.seconds))
+                           refusal=refusal.message if refusal else None,
+                           refusal_status=refusal.status if refusal else None, text=describe_seconds(e.seconds))
 
     @app.post("/jobs/cached", response_model=JobStatus, responses={404: {"model": ErrorResponse}})
     def cached_job(req: JobRequest) -> JobStatus:
@@ -327,8 +332,7 @@ def create_app(runner: JobRunner | None = None, *, pool: ModelPool | None = None
         from ..analysis.kernel import lookup
         from ..analysis.kinds import get_kind
 
-        a = admit({"kind": req.kind, **(req.model_extra or {})}, pool, tasks, limits, tensors=tensors,
-                  storage=False)
+        a = admission(req, storage=False)
         fields = dict(a.params)
         model, task_id = fields.pop("model", None), fields.pop("task", None)
         spec = get_kind(a.kind)

@@ -96,6 +96,8 @@ class JobEstimate(BaseModel):
     limit: int = Field(..., description="HEADLENS_MAX_WORK")
     admitted: bool
     refusal: str | None = None
+    refusal_status: int | None = Field(None, description="the status POST /jobs refuses this job with (the work "
+                                                         "limit), when `admitted` is false")
 
 
 # -- tasks -----------------------------------------------------------------------------------------------
