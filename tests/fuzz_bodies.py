@@ -41,6 +41,60 @@ def job_bodies(draw) -> dict:
     return body
 
 
+# -- admission: plausible bodies near the limits, for POST /jobs/estimate against POST /jobs (issue 24) ---------------
+ADMIT_MODELS = ["default", "default", "default", "nope", "no-such-org/no-such-model", "/no/such/dir", "headlens-tiny"]
+ADMIT_TASKS = ["syn-antonym", "syn-sentiment", "sentiment", "antonym", "nope", "upload:0123456789abcdef",
+               "/etc/passwd", "../x"]
+SMALL_INTS = st.one_of(st.integers(-2, 40), st.sampled_from([0, 1, 31, 32, 33, 64, 1000, 10**6]))
+
+
+def _near(draw, name: str, default=None):
+    """A value for field `name` near where the model's shape or the limits draw the line (the embedded model: 4
+    layers x 8 heads; counts around 0 and the limits), of the type of its `default`, or now and then anything."""
+    if draw(st.integers(0, 9)) == 0:
+        return draw(values)
+    if name == "heads":
+        return draw(st.lists(st.tuples(st.integers(-1, 9), st.integers(-1, 12)).map(list), max_size=4))
+    if name == "head":
+        return [draw(st.integers(-1, 9)), draw(st.integers(-1, 12))]
+    if name in ("layer", "pca_layer"):
+        return draw(st.one_of(st.none(), st.integers(-1, 9), st.just("all"), st.lists(st.integers(-1, 9), max_size=4)))
+    if name == "tasks":
+        return draw(st.one_of(st.none(), st.lists(st.sampled_from([*ADMIT_TASKS, "syn-size"]), max_size=4)))
+    if name == "load":
+        return draw(st.sampled_from(LOADS))
+    if isinstance(default, bool):
+        return draw(st.booleans())
+    if isinstance(default, int) or name in ("top_k", "perturbations"):
+        return draw(st.one_of(st.integers(-1, 12), SMALL_INTS, st.sampled_from([50, 200, 5000])))
+    if isinstance(default, list) and all(isinstance(x, int) for x in default):
+        return draw(st.lists(SMALL_INTS, max_size=5))
+    return default if draw(st.integers(0, 3)) else draw(values)
+
+
+@st.composite
+def admission_bodies(draw) -> dict:
+    """A body of a real kind with the default model mostly, a real task mostly, and a few of the kind's own
+    fields near the lines the admission draws (the model's heads and layers, the limits, the task names)."""
+    from backend.analysis.kinds import get_kind
+
+    kind = draw(st.sampled_from(sorted(KINDS)))
+    spec = get_kind(kind)
+    body: dict = {"kind": kind}
+    if spec.uses_model and draw(st.integers(0, 9)) > 0:
+        body["model"] = draw(st.sampled_from(ADMIT_MODELS))
+    if spec.uses_task and draw(st.integers(0, 9)) > 0:
+        body["task"] = draw(st.sampled_from(ADMIT_TASKS[:4] * 3 + ADMIT_TASKS[4:]))
+    fields = spec.params.model_fields
+    own = sorted(fields)
+    required = [n for n in own if fields[n].is_required()]  # `heads` of ablate, `head` of head: mostly there
+    chosen = draw(st.lists(st.sampled_from(own), max_size=3, unique=True)) if own else []
+    for name in chosen + [n for n in required if n not in chosen and draw(st.integers(0, 9))]:
+        field = spec.params.model_fields[name]
+        body[name] = _near(draw, name, field.get_default(call_default_factory=True))
+    return body
+
+
 @st.composite
 def uploads(draw) -> tuple[str, bytes]:
     """A POST /tasks/upload file: an odd or real name and content that is often almost valid."""
