@@ -463,14 +463,18 @@ def test_3_malformed_upload_is_one_sentence(svc, kind, case, make, fragment):
 
 
 @pytest.mark.parametrize("kind,case,make,fragment", MALFORMED, ids=MALFORMED_IDS)
-def test_3_malformed_stored_file_is_a_jobs_error(svc, kind, case, make, fragment):
-    """The same file planted in the store (bypassing the upload's check): checked again when a job loads it."""
+def test_3_malformed_stored_file_is_refused_at_submission(svc, kind, case, make, fragment):
+    """The same file planted in the store (bypassing the upload's check): checked again when a job names it, at
+    submission (issue 24: a 422 from POST /jobs and POST /jobs/estimate alike, never a job that fails)."""
     data = malformed(svc, kind, make)
     tid = tensor_id(kind, data)
     svc.store.put(tid, data)
-    j = job(svc.c, kind, load=tid)
-    assert j["status"] == "error" and fragment in j["error"], j["error"]
-    assert "\n" not in j["error"] and len(j["error"]) < 400 and not j["error"].startswith("internal error")
+    body = {"kind": kind, **BASE, **FIELDS.get(kind, {}), "load": tid}
+    for route in ("/jobs", "/jobs/estimate"):
+        r = svc.c.post(route, json=body)
+        detail = r.json()["detail"]
+        assert r.status_code == 422 and fragment in detail, (route, r.text)
+        assert "\n" not in detail and len(detail) < 400 and not detail.startswith("internal error")
 
 
 @pytest.mark.parametrize("kind,case,make,fragment", MALFORMED, ids=MALFORMED_IDS)
@@ -492,8 +496,9 @@ def test_3_a_vector_as_wide_as_its_metadata_but_not_the_model(svc, tmp_path, cap
     data = encode(t, {**m, "d_model": "129"})
     up = svc.c.post("/tensors", content=data)
     assert up.status_code == 200  # consistent in itself
-    j = job(svc.c, "ltv", load=up.json()["id"])
-    assert j["status"] == "error" and "trained for d_model 129" in j["error"] and "default has d_model 128" in j["error"]
+    r = svc.c.post("/jobs", json={"kind": "ltv", **BASE, **FIELDS.get("ltv", {}), "load": up.json()["id"]})
+    assert r.status_code == 422  # refused at submission, from the file's metadata and the model's config
+    assert "trained for d_model 129" in r.json()["detail"] and "default has d_model 128" in r.json()["detail"]
     (tmp_path / "wide.safetensors").write_bytes(data)
     assert main(["ltv", "--model", "default", "--task", TASK, "--load", str(tmp_path / "wide.safetensors"),
                  "--prompts", "2", "--shots", "1", "--no-mechanism"]) == 2
