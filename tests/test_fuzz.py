@@ -14,7 +14,8 @@ from starlette.testclient import TestClient  # noqa: E402
 
 from backend.service.app import create_app  # noqa: E402
 from backend.service.jobs import LocalJobRunner  # noqa: E402
-from fuzz_bodies import LOADS, job_bodies, tensor_bodies, tensor_files, uploads, valid_tensor_file  # noqa: E402
+from fuzz_bodies import (LOADS, admission_bodies, job_bodies, tensor_bodies, tensor_files, uploads,  # noqa: E402
+                         valid_tensor_file)
 from hypothesis import strategies as st  # noqa: E402
 
 MAX_ANSWER = 64 * 1024
@@ -93,3 +94,20 @@ def test_get_tensors(client, name):
 
     r = client.get("/tensors/" + quote(name, safe=""))
     assert r.status_code in (404, 405) and len(r.content) <= MAX_ANSWER, r.text[:300]
+
+
+@settings(max_examples=150, deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture, HealthCheck.data_too_large])
+@given(body=st.one_of(job_bodies(), admission_bodies()))
+def test_estimate_and_submit_give_the_same_verdict(client, body):
+    """Issue 24: one admission. POST /jobs/estimate and POST /jobs answer the same body alike: accepted (200 with
+    `admitted`, 202), or the same 4xx (an estimate over the work limit: its `refusal_status`)."""
+    text = json.dumps(body, allow_nan=True, default=str)
+    headers = {"content-type": "application/json"}
+    e = client.post("/jobs/estimate", content=text, headers=headers)
+    r = client.post("/jobs", content=text, headers=headers)
+    if r.status_code == 202:
+        client.delete(f"/jobs/{r.json()['id']}")
+    verdict = e.status_code if e.status_code != 200 else (
+        "accepted" if e.json()["admitted"] else e.json()["refusal_status"])
+    assert verdict == ("accepted" if r.status_code == 202 else r.status_code), (body, e.text[:300], r.text[:300])

@@ -24,6 +24,7 @@ from ..analysis.primitives.cost import ASSUMED, Shape
 log = logging.getLogger(__name__)
 _SHAPES: dict[tuple[str, str], Shape] = {}
 _COUNTERS: dict[tuple[str, str], Callable[[str], int] | None] = {}
+_TYPES: dict[tuple[str, str], str | None] = {}
 _LOCK = threading.Lock()
 
 
@@ -115,21 +116,29 @@ def model_type(canonical: str | None) -> str | None:
     no config.json on this disk yet (a GGUF file not converted: its header was checked by `model_sources`)."""
     if not canonical:
         return None
+    key = _key(canonical)
+    with _LOCK:
+        if key in _TYPES:
+            return _TYPES[key]
+    kind = None
     try:
         folder = _folder(canonical)
         if folder is None:
-            return None
+            return None  # not memoised: a hub id's config may be fetched, a GGUF converted, later
         cfg = json.loads((folder / "config.json").read_text())
         kind = cfg.get("model_type") if isinstance(cfg, dict) else None
-        return kind if isinstance(kind, str) else None
+        kind = kind if isinstance(kind, str) else None
     except Exception:  # unreadable: the load says why
         return None
+    with _LOCK:
+        _TYPES[key] = kind
+    return kind
 
 
 def forget(canonical: str) -> None:
     """Drop what is memoised for `canonical` (its config.json has just been fetched into the hub cache)."""
     with _LOCK:
-        for memo in (_SHAPES, _COUNTERS):
+        for memo in (_SHAPES, _COUNTERS, _TYPES):
             for key in [k for k in memo if k[0] == canonical]:
                 del memo[key]
 
