@@ -234,8 +234,7 @@ def _until_done(runner: Any, job_id: str) -> Any:
 
 def test_ltv_train_whose_file_was_deleted_is_recomputed():
     """The issue's reproduction on the embedded model: train, delete the file in the tensor folder, POST the same
-    body: a new job computes it again (not the cached result), its tensor answers, and `ltv` with `load` is
-    admitted."""
+    body: a new job computes it again (not the cached result), its tensor answers, and `ltv` with `load` of it runs."""
     from backend.tensor_store import default_store
 
     body = {"kind": "ltv_train", "model": "default", "task": "syn-antonym", "epochs": 1, "train_prompts": 8,
@@ -247,6 +246,7 @@ def test_ltv_train_whose_file_was_deleted_is_recomputed():
         assert c.get(f"/tensors/{tid}").status_code == 200
         default_store().path(tid).unlink()
         assert c.get(f"/tensors/{tid}").status_code == 404
+        assert c.post("/jobs", json={"kind": "ltv", **BASE, "load": tid}).status_code == 404  # "train it"
         r = c.post("/jobs", json=body)
         assert r.status_code == 202 and r.json()["id"] != first["id"]
         second = _wait(c, r.json()["id"])
@@ -254,8 +254,10 @@ def test_ltv_train_whose_file_was_deleted_is_recomputed():
         tid2 = second["result"]["tensor"]
         assert c.get(f"/tensors/{tid2}").status_code == 200
         assert c.post("/jobs", json=body).json()["id"] == second["id"]  # deduped again, now that it is there
-        r = c.post("/jobs/estimate", json={"kind": "ltv", **BASE, "load": tid2})
-        assert r.status_code == 200, r.text
+        ltv = {"kind": "ltv", **BASE, "load": tid2, "mechanism": False, "prompts": 8, "shots": 2}
+        assert c.post("/jobs/estimate", json=ltv).status_code == 200
+        done = _wait(c, c.post("/jobs", json=ltv).json()["id"])
+        assert done["status"] == "done" and done["result"]["tensor"] == tid2, done.get("error")
 
 
 def _wait(c: TestClient, job_id: str) -> dict[str, Any]:
