@@ -72,8 +72,11 @@ class JobStatus(BaseModel):
     finished: float | None = None
     cache_hit: bool | None = None
     submitters: int = Field(1, description="submissions sharing this job; a DELETE cancels it only at the last")
-    lane: Literal["interactive", "sweep"] = Field("interactive", description="interactive jobs run before a sweep's")
-    preempted: int = Field(0, description="times this sweep job gave way to interactive jobs (it then starts again)")
+    lane: Literal["live", "interactive", "sweep"] = Field(
+        "interactive", description="live (an interactive job estimated at most a few seconds: a toggle) runs first, "
+                                   "then interactive, then a sweep's jobs")
+    preempted: int = Field(0, description="times this job gave way to a job of a higher lane (it then starts again; "
+                                          "what it finished through cached sub-results is kept)")
     live: dict[str, Any] | None = Field(None, description="while running: data a page draws live (e.g. the loss "
                                                             "curve so far of a training)")
 

@@ -1,0 +1,220 @@
+"""The live lane (issue 25, item 1): a job estimated at most a few seconds (a toggle) never waits behind a long job,
+whoever started it; the long job gives way at its next progress step, within a bound, and still finishes; a queued
+job says what it waits for.
+
+The executor here is a test double: a `long` job is a loop of progress steps (each waiting on an Event, so the test
+decides when it moves), a `short` job returns at once. No wall-clock assertions: only order and messages, with a
+generous hang guard.
+"""
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+import pytest
+
+from backend.service import jobs as J
+from backend.service.jobs import LocalJobRunner, lane_for, remaining_s
+from backend.service.limits import Limits
+
+HANG_S = 60.0  # a hang guard, not a timing assertion
+
+
+class Harness:
+    """A runner whose `long` jobs step until the test sets `free` (so none ends before the test lets it)."""
+
+    def __init__(self, yield_points: bool = True):
+        self.yield_points = yield_points
+        self.order: list[str] = []  # job names in the order they finished
+        self.started: dict[str, int] = {}  # times each job started (a job that gave way starts again)
+        self.steps = 0  # progress steps the long jobs made
+        self.at_step = threading.Event()  # a long job reached a progress step
+        self.free = threading.Event()  # long jobs end once it is set
+        self.runner = LocalJobRunner(self.execute, limits=Limits())
+
+    def execute(self, kind: str, params: dict[str, Any], progress: Any) -> dict[str, Any]:
+        name = params["name"]
+        self.started[name] = self.started.get(name, 0) + 1
+        if kind != "short":
+            if not self.yield_points:  # one long step with no progress call: it cannot give way
+                self.at_step.set()
+                assert self.free.wait(HANG_S)
+            deadline = time.monotonic() + HANG_S
+            while not self.free.is_set() and time.monotonic() < deadline:
+                progress(0.5, "step")
+                self.steps += 1
+                self.at_step.set()
+                time.sleep(0.002)
+        self.order.append(name)
+        return {"name": name}
+
+    def submit(self, kind: str, name: str, seconds: float | None, lane: str = "interactive") -> Any:
+        return self.runner.submit(kind, {"name": name}, f"{kind}:{name}", lane=lane, seconds=seconds)
+
+    def wait(self, job_id: str, states: tuple[str, ...] = ("done",)) -> Any:
+        deadline = time.monotonic() + HANG_S
+        while time.monotonic() < deadline:
+            j = self.runner.get(job_id)
+            if j.status in states:
+                return j
+            time.sleep(0.002)
+        raise AssertionError(f"job {job_id} stayed {self.runner.get(job_id).status}: {self.runner.get(job_id).message}")
+
+    def running(self, job_id: str) -> None:
+        self.wait(job_id, ("running",))
+        assert self.at_step.wait(HANG_S)
+
+    def more_steps(self, n: int = 20) -> None:
+        """Wait until the running long job has made `n` more progress steps (any give-way happens at the first)."""
+        target, deadline = self.steps + n, time.monotonic() + HANG_S
+        while self.steps < target and time.monotonic() < deadline:
+            time.sleep(0.002)
+        assert self.steps >= target
+
+
+def test_lane_from_the_estimate():
+    assert lane_for("interactive", 0.5) == "live" and lane_for("interactive", J.LIVE_MAX_S) == "live"
+    assert lane_for("interactive", J.LIVE_MAX_S + 0.1) == "interactive"
+    assert lane_for("interactive", None) == "interactive"  # unknown: not live
+    assert lane_for("sweep", 0.5) == "sweep"  # a sweep's jobs stay in the sweep lane
+
+
+def test_remaining_time_from_progress_else_the_estimate():
+    assert remaining_s(0.25, 10.0, 100.0) == pytest.approx(30.0)  # its own pace: 10 s for a quarter
+    assert remaining_s(0.0, 10.0, 100.0) == pytest.approx(90.0)  # no progress yet: what the estimate leaves
+    assert remaining_s(0.0, 120.0, 100.0) is None and remaining_s(0.0, 5.0, None) is None
+
+
+@pytest.mark.parametrize("lane", ["interactive", "sweep"])
+def test_a_toggle_behind_a_long_job_finishes_first(lane):
+    """A page's (interactive) or a sweep's long job gives way to a toggle-sized job at its next step: the toggle
+    finishes first; the long job starts again after it and still finishes with its own result."""
+    h = Harness()
+    try:
+        long = h.submit("long", "curves", 600.0, lane=lane)
+        h.running(long.id)
+        toggle = h.submit("short", "toggle", 1.0)
+        assert toggle.lane == "live"
+        assert h.wait(toggle.id).result == {"name": "toggle"}
+        h.free.set()
+        done = h.wait(long.id)
+        assert h.order == ["toggle", "curves"]
+        assert done.result == {"name": "curves"} and done.preempted == 1 and h.started["curves"] == 2
+    finally:
+        h.runner.close()
+
+
+def test_a_running_job_giving_way_says_so():
+    h = Harness(yield_points=False)  # no progress step: it keeps its promise to give way only at its end here
+    try:
+        long = h.submit("ablation_curves", "curves", 600.0)
+        h.running(long.id)
+        toggle = h.submit("ablate", "toggle", 1.0)
+        assert h.runner.get(toggle.id).message == "queued (behind ablation_curves (giving way at its next step))"
+    finally:
+        h.free.set()
+        h.runner.close()
+
+
+def test_live_jobs_go_before_queued_interactive_ones():
+    """Behind a long running job and a queued interactive one, a live job is taken first."""
+    h = Harness(yield_points=False)
+    try:
+        first = h.submit("long", "first", 600.0)
+        h.running(first.id)
+        queued = h.submit("short", "queued", 60.0)
+        toggle = h.submit("short", "toggle", 1.0)
+        assert queued.lane == "interactive" and toggle.lane == "live"
+        h.free.set()
+        h.wait(queued.id)
+        h.wait(toggle.id)
+        assert h.order == ["first", "toggle", "queued"]
+    finally:
+        h.free.set()
+        h.runner.close()
+
+
+def test_the_queued_message_names_what_it_waits_for(monkeypatch):
+    """A queued job's message names the running job and its time left, and the queued jobs ahead, never `0 jobs
+    ahead`. The long job here has no budget to give way, so the toggle waits."""
+    monkeypatch.setattr(J, "LIVE_LOSS_MIN_S", 0.0)
+    monkeypatch.setattr(J, "LIVE_LOSS_SHARE", 0.0)
+    h = Harness(yield_points=False)
+    try:
+        long = h.submit("ablation_curves", "curves", 600.0)
+        h.running(long.id)
+        other = h.submit("scores", "other", 45.0)
+        toggle = h.submit("ablate", "toggle", 1.0)
+        msg = h.runner.get(toggle.id).message
+        assert msg.startswith("queued (behind ablation_curves (about ") and " min left)" in msg, msg
+        assert "ahead" not in msg and "scores" not in msg  # the live toggle goes before the queued scores
+        msg = h.runner.get(other.id).message
+        assert "behind ablation_curves (about" in msg and "1 queued job (ablate: about 1 s)" in msg, msg
+        h.free.set()
+        h.wait(long.id)
+        h.wait(other.id)
+        h.wait(toggle.id)
+    finally:
+        h.free.set()
+        h.runner.close()
+
+
+def test_a_job_gives_way_to_live_jobs_only_within_its_budget(monkeypatch):
+    """Once the work a job may lose by giving way passes its budget, it runs to its end and the toggle waits (so a
+    long job always finishes under a stream of toggles); the toggle's message then says what it waits for."""
+    monkeypatch.setattr(J, "LIVE_LOSS_MIN_S", 0.0)
+    h = Harness()
+    try:
+        long = h.submit("long", "curves", 0.0)  # a budget of 0 s: it never gives way
+        h.running(long.id)
+        toggle = h.submit("short", "toggle", 1.0)
+        h.more_steps()
+        j = h.runner.get(toggle.id)
+        assert j.status == "queued" and j.message.startswith("queued (behind long ("), j.message
+        h.free.set()
+        h.wait(toggle.id)
+        assert h.order == ["curves", "toggle"] and h.runner.get(long.id).preempted == 0
+    finally:
+        h.free.set()
+        h.runner.close()
+
+
+def test_a_sweep_job_gives_way_to_interactive_jobs_at_most_preempt_max_times():
+    h = Harness()
+    try:
+        long = h.submit("long", "sweep-job", None, lane="sweep")
+        for i in range(J.PREEMPT_MAX):
+            h.at_step.clear()
+            h.running(long.id)
+            h.wait(h.submit("short", f"i{i}", None).id)
+        h.at_step.clear()
+        h.running(long.id)
+        last = h.submit("short", "last", None)
+        h.more_steps()
+        assert h.runner.get(last.id).status == "queued"
+        h.free.set()
+        assert h.wait(long.id).preempted == J.PREEMPT_MAX
+        h.wait(last.id)
+        assert h.order == [f"i{i}" for i in range(J.PREEMPT_MAX)] + ["sweep-job", "last"]
+    finally:
+        h.free.set()
+        h.runner.close()
+
+
+def test_a_live_request_moves_a_queued_job_up():
+    """A request of a higher lane for a job queued in a lower one moves it to that lane (the sweep's job a page now
+    waits for)."""
+    h = Harness(yield_points=False)
+    try:
+        first = h.submit("long", "first", 600.0)
+        h.running(first.id)
+        queued = h.submit("short", "shared", 1.0, lane="sweep")
+        assert queued.lane == "sweep"
+        again = h.submit("short", "shared", 1.0)
+        assert again.id == queued.id and again.lane == "live" and again.submitters == 2
+        h.free.set()
+        h.wait(queued.id)
+    finally:
+        h.free.set()
+        h.runner.close()
