@@ -218,3 +218,48 @@ def test_a_live_request_moves_a_queued_job_up():
     finally:
         h.free.set()
         h.runner.close()
+
+
+# -- through the service, on the embedded default model -------------------------------------------------------------
+def _service_wait(c: Any, jid: str) -> dict[str, Any]:
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        j = c.get(f"/jobs/{jid}").json()
+        if j["status"] not in ("queued", "running"):
+            return j
+        time.sleep(0.02)
+    raise AssertionError(f"job {jid} did not finish: {j}")
+
+
+def test_a_toggle_on_prompts_whose_prefix_is_held_is_estimated_at_its_token_steps(monkeypatch):
+    """Once the Head map's pass (`scores`) has kept the prompts' clean prefix, a last-token toggle's estimate leaves
+    its clean pass out of the seconds (not of the work, which the limit checks), and POST /jobs runs it in the live
+    lane; an every-position toggle keeps its full estimate."""
+    from starlette.testclient import TestClient
+
+    from backend.analysis.primitives.prefix_store import STORE
+    from backend.service import estimate
+    from backend.service.app import create_app
+
+    monkeypatch.setattr(estimate, "_SPEEDS", {"x": 1.0})  # no measured speed of another test: the size's
+    STORE.clear()
+    common = {"model": "default", "task": "syn-antonym", "shots": 2, "prompts": 6}
+    toggle = {"kind": "ablate", **common, "heads": [[0, 0]], "positions": "last"}
+    with TestClient(create_app()) as c:
+        assert _service_wait(c, c.post("/jobs", json={"kind": "model_info"}).json()["id"])["status"] == "done"
+        cold = c.post("/jobs/estimate", json=toggle).json()
+        assert _service_wait(c, c.post("/jobs", json={"kind": "scores", **common}).json()["id"])["status"] == "done"
+        warm = c.post("/jobs/estimate", json=toggle).json()
+        every = c.post("/jobs/estimate", json={**toggle, "positions": "all"}).json()
+        assert cold["held_tokens"] == 0 and warm["held_tokens"] > 0 and every["held_tokens"] == 0, (cold, warm)
+        assert warm["tokens"] == cold["tokens"] and warm["passes"] == cold["passes"]  # the work limit's figures
+        assert warm["seconds"] < cold["seconds"], (cold, warm)
+        assert "held in memory" in warm["how"]
+        job = c.post("/jobs", json=toggle).json()
+        assert warm["seconds"] <= J.LIVE_MAX_S and job["lane"] == "live", (warm, job)
+        assert _service_wait(c, job["id"])["status"] == "done"
+        monkeypatch.setattr(J, "LIVE_MAX_S", 0.0)
+        job = c.post("/jobs", json={**toggle, "heads": [[0, 1]], "positions": "all"}).json()
+        assert job["lane"] == "interactive"
+        _service_wait(c, job["id"])
+    STORE.clear()

@@ -99,7 +99,7 @@ def admit(body: dict[str, Any], pool: ModelPool, tasks: TaskStore, limits: Limit
         resident = pool.peek(jf.model)
         model_info = resident.info() if resident is not None else None
     device = pool.device_info()[0] if hasattr(pool, "device_info") else "cpu"
-    work = estimate(spec, p, identity.get("model"), task, device)
+    work = estimate(spec, p, identity.get("model"), task, device, lm=resident)
     if check_work:  # from the params, the model's files and the task: the same whether it is loaded or not
         limits.check_work(work)
     if model_info is not None:

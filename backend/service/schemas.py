@@ -88,6 +88,8 @@ class JobEstimate(BaseModel):
     passes: float = Field(..., description="prompt passes of the job's own prompts (HEADLENS_MAX_WORK's unit)")
     tokens: float = Field(..., description="tokens through the whole model, training forward passes included")
     train_tokens: float = Field(..., description="of which in training (each with a backward pass, ~2x)")
+    held_tokens: float = Field(0.0, description="of which the job skips: states an earlier pass kept in memory (a "
+                                                "toggle's clean prefix); left out of `seconds`")
     how: str = Field(..., description="the largest parts of the work")
     seconds: float | None = Field(None, description="estimated seconds; null when unknown")
     seconds_basis: str = Field(..., description="measured (this model's seconds per token, from model_info) or "
