@@ -36,7 +36,11 @@ class Harness:
     def execute(self, kind: str, params: dict[str, Any], progress: Any) -> dict[str, Any]:
         name = params["name"]
         self.started[name] = self.started.get(name, 0) + 1
-        if kind != "short":
+        if kind == "one_step":  # one long step, then one progress call
+            self.at_step.set()
+            assert self.free.wait(HANG_S)
+            progress(0.9, "last step")
+        elif kind != "short":
             if not self.yield_points:  # one long step with no progress call: it cannot give way
                 self.at_step.set()
                 assert self.free.wait(HANG_S)
@@ -263,3 +267,18 @@ def test_a_toggle_on_prompts_whose_prefix_is_held_is_estimated_at_its_token_step
         assert job["lane"] == "interactive"
         _service_wait(c, job["id"])
     STORE.clear()
+
+
+def test_a_job_asked_to_give_way_goes_on_when_the_toggle_is_cancelled_first():
+    h = Harness()
+    try:
+        long = h.submit("one_step", "curves", 600.0)
+        h.running(long.id)
+        toggle = h.submit("short", "toggle", 1.0)  # asks the long job to give way at its next step
+        assert h.runner.get(toggle.id).message.endswith("(giving way at its next step))")
+        assert h.runner.cancel(toggle.id).status == "cancelled"
+        h.free.set()  # its next step comes after the cancel: nothing to give way to
+        assert h.wait(long.id).preempted == 0 and h.started["curves"] == 1
+    finally:
+        h.free.set()
+        h.runner.close()

@@ -443,7 +443,10 @@ class LocalJobRunner(JobRunner):
             if job.cancel.is_set():
                 raise Cancelled()
             if job.preempt.is_set():
-                raise Preempted()
+                with self._cond:  # the job it gave way to may have been cancelled meanwhile: then it goes on
+                    if any(self._queues[lane] for lane in LANES[:LANES.index(job.lane)]):
+                        raise Preempted()
+                    job.preempt.clear()
             if job.started is not None and time.time() - job.started > self._limits.job_timeout_s:
                 raise JobTimeLimit(f"the job ran past this server's time limit of {self._limits.job_timeout_s} s "
                                    f"(HEADLENS_JOB_TIMEOUT_S); ask for fewer prompts or values")
