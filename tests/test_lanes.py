@@ -282,3 +282,34 @@ def test_a_job_asked_to_give_way_goes_on_when_the_toggle_is_cancelled_first():
     finally:
         h.free.set()
         h.runner.close()
+
+
+def test_a_finer_check_than_the_progress_steps_gives_way_too():
+    """`progress.check()` (a loop finer than its progress steps) stops the job for a live one as a step does."""
+    seen: list[str] = []
+    go = threading.Event()
+
+    def execute(kind, params, progress):
+        if kind == "long":
+            progress(0.1, "one step")
+            go.wait(HANG_S)
+            for _ in range(10000):
+                progress.check()
+                time.sleep(0.001)
+        seen.append(params["name"])
+        return {}
+
+    runner = LocalJobRunner(execute, limits=Limits())
+    try:
+        long = runner.submit("long", {"name": "curves"}, "k1", seconds=600.0)
+        deadline = time.monotonic() + HANG_S
+        while runner.get(long.id).message != "one step" and time.monotonic() < deadline:
+            time.sleep(0.002)
+        toggle = runner.submit("short", {"name": "toggle"}, "k2", seconds=1.0)
+        go.set()
+        while runner.get(toggle.id).status != "done" and time.monotonic() < deadline:
+            time.sleep(0.002)
+        assert seen[0] == "toggle" and runner.get(long.id).preempted == 1
+    finally:
+        go.set()
+        runner.close()

@@ -113,13 +113,18 @@ def time_limited(progress: Progress, limit_s: float) -> Progress:
 class JobProgress:
     """What a runner hands a job: `progress(fraction, message)`, and `live(data)` for data a page draws while
     the job runs (e.g. a training loss curve so far; shown as the job's `live` field). Both raise `Cancelled`
-    once the job is cancelled."""
+    once the job is cancelled. `check()`: the same interruptions as a progress step (Cancelled, Preempted,
+    JobTimeLimit) without reporting progress, for a loop finer than its progress steps."""
 
     report: Progress
     live: Callable[[dict[str, Any]], None]
+    interrupt: Callable[[], None] = lambda: None
 
     def __call__(self, fraction: float, message: str = "") -> None:
         self.report(fraction, message)
+
+    def check(self) -> None:
+        self.interrupt()
 
 
 def make_executor(pool: Any, tasks: Any) -> Executor:
@@ -438,18 +443,23 @@ class LocalJobRunner(JobRunner):
                     self._make_room()
                     self._cond.notify_all()
 
+    def _interrupt(self, job: _Job) -> None:
+        """Raise what stops `job` at this step: Cancelled, Preempted (a job of a higher lane waits for its worker) or
+        JobTimeLimit; nothing otherwise. Every progress step calls it (and so may any finer cooperative check)."""
+        if job.cancel.is_set():
+            raise Cancelled()
+        if job.preempt.is_set():
+            with self._cond:  # the job it gave way to may have been cancelled meanwhile: then it goes on
+                if any(self._queues[lane] for lane in LANES[:LANES.index(job.lane)]):
+                    raise Preempted()
+                job.preempt.clear()
+        if job.started is not None and time.time() - job.started > self._limits.job_timeout_s:
+            raise JobTimeLimit(f"the job ran past this server's time limit of {self._limits.job_timeout_s} s "
+                               f"(HEADLENS_JOB_TIMEOUT_S); ask for fewer prompts or values")
+
     def _run(self, job: _Job) -> None:
         def report(fraction: float, message: str = "") -> None:
-            if job.cancel.is_set():
-                raise Cancelled()
-            if job.preempt.is_set():
-                with self._cond:  # the job it gave way to may have been cancelled meanwhile: then it goes on
-                    if any(self._queues[lane] for lane in LANES[:LANES.index(job.lane)]):
-                        raise Preempted()
-                    job.preempt.clear()
-            if job.started is not None and time.time() - job.started > self._limits.job_timeout_s:
-                raise JobTimeLimit(f"the job ran past this server's time limit of {self._limits.job_timeout_s} s "
-                                   f"(HEADLENS_JOB_TIMEOUT_S); ask for fewer prompts or values")
+            self._interrupt(job)
             with self._cond:
                 job.progress = min(max(float(fraction), 0.0), 1.0) if math.isfinite(fraction) else job.progress
                 job.message = message or job.message
@@ -460,7 +470,7 @@ class LocalJobRunner(JobRunner):
             with self._cond:
                 job.live = to_jsonable(data)
 
-        progress = JobProgress(report, live)
+        progress = JobProgress(report, live, lambda: self._interrupt(job))
 
         try:
             with self._locks.hold(job.key, job.cancel.is_set, Cancelled):
