@@ -89,7 +89,7 @@ clicked = run_row(f"**Model** `{s.model}` · **task** `{s.task}` · **{s.shots}*
                   estimate=[(j.kind, j.params) for j in (score_job, icl_job)])
 
 if clicked or jobs.in_flight(score_job) or jobs.in_flight(icl_job):
-    scores, icl = jobs.fetch_many([score_job, icl_job])
+    scores, icl = jobs.fetch_many([score_job, icl_job], start=True)
 else:  # what is cached shows at once (a shared link); the rest waits for Run
     scores, icl = (jobs.peek(j.kind, j.params) for j in (score_job, icl_job))
     if scores is None or icl is None:
@@ -184,7 +184,7 @@ if run_row(f"The three papers' findings on `{s.model}`, task `{s.task}` (TSLA, L
            "that opens with no server: the file to mail after a demo (`python -m backend report` for more tasks).",
            "findings_run", label="Build report", estimate=[(report_job.kind, report_job.params)]) \
         or jobs.in_flight(report_job):
-    (report,) = jobs.fetch_many([report_job])
+    (report,) = jobs.fetch_many([report_job], start=True)
 else:
     report = jobs.peek(report_job.kind, report_job.params)
 if report is not None:

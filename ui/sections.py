@@ -78,7 +78,7 @@ def section(name: str, clicked: bool, job: jobs.Job, waiting: str) -> dict[str, 
     if clicked:
         st.session_state[flag] = True
     if st.session_state.get(flag) or jobs.in_flight(job):
-        return jobs.fetch(job.kind, job.params, job.label, what=job.what, on_live=job.on_live)
+        return jobs.fetch(job.kind, job.params, job.label, what=job.what, on_live=job.on_live, start=True)
     found = jobs.peek(job.kind, job.params)
     if found is None:
         st.info(waiting, icon=":material/play_arrow:")

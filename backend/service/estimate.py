@@ -41,9 +41,11 @@ class Estimate:
     seconds_per_token: float | None
     shape: Shape
     sizes: Sizes
+    held_tokens: float = 0.0  # of `tokens`, those the job skips (states an earlier pass kept): not in `seconds`
 
     def to_json(self) -> dict[str, Any]:
         return {"passes": round(self.passes, 1), "tokens": round(self.tokens), "train_tokens": round(self.train_tokens),
+                "held_tokens": round(self.held_tokens),
                 "how": self.how, "seconds": self.seconds,
                 "seconds_basis": self.seconds_basis, "seconds_per_token": self.seconds_per_token,
                 "shape": asdict(self.shape), "sizes": asdict(self.sizes)}
@@ -91,21 +93,25 @@ def job_sizes(spec: Any, p: Any, model: str | None, task: Any) -> Sizes:
     return GENERIC
 
 
-def estimate(spec: Any, p: Any, model: str | None, task: Any = None, device: str = "cpu") -> Estimate:
+def estimate(spec: Any, p: Any, model: str | None, task: Any = None, device: str = "cpu", lm: Any = None) -> Estimate:
     """The estimate of job `spec` with params `p` on the model of canonical name `model` (None: a kind without
-    one) and `task` (the Task, or None)."""
+    one) and `task` (the Task, or None). `lm`: the model when it is resident; the parts of the work its params'
+    `held(lm, task)` names (states an earlier pass kept in memory, e.g. a toggle's clean prefix) are left out of its
+    seconds (not of its work: the work limit is the same whether the model is loaded or not)."""
     shape = model_shape(model) if model else Shape(0, 0, 0, None, 0, "none")
     if not hasattr(p, "work"):  # a params model that declares no cost (a kind registered at run time: tests, plugins)
         return Estimate(0.0, 0.0, 0.0, "no cost declared", None, "unknown", None, shape, GENERIC)
     sizes = job_sizes(spec, p, model, task)
     w = p.work(shape, sizes)
+    held = w.tokens - w.without(p.held(lm, task)).tokens if lm is not None and hasattr(p, "held") else 0.0
     per_token, basis = measured_speed(model), "measured"
     if per_token is None and shape.n_params:
         per_token = 2 * shape.n_params / (FALLBACK_GPU_FLOPS if device.startswith("cuda") else FALLBACK_FLOPS)
         basis = "assumed"
-    seconds = (w.tokens + 2 * w.train) * per_token if per_token is not None else None
-    return Estimate(w.passes(sizes.prompt(p.reference_shots())), w.tokens, w.train, w.how(), seconds, basis,
-                    per_token, shape, sizes)
+    seconds = (w.tokens - held + 2 * w.train) * per_token if per_token is not None else None
+    how = w.how() + (f"; {held:,.0f} of them held in memory from an earlier pass" if held else "")
+    return Estimate(w.passes(sizes.prompt(p.reference_shots())), w.tokens, w.train, how, seconds, basis,
+                    per_token, shape, sizes, held)
 
 
 def canonical_name(model: str) -> str:

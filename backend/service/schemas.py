@@ -72,8 +72,11 @@ class JobStatus(BaseModel):
     finished: float | None = None
     cache_hit: bool | None = None
     submitters: int = Field(1, description="submissions sharing this job; a DELETE cancels it only at the last")
-    lane: Literal["interactive", "sweep"] = Field("interactive", description="interactive jobs run before a sweep's")
-    preempted: int = Field(0, description="times this sweep job gave way to interactive jobs (it then starts again)")
+    lane: Literal["live", "interactive", "sweep"] = Field(
+        "interactive", description="live (an interactive job estimated at most a few seconds: a toggle) runs first, "
+                                   "then interactive, then a sweep's jobs")
+    preempted: int = Field(0, description="times this job gave way to a job of a higher lane (it then starts again; "
+                                          "what it finished through cached sub-results is kept)")
     live: dict[str, Any] | None = Field(None, description="while running: data a page draws live (e.g. the loss "
                                                             "curve so far of a training)")
 
@@ -85,6 +88,8 @@ class JobEstimate(BaseModel):
     passes: float = Field(..., description="prompt passes of the job's own prompts (HEADLENS_MAX_WORK's unit)")
     tokens: float = Field(..., description="tokens through the whole model, training forward passes included")
     train_tokens: float = Field(..., description="of which in training (each with a backward pass, ~2x)")
+    held_tokens: float = Field(0.0, description="of which the job skips: states an earlier pass kept in memory (a "
+                                                "toggle's clean prefix); left out of `seconds`")
     how: str = Field(..., description="the largest parts of the work")
     seconds: float | None = Field(None, description="estimated seconds; null when unknown")
     seconds_basis: str = Field(..., description="measured (this model's seconds per token, from model_info) or "

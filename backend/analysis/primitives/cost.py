@@ -139,6 +139,12 @@ class Work:
         """The same work as one part called `name`."""
         return Work(self.tokens, self.train, ((name, self.tokens),) if self.tokens else ())
 
+    def without(self, names: "set[str] | frozenset[str]") -> "Work":
+        """The same work less the parts called `names` (work a job will skip: e.g. a clean pass whose states are
+        held in memory). Training tokens are never dropped."""
+        gone = sum(t for n, t in self.parts if n in names)
+        return Work(max(self.tokens - gone, self.train), self.train, tuple(p for p in self.parts if p[0] not in names))
+
     def passes(self, per_pass: float) -> float:
         """In passes of a prompt of `per_pass` tokens."""
         return self.tokens / max(per_pass, 1.0)

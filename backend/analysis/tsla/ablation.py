@@ -66,10 +66,31 @@ class AblateParams(PromptParams):
     def work(self, shape: Shape, sizes: Sizes) -> Work:
         return _sweep(self, shape, sizes, 1, "the head set", self.heads)
 
+    def held(self, lm: Any, task: Any) -> set[str]:
+        """The parts of `work` the resident model `lm` will skip: a last-token toggle on prompts whose clean prefix
+        states an earlier pass kept (the Head map's, a toggle's) makes no clean pass (nor a mean pass, when their z
+        was kept), so the toggle is estimated at its one token step per prompt."""
+        return _held(self, lm, task)
+
     heads: Heads = Field(..., description="[[layer, head], ...]")
     mode: o.Mode = "zero"
     positions: o.Positions = "all"
     batch_size: Int = Field(o.SWEEP_BATCH_SIZE, ge=1, le=1024)
+
+
+def _held(p: Any, lm: Any, task: Any) -> set[str]:
+    """`_sweep`'s parts a last-token sweep skips on `lm` now (see AblateParams.held); empty for every position."""
+    from ..primitives.prefix_store import STORE
+
+    if p.positions != "last" or lm is None or task is None:
+        return set()
+    try:
+        _, enc = built_and_encoded(lm, task, p.shots, p.prompts, p.seed)
+    except ValueError:  # prompts that cannot be built: the job says why
+        return set()
+    if not STORE.holds(lm, enc.ids):
+        return set()
+    return {"clean", "mean head outputs"} if STORE.holds(lm, enc.ids, z=True) else {"clean"}
 
 
 def _sweep(p: Any, shape: Shape, sizes: Sizes, configs: int, what: str,
