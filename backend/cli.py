@@ -140,6 +140,18 @@ def _out_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help="show tracebacks")
 
 
+def allowed_model(name: str) -> str:
+    """`name` under HEADLENS_MODEL_ROOT and HEADLENS_ALLOW_HUB, the service's rules and sentences
+    (service.model_pool.check_access): the name to load, or UsageError (exit 2) before any load or download."""
+    from .service.errors import Forbidden
+    from .service.model_pool import check_access
+
+    try:
+        return check_access(name) or name
+    except Forbidden as e:
+        raise UsageError(e.message) from None
+
+
 def load_model_from(a: argparse.Namespace):
     from .models import load_model
 
@@ -179,6 +191,8 @@ def compute_kind(name: str, a: argparse.Namespace) -> Any:
     from .service.limits import Limits
 
     spec = get_kind(name)
+    if spec.uses_model:
+        a.model = allowed_model(a.model)
     p = read_params(spec.params, a)
     task = load_task_from(a) if spec.uses_task else None
     limits = Limits.from_env()  # a bad HEADLENS_MAX_* setting: a ValueError naming it (one line, exit 2)
@@ -290,7 +304,7 @@ def cmd_sweep(a: argparse.Namespace) -> None:
 def cmd_warm(a: argparse.Namespace) -> None:
     from .service.warm import warm
 
-    emit(warm(a.model, a.task, say=lambda line: print(line, file=sys.stderr)), a.out)
+    emit(warm(allowed_model(a.model), a.task, say=lambda line: print(line, file=sys.stderr)), a.out)
 
 
 @command("serve")

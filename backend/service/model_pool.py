@@ -9,6 +9,9 @@ Which names a request may use (what each means: backend/model_sources.py):
 `HEADLENS_DEVICE` (cpu, cuda, cuda:1 ...) and `HEADLENS_DTYPE` (fp32, bf16, fp16) pick where models load.
 A name longer than MAX_NAME_CHARS (1024) characters, with a path part over MAX_PART_BYTES (255) bytes, or
 with control characters is a 422 naming the field `model`, before the filesystem sees it.
+
+The command line applies the same two rules through `check_access` (the same sentences), so HEADLENS_MODEL_ROOT and
+HEADLENS_ALLOW_HUB bind `python -m backend ...` as they bind the service.
 """
 from __future__ import annotations
 
@@ -21,7 +24,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from ..paths import DEFAULT_MODEL_NAMES
 from ..text import model_name_problem
-from .errors import BadRequest, Forbidden, NotFound, clip
+from .errors import BadRequest, Forbidden, NotFound, ServiceError, clip
 
 if TYPE_CHECKING:
     from ..models import LoadedModel
@@ -181,3 +184,16 @@ class ModelPool:
         device = self.device or default_device()
         dtype = self.dtype or ("bf16" if device.startswith("cuda") else "fp32")
         return device, dtype
+
+
+def check_access(name: str) -> str | None:
+    """HEADLENS_MODEL_ROOT and HEADLENS_ALLOW_HUB applied to `name` exactly as the service applies them (for the
+    command line, before anything is loaded or downloaded): the canonical name to load (a relative name under the
+    root becomes its path there), or None when `name` names nothing usable (the loader then says why in its own
+    words). Raises Forbidden, the service's sentence, for a path outside the root or a hub id with the hub off."""
+    try:
+        return ModelPool(max_models=1).check(name)
+    except Forbidden:
+        raise
+    except ServiceError:
+        return None
