@@ -169,3 +169,52 @@ def test_the_report_s_default_file_is_checked_too(tmp_path, monkeypatch, capsys)
     _no_work(monkeypatch)
     assert main(["report", "--model", "default", "--tasks", "syn-sentiment"]) == 2
     assert "error: --out findings-default.html: is a directory" in capsys.readouterr().err
+
+
+# == train-default: a model folder, whole or not at all ================================================================
+def test_train_default_checks_its_folder_before_training(tmp_path, monkeypatch, capsys):
+    import backend.analysis.general.train_default as td
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(td, "train", lambda *a, **k: pytest.fail("trained before the folder was checked"))
+    (tmp_path / "afile").write_text("")
+    for out, message in (("nope/model", "--out nope/model: cannot write in the folder nope (it does not exist)"),
+                         ("afile", "--out afile: is a file; give a folder"),
+                         ("afile/model", "--out afile/model: cannot write in the folder afile (it is not a folder)"),
+                         ("model", "--out model: no trained model folder (it holds no metrics.json)")):
+        args = ["train-default", "--config", "tiny", "--out", out] + (["--eval-only"] if out == "model" else [])
+        assert main(args) == 2
+        assert _errors(capsys.readouterr().err) == [f"error: {message}"]
+
+
+def test_train_default_rewrites_its_card_whole_or_not_at_all(model_dir, tmp_path, monkeypatch, capsys):
+    import shutil
+
+    import backend.atomic_dirs
+
+    folder = tmp_path / "trained"
+    shutil.copytree(model_dir, folder)
+    from backend.paths import DEFAULT_MODEL_DIR
+
+    metrics = json.loads((DEFAULT_MODEL_DIR / "metrics.json").read_text())  # a real card's record
+    metrics["command"] = "python -m backend.train_default"
+    (folder / "metrics.json").write_text(json.dumps(metrics))
+    before = (folder / "metrics.json").read_bytes()
+    real = backend.atomic_dirs._write_fd
+
+    def full(fd: int, data: bytes) -> None:
+        if len(data) == ad.PROBE_BYTES and not any(data):
+            return real(fd, data)
+        os.write(fd, data[:10])
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(ad, "_write_fd", full)
+    args = ["train-default", "--out", str(folder), "--eval-only", "--eval-prompts", "0"]
+    assert main(args) == 2
+    assert _errors(capsys.readouterr().err) == [f"error: --out {folder}: cannot write its card (No space left on "
+                                                f"device); the files are as they were"]
+    assert (folder / "metrics.json").read_bytes() == before and _leftovers(folder) == []
+    monkeypatch.setattr(ad, "_write_fd", real)
+    assert main(args) == 0
+    assert json.loads((folder / "metrics.json").read_text())["command"] == "python -m backend train-default"
+    assert (folder / "README.md").is_file() and _leftovers(folder) == []
