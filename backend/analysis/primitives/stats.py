@@ -40,6 +40,7 @@ def wilson(k: np.ndarray | int, n: np.ndarray | int, level: float = LEVEL) -> tu
     centre = (p + z * z / (2 * safe)) / denom
     half = z * np.sqrt(p * (1 - p) / safe + z * z / (4 * safe * safe)) / denom
     lo, hi = np.clip(centre - half, 0, 1), np.clip(centre + half, 0, 1)
+    lo, hi = np.where(k <= 0, 0.0, lo), np.where(k >= n, 1.0, hi)  # exact at the edges (no 1e-17 from rounding)
     return np.where(n > 0, lo, 0.0), np.where(n > 0, hi, 1.0)
 
 
@@ -250,3 +251,16 @@ def noise_sentence(n: int, level: float = LEVEL) -> str:
     """One plain sentence on what n prompts can tell apart: "30 prompts: differences under about 0.18 are within
     noise" (the widest rate interval's half-width, `noise_floor`)."""
     return f"{n} prompt{'s' if n != 1 else ''}: differences under about {noise_floor(n, level):.2f} are within noise"
+
+
+def pack_outcomes(correct: np.ndarray, label_correct: np.ndarray, in_labels: np.ndarray) -> str:
+    """Per-prompt 0/1 outcomes (prompts,) each as one digit per prompt: 1 correct + 2 label_correct + 4 in_labels."""
+    code = (np.asarray(correct, dtype=np.int64) + 2 * np.asarray(label_correct, dtype=np.int64)
+            + 4 * np.asarray(in_labels, dtype=np.int64))
+    return "".join(str(int(c)) for c in code)
+
+
+def unpack_outcomes(code: str) -> dict[str, np.ndarray]:
+    """`pack_outcomes` undone: {correct, label_correct, in_labels}, each (prompts,) bool."""
+    v = np.array([int(c) for c in code], dtype=np.int64)
+    return {"correct": (v & 1) > 0, "label_correct": (v & 2) > 0, "in_labels": (v & 4) > 0}
