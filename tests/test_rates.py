@@ -167,3 +167,31 @@ def test_site_paired_tests_and_patching_by_alpha(lm):
     for j, k in enumerate(pt.ks):
         tt = pt.tests["accuracy"][j]
         assert tt.effect == pytest.approx(pt.top.accuracy[j] - pt.bottom.accuracy[j]) and tt.n == r.prompts
+
+
+def test_ui_shows_intervals_tests_and_the_noise_sentence():
+    from ui import figures
+    from ui import metrics as M
+
+    m = {"accuracy": 0.833, "accuracy_ci": [0.71, 0.91]}
+    assert M.pct_ci(m, "accuracy") == "83.3% [71–91%]" and M.pct_ci({"accuracy": 0.5}, "accuracy") == "50.0%"
+    t = {"effect": -0.42, "ci_low": -0.55, "ci_high": -0.30, "p": 0.0002, "n": 30, "test": "exact McNemar"}
+    assert M.paired_text(t, "top-k vs random") == ("top-k vs random: −42 pts [−55, −30], p < 0.001 (exact McNemar, "
+                                                   "30 prompts)")
+    assert M.noise_sentence(30) == "30 prompts: differences under about 0.18 are within noise."
+    assert M.noise_floor(30) == pytest.approx(S.noise_floor(30))
+    icl = figures.icl_curve({"shots": [0, 2], "accuracy": [0.5, 0.75], "accuracy_ci": [[0.3, 0.7], [0.55, 0.9]],
+                             "label_accuracy": [0.9, 1.0], "tr_ratio": [0.1, 0.9]})
+    bars = icl.data[0].error_y
+    assert list(bars.array) == pytest.approx([20.0, 15.0]) and list(bars.arrayminus) == pytest.approx([20.0, 20.0])
+    assert icl.data[1].error_y.array is None  # a rate without an interval draws no bars
+    abl = {"ks": [0, 4], "curves": {
+        "tr": {"accuracy": [0.9, 0.2], "accuracy_ci": [[0.7, 0.97], [0.1, 0.4]]},
+        "random": {"accuracy": [0.9, 0.8], "accuracy_std": [0, 0.1], "accuracy_ci": [[0.7, 0.97], [0.6, 0.9]],
+                   "seeds": [0, 1, 2]}}}
+    fig = figures.ablation_curves(abl)
+    band = next(t for t in fig.data if t.fill == "toself")
+    assert list(band.y) == pytest.approx([97.0, 90.0, 60.0, 70.0])  # the random sets' interval, not ± sd
+    top = next(t for t in fig.data if t.name == "top TR")
+    assert list(top.error_y.array) == pytest.approx([7.0, 20.0])
+    assert "random (mean, 95% interval)" in {t.name for t in fig.data}
