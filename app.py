@@ -103,9 +103,11 @@ if scores is not None:
     k = scores["shots"]
     m = st.columns(4)
     for col, name in zip(m, M.NAMES):
-        col.metric(f"{M.LABEL[name]} ({k}-shot)", M.pct_ci(k_shot, name),
+        col.metric(f"{M.LABEL[name]} ({k}-shot)", M.pct(k_shot[name]),
                    delta=None if zero is None else M.points(k_shot[name], zero[name]),
                    help=M.HELP[name] + (f" 0-shot: {M.pct(zero[name])}." if zero else ""), border=True)
+        if M.ci_of(k_shot, name):
+            col.caption(f"95% interval {M.span(M.ci_of(k_shot, name))}")
     m[3].metric("Heads", f"{scores['n_layers']} × {scores['n_heads']}", help="layers × heads per layer", border=True)
     share.numbers("Summary", {f"{M.LABEL[n]} ({k}-shot)": k_shot[n] for n in M.NAMES}
                   | ({f"{M.LABEL[n]} (0-shot)": zero[n] for n in M.NAMES} if zero else {})

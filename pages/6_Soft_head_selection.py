@@ -84,15 +84,15 @@ with guard("Soft head selection"):
     icl8 = (base.get("icl_8") or {}).get("metrics")
     pc = res["params_count"]
     m = st.columns(5)
-    m[0].metric("SITE accuracy (0-shot)", M.pct_ci(site, "accuracy"),
+    m[0].metric("SITE accuracy (0-shot)", M.pct(site["accuracy"]),
                 delta=None if zero is None else M.points(site["accuracy"], zero["accuracy"]),
                 help=M.HELP["accuracy"] + " The arrow: against the same prompts without injection.", border=True)
-    m[1].metric("Exact match", M.pct_ci(site, "exact_match"),
+    m[1].metric("Exact match", M.pct(site.get("exact_match")),
                 help="Greedy generation with the KV cache (the injection in the prefill only), cut at the task's "
                      "separator or a newline: it begins with the whole gold answer. "
                      f"Strictly the answer alone: {M.pct(site.get('strict_match'))}.", border=True)
-    m[2].metric("TR ratio", M.pct_ci(site, "tr_ratio"), help=M.HELP["tr_ratio"], border=True)
-    m[3].metric("8-shot ICL", M.pct_ci(icl8, "accuracy") if icl8 else "n/a",
+    m[2].metric("TR ratio", M.pct(site["tr_ratio"]), help=M.HELP["tr_ratio"], border=True)
+    m[3].metric("8-shot ICL", M.pct(icl8["accuracy"]) if icl8 else "n/a",
                 help="Accuracy of the same queries with 8 demonstrations in the prompt.", border=True)
     m[4].metric("Trained parameters", f"{pc['site']:,}",
                 help=f"L × H = {L} × {H}. A rank-8 LoRA on the q and v projections of this model trains "
@@ -103,6 +103,9 @@ with guard("Soft head selection"):
                f"{res['n_val']} validation queries from the training split, {res['prompts']} held-out test prompts. "
                f"**{pc['site']:,}** trained parameters against **{pc['lora']:,}** for LoRA (rank 8 on q and v). "
                + jobs.timing(res) + (" · α loaded from a file" if res.get("loaded") else ""))
+    for col, (mm, name) in zip(m, ((site, "accuracy"), (site, "exact_match"), (site, "tr_ratio"), (icl8, "accuracy"))):
+        if M.ci_of(mm, name):
+            col.caption(f"95% interval {M.span(M.ci_of(mm, name))}")
     site_tests = res.get("tests") or {}
     said = [M.paired_text(site_tests[k]["accuracy"], f"SITE vs {(base.get(k.removeprefix('site vs ')) or {}).get('label') or k}")
             for k in site_tests if (site_tests[k] or {}).get("accuracy")
