@@ -279,7 +279,7 @@ if pert is not None:
         hs = pert.get("heads") or {}
         st.caption(f"Change when the **unperturbed** top {pert.get('top_k')} TR heads "
                    f"({', '.join(figures.head_name(h) for h in hs.get('tr', []))}), top TL heads "
-                   f"({', '.join(figures.head_name(h) for h in hs.get('tl', []))}) or as many random heads "
+                   f"({', '.join(figures.head_name(h) for h in hs.get('tl', []))}) or as many random heads from neither top set "
                    f"({', '.join(figures.head_name(h) for h in hs.get('random', []))}) are zero-ablated, in points "
                    "against no ablation under the same perturbation. The paper expects shuffled inputs to make the "
                    "TL heads matter less, and number labels the TR heads.")
