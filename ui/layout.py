@@ -171,15 +171,15 @@ def sidebar(caps: dict[str, Any]) -> None:
                            "model's vocabulary, so it cannot run on it. Pick a `syn-…` task, or another model.]")
         else:
             st.warning("The service lists no tasks.")
-        _clamp("shots", 0, int(limits.get("max_shots", 32)))
-        _clamp("prompts", 1, int(limits.get("max_prompts", 500)))
+        (shots_lo, shots_hi), (prompts_lo, prompts_hi) = state.bounds("shots", limits), state.bounds("prompts", limits)
+        _clamp("shots", shots_lo, shots_hi)
+        _clamp("prompts", prompts_lo, prompts_hi)
         c1, c2 = st.columns(2)
         with c1:
-            state.bind(st.number_input, "Shots (k)", "shots", min_value=0, max_value=int(limits.get("max_shots", 32)),
+            state.bind(st.number_input, "Shots (k)", "shots", min_value=shots_lo, max_value=shots_hi,
                        step=1, help="Demonstrations in each prompt.")
         with c2:
-            state.bind(st.number_input, "Prompts", "prompts", min_value=1,
-                       max_value=int(limits.get("max_prompts", 500)), step=10,
+            state.bind(st.number_input, "Prompts", "prompts", min_value=prompts_lo, max_value=prompts_hi, step=10,
                        help="Held-out queries scored; results are means over them.")
         pool = task_info(caps, state.get().task).get("n_queries")
         if pool and state.get().prompts > int(pool):
@@ -237,7 +237,6 @@ def page_setup(title: str, icon: str = ":material/search:") -> tuple[state.Setti
     st.markdown(CSS, unsafe_allow_html=True)
     jobs.begin_page()
     share.begin(title)
-    problems = state.init()
     try:
         caps = capabilities()
     except api.ApiError as e:
@@ -247,6 +246,7 @@ def page_setup(title: str, icon: str = ":material/search:") -> tuple[state.Setti
             forget_capabilities()
             st.rerun()
         st.stop()
+    problems = state.init(caps.get("limits"))  # a link's shots and prompts within this service's limits
     for p in problems:
         jobs.warn(p)
     sidebar(caps)

@@ -1,0 +1,130 @@
+"""The walk's other findings (issue 25, item 7), through the pages (Streamlit's AppTest, the in-process service,
+the embedded default model) and the pure parts behind them."""
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("streamlit.testing.v1")
+from page_checks import assert_clean  # noqa: E402
+from test_pages import ABLATION, MODEL, SMALL, default_task, needs_model, page  # noqa: E402
+
+HEAD_PAGE = "pages/4_Head.py"
+
+
+@pytest.fixture(scope="module")
+def task_name() -> str:
+    return default_task()
+
+
+# -- the ablation curve's largest k: the model's default applies ------------------------------------------------------
+def test_the_kmax_choices_hold_the_models_default_and_the_current_value():
+    from ui import state
+
+    assert 27 in state.kmax_choices(270, "smollm2-135m")  # SmolLM2's "ablation up to k = 27"
+    assert state.kmax_choices(270, "smollm2-135m")[-1] == 270 and 32 in state.kmax_choices(270, "smollm2-135m")
+    assert 5 in state.kmax_choices(64, "default", 5) and 27 not in state.kmax_choices(16, "smollm2-135m", 27)
+    assert state.kmax_choices(16, "default") == [1, 2, 4, 8, 16]
+
+
+@needs_model
+def test_a_kmax_off_the_powers_of_two_is_kept(inprocess, task_name):
+    """A link's (or a model default's) k that is no power of two stays as it is: it used to snap to the nearest
+    power of two (SmolLM2's default 27 showed 32, rewrote the link to kmax=32 and ran to 32)."""
+    at = page(ABLATION, model=MODEL, task=task_name, kmax="5", **SMALL)
+    at.run()
+    assert_clean(at)
+    assert at.session_state["s_kmax"] == 5 and at.select_slider(key="w_kmax").value == 5
+    assert str(at.query_params["kmax"]).strip("[]'") == "5"
+
+
+# -- a link's shots and prompts: the sidebar's bounds -----------------------------------------------------------------
+def test_bounds_come_from_the_service_limits():
+    from ui import state
+
+    assert state.bounds("shots") == (0, 32) and state.bounds("prompts") == (1, 500)
+    assert state.bounds("shots", {"max_shots": 8}) == (0, 8) and state.bounds("prompts", {"max_prompts": 10}) == (1, 10)
+
+
+def test_a_link_outside_the_limits_says_the_sidebars_bounds(inprocess):
+    at = page(shots="40", prompts="100000")
+    at.run()
+    assert not at.exception
+    warned = " ".join(w.value for w in at.warning)
+    assert "`shots=40` in the link is outside this service's 0–32: using 32" in warned, warned
+    assert "`prompts=100000` in the link is outside this service's 1–500: using 500" in warned, warned
+    assert "1024" not in warned and "100000 " not in warned
+    assert at.number_input(key="w_shots").value == 32 and at.number_input(key="w_prompts").value == 500
+    assert at.number_input(key="w_shots").max == 32 and at.number_input(key="w_prompts").max == 500
+
+
+# -- "shown X s after the request": from the click ---------------------------------------------------------------------
+@needs_model
+def test_the_wait_counts_from_the_start_of_the_run(inprocess, task_name, monkeypatch):
+    """A cached result found after the page spent a second on its own work reads at least that second: the wait
+    counts from the user's action (the start of the run), not from the request to the service."""
+    import time
+
+    from ui import fit
+
+    warm = page(HEAD_PAGE, model=MODEL, task=task_name, **SMALL)
+    warm.run()  # computes the scores into the service's cache
+    assert_clean(warm)
+    slow = fit.check
+
+    def slow_check(*a, **kw):
+        time.sleep(1.0)
+        return slow(*a, **kw)
+
+    monkeypatch.setattr(fit, "check", slow_check)
+    at = page(HEAD_PAGE, model=MODEL, task=task_name, **SMALL)  # a fresh session: the scores come from the cache
+    at.run()
+    assert_clean(at)
+    scores = [v for k, v in at.session_state["_hl_results"].items() if k.startswith("scores:")]
+    assert scores and scores[0].get("cache_hit") and scores[0]["_waited"] >= 1.0
+
+
+# -- multi-token labels: one warning on Home ---------------------------------------------------------------------------
+@needs_model
+def test_home_says_multi_token_labels_once(inprocess, task_name):
+    from backend.analysis.primitives.notes import multi_token_warning
+
+    at = page(model=MODEL, task=task_name, **SMALL)
+    at.run()
+    at.button(key="run").click().run()
+    assert_clean(at)
+    results = at.session_state["_hl_results"]
+    key = next(k for k in results if k.startswith("scores:"))
+    results[key] = {**results[key], "multi_token_labels": [" tree", " stone"],
+                    "warnings": [multi_token_warning([" tree", " stone"], {" tree": " t", " stone": " st"})]}
+    at.run()
+    assert_clean(at)
+    said = [w.value for w in at.warning] + [c.value for c in at.caption] + [m.value for m in at.markdown]
+    assert sum("several tokens" in x for x in said) == 1, said
+
+
+# -- your own prompt: unknown words are said ---------------------------------------------------------------------------
+@needs_model
+def test_your_own_prompt_of_unknown_words_is_warned(inprocess, task_name):
+    at = page(HEAD_PAGE, model=MODEL, task=task_name, head="0.1", text="hello world", **SMALL)
+    at.run()
+    assert_clean(at)
+    warned = " ".join(w.value for w in at.warning)
+    assert "every token of your prompt is unknown to this model's tokenizer" in warned, warned
+    assert "'hello', 'world'" in warned
+
+
+def test_unknown_words_of_a_typed_prompt_are_named():
+    from pathlib import Path
+
+    from transformers import AutoTokenizer
+
+    from backend.analysis.general.head import unknown_words
+
+    folder = Path(__file__).resolve().parents[1] / "models" / "headlens-tiny"
+    if not (folder / "tokenizer.json").is_file():
+        pytest.skip("the default model is absent")
+    tok = AutoTokenizer.from_pretrained(str(folder))
+    known = [w for w in tok.get_vocab() if w.isalpha() and w.islower()][:3]
+    assert unknown_words(tok, " ".join(known)) is None
+    msg = unknown_words(tok, " ".join(known) + " qzxv")
+    assert msg.startswith("1 of your prompt's 4 tokens are unknown") and "'qzxv'" in msg
