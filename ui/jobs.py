@@ -12,7 +12,9 @@
   a button is clicked: a Cancel click interrupts the wait at once, and its callback cancels the job before the
   page runs again. Quick jobs (under DRAW_AFTER_S) get no bar at all, so toggling does not flicker.
 - `peek`: a result without computing anything (memory or the service's cache), for sections that wait for Run.
-Results carry `_waited` (seconds from the request to the result) next to the service's own `seconds`.
+Results carry `_waited` (seconds from the user's action to the result: from the start of the page run that the
+click, the edit or the opened link started, so the page's own work before the request counts) next to the
+service's own `seconds`.
 """
 from __future__ import annotations
 
@@ -73,6 +75,13 @@ def show_error(e: api.ApiError, what: str | None = None) -> None:
 def begin_page() -> None:
     """Start this run's box of warnings and notes (`layout.page_setup` calls it first on every page)."""
     st.session_state["_hl_box"] = {"warnings": [], "notes": [], "holder": None}
+    st.session_state["_hl_run_t0"] = time.monotonic()  # the user's action: widget callbacks ran just before
+
+
+def _action_t0() -> float:
+    """When the user's action that asked for this result happened: the start of this page run (`begin_page`)."""
+    t0 = st.session_state.get("_hl_run_t0")
+    return float(t0) if isinstance(t0, (int, float)) else time.monotonic()
 
 
 def warn(text: str, note: bool = False) -> None:
@@ -186,7 +195,7 @@ def peek(kind: str, params: dict[str, Any], *, ask_service: bool = True) -> dict
         if hit is not None:
             share.used(kind, params)
         return hit
-    t0 = time.monotonic()
+    t0 = _action_t0()
     try:
         found = api.cached(kind, params)
     except api.ApiError:
@@ -227,7 +236,7 @@ def fetch_many(requests: list[Job], *, quiet: bool = False) -> list[dict[str, An
         _cancelled().pop(job.where, None)
         cur = _supersede(job)
         if cur is None:
-            t0 = time.monotonic()
+            t0 = _action_t0()
             try:
                 found = None if job.kind in api.UNCACHED else api.cached(job.kind, job.params)
                 if found is not None:
