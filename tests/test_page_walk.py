@@ -128,3 +128,41 @@ def test_unknown_words_of_a_typed_prompt_are_named():
     assert unknown_words(tok, " ".join(known)) is None
     msg = unknown_words(tok, " ".join(known) + " qzxv")
     assert msg.startswith("1 of your prompt's 4 tokens are unknown") and "'qzxv'" in msg
+
+
+# -- cosmetics ---------------------------------------------------------------------------------------------------------
+def test_layer_distribution_keeps_its_legend_off_the_axis_title():
+    import numpy as np
+
+    from ui import figures
+
+    rng = np.random.default_rng(0)
+    r = {"n_layers": 30, **{m: rng.random((30, 9)) for m in ("tr", "tl", "induction")}}  # SmolLM2's shape
+    fig = figures.layer_distribution(r, 10, "Layer of the top 10 heads" + figures.subtitle("smollm2 · t · 8 shots"))
+    leg = fig.layout.legend
+    assert leg.yref == "container" and leg.y == 0 and leg.yanchor == "bottom"  # the figure's bottom edge
+    assert fig.layout.margin.b >= 80 and fig.layout.xaxis.dtick == 2
+    counts = sum(np.asarray(t.y) for t in fig.data)
+    assert counts.sum() == 30 and fig.layout.yaxis.dtick == 1  # 3 x 10 heads, whole-head ticks
+
+
+@needs_model
+def test_the_layer_distribution_is_subtitled_without_another_count(inprocess, task_name):
+    import json
+
+    at = page("pages/1_Head_map.py", model=MODEL, task=task_name, **SMALL)
+    at.run()
+    assert_clean(at)
+    title = next(json.loads(el.proto.spec)["layout"]["title"]["text"] for el in at.get("plotly_chart")
+                 if el.proto.id.endswith("layer_dist"))
+    assert title.startswith("Layer of the top 10 heads") and "top 4 heads" not in title and "heads" not in \
+        title.split("<br>", 1)[1]
+
+
+def test_the_css_wraps_chips_and_links_and_clears_toolbars_on_a_phone():
+    from ui import layout
+
+    css = layout.CSS
+    assert '[data-testid="stMultiSelectTagsContainer"] {flex-wrap: wrap' in css
+    assert '[data-testid="stPageLink-NavLink"]' in css and "@media (max-width: 640px)" in css
+    assert ".js-plotly-plot .modebar-group:first-child" in css

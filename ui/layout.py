@@ -30,6 +30,20 @@ CSS = """
   [data-testid^="stBaseButton"] p, [data-testid^="stBaseButton"] div {white-space: normal !important;
       overflow: visible !important; text-overflow: clip !important; line-height: 1.25; word-break: normal !important;
       overflow-wrap: normal !important;}
+  /* the selected heads' chips wrap onto more lines (in one scrolling line the last ones were cut off) */
+  [data-testid="stMultiSelectTagsContainer"] {flex-wrap: wrap !important; overflow: visible !important;}
+  [data-testid="stMultiSelect"] .react-aria-ComboBox > div {max-height: none !important; height: auto !important;}
+  /* a page link's label wraps instead of ending cut off ("Open the full drill-down (your own prompt, logit l") */
+  [data-testid="stPageLink-NavLink"], [data-testid="stPageLink-NavLink"] * {white-space: normal !important;
+      overflow: visible !important; text-overflow: clip !important; height: auto !important;}
+  @media (max-width: 640px) {
+    /* a phone: a figure's toolbar keeps its camera (the first group) and no longer covers the title; a table's
+       toolbar gets room above the table instead of covering what is above it */
+    .js-plotly-plot .modebar-group {display: none !important;}
+    .js-plotly-plot .modebar-group:first-child {display: inline-block !important;}
+    [data-testid="stElementContainer"]:has([data-testid="stDataFrame"]) {padding-top: 2.4rem;}
+    [data-testid="stDataFrame"] {max-width: 100%;}
+  }
 </style>
 """
 CAPS_TTL_S = 15.0
