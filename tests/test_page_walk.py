@@ -166,3 +166,25 @@ def test_the_css_wraps_chips_and_links_and_clears_toolbars_on_a_phone():
     assert '[data-testid="stMultiSelectTagsContainer"] {flex-wrap: wrap' in css
     assert '[data-testid="stPageLink-NavLink"]' in css and "@media (max-width: 640px)" in css
     assert ".js-plotly-plot .modebar-group:first-child" in css
+
+
+def test_the_html_files_settings_are_this_pages_in_words_with_the_prompts_that_ran():
+    from ui import share
+
+    q = {"model": "default", "task": "syn-sentiment", "shots": "8", "prompts": "50", "seed": "0", "heads": "0.1",
+         "mode": "zero", "map": "tr", "kmax": "16", "top_pct": "3", "sg_layer": "3", "ltv_lr": "0.1", "pt": "1"}
+    got = share.page_settings("Ablation", q, [("ablation", {"prompts": 20}), ("scores", {"prompts": 20})])
+    assert list(got) == ["model", "task", "shots", "prompts", "seed", "selected heads", "top heads (% of all heads)",
+                         "ablation mode", "ablation curves up to k"]
+    assert got["prompts"] == "20"  # as its commands say (--prompts 20), not the 50 asked
+    steer = share.page_settings("Steering & geometry", q)
+    assert steer["layer"] == "3" and "ablation mode" not in steer and "lr" not in steer and steer["prompts"] == "50"
+
+
+def test_the_html_file_wraps_instead_of_overflowing_sideways():
+    from backend.html_export import CSS, page_html
+
+    out = page_html("Ablation", link="http://x/?" + "a=1&" * 200, include_plotlyjs=False,
+                    tables=[{"title": "t", "columns": [f"c{i}" for i in range(40)], "rows": [list(range(40))]}])
+    assert "code {overflow-wrap: anywhere" in CSS and "overflow-x: auto" in CSS.split("table {", 1)[1].split("}")[0]
+    assert "<code>http://x/?a=1&amp;" in out
