@@ -188,3 +188,19 @@ def test_the_html_file_wraps_instead_of_overflowing_sideways():
                     tables=[{"title": "t", "columns": [f"c{i}" for i in range(40)], "rows": [list(range(40))]}])
     assert "code {overflow-wrap: anywhere" in CSS and "overflow-x: auto" in CSS.split("table {", 1)[1].split("}")[0]
     assert "<code>http://x/?a=1&amp;" in out
+
+
+@needs_model
+def test_the_site_page_has_its_fit_check_line_for_its_own_shots(inprocess, task_name):
+    at = page("pages/6_Soft_head_selection.py", model=MODEL, task=task_name, site_shots="3", **SMALL)
+    at.run()
+    assert_clean(at)
+    line = [c.value for c in at.caption if "Fits" in c.value]
+    assert line and "prompts of 3 shots take up to" in line[0], line
+
+
+def test_a_progress_bar_says_its_share_is_the_whole_jobs():
+    from ui import jobs
+
+    text = jobs.bar_text("SITE", "training: step 154/400 · loss 0.310", 0.09, 41.0, " of about 3 min")
+    assert text == "SITE: training: step 154/400 · loss 0.310 · 9% of the job · 41.0 s of about 3 min"

@@ -324,6 +324,12 @@ def _eta(job: Job) -> str:
     return f" of {e['text']}" if e and e.get("seconds") is not None and e["seconds"] >= SHOW_ESTIMATE_S else ""
 
 
+def bar_text(label: str, message: str, frac: float, waited: float, eta: str = "") -> str:
+    """A running job's bar: "SITE: training: step 154/400 · loss 0.31 · 9% of the job · 41.0 s of about 3 min".
+    The share is the whole job's (a stage's own count, such as a training's steps, comes in its message)."""
+    return f"{label}: {message} · {frac:.0%} of the job · {waited:.1f} s{eta}"
+
+
 def _draw(sl: dict[str, Any], j: dict[str, Any], waited: float, now: float) -> None:
     """Draw (the first time) or update a running job's progress bar and Cancel button."""
     job = sl["job"]
@@ -334,11 +340,11 @@ def _draw(sl: dict[str, Any], j: dict[str, Any], waited: float, now: float) -> N
         sl["holder"] = st.empty()
         with sl["holder"].container():
             c1, c2 = st.columns([6, 1], vertical_alignment="bottom")
-            sl["bar"] = c1.progress(frac, text=f"{job.label}: {stage[0]} · {frac:.0%} · {waited:.1f} s{eta}")
+            sl["bar"] = c1.progress(frac, text=bar_text(job.label, stage[0], frac, waited, eta))
             c2.button("Cancel", key=f"cancel_{job.where}", icon=":material/stop_circle:", width="stretch",
                       on_click=cancel_slot, args=(job.where,), help="Stop this job (DELETE /jobs/{id}).")
     elif stage != sl["shown"] or now - sl["drawn_at"] >= REDRAW_S:
-        sl["bar"].progress(frac, text=f"{job.label}: {stage[0]} · {frac:.0%} · {waited:.1f} s{eta}")
+        sl["bar"].progress(frac, text=bar_text(job.label, stage[0], frac, waited, eta))
     else:
         return
     sl["shown"], sl["drawn_at"] = stage, now
