@@ -105,13 +105,13 @@ else:
 # -- curves ---------------------------------------------------------------------------------------------------------------
 st.subheader("Ablation curves", divider="gray")
 n_all = L * H
-choices = sorted({k for k in (1, 2, 4, 8, 16, 32, 64, 128, 256, 512) if k < n_all} | {n_all})
+choices = state.kmax_choices(n_all, s.model, state.get().kmax)  # the model's default k (27 on SmolLM2) included
 if state.get().kmax not in choices:
     state.put("kmax", min(choices, key=lambda k: abs(k - state.get().kmax)))
 state.bind(st.select_slider, "Ablate up to k heads", "kmax", options=choices,
            help="Curves at k = 0, 1, 2, 4, … up to this many of the top-ranked heads.")
 kmax = state.get().kmax
-ks = sorted({0, kmax} | {k for k in (1, 2, 4, 8, 16, 32, 64, 128, 256, 512) if k < kmax})
+ks = sorted({0, kmax} | {k for k in state.KMAX_STEPS if k < kmax})
 curve_params = s.job(ks=ks, mode=mode, orders=["tr", "tl", "induction", "random"], random_seeds=[0, 1, 2])
 curves = jobs.fetch("ablation", curve_params, "Ablation curves", what="Ablation curves")
 if curves is not None:
@@ -121,7 +121,8 @@ if curves is not None:
                 key="curves_fig", heads=f"k{kmax}")
     st.caption(f"{mode.capitalize()} ablation of the k heads ranked highest by TR, TL or induction score; random: "
                f"k random heads, mean ± standard deviation over seeds {curves['curves'].get('random', {}).get('seeds', [0, 1, 2])}"
-               f" (grey band, clipped to 0–100%; drawn from all heads, so they may include top heads). "
+               f" (grey band, clipped to 0–100%; drawn from the heads outside the top {kmax} TR and TL heads while there are enough: a "
+               f"disjoint control). "
                f"{curves.get('prompts', s.prompts)} prompts per point · {jobs.timing(curves)}.")
     rises = figures.rises(curves)
     if rises:

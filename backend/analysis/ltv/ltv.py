@@ -29,7 +29,6 @@ mechanism    key heads   saliency |a . dp(gold)/da| per head at the last token w
 from __future__ import annotations
 
 import math
-import random
 from typing import Any, Literal
 
 import numpy as np
@@ -48,7 +47,7 @@ from .recipe import LtvRecipeParams, LtvTraining
 from ..primitives.batching import build_prompts, encode
 from ..primitives.inject import Injection, check_layers, check_positions, evaluate_injections, vector_at
 from ..primitives.saved import load_tensors
-from ..primitives.selection import n_top, overlap, top_heads
+from ..primitives.selection import n_top, overlap, random_heads, top_heads
 from ..primitives.stages import spans
 from ..primitives.sweep import head_mask
 from ..primitives.threads import cpu_threads
@@ -342,9 +341,8 @@ def _mechanism(ctx: Context, p: LtvParams, zero: Any, layer: int, theta: torch.T
     pool = [(l, h) for l in range(layer, L) for h in range(H)]
     k = min(n_top(L, H, p.key_pct), len(pool))
     key = top_heads(later, k=k)
-    rest = [h for h in pool if h not in set(key)]  # the random sets: from the other heads, when there are enough
-    pool = rest if len(rest) >= k else pool
-    draws = [sorted(random.Random(f"ltv-random-{p.seed}-{i}").sample(pool, k)) for i in range(p.random_draws)]
+    # the random sets: from the later heads that are not key heads (`random_heads`, the control of every kind)
+    draws = [sorted(random_heads(L, H, k, p.seed, exclude=key, draw=i + 1, pool=pool)) for i in range(p.random_draws)]
     progress(share["ablation"][0], "ablating key and random heads")
     abl = evaluate_injections(lm, zero, [Injection({layer: theta}, positions, mask=head_mask(lm, hs))
                                          for hs in [key, *draws]], EVAL_BATCH)
