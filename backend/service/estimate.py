@@ -9,13 +9,20 @@ Work comes from the kind's params alone (`Params.work(shape, sizes)`, in tokens 
 loaded model, so a job is admitted or refused the same on a fresh service and on one that has it resident.
 `passes` is the work in prompts of the job's own length (`Params.reference_shots`): the unit of HEADLENS_MAX_WORK.
 
-Seconds = (tokens + 2 x training tokens) x seconds per token, from (in order):
-1. the figure `model_info` measured on this model (`primitives/token_speed.py`, recorded here by the runners);
-2. else a fallback from the model's size: 2 x parameters FLOP per token at FALLBACK_FLOPS (a shared CPU) or
-   FALLBACK_GPU_FLOPS, marked `assumed`.
+Seconds = load x ANALYSIS_OVERHEAD x ((calls + 2 x training calls) x seconds per pass + (tokens + 2 x training
+tokens) x seconds per token): a forward call's fixed cost counts as much as its tokens (on a small model it is most of the time; a
+training step's backward pass costs about twice its forward pass). The speed comes from (in order):
+1. the figures `model_info` measured on this model (`primitives/pass_speed.py`, recorded here by the runners);
+2. else a fallback from the model's size, marked `assumed`: 2 x parameters FLOP per token at FALLBACK_FLOPS (a
+   shared CPU) or FALLBACK_GPU_FLOPS, and per pass FALLBACK_PASS_S per layer plus the weights read at
+   FALLBACK_BYTES_PER_S.
+`load` (`load_factor`) scales for the CPU's load now against when the speed was measured: a job that shares
+`cores` with `load` runnable threads gets about cores / (load + its threads) of them; stated in `how` when it
+changes the estimate.
 """
 from __future__ import annotations
 
+import os
 import threading
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -25,7 +32,27 @@ from .model_shape import model_shape, token_counter
 
 FALLBACK_FLOPS = 5e10  # effective FLOP/s of a batched forward pass on 2 CPU cores (SmolLM2-135M, measured: ~7e10)
 FALLBACK_GPU_FLOPS = 2e13
-_SPEEDS: dict[str, float] = {}
+FALLBACK_PASS_S = 5e-4  # fixed seconds per decoder layer of a forward call on the CPU (the embedded model: ~3e-4)
+FALLBACK_BYTES_PER_S = 1e10  # weights read per call (float32)
+LOAD_FACTOR_MAX = 8.0
+ANALYSIS_OVERHEAD = 1.6
+"""A job's passes cost more than the plain passes the speed is timed on: hooks on every layer, eager attention where
+a kind reads attention weights, rows padded to the batch's longest prompt, scoring and Python between calls.
+Calibrated by bench/bench_estimates.py on the embedded model and SmolLM2-135M (with calls counted, real / estimate
+was 1.4-2.2x on both before it)."""
+
+
+@dataclass(frozen=True)
+class ModelSpeed:
+    """What `model_info` measured: seconds per forward call and per token, the threads and load average then."""
+
+    per_pass: float
+    per_token: float
+    threads: int = 1
+    load: float | None = None
+
+
+_SPEEDS: dict[str, ModelSpeed] = {}
 _SIZES: dict[tuple[str, str], Sizes] = {}
 _LOCK = threading.Lock()
 
@@ -41,25 +68,82 @@ class Estimate:
     seconds_per_token: float | None
     shape: Shape
     sizes: Sizes
+    calls: float = 0.0
+    seconds_per_pass: float | None = None
+    load_factor: float = 1.0
 
     def to_json(self) -> dict[str, Any]:
         return {"passes": round(self.passes, 1), "tokens": round(self.tokens), "train_tokens": round(self.train_tokens),
                 "how": self.how, "seconds": self.seconds,
                 "seconds_basis": self.seconds_basis, "seconds_per_token": self.seconds_per_token,
-                "shape": asdict(self.shape), "sizes": asdict(self.sizes)}
+                "shape": asdict(self.shape), "sizes": asdict(self.sizes), "calls": round(self.calls),
+                "seconds_per_pass": self.seconds_per_pass, "load_factor": round(self.load_factor, 2)}
+
+
+def _positive(v: Any) -> float | None:
+    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) and 0 < v < float("inf") else None
 
 
 def note_speed(model: str | None, result: dict[str, Any] | None) -> None:
-    """Keep the seconds per token a `model_info` result measured for `model` (a canonical name)."""
-    v = (result or {}).get("seconds_per_token")
-    if model and isinstance(v, (int, float)) and v > 0:
-        with _LOCK:
-            _SPEEDS[model] = float(v)
+    """Keep the seconds per pass and per token a `model_info` result measured for `model` (a canonical name); a
+    result without a positive per-token figure is ignored (an older one without per-pass keeps 0 per pass)."""
+    r = result or {}
+    per_token = _positive(r.get("seconds_per_token"))
+    if not model or per_token is None:
+        return
+    threads = r.get("speed_threads")
+    got = ModelSpeed(_positive(r.get("seconds_per_pass")) or 0.0, per_token,
+                     threads if isinstance(threads, int) and threads > 0 else 1,
+                     r.get("speed_load") if isinstance(r.get("speed_load"), (int, float)) else None)
+    with _LOCK:
+        _SPEEDS[model] = got
 
 
-def measured_speed(model: str | None) -> float | None:
+def measured_speed(model: str | None) -> ModelSpeed | None:
     with _LOCK:
         return _SPEEDS.get(model or "")
+
+
+def assumed_speed(shape: Shape, device: str = "cpu") -> ModelSpeed | None:
+    """A speed from the model's size alone (no measurement yet); None without a parameter count."""
+    if not shape.n_params:
+        return None
+    gpu = device.startswith("cuda")
+    per_token = 2 * shape.n_params / (FALLBACK_GPU_FLOPS if gpu else FALLBACK_FLOPS)
+    per_pass = shape.n_layers * FALLBACK_PASS_S / (10 if gpu else 1) + 4 * shape.n_params / FALLBACK_BYTES_PER_S
+    return ModelSpeed(per_pass, per_token)
+
+
+def machine_load() -> tuple[float, int] | None:
+    """(the 1-minute load average, CPU cores) here; None where it cannot be read."""
+    try:
+        return os.getloadavg()[0], os.cpu_count() or 1
+    except (OSError, AttributeError):
+        return None
+
+
+def slowdown(load: float, cores: int, threads: int = 1) -> float:
+    """How much slower a job of `threads` threads runs when `load` other threads want `cores` cores: 1 while they
+    fit, else (load + threads) / cores (each gets an equal share)."""
+    return max(1.0, (max(load, 0.0) + threads) / max(cores, 1))
+
+
+def load_factor(speed: ModelSpeed, now: tuple[float, int] | None) -> float:
+    """The estimate's scale for the machine's load now against when `speed` was measured (1 when either is
+    unknown), within [1 / LOAD_FACTOR_MAX, LOAD_FACTOR_MAX]."""
+    if now is None:
+        return 1.0
+    load, cores = now
+    then = slowdown(speed.load, cores, speed.threads) if speed.load is not None else 1.0
+    f = slowdown(load, cores, speed.threads) / then
+    return min(max(f, 1 / LOAD_FACTOR_MAX), LOAD_FACTOR_MAX)
+
+
+def seconds_of(w: Any, speed: ModelSpeed) -> float:
+    """Seconds of work `w` (`cost.Work`) at `speed`, before any load factor: calls and tokens, training ones 3x."""
+    calls = w.calls + 2 * w.train_calls
+    tokens = w.tokens + 2 * w.train
+    return ANALYSIS_OVERHEAD * (calls * speed.per_pass + tokens * speed.per_token)
 
 
 def task_sizes(task: Any, model: str | None) -> Sizes:
@@ -99,13 +183,33 @@ def estimate(spec: Any, p: Any, model: str | None, task: Any = None, device: str
         return Estimate(0.0, 0.0, 0.0, "no cost declared", None, "unknown", None, shape, GENERIC)
     sizes = job_sizes(spec, p, model, task)
     w = p.work(shape, sizes)
-    per_token, basis = measured_speed(model), "measured"
-    if per_token is None and shape.n_params:
-        per_token = 2 * shape.n_params / (FALLBACK_GPU_FLOPS if device.startswith("cuda") else FALLBACK_FLOPS)
-        basis = "assumed"
-    seconds = (w.tokens + 2 * w.train) * per_token if per_token is not None else None
-    return Estimate(w.passes(sizes.prompt(p.reference_shots())), w.tokens, w.train, w.how(), seconds, basis,
-                    per_token, shape, sizes)
+    sp, basis = measured_speed(model), "measured"
+    if sp is None:
+        sp, basis = assumed_speed(shape, device), "assumed"
+    how, seconds, factor = w.how(), None, 1.0
+    if sp is not None:
+        seconds = seconds_of(w, sp)
+        now = machine_load() if basis == "measured" and not device.startswith("cuda") else None
+        factor = load_factor(sp, now)
+        if now is not None and abs(factor - 1) >= 0.1 and seconds > 0:
+            then = f"{sp.load:.1f}" if sp.load is not None else "unknown"
+            how += (f"; x{factor:.1f} for the CPU's load ({now[0]:.1f} on {now[1]} cores now, {then} when the "
+                    f"speed was measured)")
+        seconds *= factor
+    return Estimate(w.passes(sizes.prompt(p.reference_shots())), w.tokens, w.train, how, seconds, basis,
+                    sp.per_token if sp else None, shape, sizes, w.calls, sp.per_pass if sp else None, factor)
+
+
+MIN_FRACTION, MIN_ELAPSED_S = 0.05, 2.0
+
+
+def remaining_seconds(progress: float, elapsed_s: float) -> float | None:
+    """A running job's remaining seconds from its own measured progress: elapsed x (1 - f) / f, once it is at
+    least MIN_FRACTION done and has run MIN_ELAPSED_S (None before: too little to extrapolate from)."""
+    f = min(max(float(progress), 0.0), 1.0)
+    if f < MIN_FRACTION or elapsed_s < MIN_ELAPSED_S:
+        return None
+    return max(elapsed_s * (1.0 - f) / f, 0.0)
 
 
 def canonical_name(model: str) -> str:
