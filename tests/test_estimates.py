@@ -110,7 +110,7 @@ def test_estimate_uses_the_measured_speed_and_says_the_load(monkeypatch):
     quiet = E.estimate(spec, p, "default", task)
     assert quiet.seconds_basis == "measured" and quiet.seconds_per_pass == 0.01 and quiet.load_factor == 1.0
     w = p.work(quiet.shape, quiet.sizes)
-    assert quiet.seconds == pytest.approx(E.ANALYSIS_OVERHEAD * (w.calls * 0.01 + w.tokens * 1e-4))
+    assert quiet.seconds == pytest.approx(E.JOB_OVERHEAD_S + E.ANALYSIS_OVERHEAD * (w.calls * 0.01 + w.tokens * 1e-4))
     monkeypatch.setattr(E, "machine_load", lambda: (7.0, 2))  # 8 threads want 2 cores: 4x slower
     busy = E.estimate(spec, p, "default", task)
     assert busy.seconds == pytest.approx(4 * quiet.seconds) and "load" in busy.how and "x4.0" in busy.how

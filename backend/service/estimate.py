@@ -9,8 +9,8 @@ Work comes from the kind's params alone (`Params.work(shape, sizes)`, in tokens 
 loaded model, so a job is admitted or refused the same on a fresh service and on one that has it resident.
 `passes` is the work in prompts of the job's own length (`Params.reference_shots`): the unit of HEADLENS_MAX_WORK.
 
-Seconds = load x ANALYSIS_OVERHEAD x ((calls + 2 x training calls) x seconds per pass + (tokens + 2 x training
-tokens) x seconds per token): a forward call's fixed cost counts as much as its tokens (on a small model it is most of the time; a
+Seconds = load x (JOB_OVERHEAD_S + ANALYSIS_OVERHEAD x ((calls + 2 x training calls) x seconds per pass + (tokens + 2 x training
+tokens) x seconds per token)): a forward call's fixed cost counts as much as its tokens (on a small model it is most of the time; a
 training step's backward pass costs about twice its forward pass). The speed comes from (in order):
 1. the figures `model_info` measured on this model (`primitives/pass_speed.py`, recorded here by the runners);
 2. else a fallback from the model's size, marked `assumed`: 2 x parameters FLOP per token at FALLBACK_FLOPS (a
@@ -34,7 +34,10 @@ FALLBACK_FLOPS = 5e10  # effective FLOP/s of a batched forward pass on 2 CPU cor
 FALLBACK_GPU_FLOPS = 2e13
 FALLBACK_PASS_S = 5e-4  # fixed seconds per decoder layer of a forward call on the CPU (the embedded model: ~3e-4)
 FALLBACK_BYTES_PER_S = 1e10  # weights read per call (float32)
-LOAD_FACTOR_MAX = 8.0
+LOAD_FACTOR_MAX = 16.0
+JOB_OVERHEAD_S = 0.03
+"""A job's fixed CPU seconds besides its passes: building and tokenising the prompts, the result's envelope
+(measured on the embedded model: `fit`, which runs no pass, and the smallest kinds)."""
 ANALYSIS_OVERHEAD = 1.6
 """A job's passes cost more than the plain passes the speed is timed on: hooks on every layer, eager attention where
 a kind reads attention weights, rows padded to the batch's longest prompt, scoring and Python between calls.
@@ -143,7 +146,7 @@ def seconds_of(w: Any, speed: ModelSpeed) -> float:
     """Seconds of work `w` (`cost.Work`) at `speed`, before any load factor: calls and tokens, training ones 3x."""
     calls = w.calls + 2 * w.train_calls
     tokens = w.tokens + 2 * w.train
-    return ANALYSIS_OVERHEAD * (calls * speed.per_pass + tokens * speed.per_token)
+    return JOB_OVERHEAD_S + ANALYSIS_OVERHEAD * (calls * speed.per_pass + tokens * speed.per_token)
 
 
 def task_sizes(task: Any, model: str | None) -> Sizes:

@@ -69,12 +69,14 @@ def _sync(lm: LoadedModel) -> None:
         torch.cuda.synchronize(lm.device)
 
 
-def _timed(lm: LoadedModel, ids: torch.Tensor) -> float:
+def _timed(lm: LoadedModel, ids: torch.Tensor, cpu: bool = False) -> float:
+    """Seconds of one pass: wall-clock, or (`cpu`) this thread's CPU seconds."""
+    clock = time.thread_time if cpu else time.perf_counter
     _sync(lm)
-    t0 = time.perf_counter()
+    t0 = clock()
     lm.model(input_ids=ids, use_cache=False, logits_to_keep=1)
     _sync(lm)
-    return time.perf_counter() - t0
+    return clock() - t0
 
 
 def _ids(lm: LoadedModel, rows: int, n: int) -> torch.Tensor:
@@ -166,9 +168,15 @@ def _load() -> float | None:
 
 def measure(lm: LoadedModel) -> Speed:
     """Seconds per pass and per token now, fitted (`fit`) from whole passes of SIZES (rows x tokens, within the
-    model's context) at the best thread count, medians of FIT_REPEATS (torch's setting is restored)."""
+    model's context) at the best thread count, medians of FIT_REPEATS (torch's setting is restored).
+
+    On the CPU with one thread the passes are timed in this thread's CPU seconds: what the model costs on a quiet
+    machine, whatever else shares the CPU now (a pass preempted by other work would read slower by the share it
+    waited); `load` is then 0.0 (an estimate scales it by the load when it is made). Otherwise wall-clock, with the
+    load average of the moment."""
     before = torch.get_num_threads()
     n = best_threads(lm)
+    cpu = lm.device.type == "cpu" and n == 1
     limit = max(1, (getattr(lm, "max_positions", None) or 1 << 30) - 1)
     sizes = sorted({(rows, min(tokens, limit)) for rows, tokens in SIZES})
     batches = [_ids(lm, rows, tokens) for rows, tokens in sizes]
@@ -178,11 +186,11 @@ def measure(lm: LoadedModel) -> Speed:
         with lm.lock, torch.inference_mode():
             _timed(lm, batches[-1])  # warm-up
             for (rows, tokens), ids in zip(sizes, batches):
-                points.append((rows * tokens, statistics.median(_timed(lm, ids) for _ in range(FIT_REPEATS))))
+                points.append((rows * tokens, statistics.median(_timed(lm, ids, cpu) for _ in range(FIT_REPEATS))))
     finally:
         torch.set_num_threads(before)
     per_pass, per_token = fit(points)
-    return Speed(n, per_pass, per_token, time.time(), _load())
+    return Speed(n, per_pass, per_token, time.time(), 0.0 if cpu else _load())
 
 
 def speed(lm: LoadedModel) -> Speed:
