@@ -106,12 +106,12 @@ def test_estimate_uses_the_measured_speed_and_says_the_load(monkeypatch):
     p = spec.params.model_validate({"prompts": 8, "shots": 2})
     E.note_speed("default", {"seconds_per_token": 1e-4, "seconds_per_pass": 0.01, "speed_threads": 1,
                              "speed_load": 0.0})
-    monkeypatch.setattr(E, "machine_load", lambda: (0.0, 2))
+    monkeypatch.setattr(E, "cpu_share", lambda: 1.0)
     quiet = E.estimate(spec, p, "default", task)
     assert quiet.seconds_basis == "measured" and quiet.seconds_per_pass == 0.01 and quiet.load_factor == 1.0
     w = p.work(quiet.shape, quiet.sizes)
     assert quiet.seconds == pytest.approx(E.JOB_OVERHEAD_S + E.ANALYSIS_OVERHEAD * (w.calls * 0.01 + w.tokens * 1e-4))
-    monkeypatch.setattr(E, "machine_load", lambda: (7.0, 2))  # 8 threads want 2 cores: 4x slower
+    monkeypatch.setattr(E, "cpu_share", lambda: 0.25)  # a quarter of a core: 4x slower
     busy = E.estimate(spec, p, "default", task)
     assert busy.seconds == pytest.approx(4 * quiet.seconds) and "load" in busy.how and "x4.0" in busy.how
 
@@ -124,13 +124,18 @@ def test_note_speed_ignores_a_figure_that_is_not_a_speed(monkeypatch, result):
     assert E.measured_speed("m") is None
 
 
-def test_slowdown_and_load_factor():
-    assert E.slowdown(0.0, 2) == 1.0 and E.slowdown(1.0, 2) == 1.0 and E.slowdown(5.0, 2) == 3.0
-    sp = E.ModelSpeed(0.01, 1e-4, threads=1, load=5.0)
-    assert E.load_factor(sp, (5.0, 2)) == 1.0          # as busy as when measured
-    assert E.load_factor(sp, (0.0, 2)) == pytest.approx(1 / 3)  # quieter now
-    assert E.load_factor(sp, None) == 1.0
-    assert E.load_factor(E.ModelSpeed(0.01, 1e-4, load=0.0), (1000.0, 2)) == E.LOAD_FACTOR_MAX
+def test_load_factor():
+    cpu_timed = E.ModelSpeed(0.01, 1e-4, threads=1, load=0.0)  # timed in CPU seconds: a quiet machine's figure
+    assert E.load_factor(cpu_timed, 1.0) == 1.0 and E.load_factor(cpu_timed, 0.5) == 2.0
+    assert E.load_factor(cpu_timed, None) == 1.0
+    assert E.load_factor(cpu_timed, 1e-6) == E.LOAD_FACTOR_MAX
+    assert E.load_factor(E.ModelSpeed(0.01, 1e-4, load=3.0), 0.5) == 1.0  # timed by the wall clock, under its load
+
+
+def test_cpu_share_is_a_share():
+    E._SHARE.clear()
+    s = E.cpu_share(max_age_s=0.0)
+    assert 0 < s <= 1.0
 
 
 def test_assumed_speed_counts_passes():

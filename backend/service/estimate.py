@@ -16,14 +16,16 @@ training step's backward pass costs about twice its forward pass). The speed com
 2. else a fallback from the model's size, marked `assumed`: 2 x parameters FLOP per token at FALLBACK_FLOPS (a
    shared CPU) or FALLBACK_GPU_FLOPS, and per pass FALLBACK_PASS_S per layer plus the weights read at
    FALLBACK_BYTES_PER_S.
-`load` (`load_factor`) scales for the CPU's load now against when the speed was measured: a job that shares
-`cores` with `load` runnable threads gets about cores / (load + its threads) of them; stated in `how` when it
-changes the estimate.
+`load` (`load_factor`) scales for the CPU's load now: the speed is timed in CPU seconds (a quiet machine's), and a
+job gets the share of a core this process gets now (`cpu_share`: CPU over wall seconds of a short busy loop), so it
+runs about 1 / share slower; stated in `how` when it changes the estimate. (The load average is no measure of that
+in a container: it is the host's, over more cores than the container has.)
 """
 from __future__ import annotations
 
 import os
 import threading
+import time
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -35,6 +37,7 @@ FALLBACK_GPU_FLOPS = 2e13
 FALLBACK_PASS_S = 5e-4  # fixed seconds per decoder layer of a forward call on the CPU (the embedded model: ~3e-4)
 FALLBACK_BYTES_PER_S = 1e10  # weights read per call (float32)
 LOAD_FACTOR_MAX = 16.0
+SHARE_PROBE_S, SHARE_TTL_S = 0.1, 10.0
 JOB_OVERHEAD_S = 0.03
 """A job's fixed CPU seconds besides its passes: building and tokenising the prompts, the result's envelope
 (measured on the embedded model: `fit`, which runs no pass, and the smallest kinds)."""
@@ -118,28 +121,41 @@ def assumed_speed(shape: Shape, device: str = "cpu") -> ModelSpeed | None:
 
 
 def machine_load() -> tuple[float, int] | None:
-    """(the 1-minute load average, CPU cores) here; None where it cannot be read."""
+    """(the 1-minute load average, CPU cores) here; None where it cannot be read. Said in `how`; not what the
+    estimate is scaled by: in a container the load average is the host's, over more cores than this process has."""
     try:
         return os.getloadavg()[0], os.cpu_count() or 1
     except (OSError, AttributeError):
         return None
 
 
-def slowdown(load: float, cores: int, threads: int = 1) -> float:
-    """How much slower a job of `threads` threads runs when `load` other threads want `cores` cores: 1 while they
-    fit, else (load + threads) / cores (each gets an equal share)."""
-    return max(1.0, (max(load, 0.0) + threads) / max(cores, 1))
+_SHARE: list[float] = []  # [measured at (monotonic), share]
 
 
-def load_factor(speed: ModelSpeed, now: tuple[float, int] | None) -> float:
-    """The estimate's scale for the machine's load now against when `speed` was measured (1 when either is
-    unknown), within [1 / LOAD_FACTOR_MAX, LOAD_FACTOR_MAX]."""
-    if now is None:
+def cpu_share(max_age_s: float = SHARE_TTL_S) -> float:
+    """The share of one core this process's thread gets now, (0, 1]: its CPU seconds over the wall seconds of a
+    SHARE_PROBE_S busy loop (cached `max_age_s`). On a quiet machine about 1; with the CPU oversubscribed, what
+    the other work leaves (a job of one thread runs about 1 / share slower than on a quiet machine)."""
+    now = time.monotonic()
+    with _LOCK:
+        if _SHARE and now - _SHARE[0] <= max_age_s:
+            return _SHARE[1]
+    w0, c0, x = time.perf_counter(), time.thread_time(), 0
+    while time.perf_counter() - w0 < SHARE_PROBE_S:
+        x += 1
+    share = min(max((time.thread_time() - c0) / max(time.perf_counter() - w0, 1e-9), 1e-3), 1.0)
+    with _LOCK:
+        _SHARE[:] = [time.monotonic(), share]
+    return share
+
+
+def load_factor(speed: ModelSpeed, share: float | None) -> float:
+    """The estimate's scale for the CPU's load: 1 / `share` (`cpu_share`) for a speed timed in CPU seconds (a
+    quiet machine's: its `load` is 0.0); 1 for one timed by the wall clock (it read the load of its moment) or
+    where the share is unknown; within [1, LOAD_FACTOR_MAX]."""
+    if share is None or speed.load != 0.0:
         return 1.0
-    load, cores = now
-    then = slowdown(speed.load, cores, speed.threads) if speed.load is not None else 1.0
-    f = slowdown(load, cores, speed.threads) / then
-    return min(max(f, 1 / LOAD_FACTOR_MAX), LOAD_FACTOR_MAX)
+    return min(max(1.0 / max(share, 1e-3), 1.0), LOAD_FACTOR_MAX)
 
 
 def seconds_of(w: Any, speed: ModelSpeed) -> float:
@@ -192,12 +208,12 @@ def estimate(spec: Any, p: Any, model: str | None, task: Any = None, device: str
     how, seconds, factor = w.how(), None, 1.0
     if sp is not None:
         seconds = seconds_of(w, sp)
-        now = machine_load() if basis == "measured" and not device.startswith("cuda") else None
-        factor = load_factor(sp, now)
-        if now is not None and abs(factor - 1) >= 0.1 and seconds > 0:
-            then = f"{sp.load:.1f}" if sp.load is not None else "unknown"
-            how += (f"; x{factor:.1f} for the CPU's load ({now[0]:.1f} on {now[1]} cores now, {then} when the "
-                    f"speed was measured)")
+        share = cpu_share() if basis == "measured" and not device.startswith("cuda") and sp.load == 0.0 else None
+        factor = load_factor(sp, share)
+        if share is not None and factor >= 1.1 and seconds > 0:
+            load = machine_load()
+            how += (f"; x{factor:.1f} for the CPU's load (this service gets {share:.0%} of a core now"
+                    + (f", load average {load[0]:.1f} on {load[1]} cores)" if load else ")"))
         seconds *= factor
     return Estimate(w.passes(sizes.prompt(p.reference_shots())), w.tokens, w.train, how, seconds, basis,
                     sp.per_token if sp else None, shape, sizes, w.calls, sp.per_pass if sp else None, factor)
