@@ -157,7 +157,7 @@ def run_model(model: str, kinds: list[str] | None, smoke: bool, count_calls: boo
             real, error = time.perf_counter() - t, f"{type(ex).__name__}: {str(ex)[:120]}"
         ratio = e.seconds / real if e.seconds is not None and real > 0 else None
         row = {"model": model, "kind": kind, "estimate_s": e.seconds, "real_s": real, "ratio": ratio,
-               "basis": e.seconds_basis, "how": e.how,
+               "basis": e.seconds_basis, "how": e.how + e.load_note,
                "tokens": e.tokens, "real_tokens": count[0], "calls": getattr(e, "calls", None), "real_calls": count[1], "load": load, "error": error}
         rows.append(row)
         est = f"{e.seconds:8.2f}" if e.seconds is not None else "     n/a"

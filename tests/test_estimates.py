@@ -113,7 +113,8 @@ def test_estimate_uses_the_measured_speed_and_says_the_load(monkeypatch):
     assert quiet.seconds == pytest.approx(E.JOB_OVERHEAD_S + E.ANALYSIS_OVERHEAD * (w.calls * 0.01 + w.tokens * 1e-4))
     monkeypatch.setattr(E, "cpu_share", lambda: 0.25)  # a quarter of a core: 4x slower
     busy = E.estimate(spec, p, "default", task)
-    assert busy.seconds == pytest.approx(4 * quiet.seconds) and "load" in busy.how and "x4.0" in busy.how
+    assert busy.seconds == pytest.approx(4 * quiet.seconds) and busy.how == quiet.how  # the work alone: a refusal quotes it
+    assert "x4.0 for the CPU's load" in busy.to_json()["how"]
 
 
 @pytest.mark.parametrize("result", [{}, {"seconds_per_token": 0}, {"seconds_per_token": -1},

@@ -76,10 +76,11 @@ class Estimate:
     calls: float = 0.0
     seconds_per_pass: float | None = None
     load_factor: float = 1.0
+    load_note: str = ""  # the load factor in words, when it changes the seconds (not part of `how`: the work's)
 
     def to_json(self) -> dict[str, Any]:
         return {"passes": round(self.passes, 1), "tokens": round(self.tokens), "train_tokens": round(self.train_tokens),
-                "how": self.how, "seconds": self.seconds,
+                "how": self.how + self.load_note, "seconds": self.seconds,
                 "seconds_basis": self.seconds_basis, "seconds_per_token": self.seconds_per_token,
                 "shape": asdict(self.shape), "sizes": asdict(self.sizes), "calls": round(self.calls),
                 "seconds_per_pass": self.seconds_per_pass, "load_factor": round(self.load_factor, 2)}
@@ -207,18 +208,18 @@ def estimate(spec: Any, p: Any, model: str | None, task: Any = None, device: str
     sp, basis = measured_speed(model), "measured"
     if sp is None:
         sp, basis = assumed_speed(shape, device), "assumed"
-    how, seconds, factor = w.how(), None, 1.0
+    how, seconds, factor, note = w.how(), None, 1.0, ""
     if sp is not None:
         seconds = seconds_of(w, sp)
         share = cpu_share() if basis == "measured" and not device.startswith("cuda") and sp.load == 0.0 else None
         factor = load_factor(sp, share)
         if share is not None and factor >= 1.1 and seconds > 0:
             load = machine_load()
-            how += (f"; x{factor:.1f} for the CPU's load (this service gets {share:.0%} of a core now"
+            note = (f"; x{factor:.1f} for the CPU's load (this service gets {share:.0%} of a core now"
                     + (f", load average {load[0]:.1f} on {load[1]} cores)" if load else ")"))
         seconds *= factor
     return Estimate(w.passes(sizes.prompt(p.reference_shots())), w.tokens, w.train, how, seconds, basis,
-                    sp.per_token if sp else None, shape, sizes, w.calls, sp.per_pass if sp else None, factor)
+                    sp.per_token if sp else None, shape, sizes, w.calls, sp.per_pass if sp else None, factor, note)
 
 
 MIN_FRACTION, MIN_ELAPSED_S = 0.05, 2.0
