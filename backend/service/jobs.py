@@ -221,10 +221,15 @@ class _Job:
 
     def snapshot(self, include_result: bool = True) -> JobStatus:
         hit = self.result.get("cache_hit") if self.result else None
+        remaining = None
+        if self.status == "running" and self.started is not None:
+            from .estimate import remaining_seconds
+
+            remaining = remaining_seconds(self.progress, time.time() - self.started)
         return JobStatus(id=self.id, kind=self.kind, status=self.status, progress=self.progress,  # type: ignore[arg-type]
                          message=self.message, result=self.result if include_result else None, error=self.error,
                          error_type=self.error_type, params=self.params, created=self.created, started=self.started,
-                         finished=self.finished, cache_hit=hit if isinstance(hit, bool) else None,
+                         finished=self.finished, remaining_s=remaining, cache_hit=hit if isinstance(hit, bool) else None,
                          live=self.live if self.status in ACTIVE_STATES else None, submitters=self.submitters,
                          lane=self.lane, preempted=self.preempted)
 
@@ -245,8 +250,11 @@ def lane_for(lane: str, seconds: float | None) -> str:
 def remaining_s(progress: float, elapsed: float, estimate: float | None) -> float | None:
     """A running job's remaining seconds: from its own progress once it has some (elapsed x (1 - p) / p), else what
     its estimate leaves; None when neither says (no estimate, or past it with no progress)."""
-    if progress >= 0.05 and elapsed >= 1.0:
-        return elapsed * (1.0 - progress) / progress
+    from .estimate import remaining_seconds
+
+    left = remaining_seconds(progress, elapsed)
+    if left is not None:
+        return left
     if estimate is not None and estimate > elapsed:
         return estimate - elapsed
     return None

@@ -86,14 +86,15 @@ class LtvParams(Selection, LtvRecipeParams):
         w = self.training_work(sizes) * trainings + get_kind("vectors").params(
             types=list(EXTRACTED), shots=self.shots, prompts=self.prompts, top_pct=self.top_pct,
             top_k=self.top_k).work(shape, sizes).named("extracted vectors")
-        w = w + passes("references", n, t0) + passes("references", n, t)
-        per = passes("conditions", n * (1 if joint else 1 + len(EXTRACTED)), t0) + passes("conditions", n, t)
+        b = o.SWEEP_BATCH_SIZE  # its evaluations' rows per call (`ltv_costs.EVAL_BATCH`)
+        w = w + passes("references", n, t0, b) + passes("references", n, t, b)
+        per = passes("conditions", n * (1 if joint else 1 + len(EXTRACTED)), t0, b) + passes("conditions", n, t, b)
         if self.mechanism and not joint:
             w = w + get_kind("scores").params(shots=self.shots, prompts=self.prompts).work(shape, sizes).named(
                 "head scores")
             n_pert = self.perturbations or min(2 * shape.d_model, o.LTV_MAX_PERTURBATIONS)
-            per = (per + training("key heads", n, t0) + passes("key heads", (1 + self.random_draws) * n, t0)
-                   + passes("OV reconstruction", 5 * n, t0) + passes("linear propagation", (n_pert + 2) * n, t0))
+            per = (per + training("key heads", n, t0, batch=b) + passes("key heads", (1 + self.random_draws) * n, t0, b)
+                   + passes("OV reconstruction", 5 * n, t0, b) + passes("linear propagation", (n_pert + 2) * n, t0, b))
         return w + per * layers
 
 
