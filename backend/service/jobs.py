@@ -7,14 +7,17 @@ ships them elsewhere (Ray, a process pool) can replace `LocalJobRunner` without 
 - runs jobs one at a time, in submission order within a lane (GPU work is serialized);
 - has two lanes: `interactive` (POST /jobs) and `sweep` (a sweep's jobs). A free worker takes an interactive job
   first; an interactive job that finds every worker busy makes a running sweep job give way: that job stops at its
-  next progress step and waits at the head of the sweep lane (what it finished through `ctx.call` stays cached),
+  next check and waits at the head of the sweep lane (what it finished through `ctx.call` stays cached),
   at most PREEMPT_MAX times, so a long sweep job still finishes under a steady stream of interactive ones. Each
   lane has its own HEADLENS_MAX_QUEUE, so a sweep never fills the interactive queue; an interactive request for
   a job a sweep has queued moves it to the interactive lane;
 - deduplicates: a request with the key of a queued, running or done job gets that job back;
 - holds a per-key lock (`locks.KeyLocks`) while computing, so runners in other threads or processes
   that share the cache folder wait and then read the cached result instead of recomputing it;
-- cancels cooperatively: the job's progress callback raises `Cancelled` once the job is cancelled.
+- stops a job cooperatively: one check (`stopping.check`, installed for the job's thread; each progress step runs it
+  too) raises `Cancelled` once the job is cancelled, `Preempted` when it must give way, and `JobTimeLimit` past
+  HEADLENS_JOB_TIMEOUT_S; every loop of the analyses that can run long calls it once per batch, training step or
+  generated token, so a job stops within about one of those past its limit, whatever its size.
 
 Shared jobs and DELETE: a job counts its submitters. The POST that creates it counts 1; each later POST
 that gets the same *active* (queued or running) job back adds 1 (one that gets a finished job back adds
@@ -42,6 +45,7 @@ from .errors import ServiceError
 from .limits import Limits
 from ..locks import KeyLocks
 from ..jsonable import to_jsonable
+from ..stopping import Check, Stop, checking
 from .schemas import ACTIVE_STATES, JobStatus
 
 log = logging.getLogger(__name__)
@@ -78,40 +82,47 @@ def describe_error(e: BaseException) -> str:
     return f"internal error ({name}): {e}"
 
 
-class Cancelled(Exception):
-    """Raised inside a job (by its progress callback) once the job has been cancelled."""
+class Cancelled(Stop):
+    """Raised inside a job (by its check: `stopping.check`, and its progress callback) once it has been cancelled."""
 
 
-class Preempted(Exception):
-    """Raised inside a sweep job (by its progress callback) when an interactive job needs its worker: the job goes
-    back to the head of the sweep lane."""
+class Preempted(Stop):
+    """Raised inside a sweep job (by its check) when an interactive job needs its worker: the job goes back to the
+    head of the sweep lane."""
 
 
-class JobTimeLimit(Exception):
-    """Raised inside a job (by its progress callback) once it has run past the per-job time limit."""
+class JobTimeLimit(Stop):
+    """Raised inside a job (by its check) once it has run past the per-job time limit."""
 
 
-def time_limited(progress: Progress, limit_s: float) -> Progress:
-    """`progress`, raising JobTimeLimit once `limit_s` seconds have passed (the CLI's HEADLENS_JOB_TIMEOUT_S: the
-    analysis stops at its next progress step, as a service job does)."""
+def time_limited(progress: Progress, limit_s: float) -> "JobProgress":
+    """`progress`, with a check that raises JobTimeLimit once `limit_s` seconds have passed (the CLI's
+    HEADLENS_JOB_TIMEOUT_S). `kernel.analyze` installs the check (`stopping.checking`), so the analysis stops at
+    its next batch, training step or generated token past the limit, as a service job does; each progress step
+    checks too."""
     start = time.monotonic()
 
-    def report(fraction: float, message: str = "") -> None:
+    def check() -> None:
         if time.monotonic() - start > limit_s:
             raise JobTimeLimit(f"the analysis ran past the time limit of {limit_s:g} s (HEADLENS_JOB_TIMEOUT_S); "
                                f"ask for fewer prompts or values, or raise the limit")
+
+    def report(fraction: float, message: str = "") -> None:
+        check()
         progress(fraction, message)
-    return report
+    return JobProgress(report, lambda data: check(), check)
 
 
 @dataclass
 class JobProgress:
-    """What a runner hands a job: `progress(fraction, message)`, and `live(data)` for data a page draws while
-    the job runs (e.g. a training loss curve so far; shown as the job's `live` field). Both raise `Cancelled`
-    once the job is cancelled."""
+    """What a runner hands a job: `progress(fraction, message)`, `live(data)` for data a page draws while the job
+    runs (e.g. a training loss curve so far; shown as the job's `live` field), and `check()`, which raises a
+    `stopping.Stop` (cancelled, preempted, past the time limit) and which `kernel.analyze` installs for the loops
+    (`stopping.checking`). `progress` and `live` run the check first."""
 
     report: Progress
     live: Callable[[dict[str, Any]], None]
+    check: Check | None = None
 
     def __call__(self, fraction: float, message: str = "") -> None:
         self.report(fraction, message)
@@ -362,7 +373,7 @@ class LocalJobRunner(JobRunner):
                     self._cond.notify_all()
 
     def _run(self, job: _Job) -> None:
-        def report(fraction: float, message: str = "") -> None:
+        def check() -> None:  # the one check for cancel, preempt and the time limit (`stopping`)
             if job.cancel.is_set():
                 raise Cancelled()
             if job.preempt.is_set() and job.lane == "sweep":
@@ -370,20 +381,22 @@ class LocalJobRunner(JobRunner):
             if job.started is not None and time.time() - job.started > self._limits.job_timeout_s:
                 raise JobTimeLimit(f"the job ran past this server's time limit of {self._limits.job_timeout_s} s "
                                    f"(HEADLENS_JOB_TIMEOUT_S); ask for fewer prompts or values")
+
+        def report(fraction: float, message: str = "") -> None:
+            check()
             with self._cond:
                 job.progress = min(max(float(fraction), 0.0), 1.0) if math.isfinite(fraction) else job.progress
                 job.message = message or job.message
 
         def live(data: dict[str, Any]) -> None:
-            if job.cancel.is_set():
-                raise Cancelled()
+            check()
             with self._cond:
                 job.live = to_jsonable(data)
 
-        progress = JobProgress(report, live)
+        progress = JobProgress(report, live, check)
 
-        try:
-            with self._locks.hold(job.key, job.cancel.is_set, Cancelled):
+        try:  # waiting for another holder of the key checks too (check() raises or returns None: never "cancelled")
+            with checking(check), self._locks.hold(job.key, lambda: bool(check()), Cancelled):
                 progress(0.0, "running")
                 result = to_jsonable(self._execute(job.kind, job.params, progress))
         except Cancelled:
