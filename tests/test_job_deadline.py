@@ -235,6 +235,31 @@ def test_the_local_runner_stops_a_huge_job_at_its_time_limit(lm, monkeypatch):
     assert clock.late <= 1
 
 
+def test_a_job_waiting_for_another_process_on_its_key_stops_at_its_time_limit(monkeypatch, tmp_path):
+    """The runner's wait for a key another process computes (a second service or a CLI on the same cache folder)
+    checked only for a cancel; now it is the same check: the job stops at its time limit, still at progress 0."""
+    from backend.locks import KeyLocks
+
+    now = [0.0]
+    monkeypatch.setattr(jobs_mod, "time", types.SimpleNamespace(time=lambda: now[0], monotonic=lambda: now[0]))
+    ran: list[str] = []
+    runner = LocalJobRunner(lambda kind, params, progress: ran.append(kind) or {}, limits=Limits(job_timeout_s=5),
+                            locks=KeyLocks(tmp_path))
+    try:
+        with KeyLocks(tmp_path).hold("k-busy"):  # another process's lock file on the same key
+            jid = runner.submit("site", {}, "k-busy").id
+            for _ in range(6000):  # a hang guard only
+                if runner.get(jid).status == "running":
+                    break
+                threading.Event().wait(0.05)
+            now[0] = 6.0
+            st = _wait(runner, jid)
+    finally:
+        runner.close()
+    assert st.status == "error" and st.error_type == "JobTimeLimit" and st.progress == 0.0
+    assert ran == []  # it never computed
+
+
 def test_a_cancel_stops_the_job_inside_its_loop(lm, monkeypatch):
     runner, clock = _runner_with_clock(lm, monkeypatch, limit_s=10**9)
     job: dict[str, str] = {}
