@@ -124,10 +124,9 @@ if scores is not None:
             st.info(sentence, icon=":material/lightbulb:")
     if layout.task_info(caps, s.task).get("kind") == "generation":
         st.caption(M.GENERATION_NOTE)
+    # labels spanning several tokens: the result's own warning says so, in the page's one box (once)
     st.caption(f"{scores['prompts']} prompts, {k} shots, seed {s.seed} · head scores {jobs.timing(scores)}. "
-               f"Brackets: 95% Wilson intervals. {M.noise_sentence(scores['prompts'])} "
-               + (f"Labels spanning several tokens are scored by their first: "
-                  f"{', '.join(scores['multi_token_labels'][:6])}." if scores.get("multi_token_labels") else ""))
+               f"Brackets: 95% Wilson intervals. {M.noise_sentence(scores['prompts'])}")
     snippets.show("scores", score_job.params, "r.icl, r.zero_shot   # Metrics: accuracy, label_accuracy, tr_ratio\n"
                                               "r.icl.accuracy_ci    # its 95% Wilson interval\n"
                                               "r.tr, r.tl           # head maps, numpy (layers, heads)")

@@ -101,21 +101,43 @@ def output_paths(a: argparse.Namespace) -> list[tuple[str, str]]:
 
 
 class Bar:
-    """A tqdm bar on stderr fed by progress(fraction, message) callbacks."""
+    """Progress on stderr fed by progress(fraction, message) callbacks: a tqdm bar on a terminal; written to a file
+    or a pipe, a plain line at most every PLAIN_EVERY_S seconds ("findings: 42% · training: step 80/400 · 31 s"),
+    not a carriage-return redraw per step (a one-minute `report` once wrote 70 kB of them)."""
 
-    def __init__(self, desc: str):
-        from tqdm import tqdm
+    PLAIN_EVERY_S = 5.0
 
-        self.bar = tqdm(total=1000, desc=desc, file=sys.stderr, leave=False,
-                        bar_format="{desc}: {percentage:3.0f}%|{bar}| {elapsed}<{remaining} {postfix}")
+    def __init__(self, desc: str, stream: Any = None):
+        import time
+
+        self.stream = stream or sys.stderr
+        self.desc, self.t0, self.last = desc, time.monotonic(), None
+        isatty = getattr(self.stream, "isatty", None)
+        self.bar = None
+        if callable(isatty) and isatty():
+            from tqdm import tqdm
+
+            self.bar = tqdm(total=1000, desc=desc, file=self.stream, leave=False,
+                            bar_format="{desc}: {percentage:3.0f}%|{bar}| {elapsed}<{remaining} {postfix}")
 
     def __call__(self, frac: float, msg: str = "") -> None:
-        self.bar.n = int(1000 * min(max(frac, 0.0), 1.0))
+        frac = min(max(frac, 0.0), 1.0)
+        if self.bar is None:
+            import time
+
+            now = time.monotonic()
+            if self.last is None or now - self.last >= self.PLAIN_EVERY_S:
+                self.last = now
+                print(f"{self.desc}: {frac:.0%}" + (f" · {msg}" if msg else "") + f" · {now - self.t0:.0f} s",
+                      file=self.stream, flush=True)
+            return
+        self.bar.n = int(1000 * frac)
         self.bar.set_postfix_str(msg, refresh=False)
         self.bar.refresh()
 
     def close(self) -> None:
-        self.bar.close()
+        if self.bar is not None:
+            self.bar.close()
 
 
 # -- shared arguments -------------------------------------------------------------------------------------

@@ -117,13 +117,13 @@ else:
 # -- curves ---------------------------------------------------------------------------------------------------------------
 st.subheader("Ablation curves", divider="gray")
 n_all = L * H
-choices = sorted({k for k in (1, 2, 4, 8, 16, 32, 64, 128, 256, 512) if k < n_all} | {n_all})
+choices = state.kmax_choices(n_all, s.model, state.get().kmax)  # the model's default k (27 on SmolLM2) included
 if state.get().kmax not in choices:
     state.put("kmax", min(choices, key=lambda k: abs(k - state.get().kmax)))
 state.bind(st.select_slider, "Ablate up to k heads", "kmax", options=choices,
            help="Curves at k = 0, 1, 2, 4, … up to this many of the top-ranked heads.")
 kmax = state.get().kmax
-ks = sorted({0, kmax} | {k for k in (1, 2, 4, 8, 16, 32, 64, 128, 256, 512) if k < kmax})
+ks = sorted({0, kmax} | {k for k in state.KMAX_STEPS if k < kmax})
 curve_params = s.job(ks=ks, mode=mode, orders=["tr", "tl", "induction", "random"], random_seeds=[0, 1, 2])
 curves = jobs.fetch("ablation", curve_params, "Ablation curves", what="Ablation curves")
 if curves is not None:
@@ -136,7 +136,8 @@ if curves is not None:
             else "± standard deviation")
     st.caption(f"{mode.capitalize()} ablation of the k heads ranked highest by TR, TL or induction score; random: "
                f"k random heads, mean over seeds {rand.get('seeds', [0, 1, 2])} with {band}"
-               f" (grey band; drawn from all heads, so they may include top heads). Error bars: 95% Wilson intervals. "
+               f" (grey band; drawn from the heads outside the top {kmax} TR and TL heads while there are enough: a "
+               f"disjoint control). Error bars: 95% Wilson intervals. "
                f"{curves.get('prompts', s.prompts)} prompts per point · {jobs.timing(curves)}. "
                + M.noise_sentence(curves.get("prompts")))
     k_last = curves["ks"][-1] if curves["ks"] else None

@@ -136,10 +136,11 @@ if steer is not None:
                                "‖v‖": r["norm"], "layer": r["layer"],
                                "heads": ", ".join(figures.head_name(h) for h in r["heads"])} for r in rows])
         with st.expander("As a table, with each vector's heads and norm"):
-            share.dataframe("Steering", table, hide_index=True, key="steer_table",
+            share.dataframe("Steering", table, hide_index=True, key="steer_table", placeholder="—",  # not "None"
                          column_config={**{f"{M.LABEL[n]} %": st.column_config.NumberColumn(format="%.1f")
                                            for n in M.NAMES},
-                                        "‖v‖": st.column_config.NumberColumn(format="%.4g")})
+                                        "‖v‖": st.column_config.NumberColumn(format="%.4g"),
+                                        "layer": st.column_config.NumberColumn(format="%d")})
             st.caption("‖v‖ is the vector's norm before scaling by α. " + " · ".join(
                 f"{sf.vector_name(k)}: {VECTOR_HELP[k]}" for k in vectors if k in VECTOR_HELP) + ".")
         st.caption(f"{steer.get('prompts', s.prompts)} prompts · {jobs.timing(steer)}. Brackets and error bars: 95% "
@@ -284,7 +285,7 @@ if pert is not None:
         hs = pert.get("heads") or {}
         st.caption(f"Change when the **unperturbed** top {pert.get('top_k')} TR heads "
                    f"({', '.join(figures.head_name(h) for h in hs.get('tr', []))}), top TL heads "
-                   f"({', '.join(figures.head_name(h) for h in hs.get('tl', []))}) or as many random heads "
+                   f"({', '.join(figures.head_name(h) for h in hs.get('tl', []))}) or as many random heads from neither top set "
                    f"({', '.join(figures.head_name(h) for h in hs.get('random', []))}) are zero-ablated, in points "
                    "against no ablation under the same perturbation. The paper expects shuffled inputs to make the "
                    "TL heads matter less, and number labels the TR heads.")
@@ -296,7 +297,7 @@ if pert is not None:
                                   if f"tr_ratio_{k}" in r}}
                               for r in rows]
                              + [{"perturbation": f"{sf.perturbation_name(n)} (skipped)"} for n, _ in skipped])
-        share.dataframe("Perturbations", table, hide_index=True, key="perturb_table",
+        share.dataframe("Perturbations", table, hide_index=True, key="perturb_table", placeholder="—",
                      column_config={c: st.column_config.NumberColumn(format="%.1f") for c in table.columns
                                     if c != "perturbation"})
         applied = [r["key"] for r in rows if r["key"] != "none"]

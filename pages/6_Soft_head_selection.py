@@ -6,6 +6,8 @@ tasks and one view of every steering method side by side. Service jobs: `site`, 
 """
 from __future__ import annotations
 
+import dataclasses
+
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +15,7 @@ import numpy as np
 import pandas as pd
 import streamlit as st
 
-from ui import figures, heads, jobs, layout, share, snippets, state
+from ui import figures, fit, heads, jobs, layout, share, snippets, state
 from ui.sections import LiveChart, download, guard, run_row, section
 from ui import metrics as M
 from ui.site import figures as sf
@@ -33,6 +35,8 @@ st.caption("SITE: take each head's mean last-token input to the output projectio
            "last token: z ← (1 − α) z + α t. The α that make zero-shot prompts answer right say which heads carry "
            "the task.")
 layout.need_task(s)
+# the fit-check line every page shows (unknown tokens; the length of SITE's N-shot prompts against the context)
+fit.check(dataclasses.replace(s, shots=int(state.value("site_shots"))))
 
 info = jobs.fetch("model_info", {"model": s.model}, "Loading the model", what="Model")
 if info is None:

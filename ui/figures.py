@@ -51,10 +51,10 @@ OTHER_MAPS: dict[str, dict[str, Any]] = {
                        "demonstrations have shuffled inputs; here on the maps' own prompts. Positive: the head "
                        "carries the task.",
             "signed": True},
-    "recovered": {"label": "Recovered", "long": "share of the gold logit recovered by patching",
-                  "caption": "Recovered share: mean (gold logit patched − target) / mean (gold logit clean − target), "
-                             "patching only this head's last-token z from the clean ICL prompts into the target "
-                             "prompts. 1 = this head alone restores the clean gold logit; 0 = no effect.",
+    "recovered": {"label": "Recovered", "long": "share of the gold logit recovered by patching", "unit": "%",
+                  "caption": "Recovered share (%): 100 × mean (gold logit patched − target) / mean (gold logit clean "
+                             "− target), patching only this head's last-token z from the clean ICL prompts into the "
+                             "target prompts. 100% = this head alone restores the clean gold logit; 0% = no effect.",
                   "signed": True},
     "diff": {"label": "A − B", "long": "difference of two maps", "caption": "", "signed": True},
 }
@@ -256,7 +256,8 @@ def maps_row(maps: Sequence[tuple[str, Any, str]], selected: Iterable[Sequence[i
         z = zs[i - 1]
         L, H = z.shape
         rk = ranks(z)
-        text = [[f"L{l}.H{h}<br>{spec['label']} = {_fmt(z[l, h])}<br>rank {rk[l, h]} of {L * H}"
+        unit = spec.get("unit", "")  # a map given in percent (the recovered share) says so on its bar and hover
+        text = [[f"L{l}.H{h}<br>{spec['label']} = {_fmt(z[l, h])}{unit}<br>rank {rk[l, h]} of {L * H}"
                  for h in range(H)] for l in range(L)]
         right = fig.layout[f"xaxis{i if i > 1 else ''}"].domain[1]
         scale = _colorscale(m)
@@ -265,7 +266,7 @@ def maps_row(maps: Sequence[tuple[str, Any, str]], selected: Iterable[Sequence[i
         fig.add_trace(go.Heatmap(z=z, showscale=True, text=text, hovertemplate="%{text}<extra></extra>",
                                  name=spec["label"], xgap=1, ygap=1,
                                  colorbar=dict(x=right + 0.004, xanchor="left", thickness=9, len=0.9,
-                                               tickfont=dict(size=9)), **scale), row=1, col=i)
+                                               tickfont=dict(size=9), ticksuffix=unit), **scale), row=1, col=i)
         if sel:
             fig.add_trace(go.Scatter(x=[h for _, h in sel], y=[l for l, _ in sel], mode="markers",
                                      hoverinfo="skip", showlegend=False,
@@ -297,16 +298,22 @@ def layer_distribution(result: dict[str, Any], k: int, title: str | None = None)
     """How many of the top-k heads by TR, TL and induction sit in each layer."""
     L = int(result["n_layers"])
     fig = go.Figure()
+    most = 0
     for m in ("tr", "tl", "induction"):
         counts = np.zeros(L, dtype=int)
         for l, _ in top_k(np.asarray(result[m], dtype=float), k):
             counts[l] += 1
+        most = max(most, int(counts.max(initial=0)))
         fig.add_trace(go.Bar(x=list(range(L)), y=counts, name=ORDER_STYLE[m]["name"],
                              marker_color=ORDER_STYLE[m]["color"],
                              hovertemplate="layer %{x}: %{y} head(s)<extra>" + ORDER_STYLE[m]["name"] + "</extra>"))
     fig.update_layout(barmode="group", title=dict(text=title or f"Layer of the top {k} heads", x=0.0),
-                      xaxis=dict(title="layer", dtick=1), yaxis=dict(title="heads", rangemode="tozero"))
-    return _style(fig, 320)
+                      xaxis=dict(title="layer", dtick=1 if L <= 16 else 2), yaxis=dict(title="heads", rangemode="tozero", dtick=1 if most <= 8 else None))  # whole heads
+    _style(fig, 320)
+    # the legend at the figure's bottom edge, below the axis title (at y=-0.2 of the plot it sat on the title)
+    fig.update_layout(height=int(fig.layout.height) + 40, margin=dict(b=80),
+                      legend=dict(orientation="h", yref="container", y=0.0, yanchor="bottom", x=0.0))
+    return fig
 
 
 METRIC_STYLE: dict[str, dict[str, Any]] = {

@@ -17,7 +17,9 @@
   and params): a changed setting asks again. Every page's automatic fetches go through here, so the rule is this
   one place.
 - `peek`: a result without computing anything (memory or the service's cache), for sections that wait for Run.
-Results carry `_waited` (seconds from the request to the result) next to the service's own `seconds`.
+Results carry `_waited` (seconds from the user's action to the result: from the start of the page run that the
+click, the edit or the opened link started, so the page's own work before the request counts) next to the
+service's own `seconds`.
 """
 from __future__ import annotations
 
@@ -79,6 +81,13 @@ def show_error(e: api.ApiError, what: str | None = None) -> None:
 def begin_page() -> None:
     """Start this run's box of warnings and notes (`layout.page_setup` calls it first on every page)."""
     st.session_state["_hl_box"] = {"warnings": [], "notes": [], "holder": None}
+    st.session_state["_hl_run_t0"] = time.monotonic()  # the user's action: widget callbacks ran just before
+
+
+def _action_t0() -> float:
+    """When the user's action that asked for this result happened: the start of this page run (`begin_page`)."""
+    t0 = st.session_state.get("_hl_run_t0")
+    return float(t0) if isinstance(t0, (int, float)) else time.monotonic()
 
 
 def warn(text: str, note: bool = False) -> None:
@@ -229,7 +238,7 @@ def peek(kind: str, params: dict[str, Any], *, ask_service: bool = True) -> dict
         if hit is not None:
             share.used(kind, params)
         return hit
-    t0 = time.monotonic()
+    t0 = _action_t0()
     try:
         found = api.cached(kind, params)
     except api.ApiError:
@@ -273,7 +282,7 @@ def fetch_many(requests: list[Job], *, quiet: bool = False, start: bool = False)
         _cancelled().pop(job.where, None)
         cur = _supersede(job)
         if cur is None:
-            t0 = time.monotonic()
+            t0 = _action_t0()
             try:
                 found = None if job.kind in api.UNCACHED else api.cached(job.kind, job.params)
                 if found is not None:
@@ -371,21 +380,39 @@ def _eta(e: dict[str, Any] | None) -> str:
     return f" of {e['text']}" if e and e.get("seconds") is not None and e["seconds"] >= SHOW_ESTIMATE_S else ""
 
 
+def bar_text(label: str, message: str, frac: float, waited: float, eta: str = "") -> str:
+    """A running job's bar: "SITE: training: step 154/400 · loss 0.31 · 9% of the job · 41.0 s of about 3 min".
+    The share is the whole job's (a stage's own count, such as a training's steps, comes in its message)."""
+    return f"{label}: {message} · {frac:.0%} of the job · {waited:.1f} s{eta}"
+
+
+def time_left(j: dict[str, Any], prior: str) -> str:
+    """What a progress bar adds after the seconds waited: ` · about 40 s left` from the job's own progress (the
+    service's `remaining_s`, once the job has made enough to extrapolate), else `prior` (` of about 3 min`: the
+    estimate before it ran). Pure."""
+    from backend.text import describe_seconds
+
+    left = j.get("remaining_s")
+    if j.get("status") == "running" and isinstance(left, (int, float)) and left >= 0:
+        return f" · {describe_seconds(left)} left"
+    return prior
+
+
 def _draw(sl: dict[str, Any], j: dict[str, Any], waited: float, now: float) -> None:
     """Draw (the first time) or update a running job's progress bar and Cancel button."""
     job = sl["job"]
     frac = min(max(float(j.get("progress") or 0.0), 0.0), 1.0)
-    stage = (j.get("message") or j["status"], round(frac, 2))
-    eta = sl["cur"].get("eta") or ""
+    eta = time_left(j, sl["cur"].get("eta") or "")
+    stage = (j.get("message") or j["status"], round(frac, 2), eta)
     if sl["holder"] is None:
         sl["holder"] = st.empty()
         with sl["holder"].container():
             c1, c2 = st.columns([6, 1], vertical_alignment="bottom")
-            sl["bar"] = c1.progress(frac, text=f"{job.label}: {stage[0]} · {frac:.0%} · {waited:.1f} s{eta}")
+            sl["bar"] = c1.progress(frac, text=bar_text(job.label, stage[0], frac, waited, eta))
             c2.button("Cancel", key=f"cancel_{job.where}", icon=":material/stop_circle:", width="stretch",
                       on_click=cancel_slot, args=(job.where,), help="Stop this job (DELETE /jobs/{id}).")
     elif stage != sl["shown"] or now - sl["drawn_at"] >= REDRAW_S:
-        sl["bar"].progress(frac, text=f"{job.label}: {stage[0]} · {frac:.0%} · {waited:.1f} s{eta}")
+        sl["bar"].progress(frac, text=bar_text(job.label, stage[0], frac, waited, eta))
     else:
         return
     sl["shown"], sl["drawn_at"] = stage, now

@@ -20,8 +20,10 @@ PATCHES = {"paired": "paired, prompt i's own", "mean": "mean of the clean prompt
 
 def patching_maps(pt: dict[str, Any], scores: dict[str, Any], selected: Iterable[Sequence[int]] = (),
                   title: str | None = None) -> go.Figure:
-    """Recovered share | TR | TL, side by side, each with its own colour bar and its top heads outlined."""
-    return figures.maps_row([("recovered", pt["recovered"], "Recovered share"), ("tr", scores["tr"], "TR"),
+    """Recovered share (%, as the top-heads table gives it) | TR | TL, side by side, each with its own colour bar
+    and its top heads outlined."""
+    rec = 100 * np.asarray(pt["recovered"], dtype=float)
+    return figures.maps_row([("recovered", rec, "Recovered share (%)"), ("tr", scores["tr"], "TR"),
                              ("tl", scores["tl"], "TL")], selected, title,
                             top=[pt.get("top") or [], scores.get("top_tr") or [], scores.get("top_tl") or []])
 

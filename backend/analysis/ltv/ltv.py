@@ -29,7 +29,6 @@ mechanism    key heads   saliency |a . dp(gold)/da| per head at the last token w
 from __future__ import annotations
 
 import math
-import random
 from typing import Any, Literal
 
 import numpy as np
@@ -49,7 +48,7 @@ from ..primitives.batching import build_prompts, encode
 from ..primitives.inject import Injection, check_layers, check_positions, evaluate_injections, vector_at
 from ..primitives.rates import paired_metrics
 from ..primitives.saved import load_tensors
-from ..primitives.selection import n_top, overlap, top_heads
+from ..primitives.selection import n_top, overlap, random_heads, top_heads
 from ..primitives.stages import spans
 from ..primitives.sweep import head_mask
 from ..primitives.threads import cpu_threads
@@ -88,14 +87,15 @@ class LtvParams(Selection, LtvRecipeParams):
         w = self.training_work(sizes) * trainings + get_kind("vectors").params(
             types=list(EXTRACTED), shots=self.shots, prompts=self.prompts, top_pct=self.top_pct,
             top_k=self.top_k).work(shape, sizes).named("extracted vectors")
-        w = w + passes("references", n, t0) + passes("references", n, t)
-        per = passes("conditions", n * (1 if joint else 1 + len(EXTRACTED)), t0) + passes("conditions", n, t)
+        b = o.SWEEP_BATCH_SIZE  # its evaluations' rows per call (`ltv_costs.EVAL_BATCH`)
+        w = w + passes("references", n, t0, b) + passes("references", n, t, b)
+        per = passes("conditions", n * (1 if joint else 1 + len(EXTRACTED)), t0, b) + passes("conditions", n, t, b)
         if self.mechanism and not joint:
             w = w + get_kind("scores").params(shots=self.shots, prompts=self.prompts).work(shape, sizes).named(
                 "head scores")
             n_pert = self.perturbations or min(2 * shape.d_model, o.LTV_MAX_PERTURBATIONS)
-            per = (per + training("key heads", n, t0) + passes("key heads", (1 + self.random_draws) * n, t0)
-                   + passes("OV reconstruction", 5 * n, t0) + passes("linear propagation", (n_pert + 2) * n, t0))
+            per = (per + training("key heads", n, t0, batch=b) + passes("key heads", (1 + self.random_draws) * n, t0, b)
+                   + passes("OV reconstruction", 5 * n, t0, b) + passes("linear propagation", (n_pert + 2) * n, t0, b))
         return w + per * layers
 
 
@@ -358,9 +358,8 @@ def _mechanism(ctx: Context, p: LtvParams, zero: Any, layer: int, theta: torch.T
     pool = [(l, h) for l in range(layer, L) for h in range(H)]
     k = min(n_top(L, H, p.key_pct), len(pool))
     key = top_heads(later, k=k)
-    rest = [h for h in pool if h not in set(key)]  # the random sets: from the other heads, when there are enough
-    pool = rest if len(rest) >= k else pool
-    draws = [sorted(random.Random(f"ltv-random-{p.seed}-{i}").sample(pool, k)) for i in range(p.random_draws)]
+    # the random sets: from the later heads that are not key heads (`random_heads`, the control of every kind)
+    draws = [sorted(random_heads(L, H, k, p.seed, exclude=key, draw=i + 1, pool=pool)) for i in range(p.random_draws)]
     progress(share["ablation"][0], "ablating key and random heads")
     abl = evaluate_injections(lm, zero, [Injection({layer: theta}, positions, mask=head_mask(lm, hs))
                                          for hs in [key, *draws]], EVAL_BATCH)

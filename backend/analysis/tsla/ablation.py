@@ -19,7 +19,7 @@ from ..kernel import Context
 from ..kinds import get_kind
 from ..params import Heads, Int, NonNegative, PromptParams
 from ..primitives import cost
-from ..primitives.cost import NONE, Shape, Sizes, Work, passes
+from ..primitives.cost import Shape, Sizes, Work, passes
 from ..results import Metrics, Model, PairedTest, Result
 from ..primitives.batching import Encoded, built_and_encoded
 from ..primitives.capture import capture_means
@@ -56,8 +56,8 @@ class AblationCurvesParams(PromptParams):
         ranked = [o for o in self.orders if o != "random"]
         rankings = len(ranked) + (len(self.random_seeds) if "random" in self.orders else 0)
         ks = {min(k, shape.heads) for k in self.ks if k > 0}
-        w = get_kind("scores").params(shots=self.shots, prompts=self.prompts).work(shape, sizes).named("head scores") \
-            if ranked else NONE
+        # the scores: the rankings, and the top sets the random orders stay out of
+        w = get_kind("scores").params(shots=self.shots, prompts=self.prompts).work(shape, sizes).named("head scores")
         return w + _sweep(self, shape, sizes, rankings * len(ks), f"{rankings} rankings x {len(ks)} values of k")
 
 
@@ -172,18 +172,20 @@ def _prompts(ctx: Context, p: PromptParams, mode: str, progress: Any = None) -> 
 
 
 def head_orders(ctx: Context, p: AblationCurvesParams) -> dict[str, list[list[Head]]]:
-    """Ranked head lists per order; "random" has one permutation per seed. Rankings come from the cached
-    `scores` of the same prompts."""
+    """Ranked head lists per order; "random" has one permutation per seed, starting with the heads outside the
+    top max(ks) TR and TL heads, so the random set at every k up to there is disjoint from both top sets (the
+    control `random_heads` draws everywhere). Rankings come from the cached `scores` of the same prompts."""
     L, H = ctx.lm.n_layers, ctx.lm.n_heads
     out: dict[str, list[list[Head]]] = {}
-    if set(p.orders) - {"random"}:
-        r = ctx.call("scores", shots=p.shots, prompts=p.prompts, seed=p.seed, batch_size=p.batch_size,
-                     progress=ctx.stage(0.0, 0.3, "head scores"))
-        for o in p.orders:
-            if o != "random":
-                out[o] = [ranking(getattr(r, o))]
+    r = ctx.call("scores", shots=p.shots, prompts=p.prompts, seed=p.seed, batch_size=p.batch_size,
+                 progress=ctx.stage(0.0, 0.3, "head scores"))
+    for o in p.orders:
+        if o != "random":
+            out[o] = [ranking(getattr(r, o))]
     if "random" in p.orders:
-        out["random"] = [random_heads(L, H, L * H, seed=s) for s in p.random_seeds]
+        kmax = max(p.ks)
+        top = set(ranking(r.tr)[:kmax]) | set(ranking(r.tl)[:kmax])
+        out["random"] = [random_heads(L, H, L * H, seed=s, exclude=top) for s in p.random_seeds]
     return out
 
 
