@@ -43,7 +43,8 @@ class Kind:
     version: int = 0
     """Bumped when a change alters what this kind computes, so its older cached results are not served (part of
     the cache key when > 0; 0 leaves the key as before). 1 for steer, vectors, geometry, site and methods: every
-    vector "at layer l" is added at the INPUT of decoder layer l (they added it at the output before)."""
+    vector "at layer l" is added at the INPUT of decoder layer l (they added it at the output before). 1 for ltv:
+    its linear propagation became opt-in (`propagation`, off by default; it ran by default before)."""
     indexed: bool = False  # list its cached results per model and task, so `Context.cached` finds them by any field
 
     @classmethod
@@ -139,7 +140,7 @@ _ENTRIES: tuple[Kind, ...] = (
     Kind.at("ltv.ltv", "ltv",
             "learned task vectors per layer against zero-shot, ICL, vanilla / function / TR / TL vectors, on top of "
             "ICL; key heads, OV reconstruction and linear propagation (rotation, stretch)", api="train_ltv",
-            indexed=True),
+            indexed=True, version=1),
     Kind.at("ltv.ltv_tasks", "ltv_tasks",
             "learned task vectors of several tasks at one layer: the comparison task by task, their cosine "
             "similarity, and sums of two tasks' vectors on composed tasks", api="ltv_across_tasks", uses_task=False),
