@@ -14,7 +14,9 @@ conditions   zero_shot   the query alone
                          share their trainings)
              ltv+icl     the LTV added to the k-shot prompts
              Extracted vectors come from the cached `vectors` kind and are added at the last token, unscaled.
-mechanism    key heads   saliency |a . dp(gold)/da| per head at the last token with the LTV in; the top
+mechanism    per single layer, each stage a param (`key_heads` and `ov` on by default, `propagation` opt-in: on
+             SmolLM2-135M it cost 90% of the mechanism's CPU time and half the run; `mechanism=False`: none)
+             key heads   saliency |a . dp(gold)/da| per head at the last token with the LTV in; the top
                          `key_pct` % of all heads, taken from the layers that see theta (>= its layer), are
                          ablated (zero, last token) against `random_draws` random sets as large from the same
                          layers (from their other heads, when there are enough); overlaps of the saliency map with the TR, TL and induction maps (kind `scores`)
