@@ -123,3 +123,29 @@ def test_the_page_state_offers_the_kinds_stages():
     assert state.FIELDS["ltv_mech"].parse("propagation,ov") == ["propagation", "ov"]
     with pytest.raises(ValueError):
         state.FIELDS["ltv_mech"].parse("everything")
+
+
+def test_kept_zero_shot_prefixes_give_the_same_result(llama, monkeypatch):
+    """The comparison and the mechanism's configurations read the zero-shot prompts' clean prefixes kept by the
+    first pass (`prefix_store`); with nothing kept (every call its own clean pass) the numbers are the same."""
+    from backend.analysis.primitives.batching import encode
+    from backend.analysis.primitives.prefix_store import STORE
+
+    STORE.clear()
+    kept = analyze("ltv", llama, parity_task(), cache=False, layer=1, **FAST, **only(*STAGES))
+    task = parity_task()
+    zero = encode(llama, task.build_prompts(0, FAST["prompts"], 0), task.kind)
+    assert STORE.get(llama, zero.ids) is not None  # the zero-shot prompts' prefixes were kept
+    STORE.clear()
+    monkeypatch.setenv("HEADLENS_PREFIX_CACHE_MB", "0")
+    fresh = analyze("ltv", llama, parity_task(), cache=False, layer=1, **FAST, **only(*STAGES))
+    assert STORE.nbytes == 0
+    assert kept.table == fresh.table
+    a, b = kept.per_layer[0], fresh.per_layer[0]
+    assert a.key_heads.heads == b.key_heads.heads
+    assert a.key_heads.ablated == b.key_heads.ablated and a.key_heads.random == b.key_heads.random
+    assert a.key_heads.gold_prob == pytest.approx(b.key_heads.gold_prob, rel=1e-5)
+    assert a.ov.final == b.ov.final and a.ov.same_layer == b.ov.same_layer and a.ov.direct == b.ov.direct
+    assert a.propagation.surrogate == b.propagation.surrogate
+    assert a.propagation.rotation == pytest.approx(b.propagation.rotation, abs=1e-5)
+    np.testing.assert_allclose(np.asarray(a.key_heads.saliency), np.asarray(b.key_heads.saliency), rtol=1e-5)

@@ -299,7 +299,8 @@ def _ltv(ctx: Context, p: LtvParams) -> dict[str, Any]:
         theta = torch.as_tensor(np.asarray(tr["theta"]), dtype=torch.float32)
         return Injection({l: theta[i] for i, l in enumerate(g)}, positions)
 
-    base = evaluate_injections(lm, zero, [Injection()], EVAL_BATCH)
+    # the zero-shot prompts' clean prefixes kept: the comparison and the mechanism's configurations are token steps
+    base = evaluate_injections(lm, zero, [Injection()], EVAL_BATCH, keep_prefix=True)
     # k-shot prompts alone and with each LTV: one sweep (one clean pass; a last-token LTV is one step over it)
     with_icl = evaluate_injections(lm, icl, [Injection()] + [ltv_injection(g, tr) for g, tr in zip(groups, trainings)],
                                    EVAL_BATCH, ctx.stage(*share["icl"], "k-shot prompts"))
