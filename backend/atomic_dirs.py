@@ -1,17 +1,25 @@
-"""Folders that appear whole or not at all: written under a temporary name beside the target, then renamed.
+"""Folders and files that appear whole or not at all: written under a temporary name beside the target, then
+renamed.
 
 `with staging(target) as tmp:` yields an empty folder `<parent>/.tmp-<target name>-<pid>-<random>`; when the
 block ends normally, `tmp` is renamed to `target` (one rename on one file system: readers see either nothing or
 the finished folder); when it raises (an error, Ctrl-C), `tmp` is deleted. A process killed with SIGKILL leaves
 its temporary folder behind: `clean_stale(parent)` deletes those whose process is gone, and every `staging` call
 runs it first.
+
+Files: `write_file(path, data)` writes `<parent>/.tmp-<name>-<host>-<pid>-<random>`, flushes it to disk and
+renames it over `path`; on any failure (a full disk: ENOSPC) the temporary file is removed, `path` is left as it
+was, and a `WriteError` says why in words, without a path. `check_file_target(path)` tries the same in the folder
+(create, write one block, remove) so a command can refuse a place before its work, not after.
 """
 from __future__ import annotations
 
+import errno
 import os
 import secrets
 import shutil
 import socket
+import stat
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
@@ -53,7 +61,13 @@ def clean_stale(parent: Path) -> list[Path]:
         owner = _owner(p.name)
         if owner is None or owner[0] != host or _alive(owner[1]):
             continue
-        shutil.rmtree(p, ignore_errors=True)
+        if p.is_dir() and not p.is_symlink():
+            shutil.rmtree(p, ignore_errors=True)
+        else:  # a temporary file of write_file
+            try:
+                p.unlink()
+            except OSError:
+                continue
         removed.append(p)
     return removed
 
@@ -103,3 +117,108 @@ def discard(path: Path) -> bool:
     os.rename(path, aside)
     shutil.rmtree(aside, ignore_errors=True)
     return True
+
+
+# -- files ------------------------------------------------------------------------------------------------------
+PROBE_BYTES = 4096  # what check_file_target writes: a disk that cannot take one block is full
+
+
+class WriteError(OSError):
+    """A file that could not be written: `reason` in words (no space, read-only, ...), without a path."""
+
+    def __init__(self, reason: str):
+        super().__init__(reason)
+        self.reason = reason
+
+    def __str__(self) -> str:
+        return self.reason
+
+
+_REASONS = {  # where the system's own words mislead (ENOENT when /proc refuses a new file) or say nothing
+    errno.ENOENT: "no file can be created there",
+    errno.ENOTDIR: "a part of the path is not a folder",
+    errno.EISDIR: "it is a folder",
+}
+
+
+def write_reason(e: OSError) -> str:
+    """An OSError of a write in words (`No space left on device`, `Read-only file system`, ...), without its file
+    name (which would be an absolute path)."""
+    if isinstance(e, WriteError):
+        return e.reason
+    return _REASONS.get(e.errno or 0) or e.strerror or type(e).__name__
+
+
+def _temp_name(target: Path) -> Path:
+    return target.parent / f"{PREFIX}{target.name[:100]}-{_host()}-{os.getpid()}-{secrets.token_hex(4)}"
+
+
+def _write_fd(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+    os.fsync(fd)
+
+
+def write_file(path: str | os.PathLike, data: bytes | str, mode: int | None = None) -> None:
+    """Write `data` (str: UTF-8) to `path` whole or not at all (see the module docstring); WriteError otherwise.
+
+    `mode`: the new file's permission bits (less the umask); default: an existing file's own, else 0o666 less the
+    umask, as `open` would. A symlink at `path` is replaced by the file, not followed."""
+    target = Path(path)
+    raw = data.encode("utf-8") if isinstance(data, str) else bytes(data)
+    keep = None
+    if mode is None:
+        try:
+            st = os.stat(target, follow_symlinks=False)
+            if stat.S_ISREG(st.st_mode):
+                keep = st.st_mode & 0o7777
+        except OSError:
+            pass
+    tmp = _temp_name(target)
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+    try:
+        fd = os.open(tmp, flags, 0o666 if mode is None else mode)
+        try:
+            if keep is not None:
+                os.fchmod(fd, keep)
+            _write_fd(fd, raw)
+        finally:
+            os.close(fd)
+        os.replace(tmp, target)
+    except BaseException as e:  # a full disk, Ctrl-C: no partial file, under either name
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        if isinstance(e, OSError):
+            raise WriteError(write_reason(e)) from None
+        raise
+
+
+def check_file_target(path: str | os.PathLike) -> None:
+    """Whether `write_file(path, ...)` can put a file there, tried without leaving anything: WriteError saying why
+    not: `path` is a folder ("it is a folder, not a file"), or why its folder cannot take a file (it does not
+    exist, is not a folder, is read-only or full, refuses new files)."""
+    target = Path(path)
+    if target.is_dir():
+        raise WriteError("it is a folder, not a file")
+    parent = target.parent
+    if not parent.exists():  # the reasons from here on are the folder's
+        raise WriteError("it does not exist")
+    if not parent.is_dir():
+        raise WriteError("it is not a folder")
+    tmp = _temp_name(target)
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600)
+        try:
+            _write_fd(fd, b"\0" * PROBE_BYTES)
+        finally:
+            os.close(fd)
+    except OSError as e:
+        raise WriteError(write_reason(e)) from None
+    finally:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass

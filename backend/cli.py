@@ -11,10 +11,12 @@ import argparse
 import json
 import os
 import re
+import stat
 import sys
 from pathlib import Path
 from typing import Any, Callable
 
+from .atomic_dirs import WriteError, check_file_target, write_file, write_reason
 from .service.errors import UsageError  # also raised by service.sweep_cli (one class; defined below both)
 from .service.cli_flags import add_params, parse_value, read_params  # noqa: F401 (parse_value: tests)
 from .text import clip
@@ -31,40 +33,111 @@ def command(name: str):
 
 
 def emit(obj: Any, out: str | None) -> None:
-    """Write strict JSON (NaN and infinities as null) to `out` (a file path) or stdout."""
+    """Write strict JSON (NaN and infinities as null) to `out` (a file path, written whole or not at all) or stdout."""
     from .jsonable import to_jsonable
 
     text = json.dumps(to_jsonable(obj), indent=1, allow_nan=False)
     if out and out != "-":
-        path = Path(out)
-        if path.is_dir():
-            raise UsageError(f"--json {out[:200]}: is a directory; give a file path")
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(text)
-        except OSError as e:
-            raise UsageError(f"--json {out[:200]}: cannot write ({e.strerror or e})") from None
+        write_output(text, out, "--json")
         print(f"wrote {out}", file=sys.stderr)
     else:
         print(text)
 
 
+# -- files the commands write -------------------------------------------------------------------------------
+def _is_stream(path: str) -> bool:
+    """Whether `path` is an existing device or pipe (/dev/stdout, /dev/null, a FIFO): written as it is."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return False
+    return stat.S_ISCHR(mode) or stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode)
+
+
+def _through_link(path: str) -> str:
+    """The file a symlink points to (it is written there, the link kept), else `path`."""
+    return os.path.realpath(path) if os.path.islink(path) else path
+
+
+def check_output(path: str | None, flag: str) -> None:
+    """Before any work: refuse an output file that cannot be written, in one sentence naming the folder as the user
+    gave it (UsageError, exit 2): the path is a folder, or its folder is missing, not a folder, read-only, full or
+    refuses new files (/proc). A probe file is created and removed there."""
+    if not path or path == "-" or _is_stream(path):
+        return
+    if Path(path).is_dir():
+        raise UsageError(f"{flag} {clip(path, 200)}: is a directory; give a file path")
+    try:
+        check_file_target(_through_link(path))
+    except WriteError as e:
+        folder = os.path.dirname(path) or "."
+        raise UsageError(f"{flag} {clip(path, 200)}: cannot write in the folder {clip(folder, 200)} ({e.reason})") \
+            from None
+
+
+def write_output(data: str | bytes, path: str, flag: str) -> int:
+    """Write `data` to the output file `path` whole or not at all (temporary name, flush, rename:
+    atomic_dirs.write_file); a failure (a full disk) leaves no partial file and is one sentence (UsageError). The
+    number of bytes written."""
+    raw = data.encode("utf-8") if isinstance(data, str) else data
+    try:
+        if _is_stream(path):
+            with open(path, "wb") as f:
+                f.write(raw)
+        else:
+            write_file(_through_link(path), raw)
+    except OSError as e:
+        raise UsageError(f"{flag} {clip(path, 200)}: cannot write it ({write_reason(e)}); nothing was written") \
+            from None
+    return len(raw)
+
+
+def output_paths(a: argparse.Namespace) -> list[tuple[str, str]]:
+    """(flag, path) of every file the parsed command will write, for `check_output` before it runs."""
+    if a.cmd == "report":
+        return [("--out", report_path(a))]
+    out = getattr(a, "out", None)
+    return [("--json", out)] if isinstance(out, str) else []
+
+
 class Bar:
-    """A tqdm bar on stderr fed by progress(fraction, message) callbacks."""
+    """Progress on stderr fed by progress(fraction, message) callbacks: a tqdm bar on a terminal; written to a file
+    or a pipe, a plain line at most every PLAIN_EVERY_S seconds ("findings: 42% · training: step 80/400 · 31 s"),
+    not a carriage-return redraw per step (a one-minute `report` once wrote 70 kB of them)."""
 
-    def __init__(self, desc: str):
-        from tqdm import tqdm
+    PLAIN_EVERY_S = 5.0
 
-        self.bar = tqdm(total=1000, desc=desc, file=sys.stderr, leave=False,
-                        bar_format="{desc}: {percentage:3.0f}%|{bar}| {elapsed}<{remaining} {postfix}")
+    def __init__(self, desc: str, stream: Any = None):
+        import time
+
+        self.stream = stream or sys.stderr
+        self.desc, self.t0, self.last = desc, time.monotonic(), None
+        isatty = getattr(self.stream, "isatty", None)
+        self.bar = None
+        if callable(isatty) and isatty():
+            from tqdm import tqdm
+
+            self.bar = tqdm(total=1000, desc=desc, file=self.stream, leave=False,
+                            bar_format="{desc}: {percentage:3.0f}%|{bar}| {elapsed}<{remaining} {postfix}")
 
     def __call__(self, frac: float, msg: str = "") -> None:
-        self.bar.n = int(1000 * min(max(frac, 0.0), 1.0))
+        frac = min(max(frac, 0.0), 1.0)
+        if self.bar is None:
+            import time
+
+            now = time.monotonic()
+            if self.last is None or now - self.last >= self.PLAIN_EVERY_S:
+                self.last = now
+                print(f"{self.desc}: {frac:.0%}" + (f" · {msg}" if msg else "") + f" · {now - self.t0:.0f} s",
+                      file=self.stream, flush=True)
+            return
+        self.bar.n = int(1000 * frac)
         self.bar.set_postfix_str(msg, refresh=False)
         self.bar.refresh()
 
     def close(self) -> None:
-        self.bar.close()
+        if self.bar is not None:
+            self.bar.close()
 
 
 # -- shared arguments -------------------------------------------------------------------------------------
@@ -87,6 +160,18 @@ def _out_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", dest="out", default=None, help="write the result JSON here (default: stdout)")
     p.add_argument("--no-cache", action="store_true", help="compute afresh and do not store the result")
     p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help="show tracebacks")
+
+
+def allowed_model(name: str) -> str:
+    """`name` under HEADLENS_MODEL_ROOT and HEADLENS_ALLOW_HUB, the service's rules and sentences
+    (service.model_pool.check_access): the name to load, or UsageError (exit 2) before any load or download."""
+    from .service.errors import Forbidden
+    from .service.model_pool import check_access
+
+    try:
+        return check_access(name) or name
+    except Forbidden as e:
+        raise UsageError(e.message) from None
 
 
 def load_model_from(a: argparse.Namespace):
@@ -128,6 +213,8 @@ def compute_kind(name: str, a: argparse.Namespace) -> Any:
     from .service.limits import Limits
 
     spec = get_kind(name)
+    if spec.uses_model:
+        a.model = allowed_model(a.model)
     p = read_params(spec.params, a)
     task = load_task_from(a) if spec.uses_task else None
     limits = Limits.from_env()  # a bad HEADLENS_MAX_* setting: a ValueError naming it (one line, exit 2)
@@ -203,17 +290,22 @@ def cmd_models(a: argparse.Namespace) -> None:
     print(f"{a.name} is ready in {path}; use it with --model {a.name}", file=sys.stderr)
 
 
+def report_path(a: argparse.Namespace) -> str:
+    """The report's file: --out, else findings-<model>.html in the working folder."""
+    return a.html or f"findings-{re.sub(r'[^A-Za-z0-9_.-]+', '_', Path(a.model).name or a.model)}.html"
+
+
 @command("report")
 def cmd_report(a: argparse.Namespace) -> None:
-    """The findings report (kind `findings`) as one self-contained HTML file."""
+    """The findings report (kind `findings`) as one self-contained HTML file (its place checked by `main` before
+    hours of measuring, written whole or not at all)."""
     from .findings_html import report_html
 
-    out = Path(a.html or f"findings-{re.sub(r'[^A-Za-z0-9_.-]+', '_', Path(a.model).name or a.model)}.html")
-    if out.is_dir():  # before hours of measuring, not after
-        raise UsageError(f"--out {clip(str(out), 200)}: is a directory; give a file path")
+    out = report_path(a)
+    check_output(out, "--out")
     r = compute_kind("findings", a)
-    out.write_text(report_html(r), encoding="utf-8")
-    print(f"wrote {out} ({out.stat().st_size / 1e3:.0f} kB)", file=sys.stderr)
+    size = write_output(report_html(r), out, "--out")
+    print(f"wrote {out} ({size / 1e3:.0f} kB)", file=sys.stderr)
 
 
 @command("launch")
@@ -234,7 +326,7 @@ def cmd_sweep(a: argparse.Namespace) -> None:
 def cmd_warm(a: argparse.Namespace) -> None:
     from .service.warm import warm
 
-    emit(warm(a.model, a.task, say=lambda line: print(line, file=sys.stderr)), a.json)
+    emit(warm(allowed_model(a.model), a.task, say=lambda line: print(line, file=sys.stderr)), a.out)
 
 
 @command("serve")
@@ -319,7 +411,7 @@ def build_parser() -> argparse.ArgumentParser:
                                     "ICL curve on its first task), so the dashboard's first view of it is a cache hit")
     w.add_argument("--model", default="default")
     w.add_argument("--task", default=None, help="default: the task the dashboard opens on for the model")
-    w.add_argument("--json", default=None, metavar="OUT", help="write the summary here (default: stdout)")
+    w.add_argument("--json", dest="out", default=None, metavar="OUT", help="write the summary here (default: stdout)")
 
     v = sub.add_parser("serve", help="run the HTTP service (FastAPI + uvicorn)")
     v.add_argument("--host", default="127.0.0.1", help="interface to bind (default: loopback only)")
@@ -362,6 +454,8 @@ def main(argv: list[str] | None = None) -> int:
         return train_main(argv[1:])
     a = build_parser().parse_args(negative_lists(argv))
     try:
+        for flag, path in output_paths(a):  # where the results go, before any model is loaded or work done
+            check_output(path, flag)
         if a.cmd in COMMANDS:
             COMMANDS[a.cmd](a)
         else:

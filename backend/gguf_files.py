@@ -6,6 +6,12 @@ UTF-8 bytes, an array an element type u32, a u64 count and the elements. Only th
 e.g. the tokenizer's 49k tokens, are skipped and reported by length), so the service can check a file, and
 refuse an architecture it cannot run, before anything is loaded.
 
+The tensor table after the metadata is checked too, so a broken file is one sentence here, never an error deep
+inside transformers: the counts must fit in the file's bytes (a header declaring 2^62 tensors is refused before
+it is read), every tensor's type must be known and its data must end inside the file (a truncated file), and a
+tensor with a standard llama.cpp name (`blk.N.attn_q.weight`, `token_embd.weight`, ...) must have the shape the
+header's own sizes give it (embedding_length, head counts, key/value length, feed_forward_length).
+
 A converted file is a safetensors folder `<models dir>/converted/<sha256 of the GGUF>/` (backend/gguf_convert.py):
 config.json, model.safetensors, the tokenizer's files and `headlens-gguf.json` (the GGUF's sha256, name,
 architecture), written last, so a folder without it is incomplete.
@@ -28,6 +34,10 @@ MAGIC = b"GGUF"
 MARKER = "headlens-gguf.json"  # written last into a converted folder
 MAX_STRING_BYTES = 64 << 20  # a chat template is a few KB; anything this large is a broken file
 MAX_COUNT = 1 << 31
+MAX_TENSORS = 1 << 20  # a 400B-parameter model has a few thousand
+MAX_DIMS = 8
+MIN_KV_BYTES = 8 + 4 + 1  # a metadata entry: key length, value type, a one-byte value
+MIN_TENSOR_BYTES = 8 + 4 + 4 + 8  # a tensor's entry: name length, dims count, type, offset
 _SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
 STRING, ARRAY = 8, 9
 
@@ -118,16 +128,102 @@ def read_header(path: str | Path) -> dict[str, Any]:
         version = r.scalar("<I")
         if version not in (2, 3):
             raise GgufError(f"{clip(path.name)} is GGUF version {version}; versions 2 and 3 can be read")
-        _tensors, n_kv = r.scalar("<Q"), r.scalar("<Q")
-        if n_kv > MAX_COUNT:
-            raise GgufError(f"{clip(path.name)} is not a readable GGUF file: {n_kv} metadata entries")
-        meta: dict[str, Any] = {"GGUF.version": version, "GGUF.tensor_count": _tensors}
+        n_tensors, n_kv = r.scalar("<Q"), r.scalar("<Q")
+        size = key[1]
+        if n_kv > MAX_COUNT or n_kv * MIN_KV_BYTES > size:
+            raise GgufError(f"{clip(path.name)} is truncated or not a readable GGUF file: its header declares {n_kv} "
+                            f"metadata entries, more than its {size} bytes can hold")
+        if n_tensors > MAX_TENSORS or n_tensors * MIN_TENSOR_BYTES > size:
+            raise GgufError(f"{clip(path.name)} is truncated or not a readable GGUF file: its header declares "
+                            f"{n_tensors} tensors, more than its {size} bytes can hold")
+        meta: dict[str, Any] = {"GGUF.version": version, "GGUF.tensor_count": n_tensors}
         for _ in range(n_kv):
             k = r.string()
             meta[k] = r.value(r.scalar("<I"))
+        _check_tensors(r, meta, n_tensors, size)
     with _memo_lock:
         _HEADERS[key] = meta
     return meta
+
+
+def _check_tensors(r: _Reader, meta: dict[str, Any], n_tensors: int, size: int) -> None:
+    """Read the tensor table and check it against the file's size and the header's sizes (module docstring)."""
+    from gguf.constants import GGML_QUANT_SIZES  # (elements per block, bytes per block) of every ggml type
+
+    name = clip(r.path.name)
+    table = []
+    for _ in range(n_tensors):
+        tname = r.string()
+        n_dims = r.scalar("<I")
+        if n_dims > MAX_DIMS:
+            raise GgufError(f"{name} is not a readable GGUF file: its tensor {clip(tname, 60)!r} has {n_dims} "
+                            f"dimensions")
+        dims = tuple(r.scalar("<Q") for _ in range(n_dims))
+        table.append((tname, dims, r.scalar("<I"), r.scalar("<Q")))
+    align = meta.get("general.alignment", 32)
+    if not isinstance(align, int) or align <= 0 or align & (align - 1):
+        raise GgufError(f"{name} is not a readable GGUF file: its general.alignment is {align!r}, not a power of two")
+    start = -(-r.f.tell() // align) * align  # the tensor data begins at the next multiple of the alignment
+    shapes = expected_shapes(meta)
+    for tname, dims, ttype, offset in table:
+        shown = clip(tname, 60)
+        if ttype not in GGML_QUANT_SIZES:
+            raise GgufError(f"{name} is not a readable GGUF file: its tensor {shown!r} has the unknown type {ttype}")
+        block, block_bytes = GGML_QUANT_SIZES[ttype]
+        count = 1
+        for d in dims:
+            count *= d
+        if count % block or (dims and dims[0] % block):
+            raise GgufError(f"{name} is not a readable GGUF file: its tensor {shown!r} of shape {list(dims)} does "
+                            f"not fill whole blocks of its type")
+        end = start + offset + count // block * block_bytes
+        if end > size:
+            raise GgufError(f"{name} is truncated or broken: its tensor {shown!r} would end at byte {end}, past the "
+                            f"end of the file ({size} bytes)")
+        want = shapes.get(tname)
+        if want is not None and dims != want:
+            raise GgufError(f"{name} is broken: its tensor {shown!r} has shape {list(dims)}, but the sizes in its "
+                            f"header make it {list(want)}")
+
+
+_BLOCK_SHAPES = {  # llama.cpp's names for a block's tensors -> their shape (GGUF order: the input dimension first)
+    "attn_norm": ("E",), "ffn_norm": ("E",), "post_attention_norm": ("E",), "post_ffw_norm": ("E",),
+    "attn_q_norm": ("Dk",), "attn_k_norm": ("Dk",),
+    "attn_q": ("E", "H*Dk"), "attn_k": ("E", "KV*Dk"), "attn_v": ("E", "KV*Dv"), "attn_output": ("H*Dv", "E"),
+    "ffn_gate": ("E", "F"), "ffn_up": ("E", "F"), "ffn_down": ("F", "E"),
+}
+_LLAMA_LIKE = ("llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3")
+
+
+def expected_shapes(meta: dict[str, Any]) -> dict[str, tuple[int, ...]]:
+    """The shape of each standard tensor of a llama-like file (GGUF order), from the header's own sizes; only the
+    tensors whose sizes the header gives (an array of per-layer sizes: not checked). Empty for other architectures."""
+    arch = meta.get("general.architecture")
+    if arch not in _LLAMA_LIKE:
+        return {}
+
+    def num(key: str) -> int | None:
+        v = meta.get(f"{arch}.{key}")
+        return v if isinstance(v, int) and not isinstance(v, bool) and v > 0 else None
+
+    e, h, layers = num("embedding_length"), num("attention.head_count"), num("block_count")
+    kv = num("attention.head_count_kv") or h
+    dk = num("attention.key_length") or (e // h if e and h and e % h == 0 else None)
+    dv = num("attention.value_length") or (e // h if e and h and e % h == 0 else None)
+    sizes = {"E": e, "F": num("feed_forward_length"), "Dk": dk, "Dv": dv,
+             "H*Dk": h * dk if h and dk else None, "KV*Dk": kv * dk if kv and dk else None,
+             "KV*Dv": kv * dv if kv and dv else None, "H*Dv": h * dv if h and dv else None}
+    out: dict[str, tuple[int, ...]] = {}
+    if e:
+        out["output_norm.weight"] = (e,)
+    for role, dims in _BLOCK_SHAPES.items():
+        shape = tuple(sizes[d] for d in dims)
+        if layers and all(shape):
+            for i in range(layers):
+                out[f"blk.{i}.{role}.weight"] = shape  # type: ignore[assignment]
+                if len(shape) == 2:
+                    out[f"blk.{i}.{role}.bias"] = (shape[1],)  # type: ignore[assignment]
+    return out
 
 
 def architecture(path: str | Path) -> str:

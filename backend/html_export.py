@@ -25,7 +25,11 @@ h1 {font-size: 1.7rem; margin: 0 0 4px;} h2 {font-size: 1.2rem; margin: 32px 0 8
 .muted {color: #6b6f80; font-size: .88rem;}
 pre {background: #f5f6f8; border: 1px solid #e2e4ea; border-radius: 6px; padding: 10px 12px; overflow-x: auto;
   white-space: pre-wrap; word-break: break-all; font-size: .85rem;}
-table {border-collapse: collapse; font-size: .85rem; margin: 4px 0 12px;}
+table {border-collapse: collapse; font-size: .85rem; margin: 4px 0 12px; display: block; max-width: 100%;
+  overflow-x: auto;}
+code {overflow-wrap: anywhere; word-break: break-all;}
+main {overflow-wrap: anywhere;} .figure {overflow-x: auto;}
+@media (max-width: 640px) {main {padding: 16px 12px 48px;}}
 th, td {border: 1px solid #e2e4ea; padding: 3px 8px; text-align: left;} th {background: #f5f6f8;}
 td.num {text-align: right; font-variant-numeric: tabular-nums;}
 .figure {border: 1px solid #eceef2; border-radius: 6px; margin: 12px 0; padding: 4px;}

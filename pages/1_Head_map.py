@@ -297,7 +297,9 @@ with c2:
     st.caption(f"Jaccard: overlap of the top-head sets ({s.top_label()}: {n_top} head{'s' if n_top != 1 else ''} "
                "each). Spearman and Kendall: rank correlation over all heads.")
 with c3:
-    share.chart(figures.layer_distribution(scores, n, f"Layer of the top {n} heads{ctx}"), "layer-distribution",
+    # the subtitle without the top-set size: the title's own count is the one that holds
+    share.chart(figures.layer_distribution(scores, n, f"Layer of the top {n} heads" + figures.subtitle(
+        figures.caption(s.model, s.task_title, scores["shots"]))), "layer-distribution",
                 key="layer_dist", heads=f"top{n}")
 
 # -- downloads -----------------------------------------------------------------------------------------------------

@@ -126,3 +126,56 @@ def test_json_output_is_strict_and_a_directory_is_refused(model_dir, tmp_path, c
     out = tmp_path / "s.json"
     assert main(["scores", "--model", model_dir, "--task", "sentiment", "--prompts", "3", "--json", str(out)]) == 0
     json.loads(out.read_text(), parse_constant=lambda c: pytest.fail(f"non-strict JSON constant {c}"))
+
+
+# -- issue 24, item 7: HEADLENS_ALLOW_HUB and HEADLENS_MODEL_ROOT bind the command line as they bind the service -------
+def _no_load(monkeypatch) -> None:
+    import backend.cli as cli
+    import backend.models as models
+    import backend.service.warm as warm
+
+    def boom(*a, **k):
+        pytest.fail("a model was loaded (or the hub tried) against the access rules")
+
+    for mod, name in ((cli, "load_model_from"), (models, "load_model"), (warm, "warm")):
+        monkeypatch.setattr(mod, name, boom)
+
+
+@pytest.mark.parametrize("command", [["scores", "--task", "sentiment", "--prompts", "2"], ["warm"],
+                                     ["sweep", "--tasks", "sentiment", "--kinds", "scores"]])
+def test_the_cli_honours_the_service_s_model_rules(command, model_dir, tmp_path, monkeypatch, capsys):
+    from pathlib import Path
+
+    from backend.service.errors import Forbidden
+    from backend.service.model_pool import ModelPool
+
+    flag = "--models" if command[0] == "sweep" else "--model"
+    monkeypatch.setenv("HEADLENS_ALLOW_HUB", "0")
+    monkeypatch.delenv("HEADLENS_MODEL_ROOT", raising=False)
+    _no_load(monkeypatch)
+    with pytest.raises(Forbidden) as hub:  # the service's sentence
+        ModelPool().check("someone/some-model")
+    assert main([*command, flag, "someone/some-model"]) == 2
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.startswith("error")]  # a sweep names the cell first
+    assert len(lines) == 1 and lines[0].endswith(hub.value.message) and "HEADLENS_ALLOW_HUB=0" in err, err
+
+    root = tmp_path / "root"
+    root.mkdir()
+    monkeypatch.setenv("HEADLENS_MODEL_ROOT", str(root))
+    with pytest.raises(Forbidden) as outside:
+        ModelPool().check(model_dir)
+    assert main([*command, flag, model_dir]) == 2
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.startswith("error")]
+    assert len(lines) == 1 and lines[0].endswith(outside.value.message) and "HEADLENS_MODEL_ROOT" in err, err
+    assert str(root) not in err  # the root's path is not shown, as in the service
+
+    if command[0] == "scores":  # a name relative to the root is the model under it, as in the service
+        monkeypatch.undo()
+        monkeypatch.setenv("HEADLENS_ALLOW_HUB", "0")
+        monkeypatch.setenv("HEADLENS_MODEL_ROOT", str(Path(model_dir).parent))
+        monkeypatch.chdir(tmp_path)  # where no `tiny-gpt2` is
+        out = tmp_path / "s.json"
+        assert main([*command, flag, Path(model_dir).name, "--json", str(out)]) == 0
+        assert json.loads(out.read_text())["n_heads"] == 4

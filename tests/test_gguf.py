@@ -73,6 +73,73 @@ def test_header_reader_reads_the_metadata_and_refuses_what_is_not_gguf(tiny_gguf
         read_header(cut)
 
 
+def _broken(tiny_gguf: Path, folder: Path, how: str) -> Path:
+    """The tiny GGUF with a valid llama header, broken as `how` says."""
+    import struct
+
+    data = bytearray(tiny_gguf.read_bytes())
+    if how == "truncated tensor data":
+        data = data[: int(len(data) * 0.7)]
+    elif how == "2^62 tensors":
+        data[8:16] = struct.pack("<Q", 1 << 62)
+    elif how == "2^62 metadata entries":
+        data[16:24] = struct.pack("<Q", 1 << 62)
+    elif how == "an offset past the end":
+        name = b"output.weight"
+        at = data.rfind(name) + len(name)
+        n_dims = struct.unpack_from("<I", data, at)[0]
+        struct.pack_into("<Q", data, at + 4 + 8 * n_dims + 4, 1 << 40)
+    elif how == "a shape its header contradicts":  # transformers: "...look at the above report!"
+        name = b"blk.0.ffn_gate.weight"
+        at = data.find(name) + len(name)
+        dims = struct.unpack_from("<2Q", data, at + 4)
+        struct.pack_into("<2Q", data, at + 4, *reversed(dims))
+    elif how == "an unknown tensor type":
+        name = b"output_norm.weight"
+        at = data.find(name) + len(name)
+        n_dims = struct.unpack_from("<I", data, at)[0]
+        struct.pack_into("<I", data, at + 4 + 8 * n_dims, 999)
+    f = folder / "broken.gguf"
+    f.write_bytes(bytes(data))
+    return f
+
+
+BROKEN = {"truncated tensor data": "is truncated or broken: its tensor 'blk.1.ffn_gate.weight' would end at byte",
+          "2^62 tensors": "is truncated or not a readable GGUF file: its header declares 4611686018427387904 tensors",
+          "2^62 metadata entries": "its header declares 4611686018427387904 metadata entries, more than its",
+          "an offset past the end": "is truncated or broken: its tensor 'output.weight' would end at byte 1099511",
+          "a shape its header contradicts": "its tensor 'blk.0.ffn_gate.weight' has shape [128, 64], but the sizes in "
+                                            "its header make it [64, 128]",
+          "an unknown tensor type": "its tensor 'output_norm.weight' has the unknown type 999"}
+
+
+@pytest.mark.parametrize("how", list(BROKEN))
+def test_a_broken_gguf_is_one_sentence_at_the_header_check(how, tiny_gguf, tmp_path, models_dir, monkeypatch):
+    """Issue 24, item 8: a valid llama header over broken tensors, or absurd counts, is refused from the header,
+    before transformers reads anything (the load, the service's check and the CLI alike)."""
+    import backend.gguf_convert as gc
+    from backend.cli import main
+    from backend.models import ModelLoadError, load_model
+    from backend.service.errors import BadRequest
+    from backend.service.model_pool import ModelPool
+
+    def no_transformers(*a, **k):
+        pytest.fail("transformers was asked to read a file the header check should refuse")
+
+    monkeypatch.setattr(gc, "load_gguf", no_transformers)
+    f = _broken(tiny_gguf, tmp_path, how)
+    with pytest.raises(ModelLoadError) as e:
+        load_model(str(f), device="cpu")
+    msg = str(e.value)
+    assert msg.startswith("broken.gguf ") and BROKEN[how] in msg, msg
+    assert ". " not in msg and str(tmp_path) not in msg and "look at the above report" not in msg
+    with pytest.raises(BadRequest) as bad:  # the service: a 422, the same sentence
+        ModelPool().check(str(f))
+    assert BROKEN[how] in bad.value.message
+    assert main(["scores", "--model", str(f), "--task", "sentiment", "--prompts", "2"]) == 2
+    assert not (models_dir / "converted").exists() or not any((models_dir / "converted").iterdir())
+
+
 # -- resolution -----------------------------------------------------------------------------------------------
 def test_names_resolve_to_gguf_files_folders_presets_and_hub_ids(tiny_gguf, tmp_path, models_dir):
     from backend.model_sources import SourceError, resolve

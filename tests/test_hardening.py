@@ -168,6 +168,27 @@ def test_damaged_upload_record_is_a_clear_4xx(tmp_path, damage, caplog):
     assert TaskStore(tmp_path).get(task_id).name == "mine"
 
 
+def test_upload_record_on_a_full_disk_leaves_no_file(tmp_path, monkeypatch):
+    """An upload whose record cannot be written (a full disk) lives in memory; no partial or temporary file stays."""
+    import errno
+
+    import backend.atomic_dirs as ad
+    from backend.service.task_store import TaskStore
+
+    real_write = os.write
+
+    def full(fd, data):
+        real_write(fd, bytes(data)[:5])  # a few bytes land, then the disk is full
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(ad.os, "write", full)
+    store = TaskStore(tmp_path)
+    task_id, task = store.add("mine.csv", TEXT.encode())
+    monkeypatch.undo()
+    assert list(tmp_path.iterdir()) == []
+    assert store.get(task_id).name == task.name == "mine"
+
+
 def test_damaged_upload_record_through_the_service(shared_cache, monkeypatch):
     monkeypatch.setenv("HEADLENS_CACHE_DIR", str(shared_cache))
     with _client() as c:

@@ -565,14 +565,16 @@ class FaultyOS:
 
 
 def _fault(monkeypatch: Any, tmp_path: Path, fault: str, names: str) -> None:
+    import backend.atomic_dirs as ad  # the store writes its files through atomic_dirs.write_file
     import backend.tensor_store as ts
 
     if fault == "a file where tensors/ should be":
         (tmp_path / "tensors").write_text("not a folder")
-    elif fault == "a read-only folder":
-        monkeypatch.setattr(ts, "os", FaultyOS(errno.EROFS, "create", names))
-    else:  # a full disk
-        monkeypatch.setattr(ts, "os", FaultyOS(errno.ENOSPC, "write", names))
+        return
+    faulty = FaultyOS(errno.EROFS, "create", names) if fault == "a read-only folder" else \
+        FaultyOS(errno.ENOSPC, "write", names)  # a full disk
+    monkeypatch.setattr(ts, "os", faulty)
+    monkeypatch.setattr(ad, "os", faulty)
 
 
 REASON = {"a file where tensors/ should be": "not a folder", "a read-only folder": "Read-only file system",
@@ -615,9 +617,11 @@ def test_4_a_save_that_fails_after_training_returns_the_tensors_inline(svc, tmp_
         assert os.listdir(tmp_path / "tensors") == []  # no partial file, no temporary one
         cached = c.post("/jobs/cached", json={"kind": kind, **BASE, **FIELDS[kind], "seed": 22})
         assert cached.status_code == 404  # not cached: the next request trains (and saves) again
+        import backend.atomic_dirs as ad
         import backend.tensor_store as ts
 
         monkeypatch.setattr(ts, "os", os)  # the disk is back
+        monkeypatch.setattr(ad, "os", os)
         up = c.post("/tensors", content=data)
         assert up.status_code == 200 and up.json()["id"] == tid
         loaded = job(c, "site" if kind == "site" else "ltv", load=tid)

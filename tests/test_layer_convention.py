@@ -128,7 +128,6 @@ def test_methods_at_a_fixed_layer_and_at_each_vectors_best_layer():
 
 
 def test_kinds_whose_site_moved_have_a_new_key():
-    assert {k: get_kind(k).version for k in ("vectors", "steer", "geometry", "site", "methods")} == dict.fromkeys(
-        ("vectors", "steer", "geometry", "site", "methods"), 1)
-    assert get_kind("scores").version == 0
-    assert get_kind("ltv").version == 1  # not for its site (unchanged): linear propagation became opt-in (issue 25)
+    assert all(get_kind(k).version >= 1 for k in ("vectors", "steer", "geometry", "site", "methods"))
+    assert get_kind("scores").version == 0  # (ltv: 1 for its random sets, 2 for its paired tests, 3 for its opt-in
+    # linear propagation; not the layers)

@@ -84,7 +84,7 @@ def test_each_stage_is_a_named_part_of_the_cost():
         assert all(names[s] not in parts for s in STAGES if s != stage)
     # linear propagation: one token step per perturbation and prompt from the layer on, 2 d_model = 1,024 of them
     prop = dict(kind.params(layer=15, **only("propagation")).work(shape, sizes).parts)["linear propagation"]
-    assert prop == pytest.approx(1024 * 50 * 15 / 30 + 2 * 50 * 6 + 50 * 16 / 30)
+    assert prop == pytest.approx(1024 * 50 * 15 / 30 + 50 * 6 + 50 * 16 / 30)  # + its clean pass, the surrogate
     assert kind.params(layer=15, **only("propagation"), perturbations=256).work(shape, sizes).tokens < \
         kind.params(layer=15, **only("propagation")).work(shape, sizes).tokens
     # a sweep runs the stages at every layer; a joint vector runs none

@@ -118,13 +118,15 @@ def test_patching_section_shows_the_recovered_share_beside_tr_and_tl(inprocess, 
                                     "patch": "paired"})
     heat = _heat(figure(at, "patching_maps"))
     assert len(heat) == 3
-    np.testing.assert_allclose(vals(heat[0]["z"]), pt["recovered"])
+    np.testing.assert_allclose(vals(heat[0]["z"]), 100 * np.asarray(pt["recovered"]))  # in %, as the table says
+    assert heat[0]["colorbar"]["ticksuffix"] == "%"
     scores = inprocess.run("scores", {**BASE, "task": task_name, "top_pct": 3.0})
     np.testing.assert_allclose(vals(heat[1]["z"]), scores["tr"])
     np.testing.assert_allclose(vals(heat[2]["z"]), scores["tl"])
     assert pt["gap"] > 0 and np.abs(np.asarray(pt["recovered"])).max() > 0  # a real gap, non-trivial shares
     table = frame_with(at, "recovered %")
     assert table["head"].iloc[0] == f"L{pt['top'][0][0]}.H{pt['top'][0][1]}"
+    assert table["recovered %"].iloc[0] == pytest.approx(vals(heat[0]["z"]).max())  # the bar's scale is the table's
     assert metric(at, "Gold logit, clean") == f"{pt['clean_logit']:.3g}"
     at.segmented_control(key="w_pt_target").set_value("shuffled_inputs").run()  # another target: waits for Run
     assert_clean(at)

@@ -246,6 +246,9 @@ def test_steering_bars_show_the_job_numbers(inprocess, setup):
     assert np.allclose(vals(bars[2]["y"]), 100 * np.asarray(ratio))
     table = frame_with(at, "‖v‖")
     assert np.allclose(table["Accuracy %"], 100 * np.asarray(acc))
+    # zero-shot and ICL have no layer or norm: shown as "—", not "None"
+    el = next(d for d in at.dataframe if "‖v‖" in d.value.columns)
+    assert el.proto.placeholder == "—" and table["layer"].iloc[:2].isna().all()
     assert table["heads"].iloc[-1] == "L0.H0, L1.H1"
     assert want["vectors"]["custom"]["heads"] == [[0, 0], [1, 1]]
 

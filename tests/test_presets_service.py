@@ -158,3 +158,82 @@ def test_the_model_box_lists_the_presets_with_an_install_button(models_dir, inpr
     inprocess_app().state.pulls.wait("smollm2-135m", 10)
     assert runner.calls == ["smollm2-135m"]
     shutil.rmtree(models_dir, ignore_errors=True)
+
+
+# == issue 24, item 5: a models folder that cannot be written ========================================================
+def _one_sentence_without_paths(text: str, *paths: Path) -> None:
+    assert "HEADLENS_MODELS_DIR" in text and "[Errno" not in text and "Traceback" not in text, text
+    assert not any(str(p) in text for p in paths) and "/" not in text.replace("HEADLENS_MODELS_DIR", ""), text
+
+
+def test_a_pull_into_a_models_folder_that_cannot_be_written_shows_clients_no_server_path(tmp_path, monkeypatch):
+    from backend.service.pulls import child_runner
+
+    for var in ("HEADLENS_TOKEN", "HEADLENS_MODEL_ROOT", "HEADLENS_ALLOW_PULL"):
+        monkeypatch.delenv(var, raising=False)
+    not_a_folder = tmp_path / "models"
+    not_a_folder.write_text("a file where the models folder should be")
+    monkeypatch.setenv("HEADLENS_MODELS_DIR", str(not_a_folder))
+    c, pulls = _app(child_runner)  # the real child process: `python -m backend models pull NAME --progress json`
+    assert c.post("/models/smollm2-135m/pull").status_code == 202
+    assert pulls.wait("smollm2-135m", 300).status == "error"
+    listed = c.get("/models")
+    entry = {p["name"]: p for p in listed.json()}["smollm2-135m"]["pull"]
+    assert entry["error"] == ("cannot pull smollm2-135m: the models folder (HEADLENS_MODELS_DIR) cannot be written "
+                              "(it is not a folder); set HEADLENS_MODELS_DIR to a writable folder")
+    _one_sentence_without_paths(listed.text, tmp_path)
+
+    read_only = tmp_path / "ro"  # an in-process runner's raw OSError (a read-only folder) is worded the same way
+    monkeypatch.setenv("HEADLENS_MODELS_DIR", str(read_only))
+
+    def runner(name, report):
+        raise OSError(30, "Read-only file system", str(read_only / ".tmp-smollm2-135m-host-1-abcd"))
+
+    c, pulls = _app(runner)
+    c.post("/models/smollm2-135m/pull")
+    assert "(Read-only file system)" in pulls.wait("smollm2-135m", 10).error
+    _one_sentence_without_paths(c.get("/models").text, tmp_path)
+
+
+@pytest.mark.parametrize("fault", ["not a folder", "read-only", "read-only mid-pull", "under a file"])
+def test_the_cli_pull_into_a_folder_that_cannot_be_written_is_one_sentence(fault, tmp_path, monkeypatch, capsys):
+    import errno
+    import os
+
+    import backend.atomic_dirs as ad
+    import backend.pull as pull
+    from backend.cli import main
+
+    d = tmp_path / "models"
+    if fault == "not a folder":
+        d.write_text("")
+    elif fault == "under a file":
+        (tmp_path / "f").write_text("")
+        d = tmp_path / "f" / "models"
+    elif fault == "read-only":  # as root a chmod'ed folder is writable: the fault is injected
+        real_open = os.open
+
+        def faulty_open(path, flags, *a):
+            if flags & os.O_CREAT and os.fspath(path).startswith(str(d)):
+                raise OSError(errno.EROFS, os.strerror(errno.EROFS), os.fspath(path))
+            return real_open(path, flags, *a)
+
+        monkeypatch.setattr(ad.os, "open", faulty_open)
+    else:
+        def staging(target, replace=False):
+            raise OSError(errno.EROFS, os.strerror(errno.EROFS), str(target.parent / ".tmp-x"))
+
+        monkeypatch.setattr(pull, "staging", staging)
+    monkeypatch.setenv("HEADLENS_MODELS_DIR", str(d))
+
+    def download(*a, **k):
+        pytest.fail("downloaded into a folder that cannot take it")
+
+    monkeypatch.setattr(pull, "_download", download)
+    assert main(["models", "pull", "smollm2-135m"]) == 2
+    errors = [line for line in capsys.readouterr().err.replace("\r", "\n").splitlines() if line.startswith("error")]
+    reason = {"not a folder": "it is not a folder", "under a file": "a part of its path is not a folder"}.get(
+        fault, "Read-only file system")
+    assert errors == [f"error: cannot pull smollm2-135m: the models folder (HEADLENS_MODELS_DIR) cannot be written "
+                      f"({reason}); set HEADLENS_MODELS_DIR to a writable folder"]
+    assert not (d.is_dir() and [p for p in d.iterdir() if p.name.startswith(".tmp-")])

@@ -11,8 +11,15 @@
 - The bar is redrawn when the stage moves and every half second, which is also where Streamlit stops a run when
   a button is clicked: a Cancel click interrupts the wait at once, and its callback cancels the job before the
   page runs again. Quick jobs (under DRAW_AFTER_S) get no bar at all, so toggling does not flicker.
+- Nothing long starts by itself: a job that is neither cached nor in flight and whose estimate (`POST
+  /jobs/estimate`) is over AUTO_START_MAX_S waits for its own **Run** button, its estimated time stated, unless the
+  caller passes `start=True` (a section's or Home's Run was pressed). Pressing it approves that exact request (slot
+  and params): a changed setting asks again. Every page's automatic fetches go through here, so the rule is this
+  one place.
 - `peek`: a result without computing anything (memory or the service's cache), for sections that wait for Run.
-Results carry `_waited` (seconds from the request to the result) next to the service's own `seconds`.
+Results carry `_waited` (seconds from the user's action to the result: from the start of the page run that the
+click, the edit or the opened link started, so the page's own work before the request counts) next to the
+service's own `seconds`.
 """
 from __future__ import annotations
 
@@ -40,6 +47,7 @@ DRAW_AFTER_S = 0.4  # a job still running after this gets its progress bar and C
 REDRAW_S = 0.5  # the bar's seconds counter moves at this pace (a stage change redraws at once)
 TIMEOUT_S = api.JOB_TIMEOUT_S
 SHOW_ESTIMATE_S = 5.0  # a job estimated to take longer gets its estimated time in its Run row and progress bar
+AUTO_START_MAX_S = 15.0  # a job estimated to take longer never starts by itself: it waits for its Run button
 
 
 def log_note() -> str:
@@ -73,6 +81,13 @@ def show_error(e: api.ApiError, what: str | None = None) -> None:
 def begin_page() -> None:
     """Start this run's box of warnings and notes (`layout.page_setup` calls it first on every page)."""
     st.session_state["_hl_box"] = {"warnings": [], "notes": [], "holder": None}
+    st.session_state["_hl_run_t0"] = time.monotonic()  # the user's action: widget callbacks ran just before
+
+
+def _action_t0() -> float:
+    """When the user's action that asked for this result happened: the start of this page run (`begin_page`)."""
+    t0 = st.session_state.get("_hl_run_t0")
+    return float(t0) if isinstance(t0, (int, float)) else time.monotonic()
 
 
 def warn(text: str, note: bool = False) -> None:
@@ -144,6 +159,43 @@ def _cancelled() -> dict[str, str]:
     return st.session_state.setdefault("_hl_cancelled", {})
 
 
+def _approved() -> dict[str, str]:
+    """Slot -> the key of the request whose Run button was pressed (it may start although estimated long)."""
+    return st.session_state.setdefault("_hl_approved", {})
+
+
+def _approve(pairs: list[tuple[str, str]]) -> None:
+    _approved().update(pairs)
+
+
+def waits_for_run(estimate: dict[str, Any] | None) -> bool:
+    """The rule: a job estimated over AUTO_START_MAX_S waits for Run (one the service would refuse goes on to its
+    submission, which says why; an unknown estimate starts)."""
+    return bool(estimate and estimate.get("admitted", True) and estimate.get("seconds") is not None
+                and estimate["seconds"] > AUTO_START_MAX_S)
+
+
+def run_text(held: list[tuple["Job", dict[str, Any]]]) -> str:
+    """The line beside a held job's Run button: what it is and its estimated time."""
+    from backend.text import describe_seconds
+
+    total = sum(e["seconds"] for _, e in held)
+    passes = sum(e.get("passes") or 0 for _, e in held)
+    basis = "measured" if all(e.get("seconds_basis") == "measured" for _, e in held) else "assumed from its size"
+    what = " and ".join(f"**{j.label}**" for j, _ in held)
+    return (f"{what}: estimated **{describe_seconds(total)}** ({passes:,.0f} prompt passes; this model's speed "
+            f"{basis}), so it waits for Run. Results are cached: it runs once.")
+
+
+def _ask_to_run(held: list[tuple["Job", dict[str, Any]]]) -> None:
+    """One Run row for the jobs of a request held by the rule; pressing it approves them (see the docstring)."""
+    c1, c2 = st.columns([5, 1], vertical_alignment="center")
+    c1.info(run_text(held), icon=":material/schedule:")
+    c2.button("Run", key="autorun_" + "_".join(j.where for j, _ in held), type="primary",
+              icon=":material/play_arrow:", width="stretch", on_click=_approve,
+              args=([(j.where, j.key) for j, _ in held],))
+
+
 def cancel_slot(slot: str) -> None:
     """Cancel this session's job in `slot` (a Cancel button's callback); the page then shows it cancelled."""
     job = _inflight().pop(slot, None)
@@ -186,7 +238,7 @@ def peek(kind: str, params: dict[str, Any], *, ask_service: bool = True) -> dict
         if hit is not None:
             share.used(kind, params)
         return hit
-    t0 = time.monotonic()
+    t0 = _action_t0()
     try:
         found = api.cached(kind, params)
     except api.ApiError:
@@ -205,17 +257,20 @@ def _show_cancelled(job: Job) -> None:
 
 
 def fetch(kind: str, params: dict[str, Any], label: str, *, what: str | None = None, quiet: bool = False,
-          slot: str | None = None,
-          on_live: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any] | None:
+          slot: str | None = None, on_live: Callable[[dict[str, Any]], None] | None = None,
+          start: bool = False) -> dict[str, Any] | None:
     """The result of a `kind` job with `params` (see the module docstring); None after a failure (shown as an
-    st.error unless `quiet`) or a cancel (shown with a Run again button)."""
-    return fetch_many([Job(kind, params, label, what, slot, on_live)], quiet=quiet)[0]
+    st.error unless `quiet`), a cancel (shown with a Run again button) or while a long job waits for its Run
+    button (`start`: the caller's Run was pressed, so it starts whatever its estimate)."""
+    return fetch_many([Job(kind, params, label, what, slot, on_live)], quiet=quiet, start=start)[0]
 
 
-def fetch_many(requests: list[Job], *, quiet: bool = False) -> list[dict[str, Any] | None]:
-    """Results of several jobs, submitted together and waited on together."""
+def fetch_many(requests: list[Job], *, quiet: bool = False, start: bool = False) -> list[dict[str, Any] | None]:
+    """Results of several jobs, submitted together and waited on together; those estimated over AUTO_START_MAX_S
+    wait for one Run button unless `start`."""
     out: list[dict[str, Any] | None] = [None] * len(requests)
     pending: list[tuple[int, Job, dict[str, Any]]] = []
+    held: list[tuple[Job, dict[str, Any]]] = []
     for i, job in enumerate(requests):
         hit = state.remembered(job.kind, job.params)
         if hit is not None:
@@ -227,19 +282,25 @@ def fetch_many(requests: list[Job], *, quiet: bool = False) -> list[dict[str, An
         _cancelled().pop(job.where, None)
         cur = _supersede(job)
         if cur is None:
-            t0 = time.monotonic()
+            t0 = _action_t0()
             try:
                 found = None if job.kind in api.UNCACHED else api.cached(job.kind, job.params)
                 if found is not None:
                     out[i] = _remember(job, found, t0)
                     continue
-                cur = {"key": job.key, "id": api.submit(job.kind, job.params), "t0": t0, "eta": _eta(job)}
+                est = _estimate(job)
+                if not start and _approved().get(job.where) != job.key and waits_for_run(est):
+                    held.append((job, est))  # long: it waits for its Run button
+                    continue
+                cur = {"key": job.key, "id": api.submit(job.kind, job.params), "t0": t0, "eta": _eta(est)}
             except api.ApiError as e:
                 if not quiet:
                     show_error(e, job.what or job.label)
                 continue
             _inflight()[job.where] = cur
         pending.append((i, job, cur))
+    if held:
+        _ask_to_run(held)
     if pending:
         for i, result in _wait(pending, quiet).items():
             out[i] = result
@@ -305,31 +366,53 @@ def _wait(pending: list[tuple[int, Job, dict[str, Any]]], quiet: bool) -> dict[i
     return results
 
 
-def _eta(job: Job) -> str:
-    """` of about 3 min` (the service's estimate for a job over SHOW_ESTIMATE_S s), else ""; what a progress bar
-    adds after the seconds waited."""
+def _estimate(job: Job) -> dict[str, Any] | None:
+    """The service's estimate of the job (POST /jobs/estimate), None when it cannot say."""
     try:
-        e = api.estimate(job.kind, job.params)
+        return api.estimate(job.kind, job.params)
     except api.ApiError:
-        return ""
+        return None
+
+
+def _eta(e: dict[str, Any] | None) -> str:
+    """` of about 3 min` (the service's estimate `e` of a job over SHOW_ESTIMATE_S s), else ""; what a progress bar
+    adds after the seconds waited."""
     return f" of {e['text']}" if e and e.get("seconds") is not None and e["seconds"] >= SHOW_ESTIMATE_S else ""
+
+
+def bar_text(label: str, message: str, frac: float, waited: float, eta: str = "") -> str:
+    """A running job's bar: "SITE: training: step 154/400 · loss 0.31 · 9% of the job · 41.0 s of about 3 min".
+    The share is the whole job's (a stage's own count, such as a training's steps, comes in its message)."""
+    return f"{label}: {message} · {frac:.0%} of the job · {waited:.1f} s{eta}"
+
+
+def time_left(j: dict[str, Any], prior: str) -> str:
+    """What a progress bar adds after the seconds waited: ` · about 40 s left` from the job's own progress (the
+    service's `remaining_s`, once the job has made enough to extrapolate), else `prior` (` of about 3 min`: the
+    estimate before it ran). Pure."""
+    from backend.text import describe_seconds
+
+    left = j.get("remaining_s")
+    if j.get("status") == "running" and isinstance(left, (int, float)) and left >= 0:
+        return f" · {describe_seconds(left)} left"
+    return prior
 
 
 def _draw(sl: dict[str, Any], j: dict[str, Any], waited: float, now: float) -> None:
     """Draw (the first time) or update a running job's progress bar and Cancel button."""
     job = sl["job"]
     frac = min(max(float(j.get("progress") or 0.0), 0.0), 1.0)
-    stage = (j.get("message") or j["status"], round(frac, 2))
-    eta = sl["cur"].get("eta") or ""
+    eta = time_left(j, sl["cur"].get("eta") or "")
+    stage = (j.get("message") or j["status"], round(frac, 2), eta)
     if sl["holder"] is None:
         sl["holder"] = st.empty()
         with sl["holder"].container():
             c1, c2 = st.columns([6, 1], vertical_alignment="bottom")
-            sl["bar"] = c1.progress(frac, text=f"{job.label}: {stage[0]} · {frac:.0%} · {waited:.1f} s{eta}")
+            sl["bar"] = c1.progress(frac, text=bar_text(job.label, stage[0], frac, waited, eta))
             c2.button("Cancel", key=f"cancel_{job.where}", icon=":material/stop_circle:", width="stretch",
                       on_click=cancel_slot, args=(job.where,), help="Stop this job (DELETE /jobs/{id}).")
     elif stage != sl["shown"] or now - sl["drawn_at"] >= REDRAW_S:
-        sl["bar"].progress(frac, text=f"{job.label}: {stage[0]} · {frac:.0%} · {waited:.1f} s{eta}")
+        sl["bar"].progress(frac, text=bar_text(job.label, stage[0], frac, waited, eta))
     else:
         return
     sl["shown"], sl["drawn_at"] = stage, now

@@ -30,6 +30,20 @@ CSS = """
   [data-testid^="stBaseButton"] p, [data-testid^="stBaseButton"] div {white-space: normal !important;
       overflow: visible !important; text-overflow: clip !important; line-height: 1.25; word-break: normal !important;
       overflow-wrap: normal !important;}
+  /* the selected heads' chips wrap onto more lines (in one scrolling line the last ones were cut off) */
+  [data-testid="stMultiSelectTagsContainer"] {flex-wrap: wrap !important; overflow: visible !important;}
+  [data-testid="stMultiSelect"] .react-aria-ComboBox > div {max-height: none !important; height: auto !important;}
+  /* a page link's label wraps instead of ending cut off ("Open the full drill-down (your own prompt, logit l") */
+  [data-testid="stPageLink-NavLink"], [data-testid="stPageLink-NavLink"] * {white-space: normal !important;
+      overflow: visible !important; text-overflow: clip !important; height: auto !important;}
+  @media (max-width: 640px) {
+    /* a phone: a figure's toolbar keeps its camera (the first group) and no longer covers the title; a table's
+       toolbar gets room above the table instead of covering what is above it */
+    .js-plotly-plot .modebar-group {display: none !important;}
+    .js-plotly-plot .modebar-group:first-child {display: inline-block !important;}
+    [data-testid="stElementContainer"]:has([data-testid="stDataFrame"]) {padding-top: 2.4rem;}
+    [data-testid="stDataFrame"] {max-width: 100%;}
+  }
 </style>
 """
 CAPS_TTL_S = 15.0
@@ -171,15 +185,15 @@ def sidebar(caps: dict[str, Any]) -> None:
                            "model's vocabulary, so it cannot run on it. Pick a `syn-…` task, or another model.]")
         else:
             st.warning("The service lists no tasks.")
-        _clamp("shots", 0, int(limits.get("max_shots", 32)))
-        _clamp("prompts", 1, int(limits.get("max_prompts", 500)))
+        (shots_lo, shots_hi), (prompts_lo, prompts_hi) = state.bounds("shots", limits), state.bounds("prompts", limits)
+        _clamp("shots", shots_lo, shots_hi)
+        _clamp("prompts", prompts_lo, prompts_hi)
         c1, c2 = st.columns(2)
         with c1:
-            state.bind(st.number_input, "Shots (k)", "shots", min_value=0, max_value=int(limits.get("max_shots", 32)),
+            state.bind(st.number_input, "Shots (k)", "shots", min_value=shots_lo, max_value=shots_hi,
                        step=1, help="Demonstrations in each prompt.")
         with c2:
-            state.bind(st.number_input, "Prompts", "prompts", min_value=1,
-                       max_value=int(limits.get("max_prompts", 500)), step=10,
+            state.bind(st.number_input, "Prompts", "prompts", min_value=prompts_lo, max_value=prompts_hi, step=10,
                        help="Held-out queries scored; results are means over them.")
         pool = task_info(caps, state.get().task).get("n_queries")
         if pool and state.get().prompts > int(pool):
@@ -237,7 +251,6 @@ def page_setup(title: str, icon: str = ":material/search:") -> tuple[state.Setti
     st.markdown(CSS, unsafe_allow_html=True)
     jobs.begin_page()
     share.begin(title)
-    problems = state.init()
     try:
         caps = capabilities()
     except api.ApiError as e:
@@ -247,6 +260,7 @@ def page_setup(title: str, icon: str = ":material/search:") -> tuple[state.Setti
             forget_capabilities()
             st.rerun()
         st.stop()
+    problems = state.init(caps.get("limits"))  # a link's shots and prompts within this service's limits
     for p in problems:
         jobs.warn(p)
     sidebar(caps)

@@ -29,13 +29,17 @@ def run_row(text: str, caption: str, key: str, label: str = "Run",
             estimate: list[tuple[str, dict[str, Any]]] | None = None) -> bool:
     """A section's description and its Run button; True on the rerun where it was pressed. `estimate`: the jobs the
     button runs, (kind, params): their estimated time is stated when over jobs.SHOW_ESTIMATE_S, and a job over the
-    service's work limit says so before it is run."""
+    service's work limit says so before it is run. A job the service refuses outright (its model cannot load) gets
+    the reason instead of an estimate, and no Run button."""
     left, right = st.columns([4, 1], vertical_alignment="center")
+    refused = None
     with left:
         st.markdown(text)
         st.caption(caption)
         if estimate:
-            estimate_line(estimate)
+            refused = estimate_line(estimate)
+    if refused:
+        return False
     with right:
         return st.button(label, type="primary", icon=":material/play_arrow:", width="stretch", key=key)
 
@@ -52,23 +56,37 @@ def estimate_text(estimates: list[dict[str, Any] | None]) -> tuple[str, str | No
     if total is None or total < jobs.SHOW_ESTIMATE_S:
         return "", refusal
     basis = ("this model's speed measured here" if all(e.get("seconds_basis") == "measured" for e in found)
-             else "assumed from the model's size until it is loaded")
+             else "assumed from the model's size: its speed on this machine is not measured yet")
     passes = sum(e.get("passes") or 0 for e in found)
     return f":material/schedule: Estimated time: **{describe_seconds(total)}** ({passes:,.0f} prompt passes; " \
            f"{basis}). Results are cached: it runs once.", refusal
 
 
-def estimate_line(jobs_: list[tuple[str, dict[str, Any]]]) -> None:
+def cannot_run(refusals: list[str | None]) -> str | None:
+    """The first reason the service refuses one of a Run button's jobs outright (POST /jobs/estimate answered 4xx:
+    its model cannot load, ...), or None. Pure."""
+    return next((r for r in refusals if r), None)
+
+
+def estimate_line(jobs_: list[tuple[str, dict[str, Any]]]) -> str | None:
+    """Draw the jobs' estimated time (or the work limit's refusal); returns the reason they cannot run at all,
+    drawn instead of an estimate (the Run button is then left out), or None."""
     from . import api
 
     try:
-        text, refusal = estimate_text([api.estimate(kind, params) for kind, params in jobs_])
+        answers = [api.checked_estimate(kind, params) for kind, params in jobs_]
     except api.ApiError:
-        return  # the page's own calls report an unreachable service
+        return None  # the page's own calls report an unreachable service
+    blocked = cannot_run([r for _, r in answers])
+    if blocked:
+        st.error(f"Cannot run: {blocked}", icon=":material/block:")
+        return blocked
+    text, refusal = estimate_text([e for e, _ in answers])
     if text:
         st.caption(text)
     if refusal:
         st.warning(refusal, icon=":material/hourglass_disabled:")
+    return None
 
 
 def section(name: str, clicked: bool, job: jobs.Job, waiting: str) -> dict[str, Any] | None:
@@ -78,7 +96,7 @@ def section(name: str, clicked: bool, job: jobs.Job, waiting: str) -> dict[str, 
     if clicked:
         st.session_state[flag] = True
     if st.session_state.get(flag) or jobs.in_flight(job):
-        return jobs.fetch(job.kind, job.params, job.label, what=job.what, on_live=job.on_live)
+        return jobs.fetch(job.kind, job.params, job.label, what=job.what, on_live=job.on_live, start=True)
     found = jobs.peek(job.kind, job.params)
     if found is None:
         st.info(waiting, icon=":material/play_arrow:")

@@ -132,6 +132,36 @@ def _rows(t: dict[str, Any]) -> tuple[list[str], list[list[Any]]]:
     return cols, [[r.get(c) for c in cols] for r in recs]
 
 
+SETTING_LABELS = {"model": "model", "task": "task", "shots": "shots", "prompts": "prompts", "seed": "seed",
+                  "heads": "selected heads", "top_pct": "top heads (% of all heads)", "top_k": "top heads",
+                  "map": "map", "mode": "ablation mode", "kmax": "ablation curves up to k",
+                  "ab_positions": "switched off at", "head": "head", "prompt": "task prompt", "text": "your prompt"}
+"""The settings every page shares, then the page's own (by their names in words)."""
+PAGE_SETTINGS = {"Home": ("ex_k",), "Head map": ("map", "pt", "cmp", "head", "prompt", "all_maps", "top_n"),
+                 "Ablation": ("mode", "kmax", "ab_positions", "only_changed"), "Steering & geometry": ("sg_",),
+                 "Head drill-down": ("head", "prompt", "text", "lens", "grid"), "Learned task vectors": ("ltv_",),
+                 "Soft head selection": ("site_",), "Sweeps": ("sweep", "sw_")}
+SHARED_SETTINGS = ("model", "task", "shots", "prompts", "seed", "heads", "top_pct", "top_k")
+
+
+def page_settings(page: str, query: dict[str, str], jobs: list[tuple[str, dict[str, Any]]] = ()) -> dict[str, str]:
+    """The settings table of `page`'s HTML file: the shared settings and this page's own (not the other pages'
+    URL keys), named in words; `prompts` as the page's jobs ran them (a task of 20 held-out queries asked for 50
+    runs 20, as its commands say)."""
+    own = PAGE_SETTINGS.get(page, ())
+    keep = [k for k in query if k in SHARED_SETTINGS or any(k == p or k.startswith(p if p.endswith("_") else p + "_")
+                                                           for p in own)]
+    out = {}
+    for k in sorted(keep, key=lambda k: (k not in SHARED_SETTINGS, SHARED_SETTINGS.index(k) if k in SHARED_SETTINGS
+                                         else 0)):
+        name = SETTING_LABELS.get(k) or (k.split("_", 1)[1].replace("_", " ") if "_" in k else k)
+        out[name] = str(query[k])
+    ran = {int(p["prompts"]) for _, p in jobs if isinstance(p.get("prompts"), int)}
+    if len(ran) == 1 and "prompts" in out:
+        out["prompts"] = str(ran.pop())
+    return out
+
+
 def build(r: Record) -> str:
     """The page's self-contained HTML file (what the button downloads)."""
     from backend.html_export import page_html
@@ -142,9 +172,10 @@ def build(r: Record) -> str:
         tables.append({"title": t["title"], "columns": cols, "rows": rows})
     commands = [snippets.cli(kind, params, r.defaults, r.task_file) for kind, params in r.jobs]
     python = "\n\n".join(snippets.python(kind, params, task_file=r.task_file) for kind, params in r.jobs) or None
-    return page_html(r.page, figures=list(r.figures.values()), settings=r.settings, tables=tables, commands=commands, link=r.link,
-                     python=python, subtitle=" · ".join(x for x in (r.settings.get("model"), r.settings.get("task"))
-                                                        if x))
+    settings = page_settings(r.page, r.settings, r.jobs)
+    return page_html(r.page, figures=list(r.figures.values()), settings=settings, tables=tables, commands=commands,
+                     link=r.link, python=python,
+                     subtitle=" · ".join(x for x in (r.settings.get("model"), r.settings.get("task")) if x))
 
 
 def button(caps: dict[str, Any], link: str | None) -> None:

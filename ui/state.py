@@ -179,8 +179,8 @@ class Field:
 FIELDS: dict[str, Field] = {f.name: f for f in (
     Field("model", default_model, _text),
     Field("task", lambda: None, _text),
-    Field("shots", lambda: 8, _int_in(0, 1024)),
-    Field("prompts", lambda: 50, _int_in(1, 100000)),
+    Field("shots", lambda: 8, _int_in(0, 10**9)),  # the service's bounds (`bounds`) apply after the parse
+    Field("prompts", lambda: 50, _int_in(1, 10**9)),
     Field("seed", lambda: 0, _int_in(0, 2**31 - 1)),
     Field("heads", list, parse_heads, format_heads),
     Field("mode", lambda: "zero", _choice(MODES)),
@@ -236,9 +236,20 @@ FIELDS: dict[str, Field] = {f.name: f for f in (
     Field("sw_metric", lambda: "tr_depth", _choice(SWEEP_METRICS), view=True),
     # -- Soft head selection (SITE)
     Field("site_m", lambda: 50, _int_in(1, 10000), view=True),
-    Field("site_shots", lambda: 10, _int_in(0, 1024), view=True),
+    Field("site_shots", lambda: 10, _int_in(0, 64), view=True),  # the SITE page's widget's bounds
     Field("site_steps", lambda: 400, _int_in(0, 100000), view=True),
 )}
+
+
+SERVER_LIMITS: dict[str, tuple[str, int, int]] = {"shots": ("max_shots", 0, 32), "prompts": ("max_prompts", 1, 500)}
+"""Fields the service bounds: (its capabilities' `limits` key, the least value, the service's default limit)."""
+
+
+def bounds(name: str, limits: dict[str, Any] | None = None) -> tuple[int, int]:
+    """(least, greatest) value of `shots` or `prompts` on this service (`limits`: its capabilities' limits): the
+    one source of the sidebar's widgets and of what a link may ask."""
+    key, lo, hi = SERVER_LIMITS[name]
+    return lo, int((limits or {}).get(key, hi))
 
 
 @dataclass
@@ -284,10 +295,11 @@ class Settings:
 _SETTINGS_FIELDS = frozenset(Settings.__dataclass_fields__)
 
 
-def init() -> list[str]:
-    """Load the state from the URL on a session's first run; later runs keep the session's state.
+def init(limits: dict[str, Any] | None = None) -> list[str]:
+    """Load the state from the URL on a session's first run; later runs keep the session's state. `shots` and
+    `prompts` outside this service's bounds (`bounds`, from its capabilities' `limits`) are brought inside.
 
-    Returns messages about URL values that were ignored."""
+    Returns messages about URL values that were ignored or changed."""
     ss = st.session_state
     problems: list[str] = []
     if not ss.get("_hl_init"):
@@ -301,6 +313,12 @@ def init() -> list[str]:
                 except (ValueError, TypeError) as e:
                     problems.append(f"ignored `{name}={raw if not isinstance(raw, list) else ','.join(raw)}` "
                                     f"in the link: {e}")
+                if name in SERVER_LIMITS and isinstance(value, int):
+                    lo, hi = bounds(name, limits)
+                    if not lo <= value <= hi:
+                        problems.append(f"`{name}={value}` in the link is outside this service's {lo}–{hi}: "
+                                        f"using {min(max(value, lo), hi)}")
+                        value = min(max(value, lo), hi)
             ss[f"s_{name}"] = value
         ss["_hl_from_link"] = "task" in qp
         ss["_hl_init"] = True
@@ -368,6 +386,20 @@ def apply_model_defaults(model: str) -> list[str]:
             put(name, value)
             done.append(name)
     return done
+
+
+KMAX_STEPS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
+
+
+def kmax_choices(n_heads_total: int, model: str | None = None, current: int | None = None) -> list[int]:
+    """The Ablation page's "ablate up to k heads" options: 1, 2, 4, ... below the model's head count, all of them,
+    the model's measured default (`backend.model_defaults`: 27 on SmolLM2-135M, which the powers of two skip) and
+    the current value (a link's `kmax=5`), each when it is within the model's heads."""
+    from backend.model_defaults import defaults_for
+
+    extra = {defaults_for(model).get("kmax") if model else None, current}
+    return sorted({k for k in KMAX_STEPS if k < n_heads_total} | {n_heads_total}
+                  | {int(k) for k in extra if k is not None and 1 <= int(k) <= n_heads_total})
 
 
 def bind(widget: Callable[..., Any], label: str, name: str, *, to_widget: Callable[[Any], Any] | None = None,

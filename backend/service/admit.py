@@ -109,7 +109,7 @@ def admit(body: dict[str, Any], pool: ModelPool, tasks: TaskStore, limits: Limit
         resident = pool.peek(jf.model)
         model_info = resident.info() if resident is not None else None
     device = pool.device_info()[0] if hasattr(pool, "device_info") else "cpu"
-    work = estimate(spec, p, identity.get("model"), task, device)
+    work = estimate(spec, p, identity.get("model"), task, device, lm=resident)
     shape = known_shape(work.shape, model_info)
     try:
         if shape is not None:

@@ -298,7 +298,7 @@ def create_app(runner: JobRunner | None = None, *, pool: ModelPool | None = None
     @app.post("/jobs", response_model=JobStatus, status_code=202)
     def submit_job(req: JobRequest) -> JobStatus:
         a = admission(req)
-        job = runner.submit(a.kind, a.params, a.key)
+        job = runner.submit(a.kind, a.params, a.key, seconds=a.estimate.seconds if a.estimate else None)
         for tid in a.tensors:  # kept while the job is queued or running (the uploads' quota skips it)
             tensors.pin(tid, lambda jid=job.id: _active(runner, jid))
         return job

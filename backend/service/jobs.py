@@ -5,18 +5,26 @@ ships them elsewhere (Ray, a process pool) can replace `LocalJobRunner` without 
 
 `LocalJobRunner`:
 - runs jobs one at a time, in submission order within a lane (GPU work is serialized);
-- has two lanes: `interactive` (POST /jobs) and `sweep` (a sweep's jobs). A free worker takes an interactive job
-  first; an interactive job that finds every worker busy makes a running sweep job give way: that job stops at its
-  next progress step and waits at the head of the sweep lane (what it finished through `ctx.call` stays cached),
-  at most PREEMPT_MAX times, so a long sweep job still finishes under a steady stream of interactive ones. Each
-  lane has its own HEADLENS_MAX_QUEUE, so a sweep never fills the interactive queue; an interactive request for
-  a job a sweep has queued moves it to the interactive lane;
+- has three lanes, taken in this order by a free worker: `live` (a POST /jobs estimated at most LIVE_MAX_S: a toggle),
+  `interactive` (every other POST /jobs) and `sweep` (a sweep's jobs). A queued job of a higher lane that finds every
+  worker busy makes a running job of a lower lane give way: that job stops at its next check (`stopping`) and waits at the
+  head of its own lane (what it finished through `ctx.call` stays cached), so a toggle never waits behind a long
+  job, whoever started it. Bounded, so a long job still finishes: a sweep job gives way to interactive jobs at most
+  PREEMPT_MAX times; any job gives way to live jobs while the work it may lose doing so (the running time of the
+  attempts it abandoned) stays within max(LIVE_LOSS_MIN_S, LIVE_LOSS_SHARE x its estimate). Each lane has its own
+  HEADLENS_MAX_QUEUE, so a sweep never fills the interactive queue; a request of a higher lane for a job queued in a
+  lower one moves it up;
+- says what a queued job waits for: "queued behind ablation_curves (about 40 s left)", the running job's remaining
+  time from its own progress (else its estimate), and the queued jobs ahead with their estimates;
 - deduplicates: a request with the key of a queued, running or done job gets that job back; a done job whose
   outputs are gone (a saved tensor its result names, deleted or damaged since: `outputs_present`) is no result,
   and the request queues the job again;
 - holds a per-key lock (`locks.KeyLocks`) while computing, so runners in other threads or processes
   that share the cache folder wait and then read the cached result instead of recomputing it;
-- cancels cooperatively: the job's progress callback raises `Cancelled` once the job is cancelled.
+- stops a job cooperatively: one check (`stopping.check`, installed for the job's thread; each progress step runs it
+  too) raises `Cancelled` once the job is cancelled, `Preempted` when it must give way, and `JobTimeLimit` past
+  HEADLENS_JOB_TIMEOUT_S; every loop of the analyses that can run long calls it once per batch, training step or
+  generated token, so a job stops within about one of those past its limit, whatever its size.
 
 Shared jobs and DELETE: a job counts its submitters. The POST that creates it counts 1; each later POST
 that gets the same *active* (queued or running) job back adds 1 (one that gets a finished job back adds
@@ -44,6 +52,7 @@ from .errors import ServiceError
 from .limits import Limits
 from ..locks import KeyLocks
 from ..jsonable import to_jsonable
+from ..stopping import Check, Stop, checking
 from .schemas import ACTIVE_STATES, JobStatus
 
 log = logging.getLogger(__name__)
@@ -80,44 +89,50 @@ def describe_error(e: BaseException) -> str:
     return f"internal error ({name}): {e}"
 
 
-class Cancelled(Exception):
-    """Raised inside a job (by its progress callback) once the job has been cancelled."""
+class Cancelled(Stop):
+    """Raised inside a job (by its check: `stopping.check`, and its progress callback) once it has been cancelled."""
 
 
-class Preempted(Exception):
-    """Raised inside a sweep job (by its progress callback) when an interactive job needs its worker: the job goes
-    back to the head of the sweep lane."""
+class Preempted(Stop):
+    """Raised inside a job (by its check) when a job of a higher lane needs its worker: the job goes
+    back to the head of its own lane."""
 
 
-class JobTimeLimit(Exception):
-    """Raised inside a job (by its progress callback) once it has run past the per-job time limit."""
+class JobTimeLimit(Stop):
+    """Raised inside a job (by its check) once it has run past the per-job time limit."""
 
 
-def time_limited(progress: Progress, limit_s: float) -> Progress:
-    """`progress`, raising JobTimeLimit once `limit_s` seconds have passed (the CLI's HEADLENS_JOB_TIMEOUT_S: the
-    analysis stops at its next progress step, as a service job does)."""
+def time_limited(progress: Progress, limit_s: float) -> "JobProgress":
+    """`progress`, with a check that raises JobTimeLimit once `limit_s` seconds have passed (the CLI's
+    HEADLENS_JOB_TIMEOUT_S). `kernel.analyze` installs the check (`stopping.checking`), so the analysis stops at
+    its next batch, training step or generated token past the limit, as a service job does; each progress step
+    checks too."""
     start = time.monotonic()
 
-    def report(fraction: float, message: str = "") -> None:
+    def check() -> None:
         if time.monotonic() - start > limit_s:
             raise JobTimeLimit(f"the analysis ran past the time limit of {limit_s:g} s (HEADLENS_JOB_TIMEOUT_S); "
                                f"ask for fewer prompts or values, or raise the limit")
+
+    def report(fraction: float, message: str = "") -> None:
+        check()
         progress(fraction, message)
-    return report
+    return JobProgress(report, lambda data: check(), check)
 
 
 @dataclass
 class JobProgress:
-    """What a runner hands a job: `progress(fraction, message)`, and `live(data)` for data a page draws while
-    the job runs (e.g. a training loss curve so far; shown as the job's `live` field). Both raise `Cancelled`
-    once the job is cancelled."""
+    """What a runner hands a job: `progress(fraction, message)`, `live(data)` for data a page draws while the job
+    runs (e.g. a training loss curve so far; shown as the job's `live` field), and `check()`, which raises a
+    `stopping.Stop` (cancelled, preempted, past the time limit) and which `kernel.analyze` installs for the loops
+    (`stopping.checking`). `progress` and `live` run the check first."""
 
     report: Progress
     live: Callable[[dict[str, Any]], None]
+    check: Check | None = None
 
     def __call__(self, fraction: float, message: str = "") -> None:
         self.report(fraction, message)
-
 
 def make_executor(pool: Any, tasks: Any) -> Executor:
     """An executor that runs registered analysis kinds with models from `pool` and tasks from `tasks`.
@@ -160,8 +175,11 @@ class JobRunner(ABC):
     """What the routes need from a job queue. Every argument and return value is plain data."""
 
     @abstractmethod
-    def submit(self, kind: str, params: dict[str, Any], key: str, lane: str = "interactive") -> JobStatus:
-        """Queue a job in `lane` (interactive, or sweep), or return the queued/running/done job with the same key."""
+    def submit(self, kind: str, params: dict[str, Any], key: str, lane: str = "interactive",
+               seconds: float | None = None) -> JobStatus:
+        """Queue a job in `lane` (interactive, or sweep), or return the queued/running/done job with the same key.
+        `seconds`: its estimated time (admission's), if known; an interactive job estimated at most LIVE_MAX_S goes
+        into the live lane."""
 
     @abstractmethod
     def get(self, job_id: str, include_result: bool = True) -> JobStatus | None:
@@ -199,21 +217,52 @@ class _Job:
     live: dict[str, Any] | None = None
     cancel: threading.Event = field(default_factory=threading.Event)
     lane: str = "interactive"
+    seconds: float | None = None  # the admission's estimate, when known
     preempt: threading.Event = field(default_factory=threading.Event)
-    preempted: int = 0
+    preempt_for: str = ""  # the lane it gives way to
+    preempted: int = 0  # times it gave way (to live or interactive jobs)
+    gave_way_interactive: int = 0  # of which to interactive jobs (a sweep job: at most PREEMPT_MAX)
+    lost_s: float = 0.0  # running time of the attempts it abandoned (an upper bound on the work giving way cost)
 
     def snapshot(self, include_result: bool = True) -> JobStatus:
         hit = self.result.get("cache_hit") if self.result else None
+        remaining = None
+        if self.status == "running" and self.started is not None:
+            from .estimate import remaining_seconds
+
+            remaining = remaining_seconds(self.progress, time.time() - self.started)
         return JobStatus(id=self.id, kind=self.kind, status=self.status, progress=self.progress,  # type: ignore[arg-type]
                          message=self.message, result=self.result if include_result else None, error=self.error,
                          error_type=self.error_type, params=self.params, created=self.created, started=self.started,
-                         finished=self.finished, cache_hit=hit if isinstance(hit, bool) else None,
+                         finished=self.finished, remaining_s=remaining, cache_hit=hit if isinstance(hit, bool) else None,
                          live=self.live if self.status in ACTIVE_STATES else None, submitters=self.submitters,
                          lane=self.lane, preempted=self.preempted)
 
 
-LANES = ("interactive", "sweep")
+LANES = ("live", "interactive", "sweep")  # a free worker takes the first lane that has a job
+SUBMIT_LANES = ("interactive", "sweep")  # what a caller asks for; `live` is chosen from the estimate
+LIVE_MAX_S = 5.0  # an interactive job estimated at most this many seconds runs in the live lane (a toggle)
 PREEMPT_MAX = 3  # times a sweep job gives way to interactive ones; after that it runs to its end
+LIVE_LOSS_SHARE = 0.5  # a job gives way to live jobs while the work it may lose stays within this share of its
+LIVE_LOSS_MIN_S = 30.0  # estimate, or this many seconds, whichever is more
+
+
+def lane_for(lane: str, seconds: float | None) -> str:
+    """The lane a job runs in: `live` for an interactive job estimated at most LIVE_MAX_S, else the lane asked."""
+    return "live" if lane == "interactive" and seconds is not None and seconds <= LIVE_MAX_S else lane
+
+
+def remaining_s(progress: float, elapsed: float, estimate: float | None) -> float | None:
+    """A running job's remaining seconds: from its own progress once it has some (elapsed x (1 - p) / p), else what
+    its estimate leaves; None when neither says (no estimate, or past it with no progress)."""
+    from .estimate import remaining_seconds
+
+    left = remaining_seconds(progress, elapsed)
+    if left is not None:
+        return left
+    if estimate is not None and estimate > elapsed:
+        return estimate - elapsed
+    return None
 
 
 class LocalJobRunner(JobRunner):
@@ -238,9 +287,11 @@ class LocalJobRunner(JobRunner):
         self._closed = False
 
     # -- interface ------------------------------------------------------------------------------------
-    def submit(self, kind: str, params: dict[str, Any], key: str, lane: str = "interactive") -> JobStatus:
-        if lane not in LANES:
-            raise ValueError(f"lane must be one of {LANES}, not {lane!r}")
+    def submit(self, kind: str, params: dict[str, Any], key: str, lane: str = "interactive",
+               seconds: float | None = None) -> JobStatus:
+        if lane not in SUBMIT_LANES:
+            raise ValueError(f"lane must be one of {SUBMIT_LANES}, not {lane!r}")
+        lane = lane_for(lane, seconds)
         with self._cond:
             if self._closed:
                 raise ServiceError("the job runner is shut down", status=503)
@@ -253,18 +304,18 @@ class LocalJobRunner(JobRunner):
             if same is not None and same.status in (*ACTIVE_STATES, "done") and not same.cancel.is_set():
                 if same.status in ACTIVE_STATES:
                     same.submitters += 1
-                    if lane == "interactive" and same.lane == "sweep":  # someone waits for it now: no longer a sweep's
-                        self._promote(same)
+                    if LANES.index(lane) < LANES.index(same.lane):  # someone waits for it now: it moves up
+                        self._promote(same, lane)
                 return self._snapshot(same)
             self._limits.check_queue(sum(j.status in ACTIVE_STATES and j.lane == lane for j in self._jobs.values()))
-            job = _Job(id=secrets.token_hex(8), kind=kind, params=params, key=key, lane=lane)
+            job = _Job(id=secrets.token_hex(8), kind=kind, params=params, key=key, lane=lane,
+                       seconds=float(seconds) if seconds is not None and math.isfinite(seconds) else None)
             self._jobs[job.id] = job
             self._by_key[key] = job.id
             self._queues[lane].append(job.id)
             self._prune()
             self._start_worker()
-            if lane == "interactive":
-                self._make_room()
+            self._make_room()
             self._cond.notify_all()
             return self._snapshot(job)
 
@@ -317,35 +368,79 @@ class LocalJobRunner(JobRunner):
     # -- internals ----------------------------------------------------------------------------------
     def _snapshot(self, job: _Job, include_result: bool = True) -> JobStatus:
         if job.status == "queued":
-            queue = self._queues[job.lane]
-            ahead = (queue.index(job.id) if job.id in queue else 0) + (
-                len(self._queues["interactive"]) if job.lane == "sweep" else 0)
-            paused = "paused for interactive jobs, " if job.preempted else ""
-            job.message = f"queued ({paused}{ahead} job{'s' if ahead != 1 else ''} ahead)"
+            job.message = self._wait_message(job)
         return job.snapshot(include_result)
 
-    def _promote(self, job: _Job) -> None:
-        """A sweep's job an interactive request now waits for: it moves to the interactive lane (never preempted)."""
-        job.lane = "interactive"
+    def _ahead(self, job: _Job) -> list[_Job]:
+        """The queued jobs a worker takes before `job`: those of higher lanes, then those before it in its own."""
+        ahead: list[_Job] = []
+        for lane in LANES[:LANES.index(job.lane) + 1]:
+            queue = self._queues[lane]
+            ids = list(queue)[:queue.index(job.id)] if lane == job.lane and job.id in queue else list(queue)
+            ahead += [self._jobs[i] for i in ids if i != job.id]
+        return ahead
+
+    def _wait_message(self, job: _Job) -> str:
+        """What a queued job waits for: `queued behind ablation_curves (about 40 s left)`, each running job (one
+        giving way says so) and the queued jobs a worker takes before it, with their estimates."""
+        from ..text import describe_seconds
+
+        now = time.time()
+        parts = []
+        for r in self._running:
+            elapsed = now - (r.started or now)
+            left = remaining_s(r.progress, elapsed, r.seconds)
+            parts.append(f"{r.kind} (giving way at its next step)" if r.preempt.is_set() else
+                         f"{r.kind} ({describe_seconds(left)} left)" if left is not None else
+                         f"{r.kind} (running for {elapsed:.0f} s, time left unknown)")
+        ahead = self._ahead(job)
+        if ahead:
+            kinds = list(dict.fromkeys(a.kind for a in ahead))
+            known = [a.seconds for a in ahead if a.seconds is not None]
+            took = describe_seconds(sum(known)) + (" and more" if len(known) < len(ahead) else "") if known else \
+                "time unknown"
+            parts.append(f"{len(ahead)} queued job{'s' if len(ahead) != 1 else ''} "
+                         f"({', '.join(kinds[:3])}{', ...' if len(kinds) > 3 else ''}: {took})")
+        paused = f"gave way {job.preempted}x; " if job.preempted else ""
+        return f"queued ({paused}behind {' and '.join(parts)})" if parts else f"queued ({paused}starting)"
+
+    def _promote(self, job: _Job, lane: str) -> None:
+        """A job a request of a higher lane now waits for moves up to that lane (a sweep's job an interactive request
+        waits for, an interactive job a live request asks for)."""
+        was, job.lane = job.lane, lane
         job.preempt.clear()
-        if job.status == "queued" and job.id in self._queues["sweep"]:
-            self._queues["sweep"].remove(job.id)
-            self._queues["interactive"].append(job.id)
-            self._make_room()
+        if job.status == "queued" and job.id in self._queues[was]:
+            self._queues[was].remove(job.id)
+            self._queues[lane].append(job.id)
+        self._make_room()
+
+    def _may_give_way(self, job: _Job, lane: str, now: float) -> bool:
+        """Whether running `job` may give way to a queued job of `lane` (see the module docstring's bounds)."""
+        if job.preempt.is_set() or LANES.index(job.lane) <= LANES.index(lane):
+            return False
+        if lane == "interactive":
+            return job.gave_way_interactive < PREEMPT_MAX
+        budget = max(LIVE_LOSS_MIN_S, LIVE_LOSS_SHARE * (job.seconds or 0.0))
+        return job.lost_s + (now - (job.started or now)) <= budget
 
     def _make_room(self) -> None:
-        """With every worker busy, ask the running sweep job that started last to give way (see the module
-        docstring); one per interactive job waiting beyond the free workers."""
-        waiting = len(self._queues["interactive"])
-        yielding = sum(j.preempt.is_set() for j in self._running)
-        free = self._n_workers - len(self._running)
-        need = waiting - free - yielding
-        if need <= 0:
-            return
-        candidates = sorted((j for j in self._running if j.lane == "sweep" and not j.preempt.is_set()
-                             and j.preempted < PREEMPT_MAX), key=lambda j: j.started or 0.0, reverse=True)
-        for j in candidates[:need]:
-            j.preempt.set()
+        """With every worker busy, ask running jobs of lower lanes to give way (see the module docstring): one per
+        job of a higher lane waiting beyond the free workers; the cheapest to stop first (a sweep's before an
+        interactive one, the one started last first)."""
+        now = time.time()
+        free = self._n_workers - len(self._running) + sum(j.preempt.is_set() for j in self._running)
+        waiting = 0
+        for lane in ("live", "interactive"):
+            waiting += len(self._queues[lane])
+            need = waiting - free
+            if need <= 0:
+                continue
+            candidates = sorted((j for j in self._running if self._may_give_way(j, lane, now)),
+                                key=lambda j: (-LANES.index(j.lane), -(j.started or 0.0)))
+            for j in candidates[:need]:
+                j.preempt.set()
+                j.preempt_for = lane
+                free += 1
 
     def _finish(self, job: _Job, status: str, message: str) -> None:
         job.status, job.message, job.finished = status, message, time.time()
@@ -371,7 +466,7 @@ class LocalJobRunner(JobRunner):
                     self._cond.wait()
                 if self._closed:
                     return
-                lane = "interactive" if self._queues["interactive"] else "sweep"
+                lane = next(name for name in LANES if self._queues[name])
                 job = self._jobs[self._queues[lane].popleft()]
                 job.status, job.started, job.message = "running", time.time(), "starting"
                 job.preempt.clear()
@@ -384,29 +479,39 @@ class LocalJobRunner(JobRunner):
                     self._make_room()
                     self._cond.notify_all()
 
+    def _interrupt(self, job: _Job) -> None:
+        """Raise what stops `job` at this step: Cancelled, Preempted (a job of a higher lane waits for its worker) or
+        JobTimeLimit; nothing otherwise. Every progress step calls it (and so may any finer cooperative check)."""
+        if job.cancel.is_set():
+            raise Cancelled()
+        if job.preempt.is_set():
+            with self._cond:  # the job it gave way to may have been cancelled meanwhile: then it goes on
+                if any(self._queues[lane] for lane in LANES[:LANES.index(job.lane)]):
+                    raise Preempted()
+                job.preempt.clear()
+        if job.started is not None and time.time() - job.started > self._limits.job_timeout_s:
+            raise JobTimeLimit(f"the job ran past this server's time limit of {self._limits.job_timeout_s} s "
+                               f"(HEADLENS_JOB_TIMEOUT_S); ask for fewer prompts or values")
+
     def _run(self, job: _Job) -> None:
+        def check() -> None:  # the one check for cancel, preempt and the time limit (`stopping`)
+            self._interrupt(job)
+
         def report(fraction: float, message: str = "") -> None:
-            if job.cancel.is_set():
-                raise Cancelled()
-            if job.preempt.is_set() and job.lane == "sweep":
-                raise Preempted()
-            if job.started is not None and time.time() - job.started > self._limits.job_timeout_s:
-                raise JobTimeLimit(f"the job ran past this server's time limit of {self._limits.job_timeout_s} s "
-                                   f"(HEADLENS_JOB_TIMEOUT_S); ask for fewer prompts or values")
+            check()
             with self._cond:
                 job.progress = min(max(float(fraction), 0.0), 1.0) if math.isfinite(fraction) else job.progress
                 job.message = message or job.message
 
         def live(data: dict[str, Any]) -> None:
-            if job.cancel.is_set():
-                raise Cancelled()
+            check()
             with self._cond:
                 job.live = to_jsonable(data)
 
-        progress = JobProgress(report, live)
+        progress = JobProgress(report, live, check)
 
-        try:
-            with self._locks.hold(job.key, job.cancel.is_set, Cancelled):
+        try:  # waiting for another holder of the key checks too (check() raises or returns None: never "cancelled")
+            with checking(check), self._locks.hold(job.key, lambda: bool(check()), Cancelled):
                 progress(0.0, "running")
                 result = to_jsonable(self._execute(job.kind, job.params, progress))
         except Cancelled:
@@ -419,6 +524,8 @@ class LocalJobRunner(JobRunner):
                     self._finish(job, "cancelled", "cancelled")
                 else:
                     job.preempted += 1
+                    job.gave_way_interactive += job.preempt_for == "interactive"
+                    job.lost_s += time.time() - (job.started or time.time())
                     job.status, job.started, job.progress, job.live = "queued", None, 0.0, None
                     self._queues[job.lane].appendleft(job.id)
                     self._cond.notify_all()

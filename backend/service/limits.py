@@ -7,13 +7,13 @@
 | HEADLENS_MAX_TOKENS        | 8192    | estimated tokens of one prompt (~4 UTF-8 bytes per token) |
 | HEADLENS_MAX_UPLOAD_MB     | 5       | size of an uploaded task file                             |
 | HEADLENS_MAX_MODELS        | 2       | models kept resident (LRU)                                |
-| HEADLENS_MAX_QUEUE         | 64      | jobs waiting or running at once, per lane (interactive,   |
-|                            |         | sweep: service/jobs.py)                                   |
+| HEADLENS_MAX_QUEUE         | 64      | jobs waiting or running at once, per lane (live,          |
+|                            |         | interactive, sweep: service/jobs.py)                      |
 | HEADLENS_MAX_BODY_KB       | 256     | request body of every route but uploads (413 above it)    |
 | HEADLENS_UPLOAD_QUOTA_MB   | 200     | uploaded task files kept on disk (least recently used go) |
 | HEADLENS_UPLOAD_CACHE      | 32      | parsed uploads kept in memory (LRU; re-read from disk)    |
 | HEADLENS_MAX_WORK          | 200000  | estimated prompt passes of one job (service/estimate.py)  |
-| HEADLENS_JOB_TIMEOUT_S     | 3600    | seconds a job may run (it fails at its next progress step)|
+| HEADLENS_JOB_TIMEOUT_S     | 3600    | seconds a job may run (checked every batch, step, token)  |
 | HEADLENS_MAX_SWEEP_JOBS    | 10000   | jobs of one sweep                                         |
 | HEADLENS_MAX_TENSOR_MB     | 32      | size of an uploaded tensor file (POST /tensors)           |
 | HEADLENS_TENSOR_QUOTA_MB   | 1024    | uploaded tensor files kept on disk (least recently used   |

@@ -15,6 +15,9 @@ a hub id that is not in the local Hugging Face cache while the hub is off (HF_HU
 or unreachable (404), one the hub says does not exist or is gated (404 / 403; its config.json is fetched, which
 also gives the estimate its real shape), and a model whose config.json names an architecture the adapter table
 lacks (422).
+
+The command line applies the same two rules through `check_access` (the same sentences), so HEADLENS_MODEL_ROOT and
+HEADLENS_ALLOW_HUB bind `python -m backend ...` as they bind the service.
 """
 from __future__ import annotations
 
@@ -284,3 +287,15 @@ def _hub_verdict(name: str) -> ServiceError | None:
                         f"id as `org/name`, `default`, a pulled preset or a local model folder")
     return NotFound(f"model {clip(name)!r}: its config.json could not be fetched from the Hugging Face hub "
                     f"({kind}), so it cannot be loaded now")
+
+def check_access(name: str) -> str | None:
+    """HEADLENS_MODEL_ROOT and HEADLENS_ALLOW_HUB applied to `name` exactly as the service applies them (for the
+    command line, before anything is loaded or downloaded): the canonical name to load (a relative name under the
+    root becomes its path there), or None when `name` names nothing usable (the loader then says why in its own
+    words). Raises Forbidden, the service's sentence, for a path outside the root or a hub id with the hub off."""
+    try:
+        return ModelPool(max_models=1).check(name)
+    except Forbidden:
+        raise
+    except ServiceError:
+        return None

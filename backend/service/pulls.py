@@ -9,7 +9,8 @@ A pull runs as a child process, `python -m backend models pull NAME --progress j
 10), so its download and conversion (a minute or two, 1.4-2.9 GB of memory at its peak) never stall the job
 worker, and its memory goes back to the system when it ends. `serve --pull NAMES` (and so `launch`) starts pulls
 when the service starts; a pull that fails (offline) is one line in the log and an error state with the reason,
-nothing else.
+nothing else. A pull's error is one sentence without a server path (the CLI words a models folder that cannot be
+written without it; `_for_clients` replaces any path left with words).
 """
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Callable
 
 from .. import presets
-from ..paths import REPO_ROOT
+from ..paths import REPO_ROOT, models_dir
 from .errors import Forbidden, NotFound, clip
 
 log = logging.getLogger(__name__)
@@ -146,7 +147,7 @@ class Pulls:
             self._runner(name, report)
             ok, error = True, None
         except Exception as e:  # offline, disk full, a corrupt download: an error state, never a dead service
-            ok, error = False, clip(str(e) or type(e).__name__, 400)
+            ok, error = False, clip(_for_clients(name, e), 400)
             log.warning("pulling %s failed: %s", name, error)
         with self._lock:
             s = self._states[name]
@@ -165,6 +166,23 @@ class Pulls:
         if t is not None:
             t.join(timeout)
         return self.state(name)
+
+
+def _for_clients(name: str, e: Exception) -> str:
+    """A failed pull in words every client may see: an OSError of an in-process runner as the CLI words it, and the
+    models folder's and the repository's paths replaced by words."""
+    from ..pull import folder_problem
+
+    text = str(folder_problem(name, e) if isinstance(e, OSError) else e) or type(e).__name__
+    for path, words in ((models_dir(), "the models folder"), (REPO_ROOT, "the server's folder")):
+        try:
+            forms = {str(path), str(path.resolve())}
+        except (OSError, RuntimeError):
+            forms = {str(path)}
+        for form in sorted(forms, key=len, reverse=True):
+            if len(form) > 1:
+                text = text.replace(form, words)
+    return text
 
 
 def add_routes(app: Any, pulls: Pulls) -> None:

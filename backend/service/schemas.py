@@ -70,10 +70,16 @@ class JobStatus(BaseModel):
     created: float = Field(..., description="unix time")
     started: float | None = None
     finished: float | None = None
+    remaining_s: float | None = Field(None, description="while running: seconds left, from the job's own progress "
+                                                          "(elapsed x (1 - progress) / progress; null until it has "
+                                                          "made enough)")
     cache_hit: bool | None = None
     submitters: int = Field(1, description="submissions sharing this job; a DELETE cancels it only at the last")
-    lane: Literal["interactive", "sweep"] = Field("interactive", description="interactive jobs run before a sweep's")
-    preempted: int = Field(0, description="times this sweep job gave way to interactive jobs (it then starts again)")
+    lane: Literal["live", "interactive", "sweep"] = Field(
+        "interactive", description="live (an interactive job estimated at most a few seconds: a toggle) runs first, "
+                                   "then interactive, then a sweep's jobs")
+    preempted: int = Field(0, description="times this job gave way to a job of a higher lane (it then starts again; "
+                                          "what it finished through cached sub-results is kept)")
     live: dict[str, Any] | None = Field(None, description="while running: data a page draws live (e.g. the loss "
                                                             "curve so far of a training)")
 
@@ -85,11 +91,17 @@ class JobEstimate(BaseModel):
     passes: float = Field(..., description="prompt passes of the job's own prompts (HEADLENS_MAX_WORK's unit)")
     tokens: float = Field(..., description="tokens through the whole model, training forward passes included")
     train_tokens: float = Field(..., description="of which in training (each with a backward pass, ~2x)")
+    held_tokens: float = Field(0.0, description="of which the job skips: states an earlier pass kept in memory (a "
+                                                "toggle's clean prefix); left out of `seconds`")
     how: str = Field(..., description="the largest parts of the work")
     seconds: float | None = Field(None, description="estimated seconds; null when unknown")
     seconds_basis: str = Field(..., description="measured (this model's seconds per token, from model_info) or "
                                                 "assumed (from its size)")
     seconds_per_token: float | None = None
+    seconds_per_pass: float | None = Field(None, description="the fixed seconds of one forward call (batch)")
+    calls: float = Field(0.0, description="forward calls (batches) the job makes, training steps included")
+    load_factor: float = Field(1.0, description="the scale for the CPU's load now against when the speed was "
+                                                "measured (in `how` when it matters)")
     text: str = Field(..., description="the seconds in words: `about 3 min`")
     shape: dict[str, Any] = Field(default_factory=dict, description="the model's size, read from its files")
     sizes: dict[str, Any] = Field(default_factory=dict, description="tokens of the job's prompts")

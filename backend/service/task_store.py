@@ -25,6 +25,7 @@ from collections import OrderedDict
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, NoReturn
 
+from ..atomic_dirs import write_file
 from .errors import BadRequest, NotFound, clip
 from .schemas import TaskInfo
 
@@ -208,10 +209,8 @@ class TaskStore:
         path = self.directory / f"{digest}.json"
         try:
             self.directory.mkdir(parents=True, exist_ok=True)
-            tmp = self.directory / f"{digest}.json.tmp{os.getpid()}-{threading.get_ident()}"
-            tmp.write_text(json.dumps(record), "utf-8")
-            tmp.replace(path)
-        except OSError as e:
+            write_file(path, json.dumps(record))  # whole or not at all: a failed write leaves no temporary file
+        except OSError as e:  # WriteError included
             log.warning("could not keep upload %s on disk (%s); it lives in memory only", task_id, e)
         self._remember(task_id, task, len(content))
         self._enforce_quota(keep=path)

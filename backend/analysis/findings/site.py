@@ -10,7 +10,6 @@ the ranking from the size of the injection, and k = the heads SITE switched on (
 """
 from __future__ import annotations
 
-import random
 from typing import Any, Callable
 
 import numpy as np
@@ -81,6 +80,7 @@ def _extra_patching(lm: Any, task: Any, r: Any, ks: list[int], prompts: int, sto
 
     from backend.analysis.primitives.batching import encode
     from backend.analysis.site.soft_select import hard_alpha, load_site, ranked_heads, site_data, soft_logits
+    from backend.analysis.primitives.selection import random_heads
     from backend.analysis.primitives.sweep import RowConfig, sweep_outcomes
 
     from backend.tensor_store import default_store
@@ -89,13 +89,12 @@ def _extra_patching(lm: Any, task: Any, r: Any, ks: list[int], prompts: int, sto
     alpha = alpha.float().cpu()
     enc = encode(lm, site_data(lm, task, m=1, shots=0, val_prompts=1, test_prompts=prompts, seed=0).test, task.kind)
     L, H = lm.n_layers, lm.n_heads
-    heads = [(l, h) for l in range(L) for h in range(H)]
     order = ranked_heads(alpha.numpy())
     configs = []
     for k in ks:
         for d in range(RANDOM_DRAWS):
-            configs.append(RowConfig(mask=1.0 - hard_alpha(lm, random.Random(f"site-random-{k}-{d}").sample(heads, k)),
-                                     positions="last"))
+            rset = random_heads(L, H, k, seed=0, exclude=order[:k], draw=d)  # disjoint from the top k by alpha
+            configs.append(RowConfig(mask=1.0 - hard_alpha(lm, rset), positions="last"))
     for k in ks:
         soft = torch.zeros(L, H)
         for l, h in order[:k]:
@@ -103,7 +102,7 @@ def _extra_patching(lm: Any, task: Any, r: Any, ks: list[int], prompts: int, sto
         configs.append(RowConfig(mask=1.0 - soft, positions="last"))
     # k = the heads SITE switched on (alpha > 0.5): those, as many of the lowest, as many random ones
     on = int((alpha > 0.5).sum())
-    sets = [order[:on], order[::-1][:on]] + [random.Random(f"site-random-on-{d}").sample(heads, on)
+    sets = [order[:on], order[::-1][:on]] + [random_heads(L, H, on, seed=1, exclude=order[:on], draw=d)
                                               for d in range(RANDOM_DRAWS)]
     configs += [RowConfig(mask=1.0 - hard_alpha(lm, s), positions="last") for s in sets]
     res = sweep_outcomes(lm, enc, configs, fill=t.float(), batch_size=32)

@@ -29,6 +29,7 @@ from ..primitives import cost
 from ..primitives.cost import Shape, Sizes, Work, passes
 from ..results import Model, Result
 from ..primitives.batching import answer_tokens, build_prompts
+from ..primitives.fit import unknown_id
 from ..primitives.induction import eager_attention, induction_scores
 from ..primitives.sweep import head_mask
 from ..primitives.tsla import head_writes, label_space, tsla
@@ -154,6 +155,24 @@ def _prompt(ctx: Context, p: HeadParams) -> dict[str, Any]:
             "labels": list(p.labels or q.labels), "shots": built.shots}
 
 
+def unknown_words(tok: Any, text: str) -> str | None:
+    """A warning when the tokenizer reads part of `text` as its unknown token (a word-level vocabulary, such as
+    the embedded model's, turns "hello world" into `<unk> <unk>`), naming the words; None when it reads it all."""
+    unk = unknown_id(tok)
+    if unk is None:
+        return None
+    ids = tok(text, add_special_tokens=False)["input_ids"]
+    n = sum(i == unk for i in ids)
+    if not n:
+        return None
+    words = list(dict.fromkeys(w[:40] for w in text.split() if unk in tok(w, add_special_tokens=False)["input_ids"]))
+    shown = ", ".join(repr(w) for w in words[:8]) + (", ..." if len(words) > 8 else "")
+    which = "every token of your prompt is" if n == len(ids) else f"{n} of your prompt's {len(ids)} tokens are"
+    return (f"{which} unknown to this model's tokenizer and read as {tok.unk_token!r}" + (f" ({shown})" if shown else "")
+            + ": the model sees no word there, so what it attends to and predicts there means nothing. Use words "
+            "from the task's prompts.")
+
+
 def head(ctx: Context, p: HeadParams) -> dict[str, Any]:
     """The head's attention pattern, per-label DLA, TR / TL, ranks and ablation effect on one prompt."""
     lm = ctx.lm
@@ -164,6 +183,10 @@ def head(ctx: Context, p: HeadParams) -> dict[str, Any]:
     ids = tok(pr["text"])["input_ids"]
     if lm.max_positions and len(ids) > lm.max_positions:
         raise TaskError(f"the prompt has {len(ids)} tokens, over the model's context window of {lm.max_positions}")
+    if p.text is not None:
+        unknown = unknown_words(tok, p.text)
+        if unknown is not None:
+            ctx.warn(unknown)
     ctx.progress(0.1, "forward pass")
     x = torch.tensor([ids], device=lm.device)
     with lm.lock, torch.inference_mode(), eager_attention(lm):

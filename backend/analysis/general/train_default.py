@@ -28,6 +28,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from ...atomic_dirs import WriteError, check_file_target, staging, write_file, write_reason
 from ...model_card import model_card
 from ...models import LoadedModel, wrap
 from ...paths import DEFAULT_MODEL_DIR
@@ -330,13 +331,14 @@ def train(cfg: TrainConfig, out: Path, seed: int = 0, device: str | None = None,
                         rmap=f"{acc['random-mapping']:.2f}", refresh=False)
     seconds = time.time() - t0
     model.eval()
-    out.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(str(out))
-    save_tokenizer(tok, out)
     metrics: dict[str, Any] = {"config": asdict(cfg), "seed": seed, "device": str(dev),
                                "train_seconds": round(seconds, 1), "params": sum(p.numel() for p in model.parameters()),
                                "history": history, "command": command}
-    return write_card(lm, out, metrics, final_eval_prompts)
+    with staging(out, replace=True) as tmp:  # the folder appears whole (weights, tokenizer, card) or not at all
+        model.save_pretrained(str(tmp))
+        save_tokenizer(tok, tmp)
+        metrics = write_card(lm, tmp, metrics, final_eval_prompts)
+    return metrics
 
 
 def write_card(lm: LoadedModel, out: Path, metrics: dict[str, Any], eval_prompts: int = 300) -> dict[str, Any]:
@@ -344,8 +346,8 @@ def write_card(lm: LoadedModel, out: Path, metrics: dict[str, Any], eval_prompts
     if eval_prompts:
         metrics["eval"] = evaluate_language(lm, n=eval_prompts)
         metrics["induction"] = induction_summary(lm)
-    (out / "metrics.json").write_text(json.dumps(metrics, indent=1) + "\n")
-    (out / "README.md").write_text(model_card(metrics))
+    write_file(out / "metrics.json", json.dumps(metrics, indent=1) + "\n")  # each whole or not at all
+    write_file(out / "README.md", model_card(metrics))
     return metrics
 
 
@@ -374,8 +376,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--no-progress", action="store_true", help="log JSON lines instead of a progress bar")
     ap.add_argument("--eval-only", action="store_true", help="re-evaluate the trained folder --out, rewrite its card")
     args = ap.parse_args(argv)
+    problem = out_problem(args.out, args.eval_only)
+    if problem:  # before any training
+        print(f"error: {problem}", file=sys.stderr)
+        return 2
     if args.eval_only:
-        summary(reevaluate(args.out, args.eval_prompts))
+        try:
+            summary(reevaluate(args.out, args.eval_prompts))
+        except OSError as e:
+            print(f"error: --out {args.out}: cannot write its card ({write_reason(e)}); the files are as they were",
+                  file=sys.stderr)
+            return 2
         return 0
     cfg = CONFIGS[args.config]
     if args.steps is not None:
@@ -385,10 +396,33 @@ def main(argv: Sequence[str] | None = None) -> int:
             ap.error(f"--permute is a share in [0, 1], got {args.permute}")
         cfg = replace(cfg, permute=args.permute)
     cmd = "python -m backend train-default " + " ".join(sys.argv[1:] if argv is None else argv)
-    m = train(cfg, args.out, args.seed, args.device, not args.no_progress, args.eval_prompts, cmd.strip())
+    try:
+        m = train(cfg, args.out, args.seed, args.device, not args.no_progress, args.eval_prompts, cmd.strip())
+    except OSError as e:  # a full disk at the end: the folder is not written (staging), the older one kept
+        print(f"error: --out {args.out}: cannot write the model ({write_reason(e)}); nothing was written",
+              file=sys.stderr)
+        return 2
     summary(m)
     print(f"trained in {m['train_seconds']:.0f} s -> {args.out}")
     return 0
+
+
+def out_problem(out: Path, eval_only: bool = False) -> str | None:
+    """Why the model folder `out` cannot be written, in one sentence naming its folder as given (None: it can):
+    checked before training. `eval_only`: `out` is the trained folder whose card is rewritten."""
+    if eval_only:
+        if not (out / "metrics.json").is_file():
+            return f"--out {out}: no trained model folder (it holds no metrics.json)"
+        folder, probe = out, out / "metrics.json"
+    else:
+        if out.exists() and not out.is_dir():
+            return f"--out {out}: is a file; give a folder"
+        folder, probe = out.parent, out.parent / f"{out.name}.new"
+    try:
+        check_file_target(probe)
+    except WriteError as e:
+        return f"--out {out}: cannot write in the folder {folder} ({e.reason})"
+    return None
 
 
 def summary(m: dict[str, Any]) -> None:

@@ -31,7 +31,6 @@ mechanism    per single layer, each stage a param (`key_heads` and `ov` on by de
 from __future__ import annotations
 
 import math
-import random
 from typing import Any, Literal
 
 import numpy as np
@@ -45,12 +44,13 @@ from ..kernel import Context
 from ..kinds import get_kind
 from ..params import Bool, Float, Int, Layer, Selection, TensorId
 from ..primitives.cost import Shape, Sizes, Work, passes
-from ..results import Grid, Head, Metrics, Model, Overlap, Result, TensorsInline
+from ..results import Grid, Head, Metrics, Model, Overlap, PairedTest, Result, TensorsInline
 from .recipe import LtvRecipeParams, LtvTraining
 from ..primitives.batching import build_prompts, encode
 from ..primitives.inject import Injection, check_layers, check_positions, evaluate_injections, vector_at
+from ..primitives.rates import paired_metrics
 from ..primitives.saved import load_tensors
-from ..primitives.selection import n_top, overlap, top_heads
+from ..primitives.selection import n_top, overlap, random_heads, top_heads
 from ..primitives.stages import spans
 from ..primitives.sweep import head_mask
 from ..primitives.threads import cpu_threads
@@ -108,8 +108,9 @@ class LtvParams(Selection, LtvRecipeParams):
         w = self.training_work(sizes) * trainings + get_kind("vectors").params(
             types=list(EXTRACTED), shots=self.shots, prompts=self.prompts, top_pct=self.top_pct,
             top_k=self.top_k).work(shape, sizes).named("extracted vectors")
-        w = w + passes("references", n, t0) + passes("references", n, t)
-        per = passes("conditions", n * (1 if joint else 1 + len(EXTRACTED)), t0) + passes("conditions", n, t)
+        b = o.SWEEP_BATCH_SIZE  # its evaluations' rows per call (`ltv_costs.EVAL_BATCH`)
+        w = w + passes("references", n, t0, b) + passes("references", n, t, b)
+        per = passes("conditions", n * (1 if joint else 1 + len(EXTRACTED)), t0, b) + passes("conditions", n, t, b)
         w = w + per * layers
         if not joint:
             at = ([shape.n_layers // 2] if self.layer is None else [self.layer] if isinstance(self.layer, int)
@@ -125,6 +126,9 @@ class MetricCurve(Model):
     accuracy: list[float]
     label_accuracy: list[float]
     tr_ratio: list[float]
+    accuracy_ci: list[tuple[float, float] | None] | None = Field(None, description="95% Wilson interval per layer")
+    label_accuracy_ci: list[tuple[float, float] | None] | None = None
+    tr_ratio_ci: list[tuple[float, float] | None] | None = None
 
 
 class KeyHeads(Model):
@@ -181,6 +185,8 @@ class LtvLayer(Model):
     key_heads: KeyHeads | None = None
     ov: OvReconstruction | None = None
     propagation: Propagation | None = None
+    tests: dict[str, dict[str, PairedTest]] = Field(default_factory=dict, description="\"ltv vs <condition>\" -> "
+                                                    "rate -> paired test on the same queries (effect = LTV minus it)")
 
 
 class LtvResult(Result, TensorsInline):
@@ -322,7 +328,7 @@ def _ltv(ctx: Context, p: LtvParams) -> dict[str, Any]:
         out = evaluate_injections(lm, zero, injections, EVAL_BATCH, ctx.stage(*share[f"compare {gi}"], "comparing"))
         conditions = {**ref, **{nm: out.summary(i) for i, nm in enumerate(names)}, "ltv+icl": with_icl.summary(gi + 1)}
         entry: dict[str, Any] = {"layers": g, "conditions": {c: conditions[c] for c in CONDITIONS if c in conditions},
-                                 "training": tr}
+                                 "training": tr, "tests": ltv_tests(conditions)}
         if p.stages() and not joint:
             if scores is None and "key_heads" in p.stages():
                 scores = ctx.call("scores", shots=p.shots, prompts=p.prompts, seed=p.seed, top_pct=p.top_pct,
@@ -336,6 +342,9 @@ def _ltv(ctx: Context, p: LtvParams) -> dict[str, Any]:
     order = [c for c in CONDITIONS if c in per_layer[main]["conditions"]]
     sweep = {c: {m: [e["conditions"][c][m] if c in e["conditions"] else float("nan") for e in per_layer]
                  for m in ("accuracy", "label_accuracy", "tr_ratio")} for c in order}
+    for c in order:  # each point's interval (None where the condition is absent at that layer)
+        sweep[c].update({f"{m}_ci": [e["conditions"][c].get(f"{m}_ci") if c in e["conditions"] else None
+                                     for e in per_layer] for m in ("accuracy", "label_accuracy", "tr_ratio")})
     prop = [e.get("propagation") for e in per_layer]
     heads = {nm: list(vec.vectors[nm].heads) for nm in ("fv", "tr", "tl") if nm in vec.vectors}
     return {"n_layers": L, "n_heads": H, "d_model": d, "layers": [e["layers"][0] for e in per_layer] if not joint
@@ -344,6 +353,13 @@ def _ltv(ctx: Context, p: LtvParams) -> dict[str, Any]:
             "sweep": sweep, "rotation": [x["rotation"] if x else None for x in prop],
             "stretch": [x["stretch"] if x else None for x in prop], "per_layer": per_layer,
             "tensor": per_layer[main]["training"]["tensor"], "heads": heads, "multi_token_labels": multi}
+
+
+def ltv_tests(conditions: dict[str, Any]) -> dict[str, Any]:
+    """The LTV against vanilla, FV, zero-shot and ICL, paired on the same queries (`rates.paired_metrics`)."""
+    tests = {f"ltv vs {c}": paired_metrics(conditions["ltv"], conditions[c])
+             for c in ("vanilla", "fv", "zero_shot", "icl") if c in conditions}
+    return {k: v for k, v in tests.items() if v is not None}
 
 
 def _mechanism(ctx: Context, p: LtvParams, zero: Any, layer: int, theta: torch.Tensor, positions: tuple[int, ...],
@@ -366,9 +382,9 @@ def _mechanism(ctx: Context, p: LtvParams, zero: Any, layer: int, theta: torch.T
         pool = [(l, h) for l in range(layer, L) for h in range(H)]
         k = min(n_top(L, H, p.key_pct), len(pool))
         key = top_heads(later, k=k)
-        rest = [h for h in pool if h not in set(key)]  # the random sets: from the other heads, when there are enough
-        pool = rest if len(rest) >= k else pool
-        draws = [sorted(random.Random(f"ltv-random-{p.seed}-{i}").sample(pool, k)) for i in range(p.random_draws)]
+        # the random sets: from the later heads that are not key heads (`random_heads`, the control of every kind)
+        draws = [sorted(random_heads(L, H, k, p.seed, exclude=key, draw=i + 1, pool=pool))
+                 for i in range(p.random_draws)]
         progress(share["ablation"][0], "ablating key and random heads")
         abl = evaluate_injections(lm, zero, [Injection({layer: theta}, positions, mask=head_mask(lm, hs))
                                              for hs in [key, *draws]], EVAL_BATCH)

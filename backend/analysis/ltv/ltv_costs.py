@@ -46,27 +46,32 @@ def mechanism_costs(lm: Any, p: Any, zero: Any, layer: int, positions: tuple[int
 
 
 def mechanism_work(p: Any, shape: Shape, layer: int, n: int, t0: float) -> Work:
-    """The cost model's work (`primitives.cost`, tokens through the whole model) of the mechanism stages `p` asks
-    for at injection `layer`, on `n` zero-shot prompts of `t0` tokens; each stage a named part ("key heads", "OV
-    reconstruction", "linear propagation"), so an estimate shows what each costs. With theta at the last token only
-    (above the embeddings), a configuration is one token step from the layer on over the clean prefix."""
+    """The cost model's work (`primitives.cost`: tokens through the whole model, forward calls) of the mechanism
+    stages `p` asks for at injection `layer`, on `n` zero-shot prompts of `t0` tokens; each stage a named part ("key
+    heads", "OV reconstruction", "linear propagation"), so an estimate shows what each costs. With theta at the last
+    token only (above the embeddings), a configuration is one token step from the layer on over the prompts' clean
+    prefixes, kept by the comparison's first pass (`ltv`); elsewhere a full pass."""
     stages = p.stages()
-    L = max(shape.n_layers, 1)
-    last = tuple(p.positions) == (-1,) and layer >= 1
+    L, b = max(shape.n_layers, 1), EVAL_BATCH
+    last = tuple(p.positions) == (-1,)
     after = max(L - layer + 1, 1) / L  # the sweep engine's step: from the output of layer - 1 on
 
-    def configs(name: str, k: float) -> Work:  # k configurations over the n prompts (their clean pass first)
-        return passes(name, n, t0) + (steps(name, k * n * after) if last else passes(name, k * n, t0))
+    def configs(name: str, k: float) -> Work:  # k configurations over the n prompts
+        if last and layer >= 1:
+            return steps(name, k * n * after, b * after)  # calls: k n / b
+        return passes(name, k * n, t0, b)
 
     w = NONE
     if "key_heads" in stages:  # saliency: a forward and backward pass; then the key set and the random sets
-        w = w + (training("key heads", n, t0) + configs("key heads", 1 + p.random_draws)).named("key heads")
+        w = w + (training("key heads", n, t0, batch=b) + configs("key heads", 1 + p.random_draws)).named("key heads")
     if "ov" in stages:  # the eager pass reading attention, then r and theta at 4 sites
-        w = w + (passes("OV reconstruction", n, t0) + configs("OV reconstruction", 4)).named("OV reconstruction")
-    if "propagation" in stages:  # a clean pass, a token step per perturbation and prompt from the layer on
+        w = w + (passes("OV reconstruction", n, t0, b) + configs("OV reconstruction", 4)).named("OV reconstruction")
+    if "propagation" in stages:  # its own clean pass, then a token step per perturbation and prompt from the layer on
         k = p.n_perturbations(shape.d_model)
-        fit = (passes("linear propagation", n, t0) + steps("linear propagation", k * n * max(L - layer, 1) / L)) \
-            if tuple(p.positions) == (-1,) else passes("linear propagation", k * n, t0)
+        share = max(L - layer, 1) / L
+        fit = (passes("linear propagation", n, t0, 64) + steps("linear propagation", k * n * share,
+                                                                 last_token.STEP_ROWS * share)) \
+            if last else passes("linear propagation", k * n, t0, 64)
         w = w + (fit + configs("linear propagation", 1)).named("linear propagation")
     return w
 

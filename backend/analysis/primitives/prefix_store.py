@@ -85,6 +85,16 @@ class PrefixStore:
                 self._entries.move_to_end(k)
         return found  # type: ignore[return-value]
 
+    def holds(self, lm: LoadedModel, prompts: Sequence[Sequence[int]], z: bool = False) -> bool:
+        """Whether every prompt has its entry (with its z, if `z`), without marking them used: what an estimate
+        asks before a job runs."""
+        if not frozen(lm):
+            return False
+        keys = [prompt_key(lm, x) for x in prompts]
+        with self._lock:
+            found = [self._entries.get(k) for k in keys]
+        return all(e is not None and (not z or e.z is not None) for e in found)
+
     def put(self, lm: LoadedModel, prompts: Sequence[Sequence[int]], entries: Sequence[Entry]) -> bool:
         """Keep the entries (a set larger than the budget is not kept); True when kept."""
         budget = budget_bytes()

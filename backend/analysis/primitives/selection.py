@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import math
 import random
+from typing import Iterable, Sequence
 
 import numpy as np
 
@@ -28,12 +29,19 @@ def top_heads(scores: np.ndarray, pct: float = TOP_PCT, k: int | None = None) ->
     return [(int(i // H), int(i % H)) for i in flat]
 
 
-def random_heads(n_layers: int, n_heads: int, k: int, seed: int = 0, exclude: "set[Head] | None" = None) -> list[Head]:
-    """A seeded random set of k distinct heads, drawn from the heads not in `exclude` (a control set disjoint
-    from the top heads) when at least k remain, else from all heads."""
-    allh = [(l, h) for l in range(n_layers) for h in range(n_heads)]
-    rest = [x for x in allh if x not in (exclude or set())]
-    return random.Random(f"random-heads-{seed}").sample(rest if len(rest) >= k else allh, k)
+def random_heads(n_layers: int, n_heads: int, k: int, seed: int = 0, exclude: "Iterable[Head] | None" = None, *,
+                 draw: int = 0, pool: "Sequence[Head] | None" = None) -> list[Head]:
+    """The random control set of every kind: a seeded draw of k distinct heads from `pool` (default: every head)
+    outside `exclude` (the top sets it is compared with), so it is disjoint from them. When fewer than k heads are
+    outside, all of those come first and the rest is drawn from `exclude` (a random order over all heads, the
+    ablation curves' random order, starts with the heads outside it). `draw` numbers several sets of one seed."""
+    cand = list(pool) if pool is not None else [(l, h) for l in range(n_layers) for h in range(n_heads)]
+    out = set(exclude or ())
+    rest = [x for x in cand if x not in out]
+    rng = random.Random(f"random-heads-{seed}" + (f"-{draw}" if draw else ""))
+    if len(rest) >= k:
+        return rng.sample(rest, k)
+    return rng.sample(rest, len(rest)) + rng.sample([x for x in cand if x in out], min(k, len(cand)) - len(rest))
 
 
 def ranking(scores: np.ndarray) -> list[Head]:

@@ -19,12 +19,13 @@ from ..kernel import Context
 from ..kinds import get_kind
 from ..params import Heads, Int, NonNegative, PromptParams
 from ..primitives import cost
-from ..primitives.cost import NONE, Shape, Sizes, Work, passes
-from ..results import Metrics, Model, Result
+from ..primitives.cost import Shape, Sizes, Work, passes
+from ..results import Metrics, Model, PairedTest, Result
 from ..primitives.batching import Encoded, built_and_encoded
 from ..primitives.capture import capture_means
 from ..primitives.predict import predicted_label
 from ..primitives.prefix_store import stored_z_mean
+from ..primitives.rates import config_outcomes, curve_intervals, paired_along, paired_rates, set_curve_intervals
 from ..primitives.selection import Head, random_heads, ranking
 from ..primitives.sweep import RowConfig, head_mask, sweep_outcomes
 
@@ -55,8 +56,8 @@ class AblationCurvesParams(PromptParams):
         ranked = [o for o in self.orders if o != "random"]
         rankings = len(ranked) + (len(self.random_seeds) if "random" in self.orders else 0)
         ks = {min(k, shape.heads) for k in self.ks if k > 0}
-        w = get_kind("scores").params(shots=self.shots, prompts=self.prompts).work(shape, sizes).named("head scores") \
-            if ranked else NONE
+        # the scores: the rankings, and the top sets the random orders stay out of
+        w = get_kind("scores").params(shots=self.shots, prompts=self.prompts).work(shape, sizes).named("head scores")
         return w + _sweep(self, shape, sizes, rankings * len(ks), f"{rankings} rankings x {len(ks)} values of k")
 
 
@@ -66,10 +67,31 @@ class AblateParams(PromptParams):
     def work(self, shape: Shape, sizes: Sizes) -> Work:
         return _sweep(self, shape, sizes, 1, "the head set", self.heads)
 
+    def held(self, lm: Any, task: Any) -> set[str]:
+        """The parts of `work` the resident model `lm` will skip: a last-token toggle on prompts whose clean prefix
+        states an earlier pass kept (the Head map's, a toggle's) makes no clean pass (nor a mean pass, when their z
+        was kept), so the toggle is estimated at its one token step per prompt."""
+        return _held(self, lm, task)
+
     heads: Heads = Field(..., description="[[layer, head], ...]")
     mode: o.Mode = "zero"
     positions: o.Positions = "all"
     batch_size: Int = Field(o.SWEEP_BATCH_SIZE, ge=1, le=1024)
+
+
+def _held(p: Any, lm: Any, task: Any) -> set[str]:
+    """`_sweep`'s parts a last-token sweep skips on `lm` now (see AblateParams.held); empty for every position."""
+    from ..primitives.prefix_store import STORE
+
+    if p.positions != "last" or lm is None or task is None:
+        return set()
+    try:
+        _, enc = built_and_encoded(lm, task, p.shots, p.prompts, p.seed)
+    except ValueError:  # prompts that cannot be built: the job says why
+        return set()
+    if not STORE.holds(lm, enc.ids):
+        return set()
+    return {"clean", "mean head outputs"} if STORE.holds(lm, enc.ids, z=True) else {"clean"}
 
 
 def _sweep(p: Any, shape: Shape, sizes: Sizes, configs: int, what: str,
@@ -90,6 +112,13 @@ class Curve(Model):
     label_accuracy_std: list[float] | None = None
     tr_ratio_std: list[float] | None = None
     seeds: list[int] | None = None
+    accuracy_ci: list[tuple[float, float]] | None = Field(None, description="95% interval per k: Wilson for a "
+                                                          "ranked order; random: over the sets and the prompts")
+    label_accuracy_ci: list[tuple[float, float]] | None = None
+    tr_ratio_ci: list[tuple[float, float]] | None = None
+    vs_random: dict[str, list[PairedTest]] | None = Field(None, description="per rate, per k: the top-k set against "
+                                                                            "the random sets' mean, prompt by prompt "
+                                                                            "(effect = this order minus random)")
 
 
 class AblationCurvesResult(Result):
@@ -125,6 +154,8 @@ class AblateResult(Result):
     before: Metrics
     after: Metrics
     rows: list[AblateRow]
+    test: dict[str, PairedTest] | None = Field(None, description="per rate: after against before on the same "
+                                                                 "prompts (effect = after minus before)")
 
 
 def _prompts(ctx: Context, p: PromptParams, mode: str, progress: Any = None) -> tuple[Encoded, torch.Tensor | None]:
@@ -141,24 +172,27 @@ def _prompts(ctx: Context, p: PromptParams, mode: str, progress: Any = None) -> 
 
 
 def head_orders(ctx: Context, p: AblationCurvesParams) -> dict[str, list[list[Head]]]:
-    """Ranked head lists per order; "random" has one permutation per seed. Rankings come from the cached
-    `scores` of the same prompts."""
+    """Ranked head lists per order; "random" has one permutation per seed, starting with the heads outside the
+    top max(ks) TR and TL heads, so the random set at every k up to there is disjoint from both top sets (the
+    control `random_heads` draws everywhere). Rankings come from the cached `scores` of the same prompts."""
     L, H = ctx.lm.n_layers, ctx.lm.n_heads
     out: dict[str, list[list[Head]]] = {}
-    if set(p.orders) - {"random"}:
-        r = ctx.call("scores", shots=p.shots, prompts=p.prompts, seed=p.seed, batch_size=p.batch_size,
-                     progress=ctx.stage(0.0, 0.3, "head scores"))
-        for o in p.orders:
-            if o != "random":
-                out[o] = [ranking(getattr(r, o))]
+    r = ctx.call("scores", shots=p.shots, prompts=p.prompts, seed=p.seed, batch_size=p.batch_size,
+                 progress=ctx.stage(0.0, 0.3, "head scores"))
+    for o in p.orders:
+        if o != "random":
+            out[o] = [ranking(getattr(r, o))]
     if "random" in p.orders:
-        out["random"] = [random_heads(L, H, L * H, seed=s) for s in p.random_seeds]
+        kmax = max(p.ks)
+        top = set(ranking(r.tr)[:kmax]) | set(ranking(r.tl)[:kmax])
+        out["random"] = [random_heads(L, H, L * H, seed=s, exclude=top) for s in p.random_seeds]
     return out
 
 
 def curves(ctx: Context, p: AblationCurvesParams) -> dict[str, Any]:
-    """Accuracy, label accuracy and TR ratio against k, the number of top heads ablated, per order; random
-    orders give the mean and std over `random_seeds`. Repeated head sets (k = 0 in every order) run once."""
+    """Accuracy, label accuracy and TR ratio against k, the number of top heads ablated, per order, each with its
+    95% interval; random orders give the mean, std and interval over `random_seeds`, and each ranked order its
+    paired test against them per k. Repeated head sets (k = 0 in every order) run once."""
     lm = ctx.lm
     total = lm.n_layers * lm.n_heads
     too_many = [k for k in p.ks if k > total]
@@ -195,7 +229,15 @@ def curves(ctx: Context, p: AblationCurvesParams) -> dict[str, Any]:
                 curve[f"{m}_std"] = a.std(0)
         if len(rows) > 1:
             curve["seeds"] = list(p.random_seeds)
+        # intervals and paired tests from the same outcomes (no extra pass): a ranked order's rate is Wilson; the
+        # random sets' mean resamples sets and prompts
+        curve.update(set_curve_intervals(res, rows) if len(rows) > 1 else curve_intervals(res, rows[0]))
         out[name] = curve
+    if "random" in where:
+        rand = [config_outcomes(res, [row[j] for row in where["random"]]) for j in range(len(p.ks))]
+        for name, rows in where.items():
+            if name != "random":
+                out[name]["vs_random"] = paired_along([config_outcomes(res, c) for c in rows[0]], rand)
     return {"ks": p.ks, "mode": p.mode, "positions": p.positions, "shots": enc.prompts[0].n_shots,
             "prompts": len(enc.ids), "curves": out, "n_configs": len(masks)}
 
@@ -216,4 +258,5 @@ def ablate(ctx: Context, p: AblateParams) -> dict[str, Any]:
                      "label_correct_before": res.label_correct[0, i], "label_correct_after": res.label_correct[1, i],
                      "gold_prob_before": res.gold_prob[0, i], "gold_prob_after": res.gold_prob[1, i]})
     return {"heads": p.heads, "mode": p.mode, "positions": p.positions, "shots": enc.prompts[0].n_shots,
-            "prompts": len(enc.ids), "before": res.summary(0), "after": res.summary(1), "rows": rows}
+            "prompts": len(enc.ids), "before": res.summary(0), "after": res.summary(1), "rows": rows,
+            "test": paired_rates(config_outcomes(res, 1), config_outcomes(res, 0))}

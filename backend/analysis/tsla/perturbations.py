@@ -23,7 +23,6 @@ from ..primitives.cost import Shape, Sizes, Work, passes
 from ..results import Grid, Head, Metrics, Model, Result
 from ..primitives.batching import Encoded, build_prompts, encode
 from .head_maps import head_maps
-from ..primitives.selection import random_heads
 from ..primitives.sweep import RowConfig, head_mask, sweep_outcomes
 
 
@@ -72,7 +71,8 @@ def perturb(ctx: Context, p: PerturbParams) -> dict[str, Any]:
     base = ctx.call("scores", shots=p.shots, prompts=p.prompts, seed=p.seed, top_pct=p.top_pct, top_k=p.top_k,
                     batch_size=p.batch_size, progress=ctx.stage(0.0, 0.3, "head scores"))
     k = base.top_k
-    sets = {"tr": base.top_tr, "tl": base.top_tl, "random": random_heads(lm.n_layers, lm.n_heads, k, p.seed)}
+    # the scores' own random set: `random_heads` from the heads in neither top set (a disjoint control)
+    sets = {"tr": base.top_tr, "tl": base.top_tl, "random": [tuple(h) for h in base.random_heads]}
     configs = [RowConfig()] + [RowConfig(mask=head_mask(lm, s)) for s in sets.values()]
 
     def ablations(enc: Encoded, progress: Any = None) -> dict[str, dict[str, Any]]:
