@@ -2,6 +2,7 @@
 
     HEADLENS_MODELS_DIR=models/pulled python bench/bench_ltv_mechanism.py --model smollm2-135m --task present-past \
         --layer 15 [--perturbations 1024] [--set propagation=false]
+    python bench/bench_ltv_mechanism.py --smoke   # the embedded model, tiny sizes (the CI test)
 
 theta: a random vector of the residual stream's size at the layer's input (times --scale), no training and no
 extracted vectors, so only the mechanism's own passes are timed (`ltv._mechanism` with the kind's defaults
@@ -44,7 +45,11 @@ def main() -> None:
     ap.add_argument("--scale", type=float, default=3.0, help="||theta|| in units of the residual stream's norm")
     ap.add_argument("--set", action="append", default=[], help="field=value of LtvParams (repeatable)")
     ap.add_argument("--json", default=None)
+    ap.add_argument("--smoke", action="store_true", help="the embedded model, tiny sizes (the CI test)")
     a = ap.parse_args()
+    if a.smoke:
+        a.model, a.task, a.prompts = "default", "syn-sentiment", 6
+        a.set += ["propagation=true", "perturbations=8", "random_draws=1"]
     lm = load_model(a.model)
     task = load_task(a.task)
     layer = lm.n_layers // 2 if a.layer is None else a.layer

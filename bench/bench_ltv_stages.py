@@ -3,6 +3,7 @@
     HEADLENS_MODELS_DIR=models/pulled python bench/bench_ltv_stages.py --model smollm2-135m --task present-past \
         --layer 15 --shots 8
     python bench/bench_ltv_stages.py --set perturbations=256 --set key_heads=false   # any LtvParams field
+    python bench/bench_ltv_stages.py --smoke   # the embedded model, tiny sizes (the CI test)
 
 One `ltv` in a fresh cache folder (nothing cached: the training, the extracted vectors and the head scores all
 run), its progress messages timed: a stage is the part of the message before the first ':' ("LTV 1/1",
@@ -60,7 +61,12 @@ def main() -> None:
     ap.add_argument("--shots", type=int, default=8)
     ap.add_argument("--set", action="append", default=[], help="field=value of LtvParams (repeatable)")
     ap.add_argument("--json", default=None)
+    ap.add_argument("--smoke", action="store_true", help="the embedded model, tiny sizes (the CI test)")
     a = ap.parse_args()
+    if a.smoke:
+        a.model, a.shots = "default", 2
+        a.set += ["prompts=6", "epochs=1", "train_prompts=4", "val_prompts=2", "propagation=true",
+                  "perturbations=8", "random_draws=1"]
     lm = load_model(a.model)
     task = load_task(a.task or ("present-past" if "smollm2" in a.model else "syn-sentiment"))
     params = {"shots": a.shots, **({"layer": a.layer} if a.layer is not None else {}),
