@@ -1,6 +1,8 @@
 """Anytime head maps: the maps so far are published as prompts finish, and the final maps are today's, bit for bit."""
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pytest
 import torch
@@ -10,6 +12,7 @@ from backend.analysis.primitives.batching import encode
 from backend.analysis.primitives.prefix_store import STORE
 from backend.analysis.tsla.head_maps import FIRST_ROWS, MAP_NAMES, head_maps
 from test_core_invariants import sentiment_task
+from test_pages import MODEL, default_task, needs_model
 
 N = 21  # two batches of 16 and 5: the first one runs in slices of FIRST_ROWS
 
@@ -92,3 +95,57 @@ def test_the_anytime_pass_caches_under_the_same_key(gpt2_tokenizer):
     assert not first.cache_hit and again.cache_hit
     assert np.array_equal(first.tr, again.tr)
     assert torch.equal(torch.as_tensor(first.tl), torch.as_tensor(again.tl))
+
+
+@needs_model
+def test_a_service_job_shows_the_partial_maps_as_its_live_data(inprocess):
+    """Through the service: a running scores job's `live` field holds the maps so far, prompts_done increasing."""
+    params = {"model": MODEL, "task": default_task(), "shots": 2, "prompts": 18, "seed": 5}
+    job_id = inprocess.submit("scores", params)
+    seen: list[int] = []
+    while True:
+        j = inprocess.job(job_id)
+        live = j.get("live") or {}
+        if live.get("kind") == "maps" and (not seen or live["prompts_done"] != seen[-1]):
+            seen.append(live["prompts_done"])
+            assert live["prompts"] == 18 and live["n_layers"] > 0
+        if j["status"] not in ("queued", "running"):
+            break
+        time.sleep(0.01)
+    assert j["status"] == "done", j.get("error")
+    assert j["result"]["prompts"] == 18
+    assert seen and seen == sorted(seen) and set(seen) <= {FIRST_ROWS, 16, 18}
+
+
+def test_the_partial_view_is_marked_with_its_prompt_counts():
+    """The Head map's and Home's drawers: "Partial: 8 of 50 prompts", the map of the picked metric (TR when the
+    picked one is not in the partial data), and the accuracies so far."""
+    from streamlit.testing.v1 import AppTest
+
+    def script():
+        from ui.tsla import anytime
+
+        L, H = 3, 4
+        data = {"kind": "maps", "prompts_done": 8, "prompts": 50, "n_layers": L, "n_heads": H, "shots": 8,
+                "icl": {"accuracy": 0.625, "label_accuracy": 0.75, "tr_ratio": 1.0, "n": 8},
+                **{k: [[float(l * H + h) for h in range(H)] for l in range(L)] for k in anytime.PARTIAL_MAPS}}
+        view = anytime.PartialView("t", min_interval_s=0.0)
+        anytime.map_drawer(view, lambda: "induction", " · test")(data)
+        anytime.map_drawer(view, lambda: "induction", " · test")(data)  # the same count: not drawn again
+        home = anytime.PartialView("h", min_interval_s=0.0)
+        anytime.summary_drawer(home)(data)
+        anytime.summary_drawer(home)({"kind": "ltv_train", "loss": [1.0]})  # another kind's live data: ignored
+
+    at = AppTest.from_function(script, default_timeout=60)
+    at.run()
+    assert not at.exception
+    infos = [i.value for i in at.info]
+    assert len(infos) == 2 and all("Partial: 8 of 50 prompts" in i for i in infos)
+    assert "Accuracy so far: **62.5%**" in infos[0]
+    charts = at.get("plotly_chart")
+    assert len(charts) == 1
+    import json
+
+    fig = json.loads(charts[0].proto.spec)
+    assert "TR (partial: 8 of 50 prompts)" in fig["layout"]["title"]["text"]
+    assert [m.value for m in at.metric] == ["62.5%", "75.0%", "100.0%"]
