@@ -40,7 +40,7 @@ class HeadMaps:
 
 PartialMaps = Callable[[dict[str, Any]], None]
 """Called with the maps so far (`partial_maps`) as prompts finish: an anytime view of a long scoring pass."""
-FIRST_ROWS = 8  # an anytime pass runs its first batch's forward in slices of this many rows (CPU only)
+FIRST_ROWS = 4  # an anytime pass runs its first batch's forward in slices of this many rows (CPU only)
 
 
 def partial_maps(sums: torch.Tensor, out: Outcomes, rows: list[int], total: int) -> dict[str, Any]:
@@ -59,12 +59,12 @@ def head_maps(lm: LoadedModel, enc: Encoded, batch_size: int = 16, apply_ln: boo
     """TSLA maps and outcomes of the encoded prompts. `keep_prefix`: keep the prompts' clean prefix states in
     memory (`prefix_store`), so a later last-token ablation of them needs no clean pass.
 
-    `partial` (an anytime pass): called with `partial_maps` after the first FIRST_ROWS prompts and after each
-    batch, their `prompts_done` increasing. On a CPU the first batch's forward pass then runs in slices of
-    FIRST_ROWS rows at the batch's full width (each row sees the same padded input; the captured tensors are
-    joined back into the batch), so the first view comes after FIRST_ROWS prompts, not a whole batch; the
-    scores are computed on the joined batch as without `partial`, so the final maps are the same, bit for bit
-    (tests/test_anytime_maps.py)."""
+    `partial` (an anytime pass): called with `partial_maps` as prompts finish, their `prompts_done` increasing.
+    On a CPU the first batch's forward pass then runs in slices of FIRST_ROWS rows at the batch's full width
+    (each row sees the same padded input; the captured tensors are joined back into the batch), the maps so far
+    published after each slice, so the first view comes after FIRST_ROWS prompts, not a whole batch; then after
+    each batch. The scores are computed on the joined batch as without `partial` (the slices' maps on the side),
+    so the final maps are the same, bit for bit (tests/test_anytime_maps.py)."""
     L, H, dev = lm.n_layers, lm.n_heads, lm.device
     sums = torch.zeros(len(MAP_NAMES), L, H, dtype=torch.float64, device=dev)
     out = Outcomes.empty(1, len(enc.ids))
@@ -116,24 +116,23 @@ def head_maps(lm: LoadedModel, enc: Encoded, batch_size: int = 16, apply_ln: boo
         if not (split and not done and b > FIRST_ROWS):
             logits, trace = forward(batch, 0, b)
             score(batch.rows, logits, trace.z(H), trace.write_scale, trace.resid_final, sums)
-        else:  # the first batch in slices; the first slice's maps published on the side
-            parts = []
+        else:  # the first batch in slices; the maps so far published on the side after each slice but the last
+            parts, preview = [], sums.clone()
             for lo in range(0, b, FIRST_ROWS):
-                logits, trace = forward(batch, lo, min(lo + FIRST_ROWS, b))
+                hi = min(lo + FIRST_ROWS, b)
+                logits, trace = forward(batch, lo, hi)
                 parts.append((logits, trace))
-                if lo == 0:
-                    preview = sums.clone()
-                    first_rows = batch.rows[:FIRST_ROWS]
-                    score(first_rows, logits, trace.z(H), trace.write_scale, trace.resid_final, preview)
-                    partial(partial_maps(preview, out, first_rows, n))
+                if hi < b:
+                    score(batch.rows[lo:hi], logits, trace.z(H), trace.write_scale, trace.resid_final, preview)
+                    partial(partial_maps(preview, out, batch.rows[:hi], n))
                     if progress:
-                        progress(len(first_rows) / n, "scoring heads")
+                        progress(hi / n, "scoring heads")
             logits = torch.cat([p[0] for p in parts])
             z = torch.cat([p[1].z(H) for p in parts])
             scale = [None if parts[0][1].write_scale[l] is None else torch.cat([p[1].write_scale[l] for p in parts])
                      for l in range(L)]
             resid = None if parts[0][1].resid_final is None else torch.cat([p[1].resid_final for p in parts])
-            score(batch.rows, logits, z, scale, resid, sums)
+            score(batch.rows, logits, z, scale, resid, sums)  # as without `partial`: the whole batch at once
         done.extend(batch.rows)
         if partial is not None:
             partial(partial_maps(sums, out, done, n))
