@@ -10,9 +10,11 @@ import torch
 from backend.analysis.kernel import analyze
 from backend.analysis.primitives.batching import encode
 from backend.analysis.primitives.prefix_store import STORE
-from backend.analysis.tsla.head_maps import FIRST_ROWS, MAP_NAMES, head_maps
+from backend.analysis.tsla.head_maps import FIRST_ROWS, MAP_NAMES, head_maps, slices
 from test_core_invariants import sentiment_task
 from test_pages import MODEL, default_task, needs_model
+
+pytestmark = pytest.mark.usefixtures("one_thread")  # the first batch runs in slices on one CPU thread (the service's)
 
 N = 21  # two batches of 16 and 5: the first one runs in slices of FIRST_ROWS
 
@@ -38,7 +40,7 @@ def test_the_anytime_maps_equal_the_plain_ones_exactly(tiny_lm, keep_prefix):
         assert np.array_equal(getattr(plain.outcomes, k), getattr(anytime.outcomes, k)), k
     assert plain.metrics() == anytime.metrics()
     # published with their prompt counts, increasing: each slice of the first batch, the first batch, the rest
-    assert [d["prompts_done"] for d in seen] == [*range(FIRST_ROWS, 16, FIRST_ROWS), 16, N]
+    assert [d["prompts_done"] for d in seen] == [FIRST_ROWS, 2 * FIRST_ROWS, 16, N] == [4, 8, 16, N]
     assert all(d["prompts"] == N for d in seen)
     last = seen[-1]
     for name in MAP_NAMES:  # the last view is the final maps
@@ -49,6 +51,32 @@ def test_the_anytime_maps_equal_the_plain_ones_exactly(tiny_lm, keep_prefix):
     assert first["icl"]["n"] == FIRST_ROWS
     if keep_prefix:  # the sliced first batch kept every prompt's prefix state, as the plain pass does
         assert STORE.get(tiny_lm, enc.ids) is not None
+
+
+def test_with_several_threads_the_views_come_per_batch(gpt2_tokenizer):
+    """No slices with several torch threads (there each extra pass costs their waits): a view per batch, the same
+    final maps."""
+    from backend.models import wrap
+    from tiny_models import tiny_model
+
+    lm = wrap(tiny_model("llama"), gpt2_tokenizer, "tiny-llama")
+    enc = encoded(lm)
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        seen: list[dict] = []
+        anytime = head_maps(lm, enc, batch_size=16, partial=seen.append)
+        plain = head_maps(lm, enc, batch_size=16)
+    finally:
+        torch.set_num_threads(before)
+    assert [d["prompts_done"] for d in seen] == [16, N]
+    assert all(np.array_equal(getattr(plain, k), getattr(anytime, k)) for k in MAP_NAMES)
+
+
+def test_slices_cover_the_batch_doubling():
+    assert slices(16) == [(0, 4), (4, 8), (8, 16)]
+    assert slices(32) == [(0, 4), (4, 8), (8, 16), (16, 32)]
+    assert slices(10) == [(0, 4), (4, 8), (8, 10)] and slices(3) == [(0, 3)]
 
 
 def test_the_first_view_is_the_mean_over_the_first_prompts(tiny_lm):
@@ -114,7 +142,7 @@ def test_a_service_job_shows_the_partial_maps_as_its_live_data(inprocess):
         time.sleep(0.01)
     assert j["status"] == "done", j.get("error")
     assert j["result"]["prompts"] == 18
-    assert seen and seen == sorted(seen) and set(seen) <= {*range(FIRST_ROWS, 16, FIRST_ROWS), 16, 18}
+    assert seen and seen == sorted(seen) and set(seen) <= {4, 8, 16, 18}
 
 
 def test_the_partial_view_is_marked_with_its_prompt_counts():

@@ -40,7 +40,18 @@ class HeadMaps:
 
 PartialMaps = Callable[[dict[str, Any]], None]
 """Called with the maps so far (`partial_maps`) as prompts finish: an anytime view of a long scoring pass."""
-FIRST_ROWS = 4  # an anytime pass runs its first batch's forward in slices of this many rows (CPU only)
+FIRST_ROWS = 4  # an anytime pass's first view: after this many prompts (one CPU thread only; `slices`)
+
+
+def slices(rows: int) -> list[tuple[int, int]]:
+    """An anytime first batch's slices: FIRST_ROWS rows, then each slice as many rows as all before it (4, 4, 8,
+    16, ...: a view after 4, 8, 16 ... prompts, in few passes; each extra pass costs a little on a busy CPU)."""
+    out, lo = [], 0
+    while lo < rows:
+        hi = min(rows, max(FIRST_ROWS, 2 * lo))
+        out.append((lo, hi))
+        lo = hi
+    return out
 
 
 def partial_maps(sums: torch.Tensor, out: Outcomes, rows: list[int], total: int) -> dict[str, Any]:
@@ -60,10 +71,10 @@ def head_maps(lm: LoadedModel, enc: Encoded, batch_size: int = 16, apply_ln: boo
     memory (`prefix_store`), so a later last-token ablation of them needs no clean pass.
 
     `partial` (an anytime pass): called with `partial_maps` as prompts finish, their `prompts_done` increasing.
-    On a CPU the first batch's forward pass then runs in slices of FIRST_ROWS rows at the batch's full width
-    (each row sees the same padded input; the captured tensors are joined back into the batch), the maps so far
-    published after each slice, so the first view comes after FIRST_ROWS prompts, not a whole batch; then after
-    each batch. The scores are computed on the joined batch as without `partial` (the slices' maps on the side),
+    On a CPU with one torch thread the first batch's forward pass then runs in slices (`slices`: 4, 4, 8 ... rows) at the batch's full
+    width (each row sees the same padded input; the captured tensors are joined back into the batch), the maps so
+    far published after each slice, so the first view comes after FIRST_ROWS prompts, not a whole batch; then
+    after each batch. The scores are computed on the joined batch as without `partial` (the slices' maps on the side),
     so the final maps are the same, bit for bit (tests/test_anytime_maps.py)."""
     L, H, dev = lm.n_layers, lm.n_heads, lm.device
     sums = torch.zeros(len(MAP_NAMES), L, H, dtype=torch.float64, device=dev)
@@ -76,7 +87,9 @@ def head_maps(lm: LoadedModel, enc: Encoded, batch_size: int = 16, apply_ln: boo
     n = len(enc.ids)
 
     keep = keep_prefix and padding == "left" and fits(lm, sum(len(x) for x in enc.ids))
-    split = partial is not None and padding == "left" and dev.type == "cpu"
+    # on one CPU thread (the service's default) a slice costs what its rows cost in the batch; with several threads
+    # on a busy CPU each extra pass adds their waits on each other (1.7x the first batch's CPU time on 2 threads)
+    split = partial is not None and padding == "left" and dev.type == "cpu" and torch.get_num_threads() == 1
 
     def forward(batch: Batch, lo: int, hi: int) -> tuple[torch.Tensor, Trace]:
         """Rows lo:hi of the batch through the hooked model: last-token logits and the trace."""
@@ -118,8 +131,7 @@ def head_maps(lm: LoadedModel, enc: Encoded, batch_size: int = 16, apply_ln: boo
             score(batch.rows, logits, trace.z(H), trace.write_scale, trace.resid_final, sums)
         else:  # the first batch in slices; the maps so far published on the side after each slice but the last
             parts, preview = [], sums.clone()
-            for lo in range(0, b, FIRST_ROWS):
-                hi = min(lo + FIRST_ROWS, b)
+            for lo, hi in slices(b):
                 logits, trace = forward(batch, lo, hi)
                 parts.append((logits, trace))
                 if hi < b:
