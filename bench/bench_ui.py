@@ -266,7 +266,7 @@ def cpu_by_group() -> dict[str, float]:
             cmd, t = " ".join(p.cmdline()), p.cpu_times()
         except psutil.Error:
             continue
-        group = ("service" if " serve " in f"{cmd} " else "dashboard" if "streamlit" in cmd
+        group = ("service" if " serve " in f"{cmd} " else "dashboard" if "streamlit" in cmd or "ui.warm" in cmd
                  else "browser" if "chrom" in cmd else None)
         if group:
             out[group] += t.user + t.system
