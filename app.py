@@ -177,7 +177,8 @@ if scores is not None:
 
 # -- the findings report ---------------------------------------------------------------------------------------------
 st.subheader("Findings report", divider="gray")
-report_job = jobs.Job("findings", {"model": s.model, "tasks": [s.task]}, "Findings report", "Findings report")
+report_job = jobs.Job("findings", {"model": s.model, "tasks": [s.task], **s.conventions()}, "Findings report",
+                      "Findings report")
 if run_row(f"The three papers' findings on `{s.model}`, task `{s.task}` (TSLA, LTV, SITE; small sizes)",
            "Each finding with the paper's figure beside ours and holds / partly / does not hold, as one HTML file "
            "that opens with no server: the file to mail after a demo (`python -m backend report` for more tasks).",

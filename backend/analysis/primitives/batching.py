@@ -14,6 +14,7 @@ import torch
 
 from ...models import LoadedModel
 from ...tasks.base import Prompt, Queries, Task, TaskError
+from .bos import prompt_ids
 from .fit import unknown_id
 from .notes import Note, report_multi_token
 
@@ -57,7 +58,7 @@ def encode(lm: LoadedModel, prompts: Sequence[Prompt], kind: str) -> Encoded:
     """Tokenise prompts and labels; reject prompts beyond the context window and classification labels
     that share a first token."""
     tok = lm.tokenizer
-    ids = [tok(p.text)["input_ids"] for p in prompts]
+    ids = [prompt_ids(tok, p.text) for p in prompts]  # the BOS convention in force (primitives/bos.py)
     if lm.max_positions:
         too_long = [i for i, x in enumerate(ids) if len(x) > lm.max_positions]
         if too_long:
@@ -139,7 +140,7 @@ def build_prompts(lm: LoadedModel, task: Task, shots: int, n: int, seed: int, pe
         prompts = task.build_prompts(k, n, seed, perturb=perturb, queries=queries)
         if not lm.max_positions:
             break
-        longest = max(len(lm.tokenizer(p.text)["input_ids"]) for p in prompts)
+        longest = max(len(prompt_ids(lm.tokenizer, p.text)) for p in prompts)
         if longest <= lm.max_positions:
             break
         if k == 0:
