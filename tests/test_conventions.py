@@ -56,6 +56,17 @@ def test_always_puts_one_bos_first_and_tokenizer_leaves_the_ids(lm):
             pass
 
 
+def test_the_remembered_prompts_of_a_live_toggle_follow_the_convention(lm):
+    from backend.analysis.primitives.batching import built_and_encoded
+
+    task = sentiment_task()
+    _, plain = built_and_encoded(lm, task, 1, 4, 0)
+    with bos.convention("always"):
+        _, first = built_and_encoded(lm, task, 1, 4, 0)
+    assert first.ids == [[lm.tokenizer.bos_token_id, *x] for x in plain.ids]
+    assert built_and_encoded(lm, task, 1, 4, 0)[1].ids == plain.ids
+
+
 def test_a_tokenizer_without_bos_cannot_prepend_one(no_bos_lm):
     with pytest.raises(ValueError, match=r"^prepend_bos='always' needs a BOS token, and this model's tokenizer has "
                                          r"none; use prepend_bos='tokenizer'$"):

@@ -14,7 +14,7 @@ import torch
 
 from ...models import LoadedModel
 from ...tasks.base import Prompt, Queries, Task, TaskError
-from .bos import prompt_ids
+from .bos import DEFAULT as BOS_DEFAULT, current as bos_convention, prompt_ids
 from .fit import unknown_id
 from .notes import Note, report_multi_token
 
@@ -159,8 +159,8 @@ _ENCODED_LOCK = threading.Lock()
 
 def built_and_encoded(lm: LoadedModel, task: Task, shots: int, n: int, seed: int) -> tuple[Built, Encoded]:
     """`build_prompts` then `encode` of the held-out queries, remembered for the last few (model, task, shots, n,
-    seed) in this process: a live toggle asks for the same prompts again and again. Treat the result as read-only."""
-    key = (lm.fingerprint, task.content_hash(), task.kind, shots, n, seed)
+    seed, BOS convention) in this process: a live toggle asks for the same prompts again and again. Treat the result as read-only."""
+    key = (lm.fingerprint, task.content_hash(), task.kind, shots, n, seed, bos_convention() or BOS_DEFAULT)
     with _ENCODED_LOCK:
         found = _ENCODED.get(key)
         if found is not None:
