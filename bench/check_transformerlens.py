@@ -102,7 +102,7 @@ def headlens_side(lm, task, a, convention: str) -> dict:
     abl = analyze("ablate", lm, task, heads=[list(h) for h in heads], mode="zero", positions="all", cache=False,
                   **common)
     rows = []
-    mask = head_mask(lm, heads)
+    mask = head_mask(lm, heads)[None]  # (1, layers, heads): one row
     for r in range(len(enc.ids)):
         out = {}
         for name, m in (("clean", None), ("ablated", mask)):
@@ -153,7 +153,8 @@ def compare(hl: dict, tl: dict, ks: list[int]) -> dict:
                                                       for x, y in zip(h, t)))}
     enc = hl["enc"]
     tl_acc = float(np.mean([r["ablated"]["argmax"] == enc.label_ids[i][enc.gold[i]] for i, r in enumerate(rows)]))
-    out["ablate_kind_accuracy"] = float(hl["ablate_kind"].ablated.accuracy)
+    out["ablate_kind_accuracy"] = float(hl["ablate_kind"].after.accuracy)
+    out["ablate_kind_accuracy_before"] = float(hl["ablate_kind"].before.accuracy)
     out["tl_ablated_accuracy"] = tl_acc
     out["tl_clean_accuracy"] = float(np.mean([r["clean"]["argmax"] == enc.label_ids[i][enc.gold[i]]
                                               for i, r in enumerate(rows)]))
@@ -176,15 +177,16 @@ def report(model: str, task: str, a, tl: dict, results: dict) -> str:
                      f"{r['tl']['mean_map_max_abs']:.1e} | "
                      + " | ".join(f"{r['tr']['top'][k][0]}/{k} / {r['tl']['top'][k][0]}/{k}" for k in a.ks) + " |")
     lines += ["", "| prepend_bos | heads zeroed (all positions) | argmax agrees, clean / ablated | label argmax agrees | "
-              "label logits max abs diff | accuracy ablated: `ablate` kind / TransformerLens | "
+              "label logits max abs diff | accuracy clean, ablated: `ablate` kind / TransformerLens | "
               "to_tokens = headlens ids |", "|---|---|---|---|---|---|---|"]
     for c, r in results.items():
         n = r["prompts"]
         lines.append(f"| {c} | {', '.join(r['heads_ablated'])} | {r['clean']['argmax_agree']}/{n} / "
                      f"{r['ablated']['argmax_agree']}/{n} | {r['clean']['label_argmax_agree']}/{n} / "
                      f"{r['ablated']['label_argmax_agree']}/{n} | {r['clean']['label_logit_max_abs']:.1e} / "
-                     f"{r['ablated']['label_logit_max_abs']:.1e} | {r['ablate_kind_accuracy']:.3f} / "
-                     f"{r['tl_ablated_accuracy']:.3f} | {r['to_tokens_equal']}/{n} |")
+                     f"{r['ablated']['label_logit_max_abs']:.1e} | {r['ablate_kind_accuracy_before']:.3f}, "
+                     f"{r['ablate_kind_accuracy']:.3f} / {r['tl_clean_accuracy']:.3f}, {r['tl_ablated_accuracy']:.3f} | "
+                     f"{r['to_tokens_equal']}/{n} |")
     return "\n".join(lines)
 
 

@@ -181,3 +181,19 @@ def test_the_dashboard_sends_the_convention_only_when_set():
     assert state.FIELDS["prepend_bos"].parse("always") == "always"
     with pytest.raises(ValueError):
         state.FIELDS["prepend_bos"].parse("sometimes")
+
+
+def test_a_link_with_the_convention_sets_the_sidebar_and_the_share_link(inprocess):
+    pytest.importorskip("streamlit.testing.v1")
+    from pathlib import Path
+
+    from streamlit.testing.v1 import AppTest
+
+    at = AppTest.from_file(str(Path(__file__).resolve().parents[1] / "app.py"), default_timeout=300)
+    at.query_params["prepend_bos"] = "always"
+    at.run()
+    assert not at.exception
+    assert at.selectbox(key="w_prepend_bos").value == "always"
+    assert "prepend_bos=always" in " ".join(m.value for m in at.sidebar.markdown)
+    at.selectbox(key="w_prepend_bos").set_value("tokenizer").run()
+    assert not at.exception and "prepend_bos" not in " ".join(m.value for m in at.sidebar.markdown)
