@@ -84,11 +84,11 @@ def test_declared_cost_matches_measured_tokens(kind, counted):
     p = spec.params.model_validate(params)
     est = estimate(spec, p, "default" if spec.uses_model else None, task)
     assert est.shape.source == "config" and (est.shape.n_layers, est.shape.n_heads) == (lm.n_layers, lm.n_heads)
-    from backend.analysis.primitives import induction, token_speed
+    from backend.analysis.primitives import induction, pass_speed
     from backend.analysis.primitives.prefix_store import STORE
 
     # a cold run, as the estimate assumes: memos of the process (another test may have filled them) emptied
-    token_speed._MEASURED.clear()
+    pass_speed._SPEED.clear()
     induction._MEMO.clear()
     STORE.clear()
     count[0] = 0.0

@@ -215,12 +215,25 @@ def estimate(kind: str, params: dict[str, Any]) -> dict[str, Any] | None:
     """The job's estimated work and time before it runs (`seconds`, `text`: "about 3 min", `admitted`, `refusal`);
     None when the service cannot say (an older service, or a request it refuses for another reason: the job's own
     submission then says why)."""
+    return checked_estimate(kind, params)[0]
+
+
+def not_admitted(e: ApiError) -> bool:
+    """Whether a refused POST /jobs/estimate means the job itself would be refused (a model that cannot load, a
+    bad field: the estimate runs the same admission as POST /jobs), not an older service without the route."""
+    return e.kind == "refused" and e.status is not None and 400 <= e.status < 500 and e.status not in (404, 405) \
+        or e.kind == "refused" and e.status == 404 and e.message.strip().lower() not in ("not found", "")
+
+
+def checked_estimate(kind: str, params: dict[str, Any]) -> tuple[dict[str, Any] | None, str | None]:
+    """(the job's estimate, or None; the reason the service refuses the job, or None): a job the service refuses
+    (its model cannot load) gets no estimate and no Run button."""
     try:
-        return _call(lambda: client().estimate(KINDS.get(kind, kind), **params), "estimate")
+        return _call(lambda: client().estimate(KINDS.get(kind, kind), **params), "estimate"), None
     except ApiError as e:
         if e.kind in ("unreachable", "unauthorized", "internal"):
             raise
-        return None
+        return None, (e.message if not_admitted(e) else None)
 
 
 def cached(kind: str, params: dict[str, Any]) -> dict[str, Any] | None:

@@ -386,12 +386,24 @@ def bar_text(label: str, message: str, frac: float, waited: float, eta: str = ""
     return f"{label}: {message} · {frac:.0%} of the job · {waited:.1f} s{eta}"
 
 
+def time_left(j: dict[str, Any], prior: str) -> str:
+    """What a progress bar adds after the seconds waited: ` · about 40 s left` from the job's own progress (the
+    service's `remaining_s`, once the job has made enough to extrapolate), else `prior` (` of about 3 min`: the
+    estimate before it ran). Pure."""
+    from backend.text import describe_seconds
+
+    left = j.get("remaining_s")
+    if j.get("status") == "running" and isinstance(left, (int, float)) and left >= 0:
+        return f" · {describe_seconds(left)} left"
+    return prior
+
+
 def _draw(sl: dict[str, Any], j: dict[str, Any], waited: float, now: float) -> None:
     """Draw (the first time) or update a running job's progress bar and Cancel button."""
     job = sl["job"]
     frac = min(max(float(j.get("progress") or 0.0), 0.0), 1.0)
-    stage = (j.get("message") or j["status"], round(frac, 2))
-    eta = sl["cur"].get("eta") or ""
+    eta = time_left(j, sl["cur"].get("eta") or "")
+    stage = (j.get("message") or j["status"], round(frac, 2), eta)
     if sl["holder"] is None:
         sl["holder"] = st.empty()
         with sl["holder"].container():

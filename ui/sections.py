@@ -29,13 +29,17 @@ def run_row(text: str, caption: str, key: str, label: str = "Run",
             estimate: list[tuple[str, dict[str, Any]]] | None = None) -> bool:
     """A section's description and its Run button; True on the rerun where it was pressed. `estimate`: the jobs the
     button runs, (kind, params): their estimated time is stated when over jobs.SHOW_ESTIMATE_S, and a job over the
-    service's work limit says so before it is run."""
+    service's work limit says so before it is run. A job the service refuses outright (its model cannot load) gets
+    the reason instead of an estimate, and no Run button."""
     left, right = st.columns([4, 1], vertical_alignment="center")
+    refused = None
     with left:
         st.markdown(text)
         st.caption(caption)
         if estimate:
-            estimate_line(estimate)
+            refused = estimate_line(estimate)
+    if refused:
+        return False
     with right:
         return st.button(label, type="primary", icon=":material/play_arrow:", width="stretch", key=key)
 
@@ -58,17 +62,31 @@ def estimate_text(estimates: list[dict[str, Any] | None]) -> tuple[str, str | No
            f"{basis}). Results are cached: it runs once.", refusal
 
 
-def estimate_line(jobs_: list[tuple[str, dict[str, Any]]]) -> None:
+def cannot_run(refusals: list[str | None]) -> str | None:
+    """The first reason the service refuses one of a Run button's jobs outright (POST /jobs/estimate answered 4xx:
+    its model cannot load, ...), or None. Pure."""
+    return next((r for r in refusals if r), None)
+
+
+def estimate_line(jobs_: list[tuple[str, dict[str, Any]]]) -> str | None:
+    """Draw the jobs' estimated time (or the work limit's refusal); returns the reason they cannot run at all,
+    drawn instead of an estimate (the Run button is then left out), or None."""
     from . import api
 
     try:
-        text, refusal = estimate_text([api.estimate(kind, params) for kind, params in jobs_])
+        answers = [api.checked_estimate(kind, params) for kind, params in jobs_]
     except api.ApiError:
-        return  # the page's own calls report an unreachable service
+        return None  # the page's own calls report an unreachable service
+    blocked = cannot_run([r for _, r in answers])
+    if blocked:
+        st.error(f"Cannot run: {blocked}", icon=":material/block:")
+        return blocked
+    text, refusal = estimate_text([e for e, _ in answers])
     if text:
         st.caption(text)
     if refusal:
         st.warning(refusal, icon=":material/hourglass_disabled:")
+    return None
 
 
 def section(name: str, clicked: bool, job: jobs.Job, waiting: str) -> dict[str, Any] | None:

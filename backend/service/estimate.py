@@ -9,14 +9,23 @@ Work comes from the kind's params alone (`Params.work(shape, sizes)`, in tokens 
 loaded model, so a job is admitted or refused the same on a fresh service and on one that has it resident.
 `passes` is the work in prompts of the job's own length (`Params.reference_shots`): the unit of HEADLENS_MAX_WORK.
 
-Seconds = (tokens + 2 x training tokens) x seconds per token, from (in order):
-1. the figure `model_info` measured on this model (`primitives/token_speed.py`, recorded here by the runners);
-2. else a fallback from the model's size: 2 x parameters FLOP per token at FALLBACK_FLOPS (a shared CPU) or
-   FALLBACK_GPU_FLOPS, marked `assumed`.
+Seconds = load x (JOB_OVERHEAD_S + ANALYSIS_OVERHEAD x ((calls + 2 x training calls) x seconds per pass + (tokens + 2 x training
+tokens) x seconds per token)): a forward call's fixed cost counts as much as its tokens (on a small model it is most of the time; a
+training step's backward pass costs about twice its forward pass). The speed comes from (in order):
+1. the figures `model_info` measured on this model (`primitives/pass_speed.py`, recorded here by the runners);
+2. else a fallback from the model's size, marked `assumed`: 2 x parameters FLOP per token at FALLBACK_FLOPS (a
+   shared CPU) or FALLBACK_GPU_FLOPS, and per pass FALLBACK_PASS_S per layer plus the weights read at
+   FALLBACK_BYTES_PER_S.
+`load` (`load_factor`) scales for the CPU's load now: the speed is timed in CPU seconds (a quiet machine's), and a
+job gets the share of a core this process gets now (`cpu_share`: CPU over wall seconds of a short busy loop), so it
+runs about 1 / share slower; stated in `how` when it changes the estimate. (The load average is no measure of that
+in a container: it is the host's, over more cores than the container has.)
 """
 from __future__ import annotations
 
+import os
 import threading
+import time
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -25,7 +34,30 @@ from .model_shape import model_shape, token_counter
 
 FALLBACK_FLOPS = 5e10  # effective FLOP/s of a batched forward pass on 2 CPU cores (SmolLM2-135M, measured: ~7e10)
 FALLBACK_GPU_FLOPS = 2e13
-_SPEEDS: dict[str, float] = {}
+FALLBACK_PASS_S = 5e-4  # fixed seconds per decoder layer of a forward call on the CPU (the embedded model: ~3e-4)
+FALLBACK_BYTES_PER_S = 1e10  # weights read per call (float32)
+LOAD_FACTOR_MAX = 16.0
+SHARE_PROBE_S, SHARE_TTL_S, SHARE_MEMORY_S = 0.2, 10.0, 120.0
+JOB_OVERHEAD_S = 0.03
+"""A job's fixed CPU seconds besides its passes: building and tokenising the prompts, the result's envelope
+(measured on the embedded model: `fit`, which runs no pass, and the smallest kinds)."""
+ANALYSIS_OVERHEAD = 1.0
+"""A job's passes against the plain passes the speed is timed on (hooks, eager attention, padding, scoring). With
+the speed timed in CPU seconds and scaled by `cpu_share`, bench/bench_estimates.py put estimate / real at a median
+of 1.64 (embedded model) and 1.87 (SmolLM2) with 1.6 here: 1.0 centres it (recomputed from that run: 1.17, 1.28)."""
+
+
+@dataclass(frozen=True)
+class ModelSpeed:
+    """What `model_info` measured: seconds per forward call and per token, the threads and load average then."""
+
+    per_pass: float
+    per_token: float
+    threads: int = 1
+    load: float | None = None
+
+
+_SPEEDS: dict[str, ModelSpeed] = {}
 _SIZES: dict[tuple[str, str], Sizes] = {}
 _LOCK = threading.Lock()
 
@@ -41,27 +73,101 @@ class Estimate:
     seconds_per_token: float | None
     shape: Shape
     sizes: Sizes
+    calls: float = 0.0
+    seconds_per_pass: float | None = None
+    load_factor: float = 1.0
+    load_note: str = ""  # the load factor in words, when it changes the seconds (not part of `how`: the work's)
     held_tokens: float = 0.0  # of `tokens`, those the job skips (states an earlier pass kept): not in `seconds`
 
     def to_json(self) -> dict[str, Any]:
         return {"passes": round(self.passes, 1), "tokens": round(self.tokens), "train_tokens": round(self.train_tokens),
                 "held_tokens": round(self.held_tokens),
-                "how": self.how, "seconds": self.seconds,
+                "how": self.how + self.load_note, "seconds": self.seconds,
                 "seconds_basis": self.seconds_basis, "seconds_per_token": self.seconds_per_token,
-                "shape": asdict(self.shape), "sizes": asdict(self.sizes)}
+                "shape": asdict(self.shape), "sizes": asdict(self.sizes), "calls": round(self.calls),
+                "seconds_per_pass": self.seconds_per_pass, "load_factor": round(self.load_factor, 2)}
+
+
+def _positive(v: Any) -> float | None:
+    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) and 0 < v < float("inf") else None
 
 
 def note_speed(model: str | None, result: dict[str, Any] | None) -> None:
-    """Keep the seconds per token a `model_info` result measured for `model` (a canonical name)."""
-    v = (result or {}).get("seconds_per_token")
-    if model and isinstance(v, (int, float)) and v > 0:
-        with _LOCK:
-            _SPEEDS[model] = float(v)
+    """Keep the seconds per pass and per token a `model_info` result measured for `model` (a canonical name); a
+    result without a positive per-token figure is ignored (an older one without per-pass keeps 0 per pass)."""
+    r = result or {}
+    per_token = _positive(r.get("seconds_per_token"))
+    if not model or per_token is None:
+        return
+    threads = r.get("speed_threads")
+    got = ModelSpeed(_positive(r.get("seconds_per_pass")) or 0.0, per_token,
+                     threads if isinstance(threads, int) and threads > 0 else 1,
+                     r.get("speed_load") if isinstance(r.get("speed_load"), (int, float)) else None)
+    with _LOCK:
+        _SPEEDS[model] = got
 
 
-def measured_speed(model: str | None) -> float | None:
+def measured_speed(model: str | None) -> ModelSpeed | None:
     with _LOCK:
         return _SPEEDS.get(model or "")
+
+
+def assumed_speed(shape: Shape, device: str = "cpu") -> ModelSpeed | None:
+    """A speed from the model's size alone (no measurement yet); None without a parameter count."""
+    if not shape.n_params:
+        return None
+    gpu = device.startswith("cuda")
+    per_token = 2 * shape.n_params / (FALLBACK_GPU_FLOPS if gpu else FALLBACK_FLOPS)
+    per_pass = shape.n_layers * FALLBACK_PASS_S / (10 if gpu else 1) + 4 * shape.n_params / FALLBACK_BYTES_PER_S
+    return ModelSpeed(per_pass, per_token)
+
+
+def machine_load() -> tuple[float, int] | None:
+    """(the 1-minute load average, CPU cores) here; None where it cannot be read. Said in `how`; not what the
+    estimate is scaled by: in a container the load average is the host's, over more cores than this process has."""
+    try:
+        return os.getloadavg()[0], os.cpu_count() or 1
+    except (OSError, AttributeError):
+        return None
+
+
+_SHARE: list[float] = []  # [measured at (monotonic), share]
+
+
+def cpu_share(max_age_s: float = SHARE_TTL_S) -> float:
+    """The share of one core this process's thread gets now, (0, 1]: its CPU seconds over the wall seconds of a
+    SHARE_PROBE_S busy loop (cached `max_age_s`). On a quiet machine about 1; with the CPU oversubscribed, what
+    the other work leaves (a job of one thread runs about 1 / share slower than on a quiet machine). A probe
+    within SHARE_MEMORY_S of the last is averaged with it (one short probe can land in a burst of other work)."""
+    now = time.monotonic()
+    with _LOCK:
+        if _SHARE and now - _SHARE[0] <= max_age_s:
+            return _SHARE[1]
+    w0, c0, x = time.perf_counter(), time.thread_time(), 0
+    while time.perf_counter() - w0 < SHARE_PROBE_S:
+        x += 1
+    share = min(max((time.thread_time() - c0) / max(time.perf_counter() - w0, 1e-9), 1e-3), 1.0)
+    with _LOCK:
+        if _SHARE and time.monotonic() - _SHARE[0] <= SHARE_MEMORY_S:  # one probe swings: half the last one's
+            share = (share + _SHARE[1]) / 2
+        _SHARE[:] = [time.monotonic(), share]
+    return share
+
+
+def load_factor(speed: ModelSpeed, share: float | None) -> float:
+    """The estimate's scale for the CPU's load: 1 / `share` (`cpu_share`) for a speed timed in CPU seconds (a
+    quiet machine's: its `load` is 0.0); 1 for one timed by the wall clock (it read the load of its moment) or
+    where the share is unknown; within [1, LOAD_FACTOR_MAX]."""
+    if share is None or speed.load != 0.0:
+        return 1.0
+    return min(max(1.0 / max(share, 1e-3), 1.0), LOAD_FACTOR_MAX)
+
+
+def seconds_of(w: Any, speed: ModelSpeed) -> float:
+    """Seconds of work `w` (`cost.Work`) at `speed`, before any load factor: calls and tokens, training ones 3x."""
+    calls = w.calls + 2 * w.train_calls
+    tokens = w.tokens + 2 * w.train
+    return JOB_OVERHEAD_S + ANALYSIS_OVERHEAD * (calls * speed.per_pass + tokens * speed.per_token)
 
 
 def task_sizes(task: Any, model: str | None) -> Sizes:
@@ -103,15 +209,37 @@ def estimate(spec: Any, p: Any, model: str | None, task: Any = None, device: str
         return Estimate(0.0, 0.0, 0.0, "no cost declared", None, "unknown", None, shape, GENERIC)
     sizes = job_sizes(spec, p, model, task)
     w = p.work(shape, sizes)
-    held = w.tokens - w.without(p.held(lm, task)).tokens if lm is not None and hasattr(p, "held") else 0.0
-    per_token, basis = measured_speed(model), "measured"
-    if per_token is None and shape.n_params:
-        per_token = 2 * shape.n_params / (FALLBACK_GPU_FLOPS if device.startswith("cuda") else FALLBACK_FLOPS)
-        basis = "assumed"
-    seconds = (w.tokens - held + 2 * w.train) * per_token if per_token is not None else None
-    how = w.how() + (f"; {held:,.0f} of them held in memory from an earlier pass" if held else "")
+    held_parts = p.held(lm, task) if lm is not None and hasattr(p, "held") else set()
+    held = w.tokens - w.without(held_parts).tokens if held_parts else 0.0
+    sp, basis = measured_speed(model), "measured"
+    if sp is None:
+        sp, basis = assumed_speed(shape, device), "assumed"
+    how, seconds, factor, note = w.how(), None, 1.0, ""
+    if held:
+        how += f"; {held:,.0f} of them held in memory from an earlier pass"
+    if sp is not None:
+        seconds = seconds_of(w.without(held_parts) if held else w, sp)
+        share = cpu_share() if basis == "measured" and not device.startswith("cuda") and sp.load == 0.0 else None
+        factor = load_factor(sp, share)
+        if share is not None and factor >= 1.1 and seconds > 0:
+            load = machine_load()
+            note = (f"; x{factor:.1f} for the CPU's load (this service gets {share:.0%} of a core now"
+                    + (f", load average {load[0]:.1f} on {load[1]} cores)" if load else ")"))
+        seconds *= factor
     return Estimate(w.passes(sizes.prompt(p.reference_shots())), w.tokens, w.train, how, seconds, basis,
-                    per_token, shape, sizes, held)
+                    sp.per_token if sp else None, shape, sizes, w.calls, sp.per_pass if sp else None, factor, note, held)
+
+
+MIN_FRACTION, MIN_ELAPSED_S = 0.05, 2.0
+
+
+def remaining_seconds(progress: float, elapsed_s: float) -> float | None:
+    """A running job's remaining seconds from its own measured progress: elapsed x (1 - f) / f, once it is at
+    least MIN_FRACTION done and has run MIN_ELAPSED_S (None before: too little to extrapolate from)."""
+    f = min(max(float(progress), 0.0), 1.0)
+    if f < MIN_FRACTION or elapsed_s < MIN_ELAPSED_S:
+        return None
+    return max(elapsed_s * (1.0 - f) / f, 0.0)
 
 
 def canonical_name(model: str) -> str:

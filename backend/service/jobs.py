@@ -7,7 +7,7 @@ ships them elsewhere (Ray, a process pool) can replace `LocalJobRunner` without 
 - runs jobs one at a time, in submission order within a lane (GPU work is serialized);
 - has three lanes, taken in this order by a free worker: `live` (a POST /jobs estimated at most LIVE_MAX_S: a toggle),
   `interactive` (every other POST /jobs) and `sweep` (a sweep's jobs). A queued job of a higher lane that finds every
-  worker busy makes a running job of a lower lane give way: that job stops at its next progress step and waits at the
+  worker busy makes a running job of a lower lane give way: that job stops at its next check (`stopping`) and waits at the
   head of its own lane (what it finished through `ctx.call` stays cached), so a toggle never waits behind a long
   job, whoever started it. Bounded, so a long job still finishes: a sweep job gives way to interactive jobs at most
   PREEMPT_MAX times; any job gives way to live jobs while the work it may lose doing so (the running time of the
@@ -21,7 +21,10 @@ ships them elsewhere (Ray, a process pool) can replace `LocalJobRunner` without 
   and the request queues the job again;
 - holds a per-key lock (`locks.KeyLocks`) while computing, so runners in other threads or processes
   that share the cache folder wait and then read the cached result instead of recomputing it;
-- cancels cooperatively: the job's progress callback raises `Cancelled` once the job is cancelled.
+- stops a job cooperatively: one check (`stopping.check`, installed for the job's thread; each progress step runs it
+  too) raises `Cancelled` once the job is cancelled, `Preempted` when it must give way, and `JobTimeLimit` past
+  HEADLENS_JOB_TIMEOUT_S; every loop of the analyses that can run long calls it once per batch, training step or
+  generated token, so a job stops within about one of those past its limit, whatever its size.
 
 Shared jobs and DELETE: a job counts its submitters. The POST that creates it counts 1; each later POST
 that gets the same *active* (queued or running) job back adds 1 (one that gets a finished job back adds
@@ -49,6 +52,7 @@ from .errors import ServiceError
 from .limits import Limits
 from ..locks import KeyLocks
 from ..jsonable import to_jsonable
+from ..stopping import Check, Stop, checking
 from .schemas import ACTIVE_STATES, JobStatus
 
 log = logging.getLogger(__name__)
@@ -85,49 +89,50 @@ def describe_error(e: BaseException) -> str:
     return f"internal error ({name}): {e}"
 
 
-class Cancelled(Exception):
-    """Raised inside a job (by its progress callback) once the job has been cancelled."""
+class Cancelled(Stop):
+    """Raised inside a job (by its check: `stopping.check`, and its progress callback) once it has been cancelled."""
 
 
-class Preempted(Exception):
-    """Raised inside a job (by its progress callback) when a job of a higher lane needs its worker: the job goes
+class Preempted(Stop):
+    """Raised inside a job (by its check) when a job of a higher lane needs its worker: the job goes
     back to the head of its own lane."""
 
 
-class JobTimeLimit(Exception):
-    """Raised inside a job (by its progress callback) once it has run past the per-job time limit."""
+class JobTimeLimit(Stop):
+    """Raised inside a job (by its check) once it has run past the per-job time limit."""
 
 
-def time_limited(progress: Progress, limit_s: float) -> Progress:
-    """`progress`, raising JobTimeLimit once `limit_s` seconds have passed (the CLI's HEADLENS_JOB_TIMEOUT_S: the
-    analysis stops at its next progress step, as a service job does)."""
+def time_limited(progress: Progress, limit_s: float) -> "JobProgress":
+    """`progress`, with a check that raises JobTimeLimit once `limit_s` seconds have passed (the CLI's
+    HEADLENS_JOB_TIMEOUT_S). `kernel.analyze` installs the check (`stopping.checking`), so the analysis stops at
+    its next batch, training step or generated token past the limit, as a service job does; each progress step
+    checks too."""
     start = time.monotonic()
 
-    def report(fraction: float, message: str = "") -> None:
+    def check() -> None:
         if time.monotonic() - start > limit_s:
             raise JobTimeLimit(f"the analysis ran past the time limit of {limit_s:g} s (HEADLENS_JOB_TIMEOUT_S); "
                                f"ask for fewer prompts or values, or raise the limit")
+
+    def report(fraction: float, message: str = "") -> None:
+        check()
         progress(fraction, message)
-    return report
+    return JobProgress(report, lambda data: check(), check)
 
 
 @dataclass
 class JobProgress:
-    """What a runner hands a job: `progress(fraction, message)`, and `live(data)` for data a page draws while
-    the job runs (e.g. a training loss curve so far; shown as the job's `live` field). Both raise `Cancelled`
-    once the job is cancelled. `check()`: the same interruptions as a progress step (Cancelled, Preempted,
-    JobTimeLimit) without reporting progress, for a loop finer than its progress steps."""
+    """What a runner hands a job: `progress(fraction, message)`, `live(data)` for data a page draws while the job
+    runs (e.g. a training loss curve so far; shown as the job's `live` field), and `check()`, which raises a
+    `stopping.Stop` (cancelled, preempted, past the time limit) and which `kernel.analyze` installs for the loops
+    (`stopping.checking`). `progress` and `live` run the check first."""
 
     report: Progress
     live: Callable[[dict[str, Any]], None]
-    interrupt: Callable[[], None] = lambda: None
+    check: Check | None = None
 
     def __call__(self, fraction: float, message: str = "") -> None:
         self.report(fraction, message)
-
-    def check(self) -> None:
-        self.interrupt()
-
 
 def make_executor(pool: Any, tasks: Any) -> Executor:
     """An executor that runs registered analysis kinds with models from `pool` and tasks from `tasks`.
@@ -221,10 +226,15 @@ class _Job:
 
     def snapshot(self, include_result: bool = True) -> JobStatus:
         hit = self.result.get("cache_hit") if self.result else None
+        remaining = None
+        if self.status == "running" and self.started is not None:
+            from .estimate import remaining_seconds
+
+            remaining = remaining_seconds(self.progress, time.time() - self.started)
         return JobStatus(id=self.id, kind=self.kind, status=self.status, progress=self.progress,  # type: ignore[arg-type]
                          message=self.message, result=self.result if include_result else None, error=self.error,
                          error_type=self.error_type, params=self.params, created=self.created, started=self.started,
-                         finished=self.finished, cache_hit=hit if isinstance(hit, bool) else None,
+                         finished=self.finished, remaining_s=remaining, cache_hit=hit if isinstance(hit, bool) else None,
                          live=self.live if self.status in ACTIVE_STATES else None, submitters=self.submitters,
                          lane=self.lane, preempted=self.preempted)
 
@@ -245,8 +255,11 @@ def lane_for(lane: str, seconds: float | None) -> str:
 def remaining_s(progress: float, elapsed: float, estimate: float | None) -> float | None:
     """A running job's remaining seconds: from its own progress once it has some (elapsed x (1 - p) / p), else what
     its estimate leaves; None when neither says (no estimate, or past it with no progress)."""
-    if progress >= 0.05 and elapsed >= 1.0:
-        return elapsed * (1.0 - progress) / progress
+    from .estimate import remaining_seconds
+
+    left = remaining_seconds(progress, elapsed)
+    if left is not None:
+        return left
     if estimate is not None and estimate > elapsed:
         return estimate - elapsed
     return None
@@ -481,22 +494,24 @@ class LocalJobRunner(JobRunner):
                                f"(HEADLENS_JOB_TIMEOUT_S); ask for fewer prompts or values")
 
     def _run(self, job: _Job) -> None:
-        def report(fraction: float, message: str = "") -> None:
+        def check() -> None:  # the one check for cancel, preempt and the time limit (`stopping`)
             self._interrupt(job)
+
+        def report(fraction: float, message: str = "") -> None:
+            check()
             with self._cond:
                 job.progress = min(max(float(fraction), 0.0), 1.0) if math.isfinite(fraction) else job.progress
                 job.message = message or job.message
 
         def live(data: dict[str, Any]) -> None:
-            if job.cancel.is_set():
-                raise Cancelled()
+            check()
             with self._cond:
                 job.live = to_jsonable(data)
 
-        progress = JobProgress(report, live, lambda: self._interrupt(job))
+        progress = JobProgress(report, live, check)
 
-        try:
-            with self._locks.hold(job.key, job.cancel.is_set, Cancelled):
+        try:  # waiting for another holder of the key checks too (check() raises or returns None: never "cancelled")
+            with checking(check), self._locks.hold(job.key, lambda: bool(check()), Cancelled):
                 progress(0.0, "running")
                 result = to_jsonable(self._execute(job.kind, job.params, progress))
         except Cancelled:

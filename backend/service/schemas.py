@@ -70,6 +70,9 @@ class JobStatus(BaseModel):
     created: float = Field(..., description="unix time")
     started: float | None = None
     finished: float | None = None
+    remaining_s: float | None = Field(None, description="while running: seconds left, from the job's own progress "
+                                                          "(elapsed x (1 - progress) / progress; null until it has "
+                                                          "made enough)")
     cache_hit: bool | None = None
     submitters: int = Field(1, description="submissions sharing this job; a DELETE cancels it only at the last")
     lane: Literal["live", "interactive", "sweep"] = Field(
@@ -95,6 +98,10 @@ class JobEstimate(BaseModel):
     seconds_basis: str = Field(..., description="measured (this model's seconds per token, from model_info) or "
                                                 "assumed (from its size)")
     seconds_per_token: float | None = None
+    seconds_per_pass: float | None = Field(None, description="the fixed seconds of one forward call (batch)")
+    calls: float = Field(0.0, description="forward calls (batches) the job makes, training steps included")
+    load_factor: float = Field(1.0, description="the scale for the CPU's load now against when the speed was "
+                                                "measured (in `how` when it matters)")
     text: str = Field(..., description="the seconds in words: `about 3 min`")
     shape: dict[str, Any] = Field(default_factory=dict, description="the model's size, read from its files")
     sizes: dict[str, Any] = Field(default_factory=dict, description="tokens of the job's prompts")

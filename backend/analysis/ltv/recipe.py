@@ -62,8 +62,8 @@ class LtvRecipeParams(BosParams):
         if pool is not None and pool < self.train_prompts + self.val_prompts:  # learn.training_split
             n_val = min(self.val_prompts, max(2, round(pool * 0.25)))
             n_train = max(min(self.train_prompts, pool - n_val), 1)
-        w = training("LTV training", self.epochs * self.train_prompts, t0)
-        w = w + passes("LTV held-out", (self.epochs + 1) * n_val, t0)
+        w = training("LTV training", self.train_prompts, t0, batch=self.batch_size) * self.epochs
+        w = w + passes("LTV held-out", n_val, t0, repeat=self.epochs + 1)
         return w + passes("residual scale", n_train, t0) if self.units == "residual" else w
 
 

@@ -13,6 +13,7 @@ from typing import Callable, Sequence
 import torch
 
 from ...models import LoadedModel
+from ...stopping import check
 from ...tasks.base import Prompt, Queries, Task, TaskError
 from .bos import DEFAULT as BOS_DEFAULT, current as bos_convention, prompt_ids
 from .fit import unknown_id
@@ -58,7 +59,10 @@ def encode(lm: LoadedModel, prompts: Sequence[Prompt], kind: str) -> Encoded:
     """Tokenise prompts and labels; reject prompts beyond the context window and classification labels
     that share a first token."""
     tok = lm.tokenizer
-    ids = [prompt_ids(tok, p.text) for p in prompts]  # the BOS convention in force (primitives/bos.py)
+    ids = []
+    for p in prompts:
+        check()
+        ids.append(prompt_ids(tok, p.text))  # the BOS convention in force (primitives/bos.py)
     if lm.max_positions:
         too_long = [i for i, x in enumerate(ids) if len(x) > lm.max_positions]
         if too_long:
@@ -69,6 +73,7 @@ def encode(lm: LoadedModel, prompts: Sequence[Prompt], kind: str) -> Encoded:
     unk = unknown_id(tok)
     label_ids, gold, multi = [], [], {}
     for p in prompts:
+        check()
         firsts = []
         for lab in p.labels:
             # how a label tokenises after a prompt depends only on the prompt's last characters
@@ -228,6 +233,7 @@ def _map_batches(lm: LoadedModel, ids: Sequence[Sequence[int]], batch_size: int,
     order = sorted(range(len(ids)), key=lambda i: -len(ids[i]))
     done = 0
     while done < len(order):
+        check()  # once per batch: a cancelled job or one past its time limit stops here (`stopping`)
         rows = order[done:done + batch_size]
         try:
             fn(make_batch(lm, ids, rows, padding))

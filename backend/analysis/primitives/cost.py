@@ -1,6 +1,8 @@
 """What a job costs, as a function of its params: the arithmetic each kind's `work` is written in (no torch here).
 
-A job's work is counted in **tokens through the whole model**: a full forward pass of a prompt of T tokens is T,
+A job's work is counted in **tokens through the whole model** and in **forward calls** (batches): a call has a fixed
+cost (weights read, per-layer overheads, hooks, Python) that dominates on a small model, so seconds are
+`per_pass x calls + per_token x tokens` (`service/estimate.py`, from `pass_speed`). Tokens: a full forward pass of a prompt of T tokens is T,
 a one-token step over a KV cache (a decoding step, a last-token configuration of the sweep engine) is 1, an
 all-position ablation that starts at a later layer the share of the layers it runs. `train` is the part of it that
 runs forward passes of a training (each is followed by a backward pass, about twice its cost). Nothing here
@@ -9,18 +11,24 @@ prompts as their `Sizes` (tokens of a prompt with k demonstrations, from the tas
 tokenizer, or estimated from bytes).
 
     w = passes("ICL", 50, sizes.prompt(8)) + passes("zero-shot", 50, sizes.prompt(0))
-    w.tokens, w.how()
+    w.tokens, w.calls, w.how()
+
+Calls: `passes(name, n, t, batch)` runs `n` rows in ceil(n / batch) calls (BATCH by default, the prompts' batch
+size); `repeat` runs that `repeat` times (a configuration per call, e.g. an injection layer); `steps` batches
+one-token rows by STEP_BATCH (the sweep engine's rows); a training step is one call of `batch` rows.
 
 `tests/test_cost_model.py` checks every registry entry against the tokens its run really puts through the
 default model (a hook on every output projection), within 2x.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
 BYTES_PER_TOKEN = 4  # rough UTF-8 bytes per BPE token of natural text, when no tokenizer is at hand
 INDUCTION_BATCH, INDUCTION_TOKENS = 4, 50  # induction scores: a batch of [bos] r r, r of 50 tokens
+BATCH, STEP_BATCH = 16, 32  # rows per forward call: the prompts' batch size, the sweep engine's (options.py)
 ALL_POSITION_SHARE = 0.8
 """The share of a full pass an all-position head ablation of unknown heads costs (it starts at the first layer it
 changes; top heads and random sets usually include an early layer)."""
@@ -121,29 +129,36 @@ def mean_sizes(many: Sequence[Sizes], names: Sequence[str]) -> Sizes:
 
 @dataclass(frozen=True)
 class Work:
-    """Tokens through the whole model (`train`: the share in training forward passes), named by part."""
+    """Tokens through the whole model (`train`: the share in training forward passes), named by part; `calls`:
+    forward calls (batches) in all, `train_calls` of which are training steps (each with its backward pass)."""
 
     tokens: float = 0.0
     train: float = 0.0
     parts: tuple[tuple[str, float], ...] = field(default=())
+    calls: float = 0.0
+    train_calls: float = 0.0
 
     def __add__(self, other: "Work") -> "Work":
-        return Work(self.tokens + other.tokens, self.train + other.train, _merge(self.parts + other.parts))
+        return Work(self.tokens + other.tokens, self.train + other.train, _merge(self.parts + other.parts),
+                    self.calls + other.calls, self.train_calls + other.train_calls)
 
     def __mul__(self, k: float) -> "Work":
-        return Work(self.tokens * k, self.train * k, tuple((n, t * k) for n, t in self.parts))
+        return Work(self.tokens * k, self.train * k, tuple((n, t * k) for n, t in self.parts), self.calls * k,
+                    self.train_calls * k)
 
     __rmul__ = __mul__
 
     def named(self, name: str) -> "Work":
         """The same work as one part called `name`."""
-        return Work(self.tokens, self.train, ((name, self.tokens),) if self.tokens else ())
+        return Work(self.tokens, self.train, ((name, self.tokens),) if self.tokens else (), self.calls,
+                    self.train_calls)
 
     def without(self, names: "set[str] | frozenset[str]") -> "Work":
         """The same work less the parts called `names` (work a job will skip: e.g. a clean pass whose states are
         held in memory). Training tokens are never dropped."""
         gone = sum(t for n, t in self.parts if n in names)
-        return Work(max(self.tokens - gone, self.train), self.train, tuple(p for p in self.parts if p[0] not in names))
+        return Work(max(self.tokens - gone, self.train), self.train, tuple(p for p in self.parts if p[0] not in names),
+                    self.calls, self.train_calls)  # calls are not counted per part: kept (an upper bound)
 
     def passes(self, per_pass: float) -> float:
         """In passes of a prompt of `per_pass` tokens."""
@@ -169,19 +184,27 @@ def _merge(parts: tuple[tuple[str, float], ...]) -> tuple[tuple[str, float], ...
     return tuple(out.items())
 
 
-def passes(name: str, n: float, tokens: float) -> Work:
-    """`n` full forward passes of prompts of `tokens` tokens."""
-    return Work(n * tokens, 0.0, ((name, n * tokens),))
+def batches(rows: float, batch: float) -> float:
+    """Forward calls of `rows` rows in batches of `batch`: ceil(rows / batch) (0 for no rows)."""
+    return float(math.ceil(rows / max(batch, 1) - 1e-9)) if rows > 0 else 0.0
 
 
-def steps(name: str, n: float) -> Work:
-    """`n` one-token steps over a KV cache (decoding, last-token configurations)."""
-    return Work(float(n), 0.0, ((name, float(n)),))
+def passes(name: str, n: float, tokens: float, batch: float = BATCH, repeat: float = 1) -> Work:
+    """`repeat` x `n` full forward passes of prompts of `tokens` tokens, `batch` rows per call."""
+    return Work(repeat * n * tokens, 0.0, ((name, repeat * n * tokens),), repeat * batches(n, batch))
 
 
-def training(name: str, n: float, tokens: float) -> Work:
-    """`n` training forward passes of prompts of `tokens` tokens (each with its backward pass)."""
-    return Work(n * tokens, n * tokens, ((name, n * tokens),))
+def steps(name: str, n: float, batch: float = STEP_BATCH, repeat: float = 1) -> Work:
+    """`repeat` x `n` one-token steps over a KV cache (decoding, last-token configurations), `batch` rows per
+    call."""
+    return Work(float(repeat * n), 0.0, ((name, float(repeat * n)),), repeat * batches(n, batch))
+
+
+def training(name: str, n: float, tokens: float, batch: float = 1) -> Work:
+    """`n` training forward passes of prompts of `tokens` tokens (each with its backward pass), `batch` rows per
+    step."""
+    calls = batches(n, batch)
+    return Work(n * tokens, n * tokens, ((name, n * tokens),), calls, calls)
 
 
 def induction(shape: Shape) -> Work:
@@ -190,11 +213,11 @@ def induction(shape: Shape) -> Work:
     return passes("induction", INDUCTION_BATCH, 2 * n + 1)
 
 
-def generation(name: str, n: float, tokens: float, max_new_tokens: int) -> Work:
+def generation(name: str, n: float, tokens: float, max_new_tokens: int, batch: float = BATCH) -> Work:
     """Greedy generation of `n` prompts of `tokens` tokens: the prefill, then `max_new_tokens` - 1 decoding steps (a
     batch decodes until its last row has stopped, and one row that does not stop is the rule, not the exception:
     measured on zero-shot prompts, where the answer rambles on)."""
-    return (passes(name, n, tokens) + steps(name, n * max(max_new_tokens - 1, 0))).named(name)
+    return (passes(name, n, tokens, batch) + steps(name, n, batch, max(max_new_tokens - 1, 0))).named(name)
 
 
 def ablation_share(shape: Shape, heads: Sequence[tuple[int, int]] | None = None) -> float:

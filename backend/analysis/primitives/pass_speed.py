@@ -12,14 +12,18 @@ REPEATS. Measured again after MAX_AGE_S: the machine's load changes. GPUs keep t
 Seconds (`speed`, `pass_seconds`): a forward pass of `tokens` tokens in all is modelled as
     seconds = per_pass + per_token * tokens
 (per_pass: the fixed cost of one pass, weights read and per-layer overheads; it dominates on a tiny model), fitted
-from whole passes of random token ids at two sizes (SMALL and LARGE tokens), at the best thread count; measured
-once per model and thread ceiling.
+from whole passes of random token ids at several sizes (SIZES: rows x tokens), each the median of REPEATS, at the
+best thread count; measured once per model and thread ceiling. The fit is robust: per_token is the median of the
+slopes between every two sizes (Theil-Sen), per_pass the median of what each size leaves. On a small model or a
+busy CPU the slope can come out flat or reversed (the passes time alike); per_token is then never taken as zero:
+it is at least MIN_TOKEN_SHARE of the largest pass's time per token, and per_pass keeps the rest.
 
     best_threads(lm)                            # 1 or torch's setting
     pass_seconds(lm, tokens=4850, passes=4)     # what a cost model turns "passes" into
 """
 from __future__ import annotations
 
+import os
 import statistics
 import threading
 import time
@@ -31,21 +35,25 @@ import torch
 
 from ...models import LoadedModel
 
-SMALL, LARGE = 8, 64  # tokens of the two timed whole passes (one row each)
+SIZES = ((1, 8), (1, 32), (2, 32), (4, 32))  # rows x tokens of the timed whole passes
+MIN_TOKEN_SHARE = 0.05
 PROBE_LAYERS, PROBE_TOKENS = 2, 64
 REPEATS = 2
+FIT_REPEATS = 3
 GIVE_UP = 3.0
 MAX_AGE_S = 600.0
 
 
 @dataclass(frozen=True)
 class Speed:
-    """threads: the thread count passes ran with; per_pass, per_token: seconds (see the module docstring)."""
+    """threads: the thread count passes ran with; per_pass, per_token: seconds (see the module docstring); load:
+    the 1-minute load average when measured (None where it cannot be read)."""
 
     threads: int
     per_pass: float
     per_token: float
     measured_at: float = 0.0
+    load: float | None = None
 
     def seconds(self, tokens: float, passes: float = 1.0) -> float:
         return max(0.0, passes * self.per_pass + tokens * self.per_token)
@@ -61,12 +69,14 @@ def _sync(lm: LoadedModel) -> None:
         torch.cuda.synchronize(lm.device)
 
 
-def _timed(lm: LoadedModel, ids: torch.Tensor) -> float:
+def _timed(lm: LoadedModel, ids: torch.Tensor, cpu: bool = False) -> float:
+    """Seconds of one pass: wall-clock, or (`cpu`) this thread's CPU seconds."""
+    clock = time.thread_time if cpu else time.perf_counter
     _sync(lm)
-    t0 = time.perf_counter()
+    t0 = clock()
     lm.model(input_ids=ids, use_cache=False, logits_to_keep=1)
     _sync(lm)
-    return time.perf_counter() - t0
+    return clock() - t0
 
 
 def _ids(lm: LoadedModel, rows: int, n: int) -> torch.Tensor:
@@ -132,23 +142,55 @@ def best_threads(lm: LoadedModel, max_age_s: float = MAX_AGE_S) -> int:
     return n
 
 
+def fit(points: list[tuple[float, float]]) -> tuple[float, float]:
+    """(per_pass, per_token) seconds of `seconds = per_pass + per_token * tokens` through `points` (tokens,
+    seconds): per_token the median of the pairwise slopes (Theil-Sen), at least MIN_TOKEN_SHARE of the largest
+    pass's seconds per token (a flat or reversed slope is noise, not free tokens); per_pass the median of what
+    each point leaves, at least 0. Both are positive and finite for any points with positive seconds."""
+    pts = sorted((float(n), float(t)) for n, t in points if n > 0 and t > 0 and t == t)
+    if not pts:
+        raise ValueError("no timed passes to fit")
+    slopes = [(t2 - t1) / (n2 - n1) for i, (n1, t1) in enumerate(pts) for n2, t2 in pts[i + 1:] if n2 > n1]
+    n_max, t_max = max(pts, key=lambda p: (p[0], p[1]))
+    floor = MIN_TOKEN_SHARE * t_max / n_max
+    per_token = max(statistics.median(slopes), floor) if slopes else t_max / n_max
+    per_token = min(per_token, min(t / n for n, t in pts))  # no pass is slower per token than all of it
+    per_pass = max(statistics.median(t - per_token * n for n, t in pts), 0.0)
+    return per_pass, per_token
+
+
+def _load() -> float | None:
+    try:
+        return os.getloadavg()[0]
+    except (OSError, AttributeError):  # not on every platform
+        return None
+
+
 def measure(lm: LoadedModel) -> Speed:
-    """Seconds per pass and per token now, from whole passes of SMALL and LARGE tokens at the best thread count
-    (torch's setting is restored)."""
+    """Seconds per pass and per token now, fitted (`fit`) from whole passes of SIZES (rows x tokens, within the
+    model's context) at the best thread count, medians of FIT_REPEATS (torch's setting is restored).
+
+    On the CPU with one thread the passes are timed in this thread's CPU seconds: what the model costs on a quiet
+    machine, whatever else shares the CPU now (a pass preempted by other work would read slower by the share it
+    waited); `load` is then 0.0 (an estimate scales it by the load when it is made). Otherwise wall-clock, with the
+    load average of the moment."""
     before = torch.get_num_threads()
     n = best_threads(lm)
-    small, large = _ids(lm, 1, SMALL), _ids(lm, 1, LARGE)
+    cpu = lm.device.type == "cpu" and n == 1
+    limit = max(1, (getattr(lm, "max_positions", None) or 1 << 30) - 1)
+    sizes = sorted({(rows, min(tokens, limit)) for rows, tokens in SIZES})
+    batches = [_ids(lm, rows, tokens) for rows, tokens in sizes]
+    points = []
     try:
         torch.set_num_threads(n)
         with lm.lock, torch.inference_mode():
-            _timed(lm, large)
-            t_large = statistics.median(_timed(lm, large) for _ in range(REPEATS))
-            t_small = statistics.median(_timed(lm, small) for _ in range(REPEATS + 1))
+            _timed(lm, batches[-1])  # warm-up
+            for (rows, tokens), ids in zip(sizes, batches):
+                points.append((rows * tokens, statistics.median(_timed(lm, ids, cpu) for _ in range(FIT_REPEATS))))
     finally:
         torch.set_num_threads(before)
-    per_token = max((t_large - t_small) / (LARGE - SMALL), 1e-9)
-    per_pass = max(t_small - SMALL * per_token, 0.0)
-    return Speed(n, per_pass, per_token, time.time())
+    per_pass, per_token = fit(points)
+    return Speed(n, per_pass, per_token, time.time(), 0.0 if cpu else _load())
 
 
 def speed(lm: LoadedModel) -> Speed:

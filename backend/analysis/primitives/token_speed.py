@@ -1,57 +1,33 @@
-"""Seconds per token through a loaded model here: what turns a job's work (tokens, `cost.py`) into seconds.
+"""Seconds per forward pass and per token through a loaded model here: what turns a job's work (calls and tokens,
+`cost.py`) into seconds.
 
-Measured once per model, device, dtype and thread count: one batched forward pass of ROWS x TOKENS random
-tokens after a short warm-up pass (WARMUP tokens), divided by the tokens. It reads the machine as it is at that
-moment: on a CPU shared with other work, the figure (and the jobs) are slower. Batched, as the analyses run, so a pass's fixed cost is
-spread over its rows; a training's backward pass costs about twice its forward pass (the estimate adds it).
-Where the calibration of branch `speed` (`pass_speed.speed(lm).per_token`) is present, it is used instead: this
-module is the one place the figure comes from.
+The figures are `pass_speed.speed(lm)`: measured once per model, device, dtype and thread count, from whole passes
+of random tokens at several sizes (`pass_speed.SIZES`), fitted as `seconds = per_pass + per_token * tokens`. They
+read the machine as it was at that moment (its load average is kept with them, so an estimate made later can
+scale for a busier or quieter CPU: `service/estimate.py`). A training's backward pass costs about twice its
+forward pass (the estimate adds it). This module is what `model_info` reports.
 """
 from __future__ import annotations
 
-import threading
-import time
-
-import torch
+from typing import Any
 
 from ...models import LoadedModel
+from .pass_speed import FIT_REPEATS, SIZES, speed
 
-ROWS, TOKENS, WARMUP = 2, 64, 8
-_MEASURED: dict[tuple, float] = {}
-_LOCK = threading.Lock()
-
-
-def _key(lm: LoadedModel) -> tuple:
-    return lm.fingerprint, str(lm.device), str(lm.dtype), torch.get_num_threads()
+WORK_ROWS = [(rows, tokens) for rows, tokens in SIZES]
+"""The passes a measurement runs (each FIT_REPEATS times, the largest once more to warm up): `model_info`'s work."""
 
 
-def _measure(lm: LoadedModel) -> float:
-    try:  # the calibration of branch `speed`, once it is merged
-        from .pass_speed import speed  # type: ignore[import-not-found]
-
-        return float(speed(lm).per_token)
-    except ImportError:
-        pass
-    vocab = min(len(lm.tokenizer), lm.unembed.shape[0])
-    ids = torch.randint(0, vocab, (ROWS, TOKENS), generator=torch.Generator().manual_seed(0)).to(lm.device)
-    with lm.lock, torch.inference_mode():
-        lm.model(input_ids=ids[:1, :WARMUP], use_cache=False, logits_to_keep=1)  # warm-up
-        if lm.device.type == "cuda":
-            torch.cuda.synchronize(lm.device)
-        t0 = time.perf_counter()
-        lm.model(input_ids=ids, use_cache=False, logits_to_keep=1)
-        if lm.device.type == "cuda":
-            torch.cuda.synchronize(lm.device)
-        return (time.perf_counter() - t0) / (ROWS * TOKENS)
+def measured(lm: LoadedModel) -> dict[str, Any]:
+    """{seconds_per_pass, seconds_per_token, speed_threads, speed_load} of `lm` here (measured once)."""
+    s = speed(lm)
+    return {"seconds_per_pass": s.per_pass, "seconds_per_token": s.per_token, "speed_threads": s.threads,
+            "speed_load": s.load}
 
 
-def seconds_per_token(lm: LoadedModel, measure: bool = True) -> float | None:
-    """Seconds per token of a batched forward pass of `lm` here (measured once; `measure=False`: None until then)."""
-    key = _key(lm)
-    with _LOCK:
-        if key in _MEASURED or not measure:
-            return _MEASURED.get(key)
-    value = _measure(lm)
-    with _LOCK:
-        _MEASURED[key] = value
-    return value
+def seconds_per_token(lm: LoadedModel) -> float:
+    """Seconds per token of a batched forward pass of `lm` here (measured once)."""
+    return speed(lm).per_token
+
+
+__all__ = ["FIT_REPEATS", "WORK_ROWS", "measured", "seconds_per_token"]
