@@ -152,6 +152,8 @@ def compare(hl: dict, tl: dict, ks: list[int]) -> dict:
                      "label_logit_max_abs": float(max(np.abs(np.subtract(x["label_logits"], y["label_logits"])).max()
                                                       for x, y in zip(h, t)))}
     enc = hl["enc"]
+    out["ablation_gold_logit_effect"] = float(np.mean([  # how far zeroing the heads moved the gold logit (headlens)
+        abs(r["ablated"]["label_logits"][g] - r["clean"]["label_logits"][g]) for r, g in zip(hl["rows"], enc.gold)]))
     tl_acc = float(np.mean([r["ablated"]["argmax"] == enc.label_ids[i][enc.gold[i]] for i, r in enumerate(rows)]))
     out["ablate_kind_accuracy"] = float(hl["ablate_kind"].after.accuracy)
     out["ablate_kind_accuracy_before"] = float(hl["ablate_kind"].before.accuracy)
@@ -177,14 +179,15 @@ def report(model: str, task: str, a, tl: dict, results: dict) -> str:
                      f"{r['tl']['mean_map_max_abs']:.1e} | "
                      + " | ".join(f"{r['tr']['top'][k][0]}/{k} / {r['tl']['top'][k][0]}/{k}" for k in a.ks) + " |")
     lines += ["", "| prepend_bos | heads zeroed (all positions) | argmax agrees, clean / ablated | label argmax agrees | "
-              "label logits max abs diff | accuracy clean, ablated: `ablate` kind / TransformerLens | "
-              "to_tokens = headlens ids |", "|---|---|---|---|---|---|---|"]
+              "label logits max abs diff, clean / ablated | ablation's mean abs shift of the gold logit | accuracy clean, "
+              "ablated: `ablate` kind / TransformerLens | to_tokens = headlens ids |", "|---|---|---|---|---|---|---|---|"]
     for c, r in results.items():
         n = r["prompts"]
         lines.append(f"| {c} | {', '.join(r['heads_ablated'])} | {r['clean']['argmax_agree']}/{n} / "
                      f"{r['ablated']['argmax_agree']}/{n} | {r['clean']['label_argmax_agree']}/{n} / "
                      f"{r['ablated']['label_argmax_agree']}/{n} | {r['clean']['label_logit_max_abs']:.1e} / "
-                     f"{r['ablated']['label_logit_max_abs']:.1e} | {r['ablate_kind_accuracy_before']:.3f}, "
+                     f"{r['ablated']['label_logit_max_abs']:.1e} | {r['ablation_gold_logit_effect']:.3f} | "
+                     f"{r['ablate_kind_accuracy_before']:.3f}, "
                      f"{r['ablate_kind_accuracy']:.3f} / {r['tl_clean_accuracy']:.3f}, {r['tl_ablated_accuracy']:.3f} | "
                      f"{r['to_tokens_equal']}/{n} |")
     return "\n".join(lines)
