@@ -16,8 +16,10 @@ import pytest
 
 from backend.analysis.kernel import analyze
 from backend.models import wrap
+from backend.service import execute as execute_mod
 from backend.service import jobs as jobs_mod
-from backend.service.jobs import Cancelled, JobProgress, JobTimeLimit, LocalJobRunner, Preempted, time_limited
+from backend.service.execute import Cancelled, JobProgress, JobTimeLimit, Preempted, time_limited
+from backend.service.jobs import LocalJobRunner
 from backend.service.limits import Limits
 from backend.stopping import Stop, check, checking
 from backend.tasks.base import Task, Template
@@ -120,7 +122,7 @@ def test_the_jobs_stops_are_stops():
 
 def test_time_limited_checks_with_the_clock(monkeypatch):
     now = [0.0]
-    monkeypatch.setattr(jobs_mod, "time", types.SimpleNamespace(monotonic=lambda: now[0], time=lambda: now[0]))
+    monkeypatch.setattr(execute_mod, "time", types.SimpleNamespace(monotonic=lambda: now[0], time=lambda: now[0]))
     seen: list[float] = []
     p = time_limited(lambda f, m="": seen.append(f), 20)
     now[0] = 20.0

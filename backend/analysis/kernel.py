@@ -215,7 +215,7 @@ def analyze(kind: str, lm: "LoadedModel | None", task: "Task | None" = None,
     A miss computes under the key's lock (threads and processes), so a key is never computed twice at once:
     a second caller waits, then reads the first one's result. Nothing that does not fit the result model
     is written to the store, nor a result whose tensors could not be saved. `tensors`: where trained tensors go
-    (default: the cache folder's store). A `progress` with a `check` (`service.jobs.JobProgress`) has it installed
+    (default: the cache folder's store). A `progress` with a `check` (`service.execute.JobProgress`) has it installed
     while the analysis runs (`stopping.checking`): its loops stop at their next batch, step or token once it raises.
     """
     spec = get_kind(kind)

@@ -75,7 +75,8 @@ from typing import Any
 
 from .errors import ServiceError, clip
 from .estimate import note_speed
-from .jobs import Cancelled, JobProgress, LocalJobRunner, Progress, outputs_present_in
+from .execute import Cancelled, JobProgress, Progress, outputs_present_in
+from .jobs import LocalJobRunner
 from .limits import Limits
 from .ray_actors import ModelActors, _Actor, model_signature
 from .ray_cluster import RayConfig, RunnerUnavailable, connect
@@ -328,7 +329,7 @@ def _cancelled(progress: Progress, fraction: float) -> bool:
 def make_runner(pool: Any, tasks: Any, limits: Limits | None = None) -> LocalJobRunner:
     """The runner HEADLENS_RUNNER names: `local` (default) or `ray`. RunnerUnavailable for anything else, or
     when Ray cannot be used."""
-    from .jobs import make_executor
+    from .execute import make_executor
 
     name = (os.environ.get("HEADLENS_RUNNER") or "local").strip().lower()
     if name == "local":

@@ -18,7 +18,7 @@ from typing import Any, Callable
 
 from ..stopping import checking
 from ..tensor_store import TensorStore, TensorWriteError, is_id, missing
-from .jobs import Cancelled
+from .execute import Cancelled
 
 log = logging.getLogger(__name__)
 
