@@ -24,6 +24,34 @@ def pytest_report_header(config):
             "HEADLENS_MODELS_DIR)")
 
 
+def pytest_collection_modifyitems(config, items):
+    """The tests marked `ray` run last, together, on one shared Ray cluster (`ray_cluster`): Ray starts once for all
+    of them and stops at the end of the session, right after them (an idle Ray would use CPU all along)."""
+    items[:] = sorted(items, key=lambda item: item.get_closest_marker("ray") is not None)  # stable: order kept
+
+
+@pytest.fixture(scope="session")
+def ray_cluster():
+    """One local Ray instance (2 CPUs: two actors of 1 CPU at most) for every test marked `ray`, started by the first
+    of them; skipped without the Ray extra. A script joins it with RAY_ADDRESS set to
+    `ray_cluster.get_runtime_context().gcs_address`."""
+    ray = pytest.importorskip("ray")
+    started = not ray.is_initialized()
+    if started:
+        ray.init(address="local", num_cpus=2, include_dashboard=False, logging_level="warning", log_to_driver=False)
+    yield ray
+    if started:
+        ray.shutdown()
+
+
+@pytest.fixture(autouse=True)
+def _shared_ray(request):
+    """A test marked `ray` runs with the shared cluster up (a test that starts Ray only when it is not running
+    joins it instead)."""
+    if request.node.get_closest_marker("ray") is not None:
+        request.getfixturevalue("ray_cluster")
+
+
 @pytest.fixture(autouse=True)
 def _isolated_cache(tmp_path_factory, monkeypatch):
     """Every test gets its own cache folder, so no test reads another's results."""
