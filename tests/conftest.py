@@ -13,6 +13,14 @@ os.environ.setdefault("HEADLENS_AUTO_PULL", "0")  # a `launch` in a test never d
 
 from tiny_models import CONFIGS, GPT2_TOKENIZER, tiny_model  # noqa: E402
 
+try:  # no deadline for any property test: a busy machine makes any example slow (see tests/hang.py)
+    from hypothesis import HealthCheck, settings
+except ImportError:  # hypothesis comes with requirements-dev.txt; the fuzz tests skip without it
+    pass
+else:
+    settings.register_profile("headlens", deadline=None, suppress_health_check=[HealthCheck.too_slow])
+    settings.load_profile("headlens")
+
 
 def pytest_report_header(config):
     """Say at the top of every run whether the real-model tier runs (tests/test_real_models.py)."""
