@@ -409,7 +409,7 @@ def test_client_errors_are_readable(monkeypatch):
     from ui.client import ClientError, HeadlensClient
 
     with pytest.raises(ClientError, match="cannot reach the headlens service"):
-        HeadlensClient("http://127.0.0.1:9", timeout=2).health()
+        HeadlensClient("http://127.0.0.1:9", timeout=2).health()  # not a limit: refused at once
 
 
 def test_serve_command_end_to_end(tmp_path):
