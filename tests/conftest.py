@@ -32,6 +32,23 @@ def pytest_report_header(config):
             "HEADLENS_MODELS_DIR)")
 
 
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    """HEADLENS_TEST_CPU_LOG=<file>: one line per test, `cpu_s<TAB>wall_s<TAB>test id` (setup, call and teardown; the
+    CPU of this process and of the subprocesses it reaped meanwhile): where the suite's CPU goes, which on a busy
+    machine is what its wall time follows."""
+    log = os.environ.get("HEADLENS_TEST_CPU_LOG")
+    if not log:
+        yield
+        return
+    import time
+
+    t0, w0 = sum(os.times()[:4]), time.monotonic()
+    yield
+    with open(log, "a") as f:
+        f.write(f"{sum(os.times()[:4]) - t0:.2f}\t{time.monotonic() - w0:.2f}\t{item.nodeid}\n")
+
+
 def pytest_collection_modifyitems(config, items):
     """The tests marked `ray` run last, together, on one shared Ray cluster (`ray_cluster`): Ray starts once for all
     of them and stops at the end of the session, right after them (an idle Ray would use CPU all along)."""
