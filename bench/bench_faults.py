@@ -103,7 +103,7 @@ class Server:
 
     def submit(self, body: dict[str, Any]) -> dict[str, Any]:
         for _ in range(600):
-            r = self.http.post("/jobs", json=body)
+            r = self.send("POST", "/jobs", json=body)  # sent again, the same body is the same job
             if r.status_code != 429:  # a full queue: try again shortly
                 break
             time.sleep(0.1)
@@ -111,10 +111,25 @@ class Server:
             raise RuntimeError(f"POST /jobs {body}: {r.status_code} {r.text[:300]}")
         return r.json()
 
+    def send(self, method: str, path: str, **kw: Any) -> httpx.Response:
+        """The request, sent again on a connection the server dropped as it went out (uvicorn closes a keep-alive
+        connection idle for 5 s, and on a busy machine this client can sit idle that long); for requests that may
+        be repeated: a GET, or a POST /jobs (an identical body is the same job)."""
+        for attempt in range(3):
+            try:
+                return self.http.request(method, path, **kw)
+            except (httpx.ReadError, httpx.WriteError, httpx.RemoteProtocolError):
+                if attempt == 2:
+                    raise
+        raise AssertionError("unreachable")
+
+    def get(self, path: str) -> httpx.Response:
+        return self.send("GET", path)
+
     def wait(self, job_id: str, timeout: float = 900) -> dict[str, Any]:
         deadline = time.monotonic() + waited(timeout)
         while time.monotonic() < deadline:
-            j = self.http.get(f"/jobs/{job_id}").json()
+            j = self.get(f"/jobs/{job_id}").json()
             if j["status"] not in ("queued", "running"):
                 return j
             time.sleep(0.05)
@@ -238,12 +253,12 @@ def scenario_kills(cache: Path, logs: Path, kills: int, distinct: int) -> dict[s
         for b in short:  # queued behind it: their cache writes happen around the kill
             srv.submit(b)
         while True:  # mid-job: running, with some progress
-            j = srv.http.get(f"/jobs/{jl['id']}").json()
+            j = srv.get(f"/jobs/{jl['id']}").json()
             if j["status"] == "running" and j["progress"] > 0 or j["status"] not in ("queued", "running"):
                 break
             time.sleep(0.02)
         time.sleep(rng.uniform(0.0, 1.5))
-        state = srv.http.get(f"/jobs/{jl['id']}").json()
+        state = srv.get(f"/jobs/{jl['id']}").json()
         srv.kill9()
         events.append({"status": state["status"], "progress": round(state["progress"], 2),
                        "startup_s": round(srv.startup, 2)})
