@@ -13,6 +13,14 @@ os.environ.setdefault("HEADLENS_AUTO_PULL", "0")  # a `launch` in a test never d
 
 from tiny_models import CONFIGS, GPT2_TOKENIZER, tiny_model  # noqa: E402
 
+try:  # no deadline for any property test: a busy machine makes any example slow (see tests/hang.py)
+    from hypothesis import HealthCheck, settings
+except ImportError:  # hypothesis comes with requirements-dev.txt; the fuzz tests skip without it
+    pass
+else:
+    settings.register_profile("headlens", deadline=None, suppress_health_check=[HealthCheck.too_slow])
+    settings.load_profile("headlens")
+
 
 def pytest_report_header(config):
     """Say at the top of every run whether the real-model tier runs (tests/test_real_models.py)."""
@@ -22,6 +30,51 @@ def pytest_report_header(config):
         return f"real-model tier: smollm2-135m is pulled ({presets.preset_dir('smollm2-135m')})"
     return ("real-model tier: SKIPPED, smollm2-135m is not pulled (python -m backend models pull smollm2-135m; "
             "HEADLENS_MODELS_DIR)")
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    """HEADLENS_TEST_CPU_LOG=<file>: one line per test, `cpu_s<TAB>wall_s<TAB>test id` (setup, call and teardown; the
+    CPU of this process and of the subprocesses it reaped meanwhile): where the suite's CPU goes, which on a busy
+    machine is what its wall time follows."""
+    log = os.environ.get("HEADLENS_TEST_CPU_LOG")
+    if not log:
+        yield
+        return
+    import time
+
+    t0, w0 = sum(os.times()[:4]), time.monotonic()
+    yield
+    with open(log, "a") as f:
+        f.write(f"{sum(os.times()[:4]) - t0:.2f}\t{time.monotonic() - w0:.2f}\t{item.nodeid}\n")
+
+
+def pytest_collection_modifyitems(config, items):
+    """The tests marked `ray` run last, together, on one shared Ray cluster (`ray_cluster`): Ray starts once for all
+    of them and stops at the end of the session, right after them (an idle Ray would use CPU all along)."""
+    items[:] = sorted(items, key=lambda item: item.get_closest_marker("ray") is not None)  # stable: order kept
+
+
+@pytest.fixture(scope="session")
+def ray_cluster():
+    """One local Ray instance (2 CPUs: two actors of 1 CPU at most) for every test marked `ray`, started by the first
+    of them; skipped without the Ray extra. A script joins it with RAY_ADDRESS set to
+    `ray_cluster.get_runtime_context().gcs_address`."""
+    ray = pytest.importorskip("ray")
+    started = not ray.is_initialized()
+    if started:
+        ray.init(address="local", num_cpus=2, include_dashboard=False, logging_level="warning", log_to_driver=False)
+    yield ray
+    if started:
+        ray.shutdown()
+
+
+@pytest.fixture(autouse=True)
+def _shared_ray(request):
+    """A test marked `ray` runs with the shared cluster up (a test that starts Ray only when it is not running
+    joins it instead)."""
+    if request.node.get_closest_marker("ray") is not None:
+        request.getfixturevalue("ray_cluster")
 
 
 @pytest.fixture(autouse=True)

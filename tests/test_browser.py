@@ -24,10 +24,11 @@ from pathlib import Path
 
 import pytest
 
+from hang import HANG_S, wait_until
+
 REPO = Path(__file__).resolve().parents[1]
 ARTIFACTS = REPO / "tests" / "artifacts"
 MODEL = os.environ.get("HEADLENS_UI_TEST_MODEL", "default")
-WAIT_S = 240
 SERVICE: dict[str, str] = {}  # the launched service's URL (the app_url fixture fills it)
 LAUNCH: dict[str, subprocess.Popen] = {}  # the launcher, for the test that stops it (the module's last)
 CHROME_FLAGS = ["--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
@@ -64,8 +65,9 @@ def _free_port() -> int:
 
 
 def _up(url: str) -> bool:
+    """Whether a server answers 200 there (False at once when nothing listens: refused)."""
     try:
-        with urllib.request.urlopen(url, timeout=2) as r:
+        with urllib.request.urlopen(url, timeout=HANG_S) as r:
             return r.status == 200
     except OSError:
         return False
@@ -81,7 +83,8 @@ def app_url(tmp_path_factory):
     port, backend_port = _free_port(), _free_port()
     log = tmp_path_factory.mktemp("launch") / "launch.log"
     env = dict(os.environ, HEADLENS_CACHE_DIR=str(tmp_path_factory.mktemp("browser-cache")), HF_HUB_OFFLINE="1",
-               PYTHONUNBUFFERED="1", HEADLENS_LOG=str(log.parent / "servers.log"))
+               PYTHONUNBUFFERED="1", HEADLENS_LOG=str(log.parent / "servers.log"),
+               HEADLENS_LAUNCH_TIMEOUT=str(HANG_S))  # the launcher waits for its servers as long as it takes
     for var in ("HEADLENS_BACKEND_URL", "HEADLENS_TOKEN", "HEADLENS_MODEL_ROOT"):
         env.pop(var, None)
     with open(log, "wb") as out:
@@ -90,12 +93,12 @@ def app_url(tmp_path_factory):
                                 cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + WAIT_S
+        deadline = time.monotonic() + HANG_S
         while not (log.read_text(errors="replace").find("headlens is running") >= 0 and _up(f"{url}/_stcore/health")):
             if proc.poll() is not None or time.monotonic() > deadline:
                 pytest.fail(f"launch did not come up (status {proc.poll()}):\n{log.read_text(errors='replace')[-3000:]}")
             time.sleep(0.5)
-        assert _up(f"http://127.0.0.1:{backend_port}/health")
+        wait_until(lambda: _up(f"http://127.0.0.1:{backend_port}/health"), "the service answering /health")
         SERVICE["url"] = f"http://127.0.0.1:{backend_port}"
         LAUNCH["proc"] = proc
         yield url
@@ -103,11 +106,11 @@ def app_url(tmp_path_factory):
         if proc.poll() is None:
             proc.send_signal(signal.SIGINT)  # what Ctrl-C sends
             try:
-                proc.wait(timeout=40)
+                proc.wait(timeout=HANG_S)
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
-                pytest.fail("launch did not stop on SIGINT within 40 s")
+                pytest.fail(f"launch did not stop on SIGINT within {HANG_S:g} s (the hang guard)")
     text = log.read_text(errors="replace")
     assert "stopped." in text, text[-2000:]
     assert not _up(f"{url}/_stcore/health") and not _up(f"http://127.0.0.1:{backend_port}/health")
@@ -124,12 +127,12 @@ def driver(tmp_path):
     for f in CHROME_FLAGS + [f"--user-data-dir={tmp_path / 'chrome-profile'}"]:
         opts.add_argument(f)
     d = webdriver.Chrome(service=Service(chromedriver), options=opts)
-    d.set_page_load_timeout(60)
+    d.set_page_load_timeout(HANG_S)
     yield d
     d.quit()
 
 
-def _wait(d, what, timeout: float = WAIT_S):
+def _wait(d, what, timeout: float = HANG_S):
     from selenium.webdriver.support.ui import WebDriverWait
 
     return WebDriverWait(d, timeout, poll_frequency=0.25).until(lambda d: what(d))
@@ -204,14 +207,14 @@ def test_dashboard_in_headless_chromium(app_url, driver):
     dx = int(r["width"] * ((head + 0.5) / n_heads - 0.5))
     dy = int(r["height"] * ((layer + 0.5) / n_layers - 0.5))
     ActionChains(d).move_to_element_with_offset(drag, dx, dy).click().perform()
-    _wait(d, lambda d: _selected_tags(d) == [name], timeout=60)
-    _wait(d, lambda d: f"heads={layer}.{head}" in d.current_url and _idle(d), timeout=60)
+    _wait(d, lambda d: _selected_tags(d) == [name])
+    _wait(d, lambda d: f"heads={layer}.{head}" in d.current_url and _idle(d))
     # the clicked head's drill-down: its attention pattern as a token view, live on hover
-    _wait(d, lambda d: len(_css(d, ".hl-tv .hl-tok")) > 3 and _idle(d), timeout=120)
+    _wait(d, lambda d: len(_css(d, ".hl-tv .hl-tok")) > 3 and _idle(d))
     toks = _css(d, ".hl-tv .hl-tok")
     assert "attention from the last token" in toks[1].get_attribute("title")
     ActionChains(d).move_to_element(toks[3]).perform()  # hover another destination token
-    _wait(d, lambda d: '(token 3)' in _css(d, ".hl-tv .hl-tok")[1].get_attribute("title"), timeout=10)
+    _wait(d, lambda d: '(token 3)' in _css(d, ".hl-tv .hl-tok")[1].get_attribute("title"))
     assert _css(d, ".hl-tv .hl-tok")[3].get_attribute("class").endswith("hl-dest")
     time.sleep(1.5)  # let plotly finish drawing the selection outline
     _no_errors(d)
@@ -235,7 +238,7 @@ def _text(d) -> str:
 
 
 def _service_jobs() -> list[dict]:
-    with urllib.request.urlopen(f"{SERVICE['url']}/jobs", timeout=5) as r:
+    with urllib.request.urlopen(f"{SERVICE['url']}/jobs", timeout=HANG_S) as r:
         return json.loads(r.read())
 
 
@@ -250,7 +253,7 @@ def test_upload_with_unknown_words_shows_the_fit_check(app_url, driver, tmp_path
     f.write_text("input,output\n" + "".join(f"{w} {n},{'pos' if i % 2 else 'neg'}\n"
                                            for i, (w, n) in enumerate((w, n) for n in ("film", "play") for w in words)))
     _wait(d, lambda d: _css(d, 'input[type="file"]'))[0].send_keys(str(f))
-    _wait(d, lambda d: "does not fit model" in _text(d) and _idle(d), timeout=120)
+    _wait(d, lambda d: "does not fit model" in _text(d) and _idle(d))
     text = _text(d)
     assert "english" in text and "100% of the input tokens" in text and "unknown token" in text
     assert not _css(d, '[data-testid="stException"]')
@@ -273,10 +276,10 @@ def test_a_steering_link_reopens_settings_and_cached_result(app_url, driver):
     for part in ("sg_vectors=tl%2Crandom", "sg_layer=1", "sg_alpha=2.5", "sg_final_norm=0", "sg_pca_layer=0"):
         assert part in link or part.replace("%2C", ",") in link, (part, link)
     d.delete_all_cookies()
+    jobs = {j["id"] for j in _service_jobs()}
     d.get(link)  # a fresh session from the link: same settings, the cached result without a click
-    t0 = time.monotonic()
-    _wait(d, lambda d: "Zero-shot prompts steered at layer 1" in d.page_source and _idle(d), timeout=60)
-    shown_s = time.monotonic() - t0
+    _wait(d, lambda d: "Zero-shot prompts steered at layer 1" in d.page_source and _idle(d))
+    assert {j["id"] for j in _service_jobs()} == jobs  # shown from the cache: no new job ran for it
     tags = [e.text for e in _css(d, '[data-testid="stMultiSelect"] [data-tag]')]
     assert "TL vector" in " ".join(tags) and "random-heads vector" in " ".join(tags)
     assert "2.50" in [e.get_attribute("value") for e in _css(d, 'input[type="number"]')]
@@ -287,7 +290,6 @@ def test_a_steering_link_reopens_settings_and_cached_result(app_url, driver):
     assert _text(d).count("Press Run") == 2  # geometry and perturbations: not cached, they wait for Run
     _no_errors(d)
     d.save_screenshot(str(ARTIFACTS / "steering-link.png"))
-    assert shown_s < 30
 
 
 @pytest.fixture(scope="module")
@@ -320,24 +322,20 @@ def test_cancel_cancels_a_running_job(app_url, driver, slow_model):
           f"sg_vectors=fv,vanilla&sg_layer=all")
     _wait(d, lambda d: "Press Run" in _text(d) and _idle(d))
     d.save_screenshot(str(ARTIFACTS / "before-cancel.png"))
-    _wait(d, lambda d: [b for b in d.find_elements(By.XPATH, "//button[contains(., 'Run')]") if b.is_displayed()],
-          timeout=30)[0].click()
+    _wait(d, lambda d: [b for b in d.find_elements(By.XPATH, "//button[contains(., 'Run')]")
+                        if b.is_displayed()])[0].click()
     cancel = _wait(d, lambda d: [b for b in d.find_elements(By.XPATH, "//button[contains(., 'Cancel')]")
-                                 if b.is_displayed()], timeout=60)[0]
-    _wait(d, lambda d: any("%" in e.text for e in _css(d, '[data-testid="stProgress"]')), timeout=30)
+                                 if b.is_displayed()])[0]
+    _wait(d, lambda d: any("%" in e.text for e in _css(d, '[data-testid="stProgress"]')))
     d.save_screenshot(str(ARTIFACTS / "running.png"))
-    t0 = time.monotonic()
     cancel.click()
-    _wait(d, lambda d: "was cancelled" in _text(d), timeout=30)
-    took = time.monotonic() - t0
+    _wait(d, lambda d: "was cancelled" in _text(d))
     steer = [j for j in _service_jobs() if j["kind"] == "steer" and j["params"].get("model") == slow_model]
     assert steer and steer[0]["status"] in ("cancelled", "cancelling") or steer[0]["message"] == "cancelling", steer[:1]
-    _wait(d, lambda d: [j for j in _service_jobs() if j["id"] == steer[0]["id"]][0]["status"] == "cancelled",
-          timeout=60)
+    _wait(d, lambda d: [j for j in _service_jobs() if j["id"] == steer[0]["id"]][0]["status"] == "cancelled")
     assert [b for b in d.find_elements(By.XPATH, "//button[contains(., 'Run again')]") if b.is_displayed()]
     _no_errors(d)
     d.save_screenshot(str(ARTIFACTS / "cancelled.png"))
-    assert took < 10, took
 
 
 def test_home_runs_on_smollm2(app_url, driver):
@@ -369,7 +367,7 @@ def test_home_runs_on_smollm2(app_url, driver):
 def _post(path: str, body: dict) -> dict:
     req = urllib.request.Request(f"{SERVICE['url']}{path}", data=json.dumps(body).encode(), method="POST",
                                  headers={"content-type": "application/json"})
-    with urllib.request.urlopen(req, timeout=30) as r:
+    with urllib.request.urlopen(req, timeout=HANG_S) as r:
         return json.loads(r.read())
 
 
@@ -436,10 +434,10 @@ def test_the_sweeps_list_follows_a_running_sweep_to_its_end(app_url, driver):
         return " ".join(v for v in (e.get_attribute("value") or "" for e in _css(d, '[data-testid="stSelectbox"] input'))
                         if sw["id"] in v)
 
-    _wait(d, lambda d: sw["id"] in picker(d), timeout=60)
+    _wait(d, lambda d: sw["id"] in picker(d))
     saw_running = "running" in picker(d)
-    _wait(d, lambda d: f"of {n} jobs" in _text(d) and f"{n} of {n} jobs" in _text(d), timeout=WAIT_S)
-    _wait(d, lambda d: "· done ·" in picker(d), timeout=10)  # the list follows, without a reload
+    _wait(d, lambda d: f"of {n} jobs" in _text(d) and f"{n} of {n} jobs" in _text(d))
+    _wait(d, lambda d: "· done ·" in picker(d))  # the list follows, without a reload
     text = _text(d)
     assert f"done · {n} of {n} jobs" in text and "running ·" not in picker(d)
     _no_errors(d)
@@ -453,9 +451,9 @@ def test_soft_head_selection_finds_an_ltv_trained_without_the_mechanism(app_url,
     d = driver
     job = _post("/jobs", {"kind": "ltv", "model": MODEL, "task": "syn-sentiment", "prompts": 6, "seed": 9,
                           "mechanism": False, "perturbations": 128, "epochs": 2, "train_prompts": 8})
-    deadline = time.monotonic() + WAIT_S
+    deadline = time.monotonic() + HANG_S
     while True:
-        with urllib.request.urlopen(f"{SERVICE['url']}/jobs/{job['id']}", timeout=10) as r:
+        with urllib.request.urlopen(f"{SERVICE['url']}/jobs/{job['id']}", timeout=HANG_S) as r:
             j = json.loads(r.read())
         if j["status"] not in ("queued", "running"):
             break
@@ -506,16 +504,16 @@ def test_share_as_html_opens_with_the_service_stopped(app_url, driver, tmp_path)
     button = _wait(d, lambda d: [b for b in d.find_elements(By.XPATH, "//button[contains(., 'Share as HTML')]")
                                  if b.is_displayed()])[0]
     button.click()
-    files = _wait(d, lambda d: [f for f in tmp_path.glob("*.html")], timeout=120)
+    files = _wait(d, lambda d: [f for f in tmp_path.glob("*.html")])
     path = files[0]
-    _wait(d, lambda d: not list(tmp_path.glob("*.crdownload")) and path.stat().st_size > 3_000_000, timeout=60)
+    _wait(d, lambda d: not list(tmp_path.glob("*.crdownload")) and path.stat().st_size > 3_000_000)
     assert path.name.startswith(f"headlens_Head-map_{MODEL}_syn-sentiment_4shot"), path.name
     proc = LAUNCH["proc"]
     proc.send_signal(signal.SIGINT)  # the service and the dashboard stop
-    proc.wait(timeout=40)
+    proc.wait(timeout=HANG_S)
     assert not _up(f"{app_url}/_stcore/health") and not _up(f"{SERVICE['url']}/health")
     d.get(path.as_uri())
-    _wait(d, lambda d: len(_css(d, ".js-plotly-plot .main-svg")) >= n_figures, timeout=60)
+    _wait(d, lambda d: len(_css(d, ".js-plotly-plot .main-svg")) >= n_figures)
     assert len(_css(d, ".js-plotly-plot .heatmaplayer image")) >= 6  # the map and the five small ones
     text = d.find_element(By.TAG_NAME, "body").text
     assert f"python -m backend scores --model {MODEL} --task syn-sentiment --shots 4 --prompts 16 --seed 0" in text

@@ -16,6 +16,7 @@ from backend.analysis.kernel import analyze
 from backend.hooks import hooked
 from backend.models import wrap
 from backend.tasks.base import Task, TaskError
+from hang import wait_until
 
 WORDS = ["x", "y", "z", "w", "v", "u", "t", "s", "r", "q"]
 
@@ -164,11 +165,8 @@ def test_service_refuses_an_unreadable_task_and_looks_up_cached_results(tmp_path
         r = c.post("/jobs/cached", json=body)
         assert r.status_code == 404 and "not loaded yet" in r.json()["detail"]  # no model resident: nothing known
         job = c.post("/jobs", json=body).json()
-        for _ in range(600):
-            j = c.get(f"/jobs/{job['id']}").json()
-            if j["status"] not in ("queued", "running"):
-                break
-            __import__("time").sleep(0.05)
+        j = wait_until(lambda: (j := c.get(f"/jobs/{job['id']}").json())["status"] not in ("queued", "running") and j,
+                       "the scores job finishing")
         assert j["status"] == "done", j
         hit = c.post("/jobs/cached", json=body)
         assert hit.status_code == 200 and hit.json()["cache_hit"] is True

@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 
 import pytest
+from hang import HANG_S, returns, wait_until
 
 REPO = Path(__file__).resolve().parents[1]
 MARK = "headlens-pwned"
@@ -222,14 +223,12 @@ def test_deeply_nested_json_is_a_task_error(tmp_path, name, text, where):
     assert f"{name}: {where}" in str(e.value)
     path = tmp_path / name
     path.write_text(text)
-    t0 = time.perf_counter()
     with pytest.raises(TaskError, match=f"{name}: .*nested too deeply"):
         load_task_file(path)
     prompts = tmp_path / f"prompts{path.suffix}"  # bring-your-own prompts files: the same guard
     prompts.write_text(DEEP)
     with pytest.raises(TaskError, match=f"prompts{path.suffix}: record 1 .*nested too deeply"):
         load_prompts_file(prompts)
-    assert time.perf_counter() - t0 < 5
 
 
 def test_nesting_within_the_limit_still_parses():
@@ -462,7 +461,7 @@ def test_processes_on_one_key_still_serialize(tmp_path):
     counter.write_text("0")
     code = _WORKER.format(repo=str(REPO), folder=str(folder), counter=str(counter), n=40)
     procs = [subprocess.Popen([sys.executable, "-c", code]) for _ in range(4)]
-    assert all(p.wait(120) == 0 for p in procs)
+    assert all(p.wait(HANG_S) == 0 for p in procs)
     assert int(counter.read_text()) == 160
     assert list(folder.iterdir()) == []
 
@@ -484,14 +483,9 @@ def _runner():
     return LocalJobRunner(execute, limits=Limits()), started
 
 
-def _until(runner, jid, states, timeout=10.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        j = runner.get(jid)
-        if j.status in states:
-            return j
-        time.sleep(0.01)
-    raise AssertionError(f"job {jid} stayed {runner.get(jid).status}")
+def _until(runner, jid, states):
+    return wait_until(lambda: (j := runner.get(jid)).status in states and j, f"job {jid} reaching {states}",
+                      poll_s=0.01)
 
 
 def test_delete_cancels_a_shared_job_only_when_the_last_submitter_withdraws():
@@ -502,7 +496,7 @@ def test_delete_cancels_a_shared_job_only_when_the_last_submitter_withdraws():
         queued = runner.submit("count", {"n": 2}, "key-2")
         queued_too = runner.submit("count", {"n": 2}, "key-2")
         assert a.id == b.id and queued.id == queued_too.id
-        started.wait(5)
+        assert started.wait(HANG_S)
         r = runner.cancel(b.id)  # B withdraws: A's job keeps running
         assert r.status == "running" and r.message.startswith("withdrawn: 1 other submitter still waits")
         time.sleep(0.1)
@@ -555,17 +549,17 @@ def test_unknown_hub_id_offline_fails_at_once(monkeypatch, how):
         monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
         monkeypatch.delenv("TRANSFORMERS_OFFLINE", raising=False)
         monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{_closed_port()}")
-    t0 = time.perf_counter()
     with pytest.raises(ModelLoadError, match="is not cached locally and the Hugging Face hub is unreachable"):
-        load_model("nobody-knows/made-up-model-7f3a")
-    assert time.perf_counter() - t0 < 3
+        returns(lambda: load_model("nobody-knows/made-up-model-7f3a"), "loading an unknown id offline")
     models._hub_probe.clear()
 
 
-def test_hub_probe_gives_up_within_two_seconds(monkeypatch):
+def test_hub_probe_gives_up_on_a_silent_endpoint(monkeypatch):
     """An endpoint that accepts the connection and never answers (a listening socket nobody serves): the
-    probe says unreachable within ~1.5 s and the answer is reused; one that answers, even 404, is reachable."""
+    probe gives up (after ~1.5 s, HUB_PROBE_TIMEOUT) and says unreachable, and the answer is reused without a new
+    request; one that answers, even 404, is reachable."""
     import http.server
+    import urllib.request
 
     from backend import models
 
@@ -574,11 +568,11 @@ def test_hub_probe_gives_up_within_two_seconds(monkeypatch):
         silent.bind(("127.0.0.1", 0))
         silent.listen(8)
         monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{silent.getsockname()[1]}")
-        t0 = time.perf_counter()
-        assert models.hub_reachable() is False
-        assert time.perf_counter() - t0 < 2.5
-        t0 = time.perf_counter()
-        assert models.hub_reachable() is False and time.perf_counter() - t0 < 0.01  # cached
+        assert returns(models.hub_reachable, "the hub probe of a silent endpoint") is False
+        with monkeypatch.context() as m:
+            asked: list = []
+            m.setattr(urllib.request, "urlopen", lambda *a, **k: asked.append(a))
+            assert models.hub_reachable() is False and asked == []  # cached: not asked again
     server = http.server.HTTPServer(("127.0.0.1", 0), http.server.BaseHTTPRequestHandler)  # answers 501
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
@@ -604,16 +598,14 @@ def test_a_cached_hub_id_still_loads_offline(tmp_path):
             (snap / f.name).symlink_to(f)
     (tmp_path / "hub" / "models--someorg--tiny" / "refs").mkdir()
     (tmp_path / "hub" / "models--someorg--tiny" / "refs" / "main").write_text(rev)
-    code = ("import time; from backend.models import load_model; t = time.time(); "
-            "lm = load_model('someorg/tiny'); print(lm.n_layers, round(time.time() - t, 2))")
+    code = "from backend.models import load_model; print(load_model('someorg/tiny').n_layers)"
     base = {k: v for k, v in os.environ.items() if k not in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_ENDPOINT")}
     for extra in ({"HF_HUB_OFFLINE": "1"}, {"HF_ENDPOINT": f"http://127.0.0.1:{_closed_port()}"}):
         env = {**base, "HF_HUB_CACHE": str(tmp_path / "hub"), **extra}
         out = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True,
-                             timeout=120)
+                             timeout=HANG_S)
         assert out.returncode == 0, out.stderr[-2000:]
-        layers, seconds = out.stdout.split()
-        assert int(layers) > 0 and float(seconds) < 20
+        assert int(out.stdout.split()[-1]) > 0
 
 
 # -- bounded work (issue 14): an estimate per kind, refused over HEADLENS_MAX_WORK; a per-job time limit --------
@@ -671,8 +663,6 @@ def test_sweep_settings_are_limits_checked_at_start_up(monkeypatch):
 
 
 def test_a_job_past_the_time_limit_fails_clearly(monkeypatch):
-    import time as _time
-
     from backend.analysis.kinds import Kind, register, unregister
     from backend.analysis.params import Params
     from backend.analysis.results import Result
@@ -686,9 +676,8 @@ def test_a_job_past_the_time_limit_fails_clearly(monkeypatch):
     try:
         with _client() as c:
             jid = c.post("/jobs", json={"kind": "slow"}).json()["id"]
-            deadline = _time.monotonic() + 30
-            while (j := c.get(f"/jobs/{jid}").json())["status"] in ("queued", "running") and _time.monotonic() < deadline:
-                _time.sleep(0.05)
+            j = wait_until(lambda: (j := c.get(f"/jobs/{jid}").json())["status"] not in ("queued", "running") and j,
+                           "the job stopping at its time limit")
         assert j["status"] == "error" and "HEADLENS_JOB_TIMEOUT_S" in j["error"], j
     finally:
         unregister("slow")

@@ -23,6 +23,7 @@ from backend.analysis.kernel import Context
 from backend.analysis.kinds import Kind, register, unregister
 from backend.analysis.params import NonNegative, Params
 from backend.analysis.results import Result
+from hang import HANG_S, wait_until
 
 REPO = Path(__file__).resolve().parents[1]
 LIMITS_ENV = ("HEADLENS_MAX_WORK", "HEADLENS_JOB_TIMEOUT_S", "HEADLENS_MAX_SWEEP_JOBS", "HEADLENS_MAX_QUEUE",
@@ -68,7 +69,7 @@ def client() -> TestClient:
     return TestClient(create_app())
 
 
-def wait_job(c: TestClient, jid: str, timeout: float = 120) -> dict[str, Any]:
+def wait_job(c: TestClient, jid: str, timeout: float = HANG_S) -> dict[str, Any]:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         j = c.get(f"/jobs/{jid}").json()
@@ -78,7 +79,7 @@ def wait_job(c: TestClient, jid: str, timeout: float = 120) -> dict[str, Any]:
     raise AssertionError(f"job {jid} did not finish: {j}")
 
 
-def wait_sweep(c: TestClient, sid: str, timeout: float = 120) -> dict[str, Any]:
+def wait_sweep(c: TestClient, sid: str, timeout: float = HANG_S) -> dict[str, Any]:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         s = c.get(f"/sweeps/{sid}").json()
@@ -142,7 +143,7 @@ def cli_honours_the_job_time_limit(mp: Any, _: Path) -> None:
     out = subprocess.run([sys.executable, "-c", "import sys; sys.path.insert(0, 'tests'); import test_hardening_limits "
                           "as t; from backend.analysis.kinds import register; register(t.TICK, replace=True); "
                           "from backend.cli import main; sys.exit(main(['tick', '--steps', '400', '--delay', '0.01', "
-                          "'--no-cache']))"], cwd=REPO, capture_output=True, text=True, timeout=120,
+                          "'--no-cache']))"], cwd=REPO, capture_output=True, text=True, timeout=HANG_S,
                          env={**os.environ, "HEADLENS_JOB_TIMEOUT_S": "1"})
     assert out.returncode == 2 and "HEADLENS_JOB_TIMEOUT_S" in out.stderr and "Traceback" not in out.stderr, out
     mp.setenv("HEADLENS_MAX_WORK", "10")
@@ -180,9 +181,8 @@ def a_long_sweep_job_gives_way(mp: Any, _: Path) -> None:
     with client() as c:
         sid = c.post("/sweeps", json={"models": ["default"], "tasks": ["syn-sentiment"], "kinds": ["tick"],
                                       "seeds": list(range(3)), "params": {"steps": 100, "delay": 0.02}}).json()["id"]
-        deadline = time.monotonic() + 30
-        while not any(jj["status"] == "running" for jj in c.get("/jobs").json()) and time.monotonic() < deadline:
-            time.sleep(0.02)
+        wait_until(lambda: any(jj["status"] == "running" for jj in c.get("/jobs").json()), "a sweep job running",
+                   poll_s=0.02)
         j = wait_job(c, c.post("/jobs", json={"kind": "tick", "group": 7, "steps": 3}).json()["id"])
         assert j["status"] == "done"
         s = wait_sweep(c, sid)
@@ -237,12 +237,12 @@ def sweep_job_cancelled_elsewhere_is_not_done(mp: Any, _: Path) -> None:
     with client() as c:
         sid = c.post("/sweeps", json={"models": ["default"], "tasks": ["syn-sentiment"], "kinds": ["tick"],
                                       "seeds": [0, 1], "params": {"group": 6, "steps": 100, "delay": 0.02}}).json()["id"]
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
+
+        def submitted() -> list[str]:
             ids = [x["job_id"] for x in c.get(f"/sweeps/{sid}").json()["jobs"] if x["job_id"]]
-            if len(ids) == 2:
-                break
-            time.sleep(0.02)
+            return ids if len(ids) == 2 else []
+
+        ids = wait_until(submitted, "both of the sweep's jobs submitted", poll_s=0.02)
         c.delete(f"/jobs/{ids[-1]}")  # the second one, queued behind the first
         s = wait_sweep(c, sid)
     assert s["status"] == "error" and s["counts"]["cancelled"] == 1 and "cancelled outside this sweep" in s["message"]
@@ -336,9 +336,12 @@ def ray_idle_workers_killed_then_a_job(mp: Any, tmp: Path) -> None:
             assert j.status == "done", j
         pids = [a["pid"] for a in runner.actors.describe()]
         assert len(pids) == 2
+        handles = [a.handle for a in runner.actors._actors]
         for pid in pids:
             os.kill(pid, signal.SIGKILL)
-        time.sleep(1.0)
+        for h in handles:  # until Ray knows they are dead (instead of a guess of how long that takes)
+            with pytest.raises(ray.exceptions.RayActorError):
+                ray.get(h.poll.remote(""), timeout=HANG_S)
         j = runner.submit("tick", {"group": 3}, job_key("tick", {"g": 3}))
         while (j := runner.get(j.id)).status in ("queued", "running"):
             time.sleep(0.05)
@@ -361,7 +364,7 @@ def ray_local_instance_goes_with_the_service(mp: Any, tmp: Path) -> None:
                             env={k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"})
     try:
         assert proc.stdout.readline().strip() == "up"
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + HANG_S
         while time.monotonic() < deadline:  # wait for the agents (started by the raylet a little after)
             kids = descendants(proc.pid)
             names = {pid: Path(f"/proc/{pid}/cmdline").read_bytes() for pid in kids if Path(f"/proc/{pid}").exists()}
@@ -370,8 +373,8 @@ def ray_local_instance_goes_with_the_service(mp: Any, tmp: Path) -> None:
             time.sleep(0.5)
         assert sum(b"Agent" in n for n in names.values()) >= 2, names
         proc.kill()
-        proc.wait(10)
-        deadline = time.monotonic() + 30
+        proc.wait(HANG_S)
+        deadline = time.monotonic() + HANG_S
         alive = kids
         while time.monotonic() < deadline and alive:
             alive = {p: s for p, s in kids.items() if _running(p)}

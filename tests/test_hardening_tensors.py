@@ -31,6 +31,7 @@ import torch
 
 from backend.analysis.primitives.saved import decode, encode, inspect
 from backend.tensor_store import TensorMissing, TensorStore, TensorWriteError, missing, tensor_id
+from hang import HANG_S
 
 REPO = Path(__file__).resolve().parents[1]
 TASK = "syn-antonym"
@@ -76,7 +77,7 @@ def outside(paths: list[str], cache: Path) -> list[str]:
 
 
 # -- the service ----------------------------------------------------------------------------------------------------
-def wait(c: Any, job_id: str, timeout: float = 120.0) -> dict[str, Any]:
+def wait(c: Any, job_id: str, timeout: float = HANG_S) -> dict[str, Any]:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         j = c.get(f"/jobs/{job_id}").json()

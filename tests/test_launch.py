@@ -9,9 +9,10 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 import urllib.request
 from pathlib import Path
+
+from hang import HANG_S, wait_until
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -23,8 +24,9 @@ def _free_port() -> int:
 
 
 def _get(url: str) -> tuple[int, str] | None:
+    """(status, body), or None when nothing answers there (refused: a stopped server answers at once)."""
     try:
-        with urllib.request.urlopen(url, timeout=2) as r:
+        with urllib.request.urlopen(url, timeout=HANG_S) as r:
             return r.status, r.read().decode()
     except OSError:
         return None
@@ -32,7 +34,8 @@ def _get(url: str) -> tuple[int, str] | None:
 
 def _env(tmp_path: Path) -> dict[str, str]:
     env = dict(os.environ, HEADLENS_CACHE_DIR=str(tmp_path / "cache"), PYTHONUNBUFFERED="1",
-               HEADLENS_LOG=str(tmp_path / "logs" / "servers.log"))
+               HEADLENS_LOG=str(tmp_path / "logs" / "servers.log"),
+               HEADLENS_LAUNCH_TIMEOUT=str(HANG_S))  # the launcher waits for its servers as long as it takes
     for var in ("HEADLENS_BACKEND_URL", "HEADLENS_TOKEN"):
         env.pop(var, None)
     return env
@@ -46,18 +49,17 @@ def test_launch_starts_both_and_ctrl_c_stops_both(tmp_path):
                                  "--backend-port", str(backend_port), "--model", "some/model"],
                                 cwd=REPO, env=_env(tmp_path), stdout=f, stderr=subprocess.STDOUT)
     try:
-        deadline = time.monotonic() + 120
-        while "headlens is running" not in out.read_text(errors="replace"):
+        def running() -> bool:
             assert proc.poll() is None, out.read_text(errors="replace")
-            assert time.monotonic() < deadline, out.read_text(errors="replace")
-            time.sleep(0.3)
+            return "headlens is running" in out.read_text(errors="replace")
+
+        wait_until(running, "the launcher saying `headlens is running`", poll_s=0.3)
         log = out.read_text(errors="replace")
         assert f"http://127.0.0.1:{port}" in log and f"service http://127.0.0.1:{backend_port}" in log
         servers = tmp_path / "logs" / "servers.log"  # both servers' output goes to the log the launcher names
         assert f"log: {servers}" in log
-        deadline = time.monotonic() + 30
-        while "Streamlit" not in servers.read_text(errors="replace") and time.monotonic() < deadline:
-            time.sleep(0.3)
+        wait_until(lambda: "Streamlit" in servers.read_text(errors="replace"), "Streamlit's output in the log",
+                   poll_s=0.3)
         text = servers.read_text(errors="replace")
         assert "==== headlens launch" in text and f"service http://127.0.0.1:{backend_port}" in text
         assert "Streamlit" in text, text[-2000:]  # the dashboard's own output, which went to /dev/null before
@@ -67,10 +69,10 @@ def test_launch_starts_both_and_ctrl_c_stops_both(tmp_path):
     finally:
         proc.send_signal(signal.SIGINT)
         try:
-            rc = proc.wait(timeout=40)
+            rc = proc.wait(timeout=HANG_S)
         except subprocess.TimeoutExpired:
             proc.kill()
-            raise AssertionError("launch did not stop within 40 s of SIGINT")
+            raise AssertionError(f"launch did not stop within {HANG_S:g} s of SIGINT (the hang guard)")
     assert rc == 0, out.read_text(errors="replace")
     assert "stopped." in out.read_text(errors="replace")
     assert _get(f"http://127.0.0.1:{backend_port}/health") is None
@@ -84,10 +86,10 @@ def test_a_port_in_use_is_a_clear_error(tmp_path):
         taken = busy.getsockname()[1]
         r = subprocess.run([sys.executable, "-m", "backend", "launch", "--no-browser", "--port", str(taken),
                             "--backend-port", str(_free_port())], cwd=REPO, env=_env(tmp_path),
-                           capture_output=True, text=True, timeout=60)
+                           capture_output=True, text=True, timeout=HANG_S)
     assert r.returncode == 2
     assert f"port {taken}" in r.stderr and "--port" in r.stderr and "Traceback" not in r.stderr
     r = subprocess.run([sys.executable, "-m", "backend", "launch", "--no-browser", "--port", "8600",
                         "--backend-port", "8600"], cwd=REPO, env=_env(tmp_path), capture_output=True, text=True,
-                       timeout=60)
+                       timeout=HANG_S)
     assert r.returncode == 2 and "different ports" in r.stderr

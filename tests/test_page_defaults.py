@@ -16,10 +16,10 @@ import pytest
 pytest.importorskip("streamlit.testing.v1")
 from streamlit.testing.v1 import AppTest  # noqa: E402
 from page_checks import assert_clean  # noqa: E402
+from hang import HANG_S  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 APP = str(REPO / "app.py")
-TIMEOUT = 600
 PAGES = [("app.py", ["run"]), ("pages/1_Head_map.py", []), ("pages/2_Ablation.py", []),
          ("pages/3_Steering_geometry.py", ["run_steer", "run_geometry", "run_perturb"]), ("pages/4_Head.py", []),
          ("pages/5_Learned_task_vectors.py", ["run_ltv"]), ("pages/6_Soft_head_selection.py", ["run_site", "run_methods"]),
@@ -31,7 +31,7 @@ pytestmark = pytest.mark.skipif(not (REPO / "models" / "headlens-tiny" / "config
 
 def test_every_page_on_its_default_settings_warns_about_nothing(inprocess, monkeypatch):
     monkeypatch.delenv("HEADLENS_DEFAULT_MODEL", raising=False)
-    at = AppTest.from_file(APP, default_timeout=TIMEOUT)
+    at = AppTest.from_file(APP, default_timeout=HANG_S)
     at.run()
     assert_clean(at)
     task = at.session_state["s_task"]
@@ -47,6 +47,6 @@ def test_every_page_on_its_default_settings_warns_about_nothing(inprocess, monke
         assert not at.warning, (path, [w.value for w in at.warning])
         seen[path] = [c.value for c in at.caption if ":material/info:" in c.value]
     assert at.session_state["s_prompts"] == 50  # the asked count stays (a link keeps it); the jobs asked for 20
-    home = [c.value for c in AppTest.from_file(APP, default_timeout=TIMEOUT).run().sidebar.caption]
+    home = [c.value for c in AppTest.from_file(APP, default_timeout=HANG_S).run().sidebar.caption]
     assert any("held-out queries: all 20 are scored" in c for c in home), home
     assert any("training prompts" in n for n in seen["pages/5_Learned_task_vectors.py"]), seen  # a note, shown

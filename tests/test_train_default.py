@@ -12,6 +12,10 @@ from backend.tasks.synthetic import build_world
 from backend.analysis.general.train_default import (CONFIGS, build_tokenizer, icl_batch, label_loss, lr_factor, main, rep_batch,
                                             rep_length_at)
 
+# one torch thread: the tiny config's training (the suite's costliest fixture) takes 103 CPU-s on one thread and
+# 119 on two, on a busy 2-core machine (and less wall time)
+pytestmark = pytest.mark.usefixtures("one_thread")
+
 
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):

@@ -9,6 +9,7 @@ import pytest
 
 pytest.importorskip("streamlit.testing.v1")
 from streamlit.testing.v1 import AppTest  # noqa: E402
+from hang import HANG_S  # noqa: E402
 
 
 class FakeService:
@@ -69,7 +70,7 @@ def script():
 
 
 def test_fetch_waits_remembers_and_reports_the_wait(fake):
-    at = AppTest.from_function(script)
+    at = AppTest.from_function(script, default_timeout=HANG_S)
     at.run()
     assert not at.exception
     assert [c[0] for c in fake.calls] == ["cached", "submit"]
@@ -81,7 +82,7 @@ def test_fetch_waits_remembers_and_reports_the_wait(fake):
 
 def test_a_cached_result_skips_the_queue(fake):
     fake.cached_results[("steer", 1)] = {"value": 1, "seconds": 0.01, "cache_hit": True}
-    at = AppTest.from_function(script)
+    at = AppTest.from_function(script, default_timeout=HANG_S)
     at.run()
     assert [c[0] for c in fake.calls] == ["cached"]
     assert any(m.value.startswith("value=1") for m in at.markdown)
@@ -90,7 +91,7 @@ def test_a_cached_result_skips_the_queue(fake):
 def test_a_superseded_job_is_cancelled_before_the_new_one_is_submitted(fake):
     from ui import state
 
-    at = AppTest.from_function(script)
+    at = AppTest.from_function(script, default_timeout=HANG_S)
     old_key = state.result_key("steer", {"x": 1})
     at.session_state["_hl_inflight"] = {"steer": {"key": old_key, "id": "j9", "t0": time.monotonic()}}
     fake.jobs["j9"] = {"kind": "steer", "params": {"x": 1}, "seen": 0, "status": "running"}
@@ -104,7 +105,7 @@ def test_a_superseded_job_is_cancelled_before_the_new_one_is_submitted(fake):
 def test_a_rerun_reattaches_to_its_running_job(fake):
     from ui import state
 
-    at = AppTest.from_function(script)
+    at = AppTest.from_function(script, default_timeout=HANG_S)
     at.session_state["_hl_inflight"] = {"steer": {"key": state.result_key("steer", {"x": 1}), "id": "j9", "t0": time.monotonic()}}
     fake.jobs["j9"] = {"kind": "steer", "params": {"x": 1}, "seen": 0, "status": "running"}
     at.run()
@@ -115,7 +116,7 @@ def test_a_rerun_reattaches_to_its_running_job(fake):
 def test_cancel_withdraws_the_job_and_offers_run_again(fake):
     from ui import state
 
-    at = AppTest.from_function(script)
+    at = AppTest.from_function(script, default_timeout=HANG_S)
     key = state.result_key("steer", {"x": 1})
     at.session_state["_hl_inflight"] = {"steer": {"key": key, "id": "j9", "t0": time.monotonic()}}
     fake.jobs["j9"] = {"kind": "steer", "params": {"x": 1}, "seen": 0, "status": "running"}
