@@ -6,7 +6,6 @@ from __future__ import annotations
 import http.server
 import json
 import threading
-import time
 from typing import Any
 
 import pytest
@@ -15,6 +14,7 @@ from starlette.testclient import TestClient
 from backend.service.app import create_app
 from backend.service.execute import outputs_present_in
 from backend.service.jobs import LocalJobRunner
+from hang import wait_until  # noqa: E402
 
 BASE = {"model": "default", "task": "syn-antonym"}
 
@@ -224,13 +224,8 @@ def test_a_done_job_whose_tensor_is_gone_runs_again(tmp_path):
 
 
 def _until_done(runner: Any, job_id: str) -> Any:
-    deadline = time.monotonic() + 600  # a hang guard only
-    while time.monotonic() < deadline:
-        j = runner.get(job_id)
-        if j.status not in ("queued", "running"):
-            return j
-        time.sleep(0.02)
-    raise AssertionError(f"job {job_id} did not finish")
+    return wait_until(lambda: (j := runner.get(job_id)).status not in ("queued", "running") and j,
+                      f"job {job_id} to finish", poll_s=0.02)
 
 
 def test_ltv_train_whose_file_was_deleted_is_recomputed():
@@ -262,13 +257,8 @@ def test_ltv_train_whose_file_was_deleted_is_recomputed():
 
 
 def _wait(c: TestClient, job_id: str) -> dict[str, Any]:
-    deadline = time.monotonic() + 900  # a hang guard only
-    while time.monotonic() < deadline:
-        j = c.get(f"/jobs/{job_id}").json()
-        if j["status"] not in ("queued", "running"):
-            return j
-        time.sleep(0.05)
-    raise AssertionError(f"job {job_id} did not finish")
+    return wait_until(lambda: (j := c.get(f"/jobs/{job_id}").json())["status"] not in ("queued", "running") and j,
+                      f"job {job_id} to finish")
 
 
 def test_tensor_refs_names_a_results_saved_outputs():

@@ -13,6 +13,7 @@ from backend.analysis.primitives.prefix_store import STORE
 from backend.analysis.tsla.head_maps import FIRST_ROWS, MAP_NAMES, head_maps, slices
 from test_core_invariants import sentiment_task
 from test_pages import MODEL, default_task, needs_model
+from hang import HANG_S  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # the first batch runs in slices on one CPU thread (the service's)
 
@@ -164,7 +165,7 @@ def test_the_partial_view_is_marked_with_its_prompt_counts():
         anytime.summary_drawer(home)(data)
         anytime.summary_drawer(home)({"kind": "ltv_train", "loss": [1.0]})  # another kind's live data: ignored
 
-    at = AppTest.from_function(script, default_timeout=60)
+    at = AppTest.from_function(script, default_timeout=HANG_S)
     at.run()
     assert not at.exception
     infos = [i.value for i in at.info]

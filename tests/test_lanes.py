@@ -17,8 +17,7 @@ import pytest
 from backend.service import jobs as J
 from backend.service.jobs import LocalJobRunner, lane_for, remaining_s
 from backend.service.limits import Limits
-
-HANG_S = 60.0  # a hang guard, not a timing assertion
+from hang import HANG_S, wait_until  # noqa: E402  (a hang guard, never a timing assertion)
 
 
 class Harness:
@@ -226,13 +225,8 @@ def test_a_live_request_moves_a_queued_job_up():
 
 # -- through the service, on the embedded default model -------------------------------------------------------------
 def _service_wait(c: Any, jid: str) -> dict[str, Any]:
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline:
-        j = c.get(f"/jobs/{jid}").json()
-        if j["status"] not in ("queued", "running"):
-            return j
-        time.sleep(0.02)
-    raise AssertionError(f"job {jid} did not finish: {j}")
+    return wait_until(lambda: (j := c.get(f"/jobs/{jid}").json())["status"] not in ("queued", "running") and j,
+                      f"job {jid} to finish", poll_s=0.02)
 
 
 def test_a_toggle_on_prompts_whose_prefix_is_held_is_estimated_at_its_token_steps(monkeypatch):

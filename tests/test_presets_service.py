@@ -75,7 +75,7 @@ def test_a_failed_pull_is_a_state_with_its_reason_and_the_service_goes_on(models
     c, pulls = _app(runner)
     c.post("/models/smollm2-135m/pull")
     runner.go.set()
-    s = pulls.wait("smollm2-135m", 10)
+    s = pulls.wait("smollm2-135m", HANG_S)
     assert s.status == "error" and "Temporary failure in name resolution" in s.error
     assert c.get("/health").status_code == 200
     r = c.post("/jobs", json={"kind": "scores", "model": "smollm2-135m", "task": "sentiment"})
@@ -177,7 +177,7 @@ def test_a_pull_into_a_models_folder_that_cannot_be_written_shows_clients_no_ser
     monkeypatch.setenv("HEADLENS_MODELS_DIR", str(not_a_folder))
     c, pulls = _app(child_runner)  # the real child process: `python -m backend models pull NAME --progress json`
     assert c.post("/models/smollm2-135m/pull").status_code == 202
-    assert pulls.wait("smollm2-135m", 300).status == "error"
+    assert pulls.wait("smollm2-135m", HANG_S).status == "error"
     listed = c.get("/models")
     entry = {p["name"]: p for p in listed.json()}["smollm2-135m"]["pull"]
     assert entry["error"] == ("cannot pull smollm2-135m: the models folder (HEADLENS_MODELS_DIR) cannot be written "
@@ -192,7 +192,7 @@ def test_a_pull_into_a_models_folder_that_cannot_be_written_shows_clients_no_ser
 
     c, pulls = _app(runner)
     c.post("/models/smollm2-135m/pull")
-    assert "(Read-only file system)" in pulls.wait("smollm2-135m", 10).error
+    assert "(Read-only file system)" in pulls.wait("smollm2-135m", HANG_S).error
     _one_sentence_without_paths(c.get("/models").text, tmp_path)
 
 
