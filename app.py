@@ -106,10 +106,15 @@ if scores is not None:
         col.metric(f"{M.LABEL[name]} ({k}-shot)", M.pct(k_shot[name]),
                    delta=None if zero is None else M.points(k_shot[name], zero[name]),
                    help=M.HELP[name] + (f" 0-shot: {M.pct(zero[name])}." if zero else ""), border=True)
+        if M.ci_of(k_shot, name):
+            col.caption(f"95% interval {M.span(M.ci_of(k_shot, name))}")
     m[3].metric("Heads", f"{scores['n_layers']} × {scores['n_heads']}", help="layers × heads per layer", border=True)
     share.numbers("Summary", {f"{M.LABEL[n]} ({k}-shot)": k_shot[n] for n in M.NAMES}
                   | ({f"{M.LABEL[n]} (0-shot)": zero[n] for n in M.NAMES} if zero else {})
-                  | {"prompts": scores["prompts"], "layers x heads": f"{scores['n_layers']} x {scores['n_heads']}"})
+                  | {f"{M.LABEL[n]} ({k}-shot) 95% interval": M.span(M.ci_of(k_shot, n)) for n in M.NAMES
+                     if M.ci_of(k_shot, n)}
+                  | {"prompts": scores["prompts"], "layers x heads": f"{scores['n_layers']} x {scores['n_heads']}",
+                     "noise": M.noise_sentence(scores["prompts"])})
     if zero is not None:
         st.markdown(" · ".join(f"{M.LABEL[n]} with **0** shots: **{M.pct(zero[n])}**" for n in M.NAMES)
                     + " (the arrows above: the change from 0 to "
@@ -120,8 +125,10 @@ if scores is not None:
     if layout.task_info(caps, s.task).get("kind") == "generation":
         st.caption(M.GENERATION_NOTE)
     # labels spanning several tokens: the result's own warning says so, in the page's one box (once)
-    st.caption(f"{scores['prompts']} prompts, {k} shots, seed {s.seed} · head scores {jobs.timing(scores)}.")
+    st.caption(f"{scores['prompts']} prompts, {k} shots, seed {s.seed} · head scores {jobs.timing(scores)}. "
+               f"Brackets: 95% Wilson intervals. {M.noise_sentence(scores['prompts'])}")
     snippets.show("scores", score_job.params, "r.icl, r.zero_shot   # Metrics: accuracy, label_accuracy, tr_ratio\n"
+                                              "r.icl.accuracy_ci    # its 95% Wilson interval\n"
                                               "r.tr, r.tl           # head maps, numpy (layers, heads)")
     if icl is not None:
         jobs.show_warnings(icl)
@@ -129,8 +136,10 @@ if scores is not None:
         with c1:
             share.chart(figures.icl_curve(icl, "In-context learning" + figures.subtitle(
                 figures.caption(s.model, s.task_title))), "icl-curve", key="icl_fig", heads="")
-            st.caption(f"ICL curve {jobs.timing(icl)}.")
-            snippets.show("icl", icl_job.params, "r.shots, r.accuracy, r.label_accuracy, r.tr_ratio")
+            st.caption(f"ICL curve {jobs.timing(icl)}. Error bars: 95% Wilson intervals. "
+                       + M.noise_sentence(icl.get("prompts")))
+            snippets.show("icl", icl_job.params, "r.shots, r.accuracy, r.label_accuracy, r.tr_ratio\n"
+                                                 "r.accuracy_ci   # 95% Wilson interval per k")
         with c2:
             st.markdown("**Example prompts**")
             ex = icl.get("examples") or []
@@ -164,7 +173,9 @@ if scores is not None:
                 st.caption("No example rows came back.")
         with st.expander("ICL curve as a table"):
             share.dataframe("ICL curve", pd.DataFrame({"k": icl["shots"], **{f"{M.LABEL[n]} %": [100 * a for a in icl[n]]
-                                                             for n in M.NAMES}}),
+                                                             for n in M.NAMES},
+                                                          **{f"{M.LABEL[n]} 95% interval": [M.span(c) for c in icl[f"{n}_ci"]]
+                                                             for n in M.NAMES if icl.get(f"{n}_ci")}}),
                          hide_index=True, key="icl_table",
                          column_config={f"{M.LABEL[n]} %": st.column_config.NumberColumn(format="%.1f")
                                         for n in M.NAMES})

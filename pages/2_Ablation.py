@@ -56,7 +56,7 @@ else:
         for col, name in zip(c, M.NAMES):
             col.metric(f"{M.LABEL[name]} after", M.pct(a[name]), delta=M.points(a[name], b[name]),
                        help=f"{M.HELP[name]} Before ablation: {M.pct(b[name])}.", border=True)
-            col.caption(f"was {M.pct(b[name])}")
+            col.caption(f"{M.span(M.ci_of(a, name))} · was {M.pct_ci(b, name)}".strip(" ·"))
         if len(rows):
             pb, pa = rows["gold_prob_before"].mean(), rows["gold_prob_after"].mean()
             c[3].metric("Mean p(gold) after", f"{pa:.3f}", delta=None if abs(pa - pb) < 5e-4 else f"{pa - pb:+.3f}",
@@ -64,14 +64,26 @@ else:
             c[3].caption(f"was {pb:.3f}")
         c[4].metric("Predictions changed", f"{changed} / {len(rows)}", border=True)
         where = "at the last token" if ab.get("positions") == "last" else "at every position"
+        tests = ab.get("test") or {}
+        if tests:  # the same prompts before and after: a paired test, not two intervals compared by eye
+            st.markdown("After against before, paired on the same prompts: "
+                        + "; ".join(M.paired_text(tests[n], M.LABEL[n].lower()) for n in M.NAMES if n in tests) + ".")
+        st.caption(M.noise_sentence(ab.get("prompts")) + " Brackets: 95% Wilson intervals.")
         share.numbers("Ablation of the selected heads", {"heads": ", ".join(figures.head_name(h) for h in selected),
                                                          "mode": mode, "positions": ab.get("positions", "all"),
                                                          "predictions changed": changed,
                                                          **{f"{M.LABEL[n]} before": b[n] for n in M.NAMES},
-                                                         **{f"{M.LABEL[n]} after": a[n] for n in M.NAMES}})
+                                                         **{f"{M.LABEL[n]} after": a[n] for n in M.NAMES},
+                                                         **{f"{M.LABEL[n]} 95% interval after": M.span(M.ci_of(a, n))
+                                                            for n in M.NAMES if M.ci_of(a, n)},
+                                                         **{f"{M.LABEL[n]} after vs before": M.paired_text(tests[n])
+                                                            for n in M.NAMES if n in tests}})
         st.caption(f"{mode} ablation of {', '.join(figures.head_name(h) for h in selected)} {where} · "
                    f"{ab.get('prompts', len(rows))} prompts, {ab.get('shots', s.shots)} shots · {jobs.timing(ab)}")
         snippets.show("ablate", ab_params, "r.before, r.after   # Metrics: accuracy, label_accuracy, tr_ratio\n"
+                                           "r.after.accuracy_ci # its 95% Wilson interval\n"
+                                           "r.test['accuracy']  # paired test after vs before: effect, ci_low, "
+                                           "ci_high, p\n"
                                            "r.rows              # per prompt: pred_before, pred_after, ...")
         if len(rows):
             only = state.bind(st.toggle, "Only prompts whose prediction changed", "only_changed")
@@ -119,11 +131,21 @@ if curves is not None:
     share.chart(figures.ablation_curves(curves, f"{mode.capitalize()} ablation of the top k heads" + figures.subtitle(
         figures.caption(s.model, s.task_title, curves['shots'], f'k ≤ {kmax}'))), f"ablation-curves-{mode}",
                 key="curves_fig", heads=f"k{kmax}")
+    rand = curves["curves"].get("random", {})
+    band = ("its 95% interval over the random sets and the prompts" if rand.get("accuracy_ci")
+            else "± standard deviation")
     st.caption(f"{mode.capitalize()} ablation of the k heads ranked highest by TR, TL or induction score; random: "
-               f"k random heads, mean ± standard deviation over seeds {curves['curves'].get('random', {}).get('seeds', [0, 1, 2])}"
-               f" (grey band, clipped to 0–100%; drawn from the heads outside the top {kmax} TR and TL heads while there are enough: a "
-               f"disjoint control). "
-               f"{curves.get('prompts', s.prompts)} prompts per point · {jobs.timing(curves)}.")
+               f"k random heads, mean over seeds {rand.get('seeds', [0, 1, 2])} with {band}"
+               f" (grey band, clipped to 0–100%; drawn from the heads outside the top {kmax} TR and TL heads while there are "
+               f"enough: a disjoint control). Error bars: 95% Wilson intervals. "
+               f"{curves.get('prompts', s.prompts)} prompts per point · {jobs.timing(curves)}. "
+               + M.noise_sentence(curves.get("prompts")))
+    k_last = curves["ks"][-1] if curves["ks"] else None
+    vs = [(figures.ORDER_STYLE.get(o, {"name": o})["name"], c["vs_random"]["accuracy"][-1])
+          for o, c in curves["curves"].items() if o != "random" and (c.get("vs_random") or {}).get("accuracy")]
+    if vs and k_last:
+        st.markdown(f"Accuracy, the top {k_last} heads against {k_last} random heads (paired on the same prompts): "
+                    + "; ".join(M.paired_text(t, name) for name, t in vs) + ".")
     rises = figures.rises(curves)
     if rises:
         st.caption(":material/info: Not monotonic in k: " + "; ".join(rises) + ". Ablating more heads can raise a "
@@ -131,7 +153,9 @@ if curves is not None:
                    "out the rest compensate differently" + (" (mean ablation also writes every head's mean output, "
                                                             "not nothing)" if mode == "mean" else "") + ".")
     snippets.show("ablation", curve_params, "r.ks, r.curves['tr'].tr_ratio   # per order: accuracy, label_accuracy, "
-                                            "tr_ratio")
+                                            "tr_ratio\nr.curves['tr'].tr_ratio_ci           # 95% interval per k\n"
+                                            "r.curves['tr'].vs_random['accuracy']   # per k: paired test against "
+                                            "random (effect, ci_low, ci_high, p)")
     tr_curve = curves["curves"].get("tr")
     if tr_curve and len(curves["ks"]) > 1:
         st.caption(f"TR ratio with the top {curves['ks'][-1]} TR heads ablated: **{M.pct(tr_curve['tr_ratio'][-1])}** "
@@ -144,6 +168,10 @@ if curves is not None:
             for n in M.NAMES:
                 row[n] = c[n][i]
                 row[f"{n}_std"] = (c.get(f"{n}_std") or [None] * len(curves["ks"]))[i]
+                ci = (c.get(f"{n}_ci") or [None] * len(curves["ks"]))[i]
+                row[f"{n}_ci_low"], row[f"{n}_ci_high"] = ci if ci else (None, None)
+                t = ((c.get("vs_random") or {}).get(n) or [None] * len(curves["ks"]))[i]
+                row[f"{n}_vs_random"], row[f"{n}_vs_random_p"] = (t["effect"], t["p"]) if t else (None, None)
             flat.append(row)
     with st.expander("Curves as a table"):
         share.dataframe("Ablation curves", pd.DataFrame(flat), hide_index=True, key="curves_table")

@@ -127,11 +127,12 @@ if steer is not None:
             col.caption(f"**{M.LABEL[name]}**: {M.HELP[name]} (zero-shot prompts, unless ICL)")
         rows = sf.steer_rows(steer, vectors, idx)
         moved = [r for r in rows[2:] if r["tr_ratio"] > rows[0]["tr_ratio"]]
-        st.markdown(f"TR ratio: **{M.pct(rows[0]['tr_ratio'])}** zero-shot, **{M.pct(rows[1]['tr_ratio'])}** with "
-                    f"{steer['shots']} demonstrations; steered at layer {layers[idx]}: "
-                    + ", ".join(f"{r['name']} **{M.pct(r['tr_ratio'])}**" for r in rows[2:]) + "."
+        st.markdown(f"TR ratio: **{M.pct_ci(rows[0], 'tr_ratio')}** zero-shot, **{M.pct_ci(rows[1], 'tr_ratio')}** "
+                    f"with {steer['shots']} demonstrations; steered at layer {layers[idx]}: "
+                    + ", ".join(f"{r['name']} **{M.pct_ci(r, 'tr_ratio')}**" for r in rows[2:]) + "."
                     + ("" if moved else " No vector raised it here."))
         table = pd.DataFrame([{"condition": r["name"], **{f"{M.LABEL[n]} %": 100 * r[n] for n in M.NAMES},
+                               **{f"{M.LABEL[n]} 95% interval": M.span(r.get(f"{n}_ci")) for n in M.NAMES},
                                "‖v‖": r["norm"], "layer": r["layer"],
                                "heads": ", ".join(figures.head_name(h) for h in r["heads"])} for r in rows])
         with st.expander("As a table, with each vector's heads and norm"):
@@ -142,13 +143,15 @@ if steer is not None:
                                         "layer": st.column_config.NumberColumn(format="%d")})
             st.caption("‖v‖ is the vector's norm before scaling by α. " + " · ".join(
                 f"{sf.vector_name(k)}: {VECTOR_HELP[k]}" for k in vectors if k in VECTOR_HELP) + ".")
-        st.caption(f"{steer.get('prompts', s.prompts)} prompts · {jobs.timing(steer)}")
+        st.caption(f"{steer.get('prompts', s.prompts)} prompts · {jobs.timing(steer)}. Brackets and error bars: 95% "
+                   f"Wilson intervals. {M.noise_sentence(steer.get('prompts'))}")
         d1, d2 = st.columns([1, 4])
         with d1:
             download("Steering result (JSON)", steer, f"headlens-steer-{s.task}.json", "dl_steer")
         with d2:
-            snippets.show("steer", steer_params, "r.zero_shot, r.icl            # Metrics\n"
-                                                 "r.vectors['tr'].tr_ratio       # per injection layer (r.layers)")
+            snippets.show("steer", steer_params, "r.zero_shot, r.icl            # Metrics (with accuracy_ci, ...)\n"
+                                                 "r.vectors['tr'].tr_ratio       # per injection layer (r.layers)\n"
+                                                 "r.vectors['tr'].tr_ratio_ci    # their 95% Wilson intervals")
 
 # -- geometry ------------------------------------------------------------------------------------------------------
 st.subheader("Hidden-state geometry", divider="gray")
@@ -191,6 +194,7 @@ if geo is not None:
         cols[2].caption("**Rotation**: the angle between Ph and that gold-minus-others direction inside the label "
                         "subspace; under 90° leans to the correct label.")
         st.caption(f"Lines: means over {geo.get('prompts', s.prompts)} prompts; bands: ±1 standard deviation; "
+                   "error bars: the mean's 95% bootstrap interval over prompts; "
                    f"dotted line: the injection layer. "
                    + ("Final norm applied. " if geo.get("final_norm") else "") + jobs.timing(geo) + ".")
 
@@ -225,6 +229,7 @@ if geo is not None:
             download("Geometry result (JSON)", geo, f"headlens-geometry-{s.task}.json", "dl_geometry")
         with d2:
             snippets.show("geometry", geo_params, "r.conditions['zero_shot+tr']['alignment'].mean   # per layer\n"
+                                                  "r.conditions['zero_shot+tr']['alignment'].ci_low # 95% interval\n"
                                                   "r.pca.points                                    # per condition")
 
 # -- perturbations -------------------------------------------------------------------------------------------------

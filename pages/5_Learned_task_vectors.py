@@ -123,7 +123,8 @@ if res is not None:
 
         # -- the table ----------------------------------------------------------------------------------------------
         st.subheader(f"Comparison at layer {res['layer']}", divider="gray")
-        rows = [{"condition": lf.condition_name(c), **{f"{M.LABEL[m]} %": 100 * res["table"][c][m] for m in M.NAMES}}
+        rows = [{"condition": lf.condition_name(c), **{f"{M.LABEL[m]} %": 100 * res["table"][c][m] for m in M.NAMES},
+                 **{f"{M.LABEL[m]} 95% interval": M.span(M.ci_of(res["table"][c], m)) for m in M.NAMES}}
                 for c in res["conditions"]]
         share.dataframe("Learned task vectors against the other methods", pd.DataFrame(rows), hide_index=True,
                         key="ltv_table",
@@ -138,6 +139,12 @@ if res is not None:
                         + ("**above both**." if holds else
                            "**not above both**" + (" (they tie at the ceiling)." if acc["ltv"] >= max(acc.values())
                                                    else ".")))
+        main_tests = next((e.get("tests") or {} for e in per if e["layers"][0] == res["layer"]), {})
+        said = [M.paired_text(main_tests[f"ltv vs {c}"]["accuracy"], f"LTV vs {lf.condition_name(c)}")
+                for c in ("vanilla", "fv", "icl") if (main_tests.get(f"ltv vs {c}") or {}).get("accuracy")]
+        if said:
+            st.markdown("Accuracy, paired on the same queries: " + "; ".join(said) + ".")
+        st.caption(f"Brackets and error bars: 95% Wilson intervals. {M.noise_sentence(res['prompts'])}")
         st.caption(f"{res['prompts']} held-out queries; vanilla, FV, TR and TL vectors added at the last token, the LTV "
                    f"at positions {res['positions']}; ICL and LTV + ICL with {res['shots']} demonstrations. "
                    + " · ".join(f"**{M.LABEL[n]}**: {M.HELP[n]}" for n in M.NAMES) + " · " + jobs.timing(res))
@@ -225,7 +232,9 @@ if res is not None:
         with d1:
             download("Result (JSON)", res, f"headlens-ltv-{s.task}.json", "dl_ltv")
         with d2:
-            snippets.show("ltv", params, "r.table['ltv'].accuracy, r.sweep['ltv'].accuracy, r.rotation, r.tensor")
+            snippets.show("ltv", params, "r.table['ltv'].accuracy, r.sweep['ltv'].accuracy, r.rotation, r.tensor\n"
+                                         "r.table['ltv'].accuracy_ci                       # 95% Wilson interval\n"
+                                         "r.per_layer[0].tests['ltv vs vanilla']['accuracy']  # paired test")
 
 # -- across tasks --------------------------------------------------------------------------------------------------
 st.subheader("Across tasks", divider="gray")

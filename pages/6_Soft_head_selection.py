@@ -107,6 +107,16 @@ with guard("Soft head selection"):
                f"{res['n_val']} validation queries from the training split, {res['prompts']} held-out test prompts. "
                f"**{pc['site']:,}** trained parameters against **{pc['lora']:,}** for LoRA (rank 8 on q and v). "
                + jobs.timing(res) + (" · α loaded from a file" if res.get("loaded") else ""))
+    for col, (mm, name) in zip(m, ((site, "accuracy"), (site, "exact_match"), (site, "tr_ratio"), (icl8, "accuracy"))):
+        if M.ci_of(mm, name):
+            col.caption(f"95% interval {M.span(M.ci_of(mm, name))}")
+    site_tests = res.get("tests") or {}
+    said = [M.paired_text(site_tests[k]["accuracy"], f"SITE vs {(base.get(k.removeprefix('site vs ')) or {}).get('label') or k}")
+            for k in site_tests if (site_tests[k] or {}).get("accuracy")
+            and k.removeprefix("site vs ").startswith(("icl", "zero_shot"))]
+    if said:
+        st.markdown("Accuracy, paired on the same test queries: " + "; ".join(said) + ".")
+    st.caption(f"Brackets and error bars: 95% Wilson intervals. {M.noise_sentence(res['prompts'])}")
 
     # -- the alpha map ---------------------------------------------------------------------------------------------------
     st.subheader("α map", divider="gray")
@@ -137,7 +147,10 @@ with guard("Soft head selection"):
             st.page_link("pages/2_Ablation.py", label="Ablate this head" if len(selected) == 1 else
                          f"Ablate these {len(selected)} heads", icon=":material/power_settings_new:",
                          query_params=state.query())
-        snippets.show("site", params, "r.alpha          # numpy (layers, heads)\nr.site, r.baselines, r.patching")
+        snippets.show("site", params, "r.alpha          # numpy (layers, heads)\nr.site, r.baselines, r.patching\n"
+                                      "r.site.accuracy_ci   # 95% Wilson interval\n"
+                                      "r.tests              # 'site vs icl_8' -> rate -> paired test\n"
+                                      "r.patching.tests     # per rate, per k: top-k vs bottom-k by alpha")
     corr = res.get("correlations") or {}
     a1, a2 = st.columns([1.2, 1])
     with a1:
@@ -169,6 +182,8 @@ with guard("Soft head selection"):
                            "exact match %": None if r["exact_match"] is None else 100 * r["exact_match"],
                            "label accuracy %": None if r["label_accuracy"] is None else 100 * r["label_accuracy"],
                            "TR ratio %": None if r["tr_ratio"] is None else 100 * r["tr_ratio"],
+                           "accuracy 95% interval": M.span(r.get("accuracy_ci")),
+                           "exact match 95% interval": M.span(r.get("exact_match_ci")),
                            "parameters": r["params"], "trained": r["trainable"], "train s": r["seconds"],
                            "note": r["note"] or ""} for r in rows])
     share.dataframe("SITE against the baselines", table, hide_index=True, key="site_table", placeholder="—",
@@ -187,6 +202,10 @@ with guard("Soft head selection"):
             st.caption(f"t injected outright (α = 1) at the k heads with the largest or the smallest α only. At k = "
                        f"{pt['ks'][min(2, len(pt['ks']) - 1)]}: top {M.pct(pt['top']['accuracy'][min(2, len(pt['ks']) - 1)])}"
                        f", bottom {M.pct(pt['bottom']['accuracy'][min(2, len(pt['ks']) - 1)])} (the paper: 57.3 against 6.2).")
+            j = min(2, len(pt["ks"]) - 1)
+            tt = ((pt.get("tests") or {}).get("accuracy") or [None] * len(pt["ks"]))[j]
+            if tt:
+                st.caption(M.paired_text(tt, f"top-{pt['ks'][j]} vs bottom-{pt['ks'][j]} by α (paired, accuracy)") + ".")
     with p2:
         if res.get("budget"):
             share.chart(sf.budget_curve(res["budget"], {"icl": icl8["accuracy"] if icl8 else None}), "site-budget",
@@ -242,6 +261,7 @@ if me is not None:
                             "accuracy %": None if r.get("accuracy") is None else 100 * r["accuracy"],
                             "TR ratio %": None if r.get("tr_ratio") is None else 100 * r["tr_ratio"],
                             "label accuracy %": None if r.get("label_accuracy") is None else 100 * r["label_accuracy"],
+                            "accuracy 95% interval": M.span(r.get("accuracy_ci")), "prompts": r.get("n"),
                             "parameters": r.get("params"), "trained": r.get("trainable"),
                             "train s": r.get("train_seconds"), "note": r.get("note")} for r in sf.methods_rows(me)])
         share.dataframe("Every steering method", mt, hide_index=True, key="site_methods_table", placeholder="—",

@@ -114,3 +114,48 @@ def test_noise_floor_and_detectable_difference():
     assert S.noise_floor(30) == pytest.approx(0.179, abs=1e-3)
     assert S.detectable_difference(30, paired=False) > S.detectable_difference(30)
     assert S.detectable_difference(120) == pytest.approx(S.detectable_difference(30) / 2)
+
+
+def test_rate_ci_is_wilson_and_contains_the_rate():
+    x = np.array([1, 1, 0, 1, 0, 1, 1, 1, 0, 1])
+    lo, hi = S.rate_ci(x)
+    w = S.wilson(7, 10)
+    assert (lo, hi) == (float(w[0]), float(w[1]))
+    assert lo <= x.mean() <= hi
+    assert S.rate_ci_of(0.7, 10) == (lo, hi)
+
+
+def test_set_mean_ci_contains_the_mean_and_widens_with_set_spread():
+    rng = np.random.default_rng(6)
+    same = np.tile((rng.uniform(size=(1, 40)) < 0.5).astype(float), (4, 1))  # 4 identical random sets
+    spread = same.copy()
+    spread[0] = 1.0
+    spread[1] = 0.0  # sets that disagree
+    lo1, hi1 = S.set_mean_ci(same, seed=3)
+    lo2, hi2 = S.set_mean_ci(spread, seed=3)
+    assert lo1 <= same.mean() <= hi1 and lo2 <= spread.mean() <= hi2
+    assert hi2 - lo2 > hi1 - lo1
+    lo, hi = S.set_mean_ci(rng.uniform(size=(3, 20, 5)))
+    assert lo.shape == hi.shape == (5,) and np.all(lo <= hi)
+    one = S.set_mean_ci(same[:1], seed=3)  # one set: the prompts' bootstrap only
+    assert one[0] <= same[0].mean() <= one[1]
+
+
+def test_paired_comparisons_equal_one_call_per_column():
+    rng = np.random.default_rng(7)
+    a = (rng.uniform(size=(30, 3)) < 0.6).astype(float)
+    b = np.column_stack([(rng.uniform(size=30) < 0.4).astype(float), rng.uniform(size=30), a[:, 2]])
+    many = S.paired_comparisons(a, b, seed=2)
+    for j in range(3):
+        one = S.paired_comparison(a[:, j], b[:, j], seed=2)
+        assert many[j]["effect"] == pytest.approx(one["effect"]) and many[j]["test"] == one["test"]
+        assert many[j]["ci_low"] == pytest.approx(one["ci_low"]) and many[j]["ci_high"] == pytest.approx(one["ci_high"])
+        assert many[j]["p"] == pytest.approx(one["p"])
+    assert many[1]["test"] == "sign-flip permutation"
+    assert many[2]["p"] == 1.0 and many[2]["effect"] == 0.0  # identical arms
+    with pytest.raises(ValueError, match="same shape"):
+        S.paired_comparisons(np.ones((3, 2)), np.ones((3, 1)))
+
+
+def test_noise_sentence():
+    assert S.noise_sentence(30) == "30 prompts: differences under about 0.18 are within noise"

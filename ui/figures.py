@@ -328,16 +328,41 @@ LAYERED = [(5.0, 13), (3.5, 10), (2.5, 8), (2.0, 7)]
 """(line width, marker size) by drawing order: a line drawn over an equal one stays thinner, so both show."""
 
 
+def ci_bars(y: Any, cis: Any, color: str | None = None) -> dict[str, Any] | None:
+    """Plotly `error_y` of asymmetric 95% intervals: y (points, in %) and cis [(lo, hi) as rates, per point; None:
+    no bar there]; None when there are none (a result without intervals draws no bars)."""
+    if not cis or len(cis) != len(y) or all(c is None for c in cis):
+        return None
+    yv = np.array([np.nan if v is None else float(v) for v in y])
+    lo = np.array([np.nan if c is None else 100 * float(c[0]) for c in cis])
+    hi = np.array([np.nan if c is None else 100 * float(c[1]) for c in cis])
+    up, down = np.nan_to_num(np.clip(hi - yv, 0, None)), np.nan_to_num(np.clip(yv - lo, 0, None))  # none: no bar
+    return dict(type="data", symmetric=False, array=up.tolist(), arrayminus=down.tolist(), thickness=1.2, width=3,
+                **({"color": color} if color else {}))
+
+
+def ci_hover(cis: Any) -> list[str] | None:
+    """Per point " [71–91%]" for a hover template's %{customdata}; None without intervals."""
+    if not cis or any(c is None for c in cis):
+        return None
+    return [f" [{100 * c[0]:.0f}–{100 * c[1]:.0f}%]" for c in cis]
+
+
 def icl_curve(icl: dict[str, Any], title: str | None = None) -> go.Figure:
-    """Accuracy, label accuracy and TR ratio (in %) against the number of demonstrations k."""
+    """Accuracy, label accuracy and TR ratio (in %) against the number of demonstrations k, with their 95%
+    intervals as error bars (where the result has them)."""
     k = list(icl["shots"])
     fig = go.Figure()
     for rank, (m, stl) in enumerate((m, stl) for m, stl in METRIC_STYLE.items() if m in icl):
         width, size = LAYERED[min(rank, len(LAYERED) - 1)]
-        fig.add_trace(go.Scatter(x=k, y=[100 * a for a in icl[m]], mode="lines+markers", name=stl["name"],
+        y = [100 * a for a in icl[m]]
+        hov = ci_hover(icl.get(f"{m}_ci"))
+        fig.add_trace(go.Scatter(x=k, y=y, mode="lines+markers", name=stl["name"],
                                  line=dict(color=stl["color"], width=width, dash=stl["dash"]),
                                  marker=dict(symbol=stl["symbol"], size=size),
-                                 hovertemplate=f"k=%{{x}}: {stl['name']} %{{y:.1f}}%<extra></extra>"))
+                                 error_y=ci_bars(y, icl.get(f"{m}_ci"), stl["color"]), customdata=hov,
+                                 hovertemplate=f"k=%{{x}}: {stl['name']} %{{y:.1f}}%"
+                                               + ("%{customdata}" if hov else "") + "<extra></extra>"))
     fig.update_layout(title=dict(text=title or "In-context learning curve", x=0.0),
                       xaxis=dict(title="demonstrations in the prompt (k)", tickmode="array", tickvals=k),
                       yaxis=dict(title="% of prompts", range=[-3, 103]))
@@ -363,8 +388,9 @@ def rises(abl: dict[str, Any], tol: float = 0.01) -> list[str]:
 
 
 def ablation_curves(abl: dict[str, Any], title: str | None = None) -> go.Figure:
-    """Accuracy, label accuracy and TR ratio (in %) against the number of top heads ablated, per order;
-    random as its mean with a ±sd band (clipped to 0..100)."""
+    """Accuracy, label accuracy and TR ratio (in %) against the number of top heads ablated, per order, with 95%
+    intervals as error bars; random as its mean with its 95% band over the random sets and the prompts (a result
+    without intervals: a ±sd band over the sets, clipped to 0..100)."""
     ks = list(abl["ks"])
     metrics = [m for m in METRIC_STYLE if all(m in c for c in abl["curves"].values())]
     fig = make_subplots(rows=1, cols=len(metrics), subplot_titles=[METRIC_STYLE[m]["title"]
@@ -380,20 +406,32 @@ def ablation_curves(abl: dict[str, Any], title: str | None = None) -> go.Figure:
             width, size = LAYERED[min(rank, len(LAYERED) - 1)]
             y = 100 * np.asarray(c[metric], dtype=float)
             sd = c.get(f"{metric}_std")
-            if sd is not None:
+            cis = c.get(f"{metric}_ci")
+            band = sd is not None and cis is not None and len(cis) == len(ks)
+            if band:  # the random sets' 95% interval as the band
+                lo, hi = (np.array([100 * float(ci[j]) for ci in cis]) for j in (0, 1))
+                fig.add_trace(go.Scatter(x=ks + ks[::-1], y=list(hi) + list(lo[::-1]), fill="toself", mode="lines",
+                                         fillcolor="rgba(127,127,127,0.22)", line=dict(width=0), hoverinfo="skip",
+                                         name=f"{style['name']} band", showlegend=False, legendgroup=name),
+                              row=1, col=col)
+            elif sd is not None:
                 sd = 100 * np.asarray(sd, dtype=float)
                 hi, lo = np.clip(y + sd, 0, 100), np.clip(y - sd, 0, 100)
                 fig.add_trace(go.Scatter(x=ks + ks[::-1], y=list(hi) + list(lo[::-1]), fill="toself", mode="lines",
                                          fillcolor="rgba(127,127,127,0.22)", line=dict(width=0), hoverinfo="skip",
                                          name=f"{style['name']} band", showlegend=False, legendgroup=name),
                               row=1, col=col)
+            hov = ci_hover(cis)
+            label = f"{name} (mean, 95% interval)" if band and name == "random" else style["name"]
             fig.add_trace(go.Scatter(
-                x=ks, y=y, mode="lines+markers", name=style["name"], legendgroup=name, showlegend=col == 1,
+                x=ks, y=y, mode="lines+markers", name=label, legendgroup=name, showlegend=col == 1,
                 line=dict(color=style["color"], width=width, dash=dash),
                 marker=dict(symbol=symbol, size=size),
-                customdata=sd if sd is not None else None,
-                hovertemplate=(f"{style['name']}, k=%{{x}}: %{{y:.1f}}%"
-                               + (" ± %{customdata:.1f}" if sd is not None else "") + "<extra></extra>")),
+                error_y=None if band else ci_bars(y, cis, style["color"]),
+                customdata=hov if hov else (sd if sd is not None else None),
+                hovertemplate=(f"{label}, k=%{{x}}: %{{y:.1f}}%"
+                               + ("%{customdata}" if hov else " ± %{customdata:.1f}" if sd is not None else "")
+                               + "<extra></extra>")),
                 row=1, col=col)
         fig.update_xaxes(title_text="top heads ablated (k)", type="category", row=1, col=col)
         fig.update_yaxes(title_text="% of prompts" if col == 1 else None, range=[-3, 103], row=1, col=col)

@@ -52,3 +52,60 @@ def zero_shot_sentence(zero: dict[str, Any] | None, icl: dict[str, Any], shots: 
             f"among the label words it ranks the right one first on {pct(zero['label_accuracy'], 0)}: only "
             f"{pct(zero['tr_ratio'], 0)} of its answers are label words at all (TR ratio; {pct(icl['tr_ratio'], 0)} "
             f"with {shots} demonstrations). So {ZERO_SHOT_CLAIM}.")
+
+
+# -- intervals and paired tests (issue 27) ----------------------------------------------------------------------------
+def ci_of(m: dict[str, Any] | None, name: str) -> tuple[float, float] | None:
+    """The 95% interval `<name>_ci` of a metrics dict, or None (a result without one)."""
+    ci = (m or {}).get(f"{name}_ci")
+    return (float(ci[0]), float(ci[1])) if ci is not None and len(ci) == 2 and None not in ci else None
+
+
+def span(ci: tuple[float, float] | None) -> str:
+    """(0.71, 0.91) -> "[71–91%]"; None -> ""."""
+    return "" if ci is None else f"[{100 * ci[0]:.0f}–{100 * ci[1]:.0f}%]"
+
+
+def pct_ci(m: dict[str, Any] | None, name: str, digits: int = 1) -> str:
+    """The rate with its 95% interval: "83.0% [71–91%]" ("n/a" when absent; the rate alone when it has none)."""
+    if not m or m.get(name) is None:
+        return "n/a"
+    ci = ci_of(m, name)
+    return pct(m[name], digits) + ("" if ci is None else f" {span(ci)}")
+
+
+def signed(x: float) -> str:
+    """A difference of rates in points, with a true minus sign: -0.42 -> "−42"."""
+    v = 100 * float(x)
+    return ("−" if v < -0.05 else "+" if v > 0.05 else "") + f"{abs(v):.0f}"
+
+
+def p_text(p: float | None) -> str:
+    """p = 0.034 -> "p = 0.034"; under 0.001 -> "p < 0.001"."""
+    if p is None:
+        return "p n/a"
+    return "p < 0.001" if p < 0.001 else f"p = {p:.3f}" if p < 0.1 else f"p = {p:.2f}"
+
+
+def paired_text(t: dict[str, Any] | None, what: str = "") -> str:
+    """A paired test as one phrase: "top-k vs random: −42 pts [−55, −30], p < 0.001 (exact McNemar, 30 prompts)";
+    "" when there is none. The effect is in points (of a rate), its 95% bootstrap interval beside it."""
+    if not t:
+        return ""
+    head = f"{what}: " if what else ""
+    return (f"{head}{signed(t['effect'])} pts [{signed(t['ci_low'])}, {signed(t['ci_high'])}], {p_text(t.get('p'))} "
+            f"({t.get('test', 'paired')}, {t.get('n', '?')} prompts)")
+
+
+def noise_floor(n: int) -> float:
+    """Half the width of a rate's 95% interval at its widest (p = 0.5) on n prompts: 1.96 x 0.5 / sqrt(n) (the
+    backend's `stats.noise_floor`; a rate differing by less is within noise)."""
+    return 1.959964 * 0.5 / max(int(n), 1) ** 0.5
+
+
+def noise_sentence(n: int | None) -> str:
+    """"30 prompts: differences under about 0.18 are within noise." ("" without n). Said where the sample is
+    small: every rate of a page of n prompts."""
+    if not n:
+        return ""
+    return f"{n} prompt{'s' if n != 1 else ''}: differences under about {noise_floor(n):.2f} are within noise."

@@ -46,7 +46,11 @@ class Kind:
     vector "at layer l" is added at the INPUT of decoder layer l (they added it at the output before). 1 for
     ablation_curves, perturb, ltv and findings: their random head sets are drawn from the heads outside the top
     sets they are compared with (`selection.random_heads`; they could hold top heads before). 1 for head: a
-    typed prompt the tokenizer reads as unknown tokens is warned about."""
+    typed prompt the tokenizer reads as unknown tokens is warned about. One more (icl, ablation_curves, ablate,
+    steer, geometry, patching, ltv, site, methods) when their results gained intervals and paired tests (issue 27):
+    a cached result without them is recomputed, so every page shows them. Kinds whose only rates are `Metrics`
+    (scores, maps, perturb, ltv_tasks) keep their key: `Metrics` fills its intervals from the rate and n when read
+    back."""
     indexed: bool = False  # list its cached results per model and task, so `Context.cached` finds them by any field
 
     @classmethod
@@ -110,26 +114,27 @@ _ENTRIES: tuple[Kind, ...] = (
             "TR, TL, DLA-TR, DLA-TL and induction head maps, accuracies, top heads and their overlaps",
             api="head_scores"),
     Kind.at("tsla.icl", "icl",
-            "accuracy, label accuracy and TR ratio against the number of demonstrations", api="icl_curve"),
+            "accuracy, label accuracy and TR ratio against the number of demonstrations", api="icl_curve", version=1),
     Kind.at("tsla.ablation", "ablation_curves",
             "accuracy, label accuracy and TR ratio against the number of top heads ablated, per order",
-            api="ablation_curves", fn="curves", version=1),
+            api="ablation_curves", fn="curves", version=2),
     Kind.at("tsla.ablation", "ablate",
-            "ablate one head set: metrics and per-prompt predictions before and after", api="ablate"),
+            "ablate one head set: metrics and per-prompt predictions before and after", api="ablate", version=1),
     Kind.at("tsla.vectors", "vectors",
             "task vectors extracted from ICL prompts: TR / TL / random head sets, function vector, vanilla",
             api="build_vectors", version=1),
     Kind.at("tsla.steering", "steer",
-            "inject extracted task vectors into zero-shot prompts, at a layer or every layer", api="steer", version=1),
+            "inject extracted task vectors into zero-shot prompts, at a layer or every layer", api="steer", version=2),
     Kind.at("tsla.geometry", "geometry",
             "hidden-state alignment with the label subspace, logit difference, rotation and PCA per layer",
-            api="geometry", version=1),
+            api="geometry", version=2),
     Kind.at("tsla.perturbations", "perturb",
             "demonstration perturbations: metrics, TR/TL map differences, effect of ablating the top heads",
             api="perturbation_report", version=1),
     Kind.at("tsla.patching", "patching",
             "activation patching: every head's last-token z from clean ICL prompts into zero-shot or perturbed ones; "
-            "the share of the gold logit recovered per head, beside the TR / TL maps", api="activation_patching"),
+            "the share of the gold logit recovered per head, beside the TR / TL maps", api="activation_patching",
+            version=1),
     Kind.at("general.fit", "fit",
             "does the task fit the model: unknown tokens in inputs and labels, prompt length vs the context window",
             api="task_fit", needs_fit=False),
@@ -142,14 +147,14 @@ _ENTRIES: tuple[Kind, ...] = (
     Kind.at("ltv.ltv", "ltv",
             "learned task vectors per layer against zero-shot, ICL, vanilla / function / TR / TL vectors, on top of "
             "ICL; key heads, OV reconstruction and linear propagation (rotation, stretch)", api="train_ltv",
-            indexed=True, version=1),
+            indexed=True, version=2),
     Kind.at("ltv.ltv_tasks", "ltv_tasks",
             "learned task vectors of several tasks at one layer: the comparison task by task, their cosine "
             "similarity, and sums of two tasks' vectors on composed tasks", api="ltv_across_tasks", uses_task=False),
     Kind.at("site.site", "site",
             "soft head selection (SITE): per-head alphas trained to inject an ICL task embedding into zero-shot "
             "prompts; alpha map, baselines, top/bottom-k patching, budget curve, correlations with head maps",
-            api="train_site", version=1),
+            api="train_site", version=2),
     Kind.at("site.site_transfer", "site_transfer",
             "SITE alphas of each task applied to every task's embedding: a transfer accuracy matrix and head overlaps",
             api="site_transfer", uses_task=False),
@@ -159,7 +164,7 @@ _ENTRIES: tuple[Kind, ...] = (
     Kind.at("methods", "methods",
             "every steering method on one task side by side: extracted vectors (vanilla, FV, TR / TL heads), LTV "
             "and SITE, with accuracy, TR ratio, parameter count and training seconds", api="compare_methods",
-            version=1),
+            version=2),
 )
 
 KINDS: dict[str, Kind] = {k.name: k for k in _ENTRIES}

@@ -66,6 +66,11 @@ class MethodRow(Model):
     label_accuracy: float | None = None
     tr_ratio: float | None = None
     exact_match: float | None = None
+    accuracy_ci: tuple[float, float] | None = Field(None, description="95% Wilson interval over the row's prompts")
+    label_accuracy_ci: tuple[float, float] | None = None
+    tr_ratio_ci: tuple[float, float] | None = None
+    exact_match_ci: tuple[float, float] | None = None
+    n: int | None = Field(None, description="prompts the row's rates are measured on")
     params: int | None = Field(None, description="numbers that define the method")
     trainable: int = 0
     train_seconds: float | None = None
@@ -115,7 +120,9 @@ def methods(ctx: Context, p: MethodsParams) -> dict[str, Any]:
             missing.append(f"{name}: not built for this task (see the warnings)")
             continue
         rows.append({"key": key, "name": name, "family": "extracted", "accuracy": v.accuracy[at],
-                     "label_accuracy": v.label_accuracy[at], "tr_ratio": v.tr_ratio[at], "params": d, "trainable": 0,
+                     "label_accuracy": v.label_accuracy[at], "tr_ratio": v.tr_ratio[at], "n": steer.prompts,
+                     **{f"{r}_ci": (getattr(v, f"{r}_ci") or [None] * (at + 1))[at] for r in _RATES},
+                     "params": d, "trainable": 0,
                      "train_seconds": 0.0, "source": "steer", "layer": layer,
                      **(best_of(steer.layers, v.accuracy) if p.sweep else {}),
                      "note": f"{how}; added at layer {layer}'s input, last token; extracted, not trained"})
@@ -144,7 +151,7 @@ def methods(ctx: Context, p: MethodsParams) -> dict[str, Any]:
     site = ctx.call("site", m=p.site_m, shots=p.site_shots, steps=p.site_steps, prompts=p.prompts, seed=p.seed,
                     batch_size=p.batch_size, progress=ctx.stage(0.3 if ltv is not None else 0.6, 1.0, "SITE"))
     rows.append({"key": "site", "name": "SITE", "family": "trained", **_m(site.site),
-                 "exact_match": site.site.exact_match, "params": L * H + L * H * lm.head_dim, "trainable": L * H,
+                 "exact_match": site.site.exact_match, "exact_match_ci": site.site.exact_match_ci, "params": L * H + L * H * lm.head_dim, "trainable": L * H,
                  "train_seconds": site.train_seconds, "source": "site",
                  "note": f"per-head alphas injecting a task embedding of {site.m} prompts x {site.shots} shots; "
                          f"{L * H} alphas trained, {L * H * lm.head_dim} embedding values extracted"})
@@ -159,8 +166,13 @@ def best_of(layers: list[int], accuracy: list[float]) -> dict[str, Any]:
     return {"best_layer": int(layers[i]), "best_accuracy": float(accuracy[i])}
 
 
+_RATES = ("accuracy", "label_accuracy", "tr_ratio")
+
+
 def _m(m: Any) -> dict[str, Any]:
-    return {"accuracy": m.accuracy, "label_accuracy": m.label_accuracy, "tr_ratio": m.tr_ratio}
+    """A row's rates, their 95% intervals and n from a `Metrics`."""
+    return {"accuracy": m.accuracy, "label_accuracy": m.label_accuracy, "tr_ratio": m.tr_ratio, "n": m.n or None,
+            **{f"{r}_ci": getattr(m, f"{r}_ci", None) for r in _RATES}}
 
 
 def _ltv(ctx: Context, p: MethodsParams) -> Any:

@@ -12,7 +12,9 @@ from __future__ import annotations
 from typing import Annotated, Any
 
 import numpy as np
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PlainSerializer, WithJsonSchema
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PlainSerializer, WithJsonSchema, model_validator
+
+from .primitives.stats import pack_outcomes, rate_ci_of, unpack_outcomes
 
 Head = tuple[int, int]
 
@@ -82,12 +84,48 @@ class Metrics(Model):
     label_accuracy: the argmax within the prompt's label set is the gold one (for generation tasks the label
         set is the prompt's candidates: the gold, the demonstrations' outputs and padding words: a weaker measure).
     tr_ratio: the full-vocabulary argmax is one of the label set's first tokens.
+    Each rate carries its 95% Wilson interval over the n prompts (`<rate>_ci`: independent prompts); a result read
+    back without them (cached before they existed) gets them from the rate and n. `per_prompt` keeps the outcomes
+    prompt by prompt, so two arms on the same prompts can be tested paired (`outcomes()`).
     """
 
     accuracy: float
     label_accuracy: float
     tr_ratio: float
     n: int = 0
+    accuracy_ci: tuple[float, float] | None = Field(None, description="95% Wilson interval of accuracy")
+    label_accuracy_ci: tuple[float, float] | None = Field(None, description="95% Wilson interval of label accuracy")
+    tr_ratio_ci: tuple[float, float] | None = Field(None, description="95% Wilson interval of the TR ratio")
+    per_prompt: str | None = Field(None, description="one digit per prompt, in order: 1 x correct + 2 x "
+                                                     "label_correct + 4 x in_labels (`Metrics.outcomes()` unpacks it)")
+
+    @model_validator(mode="after")
+    def _intervals(self) -> "Metrics":
+        for name in RATES:
+            if getattr(self, f"{name}_ci") is None and self.n > 0 and getattr(self, name) == getattr(self, name):
+                setattr(self, f"{name}_ci", rate_ci_of(getattr(self, name), self.n))
+        return self
+
+    def outcomes(self) -> dict[str, "np.ndarray"] | None:
+        """{correct, label_correct, in_labels}: (prompts,) booleans, or None when not kept."""
+        return unpack_outcomes(self.per_prompt) if self.per_prompt else None
+
+
+RATES = ("accuracy", "label_accuracy", "tr_ratio")
+OUTCOME_OF = {"accuracy": "correct", "label_accuracy": "label_correct", "tr_ratio": "in_labels"}
+"""The per-prompt outcome whose mean each rate is."""
+
+
+class PairedTest(Model):
+    """Arm a against arm b on the same prompts: the effect mean(a - b) with its 95% bootstrap interval and a
+    two-sided p (exact McNemar for 0/1 outcomes, a sign-flip permutation test otherwise; `stats.paired_comparison`)."""
+
+    effect: float = Field(..., description="mean over prompts of a - b (for rates: the difference of the rates)")
+    ci_low: float
+    ci_high: float
+    p: float
+    n: int = Field(..., description="paired prompts")
+    test: str = Field(..., description="exact McNemar | sign-flip permutation")
 
 
 class Overlap(Model):

@@ -100,7 +100,8 @@ def loss_curve(training: dict[str, Any], title: str | None = None, height: int =
 
 def layer_sweep(result: dict[str, Any], metric: str = "accuracy", title: str | None = None,
                 height: int = 380) -> go.Figure:
-    """`metric` (in %) against the injection layer, one line per condition. Each later line is thinner, with
+    """`metric` (in %) against the injection layer, one line per condition, with 95% intervals as error bars (where
+    the result has them). Each later line is thinner, with
     smaller markers (`figures.LAYERED`), so lines on top of each other (all at 100%) all still show."""
     layers = list(result["layers"])
     fig = go.Figure()
@@ -109,6 +110,7 @@ def layer_sweep(result: dict[str, Any], metric: str = "accuracy", title: str | N
         st = CONDITION_STYLE.get(c, {"name": c, "color": None, "dash": "solid", "symbol": "circle"})
         width, size = figures.LAYERED[min(rank, len(figures.LAYERED) - 1)]
         fig.add_trace(go.Scatter(x=layers, y=ys, mode="lines+markers", name=st["name"],
+                                 error_y=figures.ci_bars(ys, result["sweep"][c].get(f"{metric}_ci"), st["color"]),
                                  line=dict(color=st["color"], dash=st["dash"], width=width),
                                  marker=dict(symbol=st["symbol"], size=size),
                                  hovertemplate=f"{st['name']}<br>layer %{{x}}: %{{y:.1f}}%<extra></extra>"))

@@ -91,7 +91,8 @@ def comparison_rows(res: dict[str, Any]) -> list[dict[str, Any]]:
 
 def _metric_cols(m: dict[str, Any]) -> dict[str, Any]:
     return {"accuracy": m.get("accuracy"), "exact_match": m.get("exact_match"), "label_accuracy": m.get("label_accuracy"),
-            "tr_ratio": m.get("tr_ratio"), "strict_match": m.get("strict_match")}
+            "tr_ratio": m.get("tr_ratio"), "strict_match": m.get("strict_match"),
+            **{f"{k}_ci": m.get(f"{k}_ci") for k in ("accuracy", "exact_match", "label_accuracy", "tr_ratio")}}
 
 
 def comparison_bars(res: dict[str, Any], title: str | None = None) -> go.Figure:
@@ -103,6 +104,7 @@ def comparison_bars(res: dict[str, Any], title: str | None = None) -> go.Figure:
                                  ("tr_ratio", "TR ratio", "#2ca02c")):
         vals = [None if r[metric] is None else 100 * r[metric] for r in rows]
         fig.add_trace(go.Bar(x=names, y=vals, name=label, marker_color=color,
+                             error_y=figures.ci_bars(vals, [r.get(f"{metric}_ci") for r in rows], "#444444"),
                              hovertemplate="%{x}: %{y:.1f}%<extra>" + label + "</extra>"))
     fig.update_yaxes(title_text="%", range=[0, 105])
     fig.update_layout(barmode="group", title=title or "Zero-shot prompts: SITE against the baselines")
@@ -111,12 +113,14 @@ def comparison_bars(res: dict[str, Any], title: str | None = None) -> go.Figure:
 
 def patching_curves(patching: dict[str, Any], reference: dict[str, float] | None = None,
                     title: str | None = None) -> go.Figure:
-    """Accuracy against k for the top-k and bottom-k heads by α (injected outright)."""
+    """Accuracy against k for the top-k and bottom-k heads by α (injected outright), with 95% intervals."""
     ks = patching["ks"]
     fig = go.Figure()
     for which, name in (("top", "top-k heads by α"), ("bottom", "bottom-k heads by α")):
         c = patching[which]
-        fig.add_trace(go.Scatter(x=ks, y=[100 * a for a in c["accuracy"]], mode="lines+markers", name=name,
+        y = [100 * a for a in c["accuracy"]]
+        fig.add_trace(go.Scatter(x=ks, y=y, mode="lines+markers", name=name,
+                                 error_y=figures.ci_bars(y, c.get("accuracy_ci"), COLORS[which]),
                                  line=dict(color=COLORS[which], width=2, dash=None if which == "top" else "dash"),
                                  hovertemplate="k = %{x}: %{y:.1f}%<extra>" + name + "</extra>"))
     for key, value in (reference or {}).items():
@@ -175,7 +179,9 @@ def methods_bars(res: dict[str, Any], title: str | None = None) -> go.Figure:
     names = [r["name"] for r in rows]
     fig = go.Figure()
     for metric, label, color in (("accuracy", "accuracy", "#1f77b4"), ("tr_ratio", "TR ratio", "#2ca02c")):
-        fig.add_trace(go.Bar(x=names, y=[None if r.get(metric) is None else 100 * r[metric] for r in rows],
+        vals = [None if r.get(metric) is None else 100 * r[metric] for r in rows]
+        fig.add_trace(go.Bar(x=names, y=vals, error_y=figures.ci_bars(vals, [r.get(f"{metric}_ci") for r in rows],
+                                                                      "#444444"),
                              name=label, marker_color=color, hovertemplate="%{x}: %{y:.1f}%<extra>" + label
                                                                            + "</extra>"))
     fig.update_yaxes(title_text="%", range=[0, 105])

@@ -29,10 +29,24 @@ def patching_maps(pt: dict[str, Any], scores: dict[str, Any], selected: Iterable
 
 
 def top_rows(pt: dict[str, Any], scores: dict[str, Any], n: int | None = None) -> list[dict[str, Any]]:
-    """The heads by recovered share, best first: recovered (%), logit and p(gold) gains, TR and TL ranks."""
+    """The heads by recovered share, best first: recovered (%), logit and p(gold) gains, each with its standard
+    error over prompts where the result has one (`± se` columns), TR and TL ranks."""
     rec = np.asarray(pt["recovered"], dtype=float)
     lg, pg = np.asarray(pt["logit_gain"], dtype=float), np.asarray(pt["prob_gain"], dtype=float)
     r_tr, r_tl = figures.ranks(np.asarray(scores["tr"], dtype=float)), figures.ranks(np.asarray(scores["tl"], dtype=float))
     order = figures.top_k(rec, n or rec.size)
-    return [{"head": figures.head_name(h), "recovered %": 100 * rec[h], "logit gain": lg[h], "p(gold) gain": pg[h],
-             "TR rank": int(r_tr[h]), "TL rank": int(r_tl[h])} for h in order]
+    se = {k: np.asarray(pt[f"{k}_se"], dtype=float) for k in ("recovered", "logit_gain", "prob_gain")
+          if pt.get(f"{k}_se") is not None}
+    rows = []
+    for h in order:
+        row = {"head": figures.head_name(h), "recovered %": 100 * rec[h]}
+        if "recovered" in se:
+            row["recovered ± se"] = 100 * se["recovered"][h]
+        row["logit gain"] = lg[h]
+        if "logit_gain" in se:
+            row["logit gain ± se"] = se["logit_gain"][h]
+        row["p(gold) gain"] = pg[h]
+        if "prob_gain" in se:
+            row["p(gold) gain ± se"] = se["prob_gain"][h]
+        rows.append(row | {"TR rank": int(r_tr[h]), "TL rank": int(r_tl[h])})
+    return rows

@@ -96,6 +96,7 @@ def steer_rows(res: dict[str, Any], vectors: Sequence[str] | None = None, layer_
     """One row per bar: zero-shot, ICL, then each vector (in `vectors` order when given) at
     `res["layers"][layer_index]`. Values in [0, 1]."""
     rows = [{"key": ref, "name": vector_name(ref), **{m: float(res[ref][m]) for m in METRICS},
+             **{f"{m}_ci": M.ci_of(res[ref], m) for m in METRICS},
              "layer": None, "norm": None, "heads": []} for ref in ("zero_shot", "icl")]
     have = res.get("vectors") or {}
     keys = [v for v in (vectors if vectors is not None else have) if v in have]
@@ -103,6 +104,7 @@ def steer_rows(res: dict[str, Any], vectors: Sequence[str] | None = None, layer_
         v = have[k]
         norm = v.get("norm")
         rows.append({"key": k, "name": vector_name(k), **{m: float(v[m][layer_index]) for m in METRICS},
+                     **{f"{m}_ci": (v.get(f"{m}_ci") or [None] * (layer_index + 1))[layer_index] for m in METRICS},
                      "layer": int(res["layers"][layer_index]),
                      "norm": None if not norm else float(norm[layer_index]), "heads": v.get("heads") or []})
     return rows
@@ -119,6 +121,7 @@ def steer_bars(res: dict[str, Any], vectors: Sequence[str] | None = None, layer_
     for col, metric in enumerate(METRICS, start=1):
         y = [100 * r[metric] for r in rows]
         fig.add_trace(go.Bar(x=names, y=y, marker_color=colors, name=metric, showlegend=False,
+                             error_y=figures.ci_bars(y, [r.get(f"{metric}_ci") for r in rows], "#444444"),
                              text=[f"{v:.0f}%" for v in y], textposition="outside", cliponaxis=False,
                              customdata=[r["key"] for r in rows],
                              hovertemplate="%{x}: %{y:.1f}%<extra></extra>"), row=1, col=col)
@@ -147,8 +150,10 @@ def steer_sweep(res: dict[str, Any], vectors: Sequence[str] | None = None, title
             st = VECTOR_STYLE.get(k, {"name": k, "color": "#17becf"})
             dash, symbol = VECTOR_LINES.get(k, ("solid", "circle"))
             width, size = max(5.5 - 0.8 * rank, 1.5), max(14 - 1.5 * rank, 6)  # later lines thinner: all show
-            fig.add_trace(go.Scatter(x=layers, y=[100 * float(a) for a in have[k][metric]], mode="lines+markers",
+            y = [100 * float(a) for a in have[k][metric]]
+            fig.add_trace(go.Scatter(x=layers, y=y, mode="lines+markers",
                                      name=st["name"], legendgroup=k, showlegend=col == 1,
+                                     error_y=figures.ci_bars(y, have[k].get(f"{metric}_ci"), st["color"]),
                                      line=dict(color=st["color"], width=width, dash=dash),
                                      marker=dict(symbol=symbol, size=size, line=dict(width=1, color="white")),
                                      hovertemplate=f"{st['name']}, layer %{{x}}: %{{y:.1f}}%<extra></extra>"),
@@ -168,7 +173,8 @@ def steer_sweep(res: dict[str, Any], vectors: Sequence[str] | None = None, title
 # -- geometry -------------------------------------------------------------------------------------------------
 def geometry_curves(geo: dict[str, Any], metrics: Sequence[str] = tuple(GEOMETRY_METRICS),
                     title: str | None = None) -> go.Figure:
-    """Per-layer mean of each metric for the five conditions, with a ±1 sd band; the injection layer marked."""
+    """Per-layer mean of each metric for the five conditions, with a ±1 sd band over prompts and the mean's 95%
+    bootstrap interval as error bars (where the result has it); the injection layer marked."""
     layers = [int(l) for l in geo["layers"]]
     conds = geo["conditions"]
     order = [c for c in CONDITION_STYLE if c in conds] + [c for c in conds if c not in CONDITION_STYLE]
@@ -186,8 +192,13 @@ def geometry_curves(geo: dict[str, Any], metrics: Sequence[str] = tuple(GEOMETRY
                                      fill="toself", fillcolor=_rgba(st["color"], 0.12), line=dict(width=0),
                                      hoverinfo="skip", showlegend=False, legendgroup=c, name=f"{st['name']} ± sd"),
                           row=1, col=col)
+            ci_lo, ci_hi = conds[c][m].get("ci_low"), conds[c][m].get("ci_high")
+            bars = None if ci_lo is None or ci_hi is None else dict(
+                type="data", symmetric=False, array=np.clip(np.asarray(ci_hi, float) - mean, 0, None).tolist(),
+                arrayminus=np.clip(mean - np.asarray(ci_lo, float), 0, None).tolist(), thickness=1, width=2,
+                color=st["color"])
             fig.add_trace(go.Scatter(x=layers, y=mean, mode="lines+markers", name=st["name"], legendgroup=c,
-                                     showlegend=col == 1, customdata=sd,
+                                     showlegend=col == 1, customdata=sd, error_y=bars,
                                      line=dict(color=st["color"], width=2.5, dash=st["dash"]), marker=dict(size=5),
                                      hovertemplate=(f"{st['name']}, layer %{{x}}: %{{y:.4g}} ± %{{customdata:.3g}}"
                                                     "<extra></extra>")), row=1, col=col)

@@ -42,10 +42,11 @@ from ..kernel import Context
 from ..kinds import get_kind
 from ..params import Bool, Float, Int, Layer, Selection, TensorId
 from ..primitives.cost import Shape, Sizes, Work, passes, training
-from ..results import Grid, Head, Metrics, Model, Overlap, Result, TensorsInline
+from ..results import Grid, Head, Metrics, Model, Overlap, PairedTest, Result, TensorsInline
 from .recipe import LtvRecipeParams, LtvTraining
 from ..primitives.batching import build_prompts, encode
 from ..primitives.inject import Injection, check_layers, check_positions, evaluate_injections, vector_at
+from ..primitives.rates import paired_metrics
 from ..primitives.saved import load_tensors
 from ..primitives.selection import n_top, overlap, random_heads, top_heads
 from ..primitives.stages import spans
@@ -104,6 +105,9 @@ class MetricCurve(Model):
     accuracy: list[float]
     label_accuracy: list[float]
     tr_ratio: list[float]
+    accuracy_ci: list[tuple[float, float] | None] | None = Field(None, description="95% Wilson interval per layer")
+    label_accuracy_ci: list[tuple[float, float] | None] | None = None
+    tr_ratio_ci: list[tuple[float, float] | None] | None = None
 
 
 class KeyHeads(Model):
@@ -160,6 +164,8 @@ class LtvLayer(Model):
     key_heads: KeyHeads | None = None
     ov: OvReconstruction | None = None
     propagation: Propagation | None = None
+    tests: dict[str, dict[str, PairedTest]] = Field(default_factory=dict, description="\"ltv vs <condition>\" -> "
+                                                    "rate -> paired test on the same queries (effect = LTV minus it)")
 
 
 class LtvResult(Result, TensorsInline):
@@ -300,7 +306,7 @@ def _ltv(ctx: Context, p: LtvParams) -> dict[str, Any]:
         out = evaluate_injections(lm, zero, injections, EVAL_BATCH, ctx.stage(*share[f"compare {gi}"], "comparing"))
         conditions = {**ref, **{nm: out.summary(i) for i, nm in enumerate(names)}, "ltv+icl": with_icl.summary(gi + 1)}
         entry: dict[str, Any] = {"layers": g, "conditions": {c: conditions[c] for c in CONDITIONS if c in conditions},
-                                 "training": tr}
+                                 "training": tr, "tests": ltv_tests(conditions)}
         if p.mechanism and not joint:
             if scores is None:
                 scores = ctx.call("scores", shots=p.shots, prompts=p.prompts, seed=p.seed, top_pct=p.top_pct,
@@ -314,6 +320,9 @@ def _ltv(ctx: Context, p: LtvParams) -> dict[str, Any]:
     order = [c for c in CONDITIONS if c in per_layer[main]["conditions"]]
     sweep = {c: {m: [e["conditions"][c][m] if c in e["conditions"] else float("nan") for e in per_layer]
                  for m in ("accuracy", "label_accuracy", "tr_ratio")} for c in order}
+    for c in order:  # each point's interval (None where the condition is absent at that layer)
+        sweep[c].update({f"{m}_ci": [e["conditions"][c].get(f"{m}_ci") if c in e["conditions"] else None
+                                     for e in per_layer] for m in ("accuracy", "label_accuracy", "tr_ratio")})
     prop = [e.get("propagation") for e in per_layer]
     heads = {nm: list(vec.vectors[nm].heads) for nm in ("fv", "tr", "tl") if nm in vec.vectors}
     return {"n_layers": L, "n_heads": H, "d_model": d, "layers": [e["layers"][0] for e in per_layer] if not joint
@@ -322,6 +331,13 @@ def _ltv(ctx: Context, p: LtvParams) -> dict[str, Any]:
             "sweep": sweep, "rotation": [x["rotation"] if x else None for x in prop],
             "stretch": [x["stretch"] if x else None for x in prop], "per_layer": per_layer,
             "tensor": per_layer[main]["training"]["tensor"], "heads": heads, "multi_token_labels": multi}
+
+
+def ltv_tests(conditions: dict[str, Any]) -> dict[str, Any]:
+    """The LTV against vanilla, FV, zero-shot and ICL, paired on the same queries (`rates.paired_metrics`)."""
+    tests = {f"ltv vs {c}": paired_metrics(conditions["ltv"], conditions[c])
+             for c in ("vanilla", "fv", "zero_shot", "icl") if c in conditions}
+    return {k: v for k, v in tests.items() if v is not None}
 
 
 def _mechanism(ctx: Context, p: LtvParams, zero: Any, layer: int, theta: torch.Tensor, positions: tuple[int, ...],

@@ -95,3 +95,16 @@ def recovered_share(patched: np.ndarray, clean: np.ndarray, target: np.ndarray,
     if not np.isfinite(gap) or abs(gap) < min_gap:
         return np.zeros(patched.shape[0]), gap
     return (patched - target[None]).mean(1) / gap, gap
+
+
+def recovered_stderr(patched: np.ndarray, clean: np.ndarray, target: np.ndarray, min_gap: float = 1e-6) -> np.ndarray:
+    """Standard error (heads,) of `recovered_share`'s ratio of means R = mean(a) / mean(b), with a_i = patched_i -
+    target_i and b_i = clean_i - target_i over prompts i, by the delta method: se = sd_i(a_i - R b_i) /
+    (sqrt(prompts) |mean(b)|). 0 where the gap is under `min_gap` (R is 0 there); NaN under 2 prompts."""
+    from .stats import stderr
+
+    r, gap = recovered_share(patched, clean, target, min_gap)
+    if not np.isfinite(gap) or abs(gap) < min_gap:
+        return np.zeros(patched.shape[0])
+    resid = (patched - target[None]) - r[:, None] * (clean - target)[None]  # (heads, prompts)
+    return stderr(resid.T) / abs(gap)

@@ -15,6 +15,7 @@ import torch
 
 from ...models import LoadedModel
 from .batching import Batch, Encoded, Progress, forward_last_logits, map_batches
+from .stats import pack_outcomes, rate_ci
 
 OUTCOMES = ("correct", "label_correct", "in_labels", "pred_token", "pred_label", "gold_prob")
 
@@ -51,9 +52,14 @@ def predict_rows(logits: torch.Tensor, label_ids: Sequence[Sequence[int]], gold:
 
 
 def metrics(correct: np.ndarray, label_correct: np.ndarray, in_labels: np.ndarray) -> dict[str, Any]:
-    """{accuracy, label_accuracy, tr_ratio, n} from per-prompt booleans."""
-    return {"accuracy": float(np.mean(correct)), "label_accuracy": float(np.mean(label_correct)),
-            "tr_ratio": float(np.mean(in_labels)), "n": int(len(correct))}
+    """{accuracy, label_accuracy, tr_ratio, n} from per-prompt booleans (prompts,), each rate with its 95% Wilson
+    interval (`<rate>_ci`), and the outcomes themselves (`per_prompt`, `stats.pack_outcomes`) for paired tests."""
+    out: dict[str, Any] = {"accuracy": float(np.mean(correct)), "label_accuracy": float(np.mean(label_correct)),
+                           "tr_ratio": float(np.mean(in_labels)), "n": int(len(correct))}
+    for name, x in (("accuracy", correct), ("label_accuracy", label_correct), ("tr_ratio", in_labels)):
+        out[f"{name}_ci"] = rate_ci(x)
+    out["per_prompt"] = pack_outcomes(correct, label_correct, in_labels)
+    return out
 
 
 @dataclass

@@ -40,6 +40,7 @@ def wilson(k: np.ndarray | int, n: np.ndarray | int, level: float = LEVEL) -> tu
     centre = (p + z * z / (2 * safe)) / denom
     half = z * np.sqrt(p * (1 - p) / safe + z * z / (4 * safe * safe)) / denom
     lo, hi = np.clip(centre - half, 0, 1), np.clip(centre + half, 0, 1)
+    lo, hi = np.where(k <= 0, 0.0, lo), np.where(k >= n, 1.0, hi)  # exact at the edges (no 1e-17 from rounding)
     return np.where(n > 0, lo, 0.0), np.where(n > 0, hi, 1.0)
 
 
@@ -184,3 +185,82 @@ def detectable_difference(n: int, sd: float = 0.5, alpha: float = 0.05, power: f
     2 for two independent arms (sd 0.5 is a rate's worst case)."""
     z = _z(1 - alpha) + float(_st.norm.ppf(power))
     return z * sd * math.sqrt((1 if paired else 2) / max(n, 1))
+
+
+def rate_ci(x: np.ndarray, level: float = LEVEL) -> tuple[float, float]:
+    """Wilson interval of the rate of per-prompt 0/1 outcomes x (prompts,): the interval of independent prompts."""
+    x = np.asarray(x, dtype=float)
+    lo, hi = wilson(float(x.sum()), x.size, level)
+    return float(lo), float(hi)
+
+
+def rate_ci_of(rate: float, n: int, level: float = LEVEL) -> tuple[float, float]:
+    """Wilson interval of a rate already reduced to its value and count (k = round(rate n) successes of n)."""
+    lo, hi = wilson(round(float(rate) * n), n, level)
+    return float(lo), float(hi)
+
+
+def set_mean_ci(x: np.ndarray, n_boot: int = N_BOOT, seed: int = 0,
+                level: float = LEVEL) -> tuple[np.ndarray, np.ndarray]:
+    """Interval of a mean over random sets and prompts, x (sets, prompts, ...): a two-level percentile bootstrap
+    that resamples the sets and the prompts (both with replacement), so the interval holds the spread between
+    random sets as well as the prompts' noise. One set: the prompts' bootstrap alone. Returns (lo, hi), each
+    x.shape[2:]. Each resample b's mean is w_b (sets,) X c_b (prompts,) / (sets prompts)."""
+    x = np.asarray(x, dtype=float)
+    s, n = x.shape[:2]
+    flat = x.reshape(s, n, -1)
+    rng = np.random.default_rng(seed)
+    w = rng.multinomial(s, np.full(s, 1.0 / s), size=n_boot).astype(float) if s > 1 else np.ones((n_boot, 1))
+    c = resample_counts(n, n_boot, seed + 1)
+    means = np.einsum("bs,snm,bn->bm", w, flat, c) / (s * n)
+    a = (1 - level) / 2
+    lo, hi = np.quantile(means, a, axis=0), np.quantile(means, 1 - a, axis=0)
+    return lo.reshape(x.shape[2:]), hi.reshape(x.shape[2:])
+
+
+def paired_comparisons(a: np.ndarray, b: np.ndarray, n_boot: int = N_BOOT, seed: int = 0,
+                       level: float = LEVEL) -> list[dict[str, float | int | str]]:
+    """`paired_comparison` of each column: a, b (prompts, m) on the same prompts -> m results (arm a minus arm b),
+    the bootstrap and the sign flips drawn once for all columns (the same numbers as one call per column)."""
+    a, b = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
+    if a.shape != b.shape or a.ndim != 2:
+        raise ValueError(f"paired arms need (prompts, comparisons) values each, of the same shape (got {a.shape}, "
+                         f"{b.shape})")
+    n, m = a.shape
+    if m == 0:
+        return []
+    if n == 0:
+        return [paired_comparison(a[:, j], b[:, j], n_boot, seed, level) for j in range(m)]
+    d = a - b
+    lo, hi = bootstrap_ci(d, n_boot, seed, level)
+    binary = np.isin(a, (0.0, 1.0)).all(0) & np.isin(b, (0.0, 1.0)).all(0)
+    flip = sign_flip_p(d[:, ~binary], "two-sided", seed=seed) if (~binary).any() else np.empty(0)
+    out, fi = [], 0
+    for j in range(m):
+        if binary[j]:
+            p, test = mcnemar_p(a[:, j], b[:, j]), "exact McNemar"
+        else:
+            p, test = float(flip[fi]), "sign-flip permutation"
+            fi += 1
+        out.append({"effect": float(d[:, j].mean()), "ci_low": float(lo[j]), "ci_high": float(hi[j]), "p": p,
+                    "n": int(n), "test": test})
+    return out
+
+
+def noise_sentence(n: int, level: float = LEVEL) -> str:
+    """One plain sentence on what n prompts can tell apart: "30 prompts: differences under about 0.18 are within
+    noise" (the widest rate interval's half-width, `noise_floor`)."""
+    return f"{n} prompt{'s' if n != 1 else ''}: differences under about {noise_floor(n, level):.2f} are within noise"
+
+
+def pack_outcomes(correct: np.ndarray, label_correct: np.ndarray, in_labels: np.ndarray) -> str:
+    """Per-prompt 0/1 outcomes (prompts,) each as one digit per prompt: 1 correct + 2 label_correct + 4 in_labels."""
+    code = (np.asarray(correct, dtype=np.int64) + 2 * np.asarray(label_correct, dtype=np.int64)
+            + 4 * np.asarray(in_labels, dtype=np.int64))
+    return "".join(str(int(c)) for c in code)
+
+
+def unpack_outcomes(code: str) -> dict[str, np.ndarray]:
+    """`pack_outcomes` undone: {correct, label_correct, in_labels}, each (prompts,) bool."""
+    v = np.array([int(c) for c in code], dtype=np.int64)
+    return {"correct": (v & 1) > 0, "label_correct": (v & 2) > 0, "in_labels": (v & 4) > 0}

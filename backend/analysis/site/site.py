@@ -31,12 +31,14 @@ from ..kinds import get_kind
 from ..params import Int, TensorId
 from ..primitives import cost
 from ..primitives.cost import NONE, Shape, Sizes, Work, passes, steps
-from ..results import Grid, Head, Metrics, Model, Overlap, Result, TensorsInline
+from ..results import Grid, Head, Metrics, Model, Overlap, PairedTest, Result, TensorsInline
 from .recipe import SiteRecipeParams
 from ..primitives.batching import build_prompts, encode
 from ..primitives.capture import capture_means
 from .generate import evaluate_generation, require_kv_cache, stop_strings
 from ..primitives.inject import vector_at
+from ..primitives.rates import config_outcomes, curve_intervals, paired_along, paired_metrics
+from ..primitives.stats import rate_ci_of
 from ..primitives.saved import require_writable
 from ..primitives.stages import spans
 from ..primitives.threads import cpu_threads
@@ -133,6 +135,7 @@ class GenMetrics(Metrics):
                                                         "at a word boundary (the reference's rule)")
     strict_match: float | None = Field(None, description="the cut continuation is exactly the gold answer (the "
                                                          "model also ended it)")
+    exact_match_ci: tuple[float, float] | None = Field(None, description="95% Wilson interval of exact_match")
 
 
 class SiteRow(Model):
@@ -165,6 +168,9 @@ class PatchCurve(Model):
     label_accuracy: list[float]
     tr_ratio: list[float]
     heads: list[Head] = Field(default_factory=list, description="the ranking walked (largest k's set)")
+    accuracy_ci: list[tuple[float, float]] | None = Field(None, description="95% Wilson interval per k")
+    label_accuracy_ci: list[tuple[float, float]] | None = None
+    tr_ratio_ci: list[tuple[float, float]] | None = None
 
 
 class SitePatching(Model):
@@ -173,6 +179,8 @@ class SitePatching(Model):
     ks: list[int]
     top: PatchCurve
     bottom: PatchCurve
+    tests: dict[str, list[PairedTest]] | None = Field(None, description="per rate, per k: top-k against bottom-k on "
+                                                                        "the same prompts (effect = top minus bottom)")
 
 
 class SiteBudget(Model):
@@ -208,6 +216,8 @@ class SiteResult(Result, TensorsInline):
     best_step: int = Field(0, description="the validation step whose alphas are kept (0: the initial ones)")
     site: GenMetrics = Field(..., description="zero-shot prompts with the soft injection (the test set)")
     site_hard: GenMetrics = Field(..., description="the same with the alphas rounded to 0 / 1 at 0.5")
+    tests: dict[str, dict[str, PairedTest]] = Field(default_factory=dict, description="\"site vs <baseline>\" -> rate "
+                                                    "-> paired test on the same test queries (effect = SITE minus it)")
     baselines: dict[str, SiteBaseline] = Field(default_factory=dict, description="zero_shot, icl_<k>, fv, vanilla, "
                                                                                  "all_ones, ltv (those asked for)")
     params_count: dict[str, int] = Field(..., description="site: layers x heads; lora: rank-8 LoRA on q and v")
@@ -230,7 +240,18 @@ EXAMPLES = 10
 
 
 def gen_metrics(ev: dict[str, Any]) -> dict[str, Any]:
-    return {k: ev[k] for k in ("accuracy", "label_accuracy", "tr_ratio", "n", "exact_match", "strict_match") if k in ev}
+    out = {k: ev[k] for k in ("accuracy", "label_accuracy", "tr_ratio", "n", "exact_match", "strict_match",
+                              "accuracy_ci", "label_accuracy_ci", "tr_ratio_ci", "per_prompt") if k in ev}
+    if out.get("exact_match") is not None and out.get("n"):
+        out["exact_match_ci"] = rate_ci_of(out["exact_match"], out["n"])
+    return out
+
+
+def site_tests(site: dict[str, Any], baselines: dict[str, Any]) -> dict[str, Any]:
+    """SITE against each baseline run on the same test queries (ICL: where its prompts hold them in order)."""
+    tests = {f"site vs {k}": paired_metrics(site, b["metrics"]) for k, b in baselines.items()
+             if b.get("metrics") and b.get("paired", k != "ltv")}
+    return {k: v for k, v in tests.items() if v is not None}
 
 
 def site(ctx: Context, p: SiteParams) -> dict[str, Any]:
@@ -295,7 +316,7 @@ def _site(ctx: Context, p: SiteParams) -> dict[str, Any]:
             "steps": p.steps, "prompts": n_test, "n_train": len(data.train), "n_val": len(data.val),
             "alpha": alpha.numpy(), "alpha_logits": logits.float().numpy(), "decisive": decisive_shares(alpha.numpy()),
             "loss": loss, "val": val, "best_step": best_step, "site": gen_metrics(ev), "site_hard": gen_metrics(hard),
-            "baselines": baselines,
+            "baselines": baselines, "tests": site_tests(gen_metrics(ev), baselines),
             "params_count": {"site": L * H, "lora": lora_params(lm), "task_embedding": L * H * lm.head_dim},
             "patching": patching, "budget": budget, "correlations": correlations, "train_seconds": train_s,
             "embed_seconds": embed_s, "tensor": tid, "loaded": bool(p.load), "stop": stop, "examples": ev["rows"],
@@ -325,7 +346,8 @@ def _baselines(ctx: Context, p: SiteParams, enc: dict[str, Any], t: torch.Tensor
                     continue
                 ev = evaluate_generation(lm, encode(lm, built.prompts, task.kind), progress=stage(i), **gen)
                 out[f"icl_{k}"] = {"label": f"{k}-shot ICL", "metrics": gen_metrics(ev), "params": 0,
-                                   "note": f"{k} demonstrations in the prompt"}
+                                   "note": f"{k} demonstrations in the prompt",
+                                   "paired": [q.query for q in built.prompts] == [q.query for q in enc["test"].prompts]}
         elif name in ("fv", "vanilla"):
             if name in out:
                 continue
@@ -376,8 +398,11 @@ def _patching(ctx: Context, p: SiteParams, enc: dict[str, Any], alpha: torch.Ten
                          progress=ctx.stage(*span, "patching"))
     means = res.means()
     n = len(ks)
-    curve = lambda sl, heads: {m: [float(x) for x in v[sl]] for m, v in means.items()} | {"heads": heads}  # noqa: E731
-    return {"ks": ks, "top": curve(slice(0, n), order[:ks[-1]]), "bottom": curve(slice(n, 2 * n), order[::-1][:ks[-1]])}
+    curve = lambda sl, heads: ({m: [float(x) for x in v[sl]] for m, v in means.items()} | {"heads": heads}  # noqa: E731
+                               | curve_intervals(res, range(sl.start, sl.stop)))
+    tests = paired_along([config_outcomes(res, j) for j in range(n)], [config_outcomes(res, n + j) for j in range(n)])
+    return {"ks": ks, "top": curve(slice(0, n), order[:ks[-1]]), "bottom": curve(slice(n, 2 * n), order[::-1][:ks[-1]]),
+            "tests": tests}
 
 
 # -- budget -----------------------------------------------------------------------------------------------------------

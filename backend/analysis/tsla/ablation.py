@@ -19,12 +19,13 @@ from ..kernel import Context
 from ..kinds import get_kind
 from ..params import Heads, Int, NonNegative, PromptParams
 from ..primitives import cost
-from ..primitives.cost import Shape, Sizes, Work, passes
-from ..results import Metrics, Model, Result
+from ..primitives.cost import NONE, Shape, Sizes, Work, passes
+from ..results import Metrics, Model, PairedTest, Result
 from ..primitives.batching import Encoded, built_and_encoded
 from ..primitives.capture import capture_means
 from ..primitives.predict import predicted_label
 from ..primitives.prefix_store import stored_z_mean
+from ..primitives.rates import config_outcomes, curve_intervals, paired_along, paired_rates, set_curve_intervals
 from ..primitives.selection import Head, random_heads, ranking
 from ..primitives.sweep import RowConfig, head_mask, sweep_outcomes
 
@@ -111,6 +112,13 @@ class Curve(Model):
     label_accuracy_std: list[float] | None = None
     tr_ratio_std: list[float] | None = None
     seeds: list[int] | None = None
+    accuracy_ci: list[tuple[float, float]] | None = Field(None, description="95% interval per k: Wilson for a "
+                                                          "ranked order; random: over the sets and the prompts")
+    label_accuracy_ci: list[tuple[float, float]] | None = None
+    tr_ratio_ci: list[tuple[float, float]] | None = None
+    vs_random: dict[str, list[PairedTest]] | None = Field(None, description="per rate, per k: the top-k set against "
+                                                                            "the random sets' mean, prompt by prompt "
+                                                                            "(effect = this order minus random)")
 
 
 class AblationCurvesResult(Result):
@@ -146,6 +154,8 @@ class AblateResult(Result):
     before: Metrics
     after: Metrics
     rows: list[AblateRow]
+    test: dict[str, PairedTest] | None = Field(None, description="per rate: after against before on the same "
+                                                                 "prompts (effect = after minus before)")
 
 
 def _prompts(ctx: Context, p: PromptParams, mode: str, progress: Any = None) -> tuple[Encoded, torch.Tensor | None]:
@@ -180,8 +190,9 @@ def head_orders(ctx: Context, p: AblationCurvesParams) -> dict[str, list[list[He
 
 
 def curves(ctx: Context, p: AblationCurvesParams) -> dict[str, Any]:
-    """Accuracy, label accuracy and TR ratio against k, the number of top heads ablated, per order; random
-    orders give the mean and std over `random_seeds`. Repeated head sets (k = 0 in every order) run once."""
+    """Accuracy, label accuracy and TR ratio against k, the number of top heads ablated, per order, each with its
+    95% interval; random orders give the mean, std and interval over `random_seeds`, and each ranked order its
+    paired test against them per k. Repeated head sets (k = 0 in every order) run once."""
     lm = ctx.lm
     total = lm.n_layers * lm.n_heads
     too_many = [k for k in p.ks if k > total]
@@ -218,7 +229,15 @@ def curves(ctx: Context, p: AblationCurvesParams) -> dict[str, Any]:
                 curve[f"{m}_std"] = a.std(0)
         if len(rows) > 1:
             curve["seeds"] = list(p.random_seeds)
+        # intervals and paired tests from the same outcomes (no extra pass): a ranked order's rate is Wilson; the
+        # random sets' mean resamples sets and prompts
+        curve.update(set_curve_intervals(res, rows) if len(rows) > 1 else curve_intervals(res, rows[0]))
         out[name] = curve
+    if "random" in where:
+        rand = [config_outcomes(res, [row[j] for row in where["random"]]) for j in range(len(p.ks))]
+        for name, rows in where.items():
+            if name != "random":
+                out[name]["vs_random"] = paired_along([config_outcomes(res, c) for c in rows[0]], rand)
     return {"ks": p.ks, "mode": p.mode, "positions": p.positions, "shots": enc.prompts[0].n_shots,
             "prompts": len(enc.ids), "curves": out, "n_configs": len(masks)}
 
@@ -239,4 +258,5 @@ def ablate(ctx: Context, p: AblateParams) -> dict[str, Any]:
                      "label_correct_before": res.label_correct[0, i], "label_correct_after": res.label_correct[1, i],
                      "gold_prob_before": res.gold_prob[0, i], "gold_prob_after": res.gold_prob[1, i]})
     return {"heads": p.heads, "mode": p.mode, "positions": p.positions, "shots": enc.prompts[0].n_shots,
-            "prompts": len(enc.ids), "before": res.summary(0), "after": res.summary(1), "rows": rows}
+            "prompts": len(enc.ids), "before": res.summary(0), "after": res.summary(1), "rows": rows,
+            "test": paired_rates(config_outcomes(res, 1), config_outcomes(res, 0))}

@@ -24,6 +24,7 @@ from ..primitives.cost import Shape, Sizes, Work, passes
 from ..results import Head, Model, Result
 from ..primitives.batching import answer_tokens, build_prompts, encode
 from ..primitives.capture import capture
+from ..primitives.stats import bootstrap_ci
 from ..primitives.sweep import resolve_layers
 from ..primitives.tsla import LabelSpace, label_space
 
@@ -48,6 +49,8 @@ class GeometryParams(Selection, PromptParams):
 class MeanStd(Model):
     mean: list[float]
     std: list[float]
+    ci_low: list[float] | None = Field(None, description="95% bootstrap interval of the mean over prompts, per layer")
+    ci_high: list[float] | None = None
 
 
 class PcaView(Model):
@@ -87,8 +90,14 @@ def hidden_metrics(h: torch.Tensor, ls: LabelSpace) -> dict[str, torch.Tensor]:
 
 
 def summarize(per_prompt: dict[str, torch.Tensor]) -> dict[str, dict[str, list[float]]]:
-    """{metric: {"mean": [layers], "std": [layers]}} from {metric: (prompts, layers)}."""
-    return {k: {"mean": v.mean(0).tolist(), "std": v.std(0, unbiased=False).tolist()} for k, v in per_prompt.items()}
+    """{metric: {"mean": [layers], "std": [layers], "ci_low", "ci_high": [layers]}} from {metric: (prompts, layers)}:
+    the interval is the seeded percentile bootstrap of the mean over prompts (`stats.bootstrap_ci`)."""
+    out = {}
+    for k, v in per_prompt.items():
+        lo, hi = bootstrap_ci(v.numpy())
+        out[k] = {"mean": v.mean(0).tolist(), "std": v.std(0, unbiased=False).tolist(), "ci_low": lo.tolist(),
+                  "ci_high": hi.tolist()}
+    return out
 
 
 def pca_view(states: dict[str, np.ndarray], label_rows: np.ndarray, label_names: Sequence[str],

@@ -52,14 +52,19 @@ class IclResult(Result):
     accuracy: list[float]
     label_accuracy: list[float]
     tr_ratio: list[float]
+    accuracy_ci: list[tuple[float, float]] | None = Field(None, description="95% Wilson interval per k")
+    label_accuracy_ci: list[tuple[float, float]] | None = None
+    tr_ratio_ci: list[tuple[float, float]] | None = None
     prompts: int
     examples: list[list[ExampleRow]] = Field(default_factory=list)
 
 
 def icl(ctx: Context, p: IclParams) -> dict[str, Any]:
-    """Metrics per k over the same held-out queries; `examples` rows (prompt, gold, prediction) per k.
+    """Metrics per k (each rate with its 95% Wilson interval) over the same held-out queries; `examples` rows
+    (prompt, gold, prediction) per k.
     Where prompts of k shots exceed the context window, fewer are used and a warning says so."""
-    out: dict[str, list] = {"shots": [], "accuracy": [], "label_accuracy": [], "tr_ratio": [], "examples": []}
+    out: dict[str, list] = {"shots": [], "accuracy": [], "label_accuracy": [], "tr_ratio": [], "examples": [],
+                            "accuracy_ci": [], "label_accuracy_ci": [], "tr_ratio_ci": []}
     n = p.prompts
     for i, k in enumerate(p.shots):
         built = build_prompts(ctx.lm, ctx.task, k, p.prompts, p.seed)
@@ -69,7 +74,7 @@ def icl(ctx: Context, p: IclParams) -> dict[str, Any]:
         r = evaluate(ctx.lm, enc, p.batch_size, ctx.stage(i / len(p.shots), (i + 1) / len(p.shots), f"k={k}"),
                      keep_rows=p.examples > 0)
         out["shots"].append(built.shots)
-        for m in ("accuracy", "label_accuracy", "tr_ratio"):
+        for m in ("accuracy", "label_accuracy", "tr_ratio", "accuracy_ci", "label_accuracy_ci", "tr_ratio_ci"):
             out[m].append(r.metrics[m])
         if p.examples:
             out["examples"].append(r.rows[: p.examples])

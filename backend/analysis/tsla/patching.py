@@ -34,7 +34,8 @@ from ..primitives.cost import Shape, Sizes, Work, passes, steps
 from ..results import Grid, Head, Metrics, Overlap, Result
 from ..primitives.batching import build_prompts, encode
 from ..primitives.capture import capture
-from ..primitives.patch import gold_ids, patch_heads, recovered_share
+from ..primitives.patch import gold_ids, patch_heads, recovered_share, recovered_stderr
+from ..primitives.stats import stderr
 from ..primitives.predict import evaluate
 from ..primitives.selection import n_top, overlap, top_heads
 
@@ -75,6 +76,10 @@ class PatchingResult(Result):
     recovered: Grid = Field(..., description="share of the clean-minus-target gold logit recovered by the head")
     logit_gain: Grid = Field(..., description="mean change of the gold logit, in logits")
     prob_gain: Grid = Field(..., description="mean change of p(gold) (mean patching into shuffled inputs: the CIE)")
+    recovered_se: Grid | None = Field(None, description="per-head standard error of `recovered` over prompts (delta "
+                                                        "method of the ratio of means)")
+    logit_gain_se: Grid | None = Field(None, description="per-head standard error of `logit_gain` over prompts")
+    prob_gain_se: Grid | None = Field(None, description="per-head standard error of `prob_gain` over prompts")
     clean_logit: float = Field(..., description="mean gold logit of the clean ICL prompts")
     target_logit: float = Field(..., description="mean gold logit of the target prompts")
     gap: float = Field(..., description="clean_logit - target_logit: what there is to recover")
@@ -120,6 +125,9 @@ def patching(ctx: Context, p: PatchingParams) -> dict[str, Any]:
                  f"{gap:.2g}): there is nothing to recover, so the recovered share is 0 for every head")
     logit_gain = (runs.per_head() - g_t[None]).mean(1)
     prob_gain = (runs.per_head("gold_prob") - runs.gold_prob[0][None]).mean(1)
+    se = {"recovered_se": recovered_stderr(runs.per_head(), g_c, g_t).reshape(L, H),  # from the same per-prompt values
+          "logit_gain_se": stderr((runs.per_head() - g_t[None]).T).reshape(L, H),
+          "prob_gain_se": stderr((runs.per_head("gold_prob") - runs.gold_prob[0][None]).T).reshape(L, H)}
     ctx.progress(0.9, "metrics")
     k = n_top(L, H, p.top_pct, p.top_k)
     m_clean = evaluate(lm, clean, p.batch_size).metrics
@@ -129,7 +137,8 @@ def patching(ctx: Context, p: PatchingParams) -> dict[str, Any]:
                   batch_size=min(p.batch_size, o.BATCH_SIZE), progress=ctx.stage(0.95, 1.0, "head scores"))
     return {"n_layers": L, "n_heads": H, "shots": built.shots, "prompts": built.n, "target": p.target,
             "patch": p.patch, "recovered": recovered, "logit_gain": logit_gain.reshape(L, H),
-            "prob_gain": prob_gain.reshape(L, H), "clean_logit": float(g_c.mean()), "target_logit": float(g_t.mean()),
+            "prob_gain": prob_gain.reshape(L, H), **se, "clean_logit": float(g_c.mean()),
+            "target_logit": float(g_t.mean()),
             "gap": gap, "clean": m_clean, "target_metrics": m_target, "top_k": k, "top": top_heads(recovered, k=k),
             "overlap": {"tr": overlap(recovered, np.asarray(sc.tr), k), "tl": overlap(recovered, np.asarray(sc.tl), k)},
             "multi_token_labels": sorted(set(clean.multi_token) | set(target.multi_token))}

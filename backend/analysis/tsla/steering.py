@@ -22,6 +22,7 @@ from ..primitives.batching import build_prompts, encode
 from ..primitives.inject import vector_at
 from ..primitives.layer_inputs import sweep_at_inputs
 from ..primitives.predict import evaluate
+from ..primitives.rates import curve_intervals
 from ..primitives.sweep import resolve_layers
 
 
@@ -58,6 +59,9 @@ class SteerVector(Model):
     tr_ratio: list[float]
     heads: list[Head] = Field(default_factory=list)
     norm: list[float]
+    accuracy_ci: list[tuple[float, float]] | None = Field(None, description="95% Wilson interval per layer")
+    label_accuracy_ci: list[tuple[float, float]] | None = None
+    tr_ratio_ci: list[tuple[float, float]] | None = None
 
 
 class SteerResult(Result):
@@ -94,7 +98,8 @@ def steer(ctx: Context, p: SteerParams) -> dict[str, Any]:
     out = {}
     for i, nm in enumerate(names):
         sl = slice(1 + i * len(layers), 1 + (i + 1) * len(layers))
-        out[nm] = {**{m: v[sl] for m, v in means.items()}, "heads": built.vectors[nm].heads,
+        out[nm] = {**{m: v[sl] for m, v in means.items()}, **curve_intervals(res, range(sl.start, sl.stop)),
+                   "heads": built.vectors[nm].heads,
                    "norm": [float(vector_at(built.vectors[nm].vector, l).norm()) for l in layers]}
     return {"layers": layers, "alpha": p.alpha, "shots": icl_built.shots, "prompts": icl_built.n,
             "zero_shot": res.summary(0), "icl": icl.metrics, "vectors": out}
