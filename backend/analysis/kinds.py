@@ -160,7 +160,7 @@ _ENTRIES: tuple[Kind, ...] = (
             api="site_transfer", uses_task=False),
     Kind.at("findings.findings", "findings",
             "the three papers' findings on one model (TSLA, LTV, SITE), each with the paper's figure and a verdict: "
-            "holds / partly / does not hold", api="findings_report", uses_task=False, version=1),
+            "holds / partly / does not hold", api="findings_report", uses_task=False, version=2),
     Kind.at("methods", "methods",
             "every steering method on one task side by side: extracted vectors (vanilla, FV, TR / TL heads), LTV "
             "and SITE, with accuracy, TR ratio, parameter count and training seconds", api="compare_methods",
