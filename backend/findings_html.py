@@ -1,5 +1,8 @@
 """The findings report as one self-contained HTML file: the report's markdown (headings, paragraphs, lists and
-tables) turned into HTML inside `html_export.page_html` (no server, no network), the summary first."""
+tables) turned into HTML inside `html_export.page_html` (no server, no network), the summary first, and after each
+paper's section its figures (interactive plotly, plotly.js inlined once): per finding a forest plot of the per-task
+effects with their 95% intervals coloured by the rule's outcome; TSLA: each task's TR / TL / induction maps with the
+top heads marked and its ablation curves with their intervals; LTV and SITE: the methods' accuracies with theirs."""
 from __future__ import annotations
 
 import html
@@ -239,6 +242,15 @@ def findings_body(markdown: str, models: dict[str, Any], summary: list[dict[str,
                 out.append(figure_html(f, f"hl-fig-{n}"))
                 n += 1
     return "\n".join(out)
+
+
+def findings_page(markdown: str, models: dict[str, Any], summary: list[dict[str, Any]], title: str,
+                  command: str = "", include_plotlyjs: bool = True) -> str:
+    """The multi-model report (`bench/real_findings.py --html`) as one self-contained HTML file: the markdown with
+    each section's figures (`summary`: the sections' summary rows, their `stats` per model)."""
+    md = markdown.split("\n", 1)[1] if markdown.startswith("# ") else markdown
+    return page_html(title, commands=[command] if command else [], body_html=findings_body(md, models, summary),
+                     include_plotlyjs=include_plotlyjs)
 
 
 def report_html(result: Any, include_plotlyjs: bool = True) -> str:
