@@ -132,7 +132,7 @@ def test_correction_and_direction_decide_each_tasks_outcome():
 def test_a_composite_needs_every_part_in_its_direction():
     a, b = _t("x", 0.001, 0.3), _t("x", 0.02, 0.1)
     both = V.both(a, b)
-    assert both["p"] == 0.02 and both["effect"] == 0.1 and len(both["parts"]) == 2  # the binding part
+    assert both["p"] == 0.02 and both["effect"] == 0.3 and len(both["parts"]) == 2  # the main part's effect
     wrong = V.both(a, _t("x", 0.001, -0.3))
     assert wrong["p"] == 1.0  # a part the wrong way cannot support the whole
     # non-inferiority: a one-sided part counts when significant whatever its sign

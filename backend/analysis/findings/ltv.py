@@ -221,8 +221,8 @@ def render(models: dict, a: dict) -> list[str]:
                                for t, x in rows.items() if "vanilla" in x["extracted"]) + ".")
         out += ["", f"#### Tests on `{m}`", ""]
         f = findings_of(res)
-        titles = {"mid": "LTV vs vanilla and FV at the middle layer (effect: the binding part, LTV minus vanilla or "
-                         "FV accuracy)",
+        titles = {"mid": "LTV vs vanilla and FV at the middle layer (effect: LTV minus vanilla accuracy; the second "
+                         "part: LTV minus FV)",
                   "best": "At each one's best layer (effect: LTV's best minus vanilla's or FV's best, seed 1)",
                   "key": "Key heads (effect: LTV accuracy with the key heads ablated minus with random sets ablated)",
                   "prop": "Linear propagation (effect: mean Spearman rho of rotation cos(theta, Q theta) and stretch "

@@ -307,8 +307,8 @@ def render(models: dict, a: dict) -> list[str]:
         if e.get("site"):
             f = findings_of(e["site"])
             titles = {"icl": "SITE vs 10-shot ICL (effect: SITE minus ICL)",
-                      "patch": "Top- vs bottom-alpha patching at k = 10% (effect: the binding part, top minus "
-                               "bottom or minus random)",
+                      "patch": "Top- vs bottom-alpha patching at k = 10% (effect: top minus bottom; the second part: top "
+                               "minus random)",
                       "transfer": "Transfer (effect: mean accuracy of similar pairs minus dissimilar pairs)"}
             out += [f"#### Tests on `{m}`", ""]
             for key in FINDINGS:

@@ -234,12 +234,12 @@ def render(models: dict, a: dict) -> list[str]:
         f = findings_of(res)
         titles = {"rise": "0-shot -> k-shot TR ratio (effect: k-shot minus 0-shot TR outcome)",
                   "f1": "F1 (effect: TR ratio after top-TR ablation minus after random ablation)",
-                  "f2": "F2 (effect: the binding part: accuracy top-TL minus random, or the TR ratio top-TL minus "
+                  "f2": "F2 (effect: accuracy top-TL minus random; the second part: the TR ratio top-TL minus "
                         f"unablated, non-inferior within 20% of the unablated TR ratio)",
                   "f3": "F3 (effect: mean induction score of the top-TR heads minus the top-TL heads', seeds' sets "
                         "pooled)",
-                  "g1": "Geometry 4a (effect: the binding part: alignment +TR minus +TL, or +TR minus 0-shot)",
-                  "g2": "Geometry 4b (effect: the binding part: LD +TL minus +TR, or +TL minus 0-shot)"}
+                  "g1": "Geometry 4a (effect: alignment +TR minus +TL; the second part: +TR minus 0-shot)",
+                  "g2": "Geometry 4b (effect: LD +TL minus +TR; the second part: +TL minus 0-shot)"}
         for key in FINDINGS:
             out += V.test_table(titles[key], f[key])
         out += ["On generation tasks the label set is each prompt's candidates and the full-vocabulary argmax is "

@@ -7,7 +7,7 @@ in the finding's units (e.g. TR ratio after top-k ablation minus after random ab
 the sign the paper's finding predicts, `n` the prompts (or heads) it rests on and `sd` the per-unit standard
 deviation of the compared quantity (for the detectable difference). A composite finding ("lowers accuracy AND keeps
 the TR ratio") is an intersection-union test: every part significant in its direction; its p is the largest part's
-(a level-alpha test of the conjunction), and its effect and interval are that binding part's.
+(a level-alpha test of the conjunction), and its effect and interval are its main (first) part's.
 
 The rule (`RULE`), applied by `decide` to the tests of one finding on one model after `correct`:
 - a task is **for** the finding when its test is significant (BH-adjusted q < 0.05) in the paper's direction,
@@ -179,11 +179,11 @@ def group_permutation(matrix: np.ndarray, groups: Sequence[str], direction: int)
 
 
 def both(*parts: dict[str, Any]) -> dict[str, Any]:
-    """Intersection-union test of parts that must all hold in their directions: p = the largest part's p, effect
-    and interval those of the part with the largest p (the binding one); the parts kept under `parts`."""
+    """Intersection-union test of parts that must all hold in their directions (the first is the main one: the
+    finding's headline comparison): p = the largest part's p (a part the wrong way counts 1); effect, interval and
+    direction the main part's; every part kept under `parts`."""
     parts = tuple(x for x in parts if x is not None)
-    worst = max(parts, key=lambda x: (_directed_p(x), x["p"]))
-    out = {k: v for k, v in worst.items() if k != "parts"}
+    out = {k: v for k, v in parts[0].items() if k != "parts"}
     out["p"] = max(_directed_p(x) for x in parts)
     out["test"] = " and ".join(x["test"] for x in parts) + " (intersection-union: the largest p)"
     out["parts"] = [dict(x) for x in parts]
@@ -308,12 +308,16 @@ def test_table(title: str, f: dict[str, Any]) -> list[str]:
     ts = f["tests"]
     if not ts:
         return [f"**{title}**: not tested ({'; '.join(f.get('untested') or ['nothing measured'])}).", ""]
+    composite = any(t.get("parts") for t in ts)
     out = [f"**{title}**: **{f['verdict']}** (for on {f['n_for']}/{f['n_tasks']} tasks, against on "
            f"{f['n_against']}; Benjamini-Hochberg across the {len(ts)} tests"
            + (f"; detectable effect {f['detectable']}" if f["detectable"] else "") + "). Test: "
            + ts[0]["test"] + ".", "",
-           "| task | k | effect | 95% CI | p | q (BH) | outcome |", "|---|---|---|---|---|---|---|"]
+           "| task | k | effect | 95% CI | p | q (BH) | outcome |" + (" parts: effect [95% CI] p |" if composite else ""),
+           "|---|---|---|---|---|---|---|" + ("---|" if composite else "")]
     for t in ts:
+        parts = "; ".join(f"{fmt(x['effect'])} {ci_text(x)} p {fmt_p(x['p'])}" for x in t.get("parts") or [])
         out.append(f"| {t['task']} | {t.get('k', '') if t.get('k') is not None else ''} | {fmt(t['effect'])} | "
-                   f"{ci_text(t)} | {fmt_p(t['p'])} | {fmt_p(t['q'])} | {t['outcome']} |")
+                   f"{ci_text(t)} | {fmt_p(t['p'])} | {fmt_p(t['q'])} | {t['outcome']} |"
+                   + (f" {parts} |" if composite else ""))
     return out + [""]
