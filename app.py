@@ -189,10 +189,14 @@ if scores is not None:
 # -- the findings report ---------------------------------------------------------------------------------------------
 st.subheader("Findings report", divider="gray")
 report_job = jobs.Job("findings", {"model": s.model, "tasks": [s.task]}, "Findings report", "Findings report")
-if run_row(f"The three papers' findings on `{s.model}`, task `{s.task}` (TSLA, LTV, SITE; small sizes)",
-           "Each finding with the paper's figure beside ours and holds / partly / does not hold, as one HTML file "
-           "that opens with no server: the file to mail after a demo (`python -m backend report` for more tasks).",
-           "findings_run", label="Build report", estimate=[(report_job.kind, report_job.params)]) \
+if s.task.startswith("upload:"):  # the report reproduces the papers' setups: built-in tasks only
+    st.caption("The findings report runs on built-in tasks (the papers' setups), not on an uploaded file: pick a "
+               "built-in task in the sidebar for it.")
+    report = None
+elif run_row(f"The three papers' findings on `{s.model}`, task `{s.task}` (TSLA, LTV, SITE; small sizes)",
+             "Each finding with the paper's figure beside ours and holds / partly / does not hold, as one HTML file "
+             "that opens with no server: the file to mail after a demo (`python -m backend report` for more tasks).",
+             "findings_run", label="Build report", estimate=[(report_job.kind, report_job.params)]) \
         or jobs.in_flight(report_job):
     (report,) = jobs.fetch_many([report_job], start=True)
 else:

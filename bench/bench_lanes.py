@@ -105,7 +105,8 @@ def main() -> None:
     a = ap.parse_args()
     register(TICK, replace=True)
     os.environ.setdefault("HEADLENS_CACHE_DIR", tempfile.mkdtemp(prefix="bench-lanes-"))
-    from backend.service.jobs import LocalJobRunner, make_executor
+    from backend.service.execute import make_executor
+    from backend.service.jobs import LocalJobRunner
     from backend.service.limits import Limits
     from backend.service.model_pool import ModelPool
     from backend.service.task_store import TaskStore

@@ -55,7 +55,7 @@ NOOP = Kind("noop", NoopParams, NoopResult, "bench_ray:noop", "no work", api="no
 
 
 def run_jobs(runner: Any, jobs: list[dict[str, Any]], kind: str = "noop") -> float:
-    from backend.service.jobs import job_key
+    from backend.service.execute import job_key
 
     t0 = time.perf_counter()
     ids = [runner.submit(kind, p, job_key(kind, p)).id for p in jobs]
@@ -115,7 +115,8 @@ def main() -> None:
         raise
     import torch
 
-    from backend.service.jobs import LocalJobRunner, make_executor
+    from backend.service.execute import make_executor
+    from backend.service.jobs import LocalJobRunner
     from backend.service.limits import Limits
     from backend.service.model_pool import ModelPool
     from backend.service.ray_cluster import RayConfig, connect

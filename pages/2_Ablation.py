@@ -136,8 +136,8 @@ if curves is not None:
             else "± standard deviation")
     st.caption(f"{mode.capitalize()} ablation of the k heads ranked highest by TR, TL or induction score; random: "
                f"k random heads, mean over seeds {rand.get('seeds', [0, 1, 2])} with {band}"
-               f" (grey band, clipped to 0–100%; drawn from the heads outside the top {kmax} TR and TL heads while there are "
-               f"enough: a disjoint control). Error bars: 95% Wilson intervals. "
+               f" (grey band; drawn from the heads outside the top {kmax} TR and TL heads while there are enough: a "
+               f"disjoint control). Error bars: 95% Wilson intervals. "
                f"{curves.get('prompts', s.prompts)} prompts per point · {jobs.timing(curves)}. "
                + M.noise_sentence(curves.get("prompts")))
     k_last = curves["ks"][-1] if curves["ks"] else None

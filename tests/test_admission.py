@@ -13,7 +13,8 @@ import pytest
 from starlette.testclient import TestClient
 
 from backend.service.app import create_app
-from backend.service.jobs import LocalJobRunner, outputs_present_in
+from backend.service.execute import outputs_present_in
+from backend.service.jobs import LocalJobRunner
 
 BASE = {"model": "default", "task": "syn-antonym"}
 

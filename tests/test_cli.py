@@ -35,7 +35,10 @@ def test_scores_writes_the_documented_json(model_dir, tmp_path, capsys):
     for key in ("model", "task", "params", "n_layers", "n_heads", "tr", "tl", "dla_tr", "dla_tl", "induction", "icl",
                 "zero_shot", "top_k", "top_tr", "top_tl", "cache_hit", "seconds"):
         assert key in r, key
-    assert set(r["icl"]) == {"accuracy", "label_accuracy", "tr_ratio", "n"}
+    assert set(r["icl"]) == {"accuracy", "label_accuracy", "tr_ratio", "n", "accuracy_ci", "label_accuracy_ci",
+                             "tr_ratio_ci", "per_prompt"}
+    lo, hi = r["icl"]["accuracy_ci"]
+    assert lo <= r["icl"]["accuracy"] <= hi and len(r["icl"]["per_prompt"]) == r["icl"]["n"]
     assert len(r["tr"]) == r["n_layers"] == 2 and len(r["tr"][0]) == r["n_heads"] == 4
     assert r["cache_hit"] is False
     assert main(args) == 0

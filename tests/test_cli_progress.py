@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import io
 
-from backend.cli import Bar
+from backend.service.cli_output import Bar
 
 
 class Tty(io.StringIO):

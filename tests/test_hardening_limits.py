@@ -314,7 +314,7 @@ def ray_idle_workers_killed_then_a_job(mp: Any, tmp: Path) -> None:
     """With 2 workers and 1 retry, killing both idle workers and then submitting: the job runs (only deaths during
     a job count), and the dead idle actors are replaced."""
     ray = pytest.importorskip("ray")
-    from backend.service.jobs import job_key
+    from backend.service.execute import job_key
     from backend.service.limits import Limits
     from backend.service.model_pool import ModelPool
     from backend.service.ray_cluster import RayConfig

@@ -195,3 +195,12 @@ def test_ui_shows_intervals_tests_and_the_noise_sentence():
     top = next(t for t in fig.data if t.name == "top TR")
     assert list(top.error_y.array) == pytest.approx([7.0, 20.0])
     assert "random (mean, 95% interval)" in {t.name for t in fig.data}
+
+
+def test_methods_rows_carry_intervals(lm, task):
+    r = analyze("methods", lm, task, shots=2, prompts=8, site_m=4, site_shots=2, site_steps=4, cache=False)
+    assert {"zero_shot", "icl", "site"} <= {row.key for row in r.rows}
+    for row in r.rows:
+        for r_ in RATES:
+            assert _inside(getattr(row, r_), getattr(row, f"{r_}_ci")), (row.key, r_)
+        assert row.n and row.n > 0

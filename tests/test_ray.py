@@ -24,7 +24,8 @@ import pytest
 ray = pytest.importorskip("ray")
 
 from backend.analysis.kinds import register, unregister  # noqa: E402
-from backend.service.jobs import LocalJobRunner, job_key, make_executor  # noqa: E402
+from backend.service.execute import job_key, make_executor  # noqa: E402
+from backend.service.jobs import LocalJobRunner  # noqa: E402
 from backend.service.limits import Limits  # noqa: E402
 from backend.service.model_pool import ModelPool  # noqa: E402
 from backend.service.ray_cluster import RayConfig  # noqa: E402

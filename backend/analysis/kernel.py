@@ -33,6 +33,7 @@ from pydantic import BaseModel, ValidationError
 from ..cache import default_cache, make_key
 from ..jsonable import to_jsonable
 from ..locks import KeyLocks
+from ..stopping import check, checking
 from ..tensor_store import TensorSession, TensorStore, is_id, tensor_refs
 from .kinds import Kind, get_kind
 from .params import NOT_IN_KEY, Params
@@ -68,7 +69,9 @@ class Context:
     """What an analysis function gets besides its params: the model, the task, progress, and cached calls.
 
     `progress(fraction, message)` may raise (a cancelled job); `stage(lo, hi, name)` maps a sub-step's
-    progress into [lo, hi]; `warn` adds a line to the result's warnings (a `Note`: to its notes).
+    progress into [lo, hi]; `check()` raises once the job must stop (cancelled, preempted, past its time limit:
+    `stopping.check`; call it once per batch, step or token of a long loop); `warn` adds a line to the result's
+    warnings (a `Note`: to its notes).
     """
 
     lm: "LoadedModel | None"
@@ -83,6 +86,11 @@ class Context:
     """`ctx.cached` lookups that found nothing: {"kind", "tries"} (the result is recomputed once one would hit)."""
     tensors: TensorSession = field(default_factory=TensorSession)
     """Where trained tensors are read and written (`saved.save_tensors`, `saved.load_tensors`)."""
+
+    @staticmethod
+    def check() -> None:
+        """Raise a `stopping.Stop` once the job must stop; nothing otherwise (cheap: once per batch, step, token)."""
+        check()
 
     def stage(self, lo: float, hi: float, name: str = "") -> Progress:
         def report(fraction: float, message: str = "") -> None:
@@ -200,7 +208,8 @@ def analyze(kind: str, lm: "LoadedModel | None", task: "Task | None" = None,
     A miss computes under the key's lock (threads and processes), so a key is never computed twice at once:
     a second caller waits, then reads the first one's result. Nothing that does not fit the result model
     is written to the store, nor a result whose tensors could not be saved. `tensors`: where trained tensors go
-    (default: the cache folder's store).
+    (default: the cache folder's store). A `progress` with a `check` (`service.execute.JobProgress`) has it installed
+    while the analysis runs (`stopping.checking`): its loops stop at their next batch, step or token once it raises.
     """
     spec = get_kind(kind)
     p = validate_params(spec, params, **overrides)
@@ -208,6 +217,14 @@ def analyze(kind: str, lm: "LoadedModel | None", task: "Task | None" = None,
         raise ValueError(f"analysis {kind!r} needs a task")
     if spec.uses_model and lm is None:
         raise ValueError(f"analysis {kind!r} needs a model")
+    with checking(getattr(progress, "check", None)):
+        return _analyze(spec, p, lm, task, cache, progress, live, tensors)
+
+
+def _analyze(spec: Kind, p: Params, lm: "LoadedModel | None", task: "Task | None", cache: "bool | Store | None",
+             progress: Progress | None, live: Callable[[dict[str, Any]], None] | None,
+             tensors: "TensorSession | TensorStore | None") -> Result:
+    kind = spec.name
     t0 = time.perf_counter()
     env = envelope(lm, task, p)
     progress = progress or _noop
@@ -215,6 +232,7 @@ def analyze(kind: str, lm: "LoadedModel | None", task: "Task | None" = None,
     tensors = session(tensors)
 
     def compute() -> dict[str, Any]:
+        check()
         if spec.needs_fit and lm is not None and task is not None:
             require_fit(lm, task)  # a task whose words the model does not know is an error, not a result
         ctx = Context(lm, task, progress, store, report=live, tensors=tensors)
@@ -240,7 +258,7 @@ def analyze(kind: str, lm: "LoadedModel | None", task: "Task | None" = None,
         key = cache_key(spec, lm, task, p)
         value, hit = _read(store, key, spec, env, lm, task, tensors=tensors), True
         if value is None:
-            with _LOCKS.hold(key, cancelled=lambda: bool(progress(0.0, "waiting for the same computation"))):
+            with _LOCKS.hold(key, cancelled=lambda: bool(check() or progress(0.0, "waiting for the same computation"))):
                 value = _read(store, key, spec, env, lm, task, tensors=tensors)
                 if value is None:
                     value, hit = compute(), False

@@ -50,7 +50,8 @@ class Kind:
     steer, geometry, patching, ltv, site, methods) when their results gained intervals and paired tests (issue 27):
     a cached result without them is recomputed, so every page shows them. Kinds whose only rates are `Metrics`
     (scores, maps, perturb, ltv_tasks) keep their key: `Metrics` fills its intervals from the rate and n when read
-    back."""
+    back. 3 for ablation_curves: its curves keep every prompt's outcome per set and k
+    (the findings' tests pool them over seeds); 2 for findings: its verdicts rest on per-task tests."""
     indexed: bool = False  # list its cached results per model and task, so `Context.cached` finds them by any field
 
     @classmethod
@@ -117,7 +118,7 @@ _ENTRIES: tuple[Kind, ...] = (
             "accuracy, label accuracy and TR ratio against the number of demonstrations", api="icl_curve", version=1),
     Kind.at("tsla.ablation", "ablation_curves",
             "accuracy, label accuracy and TR ratio against the number of top heads ablated, per order",
-            api="ablation_curves", fn="curves", version=2),
+            api="ablation_curves", fn="curves", version=3),
     Kind.at("tsla.ablation", "ablate",
             "ablate one head set: metrics and per-prompt predictions before and after", api="ablate", version=1),
     Kind.at("tsla.vectors", "vectors",

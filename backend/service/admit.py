@@ -25,7 +25,7 @@ from ..tensor_store import TensorStore, TensorWriteError, default_store, missing
 from .errors import BadRequest, InsufficientStorage, NotFound, clip
 from ..analysis.primitives.cost import Shape
 from .estimate import Estimate, estimate
-from .jobs import job_key
+from .execute import job_key
 from .limits import Limits
 from .model_pool import ModelPool
 from .schemas import JobFields

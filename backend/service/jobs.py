@@ -7,7 +7,7 @@ ships them elsewhere (Ray, a process pool) can replace `LocalJobRunner` without 
 - runs jobs one at a time, in submission order within a lane (GPU work is serialized);
 - has three lanes, taken in this order by a free worker: `live` (a POST /jobs estimated at most LIVE_MAX_S: a toggle),
   `interactive` (every other POST /jobs) and `sweep` (a sweep's jobs). A queued job of a higher lane that finds every
-  worker busy makes a running job of a lower lane give way: that job stops at its next progress step and waits at the
+  worker busy makes a running job of a lower lane give way: that job stops at its next check (`stopping`) and waits at the
   head of its own lane (what it finished through `ctx.call` stays cached), so a toggle never waits behind a long
   job, whoever started it. Bounded, so a long job still finishes: a sweep job gives way to interactive jobs at most
   PREEMPT_MAX times; any job gives way to live jobs while the work it may lose doing so (the running time of the
@@ -21,7 +21,10 @@ ships them elsewhere (Ray, a process pool) can replace `LocalJobRunner` without 
   and the request queues the job again;
 - holds a per-key lock (`locks.KeyLocks`) while computing, so runners in other threads or processes
   that share the cache folder wait and then read the cached result instead of recomputing it;
-- cancels cooperatively: the job's progress callback raises `Cancelled` once the job is cancelled.
+- stops a job cooperatively: one check (`stopping.check`, installed for the job's thread; each progress step runs it
+  too) raises `Cancelled` once the job is cancelled, `Preempted` when it must give way, and `JobTimeLimit` past
+  HEADLENS_JOB_TIMEOUT_S; every loop of the analyses that can run long calls it once per batch, training step or
+  generated token, so a job stops within about one of those past its limit, whatever its size.
 
 Shared jobs and DELETE: a job counts its submitters. The POST that creates it counts 1; each later POST
 that gets the same *active* (queued or running) job back adds 1 (one that gets a finished job back adds
@@ -33,8 +36,6 @@ DELETEs cancel a job that k POSTs share, whoever sends them.
 """
 from __future__ import annotations
 
-import hashlib
-import json
 import logging
 import math
 import secrets
@@ -49,121 +50,11 @@ from .errors import ServiceError
 from .limits import Limits
 from ..locks import KeyLocks
 from ..jsonable import to_jsonable
+from ..stopping import checking
+from .execute import Cancelled, Executor, JobProgress, JobTimeLimit, Preempted, describe_error, outputs_present_in
 from .schemas import ACTIVE_STATES, JobStatus
 
 log = logging.getLogger(__name__)
-
-Progress = Callable[[float, str], None]
-Executor = Callable[[str, dict[str, Any], Progress], dict[str, Any]]
-
-
-def job_key(kind: str, params: dict[str, Any], **identity: Any) -> str:
-    """Dedupe key of a job: its kind, normalized params, and what identifies its inputs (task content
-    hash, canonical model name)."""
-    blob = json.dumps({"kind": kind, "params": params, **identity}, sort_keys=True, default=str)
-    return f"{kind}:{hashlib.sha256(blob.encode()).hexdigest()[:32]}"
-
-
-def describe_error(e: BaseException) -> str:
-    """A one-line message for a failed job."""
-    name = type(e).__name__
-    if name == "OutOfMemoryError" or isinstance(e, MemoryError):
-        return (f"out of memory ({name}: {str(e).splitlines()[0][:200] if str(e) else 'no details'}); "
-                f"try fewer prompts, fewer shots or a smaller batch_size")
-    if isinstance(e, ServiceError):
-        return e.message
-    if isinstance(e, JobTimeLimit):
-        return str(e)
-    from ..adapters import UnsupportedArchitecture
-    from ..models import ModelLoadError
-    from ..tensor_store import TensorWriteError
-
-    if isinstance(e, (ValueError, ModelLoadError, UnsupportedArchitecture, FileNotFoundError, TensorWriteError)):
-        return str(e)
-    if isinstance(e, KeyError):
-        return str(e.args[0]) if e.args else name
-    return f"internal error ({name}): {e}"
-
-
-class Cancelled(Exception):
-    """Raised inside a job (by its progress callback) once the job has been cancelled."""
-
-
-class Preempted(Exception):
-    """Raised inside a job (by its progress callback) when a job of a higher lane needs its worker: the job goes
-    back to the head of its own lane."""
-
-
-class JobTimeLimit(Exception):
-    """Raised inside a job (by its progress callback) once it has run past the per-job time limit."""
-
-
-def time_limited(progress: Progress, limit_s: float) -> Progress:
-    """`progress`, raising JobTimeLimit once `limit_s` seconds have passed (the CLI's HEADLENS_JOB_TIMEOUT_S: the
-    analysis stops at its next progress step, as a service job does)."""
-    start = time.monotonic()
-
-    def report(fraction: float, message: str = "") -> None:
-        if time.monotonic() - start > limit_s:
-            raise JobTimeLimit(f"the analysis ran past the time limit of {limit_s:g} s (HEADLENS_JOB_TIMEOUT_S); "
-                               f"ask for fewer prompts or values, or raise the limit")
-        progress(fraction, message)
-    return report
-
-
-@dataclass
-class JobProgress:
-    """What a runner hands a job: `progress(fraction, message)`, and `live(data)` for data a page draws while
-    the job runs (e.g. a training loss curve so far; shown as the job's `live` field). Both raise `Cancelled`
-    once the job is cancelled. `check()`: the same interruptions as a progress step (Cancelled, Preempted,
-    JobTimeLimit) without reporting progress, for a loop finer than its progress steps."""
-
-    report: Progress
-    live: Callable[[dict[str, Any]], None]
-    interrupt: Callable[[], None] = lambda: None
-
-    def __call__(self, fraction: float, message: str = "") -> None:
-        self.report(fraction, message)
-
-    def check(self) -> None:
-        self.interrupt()
-
-
-def make_executor(pool: Any, tasks: Any) -> Executor:
-    """An executor that runs registered analysis kinds with models from `pool` and tasks from `tasks`.
-
-    `params` holds `model` and `task` (when the kind uses them) and the kind's own fields."""
-    def execute(kind: str, params: dict[str, Any], progress: Progress) -> dict[str, Any]:
-        from ..analysis.kernel import analyze
-        from ..analysis.kinds import get_kind
-
-        spec = get_kind(kind)
-        fields = dict(params)
-        model, task = fields.pop("model", None), fields.pop("task", None)
-        lm = pool.get(model) if spec.uses_model else None
-        t = tasks.get(task) if spec.uses_task else None
-        out = analyze(kind, lm, t, fields, progress=progress, live=getattr(progress, "live", None)).to_json()
-        if kind == "model_info":  # its seconds per token make the time estimates of this model's jobs
-            from .estimate import note_speed
-
-            note_speed(pool.check(model), out)
-        return out
-    return execute
-
-
-def outputs_present_in(store: Any = None) -> Callable[[dict[str, Any]], bool]:
-    """Whether every saved tensor a result names (its `tensor` / `tensors` fields) is still stored and intact, in
-    `store` (a TensorStore; default: the cache folder's, looked up at each call)."""
-    def present(result: dict[str, Any]) -> bool:
-        from ..tensor_store import default_store, tensor_refs
-
-        refs = tensor_refs(result)
-        if not refs:
-            return True
-        s = store or default_store()
-        return all(s.has(tid) for tid in refs)
-    return present
-
 
 # -- the interface ------------------------------------------------------------------------------------
 class JobRunner(ABC):
@@ -489,22 +380,24 @@ class LocalJobRunner(JobRunner):
                                f"(HEADLENS_JOB_TIMEOUT_S); ask for fewer prompts or values")
 
     def _run(self, job: _Job) -> None:
-        def report(fraction: float, message: str = "") -> None:
+        def check() -> None:  # the one check for cancel, preempt and the time limit (`stopping`)
             self._interrupt(job)
+
+        def report(fraction: float, message: str = "") -> None:
+            check()
             with self._cond:
                 job.progress = min(max(float(fraction), 0.0), 1.0) if math.isfinite(fraction) else job.progress
                 job.message = message or job.message
 
         def live(data: dict[str, Any]) -> None:
-            if job.cancel.is_set():
-                raise Cancelled()
+            check()
             with self._cond:
                 job.live = to_jsonable(data)
 
-        progress = JobProgress(report, live, lambda: self._interrupt(job))
+        progress = JobProgress(report, live, check)
 
-        try:
-            with self._locks.hold(job.key, job.cancel.is_set, Cancelled):
+        try:  # waiting for another holder of the key checks too (check() raises or returns None: never "cancelled")
+            with checking(check), self._locks.hold(job.key, lambda: bool(check()), Cancelled):
                 progress(0.0, "running")
                 result = to_jsonable(self._execute(job.kind, job.params, progress))
         except Cancelled:

@@ -13,7 +13,7 @@
 | HEADLENS_UPLOAD_QUOTA_MB   | 200     | uploaded task files kept on disk (least recently used go) |
 | HEADLENS_UPLOAD_CACHE      | 32      | parsed uploads kept in memory (LRU; re-read from disk)    |
 | HEADLENS_MAX_WORK          | 200000  | estimated prompt passes of one job (service/estimate.py)  |
-| HEADLENS_JOB_TIMEOUT_S     | 3600    | seconds a job may run (it fails at its next progress step)|
+| HEADLENS_JOB_TIMEOUT_S     | 3600    | seconds a job may run (checked every batch, step, token)  |
 | HEADLENS_MAX_SWEEP_JOBS    | 10000   | jobs of one sweep                                         |
 | HEADLENS_MAX_TENSOR_MB     | 32      | size of an uploaded tensor file (POST /tensors)           |
 | HEADLENS_TENSOR_QUOTA_MB   | 1024    | uploaded tensor files kept on disk (least recently used   |

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from .errors import ServiceError
-from .jobs import Cancelled
+from .execute import Cancelled
 from .ray_cluster import RayConfig
 from .ray_worker import ModelWorker
 

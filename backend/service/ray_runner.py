@@ -33,10 +33,11 @@ fingerprint (kept in the cache under the model files' signature, so a restarted 
 knows it too), a job whose result is cached is answered by the service without touching the cluster.
 
 Progress and cancel: the service polls the actor (`poll`) while the job runs and feeds the job's progress and
-live data; a DELETE makes the job's progress callback raise `Cancelled` in the service, which then cancels the
-Ray task (`ray.cancel`: dropped if still queued) and tells the actor (`cancel`), whose own progress callback
-raises `Cancelled` inside the analysis. An actor that does not stop within HEADLENS_RAY_CANCEL_GRACE_S is
-killed (and replaced when needed).
+live data; a DELETE (or the time limit, or a preemption) makes the job's check raise in the service at its next
+poll, which then cancels the Ray task (`ray.cancel`: dropped if still queued) and tells the actor (`cancel`), whose
+own check (`stopping.check`, installed for the analysis) raises `Cancelled` at the analysis's next batch, training
+step or generated token. An actor that does not stop within HEADLENS_RAY_CANCEL_GRACE_S is killed (and replaced
+when needed).
 
 Faults: a worker that dies mid-job (its process killed, its node gone) is discarded and the job is retried on
 another actor, up to HEADLENS_RAY_RETRIES times; then the job fails with an error naming the node(s). Only deaths
@@ -74,7 +75,8 @@ from typing import Any
 
 from .errors import ServiceError, clip
 from .estimate import note_speed
-from .jobs import Cancelled, JobProgress, LocalJobRunner, Progress, outputs_present_in
+from .execute import Cancelled, JobProgress, Progress, outputs_present_in
+from .jobs import LocalJobRunner
 from .limits import Limits
 from .ray_actors import ModelActors, _Actor, model_signature
 from .ray_cluster import RayConfig, RunnerUnavailable, connect
@@ -327,7 +329,7 @@ def _cancelled(progress: Progress, fraction: float) -> bool:
 def make_runner(pool: Any, tasks: Any, limits: Limits | None = None) -> LocalJobRunner:
     """The runner HEADLENS_RUNNER names: `local` (default) or `ray`. RunnerUnavailable for anything else, or
     when Ray cannot be used."""
-    from .jobs import make_executor
+    from .execute import make_executor
 
     name = (os.environ.get("HEADLENS_RUNNER") or "local").strip().lower()
     if name == "local":

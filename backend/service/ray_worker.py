@@ -16,8 +16,9 @@ import threading
 from pathlib import Path
 from typing import Any, Callable
 
+from ..stopping import checking
 from ..tensor_store import TensorStore, TensorWriteError, is_id, missing
-from .jobs import Cancelled
+from .execute import Cancelled
 
 log = logging.getLogger(__name__)
 
@@ -191,14 +192,16 @@ class ModelWorker:
             register(spec, replace=True)
         st = self._state[call] = [0.0, "loading the model", None, False]
 
-        def progress(fraction: float, message: str = "") -> None:
+        def check() -> None:  # the service cancels the call (a DELETE, a preemption, its time limit): stop here
             if st[3]:
                 raise Cancelled()
+
+        def progress(fraction: float, message: str = "") -> None:
+            check()
             st[0], st[1] = fraction, message or st[1]
 
         def live(data: dict[str, Any]) -> None:
-            if st[3]:
-                raise Cancelled()
+            check()
             st[2] = data
 
         import ray
@@ -207,7 +210,7 @@ class ModelWorker:
         store = RecordingStore(lambda key: ray.get(reader.get.remote(key), timeout=60))
         tensors = RecordingTensors(lambda method, *args: ray.get(getattr(reader, method).remote(*args), timeout=60))
         try:
-            with self._lock:
+            with self._lock, checking(check):  # every loop of the analysis checks once per batch, step, token
                 lm = self._model_obj() if spec.uses_model else None
                 progress(0.0, "running")
                 r = analyze(spec.name, lm, task, fields, cache=store if spec.cached else False,

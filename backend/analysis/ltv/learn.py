@@ -27,6 +27,7 @@ from typing import Callable, Sequence
 import torch
 
 from ...models import LoadedModel
+from ...stopping import check
 from ...tasks.base import Prompt, Task, TaskError
 from ..primitives.threads import cpu_threads
 from ..primitives.batching import Encoded, make_batch, map_batches
@@ -146,6 +147,7 @@ def _val(lm: LoadedModel, enc: Encoded, inj: Injection, gold: torch.Tensor, batc
     order = sorted(range(len(enc.ids)), key=lambda i: -len(enc.ids[i]))
     with torch.no_grad():
         for s in range(0, len(order), batch_size):
+            check()  # once per batch (`stopping`)
             rows = order[s:s + batch_size]
             logits = step_logits(pre, rows, inj.vectors) if pre is not None else \
                 injected_logits(lm, make_batch(lm, enc.ids, rows), inj)
@@ -211,6 +213,7 @@ def train_injection(lm: LoadedModel, layers: Sequence[int], positions: Sequence[
         for epoch in range(1, recipe.epochs + 1):
             drawn = 0
             while drawn < per_epoch:
+                check()  # once per training step (`stopping`): a cancelled job or one past its limit stops here
                 rows = []
                 while len(rows) < min(recipe.batch_size, per_epoch - drawn):
                     if not stream:  # a new shuffled pass over the training prompts

@@ -30,6 +30,7 @@ import torch
 
 from ...hooks import hooked
 from ...models import LoadedModel
+from ...stopping import check
 from ..primitives.batching import Batch, Encoded, Progress, make_batch, map_batches
 from ..primitives.induction import eager_attention
 from ..primitives.inject import Injection, final_states, gold_tokens, injected_logits
@@ -45,6 +46,7 @@ def head_saliency(lm: LoadedModel, enc: Encoded, inj: Injection, batch_size: int
     order = sorted(range(len(enc.ids)), key=lambda i: -len(enc.ids[i]))
     with lm.lock, torch.enable_grad():
         for s in range(0, len(order), batch_size):
+            check()  # once per batch (`stopping`)
             rows = order[s:s + batch_size]
             batch = make_batch(lm, enc.ids, rows)
             m = torch.ones(len(rows), lm.n_layers, lm.n_heads, device=lm.device, requires_grad=True)

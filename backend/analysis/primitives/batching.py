@@ -13,6 +13,7 @@ from typing import Callable, Sequence
 import torch
 
 from ...models import LoadedModel
+from ...stopping import check
 from ...tasks.base import Prompt, Queries, Task, TaskError
 from .fit import unknown_id
 from .notes import Note, report_multi_token
@@ -57,7 +58,10 @@ def encode(lm: LoadedModel, prompts: Sequence[Prompt], kind: str) -> Encoded:
     """Tokenise prompts and labels; reject prompts beyond the context window and classification labels
     that share a first token."""
     tok = lm.tokenizer
-    ids = [tok(p.text)["input_ids"] for p in prompts]
+    ids = []
+    for p in prompts:
+        check()
+        ids.append(tok(p.text)["input_ids"])
     if lm.max_positions:
         too_long = [i for i, x in enumerate(ids) if len(x) > lm.max_positions]
         if too_long:
@@ -68,6 +72,7 @@ def encode(lm: LoadedModel, prompts: Sequence[Prompt], kind: str) -> Encoded:
     unk = unknown_id(tok)
     label_ids, gold, multi = [], [], {}
     for p in prompts:
+        check()
         firsts = []
         for lab in p.labels:
             # how a label tokenises after a prompt depends only on the prompt's last characters
@@ -227,6 +232,7 @@ def _map_batches(lm: LoadedModel, ids: Sequence[Sequence[int]], batch_size: int,
     order = sorted(range(len(ids)), key=lambda i: -len(ids[i]))
     done = 0
     while done < len(order):
+        check()  # once per batch: a cancelled job or one past its time limit stops here (`stopping`)
         rows = order[done:done + batch_size]
         try:
             fn(make_batch(lm, ids, rows, padding))

@@ -44,6 +44,7 @@ import torch
 
 from ...hooks import hooked
 from ...models import LoadedModel
+from ...stopping import check
 
 from .batching import make_batch
 from .engine_fast import _run_fast, _Unsupported
@@ -122,6 +123,7 @@ def _run_full(lm: LoadedModel, ids: Sequence[Sequence[int]], configs: Sequence[R
         row_ids = [ids[i] for _, i in rows]
         done, bs = 0, batch_size
         while done < len(order):
+            check()  # once per batch of (configuration, prompt) rows (`stopping`)
             chunk = order[done:done + bs]
             try:
                 batch = make_batch(lm, row_ids, chunk)

@@ -11,6 +11,7 @@ from typing import Iterator, Sequence
 import torch
 
 from ...models import LoadedModel
+from ...stopping import check
 
 from .batching import Batch, make_batch
 from .prefix_store import STORE, batch_prefix, entries_of, fits
@@ -40,6 +41,7 @@ def _run_fast(lm: LoadedModel, ids: Sequence[Sequence[int]], plans: list[_Plan],
     if not every and STORE.get(lm, ids) is not None:  # no clean pass at all: the prompts in fewer, fuller steps
         bs = max(bs, min(len(ids), STORED_BATCH))
     while done < len(order):
+        check()  # once per batch of prompts (`stopping`); the steps within a batch check too
         prompts = order[done:done + bs]
         try:
             _fast_batch(lm, make_batch(lm, ids, prompts), plans, clean, last, every, fill, bs, out,
@@ -118,6 +120,7 @@ def _fast_batch(lm: LoadedModel, batch: Batch, plans: list[_Plan], clean: list[i
     del cache, at_last
     # 3. all-position masks: from the first changed layer on, latest first
     for k, (s, chunk) in enumerate(passes):
+        check()
         later = {t - 1 for t, _ in passes[k + 1:]}
         _from_layer(lm, batch, s, recorded.get(s - 1), plans, chunk, fill, out)
         if s - 1 not in later:
@@ -264,6 +267,7 @@ def _last_token(lm: LoadedModel, batch: Batch, cache, plans: list[_Plan], todo: 
     todo = sorted(todo, key=lambda c: plans[c].start)
     k = 0
     while k < len(todo):
+        check()  # once per step of configurations
         chunk = todo[k:k + per]
         c = len(chunk)
         mask4 = _packed_mask(lm, batch, cache, c)

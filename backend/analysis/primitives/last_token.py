@@ -30,6 +30,7 @@ from typing import Any, Callable, ContextManager, Iterator, Sequence
 import torch
 
 from ...models import LoadedModel
+from ...stopping import check
 from .batching import Batch, Progress, make_batch
 from .engine_fast import _packed_mask, _record_outputs, _shallow, _Unsupported
 from .engine_plan import _halve
@@ -110,6 +111,7 @@ def _steps(lm: LoadedModel, batch: Batch, cache, layer: int, h: torch.Tensor, ve
     per = max(1, min(MAX_PACK, rows // P))
     k = 0
     while k < n:
+        check()  # once per chunk of vectors (`stopping`)
         c = min(per, n - k)
         v = vectors[k:k + c].to(lm.device, torch.float32)  # (c, d)
         step = None if cache is None else _shallow(cache)
@@ -152,6 +154,7 @@ def final_change(lm: LoadedModel, ids: Sequence[Sequence[int]], layer: int, vect
     done, bs = 0, batch_size
     with lm.lock, torch.inference_mode():
         while done < len(order):
+            check()  # once per batch; the steps within it check per chunk
             prompts = order[done:done + bs]
             batch = make_batch(lm, ids, prompts)
             part = torch.zeros(n, d, dtype=torch.float64)
@@ -192,6 +195,7 @@ def clean_prefixes(lm: LoadedModel, ids: Sequence[Sequence[int]], layer: int, ba
     order = sorted(range(len(ids)), key=lambda i: -len(ids[i]))
     with lm.lock, torch.no_grad():
         for s in range(0, len(order), batch_size):
+            check()  # once per batch (`stopping`)
             rows = order[s:s + batch_size]
             batch = make_batch(lm, ids, rows)
             try:

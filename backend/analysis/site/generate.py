@@ -18,6 +18,7 @@ from typing import Any, Callable, ContextManager, Sequence
 import torch
 
 from ...models import LoadedModel
+from ...stopping import check
 from ..primitives.batching import Batch, Progress, map_batches
 
 HookFactory = Callable[[Batch], ContextManager[Any]]
@@ -119,6 +120,7 @@ def generate(lm: LoadedModel, ids: Sequence[Sequence[int]], *, max_new_tokens: i
             first[batch.rows] = logits.cpu()
             nxt_pos = pos[:, -1:] + 1
             for t in range(max_new_tokens):
+                check()  # once per generated token (`stopping`): a long generation stops within one step
                 nxt = logits.argmax(-1)
                 nxt_ids = nxt.tolist()  # one device -> host copy per step, not one per row
                 for i, r in enumerate(batch.rows):

@@ -27,6 +27,7 @@ import torch
 from ...hooks import hooked
 from ...models import LoadedModel
 from ...options import LORA_RANK, SITE_DECISIVE, SITE_VAL_SHARE
+from ...stopping import check
 from ...tasks.base import Prompt, Task, TaskError
 from ..primitives.batching import Batch, Encoded, Progress, encode, forward_last_logits, make_batch, map_batches
 from ..primitives.inject import gold_tokens
@@ -102,6 +103,7 @@ def site_data(lm: LoadedModel, task: Task, *, m: int, shots: int, val_prompts: i
         erng = random.Random(f"site-embed-{task.name}-{seed}-{k}")
         embed = []
         for i in range(m):
+            check()  # M may be large (`stopping`)
             j = i % len(pool)
             x, y = pool[j]
             demos = erng.sample(pool[:j] + pool[j + 1:], k)
@@ -180,11 +182,13 @@ def validate(lm: LoadedModel, enc: Encoded, alpha: torch.Tensor, t: torch.Tensor
     if pre is None:
         logits = soft_logits(lm, enc, alpha, t, batch_size)
     else:
-        order = list(range(len(enc.ids)))
+        order, parts = list(range(len(enc.ids))), []
         with lm.lock, torch.inference_mode():
-            logits = torch.cat([step_logits(pre, order[s:s + batch_size],
-                                            hooks=lambda n: soft_hooks(lm, alpha, t, n)).cpu()
-                                for s in range(0, len(order), batch_size)])
+            for s in range(0, len(order), batch_size):
+                check()  # once per batch (`stopping`)
+                rows = order[s:s + batch_size]
+                parts.append(step_logits(pre, rows, hooks=lambda n: soft_hooks(lm, alpha, t, n)).cpu())
+        logits = torch.cat(parts)
     gold = gold_tokens(enc)
     loss = torch.nn.functional.cross_entropy(logits, gold).item()
     return float(loss), float((logits.argmax(-1) == gold).float().mean())
@@ -247,6 +251,7 @@ def train_alphas(lm: LoadedModel, t: torch.Tensor, train: Encoded, val: Encoded,
     v0 = validate(lm, val, torch.sigmoid(logits.detach()), t, pre=pre_val)
     val_points.append({"step": 0, "loss": v0[0], "accuracy": v0[1]})
     for step in range(1, steps + 1):
+        check()  # once per training step (`stopping`)
         rows = rng.sample(range(len(train.ids)), b)
         with lm.lock, torch.enable_grad():
             if pre is not None:

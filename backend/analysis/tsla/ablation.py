@@ -19,7 +19,7 @@ from ..kernel import Context
 from ..kinds import get_kind
 from ..params import Heads, Int, NonNegative, PromptParams
 from ..primitives import cost
-from ..primitives.cost import NONE, Shape, Sizes, Work, passes
+from ..primitives.cost import Shape, Sizes, Work, passes
 from ..results import Metrics, Model, PairedTest, Result
 from ..primitives.batching import Encoded, built_and_encoded
 from ..primitives.capture import capture_means

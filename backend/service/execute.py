@@ -1,0 +1,126 @@
+"""What a runner runs, and how a job stops: the executor over the registry (`make_executor`), the progress a runner
+hands a job (`JobProgress`: progress, live data and one check) and the ways a job stops (`Cancelled`, `Preempted`,
+`JobTimeLimit`; `time_limited` for the CLI), a job's dedupe key, its error as one line, and whether a done job's
+saved outputs are still there. Plain functions and types: `jobs.py` holds the queue that uses them."""
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from ..stopping import Check, Stop
+from .errors import ServiceError
+
+Progress = Callable[[float, str], None]
+Executor = Callable[[str, dict[str, Any], Progress], dict[str, Any]]
+
+
+def job_key(kind: str, params: dict[str, Any], **identity: Any) -> str:
+    """Dedupe key of a job: its kind, normalized params, and what identifies its inputs (task content
+    hash, canonical model name)."""
+    blob = json.dumps({"kind": kind, "params": params, **identity}, sort_keys=True, default=str)
+    return f"{kind}:{hashlib.sha256(blob.encode()).hexdigest()[:32]}"
+
+
+def describe_error(e: BaseException) -> str:
+    """A one-line message for a failed job."""
+    name = type(e).__name__
+    if name == "OutOfMemoryError" or isinstance(e, MemoryError):
+        return (f"out of memory ({name}: {str(e).splitlines()[0][:200] if str(e) else 'no details'}); "
+                f"try fewer prompts, fewer shots or a smaller batch_size")
+    if isinstance(e, ServiceError):
+        return e.message
+    if isinstance(e, JobTimeLimit):
+        return str(e)
+    from ..adapters import UnsupportedArchitecture
+    from ..models import ModelLoadError
+    from ..tensor_store import TensorWriteError
+
+    if isinstance(e, (ValueError, ModelLoadError, UnsupportedArchitecture, FileNotFoundError, TensorWriteError)):
+        return str(e)
+    if isinstance(e, KeyError):
+        return str(e.args[0]) if e.args else name
+    return f"internal error ({name}): {e}"
+
+
+class Cancelled(Stop):
+    """Raised inside a job (by its check: `stopping.check`, and its progress callback) once it has been cancelled."""
+
+
+class Preempted(Stop):
+    """Raised inside a job (by its check) when a job of a higher lane needs its worker: the job goes
+    back to the head of its own lane."""
+
+
+class JobTimeLimit(Stop):
+    """Raised inside a job (by its check) once it has run past the per-job time limit."""
+
+
+def time_limited(progress: Progress, limit_s: float) -> "JobProgress":
+    """`progress`, with a check that raises JobTimeLimit once `limit_s` seconds have passed (the CLI's
+    HEADLENS_JOB_TIMEOUT_S). `kernel.analyze` installs the check (`stopping.checking`), so the analysis stops at
+    its next batch, training step or generated token past the limit, as a service job does; each progress step
+    checks too."""
+    start = time.monotonic()
+
+    def check() -> None:
+        if time.monotonic() - start > limit_s:
+            raise JobTimeLimit(f"the analysis ran past the time limit of {limit_s:g} s (HEADLENS_JOB_TIMEOUT_S); "
+                               f"ask for fewer prompts or values, or raise the limit")
+
+    def report(fraction: float, message: str = "") -> None:
+        check()
+        progress(fraction, message)
+    return JobProgress(report, lambda data: check(), check)
+
+
+@dataclass
+class JobProgress:
+    """What a runner hands a job: `progress(fraction, message)`, `live(data)` for data a page draws while the job
+    runs (e.g. a training loss curve so far; shown as the job's `live` field), and `check()`, which raises a
+    `stopping.Stop` (cancelled, preempted, past the time limit) and which `kernel.analyze` installs for the loops
+    (`stopping.checking`). `progress` and `live` run the check first."""
+
+    report: Progress
+    live: Callable[[dict[str, Any]], None]
+    check: Check | None = None
+
+    def __call__(self, fraction: float, message: str = "") -> None:
+        self.report(fraction, message)
+
+def make_executor(pool: Any, tasks: Any) -> Executor:
+    """An executor that runs registered analysis kinds with models from `pool` and tasks from `tasks`.
+
+    `params` holds `model` and `task` (when the kind uses them) and the kind's own fields."""
+    def execute(kind: str, params: dict[str, Any], progress: Progress) -> dict[str, Any]:
+        from ..analysis.kernel import analyze
+        from ..analysis.kinds import get_kind
+
+        spec = get_kind(kind)
+        fields = dict(params)
+        model, task = fields.pop("model", None), fields.pop("task", None)
+        lm = pool.get(model) if spec.uses_model else None
+        t = tasks.get(task) if spec.uses_task else None
+        out = analyze(kind, lm, t, fields, progress=progress, live=getattr(progress, "live", None)).to_json()
+        if kind == "model_info":  # its seconds per token make the time estimates of this model's jobs
+            from .estimate import note_speed
+
+            note_speed(pool.check(model), out)
+        return out
+    return execute
+
+
+def outputs_present_in(store: Any = None) -> Callable[[dict[str, Any]], bool]:
+    """Whether every saved tensor a result names (its `tensor` / `tensors` fields) is still stored and intact, in
+    `store` (a TensorStore; default: the cache folder's, looked up at each call)."""
+    def present(result: dict[str, Any]) -> bool:
+        from ..tensor_store import default_store, tensor_refs
+
+        refs = tensor_refs(result)
+        if not refs:
+            return True
+        s = store or default_store()
+        return all(s.has(tid) for tid in refs)
+    return present
