@@ -71,8 +71,9 @@ def main() -> None:
                     help="tasks of the SITE section (a subset of --tasks; SITE is the costliest kind on a CPU)")
     ap.add_argument("--ltv-main-tasks", default="sentiment,present-past",
                     help="tasks of the LTV section at the middle layer (a subset of --tasks)")
-    ap.add_argument("--light", default="gemma3-270m",
-                    help="labels measured at a reduced scope for the CPU budget: TSLA on the first seed only")
+    ap.add_argument("--light", default="",
+                    help="labels measured at a reduced scope for the CPU budget: TSLA on the first seed only (none by "
+                         "default: every model gets every seed)")
     ap.add_argument("--ltv-tasks", default="present-past",
                     help="tasks of the LTV layer sweep (every task gets the middle layer)")
     ap.add_argument("--ltv-layers", default="quarters", help="'quarters' (L/4, L/2, 3L/4), 'quarters+vanilla' (and the vanilla "
