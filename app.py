@@ -13,6 +13,7 @@ import streamlit as st
 from ui import api, figures, fit, jobs, layout, share, snippets, state
 from ui import metrics as M
 from ui.sections import run_row
+from ui.tsla import anytime
 
 s, caps = layout.page_setup("Home", ":material/search:")
 st.title(":material/search: headlens")
@@ -89,7 +90,10 @@ clicked = run_row(f"**Model** `{s.model}` · **task** `{s.task}` · **{s.shots}*
                   estimate=[(j.kind, j.params) for j in (score_job, icl_job)])
 
 if clicked or jobs.in_flight(score_job) or jobs.in_flight(icl_job):
+    partial = anytime.PartialView("home")  # the accuracies so far while the heads are scored ("8 of 50 prompts")
+    score_job.on_live = anytime.summary_drawer(partial)
     scores, icl = jobs.fetch_many([score_job, icl_job], start=True)
+    partial.clear()
 else:  # what is cached shows at once (a shared link); the rest waits for Run
     scores, icl = (jobs.peek(j.kind, j.params) for j in (score_job, icl_job))
     if scores is None or icl is None:

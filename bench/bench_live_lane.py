@@ -3,6 +3,7 @@ the Ablation page's curves run, and what the pages' auto-start rule decides (a b
 
     HEADLENS_MODELS_DIR=models/pulled .venv/bin/python bench/bench_live_lane.py --model smollm2-135m
     .venv/bin/python bench/bench_live_lane.py --model default --task syn-sentiment     # the embedded model
+    .venv/bin/python bench/bench_live_lane.py --smoke     # the embedded model, k <= 4, one toggle (the CI test)
 
 In one in-process service (an empty cache folder): load the model and measure its speed (`model_info`); the Head
 map's pass (`scores`, 8 shots x 50 prompts: it keeps the prompts' clean prefix); the estimates of the Ablation
@@ -68,7 +69,10 @@ def main() -> None:
     ap.add_argument("--gap", type=float, default=5.0, help="seconds the curves run between two toggles")
     ap.add_argument("--finish", action="store_true", help="let the curves finish instead of cancelling them")
     ap.add_argument("--json", default=None)
+    ap.add_argument("--smoke", action="store_true", help="the embedded model, k <= 4, one toggle (the CI test)")
     a = ap.parse_args()
+    if a.smoke:
+        a.model, a.task, a.kmax, a.toggles, a.gap, a.finish = "default", "syn-sentiment", 4, 1, 0.2, False
     os.environ.setdefault("HEADLENS_CACHE_DIR", tempfile.mkdtemp(prefix="bench-live-lane-"))
 
     from starlette.testclient import TestClient

@@ -111,7 +111,7 @@ def section_ltv(lm, task, a) -> dict:
     def progress(f: float, m: str = "") -> None:
         stages.append((time.perf_counter() - t0, f, m))
 
-    r = analyze("ltv", lm, task, {}, progress=progress)
+    r = analyze("ltv", lm, task, {"propagation": True}, progress=progress)  # every mechanism stage
     total = time.perf_counter() - t0
     marks, prev = [], None
     for t, f, m in stages:

@@ -17,7 +17,11 @@ cap them at 19-20):
 - a cached page from a link: a fresh browser session opening a Head map / Steering link whose results are cached;
   from the page shell (the browser's load event) to the view drawn and idle, and to the map itself drawn;
 - the same Head map link right after a new launch on the same cache (`after_launch`: fresh service and dashboard
-  processes; from the navigation).
+  processes; from the navigation);
+- `fresh` (issue 25): a page switch to the cached Head map in a session (from the Sweeps page, through the
+  sidebar) against the same link opened in a new browser each time (a new profile: no HTTP cache, no cookies);
+- `partial` (issue 25): a Head map link of a seed not computed yet: the first partial map drawn ("Partial: 4 of 50
+  prompts"), from the navigation or from the click on Run when the page waits for it, and the final map.
 
 "Idle": Streamlit's running indicator and every progress bar gone. Times come from the browser side
 (time.perf_counter around WebDriver calls, polled every 20 ms). `--repo` lets the same script measure another
@@ -298,7 +302,7 @@ def cpu_by_group() -> dict[str, float]:
             cmd, t = " ".join(p.cmdline()), p.cpu_times()
         except psutil.Error:
             continue
-        group = ("service" if " serve " in f"{cmd} " else "dashboard" if "streamlit" in cmd
+        group = ("service" if " serve " in f"{cmd} " else "dashboard" if "streamlit" in cmd or "ui.warm" in cmd
                  else "browser" if "chrom" in cmd else None)
         if group:
             out[group] += t.user + t.system
@@ -331,7 +335,77 @@ def load_avg() -> str:
         return "?"
 
 
-SCENARIOS = ("home", "toggle", "headmap", "steering", "after_launch")
+def first_partial(d: Any, url: str, query: str, timeout: float = 1800) -> dict[str, float]:
+    """An anytime Head map (issue 25): a link to a view not computed yet; seconds from the navigation (or from the
+    click on Run, when the page waits for it) to the first partial map drawn ("Partial: 4 of 50 prompts"), and to
+    the final map."""
+    d.get(f"{url}/Head_map?{query}")
+    t0 = time.perf_counter()
+
+    def partial_or_run(d: Any) -> bool:
+        return "Partial:" in main_text(d) or bool(_visible_run(d))
+
+    until(d, partial_or_run, timeout)
+    clicked = False
+    run = _visible_run(d)
+    if run and "Partial:" not in main_text(d):
+        t0, clicked = time.perf_counter(), True
+        run[0].click()
+    first = until(d, lambda d: "Partial:" in main_text(d) and css(d, ".js-plotly-plot .main-svg"), timeout)
+    text = next((x for x in main_text(d).splitlines() if "Partial:" in x), "")
+    final = until(d, lambda d: "Top heads" in main_text(d) and "Partial:" not in main_text(d) and idle(d), timeout)
+    return {"first_partial_s": round(first, 2), "final_s": round(first + final, 2), "from_run_click": clicked,
+            "first_partial_text": text[:80]}
+
+
+def _visible_run(d: Any) -> list:
+    from selenium.webdriver.common.by import By
+
+    return [b for b in d.find_elements(By.XPATH, "//button[normalize-space(.)='Run' or .//p[normalize-space(.)='Run']]")
+            if b.is_displayed()]
+
+
+def fresh_browsers(url: str, path: str, query: str, drawn: Callable[[Any], bool], n: int = 3) -> list[dict[str, float]]:
+    """A shared link opened in a new browser each time (a new profile: no HTTP cache, no cookies): seconds from
+    the navigation to the page shell, the first figure and the view drawn and idle."""
+    out = []
+    for _ in range(n):
+        d = browser()
+        try:
+            c0 = cpu_by_group()
+            t0 = time.perf_counter()
+            d.get(f"{url}/{path}?{query}")
+            until(d, lambda d: css(d, '[data-testid="stAppViewContainer"]'), 120)
+            shell = time.perf_counter() - t0
+            until(d, lambda d: css(d, ".js-plotly-plot .main-svg"), 300)
+            first = time.perf_counter() - t0
+            until(d, lambda d: drawn(d) and idle(d), 300)
+            view = time.perf_counter() - t0
+            CPU[f"fresh browser {path} #{len(out)}"] = cpu_delta(c0)
+            out.append({"shell_s": round(shell, 3), "first_figure_s": round(first, 3), "view_s": round(view, 3)})
+        finally:
+            d.quit()
+    return out
+
+
+def page_switches(d: Any, via: str, path_label: str, drawn: Callable[[Any], bool], n: int = 3) -> list[float]:
+    """Seconds from a click on the sidebar's `path_label` link (coming from page `via`) to the view drawn, idle."""
+    out = []
+    for _ in range(n):
+        [e for e in css(d, '[data-testid="stPageLink-NavLink"]') if via in e.text][0].click()
+        until(d, lambda d: via in main_text(d)[:200] and idle(d), 300)
+        settle(d)
+        link = [e for e in css(d, '[data-testid="stPageLink-NavLink"]') if path_label in e.text][0]
+        c0 = cpu_by_group()
+        t0 = time.perf_counter()
+        link.click()
+        until(d, lambda d: drawn(d) and idle(d), 300)
+        out.append(round(time.perf_counter() - t0, 3))
+        CPU[f"page switch to {path_label} #{len(out)}"] = cpu_delta(c0)
+    return out
+
+
+SCENARIOS = ("home", "toggle", "headmap", "steering", "after_launch", "fresh", "partial")
 
 
 def missing() -> str | None:
@@ -407,6 +481,17 @@ def run(repo: Path, label: str, only: tuple[str, ...] = SCENARIOS, smoke: bool =
             out.append({"first_figure_s": round(took - (view - first), 3), "view_s": round(took, 3)})
         return out
 
+    def fresh() -> dict[str, Any]:
+        """A page switch in a session against the same cached link in a new browser (issue 25)."""
+        d.get(f"{app.url}/Head_map?{hm_q}")
+        until(d, lambda d: hm_drawn(d) and idle(d), 1800)
+        settle(d, 900)
+        return {"page_switch_s": page_switches(d, "Sweeps", "Head map", hm_drawn),
+                "fresh_browser": fresh_browsers(app.url, "Head_map", hm_q, hm_drawn)}
+
+    def partial() -> dict[str, Any]:
+        return first_partial(d, app.url, f"{QS}&task={TASK}&seed=11")
+
     def homes() -> list[float]:
         out = []
         for seed in (0,) if smoke else (0, 1, 2):
@@ -436,6 +521,10 @@ def run(repo: Path, label: str, only: tuple[str, ...] = SCENARIOS, smoke: bool =
             scenario("link_steering_s", steering_links)
         for path, a, b in LINK_WINDOWS:
             traced(app, f"cached link {path}", a, b)
+        if "fresh" in only:
+            scenario("fresh", fresh)
+        if "partial" in only:
+            scenario("partial", partial)
         if "after_launch" in only:
             scenario("after_launch", after_launch)
         res["service_jobs"] = service_jobs(app)
@@ -455,6 +544,7 @@ def summary(res: dict[str, Any]) -> dict[str, float | None]:
     hm, sg = res.get("link_head_map_s"), res.get("link_steering_s")
     firsts = [x["first_figure_s"] for x in res.get("shells") or [] if x["path"] == "Head_map" and "first_figure_s" in x]
     after = res.get("after_launch")
+    fr, part = res.get("fresh") or {}, res.get("partial") or {}
     return {"home_first": home[0] if home else None, "home_median": med(home) if home else None,
             "toggle_first": tog[0] if tog else None,
             "toggle_median": med(tog) if tog else None, "toggle_max": max(tog) if tog else None,
@@ -464,7 +554,10 @@ def summary(res: dict[str, Any]) -> dict[str, float | None]:
             "head_map_view": med(v for _, v in hm) if hm else None,
             "steering_view": med(v for _, v in sg) if sg else None,
             "after_launch_first_figure": med(x["first_figure_s"] for x in after) if after else None,
-            "after_launch_view": med(x["view_s"] for x in after) if after else None}
+            "after_launch_view": med(x["view_s"] for x in after) if after else None,
+            "page_switch": med(fr["page_switch_s"]) if fr.get("page_switch_s") else None,
+            "fresh_browser_view": med(x["view_s"] for x in fr["fresh_browser"]) if fr.get("fresh_browser") else None,
+            "first_partial": part.get("first_partial_s"), "partial_final": part.get("final_s")}
 
 
 def main() -> None:

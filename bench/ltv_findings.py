@@ -56,7 +56,7 @@ def main() -> None:
     runs = {}
     for n in names:
         t1 = time.perf_counter()
-        runs[n] = train_ltv(lm, load_task(n), layer="all", **recipe)
+        runs[n] = train_ltv(lm, load_task(n), layer="all", propagation=True, **recipe)
         print(f"{n}: {time.perf_counter() - t1:.1f} s", file=sys.stderr, flush=True)
     across = ltv_across_tasks(lm, tasks=names, **{k: v for k, v in recipe.items() if k not in ("random_draws",
                                                                                                 "perturbations")})

@@ -11,7 +11,7 @@ import streamlit as st
 from ui import compare, figures, fit, head_view, heads, jobs, layout, share, snippets, state
 from ui import metrics as M
 from ui.sections import download, guard, run_row, section
-from ui.tsla import patching_figures as pf
+from ui.tsla import anytime, patching_figures as pf
 
 s, caps = layout.page_setup("Head map", ":material/grid_on:")
 st.title(":material/grid_on: Head map")
@@ -21,7 +21,12 @@ layout.need_task(s)
 fit.check(s)
 
 score_params = s.job(**s.selection())
-scores = jobs.fetch("scores", score_params, "Scoring heads", what="Head scores")
+# an anytime map: while the heads are scored, the map so far (marked "partial: 8 of 50 prompts") below the bar
+partial = anytime.PartialView("hm")
+scores = jobs.fetch("scores", score_params, "Scoring heads", what="Head scores",
+                    on_live=anytime.map_drawer(partial, lambda: state.get().map or "tr",
+                                               figures.subtitle(figures.caption(s.model, s.task_title, s.shots))))
+partial.clear()
 if scores is None:
     st.stop()
 jobs.show_warnings(scores)

@@ -15,7 +15,9 @@ import streamlit as st
 
 from ui import figures, fit, jobs, layout, share, snippets, state
 from ui.sections import LiveChart, download, guard, run_row, section
+from ui import api
 from ui.ltv import figures as lf
+from ui.ltv import stages as ls
 from ui import metrics as M
 
 def positions_from(text: str) -> list[int]:
@@ -84,6 +86,25 @@ layer = default_layer if state.value("ltv_layer") is None else state.value("ltv_
 params = s.job(layer=layer, positions=list(state.value("ltv_positions")), lr=float(state.value("ltv_lr")),
                epochs=int(state.value("ltv_epochs")), batch_size=int(state.value("ltv_batch")),
                units=state.value("ltv_units"), **s.selection())
+
+
+def stage_seconds(base: dict[str, Any]) -> dict[str, float | None]:
+    """What each mechanism stage adds to the estimate (memoised per job params in this session)."""
+    memo = st.session_state.setdefault("_hl_ltv_stage_seconds", {})
+    key = state.result_key("ltv", base)
+    if key not in memo:
+        try:
+            memo[key] = ls.stage_seconds(api.estimate, "ltv", base)
+        except api.ApiError:
+            return {}
+    return memo[key]
+
+
+state.bind(st.pills, "How it works (per layer)", "ltv_mech", options=list(state.LTV_MECHANISM),
+           selection_mode="multi", to_widget=list, from_widget=lambda v: list(v or []),
+           format_func=lambda stage, secs=stage_seconds(params): ls.stage_label(stage, secs.get(stage)),
+           help=ls.HELP)
+params = ls.stage_params(params, state.value("ltv_mech"))
 
 
 def live_drawer(live: LiveChart):
@@ -156,12 +177,13 @@ if res is not None:
                                 format_func=lambda m: M.LABEL[m], required=True) or "accuracy"
             share.chart(lf.layer_sweep(res, metric, f"{M.LABEL[metric]} against the injection layer{ctx}"), "ltv-sweep",
                         key="ltv_sweep", heads="")
-            share.chart(lf.rotation_stretch(res, f"Linear propagation of θ to the last layer (W = QS){ctx}"),
-                        "ltv-rotation", key="ltv_rotation", heads="")
-            st.caption("W maps perturbed vectors θᵢ = θ + λᵢ‖θ‖εᵢ to the change of the last layer's output "
-                       "(least squares); its polar decomposition W = QS splits that map into a rotation Q and a "
-                       "stretch S. The paper finds early layers rotate θ (cosine well below 1) and late layers "
-                       "stretch it.")
+            if any(x is not None for x in res.get("rotation") or []):  # linear propagation was asked for
+                share.chart(lf.rotation_stretch(res, f"Linear propagation of θ to the last layer (W = QS){ctx}"),
+                            "ltv-rotation", key="ltv_rotation", heads="")
+                st.caption("W maps perturbed vectors θᵢ = θ + λᵢ‖θ‖εᵢ to the change of the last layer's output "
+                           "(least squares); its polar decomposition W = QS splits that map into a rotation Q and "
+                           "a stretch S. The paper finds early layers rotate θ (cosine well below 1) and late "
+                           "layers stretch it.")
 
         # -- one layer in detail ------------------------------------------------------------------------------------
         st.subheader("How it works", divider="gray")
@@ -239,7 +261,8 @@ if res is not None:
 # -- across tasks --------------------------------------------------------------------------------------------------
 st.subheader("Across tasks", divider="gray")
 one_layer = L // 2 if layer == "all" else int(layer)
-tparams = {**{k: v for k, v in params.items() if k != "task"}, "layer": one_layer}  # the same recipe, every task
+tparams = {**{k: v for k, v in params.items() if k != "task" and k != "mechanism" and k not in ls.STAGES},
+           "layer": one_layer}  # the same recipe, every task (no mechanism)
 clicked = run_row(f"Every built-in task of this model at **layer {one_layer}**: the comparison task by task, the "
                   f"similarity of their vectors, and sums of two tasks' vectors on composed tasks",
                   "One vector per task (cached: a task trained above is not retrained).", "run_ltv_tasks",

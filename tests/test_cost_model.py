@@ -32,7 +32,7 @@ CASES = {  # kind -> (task, params): small, and shaped so that the estimate's up
     "findings": (None, {"tasks": ["syn-sentiment"], "sections": ["tsla"], "prompts": 4, "shots": 2, "random_sets": 1}),
     "head": ("syn-sentiment", {**SMALL, "head": [1, 2]}),
     "ltv_train": ("syn-antonym", LTV),
-    "ltv": ("syn-antonym", {**LTV, **SMALL, "perturbations": 16, "random_draws": 2}),
+    "ltv": ("syn-antonym", {**LTV, **SMALL, "perturbations": 16, "random_draws": 2, "propagation": True}),
     "ltv_tasks": (None, {**LTV, **SMALL, "tasks": ["syn-antonym", "syn-successor"]}),
     "site": ("syn-antonym", {**SITE, "budget": [2], "patching": [1, 4], "icl_shots": [2]}),
     "site_transfer": (None, {**SITE, "tasks": ["syn-antonym", "syn-successor"]}),

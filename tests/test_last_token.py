@@ -203,7 +203,7 @@ def test_ltv_kind_fast_paths_equal_the_full_pass_reference(gpt2_tokenizer, monke
     task = Task("tiny-parity", "classification", [(str(i), "even" if i % 2 == 0 else "odd") for i in range(40)],
                 Template("{input} is {output}\n"))
     fast_params = dict(epochs=2, train_prompts=12, val_prompts=4, prompts=8, shots=2, top_k=2, random_draws=2,
-                       perturbations=96, layer=1)  # >= d_model: W determined, its rotation well-conditioned
+                       perturbations=96, layer=1, propagation=True)  # >= d_model: W determined, well-conditioned
     fast = analyze("ltv", lm, task, cache=False, **fast_params)
     monkeypatch.setattr(I, "as_row_configs", lambda *a: None)
     monkeypatch.setattr(PR, "final_change", lambda *a, **k: None)

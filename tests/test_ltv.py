@@ -147,7 +147,7 @@ def test_ltv_kind_on_gqa_models(lm_of, arch, tmp_path):
     lm = lm_of(arch)
     assert lm.n_kv_heads < lm.n_heads
     live = []
-    r = analyze("ltv", lm, parity_task(), cache=True, live=live.append, positions=[-1, -2], **FAST)
+    r = analyze("ltv", lm, parity_task(), cache=True, live=live.append, positions=[-1, -2], propagation=True, **FAST)
     assert r.layer == lm.n_layers // 2 and r.layers == [r.layer] and r.positions == [-1, -2]
     assert r.conditions == ["zero_shot", "icl", "vanilla", "fv", "tr", "tl", "ltv", "ltv+icl"]
     e = r.per_layer[0]
@@ -160,7 +160,7 @@ def test_ltv_kind_on_gqa_models(lm_of, arch, tmp_path):
     steps = e.training.epochs_run * math.ceil(12 / e.training.recipe["batch_size"])
     assert live and live[-1]["kind"] == "ltv_train" and len(live[-1]["loss"]) == steps == len(e.training.loss)
     # the same request is read from the cache, trainings included
-    again = analyze("ltv", lm, parity_task(), cache=True, positions=[-1, -2], **FAST)
+    again = analyze("ltv", lm, parity_task(), cache=True, positions=[-1, -2], propagation=True, **FAST)
     assert again.cache_hit and again.table == r.table
     t = analyze("ltv_train", lm, parity_task(), cache=True, layer=r.layer, positions=[-1, -2],
                 **{k: FAST[k] for k in ("epochs", "train_prompts", "val_prompts")})

@@ -82,7 +82,9 @@ def test_page_trains_compares_and_reopens_from_a_link(inprocess, setup):
 
 
 def test_sweep_link_draws_a_line_per_condition_and_the_rotation_curves(inprocess, setup):
-    at = page(setup)
+    at = page(setup, ltv_mech="key_heads,ov,propagation")  # linear propagation is opt-in
+    pills = next(p for p in at.get("button_group") if p.key == "w_ltv_mech")
+    assert pills.value == ["key_heads", "ov", "propagation"]
     run_button(at, "run_ltv").click().run()
     assert_clean(at)
     sweep = figure(at, "ltv_sweep")
@@ -91,6 +93,11 @@ def test_sweep_link_draws_a_line_per_condition_and_the_rotation_curves(inprocess
     assert all(len(t["x"]) == len(sweep["data"][0]["x"]) > 1 for t in sweep["data"])
     rot = figure(at, "ltv_rotation")
     assert [t["name"] for t in rot["data"]] == ["cos(θ, Qθ)", "‖Sθ‖ / ‖θ‖"]
+    plain = page(setup)  # the default stages: no linear propagation, so no rotation curves (and no error)
+    run_button(plain, "run_ltv").click().run()
+    assert_clean(plain)
+    assert figure(plain, "ltv_sweep") and not any(c.proto.id.endswith("ltv_rotation")
+                                                  for c in plain.get("plotly_chart"))
 
 
 def test_live_loss_of_a_running_job(inprocess, setup):

@@ -115,6 +115,9 @@ def _join(v: Iterable[str]) -> str:
 LTV_SWEEP_MAX_LAYERS = 8
 """The LTV page sweeps every layer by default only on a model this shallow: the sweep trains one vector and runs
 its mechanism per layer (on the embedded model, seconds each; on SmolLM2-135M's 30 layers on a CPU, hours)."""
+LTV_MECHANISM = ("key_heads", "ov", "propagation")
+"""The `ltv` kind's mechanism stages, each a param of its own (`LtvParams.key_heads`, `ov`, `propagation`)."""
+LTV_MECHANISM_DEFAULT = ("key_heads", "ov")  # the kind's defaults: linear propagation is opt-in
 
 
 def ltv_default_layer(n_layers: int) -> int | str:
@@ -225,6 +228,7 @@ FIELDS: dict[str, Field] = {f.name: f for f in (
     Field("ltv_epochs", lambda: 10, _int_in(1, 1000), view=True),
     Field("ltv_batch", lambda: 4, _int_in(1, 1024), view=True),
     Field("ltv_units", lambda: "residual", _choice(("residual", "absolute")), view=True),
+    Field("ltv_mech", lambda: list(LTV_MECHANISM_DEFAULT), _choices(LTV_MECHANISM), _join, view=True),  # its stages
     Field("ltv_show", lambda: None, _int_in(0, 100000), view=True),  # the layer whose mechanism is shown
     Field("ltv_metric", lambda: "accuracy", _choice(("accuracy", "label_accuracy", "tr_ratio")), view=True),
     # -- Sweeps

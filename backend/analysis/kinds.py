@@ -50,8 +50,9 @@ class Kind:
     steer, geometry, patching, ltv, site, methods) when their results gained intervals and paired tests (issue 27):
     a cached result without them is recomputed, so every page shows them. Kinds whose only rates are `Metrics`
     (scores, maps, perturb, ltv_tasks) keep their key: `Metrics` fills its intervals from the rate and n when read
-    back. 3 for ablation_curves: its curves keep every prompt's outcome per set and k
-    (the findings' tests pool them over seeds); 2 for findings: its verdicts rest on per-task tests."""
+    back. One more for ltv (issue 25): its linear propagation became opt-in (`propagation`, off by default).
+    3 for ablation_curves: its curves keep every prompt's outcome per set and k (the findings' tests pool them over
+    seeds); 2 for findings: its verdicts rest on per-task tests."""
     indexed: bool = False  # list its cached results per model and task, so `Context.cached` finds them by any field
 
     @classmethod
@@ -148,7 +149,7 @@ _ENTRIES: tuple[Kind, ...] = (
     Kind.at("ltv.ltv", "ltv",
             "learned task vectors per layer against zero-shot, ICL, vanilla / function / TR / TL vectors, on top of "
             "ICL; key heads, OV reconstruction and linear propagation (rotation, stretch)", api="train_ltv",
-            indexed=True, version=2),
+            indexed=True, version=3),
     Kind.at("ltv.ltv_tasks", "ltv_tasks",
             "learned task vectors of several tasks at one layer: the comparison task by task, their cosine "
             "similarity, and sums of two tasks' vectors on composed tasks", api="ltv_across_tasks", uses_task=False),

@@ -75,7 +75,7 @@ class FindingsParams(Params):
         if "ltv" in self.sections and self.ltv_tasks:
             steer = get_kind("steer").params(vectors=["vanilla", "fv", "tr", "tl"], layer="all", shots=self.shots,
                                              prompts=self.ltv_prompts).work(shape, sizes)
-            ltv = get_kind("ltv").params(shots=self.shots, prompts=self.ltv_prompts,
+            ltv = get_kind("ltv").params(shots=self.shots, prompts=self.ltv_prompts, propagation=True,
                                          perturbations=self.ltv_perturbations).work(shape, sizes)
             runs = min(self.ltv_tasks, n_tasks)
             w = w + (steer * (2 * runs) + ltv * (runs + (2 if self.ltv_sweep else 0))).named("LTV")

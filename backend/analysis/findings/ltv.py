@@ -46,7 +46,8 @@ def measure(lm: Any, tasks: list, a: Any, log: Callable[[str], None]) -> dict[st
     analyze = section_analyze(a)
 
     mid = lm.n_layers // 2
-    common = dict(perturbations=a.ltv_perturbations, shots=a.ltv_shots, prompts=a.ltv_prompts, **a.ltv_recipe)
+    common = dict(propagation=True, perturbations=a.ltv_perturbations, shots=a.ltv_shots, prompts=a.ltv_prompts,
+                  **a.ltv_recipe)
     sweep_tasks = set(a.ltv_tasks.split(","))
     rows = {}
     for name, task in tasks:

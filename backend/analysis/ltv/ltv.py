@@ -14,7 +14,9 @@ conditions   zero_shot   the query alone
                          share their trainings)
              ltv+icl     the LTV added to the k-shot prompts
              Extracted vectors come from the cached `vectors` kind and are added at the last token, unscaled.
-mechanism    key heads   saliency |a . dp(gold)/da| per head at the last token with the LTV in; the top
+mechanism    per single layer, each stage a param (`key_heads` and `ov` on by default, `propagation` opt-in: on
+             SmolLM2-135M it cost 90% of the mechanism's CPU time and half the run; `mechanism=False`: none)
+             key heads   saliency |a . dp(gold)/da| per head at the last token with the LTV in; the top
                          `key_pct` % of all heads, taken from the layers that see theta (>= its layer), are
                          ablated (zero, last token) against `random_draws` random sets as large from the same
                          layers (from their other heads, when there are enough); overlaps of the saliency map with the TR, TL and induction maps (kind `scores`)
@@ -41,7 +43,7 @@ from ...text import clip
 from ..kernel import Context
 from ..kinds import get_kind
 from ..params import Bool, Float, Int, Layer, Selection, TensorId
-from ..primitives.cost import Shape, Sizes, Work, passes, training
+from ..primitives.cost import Shape, Sizes, Work, passes
 from ..results import Grid, Head, Metrics, Model, Overlap, PairedTest, Result, TensorsInline
 from .recipe import LtvRecipeParams, LtvTraining
 from ..primitives.batching import build_prompts, encode
@@ -52,7 +54,7 @@ from ..primitives.selection import n_top, overlap, random_heads, top_heads
 from ..primitives.stages import spans
 from ..primitives.sweep import head_mask
 from ..primitives.threads import cpu_threads
-from .ltv_costs import EVAL_BATCH, EXTRACTED, RECIPE, ltv_costs, mechanism_costs
+from .ltv_costs import EVAL_BATCH, EXTRACTED, RECIPE, ltv_costs, mechanism_costs, mechanism_work
 from .propagation import head_saliency, linear_propagation, ov_reconstruction
 
 
@@ -67,7 +69,15 @@ class LtvParams(Selection, LtvRecipeParams):
     joint: Bool = Field(False, description="with several layers: one theta per layer trained together")
     shots: Int = Field(o.SHOTS, ge=0, description="demonstrations of the ICL conditions and extracted vectors")
     prompts: Int = Field(o.PROMPTS, ge=1, description="held-out queries scored (zero-shot prompts)")
-    mechanism: Bool = Field(True, description="key heads, OV reconstruction and linear propagation per layer")
+    mechanism: Bool = Field(True, description="how it works, per layer: the stages switched on below (key_heads, "
+                                              "ov, propagation); False: none of them")
+    key_heads: Bool = Field(True, description="mechanism: head saliency, the key heads ablated against random sets, "
+                                              "their overlap with the head maps")
+    ov: Bool = Field(True, description="mechanism: the OV reconstruction of theta, injected instead of it")
+    propagation: Bool = Field(False, description="mechanism: linear propagation W = QS (rotation, stretch), fitted "
+                                                 "on `perturbations` perturbed vectors; the costliest stage (on "
+                                                 "SmolLM2-135M about as much as the rest of the run), so off by "
+                                                 "default")
     key_pct: Float = Field(o.LTV_KEY_PCT, gt=0, le=100, description="key heads: top percent by saliency")
     random_draws: Int = Field(o.LTV_RANDOM_DRAWS, ge=1, le=100, description="random head sets ablated for contrast")
     perturbations: Int | None = Field(None, ge=2, le=16384, description="linear propagation: perturbed vectors "
@@ -78,6 +88,17 @@ class LtvParams(Selection, LtvRecipeParams):
 
     def writes_tensors(self) -> bool:
         return not self.load
+
+    def stages(self) -> tuple[str, ...]:
+        """The mechanism's stages this request runs (at each single layer; a joint vector runs none)."""
+        if not self.mechanism:
+            return ()
+        return tuple(name for name, on in (("key_heads", self.key_heads), ("ov", self.ov),
+                                           ("propagation", self.propagation)) if on)
+
+    def n_perturbations(self, d_model: int) -> int:
+        """Linear propagation's perturbed vectors: `perturbations`, else 2 d_model (at most LTV_MAX_PERTURBATIONS)."""
+        return self.perturbations or min(2 * d_model, o.LTV_MAX_PERTURBATIONS)
 
     def work(self, shape: Shape, sizes: Sizes) -> Work:
         layers = shape.n_layers if self.layer == "all" else len(set(self.layer)) if isinstance(self.layer, list) else 1
@@ -90,13 +111,13 @@ class LtvParams(Selection, LtvRecipeParams):
         b = o.SWEEP_BATCH_SIZE  # its evaluations' rows per call (`ltv_costs.EVAL_BATCH`)
         w = w + passes("references", n, t0, b) + passes("references", n, t, b)
         per = passes("conditions", n * (1 if joint else 1 + len(EXTRACTED)), t0, b) + passes("conditions", n, t, b)
-        if self.mechanism and not joint:
-            w = w + get_kind("scores").params(shots=self.shots, prompts=self.prompts).work(shape, sizes).named(
-                "head scores")
-            n_pert = self.perturbations or min(2 * shape.d_model, o.LTV_MAX_PERTURBATIONS)
-            per = (per + training("key heads", n, t0, batch=b) + passes("key heads", (1 + self.random_draws) * n, t0, b)
-                   + passes("OV reconstruction", 5 * n, t0, b) + passes("linear propagation", (n_pert + 2) * n, t0, b))
-        return w + per * layers
+        w = w + per * layers
+        if not joint:
+            at = ([shape.n_layers // 2] if self.layer is None else [self.layer] if isinstance(self.layer, int)
+                  else range(shape.n_layers) if self.layer == "all" else sorted(set(self.layer)))
+            for l in at:
+                w = w + mechanism_work(self, shape, l, n, t0)
+        return w
 
 
 class MetricCurve(Model):
@@ -284,7 +305,8 @@ def _ltv(ctx: Context, p: LtvParams) -> dict[str, Any]:
         theta = torch.as_tensor(np.asarray(tr["theta"]), dtype=torch.float32)
         return Injection({l: theta[i] for i, l in enumerate(g)}, positions)
 
-    base = evaluate_injections(lm, zero, [Injection()], EVAL_BATCH)
+    # the zero-shot prompts' clean prefixes kept: the comparison and the mechanism's configurations are token steps
+    base = evaluate_injections(lm, zero, [Injection()], EVAL_BATCH, keep_prefix=True)
     # k-shot prompts alone and with each LTV: one sweep (one clean pass; a last-token LTV is one step over it)
     with_icl = evaluate_injections(lm, icl, [Injection()] + [ltv_injection(g, tr) for g, tr in zip(groups, trainings)],
                                    EVAL_BATCH, ctx.stage(*share["icl"], "k-shot prompts"))
@@ -307,8 +329,8 @@ def _ltv(ctx: Context, p: LtvParams) -> dict[str, Any]:
         conditions = {**ref, **{nm: out.summary(i) for i, nm in enumerate(names)}, "ltv+icl": with_icl.summary(gi + 1)}
         entry: dict[str, Any] = {"layers": g, "conditions": {c: conditions[c] for c in CONDITIONS if c in conditions},
                                  "training": tr, "tests": ltv_tests(conditions)}
-        if p.mechanism and not joint:
-            if scores is None:
+        if p.stages() and not joint:
+            if scores is None and "key_heads" in p.stages():
                 scores = ctx.call("scores", shots=p.shots, prompts=p.prompts, seed=p.seed, top_pct=p.top_pct,
                                   top_k=p.top_k, batch_size=o.BATCH_SIZE)
             entry.update(_mechanism(ctx, p, zero, g[0], thetas[g[0]], positions, conditions,
@@ -342,56 +364,64 @@ def ltv_tests(conditions: dict[str, Any]) -> dict[str, Any]:
 
 def _mechanism(ctx: Context, p: LtvParams, zero: Any, layer: int, theta: torch.Tensor, positions: tuple[int, ...],
                conditions: dict[str, Any], ltv_gold_prob: float, scores: Any, progress: Any) -> dict[str, Any]:
-    """Key heads (saliency, ablation against random sets, overlaps), OV reconstruction and linear propagation of
-    theta at the input of `layer`; `conditions` and `ltv_gold_prob` (mean gold probability) are theta's own scores on
-    `zero`, already measured."""
+    """The mechanism stages `p.stages()` asks for: key heads (saliency, ablation against random sets, overlaps), OV
+    reconstruction and linear propagation of theta at the input of `layer`; `conditions` and `ltv_gold_prob` (mean
+    gold probability) are theta's own scores on `zero`, already measured. A stage not asked for is absent."""
     lm = ctx.lm
     L, H, d = lm.n_layers, lm.n_heads, lm.d_model
+    stages = p.stages()
     inj = Injection({layer: theta}, positions)
-    n = p.perturbations or min(2 * d, o.LTV_MAX_PERTURBATIONS)
     share = spans(mechanism_costs(lm, p, zero, layer, positions))
-    progress(0.0, "head saliency")
-    sal = head_saliency(lm, zero, inj, EVAL_BATCH)
-    # heads before the injection layer never see theta: key heads and random sets come from layers >= layer
-    later = sal.copy()
-    later[:layer] = -np.inf
-    pool = [(l, h) for l in range(layer, L) for h in range(H)]
-    k = min(n_top(L, H, p.key_pct), len(pool))
-    key = top_heads(later, k=k)
-    # the random sets: from the later heads that are not key heads (`random_heads`, the control of every kind)
-    draws = [sorted(random_heads(L, H, k, p.seed, exclude=key, draw=i + 1, pool=pool)) for i in range(p.random_draws)]
-    progress(share["ablation"][0], "ablating key and random heads")
-    abl = evaluate_injections(lm, zero, [Injection({layer: theta}, positions, mask=head_mask(lm, hs))
-                                         for hs in [key, *draws]], EVAL_BATCH)
-    rand = [abl.summary(i + 1) for i in range(len(draws))]
-    racc = np.array([r["accuracy"] for r in rand])
-    ov_overlap = {nm: overlap(sal, np.asarray(getattr(scores, nm)), k) for nm in ("tr", "tl", "induction")}
-    probs = {"ltv": ltv_gold_prob, "ablated": float(abl.gold_prob[0].mean()),
-             "random": float(abl.gold_prob[1:].mean())}
-    key_heads = {"saliency": sal, "heads": key, "ltv": conditions["ltv"], "ablated": abl.summary(0), "random": rand,
-                 "random_heads": draws, "random_accuracy_mean": float(racc.mean()),
-                 "random_accuracy_std": float(racc.std()), "gold_prob": probs, "overlap": ov_overlap}
+    out: dict[str, Any] = {}
+    if "key_heads" in stages:
+        progress(share["saliency"][0], "head saliency")
+        sal = head_saliency(lm, zero, inj, EVAL_BATCH)
+        # heads before the injection layer never see theta: key heads and random sets come from layers >= layer
+        later = sal.copy()
+        later[:layer] = -np.inf
+        pool = [(l, h) for l in range(layer, L) for h in range(H)]
+        k = min(n_top(L, H, p.key_pct), len(pool))
+        key = top_heads(later, k=k)
+        # the random sets: from the later heads that are not key heads (`random_heads`, the control of every kind)
+        draws = [sorted(random_heads(L, H, k, p.seed, exclude=key, draw=i + 1, pool=pool))
+                 for i in range(p.random_draws)]
+        progress(share["ablation"][0], "ablating key and random heads")
+        abl = evaluate_injections(lm, zero, [Injection({layer: theta}, positions, mask=head_mask(lm, hs))
+                                             for hs in [key, *draws]], EVAL_BATCH)
+        rand = [abl.summary(i + 1) for i in range(len(draws))]
+        racc = np.array([r["accuracy"] for r in rand])
+        ov_overlap = {nm: overlap(sal, np.asarray(getattr(scores, nm)), k) for nm in ("tr", "tl", "induction")}
+        probs = {"ltv": ltv_gold_prob, "ablated": float(abl.gold_prob[0].mean()),
+                 "random": float(abl.gold_prob[1:].mean())}
+        out["key_heads"] = {"saliency": sal, "heads": key, "ltv": conditions["ltv"], "ablated": abl.summary(0),
+                            "random": rand, "random_heads": draws, "random_accuracy_mean": float(racc.mean()),
+                            "random_accuracy_std": float(racc.std()), "gold_prob": probs, "overlap": ov_overlap}
 
-    progress(share["ov"][0], "OV reconstruction")
-    rec, head_norms = ov_reconstruction(lm, zero, layer, theta, positions, EVAL_BATCH)
-    ov_out = evaluate_injections(lm, zero, [Injection(final=rec), Injection({layer: rec}, (-1,)),
-                                            Injection(final=theta), Injection(final=theta.cpu() + rec)], EVAL_BATCH)
-    cos = float(torch.nn.functional.cosine_similarity(rec, theta.cpu(), dim=0))
-    ov = {"heads": head_norms, "norm": float(rec.norm()), "cosine": cos, "final": ov_out.summary(0),
-          "same_layer": ov_out.summary(1), "direct": ov_out.summary(2), "direct_and_ov": ov_out.summary(3)}
+    if "ov" in stages:
+        progress(share["ov"][0], "OV reconstruction")
+        rec, head_norms = ov_reconstruction(lm, zero, layer, theta, positions, EVAL_BATCH)
+        ov_out = evaluate_injections(lm, zero, [Injection(final=rec), Injection({layer: rec}, (-1,)),
+                                                Injection(final=theta), Injection(final=theta.cpu() + rec)],
+                                     EVAL_BATCH)
+        cos = float(torch.nn.functional.cosine_similarity(rec, theta.cpu(), dim=0))
+        out["ov"] = {"heads": head_norms, "norm": float(rec.norm()), "cosine": cos, "final": ov_out.summary(0),
+                     "same_layer": ov_out.summary(1), "direct": ov_out.summary(2), "direct_and_ov": ov_out.summary(3)}
 
-    if n < d:
-        ctx.warn(f"linear propagation: {n} perturbations for d_model {d}: W is the minimum-norm fit in their span")
-    lo, hi = share["propagation"]
-    progress(lo, "linear propagation")
-    fit = linear_propagation(lm, zero, layer, theta, positions, n, seed=p.seed,
-                             progress=lambda f, m="": progress(lo + (hi - lo) * f, "linear propagation"))
-    if not math.isfinite(fit["r2"]):
-        raise TaskError("linear propagation: the least-squares fit failed (non-finite R^2)")
-    sur = evaluate_injections(lm, zero, [Injection(final=fit["w"] @ theta.cpu())], EVAL_BATCH).summary(0)
-    gain = conditions["ltv"]["accuracy"] - conditions["zero_shot"]["accuracy"]
-    recovered = (sur["accuracy"] - conditions["zero_shot"]["accuracy"]) / gain if gain > 0 else None
-    propagation = {"rotation": fit["rotation"], "stretch": fit["stretch"], "r2": fit["r2"], "n": n,
-                   "surrogate": sur, "recovered": recovered}
+    if "propagation" in stages:
+        n = p.n_perturbations(d)
+        if n < d:
+            ctx.warn(f"linear propagation: {n} perturbations for d_model {d}: W is the minimum-norm fit in their "
+                     f"span")
+        lo, hi = share["propagation"]
+        progress(lo, "linear propagation")
+        fit = linear_propagation(lm, zero, layer, theta, positions, n, seed=p.seed,
+                                 progress=lambda f, m="": progress(lo + (hi - lo) * f, "linear propagation"))
+        if not math.isfinite(fit["r2"]):
+            raise TaskError("linear propagation: the least-squares fit failed (non-finite R^2)")
+        sur = evaluate_injections(lm, zero, [Injection(final=fit["w"] @ theta.cpu())], EVAL_BATCH).summary(0)
+        gain = conditions["ltv"]["accuracy"] - conditions["zero_shot"]["accuracy"]
+        recovered = (sur["accuracy"] - conditions["zero_shot"]["accuracy"]) / gain if gain > 0 else None
+        out["propagation"] = {"rotation": fit["rotation"], "stretch": fit["stretch"], "r2": fit["r2"], "n": n,
+                              "surrogate": sur, "recovered": recovered}
     progress(1.0, "mechanism")
-    return {"key_heads": key_heads, "ov": ov, "propagation": propagation}
+    return out

@@ -8,6 +8,7 @@ from typing import Any
 from ... import options as o
 from ..kernel import Context
 from ..primitives import last_token
+from ..primitives.cost import NONE, Shape, Work, passes, steps, training
 from ..primitives.induction import induction_length
 from ..primitives.prefix_store import STORE, fits
 from ..primitives.stages import OVERHEAD_TOKENS, pass_cost, tokens, unembed_layers
@@ -19,20 +20,60 @@ RECIPE = tuple(LtvRecipeParams.model_fields)  # what ltv_train takes
 
 
 def mechanism_costs(lm: Any, p: Any, zero: Any, layer: int, positions: tuple[int, ...]) -> dict[str, float]:
-    """The mechanism's stages in token-layers (`primitives.stages`) on the zero-shot prompts `zero`."""
+    """The mechanism's stages that `p` asks for (`LtvParams.stages`: saliency and ablation for key_heads, ov,
+    propagation) in token-layers (`primitives.stages`) on the zero-shot prompts `zero`."""
     L, P, T, U = lm.n_layers, len(zero.ids), tokens(zero.ids), unembed_layers(lm)
-    n = p.perturbations or min(2 * lm.d_model, o.LTV_MAX_PERTURBATIONS)
+    stages = p.stages()
     clean = pass_cost(L, T, P / EVAL_BATCH)
     if tuple(positions) == (-1,) and layer >= 1:  # last-token steps over the clean prefix (`engine`)
         step = P * (L - layer + 1 + U)  # one more configuration, its logits included
     else:
         step = pass_cost(L, T, P / EVAL_BATCH) + P * U
-    if tuple(positions) == (-1,):  # one token step per perturbation from `layer` on, no logits (`last_token`)
-        prop = clean + pass_cost(L - layer, n * P, n * P / last_token.STEP_ROWS)
-    else:
-        prop = n * pass_cost(L, T, P / 64)
-    return {"saliency": 3 * clean + P * U, "ablation": clean + (1 + p.random_draws) * step,
-            "ov": 2 * clean + 4 * step, "propagation": prop + step}
+    costs: dict[str, float] = {}
+    if "key_heads" in stages:
+        costs["saliency"] = 3 * clean + P * U
+        costs["ablation"] = clean + (1 + p.random_draws) * step
+    if "ov" in stages:
+        costs["ov"] = 2 * clean + 4 * step
+    if "propagation" in stages:
+        n = p.n_perturbations(lm.d_model)
+        if tuple(positions) == (-1,):  # one token step per perturbation from `layer` on, no logits (`last_token`)
+            prop = clean + pass_cost(L - layer, n * P, n * P / last_token.STEP_ROWS)
+        else:
+            prop = n * pass_cost(L, T, P / 64)
+        costs["propagation"] = prop + clean + step
+    return costs
+
+
+def mechanism_work(p: Any, shape: Shape, layer: int, n: int, t0: float) -> Work:
+    """The cost model's work (`primitives.cost`: tokens through the whole model, forward calls) of the mechanism
+    stages `p` asks for at injection `layer`, on `n` zero-shot prompts of `t0` tokens; each stage a named part ("key
+    heads", "OV reconstruction", "linear propagation"), so an estimate shows what each costs. With theta at the last
+    token only (above the embeddings), a configuration is one token step from the layer on over the prompts' clean
+    prefixes, kept by the comparison's first pass (`ltv`); elsewhere a full pass."""
+    stages = p.stages()
+    L, b = max(shape.n_layers, 1), EVAL_BATCH
+    last = tuple(p.positions) == (-1,)
+    after = max(L - layer + 1, 1) / L  # the sweep engine's step: from the output of layer - 1 on
+
+    def configs(name: str, k: float) -> Work:  # k configurations over the n prompts
+        if last and layer >= 1:
+            return steps(name, k * n * after, b * after)  # calls: k n / b
+        return passes(name, k * n, t0, b)
+
+    w = NONE
+    if "key_heads" in stages:  # saliency: a forward and backward pass; then the key set and the random sets
+        w = w + (training("key heads", n, t0, batch=b) + configs("key heads", 1 + p.random_draws)).named("key heads")
+    if "ov" in stages:  # the eager pass reading attention, then r and theta at 4 sites
+        w = w + (passes("OV reconstruction", n, t0, b) + configs("OV reconstruction", 4)).named("OV reconstruction")
+    if "propagation" in stages:  # its own clean pass, then a token step per perturbation and prompt from the layer on
+        k = p.n_perturbations(shape.d_model)
+        share = max(L - layer, 1) / L
+        fit = (passes("linear propagation", n, t0, 64) + steps("linear propagation", k * n * share,
+                                                                 last_token.STEP_ROWS * share)) \
+            if last else passes("linear propagation", k * n, t0, 64)
+        w = w + (fit + configs("linear propagation", 1)).named("linear propagation")
+    return w
 
 
 def training_cost(lm: Any, p: Any, layer: int, t0: float, positions: tuple[int, ...]) -> float:
@@ -81,6 +122,6 @@ def ltv_costs(ctx: Context, p: Any, groups: list[list[int]], zero: Any, icl: Any
     costs["icl"] = (0 if kept else icl_pass) + len(groups) * P * (L + U)
     for i, g in enumerate(groups):
         costs[f"compare {i}"] = pass_cost(L, P * t0, P / EVAL_BATCH) + 5 * P * (L - min(g) + 1 + U)
-        if p.mechanism and len(groups[0]) == 1:
+        if p.stages() and len(groups[0]) == 1:
             costs[f"mechanism {i}"] = sum(mechanism_costs(lm, p, zero, g[0], positions).values())
     return costs

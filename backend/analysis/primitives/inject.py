@@ -75,12 +75,13 @@ def injected_logits(lm: LoadedModel, batch: Batch, inj: Injection) -> torch.Tens
 
 
 def evaluate_injections(lm: LoadedModel, enc: Encoded, injections: Sequence[Injection], batch_size: int = 32,
-                        progress: Progress | None = None) -> Outcomes:
+                        progress: Progress | None = None, keep_prefix: bool = False) -> Outcomes:
     """Accuracy, label accuracy, TR ratio and predictions of every prompt under every injection,
-    each (injections, prompts)."""
+    each (injections, prompts). `keep_prefix`: keep the prompts' clean prefix states (`prefix_store`), so later
+    last-token injections on the same prompts skip their clean pass."""
     configs = as_row_configs(lm, injections)
     if configs is not None:  # all at the last token: the sweep engine's steps over the clean prefix cache
-        return sweep_outcomes(lm, enc, configs, batch_size=batch_size, progress=progress)
+        return sweep_outcomes(lm, enc, configs, batch_size=batch_size, progress=progress, keep_prefix=keep_prefix)
     out = Outcomes.empty(len(injections), len(enc.ids))
     for c, inj in enumerate(injections):
         def step(batch: Batch, c: int = c, inj: Injection = inj) -> None:

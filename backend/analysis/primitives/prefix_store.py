@@ -137,11 +137,12 @@ def fits(lm: LoadedModel, n_tokens: int) -> bool:
 
 
 def entries_of(cache, logits: torch.Tensor, at_last: dict[int, torch.Tensor], lengths: Sequence[int],
-               z: torch.Tensor | None = None) -> list[Entry] | None:
+               z: torch.Tensor | None = None, width: int | None = None) -> list[Entry] | None:
     """Per-prompt entries from a left-padded batch's clean pass: `cache` cut to the prefix (width W - 1), logits
     (batch, vocab), at_last {layer: (batch, 1, d_model)}, the prompts' lengths, z (batch, layers, heads, head_dim)
-    or None. None when a layer does not hold the whole prefix (a sliding window shorter than the prompts)."""
-    W = max(lengths)
+    or None; `width` W, the batch's width (default: its longest prompt; wider when the rows are a slice of a
+    wider batch). None when a layer does not hold the whole prefix (a sliding window shorter than the prompts)."""
+    W = width or max(lengths)
     layers = cache.layers if cache is not None else []
     if any(getattr(layer, "keys", None) is None or layer.keys.shape[-2] != W - 1 for layer in layers):
         return None
@@ -192,13 +193,14 @@ class _Pending:
     """A clean pass's prefix state, stored once the caller has the z it captured (`store`)."""
 
     def __init__(self, lm: LoadedModel, prompts: Sequence[Sequence[int]], cache, logits: torch.Tensor,
-                 at_last: dict[int, torch.Tensor]):
+                 at_last: dict[int, torch.Tensor], width: int):
         self.lm, self.prompts, self.cache, self.logits, self.at_last = lm, prompts, cache, logits, at_last
+        self.width = width
 
     def store(self, z: torch.Tensor | None = None) -> bool:
         if self.cache is not None:
             self.cache.crop(-1)
-        entries = entries_of(self.cache, self.logits, self.at_last, [len(x) for x in self.prompts], z)
+        entries = entries_of(self.cache, self.logits, self.at_last, [len(x) for x in self.prompts], z, self.width)
         return entries is not None and STORE.put(self.lm, self.prompts, entries)
 
 
@@ -237,4 +239,4 @@ def clean_forward(lm: LoadedModel, input_ids: torch.Tensor, attention_mask: torc
         for h in handles:
             h.remove()
     logits = o.logits[:, -1].float()
-    return logits, (_Pending(lm, prompts, cache, logits, at_last) if plain[0] else None)
+    return logits, (_Pending(lm, prompts, cache, logits, at_last, W) if plain[0] else None)

@@ -7,14 +7,15 @@ prompt-level metrics (accuracy, label accuracy, TR ratio).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any, Callable
 
 import numpy as np
 import torch
 
-from ...hooks import hooked
+from ...hooks import Trace, hooked
 from ...models import LoadedModel
 from ..primitives.batching import Batch, Encoded, Progress, forward_last_logits, map_batches
-from ..primitives.predict import Outcomes, predict_rows
+from ..primitives.predict import Outcomes, metrics, predict_rows
 from ..primitives.prefix_store import clean_forward, fits
 from ..primitives.tsla import apply_final_ln, head_writes, label_space, tsla
 
@@ -37,10 +38,44 @@ class HeadMaps:
         return self.outcomes.summary(0)
 
 
+PartialMaps = Callable[[dict[str, Any]], None]
+"""Called with the maps so far (`partial_maps`) as prompts finish: an anytime view of a long scoring pass."""
+FIRST_ROWS = 4  # an anytime pass's first view: after this many prompts (one CPU thread only; `slices`)
+
+
+def slices(rows: int) -> list[tuple[int, int]]:
+    """An anytime first batch's slices: FIRST_ROWS rows, then each slice as many rows as all before it (4, 4, 8,
+    16, ...: a view after 4, 8, 16 ... prompts, in few passes; each extra pass costs a little on a busy CPU)."""
+    out, lo = [], 0
+    while lo < rows:
+        hi = min(rows, max(FIRST_ROWS, 2 * lo))
+        out.append((lo, hi))
+        lo = hi
+    return out
+
+
+def partial_maps(sums: torch.Tensor, out: Outcomes, rows: list[int], total: int) -> dict[str, Any]:
+    """The maps so far: each sum over the `rows` done / their count, (layers, heads) as lists; their metrics; and
+    `prompts_done` of `total`. On the side of the final means (which divide the same sums by the total once)."""
+    means = (sums / max(len(rows), 1)).cpu().numpy()
+    idx = np.asarray(rows, dtype=np.int64)
+    m = metrics(out.correct[0, idx], out.label_correct[0, idx], out.in_labels[0, idx])
+    return {"kind": "maps", "prompts_done": len(rows), "prompts": total,
+            **{k: v.tolist() for k, v in zip(MAP_NAMES, means)}, "icl": m}
+
+
 def head_maps(lm: LoadedModel, enc: Encoded, batch_size: int = 16, apply_ln: bool = False,
-              progress: Progress | None = None, padding: str = "left", keep_prefix: bool = False) -> HeadMaps:
+              progress: Progress | None = None, padding: str = "left", keep_prefix: bool = False,
+              partial: PartialMaps | None = None) -> HeadMaps:
     """TSLA maps and outcomes of the encoded prompts. `keep_prefix`: keep the prompts' clean prefix states in
-    memory (`prefix_store`), so a later last-token ablation of them needs no clean pass."""
+    memory (`prefix_store`), so a later last-token ablation of them needs no clean pass.
+
+    `partial` (an anytime pass): called with `partial_maps` as prompts finish, their `prompts_done` increasing.
+    On a CPU with one torch thread the first batch's forward pass then runs in slices (`slices`: 4, 4, 8 ... rows) at the batch's full
+    width (each row sees the same padded input; the captured tensors are joined back into the batch), the maps so
+    far published after each slice, so the first view comes after FIRST_ROWS prompts, not a whole batch; then
+    after each batch. The scores are computed on the joined batch as without `partial` (the slices' maps on the side),
+    so the final maps are the same, bit for bit (tests/test_anytime_maps.py)."""
     L, H, dev = lm.n_layers, lm.n_heads, lm.device
     sums = torch.zeros(len(MAP_NAMES), L, H, dtype=torch.float64, device=dev)
     out = Outcomes.empty(1, len(enc.ids))
@@ -48,31 +83,71 @@ def head_maps(lm: LoadedModel, enc: Encoded, batch_size: int = 16, apply_ln: boo
     unembed = lm.unembed
     centered = lm.spec.norm == "layernorm"
     gain = lm.norm_gain().to(dev) if apply_ln else None
+    done: list[int] = []  # rows scored so far, in order
+    n = len(enc.ids)
 
     keep = keep_prefix and padding == "left" and fits(lm, sum(len(x) for x in enc.ids))
+    # on one CPU thread (the service's default) a slice costs what its rows cost in the batch; with several threads
+    # on a busy CPU each extra pass adds their waits on each other (1.7x the first batch's CPU time on 2 threads)
+    split = partial is not None and padding == "left" and dev.type == "cpu" and torch.get_num_threads() == 1
 
-    def step(batch: Batch) -> None:
+    def forward(batch: Batch, lo: int, hi: int) -> tuple[torch.Tensor, Trace]:
+        """Rows lo:hi of the batch through the hooked model: last-token logits and the trace."""
+        rows = batch.rows[lo:hi]
         pending = None
         with hooked(lm, capture_z=True, capture_resid_final=apply_ln, last=batch.last) as trace:
             if keep:
-                logits, pending = clean_forward(lm, batch.input_ids, batch.attention_mask, batch.position_ids,
-                                                [enc.ids[r] for r in batch.rows])
-            else:
+                logits, pending = clean_forward(lm, batch.input_ids[lo:hi], batch.attention_mask[lo:hi],
+                                                batch.position_ids[lo:hi], [enc.ids[r] for r in rows])
+            elif hi - lo == len(batch.rows):
                 logits = forward_last_logits(lm, batch)
+            else:
+                logits = forward_last_logits(lm, Batch(rows, batch.input_ids[lo:hi], batch.attention_mask[lo:hi],
+                                                       batch.position_ids[lo:hi]))
         if pending is not None:
             pending.store(trace.z(H))
-        lab = [enc.label_ids[r] for r in batch.rows]
-        gold = [enc.gold[r] for r in batch.rows]
-        out.record(np.zeros(len(batch.rows), np.int64), np.array(batch.rows), predict_rows(logits, lab, gold))
+        return logits, trace
+
+    def score(rows: list[int], logits: torch.Tensor, z: torch.Tensor, write_scale: list, resid_final,
+              into: torch.Tensor) -> None:
+        """Add the rows' per-head scores to `into` (5, layers, heads) and record their outcomes."""
+        lab = [enc.label_ids[r] for r in rows]
+        gold = [enc.gold[r] for r in rows]
+        out.record(np.zeros(len(rows), np.int64), np.array(rows), predict_rows(logits, lab, gold))
         ls = label_space(unembed, lab, gold, pinv_cache)
-        z = trace.z(H).float()  # (batch, layers, heads, head_dim)
+        z = z.float()  # (batch, layers, heads, head_dim)
         for layer in range(L):
-            o = head_writes(z[:, layer], lm.w_o(layer), trace.write_scale[layer])  # (batch, heads, d)
+            o = head_writes(z[:, layer], lm.w_o(layer), write_scale[layer])  # (batch, heads, d)
             if apply_ln:
-                o = apply_final_ln(o, trace.resid_final, gain, lm.norm_eps, centered)
+                o = apply_final_ln(o, resid_final, gain, lm.norm_eps, centered)
             st = tsla(o, ls)
             for i, v in enumerate((st.tr, st.tl, st.dla_tr, st.dla_tl, st.flagged.double())):
-                sums[i, layer] += v.sum(0)
+                into[i, layer] += v.sum(0)
+
+    def step(batch: Batch) -> None:
+        b = len(batch.rows)
+        if not (split and not done and b > FIRST_ROWS):
+            logits, trace = forward(batch, 0, b)
+            score(batch.rows, logits, trace.z(H), trace.write_scale, trace.resid_final, sums)
+        else:  # the first batch in slices; the maps so far published on the side after each slice but the last
+            parts, preview = [], sums.clone()
+            for lo, hi in slices(b):
+                logits, trace = forward(batch, lo, hi)
+                parts.append((logits, trace))
+                if hi < b:
+                    score(batch.rows[lo:hi], logits, trace.z(H), trace.write_scale, trace.resid_final, preview)
+                    partial(partial_maps(preview, out, batch.rows[:hi], n))
+                    if progress:
+                        progress(hi / n, "scoring heads")
+            logits = torch.cat([p[0] for p in parts])
+            z = torch.cat([p[1].z(H) for p in parts])
+            scale = [None if parts[0][1].write_scale[l] is None else torch.cat([p[1].write_scale[l] for p in parts])
+                     for l in range(L)]
+            resid = None if parts[0][1].resid_final is None else torch.cat([p[1].resid_final for p in parts])
+            score(batch.rows, logits, z, scale, resid, sums)  # as without `partial`: the whole batch at once
+        done.extend(batch.rows)
+        if partial is not None:
+            partial(partial_maps(sums, out, done, n))
 
     map_batches(lm, enc.ids, batch_size, step, progress, "scoring heads", padding)
     means = (sums / len(enc.ids)).cpu().numpy()

@@ -81,7 +81,14 @@ def maps(ctx: Context, p: MapsParams) -> dict[str, Any]:
                    "zero": pass_cost(L, tokens(zenc.ids)) + len(zenc.ids) * U if zenc else 0,
                    "induction": 2 * pass_cost(L, 4 * (2 * induction_length(lm) + 1)) + 4 * U})
     # the prompts' clean prefix stays in memory: the Ablation page's first live toggle of them needs no clean pass
-    hm = head_maps(lm, enc, p.batch_size, p.apply_ln, ctx.stage(*share["heads"], "scoring heads"), keep_prefix=True)
+    # an anytime pass where a page listens (a service job): the maps so far as `live` data, after the first prompts
+    # and each batch ({"kind": "maps", "prompts_done", "prompts", "tr", ..., "icl"}); the final maps are the same
+    partial = None
+    if ctx.report is not None:
+        def partial(d: dict[str, Any]) -> None:
+            ctx.live({**d, "n_layers": lm.n_layers, "n_heads": lm.n_heads, "shots": built.shots})
+    hm = head_maps(lm, enc, p.batch_size, p.apply_ln, ctx.stage(*share["heads"], "scoring heads"), keep_prefix=True,
+                   partial=partial)
     zero = None
     if zenc is not None:  # a given prompt set has no zero-shot counterpart
         # the short zero-shot prompts in batches of as many tokens as the k-shot ones (fewer passes: speed only)
