@@ -192,7 +192,8 @@ if scores is not None:
 
 # -- the findings report ---------------------------------------------------------------------------------------------
 st.subheader("Findings report", divider="gray")
-report_job = jobs.Job("findings", {"model": s.model, "tasks": [s.task]}, "Findings report", "Findings report")
+report_job = jobs.Job("findings", {"model": s.model, "tasks": [s.task], **s.conventions()}, "Findings report",
+                      "Findings report")
 if s.task.startswith("upload:"):  # the report reproduces the papers' setups: built-in tasks only
     st.caption("The findings report runs on built-in tasks (the papers' setups), not on an uploaded file: pick a "
                "built-in task in the sidebar for it.")

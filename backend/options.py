@@ -19,6 +19,11 @@ MODES = ("zero", "mean")
 POSITIONS = ("all", "last")
 """Where an ablation acts: every token, or the last prompt token only."""
 GEOMETRY_CONDITIONS = ("zero_shot", "zero_shot+tr", "zero_shot+tl", "zero_shot+random", "icl")
+PREPEND_BOS = ("tokenizer", "always")
+"""Whether a prompt starts with the BOS token: the tokenizer's own choice (SmolLM2's adds none), or always
+(TransformerLens's `prepend_bos=True`). See README "Conventions"."""
+KEEP_ALPHA = ("best", "last")
+"""SITE: keep the alpha of the best validation loss, or of the last validation (the reference's behaviour)."""
 
 # Literal types of the same lists, for the params models (Literal[tuple] is Literal of its items)
 VectorType = Literal[VECTOR_TYPES]  # type: ignore[valid-type]
@@ -27,11 +32,14 @@ Order = Literal[ORDERS]  # type: ignore[valid-type]
 Mode = Literal[MODES]  # type: ignore[valid-type]
 Positions = Literal[POSITIONS]  # type: ignore[valid-type]
 LtvUnits = Literal["residual", "absolute"]
+PrependBos = Literal[PREPEND_BOS]  # type: ignore[valid-type]
+KeepAlpha = Literal[KEEP_ALPHA]  # type: ignore[valid-type]
 
 # -- default sizes ---------------------------------------------------------------------------------------
 SHOTS = 8
 PROMPTS = 50
 SEED = 0
+PREPEND_BOS_DEFAULT = "tokenizer"
 BATCH_SIZE = 16
 SWEEP_BATCH_SIZE = 32
 ICL_SHOTS = (0, 1, 2, 4, 8)
@@ -58,7 +66,8 @@ HEAD_MAX_PATTERN = 256
 
 # -- learned task vectors (kinds ltv_train, ltv, ltv_tasks) -----------------------------------------------------
 LTV_LR = 5e-3
-"""The reference implementation's learning rate (the paper's text says 1e-3)."""
+"""The reference implementation's learning rate (its released code); the paper's text says 1e-3 (`LTV_LR_PAPER`)."""
+LTV_LR_PAPER = 1e-3
 LTV_EPOCHS = 10
 LTV_PATIENCE = 2
 LTV_WEIGHT_DECAY = 0.01
@@ -100,6 +109,9 @@ SITE_BETA2 = 0.999
 """Adam's second-moment decay (PyTorch's default, as the reference). On a model whose loss reaches ~0 in a few
 steps, it freezes the logits near +-2 (alpha ~0.12 / 0.88); 0.9 lets them move on to decided values."""
 SITE_VAL_EVERY = 50
+SITE_KEEP_ALPHA = "best"
+"""The alpha kept after training: that of the best validation loss. The reference (SNU-DRL/Soft_Injection,
+`utils.optimize_head_selection`) never updates its best loss, so it keeps the last validation's ("last")."""
 SITE_VAL_PROMPTS = 100
 """Validation prompts asked for; a small task validates on what its training split can spare (SITE_VAL_SHARE)."""
 SITE_VAL_SHARE = 0.3

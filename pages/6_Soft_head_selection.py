@@ -56,7 +56,7 @@ with c3:
                help="Adam steps (lr 0.2, one random zero-shot prompt each); every 50 steps the validation loss "
                     "decides which α are kept.")
 recipe = {"m": int(state.value("site_m")), "shots": int(state.value("site_shots")),
-          "steps": int(state.value("site_steps")), "prompts": s.prompts, "seed": s.seed}
+          "steps": int(state.value("site_steps")), "prompts": s.prompts, "seed": s.seed, **s.conventions()}
 params = {"model": s.model, "task": s.task, **recipe}
 
 st.subheader("Train", divider="gray")

@@ -58,10 +58,10 @@ with st.expander("Start a sweep", icon=":material/add_circle:", expanded=not sta
             if not (models and tasks_sel and kinds_sel):
                 st.error("Pick at least one model, one task and one analysis.", icon=":material/error:")
             else:
-                params = {"shots": s.shots, "prompts": s.prompts, **s.selection(),
+                params = {"shots": s.shots, "prompts": s.prompts, **s.selection(), **s.conventions(),
                           **({"icl.shots": s.icl_shots()} if "icl" in kinds_sel else {})}
                 params = {k: v for k, v in params.items()
-                          if "." in k or k in ("shots", "prompts") or "scores" in kinds_sel}
+                          if "." in k or k in ("shots", "prompts", "prepend_bos") or "scores" in kinds_sel}
                 try:
                     r = api.submit_sweep(models, tasks_sel, kinds_sel, seeds, params)
                 except api.ApiError as e:

@@ -10,7 +10,7 @@ from . import jobs, state
 
 
 def params(s: state.Settings, task: str | None = None) -> dict[str, Any]:
-    return {"model": s.model, "task": task or s.task, "shots": s.shots, "seed": s.seed}
+    return {"model": s.model, "task": task or s.task, "shots": s.shots, "seed": s.seed, **s.conventions()}
 
 
 def summary(r: dict[str, Any]) -> str:

@@ -200,6 +200,12 @@ def sidebar(caps: dict[str, Any]) -> None:
             st.caption(f"This task has {pool} held-out queries: all {pool} are scored, each once.")
         state.bind(st.number_input, "Seed", "seed", min_value=0, step=1,
                    help="Seeds the split into demonstrations and queries.")
+        state.bind(st.selectbox, "BOS token", "prepend_bos", options=list(state.PREPEND_BOS),
+                   format_func=lambda v: {"tokenizer": "as the tokenizer does", "always": "always first"}[v],
+                   help="Whether every prompt starts with the BOS token. As the tokenizer does: its own choice "
+                        "(SmolLM2's adds none, Llama's does). Always first: TransformerLens's convention "
+                        "(prepend_bos=True); it changes the maps (README: Conventions). A model without a BOS "
+                        "token cannot use it.")
         top_heads_control()
         st.subheader("Share", divider="gray")
         st.caption("This link reopens the current view (settings and selected heads):")

@@ -85,6 +85,7 @@ SWEEP_METRICS = ("tr_depth", "tl_depth", "tr_induction", "tl_induction", "accura
                  "icl_accuracy", "icl_gain", "ablation_drop_tr", "ablation_drop_tl")
 PERTURBATIONS = ("shuffled_inputs", "random_labels", "flipped_labels", "symbol_labels", "number_labels")
 PATCH_TARGETS = ("zero_shot", "shuffled_inputs", "random_labels", "flipped_labels")  # kind `patching`'s `target`
+PREPEND_BOS, PREPEND_BOS_DEFAULT = ("tokenizer", "always"), "tokenizer"  # backend/options.py: `prepend_bos`
 
 
 def _flag(s: str) -> bool:
@@ -188,6 +189,8 @@ FIELDS: dict[str, Field] = {f.name: f for f in (
     Field("kmax", lambda: 16, _int_in(1, 100000)),
     Field("top_pct", lambda: TOP_PCT, _pct, lambda v: f"{float(v):g}"),
     Field("top_k", lambda: None, _int_in(1, 4096)),
+    # a convention: in the URL (and in a job's params) only when off the tokenizer's own choice
+    Field("prepend_bos", lambda: PREPEND_BOS_DEFAULT, _choice(PREPEND_BOS), view=True),
     # -- Home, Head map, Ablation: view settings
     Field("ex_k", lambda: None, _int_in(0, 100000), view=True),
     Field("top_n", lambda: 10, _int_in(1, 100000), view=True),
@@ -267,6 +270,8 @@ class Settings:
     kmax: int = 16
     top_pct: float = TOP_PCT
     top_k: int | None = None
+    prepend_bos: str = PREPEND_BOS_DEFAULT
+    """Whether each prompt starts with the BOS token: "tokenizer" (its own choice) or "always" (TransformerLens's)."""
     task_name: str | None = None
     """What figures call the task: an upload's file name rather than its `upload:<hash>` id (`layout` sets it)."""
 
@@ -277,7 +282,12 @@ class Settings:
     def job(self, **extra: Any) -> dict[str, Any]:
         """Parameters common to every job; `extra` adds or overrides."""
         return {"model": self.model, "task": self.task, "shots": self.shots, "prompts": self.prompts,
-                "seed": self.seed, **extra}
+                "seed": self.seed, **self.conventions(), **extra}
+
+    def conventions(self) -> dict[str, Any]:
+        """The prompt conventions of every job that tokenises prompts, only when off their default (so a job's
+        params, and its cache key, stay as they were)."""
+        return {"prepend_bos": self.prepend_bos} if self.prepend_bos != PREPEND_BOS_DEFAULT else {}
 
     def icl_shots(self) -> list[int]:
         """The demonstration counts of an ICL curve: 0, 1, 2, 4, ... up to `shots`, and `shots` itself."""

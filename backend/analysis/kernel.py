@@ -36,7 +36,8 @@ from ..locks import KeyLocks
 from ..stopping import check, checking
 from ..tensor_store import TensorSession, TensorStore, is_id, tensor_refs
 from .kinds import Kind, get_kind
-from .params import NOT_IN_KEY, Params
+from .params import CONVENTIONS, NOT_IN_KEY, Params
+from .primitives import bos
 from .primitives.fit import require_fit
 from .primitives.notes import Note, collect_multi_token, is_multi_token_warning, multi_token_warning
 from .results import Result
@@ -178,16 +179,22 @@ def validate_params(kind: Kind, params: "Params | Mapping[str, Any] | None" = No
     when they do not fit)."""
     if isinstance(params, BaseModel):
         params = params.model_dump()
-    return kind.params.model_validate({**(params or {}), **overrides})
+    given = {**(params or {}), **overrides}
+    inherited = bos.current()  # a kind called inside another: its convention unless the call names one
+    if inherited is not None and "prepend_bos" in kind.params.model_fields and given.get("prepend_bos") is None:
+        given["prepend_bos"] = inherited
+    return kind.params.model_validate(given)
 
 
 def cache_key(kind: Kind, lm: "LoadedModel | None", task: "Task | None", p: Params) -> str:
     """The result's key: kind, model fingerprint, task content hash, requested params (not batch_size, unless the
     kind's params say it changes the result: `Params.not_in_key`; a field added later only when it is set:
-    `Params.added_fields`), and the kind's `version` when it is > 0."""
+    `Params.added_fields`, and the shared conventions such as `prepend_bos`: `params.CONVENTIONS`), and the kind's
+    `version` when it is > 0."""
     exclude = set(getattr(p, "not_in_key", NOT_IN_KEY))
     fields = type(p).model_fields
-    exclude |= {f for f in getattr(p, "added_fields", ()) if f in fields and getattr(p, f) == fields[f].default}
+    added = set(getattr(p, "added_fields", ())) | CONVENTIONS
+    exclude |= {f for f in added if f in fields and getattr(p, f) == fields[f].default}
     extra = {"kind_version": kind.version} if kind.version else {}
     return make_key(kind.name, model=lm.fingerprint if lm is not None else None,
                     task=task.content_hash() if task is not None else None,
@@ -237,7 +244,7 @@ def _analyze(spec: Kind, p: Params, lm: "LoadedModel | None", task: "Task | None
             require_fit(lm, task)  # a task whose words the model does not know is an error, not a result
         ctx = Context(lm, task, progress, store, report=live, tensors=tensors)
         before = len(tensors.failures)
-        with collect_multi_token() as firsts:
+        with collect_multi_token() as firsts, bos.convention(getattr(p, "prepend_bos", None)):
             value = spec.function()(ctx, p)
         unsaved = {t: tensors.unsaved[t] for t in tensors.failures[before:]}  # this call's and its sub-calls'
         labels = sorted(set(firsts) | ctx.multi_token | set(value.get("multi_token_labels") or []))
@@ -376,9 +383,12 @@ def find_cached(kind: str, lm: "LoadedModel | None", task: "Task | None", tries:
         if entries is None:
             entries = list(reversed((store.get(index_key(kind, lm, task)) or {}).get("entries") or []))
         norm = p.model_dump(mode="json")
+        same = set(named) | (CONVENTIONS & set(fields))  # a convention always matches (absent: its default)
         match = [e for e in entries if isinstance(e.get("params"), dict)
-                 and all(e["params"].get(k) == norm[k] for k in named)]
-        match.sort(key=lambda e: sum(e["params"].get(k) != v for k, v in defaults.items()))
+                 and all(e["params"].get(k, defaults.get(k)) == norm[k] if k in CONVENTIONS
+                         else e["params"].get(k) == norm[k] for k in same)]
+        match.sort(key=lambda e: sum(e["params"].get(k, v if k in CONVENTIONS else None) != v
+                                     for k, v in defaults.items()))
         for e in match:
             try:
                 r = read(e["key"], validate_params(spec, e["params"]))

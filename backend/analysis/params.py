@@ -26,6 +26,10 @@ NonNegative = Annotated[int, Strict(), Field(ge=0)]
 
 NOT_IN_KEY = frozenset({"batch_size"})
 """Fields that change how a result is computed but not the result."""
+CONVENTIONS = frozenset({"prepend_bos"})
+"""Shared conventions added after results were cached: in a cache key only when off their default (so every result
+cached before keeps its key), and inherited by a kind another one calls when the call does not name them
+(`kernel.validate_params`)."""
 
 
 def _heads(v: list[tuple[int, int]]) -> list[tuple[int, int]]:
@@ -84,8 +88,17 @@ class Params(BaseModel):
     that does not use them keeps its key (and its cached result)."""
 
 
-class PromptParams(Params):
-    """How the prompts are built: `shots` demonstrations each, `prompts` held-out queries, `seed`."""
+class BosParams(Params):
+    """Kinds that tokenise prompts: whether each starts with the BOS token (`primitives/bos.py`)."""
+
+    prepend_bos: o.PrependBos = Field(o.PREPEND_BOS_DEFAULT, description="tokenizer: the tokenizer's own choice (SmolLM2's adds "
+                                    "no BOS); always: a BOS token first in every prompt (TransformerLens's "
+                                    "convention; an error for a tokenizer without one)")
+
+
+class PromptParams(BosParams):
+    """How the prompts are built: `shots` demonstrations each, `prompts` held-out queries, `seed`, and the BOS
+    convention (`prepend_bos`)."""
 
     shots: Int = Field(o.SHOTS, ge=0, description="demonstrations per prompt")
     prompts: Int = Field(o.PROMPTS, ge=1, description="held-out queries (prompts) scored")

@@ -21,7 +21,7 @@ from pydantic import Field, field_validator
 from ...tasks.registry import builtin_by_names, model_tasks
 from ..kernel import Context, analyze
 from ..kinds import get_kind
-from ..params import Bool, Int, NonNegative, Params
+from ..params import Bool, BosParams, Int, NonNegative
 from ..primitives.cost import NONE, Shape, Sizes, Work
 from ..results import Model, Result
 from .report import SECTIONS, measure_model, render, sections_by_name
@@ -31,7 +31,7 @@ Section = Literal[SECTIONS]  # type: ignore[valid-type]
 DEFAULT_TASKS = 4  # tasks = None: the model's first built-in tasks
 
 
-class FindingsParams(Params):
+class FindingsParams(BosParams):
     """kind `findings`: the papers' findings on one model (sizes small enough for a CPU by default)."""
 
     tasks: list[str] | None = Field(None, min_length=1, max_length=16,

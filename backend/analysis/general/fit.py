@@ -22,13 +22,14 @@ from ... import options as o
 from ...options import PERTURBATIONS
 from ...tasks.base import Task, TaskError
 from ..kernel import Context
-from ..params import Int, Params
+from ..params import BosParams, Int
+from ..primitives.bos import prompt_ids
 from ..primitives.cost import NONE, Shape, Sizes, Work
 from ..results import Model, Result
 from ..primitives.fit import verdict, vocabulary_fit
 
 
-class FitParams(Params):
+class FitParams(BosParams):
     """kind `fit`: does the task fit the model (unknown tokens in inputs and labels, prompt length)?"""
 
     shots: Int = Field(o.SHOTS, ge=0, description="demonstrations per prompt (for the prompt length)")
@@ -74,7 +75,7 @@ def context_fit(lm: Any, task: Task, shots: int, seed: int) -> dict[str, Any]:
     n = max(1, min(LENGTH_PROMPTS, task.n_queries(seed)))
 
     def longest(k: int) -> int:
-        return max(len(lm.tokenizer(p.text)["input_ids"]) for p in task.build_prompts(k, n, seed))
+        return max(len(prompt_ids(lm.tokenizer, p.text)) for p in task.build_prompts(k, n, seed))
 
     first = longest(shots)
     k, length = shots, first

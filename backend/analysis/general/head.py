@@ -28,6 +28,7 @@ from ..params import Bool, Head, Int, PromptParams
 from ..primitives import cost
 from ..primitives.cost import Shape, Sizes, Work, passes
 from ..results import Model, Result
+from ..primitives.bos import prompt_ids
 from ..primitives.batching import answer_tokens, build_prompts
 from ..primitives.fit import unknown_id
 from ..primitives.induction import eager_attention, induction_scores
@@ -180,7 +181,7 @@ def head(ctx: Context, p: HeadParams) -> dict[str, Any]:
     mask = head_mask(lm, [(layer, h)])  # out-of-range heads are an error before any pass
     pr = _prompt(ctx, p)
     tok = lm.tokenizer
-    ids = tok(pr["text"])["input_ids"]
+    ids = prompt_ids(tok, pr["text"])
     if lm.max_positions and len(ids) > lm.max_positions:
         raise TaskError(f"the prompt has {len(ids)} tokens, over the model's context window of {lm.max_positions}")
     if p.text is not None:

@@ -7,7 +7,7 @@ from typing import Annotated, Any, ClassVar
 from pydantic import Field, Strict, field_validator
 
 from ... import options as o
-from ..params import Float, Int, Params
+from ..params import BosParams, Float, Int
 from ..primitives.cost import Sizes, Work, passes, training
 from ..results import Model, Vector
 
@@ -15,7 +15,7 @@ from ..results import Model, Vector
 Offset = Annotated[int, Strict(), Field(lt=0, ge=-4096)]
 
 
-class LtvRecipeParams(Params):
+class LtvRecipeParams(BosParams):
     """How a learned task vector (LTV) trains: theta ~ U(-init_scale, init_scale) (times r, see `units`) added at a
     decoder layer's input at `positions`, AdamW with linear decay, at most `epochs` epochs of `train_prompts`
     zero-shot prompts each, early stopping on the full-vocabulary accuracy of `val_prompts` held-out ones. Here

@@ -15,6 +15,7 @@ import torch
 from ...models import LoadedModel
 from ...stopping import check
 from ...tasks.base import Prompt, Queries, Task, TaskError
+from .bos import DEFAULT as BOS_DEFAULT, current as bos_convention, prompt_ids
 from .fit import unknown_id
 from .notes import Note, report_multi_token
 
@@ -61,7 +62,7 @@ def encode(lm: LoadedModel, prompts: Sequence[Prompt], kind: str) -> Encoded:
     ids = []
     for p in prompts:
         check()
-        ids.append(tok(p.text)["input_ids"])
+        ids.append(prompt_ids(tok, p.text))  # the BOS convention in force (primitives/bos.py)
     if lm.max_positions:
         too_long = [i for i, x in enumerate(ids) if len(x) > lm.max_positions]
         if too_long:
@@ -144,7 +145,7 @@ def build_prompts(lm: LoadedModel, task: Task, shots: int, n: int, seed: int, pe
         prompts = task.build_prompts(k, n, seed, perturb=perturb, queries=queries)
         if not lm.max_positions:
             break
-        longest = max(len(lm.tokenizer(p.text)["input_ids"]) for p in prompts)
+        longest = max(len(prompt_ids(lm.tokenizer, p.text)) for p in prompts)
         if longest <= lm.max_positions:
             break
         if k == 0:
@@ -163,8 +164,8 @@ _ENCODED_LOCK = threading.Lock()
 
 def built_and_encoded(lm: LoadedModel, task: Task, shots: int, n: int, seed: int) -> tuple[Built, Encoded]:
     """`build_prompts` then `encode` of the held-out queries, remembered for the last few (model, task, shots, n,
-    seed) in this process: a live toggle asks for the same prompts again and again. Treat the result as read-only."""
-    key = (lm.fingerprint, task.content_hash(), task.kind, shots, n, seed)
+    seed, BOS convention) in this process: a live toggle asks for the same prompts again and again. Treat the result as read-only."""
+    key = (lm.fingerprint, task.content_hash(), task.kind, shots, n, seed, bos_convention() or BOS_DEFAULT)
     with _ENCODED_LOCK:
         found = _ENCODED.get(key)
         if found is not None:

@@ -2,6 +2,8 @@
 No torch here."""
 from __future__ import annotations
 
+from typing import ClassVar
+
 from pydantic import Field
 
 from ... import options as o
@@ -17,7 +19,10 @@ class SiteRecipeParams(PromptParams):
     """How soft head selection (SITE) trains: the task embedding t from `m` few-shot prompts of `shots`
     demonstrations (training split); per-head alphas = sigmoid(logits), logits from 0, Adam (`lr`) for `steps`
     steps of `train_batch` random zero-shot training prompts, validated every `val_every` steps on up to
-    `val_prompts` held-out training queries (the best alphas kept); tested on `prompts` held-out queries."""
+    `val_prompts` held-out training queries (the best alphas kept, or the last: `keep_alpha`); tested on `prompts`
+    held-out queries."""
+
+    added_fields: ClassVar[frozenset[str]] = frozenset({"keep_alpha"})
 
     m: Int = Field(o.SITE_M, ge=1, le=10_000, description="few-shot prompts averaged into the task embedding (M)")
     shots: Int = Field(o.SITE_SHOTS, ge=0, description="demonstrations in each of those prompts (N)")
@@ -32,6 +37,9 @@ class SiteRecipeParams(PromptParams):
     val_prompts: Int = Field(o.SITE_VAL_PROMPTS, ge=1, le=100_000,
                              description="validation prompts (at most; held out of the training split)")
     max_new_tokens: Int = Field(o.SITE_MAX_NEW_TOKENS, ge=1, le=256, description="greedy generation length")
+    keep_alpha: o.KeepAlpha = Field(o.SITE_KEEP_ALPHA, description="best: keep the alphas of the lowest validation "
+                                    "loss; last: those of the last validation (the reference implementation's "
+                                    "behaviour)")
 
     def work(self, shape: Shape, sizes: Sizes) -> Work:
         """One SITE run: the task embedding's `m` prompts, the training steps, the validations and the test

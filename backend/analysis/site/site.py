@@ -293,7 +293,7 @@ def _site(ctx: Context, p: SiteParams) -> dict[str, Any]:
         embed_s = time.perf_counter() - t0
         tr = train_alphas(lm, t, enc["train"], enc["val"], steps=p.steps, lr=p.lr, batch=p.train_batch,
                           val_every=p.val_every, seed=p.seed, progress=ctx.stage(*share["train"], "training"),
-                          live=ctx.live, beta2=p.beta2)
+                          live=ctx.live, beta2=p.beta2, keep=p.keep_alpha)
         logits, loss, val, best_step, train_s = tr.logits, tr.loss, tr.val, tr.best_step, tr.seconds
         alpha = tr.alpha
         recipe = {k: getattr(p, k) for k in RECIPE} | {"shots_used": data.shots, "best_step": best_step}

@@ -29,6 +29,7 @@ from ...models import LoadedModel
 from ...options import LORA_RANK, SITE_DECISIVE, SITE_VAL_SHARE
 from ...stopping import check
 from ...tasks.base import Prompt, Task, TaskError
+from ..primitives.bos import prompt_ids
 from ..primitives.batching import Batch, Encoded, Progress, encode, forward_last_logits, make_batch, map_batches
 from ..primitives.inject import gold_tokens
 from ..primitives.last_token import Prefixes, clean_prefixes, step_logits
@@ -65,7 +66,7 @@ def require_template_task(task: Task) -> None:
 
 
 def _fits(lm: LoadedModel, prompts: Sequence[Prompt]) -> bool:
-    return not lm.max_positions or max(len(lm.tokenizer(p.text)["input_ids"]) for p in prompts) <= lm.max_positions
+    return not lm.max_positions or max(len(prompt_ids(lm.tokenizer, p.text)) for p in prompts) <= lm.max_positions
 
 
 def site_data(lm: LoadedModel, task: Task, *, m: int, shots: int, val_prompts: int, test_prompts: int,
@@ -219,10 +220,11 @@ def injected_last_logits(lm: LoadedModel, batch: Batch, alpha: torch.Tensor, t: 
 def train_alphas(lm: LoadedModel, t: torch.Tensor, train: Encoded, val: Encoded, *, steps: int, lr: float,
                  batch: int = 1, val_every: int = 50, seed: int = 0, progress: Progress | None = None,
                  live: Live | None = None, live_every: int = 10, prefix_from: int = PREFIX_FROM,
-                 beta2: float = 0.999) -> Trained:
+                 beta2: float = 0.999, keep: str = "best") -> Trained:
     """Adam on the alpha logits (start 0), one batch of `batch` random training prompts a step; every `val_every`
     steps (and after the last) the validation loss, and the logits of the lowest one are kept (ties: the
-    earlier). `progress(f, msg)` and `live(data)` may raise to cancel. Each training and validation prompt's clean
+    earlier); `keep="last"`: those of the last validation (the reference's behaviour: its `optimize_head_selection`
+    never updates its best loss, so every validation replaces the kept alphas). `progress(f, msg)` and `live(data)` may raise to cancel. Each training and validation prompt's clean
     prefix is computed once and every step runs its last token only (`last_token.step_logits`); where that does not
     fit the model, prompts of `prefix_from` tokens or more reuse their prefix per step (`injected_last_logits`).
     `beta2`: Adam's second-moment decay."""
@@ -268,7 +270,7 @@ def train_alphas(lm: LoadedModel, t: torch.Tensor, train: Encoded, val: Encoded,
         if step % val_every == 0 or step == steps:
             vl, va = validate(lm, val, torch.sigmoid(logits.detach()), t, pre=pre_val)
             val_points.append({"step": step, "loss": vl, "accuracy": va})
-            if best is None or vl < best[0]:
+            if best is None or vl < best[0] or keep == "last":
                 best = (vl, step, logits.detach().clone())
             report(step, force=True)
         else:

@@ -58,7 +58,7 @@ def partial_maps(sums: torch.Tensor, out: Outcomes, rows: list[int], total: int)
     """The maps so far: each sum over the `rows` done / their count, (layers, heads) as lists; their metrics; and
     `prompts_done` of `total`. On the side of the final means (which divide the same sums by the total once)."""
     means = (sums / max(len(rows), 1)).cpu().numpy()
-    idx = np.asarray(rows, dtype=np.int64)
+    idx = np.sort(np.asarray(rows, dtype=np.int64))  # prompt order (batches run by length): per_prompt reads so
     m = metrics(out.correct[0, idx], out.label_correct[0, idx], out.in_labels[0, idx])
     return {"kind": "maps", "prompts_done": len(rows), "prompts": total,
             **{k: v.tolist() for k, v in zip(MAP_NAMES, means)}, "icl": m}

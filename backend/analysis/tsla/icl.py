@@ -8,14 +8,14 @@ from pydantic import Field, field_validator
 from ... import options as o
 
 from ..kernel import Context
-from ..params import Int, Params
+from ..params import BosParams, Int
 from ..primitives.cost import NONE, Shape, Sizes, Work, passes
 from ..results import Model, Result
 from ..primitives.batching import build_prompts, encode
 from ..primitives.predict import evaluate
 
 
-class IclParams(Params):
+class IclParams(BosParams):
     """kind `icl`: accuracy, label accuracy and TR ratio against the number of demonstrations."""
 
     shots: list[Int] = Field(default_factory=lambda: list(o.ICL_SHOTS), min_length=1, max_length=33)
