@@ -160,22 +160,30 @@ def page_html(title: str, *, figures: Sequence[Mapping[str, Any]] = (), settings
     if figures:
         out.append("<h2>Figures</h2>")
         for i, f in enumerate(figures):
-            target = f"hl-fig-{i}"
-            if f.get("heading"):
-                out.append(f"<h3>{html.escape(str(f['heading']))}</h3>")
-            label = html.escape(str(f.get("title") or f.get("heading") or f"figure {i + 1}"), quote=True)
-            out.append(f'<div class="figure"><div id="{target}" role="img" aria-label="{label}"></div></div>')
-            out.append(f'<script type="application/json" class="hl-figure" data-target="{target}" '
-                       f'data-filename="{html.escape(str(f.get("filename") or f"figure-{i}"), quote=True)}">'
-                       f"{_script_json(f['figure'])}</script>")
+            out.append(figure_html(f, f"hl-fig-{i}"))
     if tables:
         out.append("<h2>Numbers</h2>")
         for t in tables:
             out.append(f"<h3>{html.escape(str(t.get('title', '')))}</h3>")
             out.append(table_html(list(t["columns"]), t["rows"]))
     out.append(body_html)
-    out.append(f"<script>{FIGURE_JS}</script>" if figures else "")
+    out.append(f"<script>{FIGURE_JS}</script>" if figures or 'class="hl-figure"' in body_html else "")
     out.append("</main></body></html>")
+    return "\n".join(out)
+
+
+def figure_html(f: Mapping[str, Any], target: str) -> str:
+    """One figure's block (its optional heading, the box plotly draws in, its JSON): what `page_html` places under
+    Figures, and what a page's own body can place anywhere (`page_html` then adds the script that draws it).
+    `target`: the box's id, unique in the page."""
+    out = []
+    if f.get("heading"):
+        out.append(f"<h3>{html.escape(str(f['heading']))}</h3>")
+    label = html.escape(str(f.get("title") or f.get("heading") or target), quote=True)
+    out.append(f'<div class="figure"><div id="{target}" role="img" aria-label="{label}"></div></div>')
+    out.append(f'<script type="application/json" class="hl-figure" data-target="{target}" '
+               f'data-filename="{html.escape(str(f.get("filename") or target), quote=True)}">'
+               f"{_script_json(f['figure'])}</script>")
     return "\n".join(out)
 
 

@@ -4,8 +4,11 @@
         [--out bench/REAL_FINDINGS.md] [--json out.json] [--plan]
 
 Every number comes from the product's analysis kinds through the kernel's disk cache (HEADLENS_CACHE_DIR, default
-`cache/real_findings` under the repository): a rerun computes only what is missing, and each section runs on its
-own (`--sections tsla`). Tasks: the built-in English tasks and function-vector files read at run time from
+`cache/real_findings` under the repository), and each model's section, once measured, is kept whole with the time it
+took (`<cache>/findings_sections/`, keyed by the model, the section, its tasks and every setting): the run is
+resumable: a rerun after an interruption reads the finished sections, and inside the unfinished one only the kinds
+not yet cached are computed. Each section can run on its own (`--sections tsla`). The report names the commit and
+the exact command line, and how long each section took when it was measured. Tasks: the built-in English tasks and function-vector files read at run time from
 `--fv-dir` (never copied). Seeds, prompt counts, the ks and the random baselines are stated in the report; the
 rules that decide "holds / partly / does not hold" are fixed in this file (`RULES`) before any result is read.
 Nothing here is tuned to make a finding hold. Sections and rules: `backend/analysis/findings/` (tsla, site, ltv; report.py).
@@ -16,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import sys
 import time
 from pathlib import Path
@@ -67,8 +71,9 @@ def main() -> None:
                     help="tasks of the SITE section (a subset of --tasks; SITE is the costliest kind on a CPU)")
     ap.add_argument("--ltv-main-tasks", default="sentiment,present-past",
                     help="tasks of the LTV section at the middle layer (a subset of --tasks)")
-    ap.add_argument("--light", default="gemma3-270m",
-                    help="labels measured at a reduced scope for the CPU budget: TSLA on the first seed only")
+    ap.add_argument("--light", default="",
+                    help="labels measured at a reduced scope for the CPU budget: TSLA on the first seed only (none by "
+                         "default: every model gets every seed)")
     ap.add_argument("--ltv-tasks", default="present-past",
                     help="tasks of the LTV layer sweep (every task gets the middle layer)")
     ap.add_argument("--ltv-layers", default="quarters", help="'quarters' (L/4, L/2, 3L/4), 'quarters+vanilla' (and the vanilla "
@@ -79,6 +84,10 @@ def main() -> None:
                     help="linear propagation: perturbed vectors per layer (the kind defaults to 2 d_model, <= 1024; 256 here for the CPU budget)")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--out", default=None)
+    ap.add_argument("--html", default=None, help="also write the report as one self-contained HTML file with its "
+                                                 "figures (plotly inlined)")
+    ap.add_argument("--fresh", action="store_true", help="measure every section again (ignore the section cache; "
+                                                          "the kinds' cache still serves)")
     ap.add_argument("--json", default=None)
     ap.add_argument("--plan", action="store_true", help="print what would run and exit")
     ap.add_argument("--smoke", action="store_true", help="every section in seconds on the embedded model")
@@ -108,14 +117,19 @@ def main() -> None:
     import subprocess
 
     commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout.strip()
-    data: dict = {"commit": commit, "args": {k: v for k, v in vars(a).items()}, "notes": notes, "models": {}}
+    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO, capture_output=True,
+                           text=True).stdout.strip()
+    a.section_cache = None if a.fresh else Path(os.environ["HEADLENS_CACHE_DIR"]) / "findings_sections"
+    data: dict = {"commit": commit + (" (with uncommitted changes)" if dirty else ""),
+                  "args": {k: v for k, v in vars(a).items() if k != "section_cache"}, "notes": notes, "models": {}}
     for name, label in zip(models, labels):
         lm = load_model(name)
         data["models"][label] = measure_model(lm, name, label, tasks, a, sections,
                                               log=lambda m: print(m, file=sys.stderr, flush=True))
         del lm
     data["seconds"] = time.time() - t0
-    report = render(data, sections)
+    command = " ".join(["python bench/real_findings.py", *(shlex.quote(x) for x in sys.argv[1:])])
+    report = render(data, sections, command=command)
     if a.out:
         Path(a.out).write_text(report)
         print(f"wrote {a.out}", file=sys.stderr)
@@ -123,6 +137,15 @@ def main() -> None:
         print(report)
     if a.json:
         Path(a.json).write_text(json.dumps(data, indent=1, default=str))
+    if a.html:
+        from backend.findings_html import findings_page
+
+        Path(a.html).write_text(findings_page(report, data["models"], [r for s in sections
+                                                                    for r in runners[s].summary(data["models"],
+                                                                                                data["args"])],
+                                              title="The papers' findings on " + ", ".join(data["models"]),
+                                              command=command))
+        print(f"wrote {a.html}", file=sys.stderr)
 
 
 def smoke(a: argparse.Namespace) -> None:
@@ -137,7 +160,7 @@ def smoke(a: argparse.Namespace) -> None:
     a.ltv_tasks, a.ltv_layers, a.ltv_perturbations, a.ltv_prompts, a.ltv_shots = "syn-antonym", "quarters", 8, 4, 2
     a.site_recipe = {"m": 4, "shots": 2, "steps": 4, "val_every": 2, "val_prompts": 3, "max_new_tokens": 2}
     a.ltv_recipe = {"epochs": 1, "train_prompts": 4, "val_prompts": 4, "random_draws": 2}
-    a.out, a.json = str(tmp / "REAL_FINDINGS.md"), None
+    a.out, a.json, a.html = str(tmp / "REAL_FINDINGS.md"), None, str(tmp / "REAL_FINDINGS.html")
 
 
 if __name__ == "__main__":

@@ -50,7 +50,9 @@ class Kind:
     steer, geometry, patching, ltv, site, methods) when their results gained intervals and paired tests (issue 27):
     a cached result without them is recomputed, so every page shows them. Kinds whose only rates are `Metrics`
     (scores, maps, perturb, ltv_tasks) keep their key: `Metrics` fills its intervals from the rate and n when read
-    back. One more for ltv (issue 25): its linear propagation became opt-in (`propagation`, off by default)."""
+    back. One more for ltv (issue 25): its linear propagation became opt-in (`propagation`, off by default).
+    3 for ablation_curves: its curves keep every prompt's outcome per set and k (the findings' tests pool them over
+    seeds); 2 for findings: its verdicts rest on per-task tests."""
     indexed: bool = False  # list its cached results per model and task, so `Context.cached` finds them by any field
 
     @classmethod
@@ -117,7 +119,7 @@ _ENTRIES: tuple[Kind, ...] = (
             "accuracy, label accuracy and TR ratio against the number of demonstrations", api="icl_curve", version=1),
     Kind.at("tsla.ablation", "ablation_curves",
             "accuracy, label accuracy and TR ratio against the number of top heads ablated, per order",
-            api="ablation_curves", fn="curves", version=2),
+            api="ablation_curves", fn="curves", version=3),
     Kind.at("tsla.ablation", "ablate",
             "ablate one head set: metrics and per-prompt predictions before and after", api="ablate", version=1),
     Kind.at("tsla.vectors", "vectors",
@@ -160,7 +162,7 @@ _ENTRIES: tuple[Kind, ...] = (
             api="site_transfer", uses_task=False),
     Kind.at("findings.findings", "findings",
             "the three papers' findings on one model (TSLA, LTV, SITE), each with the paper's figure and a verdict: "
-            "holds / partly / does not hold", api="findings_report", uses_task=False, version=1),
+            "holds / partly / does not hold", api="findings_report", uses_task=False, version=2),
     Kind.at("methods", "methods",
             "every steering method on one task side by side: extracted vectors (vanilla, FV, TR / TL heads), LTV "
             "and SITE, with accuracy, TR ratio, parameter count and training seconds", api="compare_methods",

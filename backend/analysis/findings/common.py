@@ -1,14 +1,8 @@
-"""Helpers shared by the sections of the findings report: verdicts, number formats, and how a section runs a kind."""
+"""Helpers shared by the sections of the findings report: number formats, and how a section runs a kind (the
+verdicts: `verdicts.py`)."""
 from __future__ import annotations
 
 from typing import Any, Callable
-
-
-def verdict(n: int, total: int) -> str:
-    """holds / partly / does not hold from the number of tasks (or cases) it holds on (holds: at least 60%)."""
-    if total and n >= 0.6 * total:
-        return "holds"
-    return "partly" if n > 0 else "does not hold"
 
 
 def pct(x: float | None) -> str:

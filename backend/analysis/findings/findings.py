@@ -25,6 +25,7 @@ from ..params import Bool, BosParams, Int, NonNegative
 from ..primitives.cost import NONE, Shape, Sizes, Work
 from ..results import Model, Result
 from .report import SECTIONS, measure_model, render, sections_by_name
+from .verdicts import RULE
 
 Section = Literal[SECTIONS]  # type: ignore[valid-type]
 DEFAULT_TASKS = 4  # tasks = None: the model's first built-in tasks
@@ -81,11 +82,35 @@ class FindingsParams(BosParams):
         return w
 
 
+class TaskTest(Model):
+    """One per-task test of a finding (`verdicts`): what was tested, the effect with its 95% interval, p and the
+    Benjamini-Hochberg q across the finding's tests on this model, and the outcome under the rule."""
+
+    task: str
+    k: int | None = Field(None, description="heads ablated or patched, where the finding has several k")
+    test: str = Field(..., description="the test's name and what it compares")
+    effect: float | None = Field(..., description="the measured difference, in the finding's units")
+    ci: tuple[float, float] | None = Field(None, description="its 95% interval")
+    ci_note: str | None = Field(None, description="why there is no interval (rank tests on a few layers or tasks)")
+    p: float
+    q: float = Field(..., description="p adjusted across the finding's tests (Benjamini-Hochberg)")
+    direction: int = Field(..., description="+1 / -1: the sign the paper's finding predicts")
+    n: int = Field(..., description="prompts (or heads, layers, tasks) the test rests on")
+    outcome: str = Field(..., description="for | against | neither")
+
+
 class SummaryRow(Model):
     paper: str
     finding: str
     paper_figure: str = Field(..., description="what the paper reports")
     ours: str = Field(..., description="the verdict and the numbers behind it, on this model")
+    key: str = Field("", description="the finding's short name (rise, f1, ..., mid, key, prop, icl, patch, transfer)")
+    test: str = Field("", description="the per-task test")
+    verdict: str = Field("not run", description="holds | partly | does not hold (by `verdicts.RULE`) | not tested "
+                                                "(nothing testable was measured) | not run")
+    correction: str = Field("Benjamini-Hochberg", description="how the per-task p-values are corrected")
+    detectable: str = Field("", description="the smallest true effect the sample detects (80% power, alpha 0.05)")
+    tests: list[TaskTest] = Field(default_factory=list, description="the per-task tests behind the verdict")
 
 
 class FindingsResult(Result):
@@ -99,6 +124,9 @@ class FindingsResult(Result):
     markdown: str
     command: str = Field("", description="the command line that reproduces the report")
     seconds: float
+    rule: str = Field("", description="how per-task tests become holds / partly / does not hold")
+    data: dict[str, Any] = Field(default_factory=dict, description="the measurements behind the report (the HTML "
+                                                                   "report's figures read them)")
 
 
 def findings(ctx: Context, p: FindingsParams) -> dict[str, Any]:
@@ -137,14 +165,25 @@ def findings(ctx: Context, p: FindingsParams) -> dict[str, Any]:
                      "ltv_layers": a.ltv_layers, "ltv_tasks": a.ltv_tasks, "out": None},
             "notes": [], "models": {label: entry}, "seconds": time.time() - t0}
     runners = sections_by_name()
-    summary = [{"paper": r["paper"], "finding": r["finding"], "paper_figure": r["paper_figure"],
-                "ours": r["ours"].get(label, "not run")}
-               for s in sections for r in runners[s].summary(data["models"], data["args"])]
+    summary = [_row(r, label) for s in sections for r in runners[s].summary(data["models"], data["args"])]
     command = " ".join(["python -m backend report --model", label, "--tasks", ",".join(names), "--sections",
                         ",".join(sections), *_flags(p)])
     ctx.progress(1.0, "done")
     return {"model": label, "shape": entry["shape"], "tasks": names, "sections": sections, "summary": summary,
-            "markdown": render(data, sections, command=command), "command": command, "seconds": data["seconds"]}
+            "markdown": render(data, sections, command=command), "command": command, "seconds": data["seconds"],
+            "rule": RULE, "data": {"args": data["args"], "models": data["models"]}}
+
+
+def _row(r: dict[str, Any], label: str) -> dict[str, Any]:
+    """A summary row on this model: the cell, and the verdict with its per-task tests."""
+    f = (r.get("stats") or {}).get(label)
+    row = {"paper": r["paper"], "finding": r["finding"], "paper_figure": r["paper_figure"],
+           "ours": r["ours"].get(label, "not run"), "key": r.get("key", ""), "test": r.get("test", "")}
+    if f:
+        row |= {"verdict": f["verdict"], "correction": f["correction"], "detectable": f["detectable"],
+                "tests": [{k: t.get(k) for k in ("task", "k", "test", "effect", "ci", "ci_note", "p", "q",
+                                                  "direction", "n", "outcome")} for t in f["tests"]]}
+    return row
 
 
 def _planned_calls(p: FindingsParams, n_tasks: int) -> int:

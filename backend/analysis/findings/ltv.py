@@ -14,7 +14,8 @@ from typing import Any, Callable
 
 import numpy as np
 
-from .common import pct, section_analyze, verdict
+from . import verdicts as V
+from .common import pct, section_analyze
 
 PAPER = "LTV"
 VECTORS = ("vanilla", "fv", "tr", "tl")
@@ -75,10 +76,50 @@ def measure(lm: Any, tasks: list, a: Any, log: Callable[[str], None]) -> dict[st
                     "random_mean": kh.random_accuracy_mean, "random_std": kh.random_accuracy_std,
                     "gold_prob": kh.gold_prob, "layers": sorted({int(l) for l, _ in kh.heads})},
             "propagation": {"rotation": prop.rotation, "stretch": prop.stretch, "r2": prop.r2, "n": prop.n},
-            "train_seconds": e.training.train_seconds}
+            "train_seconds": e.training.train_seconds,
+            "ci": {c: list(m.accuracy_ci) for c, m in r.table.items() if getattr(m, "accuracy_ci", None)},
+            "curves_ci": {v: [list(c) if c else None for c in (st[0].vectors[v].accuracy_ci or [])] for v in best}}
+        rows[name]["tests"] = _tests_of(r, kh, st, best, per_layer)
         log(f"{name}: LTV {r.table['ltv'].accuracy:.2f} vanilla {r.table['vanilla'].accuracy:.2f} "
             f"FV {r.table.get('fv').accuracy if 'fv' in r.table else None}")
     return {"mid": mid, "n_layers": lm.n_layers, "rows": rows}
+
+
+def _correct(m: Any) -> np.ndarray | None:
+    o = m.outcomes() if m is not None and hasattr(m, "outcomes") else None
+    return None if o is None else o["correct"].astype(float)
+
+
+def _tests_of(r: Any, kh: Any, st: dict, best: dict, per_layer: dict) -> dict[str, Any]:
+    """One task's tests (`verdicts`): the LTV against vanilla and FV (paired McNemar on the same queries), at its
+    best layer against theirs (unpaired: seed 0's queries against seed 1's), the key heads against random sets
+    (paired sign-flip on the LTV's queries), and the propagation's trend along depth (where swept)."""
+    tb = r.table
+    ltv = _correct(tb["ltv"])
+    out: dict[str, Any] = {}
+    parts = [V.paired(ltv, _correct(tb[c]), +1, f"paired, exact McNemar (accuracy, LTV vs {c})")
+             for c in ("vanilla", "fv") if c in tb and ltv is not None and _correct(tb[c]) is not None]
+    if parts:
+        out["mid"] = V.both(*parts)
+    if len(per_layer) > 1:
+        l_best = max(per_layer, key=lambda l: (per_layer[l]["ltv"], -l))
+        n0, n1 = r.prompts, st[1].prompts
+        k0 = round(per_layer[l_best]["ltv"] * n0)
+        parts = [V.two_proportions(k0, n0, round(st[1].vectors[v].accuracy[best[v]] * n1), n1, +1,
+                                   f"Fisher exact (unpaired; LTV's best layer L{l_best} vs {v}'s L{best[v]} on seed 1)")
+                 for v in ("vanilla", "fv") if v in best and v in st[1].vectors]
+        if parts:
+            out["best"] = V.both(*parts)
+    abl = _correct(kh.ablated)
+    rand = [_correct(x) for x in kh.random]
+    if abl is not None and rand and all(x is not None for x in rand):
+        out["key"] = V.paired(abl, np.mean(rand, 0), -1, "paired sign-flip (LTV accuracy, key heads ablated vs the "
+                                                          "random sets' mean)")
+    ls = [l for l, e in sorted(per_layer.items()) if e["rotation"] is not None]
+    if len(per_layer) > 1:
+        out["prop"] = V.trend(ls, {"rotation": [per_layer[l]["rotation"] for l in ls],
+                                   "stretch": [per_layer[l]["stretch"] for l in ls]}, +1)
+    return out
 
 
 def _layer_entry(r: Any) -> dict[str, Any]:
@@ -90,55 +131,41 @@ def _layer_entry(r: Any) -> dict[str, Any]:
             "r2": e.propagation.r2 if e.propagation else None}
 
 
-def _key_holds(k: dict) -> bool:
-    return (k["ltv"] - k["ablated"]) > (k["ltv"] - k["random_mean"]) + 2 * k["random_std"]
+FINDINGS = ("mid", "best", "key", "prop")
 
 
-def _prop_holds(pl: dict) -> bool | None:
-    ls = [l for l, e in pl.items() if e["rotation"] is not None]
-    if len(ls) < 2:
-        return None
-    half = len(ls) // 2
-    early, late = ls[:half] or ls[:1], ls[half:]
-    m = lambda key, xs: float(np.mean([pl[l][key] for l in xs]))  # noqa: E731
-    return m("rotation", early) < m("rotation", late) and m("stretch", late) > m("stretch", early)
+def findings_of(res: dict) -> dict[str, dict[str, Any]]:
+    """{finding: `verdicts.finding`} of one model's LTV measurements."""
+    return {key: V.finding([x["tests"][key] | {"task": t} for t, x in res["rows"].items()
+                            if key in x.get("tests", {})]) for key in FINDINGS}
 
 
 def summary(models: dict, a: dict) -> list[dict[str, Any]]:
-    r_mid, r_best, r_key, r_prop = {}, {}, {}, {}
+    cells = {key: {} for key in FINDINGS}
+    stats = {key: {} for key in FINDINGS}
     for m, e in models.items():
         res = e.get("ltv")
         if not res:
             continue
+        f = findings_of(res)
         rows = res["rows"]
-        n = len(rows)
         means = {c: float(np.mean([x["table"].get(c, np.nan) for x in rows.values()])) for c in ("ltv", "vanilla", "fv")}
-        wins = sum(x["table"]["ltv"] > max(x["table"]["vanilla"], x["table"].get("fv", 0.0)) for x in rows.values())
-        r_mid[m] = (f"{verdict(wins, n)}: LTV {pct(means['ltv'])} / vanilla {pct(means['vanilla'])} / FV "
-                    f"{pct(means['fv'])} at L{res['mid']} (LTV above both on {wins}/{n})")
-        best_ltv = [max(v["ltv"] for v in x["per_layer"].values()) for x in rows.values() if len(x["per_layer"]) > 1]
-        bv = [x["extracted"]["vanilla"]["best_seed1"] for x in rows.values() if "vanilla" in x["extracted"]]
-        bf = [x["extracted"]["fv"]["best_seed1"] for x in rows.values() if "fv" in x["extracted"]]
-        wins_b = sum(max(v["ltv"] for v in x["per_layer"].values()) > max(
-            x["extracted"]["vanilla"]["best_seed1"], x["extracted"].get("fv", {}).get("best_seed1") or 0.0)
-            for x in rows.values() if len(x["per_layer"]) > 1)
-        r_best[m] = (f"{verdict(wins_b, len(best_ltv))}: best layers: LTV {pct(np.mean(best_ltv) if best_ltv else None)}"
-                     f" ({len(best_ltv)} tasks), vanilla {pct(np.mean(bv) if bv else None)}, FV "
-                     f"{pct(np.mean(bf) if bf else None)} (all {n} tasks; layer chosen on seed 0, scored on seed 1)")
-        kh = sum(_key_holds(x["key"]) for x in rows.values())
-        k = next(iter(rows.values()))["key"]["k"] if n else 0
-        r_key[m] = f"{verdict(kh, n)}: top {k} heads by saliency beat random sets on {kh}/{n}"
-        props = [p for p in (_prop_holds(x["per_layer"]) for x in rows.values()) if p is not None]
-        r_prop[m] = f"{verdict(sum(props), len(props))}: on {sum(props)}/{len(props)} swept tasks"
+        for key in FINDINGS:
+            cells[key][m] = V.cell(f[key])
+            stats[key][m] = f[key]
+        cells["mid"][m] += (f" (mean accuracy: LTV {pct(means['ltv'])} / vanilla {pct(means['vanilla'])} / FV "
+                            f"{pct(means['fv'])} at L{res['mid']})")
     return [
-        {"paper": PAPER, "finding": "LTV vs vanilla TV vs FV at the middle layer", "paper_figure":
-         "LTV 83.5 / vanilla 37.8 / FV 37.3 (Llama-3.1-8B, layer 16, mean)", "ours": r_mid},
-        {"paper": PAPER, "finding": "... and each at its own best layer", "paper_figure":
-         "LTV above the extracted vectors at every layer (figures)", "ours": r_best},
-        {"paper": PAPER, "finding": "key heads (about the top 10%) carry the LTV", "paper_figure":
-         "ablating a small set of key heads removes most of the effect (figures)", "ours": r_key},
-        {"paper": PAPER, "finding": "linear propagation: rotation early, stretch late", "paper_figure":
-         "early TVs rotated, late TVs scaled (figures)", "ours": r_prop},
+        {"paper": PAPER, "key": "mid", "test": "McNemar, paired (accuracy, LTV vs vanilla and vs FV)", "finding": "LTV above vanilla TV and FV at the middle layer", "paper_figure":
+         "LTV 83.5 / vanilla 37.8 / FV 37.3 (Llama-3.1-8B, layer 16, mean)", "ours": cells["mid"],
+         "stats": stats["mid"]},
+        {"paper": PAPER, "key": "best", "test": "Fisher exact (best layers; unpaired, seed 1)", "finding": "... and each at its own best layer", "paper_figure":
+         "LTV above the extracted vectors at every layer (figures)", "ours": cells["best"], "stats": stats["best"]},
+        {"paper": PAPER, "key": "key", "test": "sign-flip, paired (accuracy, key heads vs random sets ablated)", "finding": "key heads (about the top 10%) carry the LTV", "paper_figure":
+         "ablating a small set of key heads removes most of the effect (figures)", "ours": cells["key"],
+         "stats": stats["key"]},
+        {"paper": PAPER, "key": "prop", "test": "exact permutation of the layer order (Spearman)", "finding": "linear propagation: rotation early, stretch late", "paper_figure":
+         "early TVs rotated, late TVs scaled (figures)", "ours": cells["prop"], "stats": stats["prop"]},
     ]
 
 
@@ -193,5 +220,14 @@ def render(models: dict, a: dict) -> list[str]:
         out.append("Extracted vectors along every layer (steer sweep, seed 0, accuracy %): "
                    + "; ".join(f"{t} vanilla [" + " ".join(pct(v) for v in x["extracted"]["vanilla"]["curve"]) + "]"
                                for t, x in rows.items() if "vanilla" in x["extracted"]) + ".")
-        out.append("")
+        out += ["", f"#### Tests on `{m}`", ""]
+        f = findings_of(res)
+        titles = {"mid": "LTV vs vanilla and FV at the middle layer (effect: LTV minus vanilla accuracy; the second "
+                         "part: LTV minus FV)",
+                  "best": "At each one's best layer (effect: LTV's best minus vanilla's or FV's best, seed 1)",
+                  "key": "Key heads (effect: LTV accuracy with the key heads ablated minus with random sets ablated)",
+                  "prop": "Linear propagation (effect: mean Spearman rho of rotation cos(theta, Q theta) and stretch "
+                          "with depth; both rise if rotation is early and stretch late)"}
+        for key in FINDINGS:
+            out += V.test_table(titles[key], f[key])
     return out

@@ -14,7 +14,8 @@ from typing import Any, Callable
 
 import numpy as np
 
-from .common import pct, section_analyze, verdict
+from . import verdicts as V
+from .common import pct, section_analyze
 
 PAPER = "SITE"
 GROUPS = {"sentiment": "classification", "topic": "classification", "antonym": "word transform",
@@ -60,7 +61,9 @@ def measure(lm: Any, tasks: list, a: Any, log: Callable[[str], None]) -> dict[st
             "alpha": {"decided": r.decisive["decided"], "over_half": float((alpha > 0.5).mean()),
                       "max": float(alpha.max()), "min": float(alpha.min()), "mean": float(alpha.mean()),
                       "top_layers": sorted({int(l) for l, _ in r.patching.top.heads[:16]})},
-            "best_step": r.best_step, "train_seconds": r.train_seconds}
+            "best_step": r.best_step, "train_seconds": r.train_seconds,
+            "ci": {k: list(v) for k, v in _cis(r).items()}}
+        rows[name]["tests"] = {"icl": _vs_icl(r)} | ({"patch": extra["test"]} if extra.get("test") else {})
         log(f"{name}: SITE {r.site.accuracy:.2f} (EM {r.site.exact_match:.2f}), ICL10 {get('icl_10', 'accuracy')}")
     names = [n for n in GROUPS if n in dict(tasks)]
     transfer = None
@@ -71,6 +74,29 @@ def measure(lm: Any, tasks: list, a: Any, log: Callable[[str], None]) -> dict[st
                     "top_k": tr.top_k, "zero_shot": tr.zero_shot, "summary": tr.summary}
         log("transfer: done")
     return {"ks": ks, "heads": lm.n_layers * lm.n_heads, "rows": rows, "transfer": transfer}
+
+
+def _cis(r: Any) -> dict[str, tuple[float, float]]:
+    """The methods' 95% Wilson intervals of accuracy (for the report's figure)."""
+    out = {k: b.metrics.accuracy_ci for k, b in r.baselines.items() if b.metrics is not None and b.metrics.accuracy_ci}
+    for k in ("site", "site_hard"):
+        if getattr(r, k).accuracy_ci:
+            out[k] = getattr(r, k).accuracy_ci
+    return out
+
+
+def _vs_icl(r: Any) -> dict[str, Any] | None:
+    """SITE against 10-shot ICL on its test queries: exact McNemar on first-token accuracy where the two ran on the
+    same queries in order (`site`'s own tests list only those), else Fisher's exact test on exact match (unpaired)."""
+    b = r.baselines.get("icl_10")
+    if b is None or b.metrics is None:
+        return None
+    if "site vs icl_10" in (r.tests or {}) and r.site.outcomes() is not None and b.metrics.outcomes() is not None:
+        return V.paired(r.site.outcomes()["correct"].astype(float), b.metrics.outcomes()["correct"].astype(float), +1,
+                        "paired, exact McNemar (first-token accuracy, SITE vs 10-shot ICL)")
+    n1, n2 = r.site.n, b.metrics.n
+    return V.two_proportions(round(r.site.exact_match * n1), n1, round(b.metrics.exact_match * n2), n2, +1,
+                             "Fisher exact (exact match, SITE vs 10-shot ICL; unpaired)")
 
 
 def _extra_patching(lm: Any, task: Any, r: Any, ks: list[int], prompts: int, store: Any = None) -> dict[str, Any]:
@@ -105,9 +131,20 @@ def _extra_patching(lm: Any, task: Any, r: Any, ks: list[int], prompts: int, sto
     sets = [order[:on], order[::-1][:on]] + [random_heads(L, H, on, seed=1, exclude=order[:on], draw=d)
                                               for d in range(RANDOM_DRAWS)]
     configs += [RowConfig(mask=1.0 - hard_alpha(lm, s), positions="last") for s in sets]
+    k10 = max(1, round(L * H * 0.1))  # the test's k: top / bottom at alpha = 1, per prompt
+    configs += [RowConfig(mask=1.0 - hard_alpha(lm, s), positions="last") for s in (order[:k10], order[::-1][:k10])]
     res = sweep_outcomes(lm, enc, configs, fill=t.float(), batch_size=32)
-    acc = res.means()["accuracy"]
+    acc = res.means()["accuracy"][:-2]
     n = len(ks)
+    c = res.correct.astype(float)
+    i10 = ks.index(k10) if k10 in ks else None
+    test = None
+    if i10 is not None:
+        top, bot = c[-2], c[-1]
+        rnd = c[i10 * RANDOM_DRAWS:(i10 + 1) * RANDOM_DRAWS].mean(0)
+        test = V.both(V.paired(top, bot, +1, "paired, exact McNemar (accuracy, top-alpha vs bottom-alpha patching)"),
+                      V.paired(top, rnd, +1, "paired sign-flip (accuracy, top-alpha vs the random sets' mean)"))
+        test["k"] = k10
     at_on = acc[n * (RANDOM_DRAWS + 1):]
     acc = acc[: n * (RANDOM_DRAWS + 1)]
     rand = acc[: n * RANDOM_DRAWS].reshape(n, RANDOM_DRAWS)
@@ -118,7 +155,7 @@ def _extra_patching(lm: Any, task: Any, r: Any, ks: list[int], prompts: int, sto
         logits = soft_logits(lm, enc, hard_alpha(lm, order[:k]), t.float())
         check[k] = float((logits.argmax(-1) == gold).float().mean())
     return {"random": rand.mean(1).tolist(), "random_std": rand.std(1).tolist(), "top_soft": acc[n * RANDOM_DRAWS:].tolist(),
-            "hooks_check": check, "on": {"k": on, "top": float(at_on[0]), "bottom": float(at_on[1]),
+            "hooks_check": check, "test": test, "on": {"k": on, "top": float(at_on[0]), "bottom": float(at_on[1]),
                                          "random": float(at_on[2:].mean()),
                                          "saturated": int((alpha > 0.99).sum())}}
 
@@ -137,47 +174,46 @@ def _at(ks: list[int], curve: list[float], k: int) -> float:
     return curve[ks.index(k)]
 
 
+FINDINGS = ("icl", "patch", "transfer")
+
+
+def findings_of(res: dict) -> dict[str, dict[str, Any]]:
+    """{finding: `verdicts.finding`} of one model's SITE measurements (transfer: one test over the tasks)."""
+    out = {key: V.finding([x["tests"][key] | {"task": t} for t, x in res["rows"].items()
+                           if (x.get("tests") or {}).get(key)]) for key in ("icl", "patch")}
+    tr = res.get("transfer")
+    tests = []
+    if tr:
+        tests = [V.group_permutation(tr["accuracy"], [GROUPS[n] for n in tr["tasks"]], +1)
+                 | {"task": "all (" + ", ".join(tr["tasks"]) + ")"}]
+    out["transfer"] = V.finding(tests)
+    return out
+
+
 def summary(models: dict, a: dict) -> list[dict[str, Any]]:
-    r_icl, r_patch, r_tr = {}, {}, {}
+    cells = {key: {} for key in FINDINGS}
+    stats = {key: {} for key in FINDINGS}
     for m, e in models.items():
         res = e.get("site")
         if not res:
             continue
         rows = res["rows"]
-        n = len(rows)
+        f = findings_of(res)
+        for key in FINDINGS:
+            if f[key]["tests"] or f[key]["untested"]:
+                cells[key][m] = V.cell(f[key])
+                stats[key][m] = f[key]
         d_em = [x["methods"]["site"]["exact_match"] - x["methods"]["icl_10"]["exact_match"] for x in rows.values()
                 if x["methods"]["icl_10"]["exact_match"] is not None]
-        wins = sum(d > 0 for d in d_em)
-        r_icl[m] = (f"{verdict(wins, len(d_em))}: {np.mean(d_em) * 100:+.1f} points exact match (SITE above ICL on "
-                    f"{wins}/{len(d_em)})")
-        k10 = max(1, round(res["heads"] * 0.1))
-        ok = 0
-        tops, bots, on_t, on_b, on_k = [], [], [], [], []
-        for x in rows.values():
-            p = x["patching"]
-            top, bot, rnd = (_at(p["ks"], p[c], k10) for c in ("top", "bottom", "random"))
-            tops.append(top)
-            bots.append(bot)
-            on_t.append(p["on"]["top"])
-            on_b.append(p["on"]["bottom"])
-            on_k.append(p["on"]["k"])
-            ok += top >= bot + 0.1 and top > rnd
-        r_patch[m] = (f"{verdict(ok, n)}: k = {k10} (10%): top {pct(np.mean(tops))} vs bottom {pct(np.mean(bots))} "
-                      f"(holds on {ok}/{n}); at k = the heads SITE turned on ({min(on_k)}-{max(on_k)}): top "
-                      f"{pct(np.mean(on_t))} vs bottom {pct(np.mean(on_b))}")
-        tr = res.get("transfer")
-        if tr:
-            s, d, sk, dk = _groups_transfer(tr)
-            holds = (s is not None and d is not None and s > d) + (sk is not None and dk is not None and sk > dk)
-            r_tr[m] = (f"{'holds' if holds == 2 else 'partly' if holds else 'does not hold'}: soft alphas "
-                       f"{pct(s)} similar vs {pct(d)} dissimilar; top-{tr['top_k']} {pct(sk)} vs {pct(dk)}")
+        if d_em and "icl" in cells and m in cells["icl"]:
+            cells["icl"][m] += f" (mean exact match difference {np.mean(d_em) * 100:+.1f} points)"
     return [
-        {"paper": PAPER, "finding": "SITE against 10-shot ICL", "paper_figure": "+13.26 points (FV tasks, the paper's "
-         "mean over 12 LLMs of 4-70B; exact match)", "ours": r_icl},
-        {"paper": PAPER, "finding": "top-alpha vs bottom-alpha patching", "paper_figure": "57.3 vs 6.2 (%)",
-         "ours": r_patch},
-        {"paper": PAPER, "finding": "transfer: similar tasks transfer, dissimilar ones do not",
-         "paper_figure": "qualitative (heatmaps)", "ours": r_tr},
+        {"paper": PAPER, "key": "icl", "test": "McNemar, paired (accuracy, SITE vs 10-shot ICL)", "finding": "SITE against 10-shot ICL", "paper_figure": "+13.26 points (FV tasks, "
+         "the paper's mean over 12 LLMs of 4-70B; exact match)", "ours": cells["icl"], "stats": stats["icl"]},
+        {"paper": PAPER, "key": "patch", "test": "McNemar and sign-flip, paired (accuracy, top vs bottom and vs random)", "finding": "top-alpha above bottom-alpha (and random) patching at k = 10%",
+         "paper_figure": "57.3 vs 6.2 (%)", "ours": cells["patch"], "stats": stats["patch"]},
+        {"paper": PAPER, "key": "transfer", "test": "exact permutation of the group labels over tasks", "finding": "transfer: similar tasks transfer, dissimilar ones do not",
+         "paper_figure": "qualitative (heatmaps)", "ours": cells["transfer"], "stats": stats["transfer"]},
     ]
 
 
@@ -267,4 +303,14 @@ def render(models: dict, a: dict) -> list[str]:
                     + ", ".join(f"{n} {pct(z)}" for n, z in zip(names, tr["zero_shot"]))
                     + f". Similar pairs {pct(s)} vs dissimilar {pct(d)} (top-{tr['top_k']}: {pct(sk)} vs {pct(dk)}).",
                     ""]
+    for m, e in models.items():
+        if e.get("site"):
+            f = findings_of(e["site"])
+            titles = {"icl": "SITE vs 10-shot ICL (effect: SITE minus ICL)",
+                      "patch": "Top- vs bottom-alpha patching at k = 10% (effect: top minus bottom; the second part: top "
+                               "minus random)",
+                      "transfer": "Transfer (effect: mean accuracy of similar pairs minus dissimilar pairs)"}
+            out += [f"#### Tests on `{m}`", ""]
+            for key in FINDINGS:
+                out += V.test_table(titles[key], f[key])
     return out + explain(models)

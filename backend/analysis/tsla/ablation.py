@@ -27,6 +27,7 @@ from ..primitives.predict import predicted_label
 from ..primitives.prefix_store import stored_z_mean
 from ..primitives.rates import config_outcomes, curve_intervals, paired_along, paired_rates, set_curve_intervals
 from ..primitives.selection import Head, random_heads, ranking
+from ..primitives.stats import pack_outcomes
 from ..primitives.sweep import RowConfig, head_mask, sweep_outcomes
 
 
@@ -119,6 +120,9 @@ class Curve(Model):
     vs_random: dict[str, list[PairedTest]] | None = Field(None, description="per rate, per k: the top-k set against "
                                                                             "the random sets' mean, prompt by prompt "
                                                                             "(effect = this order minus random)")
+    per_prompt: list[list[str]] | None = Field(None, description="per set (one for a ranked order; random: one per "
+                                                                 "seed), per k: the prompts' outcomes packed as in "
+                                                                 "`Metrics.per_prompt` (`stats.unpack_outcomes`)")
 
 
 class AblationCurvesResult(Result):
@@ -232,6 +236,8 @@ def curves(ctx: Context, p: AblationCurvesParams) -> dict[str, Any]:
         # intervals and paired tests from the same outcomes (no extra pass): a ranked order's rate is Wilson; the
         # random sets' mean resamples sets and prompts
         curve.update(set_curve_intervals(res, rows) if len(rows) > 1 else curve_intervals(res, rows[0]))
+        curve["per_prompt"] = [[pack_outcomes(res.correct[c], res.label_correct[c], res.in_labels[c]) for c in row]
+                               for row in rows]  # for tests pooled over several results (the findings' seeds)
         out[name] = curve
     if "random" in where:
         rand = [config_outcomes(res, [row[j] for row in where["random"]]) for j in range(len(p.ks))]
