@@ -6,15 +6,16 @@
     r.tr, r.tl  # numpy, (layers, heads)
 
 Every analysis kind of the registry (`backend.analysis.kinds`) is a function here, named by its entry's
-`api`: `fn(lm, task, *, cache=True, progress=None, **params) -> typed result` (see `analyze`). A saved tensor
-(`load`) is an id, or here a local file, copied into the tensor store (`tensor_path(id)`: the file of an id).
-Imports are lazy, so `import backend` pulls in no torch.
+`api`: `fn(lm, task, *, <the params model's fields>, cache=True, progress=None) -> <its result model>`, defined in
+`backend/analysis/api/` (typed, with docstrings: `help(backend.head_scores)`); `analyze(kind, ...)` runs any kind by
+name. A saved tensor (`load`) is an id, or here a local file, copied into the tensor store (`tensor_path(id)`: the
+file of an id). Imports are lazy, so `import backend` pulls in no torch.
 """
 from __future__ import annotations
 
 from importlib import import_module
 from importlib.util import find_spec
-from typing import Any, Callable
+from typing import Any
 
 _EXPORTS = {
     "load_model": "backend.models",
@@ -30,21 +31,6 @@ _EXPORTS = {
     "tensor_path": "backend.tensor_store",
     "KINDS": "backend.analysis.kinds",
 }
-
-
-def _kind_function(kind: Any) -> Callable[..., Any]:
-    def run(lm: Any, task: Any = None, *, cache: Any = True, progress: Any = None, **params: Any) -> Any:
-        from .analysis.kernel import analyze, local_files
-
-        if not kind.uses_task and task is not None:
-            raise TypeError(f"{kind.api}() takes no task")
-        return analyze(kind.name, lm, task, local_files(kind, params), cache=cache, progress=progress)
-
-    fields = ", ".join(f"{n}={f.get_default(call_default_factory=True)!r}" for n, f in kind.params.model_fields.items())
-    run.__name__ = run.__qualname__ = kind.api
-    run.__doc__ = (f"{kind.description} (analysis kind `{kind.name}`), cached.\n\n"
-                   f"Parameters (defaults): {fields or 'none'}.\nReturns `{kind.result.__name__}`.")
-    return run
 
 
 def analyze(kind: str, lm: Any, task: Any = None, params: Any = None, **kw: Any) -> Any:
@@ -66,8 +52,10 @@ def __getattr__(name: str) -> Any:
     from .analysis.kinds import by_api
 
     kind = by_api(name)
-    if kind is not None:
-        fn = _kind_function(kind)
+    if kind is not None:  # the registry's function (backend/analysis/api/), or a kind registered at run time
+        from .analysis import api
+
+        fn = getattr(api, name, None) or api.kind_function(kind)
         globals()[name] = fn
         return fn
     raise AttributeError(f"module 'backend' has no attribute {name!r}")

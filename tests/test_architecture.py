@@ -103,7 +103,8 @@ def test_no_cycles(graph):
 
 def room(m: str) -> str:
     """Where an analysis module sits: the kernel, the shared building blocks, a paper's package (tsla, ltv, site),
-    the paper-less kinds (general), the cross-method comparison (methods), or the three papers' report (findings)."""
+    the paper-less kinds (general), the cross-method comparison (methods), the three papers' report (findings), or
+    the Python API (api: one function per kind, imported by no other room)."""
     if m in KERNEL:
         return "kernel"
     part = m.split(".")[2] if m.count(".") >= 2 else ""
@@ -117,6 +118,7 @@ ALLOWED = {  # room -> the rooms it may import (its own included)
     "general": {"kernel", "shared", "general"},
     "methods": {"kernel", "shared"},
     "findings": {"kernel", "shared", "findings", "site"},  # the report's SITE section re-patches saved alphas
+    "api": {"kernel", "shared", "general", *PAPERS, "methods", "findings", "api"},  # the Python API: one per kind
 }
 
 

@@ -1,0 +1,122 @@
+"""The Python API (backend/analysis/api/) is the registry's: one typed function per kind, with the params model's
+parameters (names, types, defaults) and the result model as its return annotation; the files are what the
+generator writes; `backend.<api>` is that function, and old names still answer."""
+from __future__ import annotations
+
+import inspect
+import subprocess
+import sys
+import types
+import typing
+from os import PathLike
+from pathlib import Path
+
+import pytest
+
+import backend
+from backend.analysis import api
+from backend.analysis.api import generate
+from backend.analysis.kinds import KINDS, Kind, register, unregister
+from backend.analysis.params import Params
+from backend.analysis.results import Result
+
+ROOT = Path(__file__).resolve().parents[1]
+BUILTIN = [k for k in KINDS.values() if k.module.startswith("backend.analysis.")]
+
+
+def canonical(tp: typing.Any) -> typing.Any:
+    """A type without its validation metadata, unions as sets: `Optional[Annotated[int, Strict()]]` == `int | None`."""
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if origin is typing.Annotated:
+        return canonical(args[0])
+    if origin in (typing.Union, types.UnionType):
+        return ("union", frozenset(canonical(a) for a in args))
+    if origin is typing.Literal:
+        return ("literal", args)
+    if origin is not None:
+        return (origin, tuple(canonical(a) for a in args))
+    return type(None) if tp is None else tp
+
+
+@pytest.mark.parametrize("kind", BUILTIN, ids=lambda k: k.name)
+def test_each_function_is_its_kind(kind: Kind):
+    fn = getattr(api, kind.api)
+    sig = inspect.signature(fn)
+    hints = typing.get_type_hints(fn)
+    assert hints.pop("return") is kind.result
+    positional = [n for n, p in sig.parameters.items() if p.kind is p.POSITIONAL_OR_KEYWORD]
+    assert positional == [n for n, used in (("lm", kind.uses_model), ("task", kind.uses_task)) if used]
+    keywords = {n: p for n, p in sig.parameters.items() if p.kind is p.KEYWORD_ONLY}
+    fields = kind.params.model_fields
+    assert list(keywords) == [*fields, "cache", "progress"]
+    for name, f in fields.items():
+        p = keywords[name]
+        if f.is_required():
+            assert p.default is p.empty, name
+        else:
+            want = f.get_default(call_default_factory=True)
+            assert p.default == want and type(p.default) is type(want), name
+        expected = canonical(f.annotation)
+        if name in getattr(kind.params, "tensor_fields", ()):  # the Python API also takes a local file
+            expected = canonical(f.annotation | PathLike[str])
+        assert canonical(hints[name]) == expected, name
+        assert f"        {name}" in fn.__doc__, name
+    assert keywords["cache"].default is True and keywords["progress"].default is None
+    assert " ".join(fn.__doc__.split()).startswith(kind.description[0].upper() + kind.description[1:])
+    assert fn.__name__ == kind.api and fn.__module__ == f"backend.analysis.api.{generate.group(kind)}"
+
+
+def test_the_functions_are_the_registry_and_backend_serves_them():
+    assert sorted(n for n in api.__all__ if n not in ("call", "kind_function")) == sorted(k.api for k in BUILTIN)
+    for k in BUILTIN:
+        assert getattr(backend, k.api) is getattr(api, k.api), k.api
+    sig = inspect.signature(backend.head_scores)
+    assert list(sig.parameters)[:5] == ["lm", "task", "shots", "prompts", "seed"]
+    assert sig.parameters["shots"].default == 8 and sig.parameters["top_k"].default is None
+    assert "def head_scores(" in (ROOT / "backend/analysis/api/tsla.py").read_text()
+
+
+def test_the_files_are_what_the_generator_writes():
+    stale = [g for g in generate.GROUPS if (generate.HERE / f"{g}.py").read_text() != generate.module(g)]
+    assert not stale, f"run `python -m backend.analysis.api.generate` (stale: {stale})"
+    long = [(g, i) for g in generate.GROUPS for i, line in enumerate(generate.module(g).splitlines(), 1)
+            if len(line) > generate.WIDTH]
+    assert not long, long
+
+
+def test_a_typo_or_a_bad_value_is_refused_before_any_model_is_touched():
+    with pytest.raises(TypeError, match="shotz"):
+        backend.head_scores(None, None, shotz=2)
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError, match="shots"):
+        backend.head_scores(None, None, shots=-1, cache=False)
+
+
+def test_a_kind_registered_at_run_time_answers_by_its_api_name():
+    class EchoParams(Params):
+        n: int = 1
+
+    class EchoResult(Result):
+        n: int
+
+    kind = Kind("echo_api", EchoParams, EchoResult, "tests.test_api:echo", "echo n", "echo_api", uses_task=False,
+                uses_model=False, cached=False)
+    register(kind)
+    try:
+        r = backend.echo_api(None, n=3)
+        assert isinstance(r, EchoResult) and r.n == 3
+        with pytest.raises(TypeError, match="takes no task"):
+            backend.echo_api(None, "a task")
+    finally:
+        unregister("echo_api")
+        vars(backend).pop("echo_api", None)
+
+
+def echo(ctx, p) -> dict:
+    return {"n": p.n}
+
+
+def test_import_backend_stays_torch_free():
+    code = "import sys, backend; backend.load_task; assert 'torch' not in sys.modules, 'torch'"
+    subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True)
