@@ -1,6 +1,6 @@
 """The import graph keeps its floors: pages -> ui -> service -> analysis -> hooks -> models, tasks, cache.
 
-Every import counts, lazy ones inside functions included (type-only imports under TYPE_CHECKING do not).
+Every import counts: lazy ones inside functions, and type-only ones under `if TYPE_CHECKING:` too.
 Inside the analysis floor: the shared building blocks (`primitives`) import nothing above them; the kernel
 (kernel, kinds, params, results) only them; each paper's package (tsla, ltv, site), the paper-less kinds (general)
 and the cross-method comparison (methods) the kernel, the shared layer and their own package, never each other;
@@ -30,20 +30,16 @@ def modules() -> dict[str, Path]:
 
 
 def imports(name: str, path: Path, known: dict[str, Path]) -> set[str]:
-    """Project modules `name` imports (resolving relative imports; skipping `if TYPE_CHECKING:` blocks)."""
+    """Project modules `name` imports (resolving relative imports), those under `if TYPE_CHECKING:` included: a
+    type-only import is a dependency too (a cycle through one is a cycle)."""
     tree = ast.parse(path.read_text())
-    skip = {id(n) for node in ast.walk(tree) if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.dump(node.test)
-            for n in ast.walk(node)}
     package = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
     found = set()
     for node in ast.walk(tree):
-        if id(node) in skip:
-            continue
         if isinstance(node, ast.Import):
             targets = [a.name for a in node.names]
         elif isinstance(node, ast.ImportFrom):
-            base = ".".join(package[: len(package) - node.level + 1]) if node.level else ""
-            mod = ".".join(x for x in (base, node.module or "") if x)
+            mod = source(node, package)
             targets = [mod] + [f"{mod}.{a.name}" for a in node.names]
         else:
             continue
@@ -53,6 +49,39 @@ def imports(name: str, path: Path, known: dict[str, Path]) -> set[str]:
             if t and t != name and not name.startswith(t + "."):
                 found.add(t)
     return found
+
+
+def source(node: ast.ImportFrom, package: list[str]) -> str:
+    """The module a `from ... import` reads from, relative imports resolved."""
+    base = ".".join(package[: len(package) - node.level + 1]) if node.level else ""
+    return ".".join(x for x in (base, node.module or "") if x)
+
+
+def private(name: str) -> bool:
+    return name.startswith("_") and not name.startswith("__")
+
+
+def private_uses(name: str, path: Path, known: dict[str, Path]) -> list[str]:
+    """The private names (`_x`) `name` takes from another project module: `from m import _x`, or `m._x` after
+    `import m` / `from p import m`."""
+    tree = ast.parse(path.read_text())
+    package = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
+    modules, out = set(), []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom):
+            mod = source(node, package)
+            for a in node.names:
+                if f"{mod}.{a.name}" in known:
+                    modules.add(a.asname or a.name)
+                elif mod in known and mod != name and private(a.name):
+                    out.append(f"{name}: from {mod} import {a.name}")
+        elif isinstance(node, ast.Import):
+            modules.update(a.asname for a in node.names if a.asname and a.name in known)
+    for node in ast.walk(tree):
+        if (isinstance(node, ast.Attribute) and private(node.attr) and isinstance(node.value, ast.Name)
+                and node.value.id in modules):
+            out.append(f"{name}: {node.value.id}.{node.attr}")
+    return out
 
 
 def floor(m: str) -> int:
@@ -99,6 +128,14 @@ def test_no_cycles(graph):
         if m not in seen:
             visit(m, [m])
     assert not cycles, "cycles: " + "; ".join(" -> ".join(c) for c in cycles)
+
+
+def test_no_module_takes_a_private_name_from_another():
+    """A name used across files is public (no leading underscore): `from .engine_plan import _halve` would make a
+    module's inside part of another's."""
+    known = modules()
+    bad = [use for m, p in known.items() for use in private_uses(m, p, known)]
+    assert not bad, "private names imported across modules: " + "; ".join(sorted(bad))
 
 
 def room(m: str) -> str:

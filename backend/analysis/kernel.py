@@ -48,7 +48,7 @@ if TYPE_CHECKING:
 
 Progress = Callable[[float, str], None]
 log = logging.getLogger(__name__)
-_LOCKS = KeyLocks()  # per-key locks across threads and processes; the folder follows HEADLENS_CACHE_DIR
+LOCKS = KeyLocks()  # per-key locks across threads and processes; the folder follows HEADLENS_CACHE_DIR
 INDEX = "index:"  # the namespace of the index entries (`index_key`)
 INDEX_MAX = 256  # entries kept per kind, model and task (the newest)
 
@@ -265,7 +265,7 @@ def _analyze(spec: Kind, p: Params, lm: "LoadedModel | None", task: "Task | None
         key = cache_key(spec, lm, task, p)
         value, hit = _read(store, key, spec, env, lm, task, tensors=tensors), True
         if value is None:
-            with _LOCKS.hold(key, cancelled=lambda: bool(check() or progress(0.0, "waiting for the same computation"))):
+            with LOCKS.hold(key, cancelled=lambda: bool(check() or progress(0.0, "waiting for the same computation"))):
                 value = _read(store, key, spec, env, lm, task, tensors=tensors)
                 if value is None:
                     value, hit = compute(), False
@@ -343,7 +343,7 @@ def merge_index(store: Store, ikey: str, value: dict[str, Any]) -> None:
 
 def _index(store: Store, spec: Kind, lm: "LoadedModel | None", task: "Task | None", key: str, p: Params) -> None:
     ikey = index_key(spec.name, lm, task)
-    with _LOCKS.hold(ikey):
+    with LOCKS.hold(ikey):
         merge_index(store, ikey, {"entries": [{"key": key, "params": p.model_dump(mode="json")}]})
 
 

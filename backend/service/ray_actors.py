@@ -121,7 +121,9 @@ def model_signature(canonical: str) -> str | None:
 
 # -- the pool of model actors ---------------------------------------------------------------------------------
 @dataclass
-class _Actor:
+class Actor:
+    """One model actor of the pool: its Ray handle, the model it holds, where it was placed."""
+
     handle: Any
     model: str | None
     place: Placement
@@ -147,7 +149,7 @@ class ModelActors:
                  env: dict[str, str] | None = None):
         self.ray, self.cfg, self.reader, self.dtype = ray, cfg, reader, dtype
         self.env = env or {}
-        self._actors: list[_Actor] = []
+        self._actors: list[Actor] = []
         self._cond = threading.Condition()
         self._places: dict[str | None, Placement] = {}
         self._closed = False
@@ -177,7 +179,7 @@ class ModelActors:
         return used_c + place.num_cpus <= cpus + 1e-9 and used_g + place.num_gpus <= gpus + 1e-9
 
     # -- acquire / release ------------------------------------------------------------------------------------
-    def acquire(self, model: str | None, cancelled: Callable[[], bool]) -> _Actor:
+    def acquire(self, model: str | None, cancelled: Callable[[], bool]) -> Actor:
         place = self.placement_for(model)
         with self._cond:
             while True:
@@ -206,34 +208,34 @@ class ModelActors:
                 if cancelled():
                     raise Cancelled()
 
-    def _make(self, model: str | None, place: Placement) -> _Actor:
+    def _make(self, model: str | None, place: Placement) -> Actor:
         opts: dict[str, Any] = {"num_cpus": place.num_cpus, "num_gpus": place.num_gpus, "max_concurrency": 4,
                                 "max_restarts": 0}
         if self.env:
             opts["runtime_env"] = {"env_vars": self.env}
         handle = self.ray.remote(ModelWorker).options(**opts).remote(model, place.device, self.dtype,
                                                                       place.device_map, self.reader)
-        a = _Actor(handle, model, place, handle.info.remote())
+        a = Actor(handle, model, place, handle.info.remote())
         self._actors.append(a)
         log.info("ray: new actor for %s (%s)", model, place)
         return a
 
-    def __contains__(self, a: _Actor) -> bool:
+    def __contains__(self, a: Actor) -> bool:
         with self._cond:
             return a in self._actors
 
-    def release(self, a: _Actor) -> None:
+    def release(self, a: Actor) -> None:
         with self._cond:
             a.busy, a.last_used = False, time.monotonic()
             self._cond.notify_all()
 
-    def discard(self, a: _Actor) -> None:
+    def discard(self, a: Actor) -> None:
         """Forget (and kill) an actor that died or would not stop."""
         with self._cond:
             self._kill(a)
             self._cond.notify_all()
 
-    def _kill(self, a: _Actor) -> None:
+    def _kill(self, a: Actor) -> None:
         if a in self._actors:
             self._actors.remove(a)
         try:
@@ -241,7 +243,7 @@ class ModelActors:
         except Exception:
             pass
 
-    def alive(self, a: _Actor, timeout: float = 10.0) -> bool:
+    def alive(self, a: Actor, timeout: float = 10.0) -> bool:
         """Whether actor `a` answers (a ping to its `poll`); False once Ray reports it dead. Never under the lock."""
         from ray.exceptions import GetTimeoutError, RayActorError
 

@@ -78,7 +78,7 @@ from .estimate import note_speed
 from .execute import Cancelled, JobProgress, Progress, outputs_present_in
 from .jobs import LocalJobRunner
 from .limits import Limits
-from .ray_actors import ModelActors, _Actor, model_signature
+from .ray_actors import Actor, ModelActors, model_signature
 from .ray_cluster import RayConfig, RunnerUnavailable, connect
 from .ray_worker import CacheReader
 from ..paths import REPO_ROOT, cache_dir
@@ -172,7 +172,7 @@ class RayJobRunner(LocalJobRunner):
                          f"(on {', '.join(dict.fromkeys(lost))}); gave up after {self.cfg.retries} "
                          f"retr{'ies' if self.cfg.retries != 1 else 'y'} (HEADLENS_RAY_RETRIES)")
 
-    def _acquire_live(self, canon: str | None, progress: Progress) -> _Actor:
+    def _acquire_live(self, canon: str | None, progress: Progress) -> Actor:
         """An actor for the model that answers: one that died while idle is discarded here, before the job, and
         does not count against HEADLENS_RAY_RETRIES (only deaths during a job do)."""
         for _ in range(self.cfg.max_actors + 1):
@@ -183,7 +183,7 @@ class RayJobRunner(LocalJobRunner):
             self.actors.discard(a)
         return self.actors.acquire(canon, cancelled=lambda: _cancelled(progress, 0.0))
 
-    def _run_on(self, a: _Actor, spec: Any, fields: dict[str, Any], task: Any, progress: Progress) -> dict[str, Any]:
+    def _run_on(self, a: Actor, spec: Any, fields: dict[str, Any], task: Any, progress: Progress) -> dict[str, Any]:
         """Run the job on actor `a`, feeding `progress`; raises _Died when the actor dies (it is discarded),
         Cancelled when the job is cancelled, whatever `progress` raises (a time limit), or the analysis' error; the
         actor's task is then stopped (released, or killed if it hangs on)."""
@@ -223,7 +223,7 @@ class RayJobRunner(LocalJobRunner):
             self._stop(a, ref, call)  # a finished task just releases the actor; a running one is stopped
             raise
 
-    def _stop(self, a: _Actor, ref: Any, call: str) -> None:
+    def _stop(self, a: Actor, ref: Any, call: str) -> None:
         """Cancel a job running on `a`: the Ray task, and the analysis (cooperatively); kill `a` if it hangs on."""
         ray = self.ray
         try:
@@ -284,10 +284,10 @@ class RayJobRunner(LocalJobRunner):
     def _write(self, puts: list[tuple[str, dict[str, Any]]]) -> None:
         """Write an actor's results to the cache, each under the kernel's per-key lock (as the kernel does); an
         index entry (what is cached per kind, model and task) is merged into the one there."""
-        from ..analysis.kernel import _LOCKS, INDEX, merge_index
+        from ..analysis.kernel import LOCKS, INDEX, merge_index
 
         for key, value in puts:
-            with _LOCKS.hold(key):
+            with LOCKS.hold(key):
                 if key.startswith(INDEX):
                     merge_index(self.store, key, value)
                 elif self.store.get(key) is None:

@@ -6,15 +6,22 @@ plus the depth distribution of the top TR and TL heads (5 bins). Only result fie
 `compact` keeps what the summary needs of one result."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
-    from .sweeps import Cell
+from typing import Any, Protocol
 
 DEPTH_BINS = 5
 
 
-def _dedupe(items: list[Any]) -> list[Any]:
+class Cell(Protocol):
+    """What the summary reads of one job of a sweep (`sweeps.Cell` is one)."""
+
+    model: str | None
+    task: str | None
+    seed: int | None
+    status: str
+    summary: dict[str, Any] | None
+
+
+def dedupe(items: list[Any]) -> list[Any]:
     return list(dict.fromkeys(items))
 
 
@@ -87,10 +94,10 @@ def summarize(cells: list[Cell]) -> dict[str, Any]:
                 row[k] = _mean(v)
         rows.append(row)
     models = []
-    for m in _dedupe([r["model"] for r in rows]):
+    for m in dedupe([r["model"] for r in rows]):
         mine = [r for r in rows if r["model"] == m]
         entry: dict[str, Any] = {"model": m, "tasks": len(mine)}
-        for k in _dedupe([k for r in mine for k in r if k not in ("model", "task", "jobs", "seeds")]):
+        for k in dedupe([k for r in mine for k in r if k not in ("model", "task", "jobs", "seeds")]):
             entry[k] = mine[0][k] if k in ("n_layers", "n_heads") else _mean([r.get(k) for r in mine])
         depths = pooled.get(m)
         if depths:

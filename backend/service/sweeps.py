@@ -34,7 +34,7 @@ from pydantic import BaseModel, ConfigDict, Field, Strict, ValidationError
 from .admit import Admitted, admit, describe_validation
 from .errors import BadRequest, NotFound, ServiceError, clip
 from .limits import Limits
-from .sweep_summary import _dedupe, compact, summarize
+from .sweep_summary import compact, dedupe, summarize
 
 log = logging.getLogger(__name__)
 
@@ -87,7 +87,7 @@ def plan(req: SweepRequest, pool: Any, tasks: Any, limits: Limits) -> list[Cell]
     """Every job of the sweep, admitted (validated, keyed); a ServiceError naming the bad item otherwise."""
     from ..analysis.kinds import KINDS, get_kind
 
-    models, task_ids, kinds, seeds = (_dedupe(x) for x in (req.models, req.tasks, req.kinds, req.seeds))
+    models, task_ids, kinds, seeds = (dedupe(x) for x in (req.models, req.tasks, req.kinds, req.seeds))
     specs = []
     for k in kinds:
         try:
