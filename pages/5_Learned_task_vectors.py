@@ -23,7 +23,7 @@ from ui import metrics as M
 def positions_from(text: str) -> list[int]:
     """The typed offsets, or the current ones (with a warning on the next run) when they do not parse."""
     try:
-        return state._offsets(text)
+        return state.offsets(text)
     except ValueError:
         st.session_state["_hl_ltv_bad_positions"] = text
         return list(state.value("ltv_positions"))
@@ -58,7 +58,7 @@ with c1:
                     f"models of at most {state.LTV_SWEEP_MAX_LAYERS} layers; a deeper model starts at its middle layer "
                     "(a sweep of SmolLM2-135M's 30 layers takes hours on a CPU).")
 with c2:
-    state.bind(st.text_input, "Positions", "ltv_positions", to_widget=state._fmt_ints, from_widget=positions_from,
+    state.bind(st.text_input, "Positions", "ltv_positions", to_widget=state.fmt_ints, from_widget=positions_from,
                help="Negative offsets from the last prompt token where θ is added: -1 (the last token), or e.g. "
                     "-1,-2.")
 with c3:
@@ -119,7 +119,7 @@ def live_drawer(live: LiveChart):
 
 live = LiveChart("ltv")  # drawn below the Run row and the progress bar, so the page does not jump
 where = "every layer (one vector each)" if layer == "all" else f"layer {layer}"
-clicked = run_row(f"Train at **{where}**, positions {state._fmt_ints(state.value('ltv_positions'))} · lr "
+clicked = run_row(f"Train at **{where}**, positions {state.fmt_ints(state.value('ltv_positions'))} · lr "
                   f"{float(state.value('ltv_lr')):g} · ≤ {state.value('ltv_epochs')} epochs · batch "
                   f"{state.value('ltv_batch')} · compared on **{s.prompts}** held-out queries, ICL with **{s.shots}** "
                   f"shots",

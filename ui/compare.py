@@ -98,4 +98,4 @@ def profile_figure(c: dict[str, Any], label_a: str, label_b: str, metric_label: 
     fig.update_layout(title=dict(text=title or f"{metric_label} per layer at relative depth", x=0.0),
                       xaxis=dict(title="relative depth: layer / (layers − 1)", range=[-0.03, 1.03]),
                       yaxis=dict(title=f"mean {metric_label} over the layer's heads"))
-    return figures._style(fig, 360)
+    return figures.style_figure(fig, 360)

@@ -137,7 +137,8 @@ def clear_of_modebar(fig: go.Figure) -> go.Figure:
     return fig
 
 
-def _style(fig: go.Figure, height: int) -> go.Figure:
+def style_figure(fig: go.Figure, height: int) -> go.Figure:
+    """A figure's height, margins, font and legend as every chart of the product has them."""
     two_lines = "<br>" in str(fig.layout.title.text or "")
     fig.update_layout(height=height + (30 if two_lines else 0), margin=dict(l=10, r=10, t=96 if two_lines else 40, b=10),
                       font=dict(family=FONT), hoverlabel=dict(font=dict(family=FONT)),
@@ -223,7 +224,7 @@ def head_heatmap(values: Any, metric: str, selected: Iterable[Sequence[int]] = (
     fig.update_layout(title=dict(text=title or f"{label}: {map_spec(metric)['long']}", x=0.0, xanchor="left"),
                       clickmode="event+select", dragmode="zoom", hovermode="closest",
                       plot_bgcolor="rgba(0,0,0,0)")
-    _style(fig, height)
+    style_figure(fig, height)
     return _top_legend(fig) if tops else fig
 
 
@@ -286,7 +287,7 @@ def maps_row(maps: Sequence[tuple[str, Any, str]], selected: Iterable[Sequence[i
     L = max(z.shape[0] for z in zs)
     if title:
         fig.update_layout(title=dict(text=title, x=0.0))
-    _style(fig, int(min(520, max(260, 22 * L + 140))) + (36 if top else 0))
+    style_figure(fig, int(min(520, max(260, 22 * L + 140))) + (36 if top else 0))
     fig.update_layout(margin=dict(t=96 if title else 60, r=40, b=90 if top else 10))
     if top:  # below the axis titles (above the maps it sat on the last subplot's title)
         fig.update_layout(legend=dict(orientation="h", x=1.0, xanchor="right", y=-0.36, yanchor="top",
@@ -309,7 +310,7 @@ def layer_distribution(result: dict[str, Any], k: int, title: str | None = None)
                              hovertemplate="layer %{x}: %{y} head(s)<extra>" + ORDER_STYLE[m]["name"] + "</extra>"))
     fig.update_layout(barmode="group", title=dict(text=title or f"Layer of the top {k} heads", x=0.0),
                       xaxis=dict(title="layer", dtick=1 if L <= 16 else 2), yaxis=dict(title="heads", rangemode="tozero", dtick=1 if most <= 8 else None))  # whole heads
-    _style(fig, 320)
+    style_figure(fig, 320)
     # the legend at the figure's bottom edge, below the axis title (at y=-0.2 of the plot it sat on the title)
     fig.update_layout(height=int(fig.layout.height) + 40, margin=dict(b=80),
                       legend=dict(orientation="h", yref="container", y=0.0, yanchor="bottom", x=0.0))
@@ -366,7 +367,7 @@ def icl_curve(icl: dict[str, Any], title: str | None = None) -> go.Figure:
     fig.update_layout(title=dict(text=title or "In-context learning curve", x=0.0),
                       xaxis=dict(title="demonstrations in the prompt (k)", tickmode="array", tickvals=k),
                       yaxis=dict(title="% of prompts", range=[-3, 103]))
-    return _style(fig, 360)
+    return style_figure(fig, 360)
 
 
 def rises(abl: dict[str, Any], tol: float = 0.01) -> list[str]:
@@ -437,4 +438,4 @@ def ablation_curves(abl: dict[str, Any], title: str | None = None) -> go.Figure:
         fig.update_yaxes(title_text="% of prompts" if col == 1 else None, range=[-3, 103], row=1, col=col)
     if title:
         fig.update_layout(title=dict(text=title, x=0.0))
-    return _style(fig, 400)
+    return style_figure(fig, 400)

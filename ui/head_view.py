@@ -108,7 +108,7 @@ def attention_figure(r: dict[str, Any], title: str | None = None) -> go.Figure:
     fig.update_yaxes(title_text="attention weight", rangemode="tozero")
     fig.update_layout(title=dict(text=title or f"L{r['layer']}.H{r['head']}: attention from the last token", x=0.0),
                       showlegend=False)
-    return figures._style(fig, 320)
+    return figures.style_figure(fig, 320)
 
 
 def pattern_figure(r: dict[str, Any], title: str | None = None) -> go.Figure:
@@ -125,7 +125,7 @@ def pattern_figure(r: dict[str, Any], title: str | None = None) -> go.Figure:
     fig.update_yaxes(tickmode="array", tickvals=rows[::step], ticktext=[toks[i] for i in rows[::step]],
                      autorange="reversed", title_text="destination token")
     fig.update_layout(title=dict(text=title or f"L{r['layer']}.H{r['head']}: attention pattern", x=0.0))
-    return figures._style(fig, int(min(900, max(420, 16 * len(rows) + 200))))
+    return figures.style_figure(fig, int(min(900, max(420, 16 * len(rows) + 200))))
 
 
 GRID_HOVER_CELLS = 60_000
@@ -164,7 +164,7 @@ def layer_grid_figure(r: dict[str, Any], title: str | None = None, cols: int = 4
                          ticktext=[toks[i] for i in rows[::step]], tickfont=dict(size=8), showticklabels=cc == 1,
                          scaleanchor=f"x{h + 1 if h else ''}", row=rr, col=cc)
     fig.update_layout(title=dict(text=title or f"Layer {r['layer']}: every head's attention pattern", x=0.0))
-    return figures._style(fig, int(min(1400, n_rows * (300 if len(toks) > 24 else 220) + 120)))
+    return figures.style_figure(fig, int(min(1400, n_rows * (300 if len(toks) > 24 else 220) + 120)))
 
 
 def dla_figure(r: dict[str, Any], title: str | None = None) -> go.Figure:
@@ -177,7 +177,7 @@ def dla_figure(r: dict[str, Any], title: str | None = None) -> go.Figure:
     fig.update_yaxes(autorange="reversed")
     fig.update_layout(title=dict(text=title or f"L{r['layer']}.H{r['head']}: direct logit attribution per label",
                                  x=0.0), showlegend=False)
-    return figures._style(fig, int(min(520, max(220, 28 * len(labels) + 120))))
+    return figures.style_figure(fig, int(min(520, max(220, 28 * len(labels) + 120))))
 
 
 def _rank(r: dict[str, Any], name: str, total: int) -> str:

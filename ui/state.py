@@ -153,7 +153,7 @@ def _head(s: str) -> Head:
     return hs[0]
 
 
-def _offsets(s: str) -> list[int]:
+def offsets(s: str) -> list[int]:
     """`-1,-2` -> [-1, -2]: negative offsets from the last prompt token."""
     items = sorted({int(x) for x in str(s).split(",") if x.strip()}, reverse=True)
     if not items or items[0] >= 0 or items[-1] < -4096:
@@ -161,7 +161,8 @@ def _offsets(s: str) -> list[int]:
     return items
 
 
-def _fmt_ints(v: Iterable[int]) -> str:
+def fmt_ints(v: Iterable[int]) -> str:
+    """[-1, -2] -> `-1,-2` (what `offsets` reads back)."""
     return ",".join(str(int(x)) for x in v)
 
 
@@ -226,7 +227,7 @@ FIELDS: dict[str, Field] = {f.name: f for f in (
     Field("sg_pmap", lambda: None, _choice(PERTURBATIONS), view=True),
     # -- Learned task vectors
     Field("ltv_layer", lambda: None, _layer_or_all, view=True),  # None: what fits the model (ltv_default_layer)
-    Field("ltv_positions", lambda: [-1], _offsets, _fmt_ints, view=True),
+    Field("ltv_positions", lambda: [-1], offsets, fmt_ints, view=True),
     Field("ltv_lr", lambda: 5e-3, _float_in(1e-7, 10), lambda v: f"{float(v):g}", view=True),
     Field("ltv_epochs", lambda: 10, _int_in(1, 1000), view=True),
     Field("ltv_batch", lambda: 4, _int_in(1, 1024), view=True),

@@ -41,13 +41,13 @@ class Generated:
     raw: list[str] = field(default_factory=list)
 
 
-def _cache_of(out: Any) -> Any:
+def cache_of(out: Any) -> Any:
     """The KV cache a forward pass returned (`cache` in transformers 5, `past_key_values` before), or None."""
     c = getattr(out, "cache", None)
     return c if c is not None else getattr(out, "past_key_values", None)
 
 
-def _cache_kw(lm: LoadedModel) -> str:
+def cache_kw(lm: LoadedModel) -> str:
     """The forward argument that takes a cache: `cache` (transformers 5) or `past_key_values`."""
     import inspect
 
@@ -64,7 +64,7 @@ def require_kv_cache(lm: LoadedModel) -> None:
     except Exception as e:  # pragma: no cover - a model that cannot even run two tokens
         raise GenerationError(f"{lm.name} cannot run a forward pass with use_cache=True "
                               f"({type(e).__name__}: {str(e)[:200]})") from None
-    if _cache_of(out) is None:
+    if cache_of(out) is None:
         raise GenerationError(f"{lm.name} returns no KV cache (use_cache=True gave none): zero-shot generation "
                               f"with the cache is what this analysis evaluates; this model does not support it")
 
@@ -103,7 +103,7 @@ def generate(lm: LoadedModel, ids: Sequence[Sequence[int]], *, max_new_tokens: i
     first = torch.zeros(n, lm.unembed.shape[0])
     eos = lm.tokenizer.eos_token_id
     dec = lm.tokenizer.decode
-    kw = _cache_kw(lm)
+    kw = cache_kw(lm)
     steps = [0]
 
     def step(batch: Batch) -> None:
@@ -113,7 +113,7 @@ def generate(lm: LoadedModel, ids: Sequence[Sequence[int]], *, max_new_tokens: i
         with (hooks(batch) if hooks is not None else contextlib.nullcontext()):
             out = lm.model(input_ids=batch.input_ids, attention_mask=mask, position_ids=pos, use_cache=True,
                            logits_to_keep=1)
-            cache = _cache_of(out)
+            cache = cache_of(out)
             if cache is None:
                 raise GenerationError(f"{lm.name} returned no KV cache: it cannot generate with the cache")
             logits = out.logits[:, -1].float()
@@ -139,7 +139,7 @@ def generate(lm: LoadedModel, ids: Sequence[Sequence[int]], *, max_new_tokens: i
                 mask = torch.cat([mask, torch.ones(b, 1, dtype=mask.dtype, device=mask.device)], dim=1)
                 out = lm.model(input_ids=nxt[:, None], attention_mask=mask, position_ids=nxt_pos, use_cache=True,
                                **{kw: cache})
-                cache = _cache_of(out)
+                cache = cache_of(out)
                 logits = out.logits[:, -1].float()
                 nxt_pos = nxt_pos + 1
 

@@ -205,7 +205,7 @@ def injected_last_logits(lm: LoadedModel, batch: Batch, alpha: torch.Tensor, t: 
     if batch.last is not None or batch.input_ids.shape[1] < max(prefix_from, 2):
         with soft_hooks(lm, alpha, t, len(batch.rows), batch.last):
             return forward_last_logits(lm, batch)
-    from .generate import _cache_kw, _cache_of
+    from .generate import cache_kw, cache_of
 
     with torch.no_grad():
         pre = lm.model(input_ids=batch.input_ids[:, :-1], attention_mask=batch.attention_mask[:, :-1],
@@ -213,7 +213,7 @@ def injected_last_logits(lm: LoadedModel, batch: Batch, alpha: torch.Tensor, t: 
     with soft_hooks(lm, alpha, t, len(batch.rows)):
         out = lm.model(input_ids=batch.input_ids[:, -1:], attention_mask=batch.attention_mask,
                        position_ids=batch.position_ids[:, -1:], use_cache=True, logits_to_keep=1,
-                       **{_cache_kw(lm): _cache_of(pre)})
+                       **{cache_kw(lm): cache_of(pre)})
     return out.logits[:, -1].float()
 
 
