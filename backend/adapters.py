@@ -15,6 +15,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from .errors import BadInput
+
 WeightLayout = Literal["out_in", "in_out"]  # nn.Linear (d_model, H*dh) vs GPT-2 Conv1D (H*dh, d_model)
 QkvLayout = Literal["separate", "fused", "per_head"]
 """Where the value vectors come from: a v_proj of its own; one projection whose output is q | k | v (GPT-2's
@@ -64,8 +66,8 @@ ARCHS: tuple[ArchSpec, ...] = (
 BY_MODEL_TYPE: dict[str, ArchSpec] = {t: spec for spec in ARCHS for t in spec.model_types}
 
 
-class UnsupportedArchitecture(ValueError):
-    pass
+class UnsupportedArchitecture(BadInput):
+    """A model family the adapter table (`ARCHS`) has no entry for; the message names the supported ones."""
 
 
 def spec_for(model_type: str) -> ArchSpec:

@@ -24,6 +24,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
 
+from .errors import UserError
+
 PREFIX = ".tmp-"
 
 
@@ -123,7 +125,7 @@ def discard(path: Path) -> bool:
 PROBE_BYTES = 4096  # what check_file_target writes: a disk that cannot take one block is full
 
 
-class WriteError(OSError):
+class WriteError(UserError, OSError):
     """A file that could not be written: `reason` in words (no space, read-only, ...), without a path."""
 
     def __init__(self, reason: str):

@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import re
 import sys
 from pathlib import Path
 from typing import Any, Callable
 
+from .errors import UserError, internal
 from .service.cli_output import Bar, check_output, emit, write_output  # noqa: F401 (Bar: tests)
 from .service.errors import UsageError  # also raised by service.sweep_cli (one class; defined below both)
 from .service.cli_flags import add_params, parse_value, read_params  # noqa: F401 (parse_value: tests)
@@ -340,11 +342,9 @@ def negative_lists(argv: list[str]) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from .adapters import UnsupportedArchitecture
-    from .model_sources import ModelLoadError
-    from .pull import PullError
-    from .tasks.base import TaskError
-
+    """Run a command: a user error (`errors.UserError`), a file or disk problem (OSError) or out of memory is one line
+    on stderr and exit status 2; anything else is a fault of the product: its traceback in the log (stderr), then
+    `error: internal error (ValueError): ...`, exit status 1. `--debug` raises either."""
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["train-default"]:  # its own parser (python -m backend train-default --help)
         from .analysis.general.train_default import main as train_main
@@ -358,8 +358,7 @@ def main(argv: list[str] | None = None) -> int:
             COMMANDS[a.cmd](a)
         else:
             run_kind(a.analysis, a)
-    except (UsageError, TaskError, ModelLoadError, UnsupportedArchitecture, MemoryError, FileNotFoundError,
-            ValueError, OSError, PullError) as e:
+    except (UserError, MemoryError, OSError) as e:
         if a.debug:
             raise
         print(f"error: {str(e).splitlines()[0][:500] if str(e) else type(e).__name__}", file=sys.stderr)
@@ -367,4 +366,10 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+    except Exception as e:
+        if a.debug:
+            raise
+        logging.getLogger(__name__).error("%s failed", a.cmd, exc_info=e)
+        print(f"error: {internal(e)}", file=sys.stderr)
+        return 1
     return 0

@@ -26,6 +26,7 @@ import threading
 from pathlib import Path
 from typing import Any, BinaryIO, Callable
 
+from .errors import BadInput
 from .paths import models_dir
 from .text import clip
 
@@ -42,7 +43,7 @@ _SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<
 STRING, ARRAY = 8, 9
 
 
-class GgufError(ValueError):
+class GgufError(BadInput):
     """A GGUF file that cannot be read or used, with the reason in one sentence."""
 
 

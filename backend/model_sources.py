@@ -21,6 +21,7 @@ from typing import Literal
 
 from . import presets
 from .adapters import UnsupportedArchitecture, spec_for_gguf
+from .errors import BadInput, UserError
 from .gguf_files import SUFFIX, GgufError, architecture, gguf_in_folder
 from .paths import DEFAULT_MODEL_DIR, DEFAULT_MODEL_NAMES
 from .text import clip
@@ -36,11 +37,11 @@ class Source:
     path: Path | None  # the model folder, or the GGUF file (a preset's too); None for a hub id
 
 
-class ModelLoadError(RuntimeError):
+class ModelLoadError(UserError, RuntimeError):
     """A model that cannot be loaded, with the reason in words (raised by backend/models.py)."""
 
 
-class SourceError(ValueError):
+class SourceError(BadInput):
     """A name that names no usable model; `reason`: missing (404), invalid (422) or not_pulled (404)."""
 
     def __init__(self, message: str, reason: Reason):

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .errors import BadInput
 from .gguf_files import converted_marker
 from .paths import models_dir
 
@@ -121,7 +122,7 @@ PRESETS: dict[str, Preset] = {p.name: p for p in (
 )}
 
 
-class PresetError(ValueError):
+class PresetError(BadInput):
     """An unknown preset, or one that is not pulled yet; the message names the pull command."""
 
 

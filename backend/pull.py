@@ -29,6 +29,7 @@ from typing import Callable
 
 from . import presets
 from .atomic_dirs import WriteError, check_file_target, discard, staging, write_reason
+from .errors import UserError
 from .gguf_files import converted_marker, remember_digest
 from .locks import KeyLocks
 from .paths import models_dir
@@ -39,7 +40,7 @@ TIMEOUT_S = 60.0
 DOWNLOAD_SHARE = 0.55  # of the whole pull's progress bar, when it converts too
 
 
-class PullError(RuntimeError):
+class PullError(UserError, RuntimeError):
     """A pull that could not finish, with the reason and what to do; nothing was kept."""
 
 

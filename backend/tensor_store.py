@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from .atomic_dirs import WriteError, write_file
+from .errors import BadInput
 from .paths import cache_dir
 from .text import clip
 
@@ -46,7 +47,7 @@ _NONBLOCK = getattr(os, "O_NONBLOCK", 0)  # a FIFO planted under an id's name mu
 log = logging.getLogger(__name__)
 
 
-class TensorMissing(ValueError):
+class TensorMissing(BadInput):
     """No usable tensor under this id (the message is the same whatever the reason)."""
 
 
@@ -57,7 +58,7 @@ class TensorWriteError(WriteError):
 def tensor_id(kind: str, data: bytes) -> str:
     """The id of a tensor file: `<kind>-<first 32 hex digits of sha256(data)>`."""
     if kind not in KINDS:
-        raise ValueError(f"tensor kind must be one of {', '.join(KINDS)}, not {clip(kind, 40)!r}")
+        raise BadInput(f"tensor kind must be one of {', '.join(KINDS)}, not {clip(kind, 40)!r}")
     return f"{kind}-{hashlib.sha256(data).hexdigest()[:32]}"
 
 
@@ -187,7 +188,7 @@ class TensorStore:
         """Store `data` as tensor `tid` (which must be its id): temporary name, flush, rename. `upload`: it counts
         against the quota (a trained write of the same bytes takes it off)."""
         if not is_id(tid) or tensor_id(tid.partition("-")[0], data) != tid:
-            raise ValueError(f"tensor id {clip(tid, 60)!r} does not match its bytes")
+            raise BadInput(f"tensor id {clip(tid, 60)!r} does not match its bytes")
         try:
             base = self._folder()
             final = os.path.join(base, tid + SUFFIX)

@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping, Protocol
 from pydantic import BaseModel, ValidationError
 
 from ..cache import default_cache, make_key
+from ..errors import BadInput
 from ..jsonable import to_jsonable
 from ..locks import KeyLocks
 from ..stopping import check, checking
@@ -221,9 +222,9 @@ def analyze(kind: str, lm: "LoadedModel | None", task: "Task | None" = None,
     spec = get_kind(kind)
     p = validate_params(spec, params, **overrides)
     if spec.uses_task and task is None:
-        raise ValueError(f"analysis {kind!r} needs a task")
+        raise BadInput(f"analysis {kind!r} needs a task")
     if spec.uses_model and lm is None:
-        raise ValueError(f"analysis {kind!r} needs a model")
+        raise BadInput(f"analysis {kind!r} needs a model")
     with checking(getattr(progress, "check", None)):
         return _analyze(spec, p, lm, task, cache, progress, live, tensors)
 

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 from pydantic import ValidationError
 
 from ..tensor_store import TensorStore, TensorWriteError, default_store, missing
+from ..errors import BadInput
 from .errors import BadRequest, InsufficientStorage, NotFound, clip
 from ..analysis.primitives.cost import Shape
 from .estimate import Estimate, estimate
@@ -183,17 +184,17 @@ def check_shape_fit(p: Any, shape: Shape) -> None:
                         ("head", [tuple(one)] if isinstance(one, (tuple, list)) else [])):
         bad = [[l, h] for l, h in pairs if l >= L or h >= H]
         if bad:
-            raise ValueError(f"{name}: {bad[0] if name == 'head' else bad[:5]} outside this model's {L} layers x {H} "
+            raise BadInput(f"{name}: {bad[0] if name == 'head' else bad[:5]} outside this model's {L} layers x {H} "
                              f"heads (layers 0..{L - 1}, heads 0..{H - 1})")
     for name in ("layer", "pca_layer"):
         v = getattr(p, name, None)
         far = [x for x in (v if isinstance(v, list) else [v]) if isinstance(x, int) and x >= L]
         if far:
             shown = far[0] if not isinstance(v, list) else far[:5]
-            raise ValueError(f"{name}: {shown} out of range: this model has layers 0..{L - 1}")
+            raise BadInput(f"{name}: {shown} out of range: this model has layers 0..{L - 1}")
     ks = [k for k in (getattr(p, "ks", None) or []) if k > L * H]
     if ks:
-        raise ValueError(f"ks: {ks[:5]} exceed this model's {L * H} heads ({L} layers x {H}); use k <= {L * H}")
+        raise BadInput(f"ks: {ks[:5]} exceed this model's {L * H} heads ({L} layers x {H}); use k <= {L * H}")
 
 
 def check_tensor_fit(store: TensorStore, tid: str, p: Any, shape: Shape, model: str = "this model") -> None:

@@ -1,11 +1,12 @@
 """Errors the service answers with a 4xx status and a one-line message (`{"detail": message}`), and the
-command line's UsageError (one line on stderr, exit status 2)."""
+command line's UsageError (one line on stderr, exit status 2); both are user errors (`backend/errors.py`)."""
 from __future__ import annotations
 
+from ..errors import BadInput, UserError
 from ..text import clip  # noqa: F401  (re-exported: service modules echo input through it)
 
 
-class ServiceError(Exception):
+class ServiceError(UserError):
     """A request the service refuses; `status` is the HTTP status, the message says why and what to do."""
 
     status: int = 400
@@ -17,7 +18,7 @@ class ServiceError(Exception):
             self.status = status
 
 
-class UsageError(ValueError):
+class UsageError(BadInput):
     """A command line that cannot run (`python -m backend ...`, the sweep command too): printed as one line by
     `backend.cli.main`, exit status 2. Defined here, below both backend.cli and backend.service.sweep_cli."""
 

@@ -10,6 +10,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from ..errors import UserError, internal
 from ..stopping import Check, Stop
 from .errors import ServiceError
 
@@ -25,24 +26,18 @@ def job_key(kind: str, params: dict[str, Any], **identity: Any) -> str:
 
 
 def describe_error(e: BaseException) -> str:
-    """A one-line message for a failed job."""
+    """A one-line message for a failed job: a user error's message (`errors.UserError`: a bad input, an unknown
+    model, a full disk...), the time limit's, out of memory's; anything else is a fault of the product, reported as
+    `internal error (ValueError): ...` (`errors.internal`; the runner logs its traceback)."""
     name = type(e).__name__
     if name == "OutOfMemoryError" or isinstance(e, MemoryError):
         return (f"out of memory ({name}: {str(e).splitlines()[0][:200] if str(e) else 'no details'}); "
                 f"try fewer prompts, fewer shots or a smaller batch_size")
     if isinstance(e, ServiceError):
         return e.message
-    if isinstance(e, JobTimeLimit):
+    if isinstance(e, (UserError, JobTimeLimit)):
         return str(e)
-    from ..adapters import UnsupportedArchitecture
-    from ..models import ModelLoadError
-    from ..tensor_store import TensorWriteError
-
-    if isinstance(e, (ValueError, ModelLoadError, UnsupportedArchitecture, FileNotFoundError, TensorWriteError)):
-        return str(e)
-    if isinstance(e, KeyError):
-        return str(e.args[0]) if e.args else name
-    return f"internal error ({name}): {e}"
+    return internal(e)
 
 
 class Cancelled(Stop):

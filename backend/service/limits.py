@@ -32,6 +32,7 @@ from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
 from .errors import BadRequest, Busy, TooLarge, clip
+from ..errors import BadInput
 
 if TYPE_CHECKING:
     from ..tasks.base import Task
@@ -48,9 +49,9 @@ def env_number(name: str, default: float, minimum: float = 1) -> float:
     try:
         value = float(raw)
     except ValueError:
-        raise ValueError(f"{name} must be a number, not {clip(raw, 60)!r}") from None
+        raise BadInput(f"{name} must be a number, not {clip(raw, 60)!r}") from None
     if not value >= minimum:  # also refuses nan
-        raise ValueError(f"{name} must be at least {minimum:g}, not {clip(raw, 60)!r}")
+        raise BadInput(f"{name} must be at least {minimum:g}, not {clip(raw, 60)!r}")
     return value
 
 

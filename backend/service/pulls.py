@@ -25,6 +25,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Callable
 
 from .. import presets
+from ..errors import UserError
 from ..paths import REPO_ROOT, models_dir
 from .errors import Forbidden, NotFound, clip
 
@@ -44,8 +45,8 @@ class PullState:
     seconds: float | None = field(default=None)
 
 
-class PullFailed(RuntimeError):
-    pass
+class PullFailed(UserError, RuntimeError):
+    """A pull that did not finish: the pull command's last message."""
 
 
 _children: set[subprocess.Popen] = set()

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from ..errors import BadInput
 from .errors import ServiceError
 from .execute import Cancelled
 from .ray_cluster import RayConfig
@@ -49,7 +50,7 @@ def placement(model_bytes: int | None, gpu_bytes: float, gpus_per_node: float, c
         return Placement(frac, cpus, "cuda")
     n = math.ceil(need)
     if n > gpus_per_node:
-        raise ValueError(f"the model needs about {n} GPUs of {gpu_bytes / 2**30:.0f} GB "
+        raise BadInput(f"the model needs about {n} GPUs of {gpu_bytes / 2**30:.0f} GB "
                          f"({model_bytes / 2**30:.1f} GB of weights), but the largest node has "
                          f"{gpus_per_node:g}; device_map spreads a model over the GPUs of one node only")
     return Placement(float(n), cpus, "cuda", "auto")

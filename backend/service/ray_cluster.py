@@ -13,12 +13,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ..errors import BadInput
 from .limits import env_number
 
 log = logging.getLogger(__name__)
 
 
-class RunnerUnavailable(ValueError):
+class RunnerUnavailable(BadInput):
     """The configured runner cannot start (Ray missing, cluster unreachable, a bad setting): one line."""
 
 

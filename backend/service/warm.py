@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from .. import options as o
+from ..errors import BadInput
 from ..paths import DEFAULT_MODEL_NAMES, cache_dir
 
 NICE = 19
@@ -56,7 +57,7 @@ def warm(model: str, task: str | None = None, *, say: Callable[[str], None] = la
     if task is None:
         task = first_task(model, [{"id": n, "models": t.models} for n, t in builtin_tasks().items()])
         if task is None:
-            raise ValueError("no built-in task to warm the cache with")
+            raise BadInput("no built-in task to warm the cache with")
     t0 = time.perf_counter()
     lm = load_model(model)
     say(f"loaded {model} in {time.perf_counter() - t0:.1f} s")

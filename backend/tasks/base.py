@@ -12,13 +12,15 @@ import random
 from dataclasses import dataclass, field
 from typing import Callable, Literal, Protocol, Sequence
 
+from ..errors import BadInput
+
 Kind = Literal["classification", "generation"]
 Queries = Literal["held_out", "pool"]
 
 DEFAULT_TEMPLATE = "Q: {input}\nA: {output}\n\n"
 
 
-class TaskError(ValueError):
+class TaskError(BadInput):
     """A task, task file or prompt set that cannot be used, with a message for the user."""
 
 

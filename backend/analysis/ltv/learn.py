@@ -26,6 +26,7 @@ from typing import Callable, Sequence
 
 import torch
 
+from ...errors import BadInput
 from ...models import LoadedModel
 from ...stopping import check
 from ...tasks.base import Prompt, Task, TaskError
@@ -132,8 +133,8 @@ class Trained:
     init_val_accuracy: float = 0.0
 
 
-class TrainingDiverged(ValueError):
-    """The loss became NaN or infinite."""
+class TrainingDiverged(BadInput):
+    """The loss became NaN or infinite (the message names the learning rate to lower)."""
 
 
 OnStep = Callable[[int, int, float], None]  # (step, epoch, loss); may raise (a cancelled job)

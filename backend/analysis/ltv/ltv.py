@@ -38,6 +38,7 @@ import torch
 from pydantic import Field
 
 from ... import options as o
+from ...errors import BadInput
 from ...tasks.base import TaskError
 from ...text import clip
 from ..kernel import Context
@@ -266,7 +267,7 @@ def _ltv(ctx: Context, p: LtvParams) -> dict[str, Any]:
         trainings = [_loaded(ctx, p)]
         layers = trainings[0]["layers"]
         if p.layer is not None and _layers(lm, p) != layers:
-            raise ValueError(f"layer: {p.load!r} holds a vector for layer(s) {layers}; leave `layer` out or ask for "
+            raise BadInput(f"layer: {p.load!r} holds a vector for layer(s) {layers}; leave `layer` out or ask for "
                              f"those")
         groups = [layers]
         if p.positions != [-1] and p.positions != trainings[0]["positions"]:

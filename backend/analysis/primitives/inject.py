@@ -22,6 +22,7 @@ from typing import Sequence
 import numpy as np
 import torch
 
+from ...errors import BadInput
 from ...hooks import hooked
 from ...models import LoadedModel
 from .batching import Batch, Encoded, Progress, forward_last_logits, map_batches
@@ -44,7 +45,7 @@ def check_layers(lm: LoadedModel, layers: Sequence[int]) -> list[int]:
     """The layers as ints, or a ValueError naming the model's range."""
     bad = [l for l in layers if not 0 <= int(l) < lm.n_layers]
     if bad:
-        raise ValueError(f"layer {bad[0] if len(bad) == 1 else bad} out of range: this model has decoder layers "
+        raise BadInput(f"layer {bad[0] if len(bad) == 1 else bad} out of range: this model has decoder layers "
                          f"0..{lm.n_layers - 1} (a vector is added at a layer's input)")
     return [int(l) for l in layers]
 
@@ -54,12 +55,12 @@ def check_positions(ids: Sequence[Sequence[int]], positions: Sequence[int]) -> t
     has; a ValueError otherwise."""
     pos = tuple(sorted(set(int(p) for p in positions), reverse=True))
     if not pos:
-        raise ValueError("positions: give at least one offset (-1 = the last prompt token)")
+        raise BadInput("positions: give at least one offset (-1 = the last prompt token)")
     if pos[0] >= 0:
-        raise ValueError(f"positions are negative offsets from the last prompt token (-1 = last), not {pos[0]}")
+        raise BadInput(f"positions are negative offsets from the last prompt token (-1 = last), not {pos[0]}")
     shortest = min(len(x) for x in ids)
     if -pos[-1] > shortest:
-        raise ValueError(f"position {pos[-1]} reaches before the start of the shortest prompt ({shortest} tokens); "
+        raise BadInput(f"position {pos[-1]} reaches before the start of the shortest prompt ({shortest} tokens); "
                          f"use offsets from -1 to -{shortest}")
     return pos
 

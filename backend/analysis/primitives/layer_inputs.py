@@ -19,6 +19,7 @@ from typing import Sequence
 import numpy as np
 import torch
 
+from ...errors import BadInput
 from ...models import LoadedModel
 from .batching import Encoded, Progress
 from .inject import Injection, as_row_configs, evaluate_injections
@@ -36,7 +37,7 @@ def sweep_at_inputs(lm: LoadedModel, enc: Encoded, configs: Sequence[Vectors], b
     for c, vectors in enumerate(configs):
         bad = [l for l in vectors if not 0 <= int(l) < lm.n_layers]
         if bad:
-            raise ValueError(f"configuration {c}: layer {bad[0]} out of range: this model has decoder layers "
+            raise BadInput(f"configuration {c}: layer {bad[0]} out of range: this model has decoder layers "
                              f"0..{lm.n_layers - 1} (a vector is added at a layer's input)")
     injections = [Injection({int(l): v for l, v in ((l, torch.as_tensor(v, dtype=torch.float32))
                                                     for l, v in vectors.items()) if int(l) or bool((v != 0).any())})

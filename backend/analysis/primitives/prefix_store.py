@@ -21,6 +21,7 @@ from typing import Sequence
 
 import torch
 
+from ...errors import BadInput
 from ...models import LoadedModel
 
 DEFAULT_MB = 512
@@ -46,7 +47,7 @@ def budget_bytes() -> int:
     try:
         mb = float(raw) if raw else DEFAULT_MB
     except ValueError:
-        raise ValueError(f"HEADLENS_PREFIX_CACHE_MB must be a number of megabytes, not {raw[:40]!r}") from None
+        raise BadInput(f"HEADLENS_PREFIX_CACHE_MB must be a number of megabytes, not {raw[:40]!r}") from None
     return max(0, int(mb * 2 ** 20))
 
 

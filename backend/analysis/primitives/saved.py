@@ -27,6 +27,7 @@ from typing import Any
 
 import torch
 
+from ...errors import BadInput
 from ...models import LoadedModel
 from ...tensor_store import KINDS, MAX_READ_BYTES, TensorStore, TensorWriteError, default_store, tensor_id
 from ...text import clip
@@ -45,7 +46,7 @@ NAMES = {"ltv": {"theta"}, "site": {"alpha", "alpha_logits", "task_embedding"}}
 WHAT = {"ltv": "task vector", "site": "soft head selection"}
 
 
-class SavedTensorError(ValueError):
+class SavedTensorError(BadInput):
     """A saved-tensor file that cannot be used here, with the reason in one sentence."""
 
 

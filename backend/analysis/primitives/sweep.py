@@ -13,6 +13,7 @@ from typing import Sequence
 import numpy as np
 import torch
 
+from ...errors import BadInput
 from ...models import LoadedModel
 from .batching import Encoded, Progress
 from .engine import RowConfig, run_sweep
@@ -43,7 +44,7 @@ def head_mask(lm: LoadedModel, heads: Sequence[tuple[int, int]]) -> torch.Tensor
     m = torch.ones(lm.n_layers, lm.n_heads)
     for l, h in heads:
         if not (0 <= l < lm.n_layers and 0 <= h < lm.n_heads):
-            raise ValueError(f"head ({l}, {h}) is outside this model's {lm.n_layers} layers x {lm.n_heads} heads")
+            raise BadInput(f"head ({l}, {h}) is outside this model's {lm.n_layers} layers x {lm.n_heads} heads")
         m[l, h] = 0.0
     return m
 
@@ -57,6 +58,6 @@ def resolve_layers(lm: LoadedModel, layer: "int | str | Sequence[int] | None") -
     layers = [int(layer)] if isinstance(layer, (int, str)) else [int(x) for x in layer]
     bad = [l for l in layers if not 0 <= l < lm.n_layers]
     if bad:
-        raise ValueError(f"layer {bad[0] if len(bad) == 1 else bad} out of range: this model has layers "
+        raise BadInput(f"layer {bad[0] if len(bad) == 1 else bad} out of range: this model has layers "
                          f"0..{lm.n_layers - 1}")
     return layers

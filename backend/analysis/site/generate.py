@@ -17,6 +17,7 @@ from typing import Any, Callable, ContextManager, Sequence
 
 import torch
 
+from ...errors import BadInput
 from ...models import LoadedModel
 from ...stopping import check
 from ..primitives.batching import Batch, Progress, map_batches
@@ -25,7 +26,7 @@ HookFactory = Callable[[Batch], ContextManager[Any]]
 NEWLINE = "\n"
 
 
-class GenerationError(ValueError):
+class GenerationError(BadInput):
     """A model that cannot generate the way this module needs (e.g. it returns no KV cache)."""
 
 

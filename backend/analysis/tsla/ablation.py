@@ -14,6 +14,7 @@ import torch
 from pydantic import Field, field_validator
 
 from ... import options as o
+from ...errors import BadInput
 
 from ..kernel import Context
 from ..kinds import get_kind
@@ -201,7 +202,7 @@ def curves(ctx: Context, p: AblationCurvesParams) -> dict[str, Any]:
     total = lm.n_layers * lm.n_heads
     too_many = [k for k in p.ks if k > total]
     if too_many:
-        raise ValueError(f"ks: {too_many[:5]} exceed this model's {total} heads ({lm.n_layers} layers x "
+        raise BadInput(f"ks: {too_many[:5]} exceed this model's {total} heads ({lm.n_layers} layers x "
                          f"{lm.n_heads}); use k <= {total}")
     ranked = head_orders(ctx, p)
     enc, fill = _prompts(ctx, p, p.mode, ctx.stage(0.3, 0.35, "mean head outputs"))
