@@ -37,8 +37,8 @@ def model_info(lm: LoadedModel, *, cache: bool | Store | None = True,
     return call("model_info", locals())
 
 
-def task_fit(lm: LoadedModel, task: Task, *, shots: int = 8, seed: int = 0, cache: bool | Store | None = True,
-             progress: Progress | None = None) -> FitResult:
+def task_fit(lm: LoadedModel, task: Task, *, prepend_bos: Literal["tokenizer", "always"] = "tokenizer", shots: int = 8,
+             seed: int = 0, cache: bool | Store | None = True, progress: Progress | None = None) -> FitResult:
     """Does the task fit the model: unknown tokens in inputs and labels, prompt length vs the context window (kind
     `fit`, cached).
 
@@ -47,6 +47,8 @@ def task_fit(lm: LoadedModel, task: Task, *, shots: int = 8, seed: int = 0, cach
     Args:
         lm: the model (`backend.load_model`).
         task: the task (`backend.load_task`, `backend.load_task_file`).
+        prepend_bos: tokenizer: the tokenizer's own choice (SmolLM2's adds no BOS); always: a BOS token first in every
+            prompt (TransformerLens's convention; an error for a tokenizer without one)
         shots: demonstrations per prompt (for the prompt length)
         seed: seed of the demonstration/query split and prompt sampling
         cache: True: the result cache on disk (a hit is served, a miss computed and stored); False or None: compute
@@ -60,10 +62,11 @@ def task_fit(lm: LoadedModel, task: Task, *, shots: int = 8, seed: int = 0, cach
     return call("fit", locals())
 
 
-def head_view(lm: LoadedModel, task: Task, *, shots: int = 8, prompts: int = 50, seed: int = 0, batch_size: int = 16,
-              head: tuple[int, int], prompt: int = 0, text: str | None = None, labels: list[str] | None = None,
-              top_tokens: int = 10, logit_lens: bool = False, ranks: bool = True, layer_heads: bool = False,
-              cache: bool | Store | None = True, progress: Progress | None = None) -> HeadResult:
+def head_view(lm: LoadedModel, task: Task, *, prepend_bos: Literal["tokenizer", "always"] = "tokenizer", shots: int = 8,
+              prompts: int = 50, seed: int = 0, batch_size: int = 16, head: tuple[int, int], prompt: int = 0,
+              text: str | None = None, labels: list[str] | None = None, top_tokens: int = 10, logit_lens: bool = False,
+              ranks: bool = True, layer_heads: bool = False, cache: bool | Store | None = True,
+              progress: Progress | None = None) -> HeadResult:
     """One head on one prompt: attention pattern, per-label DLA, TR / TL / induction ranks, effect when ablated; the
     model's top next tokens (and per layer) (kind `head`, cached).
 
@@ -74,6 +77,8 @@ def head_view(lm: LoadedModel, task: Task, *, shots: int = 8, prompts: int = 50,
     Args:
         lm: the model (`backend.load_model`).
         task: the task (`backend.load_task`, `backend.load_task_file`).
+        prepend_bos: tokenizer: the tokenizer's own choice (SmolLM2's adds no BOS); always: a BOS token first in every
+            prompt (TransformerLens's convention; an error for a tokenizer without one)
         shots: demonstrations per prompt
         prompts: held-out queries (prompts) scored
         seed: seed of the demonstration/query split and prompt sampling
@@ -96,7 +101,8 @@ def head_view(lm: LoadedModel, task: Task, *, shots: int = 8, prompts: int = 50,
     return call("head", locals())
 
 
-def findings_report(lm: LoadedModel, *, tasks: list[str] | None = None,
+def findings_report(lm: LoadedModel, *, prepend_bos: Literal["tokenizer", "always"] = "tokenizer",
+                    tasks: list[str] | None = None,
                     sections: list[Literal["tsla", "site", "ltv"]] = ["tsla", "site", "ltv"], seeds: list[int] = [0],
                     shots: int = 8, prompts: int = 20, random_sets: int = 2, site_tasks: int = 1,
                     site_prompts: int = 20, ltv_tasks: int = 1, ltv_prompts: int = 20, ltv_perturbations: int = 64,
@@ -109,6 +115,8 @@ def findings_report(lm: LoadedModel, *, tasks: list[str] | None = None,
 
     Args:
         lm: the model (`backend.load_model`).
+        prepend_bos: tokenizer: the tokenizer's own choice (SmolLM2's adds no BOS); always: a BOS token first in every
+            prompt (TransformerLens's convention; an error for a tokenizer without one)
         tasks: built-in task names; None = the model's first 4 built-in tasks
         sections: which papers: tsla, site, ltv
         seeds: TSLA seeds (each its own demonstration/query split)
@@ -131,10 +139,10 @@ def findings_report(lm: LoadedModel, *, tasks: list[str] | None = None,
     return call("findings", locals())
 
 
-def compare_methods(lm: LoadedModel, task: Task, *, shots: int = 8, prompts: int = 50, seed: int = 0,
-                    batch_size: int = 16, top_pct: float = 3.0, top_k: int | None = None, layer: int | None = None,
-                    site_m: int = 50, site_shots: int = 10, site_steps: int = 400, ltv: bool = False,
-                    sweep: bool = False, cache: bool | Store | None = True,
+def compare_methods(lm: LoadedModel, task: Task, *, prepend_bos: Literal["tokenizer", "always"] = "tokenizer",
+                    shots: int = 8, prompts: int = 50, seed: int = 0, batch_size: int = 16, top_pct: float = 3.0,
+                    top_k: int | None = None, layer: int | None = None, site_m: int = 50, site_shots: int = 10,
+                    site_steps: int = 400, ltv: bool = False, sweep: bool = False, cache: bool | Store | None = True,
                     progress: Progress | None = None) -> MethodsResult:
     """Every steering method on one task side by side: extracted vectors (vanilla, FV, TR / TL heads), LTV and SITE,
     with accuracy, TR ratio, parameter count and training seconds (kind `methods`, cached).
@@ -146,6 +154,8 @@ def compare_methods(lm: LoadedModel, task: Task, *, shots: int = 8, prompts: int
     Args:
         lm: the model (`backend.load_model`).
         task: the task (`backend.load_task`, `backend.load_task_file`).
+        prepend_bos: tokenizer: the tokenizer's own choice (SmolLM2's adds no BOS); always: a BOS token first in every
+            prompt (TransformerLens's convention; an error for a tokenizer without one)
         shots: demonstrations per prompt
         prompts: held-out queries (prompts) scored
         seed: seed of the demonstration/query split and prompt sampling

@@ -18,10 +18,11 @@ from .call import call
 __all__ = ["ltv_vector", "train_ltv", "ltv_across_tasks"]
 
 
-def ltv_vector(lm: LoadedModel, task: Task, *, positions: list[int] = [-1], lr: float = 0.005, epochs: int = 10,
-               patience: int = 2, weight_decay: float = 0.01, init_scale: float = 0.1, train_prompts: int = 100,
-               val_prompts: int = 20, batch_size: int = 4, units: Literal["residual", "absolute"] = "residual",
-               seed: int = 0, layer: int | list[int] | None = None, cache: bool | Store | None = True,
+def ltv_vector(lm: LoadedModel, task: Task, *, prepend_bos: Literal["tokenizer", "always"] = "tokenizer",
+               positions: list[int] = [-1], lr: float = 0.005, epochs: int = 10, patience: int = 2,
+               weight_decay: float = 0.01, init_scale: float = 0.1, train_prompts: int = 100, val_prompts: int = 20,
+               batch_size: int = 4, units: Literal["residual", "absolute"] = "residual", seed: int = 0,
+               layer: int | list[int] | None = None, cache: bool | Store | None = True,
                progress: Progress | None = None) -> LtvTrainResult:
     """Train one learned task vector (added at a decoder layer's input) through the frozen model, saved as safetensors
     (kind `ltv_train`, cached).
@@ -31,6 +32,8 @@ def ltv_vector(lm: LoadedModel, task: Task, *, positions: list[int] = [-1], lr: 
     Args:
         lm: the model (`backend.load_model`).
         task: the task (`backend.load_task`, `backend.load_task_file`).
+        prepend_bos: tokenizer: the tokenizer's own choice (SmolLM2's adds no BOS); always: a BOS token first in every
+            prompt (TransformerLens's convention; an error for a tokenizer without one)
         positions: negative offsets from the last prompt token where theta is added (-1 = the last token)
         lr: AdamW learning rate (decays linearly to 0)
         epochs: most passes over the training prompts
@@ -55,12 +58,13 @@ def ltv_vector(lm: LoadedModel, task: Task, *, positions: list[int] = [-1], lr: 
     return call("ltv_train", locals())
 
 
-def train_ltv(lm: LoadedModel, task: Task, *, positions: list[int] = [-1], lr: float = 0.005, epochs: int = 10,
-              patience: int = 2, weight_decay: float = 0.01, init_scale: float = 0.1, train_prompts: int = 100,
-              val_prompts: int = 20, batch_size: int = 4, units: Literal["residual", "absolute"] = "residual",
-              seed: int = 0, top_pct: float = 3.0, top_k: int | None = None,
-              layer: int | list[int] | Literal["all"] | None = None, joint: bool = False, shots: int = 8,
-              prompts: int = 50, mechanism: bool = True, key_pct: float = 10.0, random_draws: int = 10,
+def train_ltv(lm: LoadedModel, task: Task, *, prepend_bos: Literal["tokenizer", "always"] = "tokenizer",
+              positions: list[int] = [-1], lr: float = 0.005, epochs: int = 10, patience: int = 2,
+              weight_decay: float = 0.01, init_scale: float = 0.1, train_prompts: int = 100, val_prompts: int = 20,
+              batch_size: int = 4, units: Literal["residual", "absolute"] = "residual", seed: int = 0,
+              top_pct: float = 3.0, top_k: int | None = None, layer: int | list[int] | Literal["all"] | None = None,
+              joint: bool = False, shots: int = 8, prompts: int = 50, mechanism: bool = True, key_heads: bool = True,
+              ov: bool = True, propagation: bool = False, key_pct: float = 10.0, random_draws: int = 10,
               perturbations: int | None = None, load: str | PathLike[str] | None = None,
               cache: bool | Store | None = True, progress: Progress | None = None) -> LtvResult:
     """Learned task vectors per layer against zero-shot, ICL, vanilla / function / TR / TL vectors, on top of ICL; key
@@ -73,6 +77,8 @@ def train_ltv(lm: LoadedModel, task: Task, *, positions: list[int] = [-1], lr: f
     Args:
         lm: the model (`backend.load_model`).
         task: the task (`backend.load_task`, `backend.load_task_file`).
+        prepend_bos: tokenizer: the tokenizer's own choice (SmolLM2's adds no BOS); always: a BOS token first in every
+            prompt (TransformerLens's convention; an error for a tokenizer without one)
         positions: negative offsets from the last prompt token where theta is added (-1 = the last token)
         lr: AdamW learning rate (decays linearly to 0)
         epochs: most passes over the training prompts
@@ -93,7 +99,12 @@ def train_ltv(lm: LoadedModel, task: Task, *, positions: list[int] = [-1], lr: f
         joint: with several layers: one theta per layer trained together
         shots: demonstrations of the ICL conditions and extracted vectors
         prompts: held-out queries scored (zero-shot prompts)
-        mechanism: key heads, OV reconstruction and linear propagation per layer
+        mechanism: how it works, per layer: the stages switched on below (key_heads, ov, propagation); False: none of
+            them
+        key_heads: mechanism: head saliency, the key heads ablated against random sets, their overlap with the head maps
+        ov: mechanism: the OV reconstruction of theta, injected instead of it
+        propagation: mechanism: linear propagation W = QS (rotation, stretch), fitted on `perturbations` perturbed
+            vectors; the costliest stage (on SmolLM2-135M about as much as the rest of the run), so off by default
         key_pct: key heads: top percent by saliency
         random_draws: random head sets ablated for contrast
         perturbations: linear propagation: perturbed vectors (default 2 d_model, at most 1024)
@@ -109,8 +120,9 @@ def train_ltv(lm: LoadedModel, task: Task, *, positions: list[int] = [-1], lr: f
     return call("ltv", locals())
 
 
-def ltv_across_tasks(lm: LoadedModel, *, positions: list[int] = [-1], lr: float = 0.005, epochs: int = 10,
-                     patience: int = 2, weight_decay: float = 0.01, init_scale: float = 0.1, train_prompts: int = 100,
+def ltv_across_tasks(lm: LoadedModel, *, prepend_bos: Literal["tokenizer", "always"] = "tokenizer",
+                     positions: list[int] = [-1], lr: float = 0.005, epochs: int = 10, patience: int = 2,
+                     weight_decay: float = 0.01, init_scale: float = 0.1, train_prompts: int = 100,
                      val_prompts: int = 20, batch_size: int = 4, units: Literal["residual", "absolute"] = "residual",
                      seed: int = 0, top_pct: float = 3.0, top_k: int | None = None, tasks: list[str] | None = None,
                      layer: int | None = None, shots: int = 8, prompts: int = 50, compose: bool = True,
@@ -123,6 +135,8 @@ def ltv_across_tasks(lm: LoadedModel, *, positions: list[int] = [-1], lr: float 
 
     Args:
         lm: the model (`backend.load_model`).
+        prepend_bos: tokenizer: the tokenizer's own choice (SmolLM2's adds no BOS); always: a BOS token first in every
+            prompt (TransformerLens's convention; an error for a tokenizer without one)
         positions: negative offsets from the last prompt token where theta is added (-1 = the last token)
         lr: AdamW learning rate (decays linearly to 0)
         epochs: most passes over the training prompts

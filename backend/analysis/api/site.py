@@ -17,9 +17,10 @@ from .call import call
 __all__ = ["train_site", "site_transfer"]
 
 
-def train_site(lm: LoadedModel, task: Task, *, shots: int = 10, prompts: int = 100, seed: int = 0, batch_size: int = 16,
-               m: int = 50, steps: int = 400, lr: float = 0.2, beta2: float = 0.999, train_batch: int = 1,
-               val_every: int = 50, val_prompts: int = 100, max_new_tokens: int = 20,
+def train_site(lm: LoadedModel, task: Task, *, prepend_bos: Literal["tokenizer", "always"] = "tokenizer",
+               shots: int = 10, prompts: int = 100, seed: int = 0, batch_size: int = 16, m: int = 50, steps: int = 400,
+               lr: float = 0.2, beta2: float = 0.999, train_batch: int = 1, val_every: int = 50, val_prompts: int = 100,
+               max_new_tokens: int = 20, keep_alpha: Literal["best", "last"] = "best",
                compare: list[Literal["zero_shot", "icl", "fv", "vanilla", "all_ones", "ltv"]] = ["zero_shot", "icl",
                    "fv", "vanilla", "all_ones", "ltv"], icl_shots: list[int] = [8, 10],
                patching: list[int] = [1, 2, 4, 8, 16], budget: list[int] = [1, 5, 10, 50],
@@ -36,6 +37,8 @@ def train_site(lm: LoadedModel, task: Task, *, shots: int = 10, prompts: int = 1
     Args:
         lm: the model (`backend.load_model`).
         task: the task (`backend.load_task`, `backend.load_task_file`).
+        prepend_bos: tokenizer: the tokenizer's own choice (SmolLM2's adds no BOS); always: a BOS token first in every
+            prompt (TransformerLens's convention; an error for a tokenizer without one)
         shots: demonstrations in each of those prompts (N)
         prompts: held-out test queries (zero-shot prompts)
         seed: seed of the demonstration/query split and prompt sampling
@@ -49,6 +52,8 @@ def train_site(lm: LoadedModel, task: Task, *, shots: int = 10, prompts: int = 1
         val_every: validate (and keep the best) every so many steps
         val_prompts: validation prompts (at most; held out of the training split)
         max_new_tokens: greedy generation length
+        keep_alpha: best: keep the alphas of the lowest validation loss; last: those of the last validation (the
+            reference implementation's behaviour)
         compare: baselines (empty: none); ltv only when its result is cached
         icl_shots: demonstrations of the ICL baselines (those that fit)
         patching: k of the top-k / bottom-k patching curves (empty: none)
@@ -66,10 +71,11 @@ def train_site(lm: LoadedModel, task: Task, *, shots: int = 10, prompts: int = 1
     return call("site", locals())
 
 
-def site_transfer(lm: LoadedModel, *, shots: int = 10, prompts: int = 100, seed: int = 0, batch_size: int = 16,
-                  m: int = 50, steps: int = 400, lr: float = 0.2, beta2: float = 0.999, train_batch: int = 1,
-                  val_every: int = 50, val_prompts: int = 100, max_new_tokens: int = 20, tasks: list[str] | None = None,
-                  top_k: int = 4, cache: bool | Store | None = True,
+def site_transfer(lm: LoadedModel, *, prepend_bos: Literal["tokenizer", "always"] = "tokenizer", shots: int = 10,
+                  prompts: int = 100, seed: int = 0, batch_size: int = 16, m: int = 50, steps: int = 400,
+                  lr: float = 0.2, beta2: float = 0.999, train_batch: int = 1, val_every: int = 50,
+                  val_prompts: int = 100, max_new_tokens: int = 20, keep_alpha: Literal["best", "last"] = "best",
+                  tasks: list[str] | None = None, top_k: int = 4, cache: bool | Store | None = True,
                   progress: Progress | None = None) -> SiteTransferResult:
     """SITE alphas of each task applied to every task's embedding: a transfer accuracy matrix and head overlaps (kind
     `site_transfer`, cached).
@@ -78,6 +84,8 @@ def site_transfer(lm: LoadedModel, *, shots: int = 10, prompts: int = 100, seed:
 
     Args:
         lm: the model (`backend.load_model`).
+        prepend_bos: tokenizer: the tokenizer's own choice (SmolLM2's adds no BOS); always: a BOS token first in every
+            prompt (TransformerLens's convention; an error for a tokenizer without one)
         shots: demonstrations in each of those prompts (N)
         prompts: held-out test queries (zero-shot prompts)
         seed: seed of the demonstration/query split and prompt sampling
@@ -91,6 +99,8 @@ def site_transfer(lm: LoadedModel, *, shots: int = 10, prompts: int = 100, seed:
         val_every: validate (and keep the best) every so many steps
         val_prompts: validation prompts (at most; held out of the training split)
         max_new_tokens: greedy generation length
+        keep_alpha: best: keep the alphas of the lowest validation loss; last: those of the last validation (the
+            reference implementation's behaviour)
         tasks: built-in task names; None = the model's built-in example tasks (the default model: its 10 synthetic
             classification and generation tasks)
         top_k: also: only task A's top-k heads by alpha, injected outright (alpha = 1)

@@ -23,9 +23,9 @@ __all__ = ["head_maps", "head_scores", "icl_curve", "ablation_curves", "ablate",
     "perturbation_report", "activation_patching"]
 
 
-def head_maps(lm: LoadedModel, task: Task, *, shots: int = 8, prompts: int = 50, seed: int = 0, batch_size: int = 16,
-              apply_ln: bool = False, cache: bool | Store | None = True,
-              progress: Progress | None = None) -> MapsResult:
+def head_maps(lm: LoadedModel, task: Task, *, prepend_bos: Literal["tokenizer", "always"] = "tokenizer", shots: int = 8,
+              prompts: int = 50, seed: int = 0, batch_size: int = 16, apply_ln: bool = False,
+              cache: bool | Store | None = True, progress: Progress | None = None) -> MapsResult:
     """TR, TL, DLA-TR, DLA-TL and induction head maps with accuracies (no head selection) (kind `maps`, cached).
 
     TR / TL / DLA / induction head maps and accuracies (no head selection).
@@ -33,6 +33,8 @@ def head_maps(lm: LoadedModel, task: Task, *, shots: int = 8, prompts: int = 50,
     Args:
         lm: the model (`backend.load_model`).
         task: the task (`backend.load_task`, `backend.load_task_file`).
+        prepend_bos: tokenizer: the tokenizer's own choice (SmolLM2's adds no BOS); always: a BOS token first in every
+            prompt (TransformerLens's convention; an error for a tokenizer without one)
         shots: demonstrations per prompt
         prompts: held-out queries (prompts) scored
         seed: seed of the demonstration/query split and prompt sampling
@@ -48,9 +50,10 @@ def head_maps(lm: LoadedModel, task: Task, *, shots: int = 8, prompts: int = 50,
     return call("maps", locals())
 
 
-def head_scores(lm: LoadedModel, task: Task, *, shots: int = 8, prompts: int = 50, seed: int = 0, batch_size: int = 16,
-                apply_ln: bool = False, top_pct: float = 3.0, top_k: int | None = None,
-                cache: bool | Store | None = True, progress: Progress | None = None) -> ScoresResult:
+def head_scores(lm: LoadedModel, task: Task, *, prepend_bos: Literal["tokenizer", "always"] = "tokenizer",
+                shots: int = 8, prompts: int = 50, seed: int = 0, batch_size: int = 16, apply_ln: bool = False,
+                top_pct: float = 3.0, top_k: int | None = None, cache: bool | Store | None = True,
+                progress: Progress | None = None) -> ScoresResult:
     """TR, TL, DLA-TR, DLA-TL and induction head maps, accuracies, top heads and their overlaps (kind `scores`, cached).
 
     The head maps with top heads and overlaps (a new selection size reuses the cached maps).
@@ -58,6 +61,8 @@ def head_scores(lm: LoadedModel, task: Task, *, shots: int = 8, prompts: int = 5
     Args:
         lm: the model (`backend.load_model`).
         task: the task (`backend.load_task`, `backend.load_task_file`).
+        prepend_bos: tokenizer: the tokenizer's own choice (SmolLM2's adds no BOS); always: a BOS token first in every
+            prompt (TransformerLens's convention; an error for a tokenizer without one)
         shots: demonstrations per prompt
         prompts: held-out queries (prompts) scored
         seed: seed of the demonstration/query split and prompt sampling
@@ -75,14 +80,16 @@ def head_scores(lm: LoadedModel, task: Task, *, shots: int = 8, prompts: int = 5
     return call("scores", locals())
 
 
-def icl_curve(lm: LoadedModel, task: Task, *, shots: list[int] = [0, 1, 2, 4, 8], prompts: int = 100, seed: int = 0,
-              examples: int = 3, batch_size: int = 16, cache: bool | Store | None = True,
-              progress: Progress | None = None) -> IclResult:
+def icl_curve(lm: LoadedModel, task: Task, *, prepend_bos: Literal["tokenizer", "always"] = "tokenizer",
+              shots: list[int] = [0, 1, 2, 4, 8], prompts: int = 100, seed: int = 0, examples: int = 3,
+              batch_size: int = 16, cache: bool | Store | None = True, progress: Progress | None = None) -> IclResult:
     """Accuracy, label accuracy and TR ratio against the number of demonstrations (kind `icl`, cached).
 
     Args:
         lm: the model (`backend.load_model`).
         task: the task (`backend.load_task`, `backend.load_task_file`).
+        prepend_bos: tokenizer: the tokenizer's own choice (SmolLM2's adds no BOS); always: a BOS token first in every
+            prompt (TransformerLens's convention; an error for a tokenizer without one)
         shots
         prompts: held-out queries (prompts) scored
         seed: seed of the demonstration/query split and prompt sampling
@@ -98,8 +105,8 @@ def icl_curve(lm: LoadedModel, task: Task, *, shots: list[int] = [0, 1, 2, 4, 8]
     return call("icl", locals())
 
 
-def ablation_curves(lm: LoadedModel, task: Task, *, shots: int = 8, prompts: int = 50, seed: int = 0,
-                    batch_size: int = 32,
+def ablation_curves(lm: LoadedModel, task: Task, *, prepend_bos: Literal["tokenizer", "always"] = "tokenizer",
+                    shots: int = 8, prompts: int = 50, seed: int = 0, batch_size: int = 32,
                     orders: list[Literal["tr", "tl", "induction", "random"]] = ["tr", "tl", "induction", "random"],
                     ks: list[int] = [0, 1, 2, 4, 8], mode: Literal["zero", "mean"] = "zero",
                     positions: Literal["all", "last"] = "all", random_seeds: list[int] = [0, 1, 2],
@@ -112,6 +119,8 @@ def ablation_curves(lm: LoadedModel, task: Task, *, shots: int = 8, prompts: int
     Args:
         lm: the model (`backend.load_model`).
         task: the task (`backend.load_task`, `backend.load_task_file`).
+        prepend_bos: tokenizer: the tokenizer's own choice (SmolLM2's adds no BOS); always: a BOS token first in every
+            prompt (TransformerLens's convention; an error for a tokenizer without one)
         shots: demonstrations per prompt
         prompts: held-out queries (prompts) scored
         seed: seed of the demonstration/query split and prompt sampling
@@ -131,10 +140,10 @@ def ablation_curves(lm: LoadedModel, task: Task, *, shots: int = 8, prompts: int
     return call("ablation_curves", locals())
 
 
-def ablate(lm: LoadedModel, task: Task, *, shots: int = 8, prompts: int = 50, seed: int = 0, batch_size: int = 32,
-           heads: list[tuple[int, int]], mode: Literal["zero", "mean"] = "zero",
-           positions: Literal["all", "last"] = "all", cache: bool | Store | None = True,
-           progress: Progress | None = None) -> AblateResult:
+def ablate(lm: LoadedModel, task: Task, *, prepend_bos: Literal["tokenizer", "always"] = "tokenizer", shots: int = 8,
+           prompts: int = 50, seed: int = 0, batch_size: int = 32, heads: list[tuple[int, int]],
+           mode: Literal["zero", "mean"] = "zero", positions: Literal["all", "last"] = "all",
+           cache: bool | Store | None = True, progress: Progress | None = None) -> AblateResult:
     """Ablate one head set: metrics and per-prompt predictions before and after (kind `ablate`, cached).
 
     Ablate one head set; metrics and per-prompt rows before and after.
@@ -142,6 +151,8 @@ def ablate(lm: LoadedModel, task: Task, *, shots: int = 8, prompts: int = 50, se
     Args:
         lm: the model (`backend.load_model`).
         task: the task (`backend.load_task`, `backend.load_task_file`).
+        prepend_bos: tokenizer: the tokenizer's own choice (SmolLM2's adds no BOS); always: a BOS token first in every
+            prompt (TransformerLens's convention; an error for a tokenizer without one)
         shots: demonstrations per prompt
         prompts: held-out queries (prompts) scored
         seed: seed of the demonstration/query split and prompt sampling
@@ -159,8 +170,9 @@ def ablate(lm: LoadedModel, task: Task, *, shots: int = 8, prompts: int = 50, se
     return call("ablate", locals())
 
 
-def build_vectors(lm: LoadedModel, task: Task, *, shots: int = 8, prompts: int = 50, seed: int = 0,
-                  batch_size: int = 16, top_pct: float = 3.0, top_k: int | None = None,
+def build_vectors(lm: LoadedModel, task: Task, *, prepend_bos: Literal["tokenizer", "always"] = "tokenizer",
+                  shots: int = 8, prompts: int = 50, seed: int = 0, batch_size: int = 16, top_pct: float = 3.0,
+                  top_k: int | None = None,
                   types: list[Literal["tr", "tl", "random", "fv", "vanilla"]] = ["tr", "tl", "random", "fv", "vanilla"],
                   heads: list[tuple[int, int]] | None = None, cache: bool | Store | None = True,
                   progress: Progress | None = None) -> VectorsResult:
@@ -172,6 +184,8 @@ def build_vectors(lm: LoadedModel, task: Task, *, shots: int = 8, prompts: int =
     Args:
         lm: the model (`backend.load_model`).
         task: the task (`backend.load_task`, `backend.load_task_file`).
+        prepend_bos: tokenizer: the tokenizer's own choice (SmolLM2's adds no BOS); always: a BOS token first in every
+            prompt (TransformerLens's convention; an error for a tokenizer without one)
         shots: demonstrations per prompt
         prompts: held-out queries (prompts) scored
         seed: seed of the demonstration/query split and prompt sampling
@@ -190,8 +204,8 @@ def build_vectors(lm: LoadedModel, task: Task, *, shots: int = 8, prompts: int =
     return call("vectors", locals())
 
 
-def steer(lm: LoadedModel, task: Task, *, shots: int = 8, prompts: int = 50, seed: int = 0, batch_size: int = 32,
-          top_pct: float = 3.0, top_k: int | None = None,
+def steer(lm: LoadedModel, task: Task, *, prepend_bos: Literal["tokenizer", "always"] = "tokenizer", shots: int = 8,
+          prompts: int = 50, seed: int = 0, batch_size: int = 32, top_pct: float = 3.0, top_k: int | None = None,
           vectors: list[Literal["tr", "tl", "random", "fv", "vanilla"]] = ["tr", "tl", "random", "fv", "vanilla"],
           layer: int | Literal["all"] | None = None, alpha: float = 1.0, heads: list[tuple[int, int]] | None = None,
           cache: bool | Store | None = True, progress: Progress | None = None) -> SteerResult:
@@ -202,6 +216,8 @@ def steer(lm: LoadedModel, task: Task, *, shots: int = 8, prompts: int = 50, see
     Args:
         lm: the model (`backend.load_model`).
         task: the task (`backend.load_task`, `backend.load_task_file`).
+        prepend_bos: tokenizer: the tokenizer's own choice (SmolLM2's adds no BOS); always: a BOS token first in every
+            prompt (TransformerLens's convention; an error for a tokenizer without one)
         shots: demonstrations per prompt
         prompts: held-out queries (prompts) scored
         seed: seed of the demonstration/query split and prompt sampling
@@ -222,10 +238,10 @@ def steer(lm: LoadedModel, task: Task, *, shots: int = 8, prompts: int = 50, see
     return call("steer", locals())
 
 
-def geometry(lm: LoadedModel, task: Task, *, shots: int = 8, prompts: int = 50, seed: int = 0, batch_size: int = 16,
-             top_pct: float = 3.0, top_k: int | None = None, layer: int | None = None, alpha: float = 1.0,
-             final_norm: bool = True, pca_layer: int | None = None, cache: bool | Store | None = True,
-             progress: Progress | None = None) -> GeometryResult:
+def geometry(lm: LoadedModel, task: Task, *, prepend_bos: Literal["tokenizer", "always"] = "tokenizer", shots: int = 8,
+             prompts: int = 50, seed: int = 0, batch_size: int = 16, top_pct: float = 3.0, top_k: int | None = None,
+             layer: int | None = None, alpha: float = 1.0, final_norm: bool = True, pca_layer: int | None = None,
+             cache: bool | Store | None = True, progress: Progress | None = None) -> GeometryResult:
     """Hidden-state alignment with the label subspace, logit difference, rotation and PCA per layer (kind `geometry`,
     cached).
 
@@ -234,6 +250,8 @@ def geometry(lm: LoadedModel, task: Task, *, shots: int = 8, prompts: int = 50, 
     Args:
         lm: the model (`backend.load_model`).
         task: the task (`backend.load_task`, `backend.load_task_file`).
+        prepend_bos: tokenizer: the tokenizer's own choice (SmolLM2's adds no BOS); always: a BOS token first in every
+            prompt (TransformerLens's convention; an error for a tokenizer without one)
         shots: demonstrations per prompt
         prompts: held-out queries (prompts) scored
         seed: seed of the demonstration/query split and prompt sampling
@@ -255,8 +273,9 @@ def geometry(lm: LoadedModel, task: Task, *, shots: int = 8, prompts: int = 50, 
     return call("geometry", locals())
 
 
-def perturbation_report(lm: LoadedModel, task: Task, *, shots: int = 8, prompts: int = 50, seed: int = 0,
-                        batch_size: int = 16, top_pct: float = 3.0, top_k: int | None = None,
+def perturbation_report(lm: LoadedModel, task: Task, *, prepend_bos: Literal["tokenizer", "always"] = "tokenizer",
+                        shots: int = 8, prompts: int = 50, seed: int = 0, batch_size: int = 16, top_pct: float = 3.0,
+                        top_k: int | None = None,
                         perturbations: list[Literal["shuffled_inputs", "random_labels", "flipped_labels",
                             "symbol_labels", "number_labels"]] = ["shuffled_inputs", "random_labels", "flipped_labels",
                             "symbol_labels", "number_labels"], cache: bool | Store | None = True,
@@ -269,6 +288,8 @@ def perturbation_report(lm: LoadedModel, task: Task, *, shots: int = 8, prompts:
     Args:
         lm: the model (`backend.load_model`).
         task: the task (`backend.load_task`, `backend.load_task_file`).
+        prepend_bos: tokenizer: the tokenizer's own choice (SmolLM2's adds no BOS); always: a BOS token first in every
+            prompt (TransformerLens's convention; an error for a tokenizer without one)
         shots: demonstrations per prompt
         prompts: held-out queries (prompts) scored
         seed: seed of the demonstration/query split and prompt sampling
@@ -286,8 +307,9 @@ def perturbation_report(lm: LoadedModel, task: Task, *, shots: int = 8, prompts:
     return call("perturb", locals())
 
 
-def activation_patching(lm: LoadedModel, task: Task, *, shots: int = 8, prompts: int = 50, seed: int = 0,
-                        batch_size: int = 32, top_pct: float = 3.0, top_k: int | None = None,
+def activation_patching(lm: LoadedModel, task: Task, *, prepend_bos: Literal["tokenizer", "always"] = "tokenizer",
+                        shots: int = 8, prompts: int = 50, seed: int = 0, batch_size: int = 32, top_pct: float = 3.0,
+                        top_k: int | None = None,
                         target: Literal["zero_shot", "shuffled_inputs", "random_labels",
                             "flipped_labels"] = "zero_shot", patch: Literal["paired", "mean"] = "paired",
                         cache: bool | Store | None = True, progress: Progress | None = None) -> PatchingResult:
@@ -299,6 +321,8 @@ def activation_patching(lm: LoadedModel, task: Task, *, shots: int = 8, prompts:
     Args:
         lm: the model (`backend.load_model`).
         task: the task (`backend.load_task`, `backend.load_task_file`).
+        prepend_bos: tokenizer: the tokenizer's own choice (SmolLM2's adds no BOS); always: a BOS token first in every
+            prompt (TransformerLens's convention; an error for a tokenizer without one)
         shots: demonstrations per prompt
         prompts: held-out queries (prompts) scored
         seed: seed of the demonstration/query split and prompt sampling
