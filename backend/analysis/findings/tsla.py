@@ -14,6 +14,7 @@ from typing import Any, Callable
 import numpy as np
 
 from . import verdicts as V
+from ...errors import BadInput
 from ..primitives.stats import rate_ci, set_mean_ci, unpack_outcomes
 from .common import section_analyze
 
@@ -48,7 +49,7 @@ def _outcomes(abl: list, order: str) -> dict[str, np.ndarray]:
     for r in abl:
         pp = r.curves[order].per_prompt
         if not pp:
-            raise ValueError("this ablation_curves result keeps no per-prompt outcomes (cached before they existed); "
+            raise BadInput("this ablation_curves result keeps no per-prompt outcomes (cached before they existed); "
                              "clear the cache or rerun")
         per_seed.append([[unpack_outcomes(code) for code in row] for row in pp])
     sets = min(len(x) for x in per_seed)

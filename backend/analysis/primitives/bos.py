@@ -16,6 +16,7 @@ from contextlib import contextmanager
 from typing import Any, Iterator
 
 from ... import options as o
+from ...errors import BadInput
 
 PREPEND_BOS = o.PREPEND_BOS
 DEFAULT = o.PREPEND_BOS_DEFAULT
@@ -44,10 +45,10 @@ def convention(value: str | None) -> Iterator[None]:
 
 
 def bos_id(tok: Any) -> int:
-    """The tokenizer's BOS id; a ValueError in one sentence when it has none."""
+    """The tokenizer's BOS id; a BadInput (a ValueError) in one sentence when it has none."""
     i = getattr(tok, "bos_token_id", None)
     if i is None:
-        raise ValueError("prepend_bos='always' needs a BOS token, and this model's tokenizer has none; use "
+        raise BadInput("prepend_bos='always' needs a BOS token, and this model's tokenizer has none; use "
                          "prepend_bos='tokenizer'")
     return int(i)
 
