@@ -76,6 +76,19 @@ def test_the_functions_are_the_registry_and_backend_serves_them():
     assert "def head_scores(" in (ROOT / "backend/analysis/api/tsla.py").read_text()
 
 
+@pytest.mark.parametrize("kind", BUILTIN, ids=lambda k: k.name)
+def test_every_default_passed_keeps_the_cache_key(kind: Kind):
+    """A function passes every parameter, defaults included: the key is that of the request naming only what it
+    sets (so results cached before, through `analyze` or the service, are hits)."""
+    from backend.analysis.kernel import cache_key, validate_params
+
+    given = {f: v for f, v in {"heads": [[0, 1]], "head": [0, 1]}.items() if f in kind.params.model_fields}
+    explicit = {n: p.default for n, p in inspect.signature(getattr(api, kind.api)).parameters.items()
+                if p.kind is p.KEYWORD_ONLY and n not in ("cache", "progress")} | given
+    assert cache_key(kind, None, None, validate_params(kind, explicit)) == \
+        cache_key(kind, None, None, validate_params(kind, given))
+
+
 def test_the_files_are_what_the_generator_writes():
     stale = [g for g in generate.GROUPS if (generate.HERE / f"{g}.py").read_text() != generate.module(g)]
     assert not stale, f"run `python -m backend.analysis.api.generate` (stale: {stale})"
