@@ -42,8 +42,6 @@ def task_fit(lm: LoadedModel, task: Task, *, prepend_bos: Literal["tokenizer", "
     """Does the task fit the model: unknown tokens in inputs and labels, prompt length vs the context window (kind
     `fit`, cached).
 
-    Does the task fit the model (unknown tokens in inputs and labels, prompt length)?
-
     Args:
         lm: the model (`backend.load_model`).
         task: the task (`backend.load_task`, `backend.load_task_file`).

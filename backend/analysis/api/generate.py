@@ -145,8 +145,9 @@ def docstring(kind: Kind, docs: dict[tuple[str, str], str]) -> list[str]:
     cached = ", cached" if kind.cached else ""
     first = f"{sentence(kind.description)} (kind `{kind.name}`{cached})."
     out = wrap('"""' + first, "    ")
+    said = set(words(kind.description))
     for para in paragraphs(kind.params.__doc__, kind):
-        if words(para) != words(kind.description):
+        if sum(w in said for w in words(para)) < 0.9 * len(words(para)):  # not a restatement of the description
             out += [""] + wrap(sentence(para), "    ")
     out += ["", "    Args:"]
     names = [n for n, used in (("lm", kind.uses_model), ("task", kind.uses_task)) if used]

@@ -80,8 +80,6 @@ def site_transfer(lm: LoadedModel, *, prepend_bos: Literal["tokenizer", "always"
     """SITE alphas of each task applied to every task's embedding: a transfer accuracy matrix and head overlaps (kind
     `site_transfer`, cached).
 
-    SITE alphas of each task applied to every task's embedding: an accuracy matrix.
-
     Args:
         lm: the model (`backend.load_model`).
         prepend_bos: tokenizer: the tokenizer's own choice (SmolLM2's adds no BOS); always: a BOS token first in every

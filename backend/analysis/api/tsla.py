@@ -28,8 +28,6 @@ def head_maps(lm: LoadedModel, task: Task, *, prepend_bos: Literal["tokenizer", 
               cache: bool | Store | None = True, progress: Progress | None = None) -> MapsResult:
     """TR, TL, DLA-TR, DLA-TL and induction head maps with accuracies (no head selection) (kind `maps`, cached).
 
-    TR / TL / DLA / induction head maps and accuracies (no head selection).
-
     Args:
         lm: the model (`backend.load_model`).
         task: the task (`backend.load_task`, `backend.load_task_file`).
@@ -114,8 +112,6 @@ def ablation_curves(lm: LoadedModel, task: Task, *, prepend_bos: Literal["tokeni
     """Accuracy, label accuracy and TR ratio against the number of top heads ablated, per order (kind `ablation_curves`,
     cached).
 
-    Accuracy, label accuracy and TR ratio against k, the number of top heads ablated.
-
     Args:
         lm: the model (`backend.load_model`).
         task: the task (`backend.load_task`, `backend.load_task_file`).
@@ -145,8 +141,6 @@ def ablate(lm: LoadedModel, task: Task, *, prepend_bos: Literal["tokenizer", "al
            mode: Literal["zero", "mean"] = "zero", positions: Literal["all", "last"] = "all",
            cache: bool | Store | None = True, progress: Progress | None = None) -> AblateResult:
     """Ablate one head set: metrics and per-prompt predictions before and after (kind `ablate`, cached).
-
-    Ablate one head set; metrics and per-prompt rows before and after.
 
     Args:
         lm: the model (`backend.load_model`).
@@ -178,8 +172,6 @@ def build_vectors(lm: LoadedModel, task: Task, *, prepend_bos: Literal["tokenize
                   progress: Progress | None = None) -> VectorsResult:
     """Task vectors extracted from ICL prompts: TR / TL / random head sets, function vector, vanilla (kind `vectors`,
     cached).
-
-    Task vectors extracted from ICL prompts (head sets, function vector, vanilla).
 
     Args:
         lm: the model (`backend.load_model`).
