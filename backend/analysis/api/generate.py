@@ -17,8 +17,6 @@ import typing
 from pathlib import Path
 from typing import Any
 
-from pydantic_core import PydanticUndefined
-
 from ..kinds import KINDS, Kind
 
 HERE = Path(__file__).resolve().parent
