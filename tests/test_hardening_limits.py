@@ -118,7 +118,7 @@ def methods_counts_its_sub_calls(mp: Any, _: Path) -> None:
 def ltv_all_layers_same_fresh_or_loaded(mp: Any, _: Path) -> None:
     """`ltv` with layer all: the same estimate, and the same refusal, on a fresh service and once the model is
     resident (the shape comes from the model's files, never from the loaded model)."""
-    mp.setenv("HEADLENS_MAX_WORK", "2000")
+    mp.setenv("HEADLENS_MAX_WORK", "400")  # ltv without linear propagation (its default) is ~650 passes here
     body = {"kind": "ltv", "task": "syn-antonym", "layer": "all"}
     with client() as c:
         fresh = c.post("/jobs/estimate", json=body).json()
@@ -126,7 +126,7 @@ def ltv_all_layers_same_fresh_or_loaded(mp: Any, _: Path) -> None:
         assert wait_job(c, c.post("/jobs", json={"kind": "model_info"}).json()["id"])["status"] == "done"
         loaded = c.post("/jobs/estimate", json=body).json()
         r2 = c.post("/jobs", json=body)
-    assert fresh["passes"] == loaded["passes"] > 2000 and fresh["shape"]["n_layers"] == 4, (fresh, loaded)
+    assert fresh["passes"] == loaded["passes"] > 400 and fresh["shape"]["n_layers"] == 4, (fresh, loaded)
     refused(r1, "HEADLENS_MAX_WORK")
     refused(r2, "HEADLENS_MAX_WORK")
     assert r1.json() == r2.json()

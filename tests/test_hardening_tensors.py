@@ -532,7 +532,7 @@ def test_3_the_cli_and_python_take_a_local_file_through_the_store(svc, tmp_path,
                  "--compare", "", "--patching", "", "--budget", "", "--correlations", ""]) == 0, capsys.readouterr()
     cli = json.loads(out.read_text())
     api = backend.train_site(svc.lm, backend.load_task(TASK), load=str(path), **SITE)
-    assert cli["tensor"] == api.tensor == svc.site and cli["loaded"] and cli["site"] == api.site.model_dump()
+    assert cli["tensor"] == api.tensor == svc.site and cli["loaded"] and cli["site"] == api.site.model_dump(mode="json")  # JSON: intervals as lists
 
 
 # == 4. a finished training lost to a disk fault =====================================================================
