@@ -205,6 +205,37 @@ def test_work_done_is_what_the_configurations_change(gpt2_tokenizer, monkeypatch
     assert (got - ref).abs().max().item() <= 1e-5
 
 
+def test_step_passes_run_at_the_measured_thread_count(gpt2_tokenizer, monkeypatch):
+    """The clean pass keeps torch's thread count; the one-token steps run at the count `best_threads` measured
+    for the model's small passes (1 here), and torch's setting is back afterwards. The logits are the full
+    engine's."""
+    from backend.analysis.primitives import threads
+
+    lm = _lm("gpt2", gpt2_tokenizer)
+    ids, configs = prompts(), mixture(lm)
+    ref = collect(lm, ids, configs, engine="full")
+    seen: dict[str, set[int]] = {"pass": set(), "step": set()}
+    real = F._step_passes
+
+    def step(*a, **k):
+        seen["step"].add(torch.get_num_threads())
+        return real(*a, **k)
+
+    handle = lm.final_norm.register_forward_pre_hook(lambda m, a: seen["pass"].add(torch.get_num_threads()))
+    monkeypatch.setattr(F, "_step_passes", step)
+    monkeypatch.setattr(threads, "best_threads", lambda lm: 1)
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        got = fast(lm, ids, configs, monkeypatch, batch_size=3)
+        after = torch.get_num_threads()
+    finally:
+        handle.remove()
+        torch.set_num_threads(before)
+    assert seen == {"pass": {1, 2}, "step": {1}} and after == 2
+    assert (got - ref).abs().max().item() <= 1e-5
+
+
 def test_passes_start_at_their_earliest_layer():
     """Long prompts: one pass per start layer; short ones: start layers merge into fewer, fuller passes."""
     plans = [F._Plan("all", start=s) for s in (5, 0, 9, 5, 2, 9)]
