@@ -9,6 +9,7 @@ import torch
 
 from backend.analysis.kernel import analyze
 from backend.analysis.primitives import engine_fast as S
+from backend.analysis.primitives import threads
 from backend.analysis.primitives import inject as I
 from backend.analysis.ltv import propagation as PR
 from backend.analysis.primitives.batching import encode, map_batches
@@ -138,6 +139,8 @@ def test_last_token_steps_start_at_their_first_changed_layer(gpt2_tokenizer, mon
                RowConfig(inject={L - 1: torch.randn(d)}), RowConfig(mask=at((0, 1), (3, 0)), positions="last")]
     starts = [2, 1, L, 0]
     monkeypatch.setattr(S, "STEP_ROWS_FACTOR", 1)  # one configuration per step (batch_size 3 = 3 prompts)
+    # no thread probe (`threads.best_threads`) inside the counted run: its passes would add to the count
+    monkeypatch.setattr(threads, "best_threads", lambda lm: torch.get_num_threads())
     tokens = {l: 0 for l in range(L)}
     handles = [lm.o_proj(l).register_forward_pre_hook(
         lambda m, a, l=l: tokens.__setitem__(l, tokens[l] + a[0].shape[0] * a[0].shape[1])) for l in range(L)]

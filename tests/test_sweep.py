@@ -7,6 +7,7 @@ import torch
 
 from backend.analysis.primitives import engine as S
 from backend.analysis.primitives import engine_fast as F
+from backend.analysis.primitives import threads
 from backend.analysis.primitives.engine import RowConfig, run_sweep
 
 from tiny_models import CONFIGS, tiny_model
@@ -191,6 +192,8 @@ def test_work_done_is_what_the_configurations_change(gpt2_tokenizer, monkeypatch
     configs = [RowConfig(mask=at((2, 0), (3, 1))), RowConfig(mask=at((L - 1, 0))),
                RowConfig(mask=at((L - 1, 0)), positions="last"), RowConfig(inject={0: torch.randn(d)}),
                RowConfig(mask=torch.zeros(L, H), positions="last"), RowConfig()]
+    # no thread probe (`threads.best_threads`) inside the counted run: its passes would add to the count
+    monkeypatch.setattr(threads, "best_threads", lambda lm: torch.get_num_threads())
     tokens = {l: 0 for l in range(L)}
     handles = [lm.o_proj(l).register_forward_pre_hook(
         lambda m, a, l=l: tokens.__setitem__(l, tokens[l] + a[0].shape[0] * a[0].shape[1])) for l in range(L)]
@@ -202,6 +205,35 @@ def test_work_done_is_what_the_configurations_change(gpt2_tokenizer, monkeypatch
     clean, step = N * W, 4 * N  # one padded clean pass; one token per last-token configuration and prompt
     assert tokens == {0: clean + step, 1: clean + step, 2: 2 * clean + step, 3: 2 * clean + step}
     ref = collect(lm, ids, configs, engine="full")
+    assert (got - ref).abs().max().item() <= 1e-5
+
+
+def test_step_passes_run_at_the_measured_thread_count(gpt2_tokenizer, monkeypatch):
+    """The clean pass keeps torch's thread count; the one-token steps run at the count `best_threads` measured
+    for the model's small passes (1 here), and torch's setting is back afterwards. The logits are the full
+    engine's."""
+    lm = _lm("gpt2", gpt2_tokenizer)
+    ids, configs = prompts(), mixture(lm)
+    ref = collect(lm, ids, configs, engine="full")
+    seen: dict[str, set[int]] = {"pass": set(), "step": set()}
+    real = F._step_passes
+
+    def step(*a, **k):
+        seen["step"].add(torch.get_num_threads())
+        return real(*a, **k)
+
+    handle = lm.final_norm.register_forward_pre_hook(lambda m, a: seen["pass"].add(torch.get_num_threads()))
+    monkeypatch.setattr(F, "_step_passes", step)
+    monkeypatch.setattr(threads, "best_threads", lambda lm: 1)
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        got = fast(lm, ids, configs, monkeypatch, batch_size=3)
+        after = torch.get_num_threads()
+    finally:
+        handle.remove()
+        torch.set_num_threads(before)
+    assert seen == {"pass": {1, 2}, "step": {1}} and after == 2
     assert (got - ref).abs().max().item() <= 1e-5
 
 

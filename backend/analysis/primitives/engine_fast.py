@@ -16,6 +16,7 @@ from ...stopping import check
 from .batching import Batch, make_batch
 from .prefix_store import STORE, batch_prefix, entries_of, fits
 from .engine_plan import _Emitter, _halve, _last_logits, _Plan
+from .threads import cpu_threads
 
 # A step pass (one new token per configuration) holds up to STEP_ROWS_FACTOR * batch_size (configuration,
 # prompt) rows when packed (the prefix cache is shared), batch_size rows when the cache is repeated per row.
@@ -258,7 +259,19 @@ def _last_token(lm: LoadedModel, batch: Batch, cache, plans: list[_Plan], todo: 
                 fill: torch.Tensor | None, bs: int, out: _Emitter, at_last: dict[int, torch.Tensor]) -> None:
     """Each configuration as one new token (the prompt's last) over the clean prefix cache. Configurations go in
     order of their start layer s; a step runs layers >= s of its chunk's earliest s only (layer s - 1 returns its
-    clean output at the last token, `at_last`)."""
+    clean output at the last token, `at_last`).
+
+    The steps are small passes (one token per row): their ops split badly over torch's intra-op threads, and on
+    a shared CPU the threads wait for each other (bench/RESULTS.md: 1.5-2 CPU-s against 0.26 on one thread for
+    16 configurations x 4 prompts at load 15). So they run at the thread count the model's small passes run
+    fastest with (`threads.cpu_threads`, measured and cached); the clean pass keeps torch's setting."""
+    with cpu_threads(lm):
+        _step_passes(lm, batch, cache, plans, todo, fill, bs, out, at_last)
+
+
+def _step_passes(lm: LoadedModel, batch: Batch, cache, plans: list[_Plan], todo: list[int], fill: torch.Tensor | None,
+                 bs: int, out: _Emitter, at_last: dict[int, torch.Tensor]) -> None:
+    """`_last_token`'s step passes, at the current thread count."""
     P, W = batch.input_ids.shape
     dev = batch.input_ids.device
     ps = torch.tensor(batch.rows, device=dev)
