@@ -63,7 +63,15 @@ def ray_cluster():
     ray = pytest.importorskip("ray")
     started = not ray.is_initialized()
     if started:
-        ray.init(address="local", num_cpus=2, include_dashboard=False, logging_level="warning", log_to_driver=False)
+        # Ray's processes take RAY_AUTH_MODE from the environment, its driver from the one it was imported in: a
+        # `token` set since (connect() sets it when this machine has a cluster's token) would lock the driver out
+        mode = os.environ.pop("RAY_AUTH_MODE", None)
+        try:
+            ray.init(address="local", num_cpus=2, include_dashboard=False, logging_level="warning",
+                     log_to_driver=False)
+        finally:
+            if mode is not None:
+                os.environ["RAY_AUTH_MODE"] = mode
     yield ray
     if started:
         ray.shutdown()

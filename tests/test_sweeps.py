@@ -260,6 +260,9 @@ def test_runner_choice_and_startup_errors(monkeypatch):
     with pytest.raises(RunnerUnavailable, match="local` or `ray"):
         make_runner(None, None)
     monkeypatch.setitem(sys.modules, "ray", None)  # Ray not installed
+    # connect() sets RAY_AUTH_MODE=token (a cluster's token is on this machine) before it imports Ray: not past this
+    # test (a local Ray started later in this process would then want a token that its driver does not send)
+    monkeypatch.setenv("RAY_AUTH_MODE", os.environ.get("RAY_AUTH_MODE", "disabled"))
     with pytest.raises(RunnerUnavailable, match="requirements-ray.txt"):
         connect(RayConfig())
     monkeypatch.setenv("HEADLENS_RAY_MAX_ACTORS", "zero")
