@@ -298,3 +298,20 @@ def test_serve_with_an_unreachable_cluster_fails_in_one_line():
         assert "within 3 s (HEADLENS_RAY_CONNECT_TIMEOUT_S)" in line
     finally:
         srv.close()
+
+
+def test_a_failed_connect_leaves_ray_auth_mode_as_it_was(monkeypatch, tmp_path):
+    """connect() sets RAY_AUTH_MODE=token for a cluster when this machine holds a token; when nothing connects, the
+    variable is gone again (a later local Ray start would otherwise want a token its driver never sends)."""
+    ray = pytest.importorskip("ray")
+    from backend.service.ray_cluster import RayConfig, RunnerUnavailable, connect
+
+    (tmp_path / ".ray").mkdir()
+    (tmp_path / ".ray" / "auth_token").write_text("secret")
+    monkeypatch.setattr(Path, "home", classmethod(lambda cls: tmp_path))
+    monkeypatch.delenv("RAY_AUTH_MODE", raising=False)
+    if ray.is_initialized():  # the shared cluster of this module's other tests: connect() would join it
+        pytest.skip("Ray is initialised in this process")
+    with pytest.raises(RunnerUnavailable, match="unreachable"):
+        connect(RayConfig(address="127.0.0.1:9"))
+    assert "RAY_AUTH_MODE" not in os.environ

@@ -74,6 +74,15 @@ def connect(cfg: RayConfig) -> tuple[Any, bool]:
             os.environ.get("RAY_AUTH_TOKEN") or os.environ.get("RAY_AUTH_TOKEN_PATH")
             or (Path.home() / ".ray" / "auth_token").is_file()):
         os.environ["RAY_AUTH_MODE"] = "token"
+        try:
+            return _connect(cfg, address)
+        except BaseException:  # nothing connected: leave the environment as it was (a later Ray start reads it)
+            os.environ.pop("RAY_AUTH_MODE", None)
+            raise
+    return _connect(cfg, address)
+
+
+def _connect(cfg: RayConfig, address: str | None) -> tuple[Any, bool]:
     try:
         import ray
     except ImportError:
