@@ -70,6 +70,8 @@ live = LiveChart("site")
 
 def draw_live(data: dict[str, Any]) -> None:
     """The running training's loss curve (the main run's, then each budget run's: their steps restart at 0)."""
+    if "loss" not in data:  # a sub-call's own live data (e.g. the head scores' partial maps)
+        return
     live.draw(lambda d: sf.loss_curve(d.get("loss") or [], d.get("val") or [], d.get("steps"),
                                       title=f"Training: step {int(d.get('step') or 0)} of {d.get('steps')}"),
               data, signature=(int(data.get("step") or 0), len(data.get("loss") or [])))

@@ -4,11 +4,11 @@ traceback in the log."""
 from __future__ import annotations
 
 import logging
-import time
 
 import pytest
 
 from backend.errors import BadInput, UserError, internal
+from hang import wait_until  # noqa: E402
 
 
 def user_errors() -> dict[str, type]:
@@ -66,13 +66,8 @@ def test_describe_error_shows_a_user_error_and_calls_the_rest_internal():
 
 
 def _finished(runner, jid: str):
-    deadline = time.monotonic() + 60  # a hang guard, not a speed test
-    while time.monotonic() < deadline:
-        j = runner.get(jid)
-        if j.status in ("done", "error", "cancelled"):
-            return j
-        time.sleep(0.01)
-    raise AssertionError(f"job {jid} stayed {runner.get(jid).status}")
+    return wait_until(lambda: (j := runner.get(jid)).status in ("done", "error", "cancelled") and j,
+                      f"job {jid} to end", poll_s=0.01)
 
 
 def test_the_runner_logs_an_internal_error_with_its_traceback_and_not_a_user_error(caplog):

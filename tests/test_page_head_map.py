@@ -179,8 +179,10 @@ def test_a_head_request_without_the_grid_keeps_its_cache_key():
     spec = get_kind("head")
     p = spec.params.model_validate({"head": [1, 2]})
     version = {"kind_version": spec.version} if spec.version else {}  # head's random control moved it to 1
-    old = make_key("head", model=None, task=None, params=p.model_dump(mode="json", exclude={"batch_size",
-                                                                                             "layer_heads"}), **version)
+    from backend.analysis.params import CONVENTIONS  # (prepend_bos: out of the key at its default too)
+
+    old = make_key("head", model=None, task=None, params=p.model_dump(mode="json", exclude={
+        "batch_size", "layer_heads", *CONVENTIONS}), **version)
     assert cache_key(spec, None, None, p) == old
     assert cache_key(spec, None, None, spec.params.model_validate({"head": [1, 2], "layer_heads": True})) != old
 
