@@ -172,7 +172,7 @@ def resolve_store(cache: "bool | Store | None") -> Store | None:
     """True -> the default disk cache; False / None -> no caching; a store -> itself."""
     if cache is True:
         return default_cache()
-    return cache or None
+    return None if cache is None or cache is False else cache  # an empty store (a dict, say) is falsy, not absent
 
 
 def validate_params(kind: Kind, params: "Params | Mapping[str, Any] | None" = None, **overrides: Any) -> Params:
