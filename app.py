@@ -207,7 +207,7 @@ elif run_row(f"The three papers' findings on `{s.model}`, task `{s.task}` (TSLA,
 else:
     report = jobs.peek(report_job.kind, report_job.params)
 if report is not None:
-    from backend.findings_html import report_html
+    from backend.report.findings_html import report_html
 
     jobs.show_warnings(report)
     st.dataframe([{"paper": r["paper"], "finding": r["finding"], "paper's figure": r["paper_figure"],

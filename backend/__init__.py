@@ -18,17 +18,17 @@ from importlib.util import find_spec
 from typing import Any
 
 _EXPORTS = {
-    "load_model": "backend.models",
-    "wrap": "backend.models",
-    "LoadedModel": "backend.models",
-    "pull_model": "backend.pull",
-    "list_presets": "backend.presets",
+    "load_model": "backend.model.loading",
+    "wrap": "backend.model.loading",
+    "LoadedModel": "backend.model.loading",
+    "pull_model": "backend.weights.pull",
+    "list_presets": "backend.weights.presets",
     "load_task": "backend.tasks.registry",
     "load_task_file": "backend.tasks.files",
     "load_prompts_file": "backend.tasks.files",
     "builtin_tasks": "backend.tasks.registry",
     "Task": "backend.tasks.base",
-    "tensor_path": "backend.tensor_store",
+    "tensor_path": "backend.store.tensor_store",
     "KINDS": "backend.analysis.kinds",
 }
 

@@ -75,7 +75,7 @@ def allowed_model(name: str) -> str:
 
 
 def load_model_from(a: argparse.Namespace):
-    from .models import load_model
+    from .model.loading import load_model
 
     # a name the filesystem cannot hold is a one-line ModelLoadError (text.model_name_problem), exit 2
     return load_model(a.model, device=a.device, dtype=a.dtype, device_map=a.device_map,
@@ -154,9 +154,9 @@ def cmd_tasks(a: argparse.Namespace) -> None:
 
 @command("models")
 def cmd_models(a: argparse.Namespace) -> None:
-    """`models list`, `models pull NAME`, `models remove NAME` (backend/presets.py, backend/pull.py)."""
-    from . import presets
-    from .pull import plan, pull, remove
+    """`models list`, `models pull NAME`, `models remove NAME` (backend/weights/presets.py, backend/weights/pull.py)."""
+    from .weights import presets
+    from .weights.pull import plan, pull, remove
 
     if a.models_cmd == "list":
         rows = presets.list_presets()
@@ -199,7 +199,7 @@ def report_path(a: argparse.Namespace) -> str:
 def cmd_report(a: argparse.Namespace) -> None:
     """The findings report (kind `findings`) as one self-contained HTML file (its place checked by `main` before
     hours of measuring, written whole or not at all)."""
-    from .findings_html import report_html
+    from .report.findings_html import report_html
 
     out = report_path(a)
     check_output(out, "--out")

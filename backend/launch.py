@@ -27,7 +27,7 @@ import webbrowser
 from pathlib import Path
 from typing import IO, Sequence
 
-from .paths import log_file
+from .store.paths import log_file
 
 ROOT = Path(__file__).resolve().parents[1]
 SERVICE_HOST = "127.0.0.1"

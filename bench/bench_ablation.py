@@ -26,8 +26,8 @@ from backend.analysis.kernel import analyze  # noqa: E402
 from backend.analysis.primitives.batching import build_prompts, encode  # noqa: E402
 from backend.analysis.primitives.selection import random_heads, ranking  # noqa: E402
 from backend.analysis.primitives.sweep import RowConfig, head_mask, run_sweep  # noqa: E402
-from backend.cache import ResultCache  # noqa: E402
-from backend.models import load_model  # noqa: E402
+from backend.store.cache import ResultCache  # noqa: E402
+from backend.model.loading import load_model  # noqa: E402
 from backend.tasks.registry import load_task  # noqa: E402
 
 KS = [0, 1, 2, 4, 8, 16, 32, 64]

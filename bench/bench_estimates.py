@@ -92,7 +92,7 @@ def warm_up(smoke: bool, kinds: list[str] | None) -> None:
     """Every kind once on the embedded model, untimed: the imports a kind makes on first use (scipy, sklearn, ...)
     and one-time setup are a process's, not a job's (the service pays them once)."""
     from backend.analysis.kernel import analyze
-    from backend.models import load_model
+    from backend.model.loading import load_model
     from backend.tasks.registry import load_task
 
     lm = load_model("default")
@@ -109,7 +109,7 @@ def warm_up(smoke: bool, kinds: list[str] | None) -> None:
 def run_model(model: str, kinds: list[str] | None, smoke: bool, count_calls: bool = False) -> list[dict]:
     from backend.analysis.kernel import analyze
     from backend.analysis.kinds import get_kind
-    from backend.models import load_model
+    from backend.model.loading import load_model
     from backend.service.estimate import canonical_name, estimate, note_speed
     from backend.tasks.registry import load_task
 

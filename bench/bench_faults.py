@@ -166,7 +166,7 @@ def check_result(j: dict[str, Any], body: dict[str, Any]) -> bool:
 
 def cache_health(cache: Path) -> dict[str, Any]:
     """SQLite integrity check of cache.db, and every entry read through ResultCache (refused rows counted)."""
-    from backend.cache import ResultCache
+    from backend.store.cache import ResultCache
 
     with sqlite3.connect(cache / "cache.db") as con:
         integrity = con.execute("PRAGMA integrity_check").fetchone()[0]

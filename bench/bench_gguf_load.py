@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parents[1]
 CHILD = """
 import json, resource, sys, time, torch
 torch.set_num_threads(int(sys.argv[2]))
-from backend.models import load_model
+from backend.model.loading import load_model
 t = time.perf_counter()
 lm = load_model(sys.argv[1], device="cpu")
 print(json.dumps({"seconds": round(time.perf_counter() - t, 2), "peak_rss_mb": round(resource.getrusage(
@@ -43,7 +43,7 @@ def main() -> None:
     ap.add_argument("--smoke", action="store_true", help="a tiny random GGUF written here, one reload (seconds)")
     a = ap.parse_args()
     sys.path.insert(0, str(ROOT))
-    from backend import presets
+    from backend.weights import presets
 
     if a.smoke:
         a.model, a.repeat, a.threads = "tiny", 1, 1

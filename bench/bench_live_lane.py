@@ -77,7 +77,7 @@ def main() -> None:
 
     from starlette.testclient import TestClient
 
-    from backend.model_defaults import defaults_for
+    from ui.model_defaults import defaults_for
     from backend.service import jobs as J
     from backend.service.app import create_app
     from ui import jobs as ui_jobs

@@ -31,7 +31,7 @@ from backend.analysis.kernel import analyze  # noqa: E402
 from backend.analysis.primitives import threads as thread_choice  # noqa: E402
 from backend.analysis.primitives.batching import encode  # noqa: E402
 from backend.analysis.primitives.inject import Injection, evaluate_injections  # noqa: E402
-from backend.models import load_model  # noqa: E402
+from backend.model.loading import load_model  # noqa: E402
 from backend.tasks.registry import load_task  # noqa: E402
 
 TASKS = ("syn-sentiment", "syn-category", "syn-size", "syn-region", "syn-parity",

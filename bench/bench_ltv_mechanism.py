@@ -31,7 +31,7 @@ from backend.analysis.ltv.learn import residual_rms  # noqa: E402
 from backend.analysis.primitives.batching import build_prompts, encode  # noqa: E402
 from backend.analysis.primitives.inject import Injection, evaluate_injections  # noqa: E402
 from backend.analysis.primitives.threads import cpu_threads  # noqa: E402
-from backend.models import load_model  # noqa: E402
+from backend.model.loading import load_model  # noqa: E402
 from backend.tasks.registry import load_task  # noqa: E402
 from bench_ltv_stages import value  # noqa: E402
 

@@ -26,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 os.environ["HEADLENS_CACHE_DIR"] = tempfile.mkdtemp(prefix="bench-ltv-stages-")
 
 from backend.analysis.kernel import analyze  # noqa: E402
-from backend.models import load_model  # noqa: E402
+from backend.model.loading import load_model  # noqa: E402
 from backend.tasks.registry import load_task  # noqa: E402
 
 

@@ -269,7 +269,7 @@ def main() -> None:
             "scores,toggle"
     torch.set_num_threads(a.threads)
     fresh_cache()
-    from backend.models import load_model
+    from backend.model.loading import load_model
     from backend.tasks.registry import load_task
 
     res: dict = {"model": a.model, "task": a.task, "shots": a.shots, "prompts": a.prompts, "threads": a.threads,

@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from backend.analysis.primitives.batching import Encoded, forward_last_logits, make_batch  # noqa: E402
 from backend.analysis.tsla.head_maps import head_maps  # noqa: E402
-from backend.models import wrap  # noqa: E402
+from backend.model.loading import wrap  # noqa: E402
 
 SHAPES = {
     "gpt2-small": dict(cfg=lambda: T.GPT2Config(n_layer=12, n_head=12, n_embd=768, vocab_size=50257, n_positions=1024),

@@ -31,7 +31,7 @@ from backend.analysis.kernel import analyze  # noqa: E402
 from backend.analysis.site import soft_select as S  # noqa: E402
 from backend.analysis.primitives.capture import capture_means  # noqa: E402
 from backend.analysis.primitives.threads import cpu_threads  # noqa: E402
-from backend.models import load_model  # noqa: E402
+from backend.model.loading import load_model  # noqa: E402
 from backend.tasks.registry import builtin_tasks  # noqa: E402
 
 

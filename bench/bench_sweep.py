@@ -43,7 +43,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 
 from backend.analysis.primitives.engine import RowConfig, run_sweep  # noqa: E402
-from backend.models import wrap  # noqa: E402
+from backend.model.loading import wrap  # noqa: E402
 
 KS = (0, 1, 2, 4, 8, 16, 32, 64)
 
@@ -157,7 +157,7 @@ def tl_sweep(br, tokens: torch.Tensor, configs: list[RowConfig], H: int, last_on
 
 def hf_peer_sweep(lm, tokens: torch.Tensor, configs: list[RowConfig], H: int, last_only: bool) -> torch.Tensor:
     """Fallback peer without TransformerLens: one HF forward per configuration, the same hooks by hand."""
-    from backend.hooks import hooked
+    from backend.model.hooks import hooked
 
     out = []
     with lm.lock, torch.inference_mode():

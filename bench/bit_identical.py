@@ -49,7 +49,7 @@ def fingerprints(kinds: list[str], dump: str | None = None) -> dict[str, dict[st
     from backend.analysis.primitives import induction, pass_speed
     from backend.analysis.primitives.prefix_store import STORE
     from backend.tasks.registry import load_task
-    from backend.tensor_store import TensorStore
+    from backend.store.tensor_store import TensorStore
 
     lm = load_model("default")
     out: dict[str, dict[str, str]] = {}

@@ -89,7 +89,7 @@ def headlens_side(lm, task, a, convention: str) -> dict:
     from backend.analysis.primitives.batching import Encoded, build_prompts, encode, forward_last_logits, make_batch
     from backend.analysis.primitives.sweep import head_mask
     from backend.analysis.tsla.head_maps import head_maps
-    from backend.hooks import hooked
+    from backend.model.hooks import hooked
 
     common = dict(shots=a.shots, prompts=a.prompts, seed=a.seed, prepend_bos=convention)
     with bos.convention(convention):  # what the kinds below do inside the kernel
@@ -228,7 +228,7 @@ def main() -> None:
 
     torch.set_num_threads(a.threads)
     from backend import load_model, load_task
-    from backend.model_defaults import defaults_for
+    from ui.model_defaults import defaults_for
 
     d = defaults_for(a.model)
     a.task, a.shots = a.task or d.get("task", "syn-sentiment"), a.shots if a.shots is not None else d.get("shots", 8)

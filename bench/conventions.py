@@ -10,7 +10,7 @@
   validation's (the reference's behaviour): the step kept, the test accuracy (soft and rounded alphas), and how far
   the alphas differ.
 
-Defaults: the model's dashboard defaults (`backend.model_defaults`: present-past, 8 shots on SmolLM2), 50 prompts,
+Defaults: the model's dashboard defaults (`ui.model_defaults`: present-past, 8 shots on SmolLM2), 50 prompts,
 seed 0; SITE at the recipe's defaults except what the flags set. Results go through the cache (a rerun is cheap).
 Prints a Markdown report (and `--json` writes the numbers).
 """
@@ -152,7 +152,7 @@ def main() -> None:
 
     torch.set_num_threads(a.threads)
     from backend import load_model, load_task
-    from backend.model_defaults import defaults_for
+    from ui.model_defaults import defaults_for
 
     d = defaults_for(a.model)
     a.task, a.shots = a.task or d.get("task", "syn-sentiment"), a.shots if a.shots is not None else d.get("shots", 8)

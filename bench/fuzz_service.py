@@ -69,7 +69,7 @@ def outside(cache: str) -> list[str]:
 def read_load(kind: str, params: dict, progress) -> dict:
     """The fuzz runner: no computation, but a `load` that names a stored tensor is read and checked."""
     from backend.analysis.primitives.saved import inspect
-    from backend.tensor_store import default_store
+    from backend.store.tensor_store import default_store
 
     if isinstance(params.get("load"), str):
         inspect(default_store().get(params["load"]), "tensor")

@@ -138,7 +138,7 @@ def main() -> None:
     if a.json:
         Path(a.json).write_text(json.dumps(data, indent=1, default=str))
     if a.html:
-        from backend.findings_html import findings_page
+        from backend.report.findings_html import findings_page
 
         Path(a.html).write_text(findings_page(report, data["models"], [r for s in sections
                                                                     for r in runners[s].summary(data["models"],

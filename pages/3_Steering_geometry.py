@@ -14,6 +14,7 @@ import streamlit as st
 from ui import figures, fit, heads, jobs, layout, share, snippets, state
 from ui.sections import download, guard, run_row, section
 from ui import metrics as M
+from ui.tsla import perturbation_figures as pf
 from ui.tsla import steering_figures as sf
 
 PERTURBATIONS = list(state.PERTURBATIONS)
@@ -268,16 +269,16 @@ else:
 if pert is not None:
     with guard("Perturbations"):
         jobs.show_warnings(pert)
-        rows, skipped = sf.perturbation_table(pert)
+        rows, skipped = pf.perturbation_table(pert)
         for name, why in skipped:
             jobs.warn(f"**{sf.perturbation_name(name)}** skipped: {why}")
-        share.chart(sf.perturbation_bars(pert, f"ICL under each perturbation ({pert.get('shots')} "
+        share.chart(pf.perturbation_bars(pert, f"ICL under each perturbation ({pert.get('shots')} "
                                                    f"demonstrations){ctx}"), "perturb", key="perturb_bars")
         st.caption("**ICL accuracy** and **TR ratio** (top prediction is a label) with perturbed demonstrations; "
                    "symbol and number labels rename the classes in the query's label set too.")
-        share.chart(sf.ablation_effects(pert, f"Ablating the original top {pert.get('top_k')} heads{ctx}"),
+        share.chart(pf.ablation_effects(pert, f"Ablating the original top {pert.get('top_k')} heads{ctx}"),
                     "perturb-ablation", key="perturb_ablation", heads=f"top{pert.get('top_k')}")
-        changes = sf.ablation_changes(pert)
+        changes = pf.ablation_changes(pert)
         if max(changes.values(), default=0.0) < 1e-9:
             st.info(f"Every change is 0: ablating the original top {pert.get('top_k')} TR, TL or random heads moves "
                     "neither the accuracy nor the TR ratio under any of these perturbations, so the bars above are "
@@ -306,7 +307,7 @@ if pert is not None:
                               to_widget=lambda v: v if v in applied else applied[0],
                               format_func=sf.perturbation_name, required=True)
             pick = pick if pick in applied else applied[0]
-            share.chart(sf.map_differences(pert, pick, f"Head maps: unperturbed vs "
+            share.chart(pf.map_differences(pert, pick, f"Head maps: unperturbed vs "
                                                            f"{sf.perturbation_name(pick)}{ctx}"), f"perturb-maps-{pick}",
                         key="perturb_maps")
             st.caption("Difference maps: perturbed minus unperturbed, on a diverging scale centred at 0 (red: the "

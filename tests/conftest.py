@@ -24,7 +24,7 @@ else:
 
 def pytest_report_header(config):
     """Say at the top of every run whether the real-model tier runs (tests/test_real_models.py)."""
-    from backend import presets
+    from backend.weights import presets
 
     if presets.is_pulled("smollm2-135m"):
         return f"real-model tier: smollm2-135m is pulled ({presets.preset_dir('smollm2-135m')})"
@@ -106,7 +106,7 @@ _lm_cache: dict = {}
 @pytest.fixture(params=sorted(CONFIGS))
 def tiny_lm(request, gpt2_tokenizer):
     """A LoadedModel of each supported family, random weights, real GPT-2 tokenisation."""
-    from backend.models import wrap
+    from backend.model.loading import wrap
 
     arch = request.param
     if arch not in _lm_cache:

@@ -9,7 +9,7 @@ from backend import ablate, ablation_curves
 from backend.analysis.primitives.batching import encode, forward_last_logits, make_batch
 from backend.analysis.primitives.capture import capture_means
 from backend.analysis.primitives.sweep import RowConfig, head_mask, sweep_outcomes
-from backend.models import wrap
+from backend.model.loading import wrap
 from test_core_invariants import sentiment_task
 from tiny_models import tiny_model
 

@@ -78,7 +78,7 @@ def test_unknown_hub_id_is_refused_by_both_while_offline(monkeypatch):
 
 def test_hub_id_the_hub_does_not_know_is_refused(monkeypatch):
     """A reachable hub (a local server) that answers 404 for the id's config.json: 404 from both routes."""
-    from backend import models
+    from backend.model import loading as models
 
     class NoSuchRepo(http.server.BaseHTTPRequestHandler):
         def _no(self) -> None:
@@ -196,7 +196,7 @@ def test_a_saved_tensor_for_another_shape_is_refused_at_submission():
 # -- item 3: a finished job whose saved tensors are gone is computed again ---------------------------------------------
 def test_a_done_job_whose_tensor_is_gone_runs_again(tmp_path):
     """The runner's dedupe: a done job whose result names a tensor that is no longer stored is not served."""
-    from backend.tensor_store import TensorStore, tensor_id
+    from backend.store.tensor_store import TensorStore, tensor_id
 
     store = TensorStore(tmp_path / "tensors")
     data = b"the tensor's bytes"
@@ -231,7 +231,7 @@ def _until_done(runner: Any, job_id: str) -> Any:
 def test_ltv_train_whose_file_was_deleted_is_recomputed():
     """The issue's reproduction on the embedded model: train, delete the file in the tensor folder, POST the same
     body: a new job computes it again (not the cached result), its tensor answers, and `ltv` with `load` of it runs."""
-    from backend.tensor_store import default_store
+    from backend.store.tensor_store import default_store
 
     body = {"kind": "ltv_train", "model": "default", "task": "syn-antonym", "epochs": 1, "train_prompts": 8,
             "val_prompts": 4, "seed": 11}
@@ -264,7 +264,7 @@ def _wait(c: TestClient, job_id: str) -> dict[str, Any]:
 def test_tensor_refs_names_a_results_saved_outputs():
     """What the runner's dedupe and the kernel's cache check: the ids in `tensor` / `tensors` at any depth, not
     those of `unsaved_tensors` (inline)."""
-    from backend.tensor_store import tensor_refs
+    from backend.store.tensor_store import tensor_refs
 
     assert tensor_refs({"tensor": "ltv-" + "0" * 32, "x": [{"tensors": {"a": "site-" + "1" * 32}}],
                         "unsaved_tensors": {"tensor": "ltv-" + "2" * 32}}) == ["ltv-" + "0" * 32, "site-" + "1" * 32]

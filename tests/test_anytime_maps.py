@@ -57,7 +57,7 @@ def test_the_anytime_maps_equal_the_plain_ones_exactly(tiny_lm, keep_prefix):
 def test_with_several_threads_the_views_come_per_batch(gpt2_tokenizer):
     """No slices with several torch threads (there each extra pass costs their waits): a view per batch, the same
     final maps."""
-    from backend.models import wrap
+    from backend.model.loading import wrap
     from tiny_models import tiny_model
 
     lm = wrap(tiny_model("llama"), gpt2_tokenizer, "tiny-llama")
@@ -95,7 +95,7 @@ def test_the_first_view_is_the_mean_over_the_first_prompts(tiny_lm):
 
 
 def test_a_scores_job_publishes_the_maps_so_far_and_ends_with_todays_result(gpt2_tokenizer):
-    from backend.models import wrap
+    from backend.model.loading import wrap
     from tiny_models import tiny_model
 
     lm = wrap(tiny_model("llama"), gpt2_tokenizer, "tiny-llama")
@@ -114,7 +114,7 @@ def test_a_scores_job_publishes_the_maps_so_far_and_ends_with_todays_result(gpt2
 
 def test_the_anytime_pass_caches_under_the_same_key(gpt2_tokenizer):
     """A result computed with a listener is the cache hit of one computed without."""
-    from backend.models import wrap
+    from backend.model.loading import wrap
     from tiny_models import tiny_model
 
     lm = wrap(tiny_model("gpt2"), gpt2_tokenizer, "tiny-gpt2")

@@ -343,7 +343,7 @@ def test_home_runs_on_smollm2(app_url, driver):
     offers it, and the Home page's Run gives accuracies at 4 shots."""
     from selenium.webdriver.common.by import By
 
-    from backend import presets
+    from backend.weights import presets
 
     if not presets.is_pulled("smollm2-135m"):
         pytest.skip(f"smollm2-135m is not pulled: {presets.pull_command('smollm2-135m')}")

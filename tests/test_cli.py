@@ -134,7 +134,7 @@ def test_json_output_is_strict_and_a_directory_is_refused(model_dir, tmp_path, c
 # -- issue 24, item 7: HEADLENS_ALLOW_HUB and HEADLENS_MODEL_ROOT bind the command line as they bind the service -------
 def _no_load(monkeypatch) -> None:
     import backend.cli as cli
-    import backend.models as models
+    import backend.model.loading as models
     import backend.service.warm as warm
 
     def boom(*a, **k):

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-import backend.atomic_dirs as ad
+import backend.store.atomic_dirs as ad
 import backend.cli as cli
 from backend.cli import main
 from tiny_models import tiny_model
@@ -62,7 +62,7 @@ def test_a_full_disk_leaves_no_partial_json_and_keeps_the_older_file(model_dir, 
 
 
 def test_a_full_disk_leaves_no_partial_report(tmp_path, monkeypatch, capsys, disk_full):
-    import backend.findings_html as fh
+    import backend.report.findings_html as fh
 
     monkeypatch.setattr(cli, "compute_kind", lambda name, a: "measured")
     monkeypatch.setattr(fh, "report_html", lambda r: "<!DOCTYPE html>" + "x" * 100_000)
@@ -74,7 +74,7 @@ def test_a_full_disk_leaves_no_partial_report(tmp_path, monkeypatch, capsys, dis
 
 
 def test_outputs_are_whole_files_through_links_and_devices(model_dir, tmp_path, monkeypatch, capsys):
-    import backend.findings_html as fh
+    import backend.report.findings_html as fh
 
     monkeypatch.setattr(cli, "compute_kind", lambda name, a: "measured")
     monkeypatch.setattr(fh, "report_html", lambda r: "<!DOCTYPE html><p>report</p>")
@@ -108,7 +108,7 @@ def test_write_file_is_atomic_and_says_why_without_a_path(tmp_path, monkeypatch)
 # == 2. refused before any work ========================================================================================
 def _no_work(monkeypatch) -> None:
     """Every way a command could start its work fails the test."""
-    import backend.models as models
+    import backend.model.loading as models
     import backend.service.sweep_cli as sweep_cli
     import backend.service.warm as warm
 
@@ -190,17 +190,17 @@ def test_train_default_checks_its_folder_before_training(tmp_path, monkeypatch, 
 def test_train_default_rewrites_its_card_whole_or_not_at_all(model_dir, tmp_path, monkeypatch, capsys):
     import shutil
 
-    import backend.atomic_dirs
+    import backend.store.atomic_dirs as atomic_dirs
 
     folder = tmp_path / "trained"
     shutil.copytree(model_dir, folder)
-    from backend.paths import DEFAULT_MODEL_DIR
+    from backend.store.paths import DEFAULT_MODEL_DIR
 
     metrics = json.loads((DEFAULT_MODEL_DIR / "metrics.json").read_text())  # a real card's record
     metrics["command"] = "python -m backend.train_default"
     (folder / "metrics.json").write_text(json.dumps(metrics))
     before = (folder / "metrics.json").read_bytes()
-    real = backend.atomic_dirs._write_fd
+    real = backend.store.atomic_dirs._write_fd
 
     def full(fd: int, data: bytes) -> None:
         if len(data) == ad.PROBE_BYTES and not any(data):

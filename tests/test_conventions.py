@@ -15,9 +15,9 @@ from backend.analysis.primitives import bos
 from backend.analysis.primitives.batching import encode
 from backend.analysis.primitives.capture import capture_means
 from backend.analysis.site import soft_select as S
-from backend.cache import ResultCache, make_key
+from backend.store.cache import ResultCache, make_key
 from backend.cli import main
-from backend.models import wrap
+from backend.model.loading import wrap
 from backend.tasks.base import Task, Template
 from test_core_invariants import sentiment_task
 from tiny_models import tiny_model

@@ -8,7 +8,7 @@ import torch
 from backend.analysis.primitives.batching import encode, forward_last_logits, make_batch
 from backend.analysis.primitives.tsla import head_writes
 from backend.analysis.tsla.head_maps import head_maps
-from backend.hooks import hooked
+from backend.model.hooks import hooked
 from backend.tasks.base import Task
 from tiny_models import POST_NORM_TYPES
 
@@ -117,7 +117,7 @@ def residual_level_tsla(lm, enc) -> tuple[np.ndarray, np.ndarray]:
 def test_post_norm_tr_tl_match_a_residual_level_computation(arch, gpt2_tokenizer):
     """On Gemma 2 and 3 (post-attention gains not 1), the scored TR / TL maps equal the residual-level ones within
     1e-3 (relative); the writes taken at o_proj, before the norm, would not."""
-    from backend.models import wrap
+    from backend.model.loading import wrap
     from tiny_models import tiny_model
 
     lm = wrap(tiny_model(arch), gpt2_tokenizer, f"tiny-{arch}")
@@ -180,7 +180,7 @@ def test_left_and_right_padding_agree(tiny_lm):
 
 def test_bf16_scores_track_fp32(gpt2_tokenizer):
     """bf16 weights run through the same path and land near the fp32 numbers."""
-    from backend.models import wrap
+    from backend.model.loading import wrap
     from tiny_models import tiny_model
 
     lm32 = wrap(tiny_model("llama"), gpt2_tokenizer, "tiny-llama")

@@ -9,7 +9,7 @@ import torch
 
 from backend.analysis.primitives.induction import induction_scores
 from backend.analysis.general.train_default import evaluate_language
-from backend.paths import DEFAULT_MODEL_DIR as MODEL_DIR
+from backend.store.paths import DEFAULT_MODEL_DIR as MODEL_DIR
 from backend.tasks.synthetic import CLASS_TASKS, group_of, synthetic_tasks
 
 N = 100  # prompts per task and k, at most (each held-out query once; the model card uses up to 300)
@@ -17,7 +17,7 @@ N = 100  # prompts per task and k, at most (each held-out query once; the model 
 
 @pytest.fixture(scope="module")
 def lm():
-    from backend.models import load_model
+    from backend.model.loading import load_model
 
     if not (MODEL_DIR / "model.safetensors").is_file():
         pytest.fail(f"the default model is missing at {MODEL_DIR}; run `python -m backend train-default`")

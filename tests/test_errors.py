@@ -12,20 +12,20 @@ from hang import wait_until  # noqa: E402
 
 
 def user_errors() -> dict[str, type]:
-    from backend.adapters import UnsupportedArchitecture
+    from backend.model.adapters import UnsupportedArchitecture
     from backend.analysis.ltv.learn import TrainingDiverged
     from backend.analysis.primitives.saved import SavedTensorError
     from backend.analysis.site.generate import GenerationError
-    from backend.atomic_dirs import WriteError
-    from backend.gguf_files import GgufError
-    from backend.model_sources import ModelLoadError, SourceError
-    from backend.presets import PresetError
-    from backend.pull import PullError
+    from backend.store.atomic_dirs import WriteError
+    from backend.weights.gguf_files import GgufError
+    from backend.weights.model_sources import ModelLoadError, SourceError
+    from backend.weights.presets import PresetError
+    from backend.weights.pull import PullError
     from backend.service.errors import BadRequest, InsufficientStorage, ServiceError, UsageError
     from backend.service.pulls import PullFailed
     from backend.service.ray_cluster import RunnerUnavailable
     from backend.tasks.base import TaskError
-    from backend.tensor_store import TensorMissing, TensorWriteError
+    from backend.store.tensor_store import TensorMissing, TensorWriteError
 
     return {c.__name__: c for c in (UnsupportedArchitecture, TrainingDiverged, SavedTensorError, GenerationError,
                                     WriteError, GgufError, ModelLoadError, SourceError, PresetError, PullError,

@@ -13,10 +13,10 @@ import numpy as np
 import pytest
 
 from backend.analysis.findings import verdicts as V
-from backend.findings_html import markdown_html, report_html
-from backend.html_export import plotly_js
+from backend.report.findings_html import markdown_html, report_html
+from backend.report.html_export import plotly_js
 from backend.analysis.kernel import analyze
-from backend.models import load_model
+from backend.model.loading import load_model
 
 TINY = {"tasks": ["syn-sentiment", "syn-antonym"], "prompts": 4, "shots": 2, "random_sets": 1, "site_prompts": 4,
         "ltv_prompts": 4, "ltv_perturbations": 4}

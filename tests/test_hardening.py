@@ -68,7 +68,7 @@ def test_cache_never_unpickles_a_planted_row(tmp_path):
     the entry is dropped and recomputed."""
     import diskcache
 
-    from backend.cache import ResultCache
+    from backend.store.cache import ResultCache
 
     target = tmp_path / MARK
     folder = tmp_path / "cache"
@@ -90,7 +90,7 @@ def test_cache_never_unpickles_a_pickle_file_or_reads_value_files(tmp_path):
     and their files removed; a planted row whose filename points outside the folder deletes nothing."""
     import diskcache
 
-    from backend.cache import ResultCache
+    from backend.store.cache import ResultCache
 
     target = tmp_path / MARK
     folder = tmp_path / "cache"
@@ -129,7 +129,7 @@ def test_cache_never_unpickles_a_pickle_file_or_reads_value_files(tmp_path):
 
 
 def test_cache_refuses_to_store_anything_but_raw_values(tmp_path):
-    from backend.cache import ResultCache
+    from backend.store.cache import ResultCache
 
     cache = ResultCache(tmp_path)
     with pytest.raises(TypeError):
@@ -173,7 +173,7 @@ def test_upload_record_on_a_full_disk_leaves_no_file(tmp_path, monkeypatch):
     """An upload whose record cannot be written (a full disk) lives in memory; no partial or temporary file stays."""
     import errno
 
-    import backend.atomic_dirs as ad
+    import backend.store.atomic_dirs as ad
     from backend.service.task_store import TaskStore
 
     real_write = os.write
@@ -254,7 +254,7 @@ def test_deeply_nested_upload_is_a_4xx():
 @pytest.mark.parametrize("name", ["a" * 100_000, "org/" + "b" * 300, "/tmp/" + "c" * 256 + "/model",
                                   "~nosuchuser" + "x" * 20 + "/m", "bad\x00name"])
 def test_model_names_the_filesystem_refuses_are_a_422(name):
-    from backend.models import ModelLoadError, resolve_name
+    from backend.model.loading import ModelLoadError, resolve_name
     from backend.service.errors import BadRequest
     from backend.service.model_pool import ModelPool
 
@@ -270,7 +270,8 @@ def test_model_names_the_filesystem_refuses_are_a_422(name):
 
 def test_one_name_rule_for_every_floor():
     """The model-name rule is written once (backend.text) and used by the loader and the service alike."""
-    from backend import models, text
+    from backend import text
+    from backend.model import loading as models
     from backend.service import model_pool
 
     assert models.model_name_problem is text.model_name_problem is model_pool.model_name_problem
@@ -405,7 +406,7 @@ def test_upload_quota_from_the_environment(monkeypatch, tmp_path):
 
 # -- 7. lock files ---------------------------------------------------------------------------------------------
 def test_lock_files_do_not_pile_up(tmp_path):
-    from backend.locks import KeyLocks
+    from backend.store.locks import KeyLocks
 
     locks = KeyLocks(tmp_path)
     for i in range(300):
@@ -432,7 +433,7 @@ def test_lock_files_do_not_pile_up(tmp_path):
 
 
 def test_stale_lock_files_are_pruned(tmp_path):
-    from backend.locks import KeyLocks
+    from backend.store.locks import KeyLocks
 
     for i in range(5):  # left by processes killed while holding a lock
         (tmp_path / f"{i:032x}.lock").touch()
@@ -444,7 +445,7 @@ def test_stale_lock_files_are_pruned(tmp_path):
 _WORKER = textwrap.dedent("""
     import sys, time
     sys.path.insert(0, {repo!r})
-    from backend.locks import KeyLocks
+    from backend.store.locks import KeyLocks
     locks, counter = KeyLocks({folder!r}, poll=0.001), {counter!r}
     for _ in range({n}):
         with locks.hold("one-key"):
@@ -539,8 +540,8 @@ def _closed_port() -> int:
 
 @pytest.mark.parametrize("how", ["flag", "unreachable"])
 def test_unknown_hub_id_offline_fails_at_once(monkeypatch, how):
-    from backend import models
-    from backend.models import ModelLoadError, load_model
+    from backend.model import loading as models
+    from backend.model.loading import ModelLoadError, load_model
 
     models._hub_probe.clear()
     if how == "flag":
@@ -561,7 +562,7 @@ def test_hub_probe_gives_up_on_a_silent_endpoint(monkeypatch):
     import http.server
     import urllib.request
 
-    from backend import models
+    from backend.model import loading as models
 
     models._hub_probe.clear()
     with socket.socket() as silent:
@@ -586,7 +587,7 @@ def test_hub_probe_gives_up_on_a_silent_endpoint(monkeypatch):
 
 def test_a_cached_hub_id_still_loads_offline(tmp_path):
     """An id in the local Hugging Face cache loads with the hub off (flag) or unreachable (probe)."""
-    from backend.paths import DEFAULT_MODEL_DIR
+    from backend.store.paths import DEFAULT_MODEL_DIR
 
     if not DEFAULT_MODEL_DIR.is_dir():
         pytest.skip("the embedded default model is absent")
@@ -598,7 +599,7 @@ def test_a_cached_hub_id_still_loads_offline(tmp_path):
             (snap / f.name).symlink_to(f)
     (tmp_path / "hub" / "models--someorg--tiny" / "refs").mkdir()
     (tmp_path / "hub" / "models--someorg--tiny" / "refs" / "main").write_text(rev)
-    code = "from backend.models import load_model; print(load_model('someorg/tiny').n_layers)"
+    code = "from backend.model.loading import load_model; print(load_model('someorg/tiny').n_layers)"
     base = {k: v for k, v in os.environ.items() if k not in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_ENDPOINT")}
     for extra in ({"HF_HUB_OFFLINE": "1"}, {"HF_ENDPOINT": f"http://127.0.0.1:{_closed_port()}"}):
         env = {**base, "HF_HUB_CACHE": str(tmp_path / "hub"), **extra}

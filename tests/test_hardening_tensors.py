@@ -30,7 +30,7 @@ import pytest
 import torch
 
 from backend.analysis.primitives.saved import decode, encode, inspect
-from backend.tensor_store import TensorMissing, TensorStore, TensorWriteError, missing, tensor_id
+from backend.store.tensor_store import TensorMissing, TensorStore, TensorWriteError, missing, tensor_id
 from hang import HANG_S
 
 REPO = Path(__file__).resolve().parents[1]
@@ -324,7 +324,7 @@ def case_2_another_vector_copied_over(svc, restart: bool = False) -> None:
     _file(svc, a.tensor).write_bytes(_file(svc, b.tensor).read_bytes())
     if restart:  # the result cache and the tensor store read afresh, as after a restart
         from backend.analysis.kernel import analyze
-        from backend.cache import ResultCache
+        from backend.store.cache import ResultCache
         from backend.tasks.registry import load_task
 
         with pytest.raises(TensorMissing, match="no tensor"):
@@ -537,7 +537,7 @@ def test_3_the_cli_and_python_take_a_local_file_through_the_store(svc, tmp_path,
 
 # == 4. a finished training lost to a disk fault =====================================================================
 class FaultyOS:
-    """`os` for backend.tensor_store with one fault: `error` when creating (`at`="create") or writing (`at`="write") a
+    """`os` for backend.store.tensor_store with one fault: `error` when creating (`at`="create") or writing (`at`="write") a
     file whose name holds `names` (".probe-": the check before training; ".tmp-": the save after it)."""
 
     def __init__(self, error: int, at: str, names: str):
@@ -566,8 +566,8 @@ class FaultyOS:
 
 
 def _fault(monkeypatch: Any, tmp_path: Path, fault: str, names: str) -> None:
-    import backend.atomic_dirs as ad  # the store writes its files through atomic_dirs.write_file
-    import backend.tensor_store as ts
+    import backend.store.atomic_dirs as ad  # the store writes its files through atomic_dirs.write_file
+    import backend.store.tensor_store as ts
 
     if fault == "a file where tensors/ should be":
         (tmp_path / "tensors").write_text("not a folder")
@@ -618,8 +618,8 @@ def test_4_a_save_that_fails_after_training_returns_the_tensors_inline(svc, tmp_
         assert os.listdir(tmp_path / "tensors") == []  # no partial file, no temporary one
         cached = c.post("/jobs/cached", json={"kind": kind, **BASE, **FIELDS[kind], "seed": 22})
         assert cached.status_code == 404  # not cached: the next request trains (and saves) again
-        import backend.atomic_dirs as ad
-        import backend.tensor_store as ts
+        import backend.store.atomic_dirs as ad
+        import backend.store.tensor_store as ts
 
         monkeypatch.setattr(ts, "os", os)  # the disk is back
         monkeypatch.setattr(ad, "os", os)

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from backend.analysis.primitives.batching import forward_last_logits, make_batch
-from backend.hooks import hooked
+from backend.model.hooks import hooked
 
 
 def _batch(lm, texts=("the cat sat on the mat", "a dog")):
@@ -15,7 +15,7 @@ def _batch(lm, texts=("the cat sat on the mat", "a dog")):
 
 @pytest.mark.parametrize("arch", ["llama", "gpt2"])
 def test_input_of_layer_equals_output_of_previous(arch, gpt2_tokenizer):
-    from backend.models import wrap
+    from backend.model.loading import wrap
     from tiny_models import tiny_model
 
     lm = wrap(tiny_model(arch), gpt2_tokenizer, f"tiny-{arch}")
@@ -35,7 +35,7 @@ def test_input_of_layer_equals_output_of_previous(arch, gpt2_tokenizer):
 
 
 def test_positions_and_range(gpt2_tokenizer):
-    from backend.models import wrap
+    from backend.model.loading import wrap
     from tiny_models import tiny_model
 
     lm = wrap(tiny_model("llama"), gpt2_tokenizer, "tiny-llama")
@@ -56,7 +56,7 @@ def test_positions_and_range(gpt2_tokenizer):
 
 
 def test_prefill_only_leaves_decoding_untouched(gpt2_tokenizer):
-    from backend.models import wrap
+    from backend.model.loading import wrap
     from tiny_models import tiny_model
 
     lm = wrap(tiny_model("llama"), gpt2_tokenizer, "tiny-llama")

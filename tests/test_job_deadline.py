@@ -1,4 +1,4 @@
-"""Jobs stop on time whatever their size: the one cooperative check (`backend/stopping.py`) for cancel, preempt and
+"""Jobs stop on time whatever their size: the one cooperative check (`backend/analysis/primitives/stopping.py`) for cancel, preempt and
 the time limit runs inside every loop that can run long (embedding, generation, training, patching, batching).
 
 No wall clock here: time is a fake clock that advances one "second" per forward pass of the model, and the deadline
@@ -15,13 +15,13 @@ import types
 import pytest
 
 from backend.analysis.kernel import analyze
-from backend.models import wrap
+from backend.model.loading import wrap
 from backend.service import execute as execute_mod
 from backend.service import jobs as jobs_mod
 from backend.service.execute import Cancelled, JobProgress, JobTimeLimit, Preempted, time_limited
 from backend.service.jobs import LocalJobRunner
 from backend.service.limits import Limits
-from backend.stopping import Stop, check, checking
+from backend.analysis.primitives.stopping import Stop, check, checking
 from backend.tasks.base import Task, Template
 from tiny_models import tiny_model
 
@@ -240,7 +240,7 @@ def test_the_local_runner_stops_a_huge_job_at_its_time_limit(lm, monkeypatch):
 def test_a_job_waiting_for_another_process_on_its_key_stops_at_its_time_limit(monkeypatch, tmp_path):
     """The runner's wait for a key another process computes (a second service or a CLI on the same cache folder)
     checked only for a cancel; now it is the same check: the job stops at its time limit, still at progress 0."""
-    from backend.locks import KeyLocks
+    from backend.store.locks import KeyLocks
 
     now = [0.0]
     monkeypatch.setattr(jobs_mod, "time", types.SimpleNamespace(time=lambda: now[0], monotonic=lambda: now[0]))

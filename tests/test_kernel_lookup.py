@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from backend.analysis import kinds
-from backend.cache import default_cache
+from backend.store.cache import default_cache
 from backend.analysis.kernel import Context, analyze, lookup
 from backend.analysis.params import Params
 from backend.analysis.primitives.notes import Note
@@ -135,8 +135,8 @@ def test_a_stage_cost_lookup_does_not_make_a_result_stale(tmp_path):
     """ltv's progress weights look up `vectors` and `scores` (record=False): a miss there must not mark the result
     stale once they are cached, so the same call is a cache hit (here: mechanism off, so nothing else calls scores)."""
     from backend.analysis.kernel import analyze
-    from backend.cache import ResultCache
-    from backend.models import load_model
+    from backend.store.cache import ResultCache
+    from backend.model.loading import load_model
     from backend.tasks.registry import load_task
 
     lm, task, store = load_model("default"), load_task("syn-antonym"), ResultCache(tmp_path)

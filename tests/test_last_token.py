@@ -18,7 +18,7 @@ from backend.analysis.primitives.engine import RowConfig, run_sweep
 from backend.analysis.primitives.inject import Injection, evaluate_injections, final_states, injected_logits
 from backend.analysis.primitives.last_token import final_change
 from backend.analysis.primitives.prefix_store import STORE
-from backend.models import wrap
+from backend.model.loading import wrap
 from backend.tasks.base import Task, Template
 from tiny_models import CONFIGS
 

@@ -16,7 +16,7 @@ from backend.analysis.primitives.batching import encode, make_batch
 from backend.analysis.primitives.capture import capture
 from backend.analysis.primitives.inject import Injection, evaluate_injections
 from backend.analysis.primitives.layer_inputs import sweep_at_inputs
-from backend.models import wrap
+from backend.model.loading import wrap
 from backend.tasks.base import Task, Template
 from tiny_models import tiny_model
 

@@ -16,8 +16,8 @@ from backend.analysis.primitives.inject import Injection, evaluate_injections, g
 from backend.analysis.ltv.learn import Recipe, TrainingDiverged, train_injection, training_split
 from backend.analysis.ltv.propagation import fit_linear, polar, rotation_stretch
 from backend.analysis.primitives.saved import SavedTensorError, load_tensors
-from backend.tensor_store import TensorSession
-from backend.models import wrap
+from backend.store.tensor_store import TensorSession
+from backend.model.loading import wrap
 from backend.tasks.base import Task, TaskError, Template
 from tiny_models import CONFIGS, tiny_model
 
@@ -232,7 +232,7 @@ def test_builder_tasks_are_refused_with_a_reason(llama):
 def test_value_vectors_decompose_head_outputs(lm_of, arch):
     """z_h(last) = sum_j A_h(last, j) v_{kv(h)}(norm(x_j)): the value path the OV reconstruction uses (GQA too)."""
     from backend.analysis.primitives.induction import eager_attention
-    from backend.hooks import hooked
+    from backend.model.hooks import hooked
 
     lm = lm_of(arch)
     enc = _encoded(lm, n=2)

@@ -12,7 +12,7 @@ import pytest
 from backend.analysis.kernel import analyze
 from backend.analysis.kinds import get_kind
 from backend.analysis.primitives.cost import Shape, Sizes
-from backend.models import wrap
+from backend.model.loading import wrap
 from backend.tasks.base import Task, Template
 from tiny_models import tiny_model
 

@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from backend import model_defaults as D
+from ui import model_defaults as D
 from backend.tasks.registry import builtin_tasks
 from ui.state import FIELDS
 from hang import HANG_S
@@ -16,7 +16,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def test_the_table_needs_no_torch():
-    code = "import sys, backend.model_defaults as d; d.defaults_for('smollm2-135m'); print('torch' in sys.modules)"
+    code = "import sys, ui.model_defaults as d; d.defaults_for('smollm2-135m'); print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=HANG_S)
     assert out.returncode == 0 and out.stdout.strip() == "False"
 

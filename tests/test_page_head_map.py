@@ -174,7 +174,7 @@ def test_a_head_request_without_the_grid_keeps_its_cache_key():
     cached before keep their results."""
     from backend.analysis.kernel import cache_key
     from backend.analysis.kinds import get_kind
-    from backend.cache import make_key
+    from backend.store.cache import make_key
 
     spec = get_kind("head")
     p = spec.params.model_validate({"head": [1, 2]})

@@ -179,20 +179,22 @@ def test_perturbation_figures():
                                    "tl": [[0.0, 0.1], [0.0, 0.1]], "tr_diff": [[0.0, 0.1], [0.0, -0.2]],
                                    "tl_diff": [[0.0, 0.2], [-0.2, 0.0]], "ablation": abl},
                "flipped_labels": {"skipped": "flipped labels need a binary task"}}}
-    rows, skipped = sf.perturbation_table(rep)
+    from ui.tsla import perturbation_figures as pf
+
+    rows, skipped = pf.perturbation_table(rep)
     assert [r["key"] for r in rows] == ["none", "shuffled_inputs"]
     assert skipped == [("flipped_labels", "flipped labels need a binary task")]
     assert rows[1]["d_accuracy_tr"] == pytest.approx(-0.3) and rows[1]["d_tr_ratio_tl"] == pytest.approx(0.0)
-    bars = sf.perturbation_bars(rep)
+    bars = pf.perturbation_bars(rep)
     assert list(bars.data[0].x) == ["unperturbed", "shuffled inputs"] and np.allclose(bars.data[0].y, [80, 40])
-    assert sf.ablation_changes(rep) == {"accuracy": pytest.approx(0.3), "tr_ratio": pytest.approx(0.5)}
+    assert pf.ablation_changes(rep) == {"accuracy": pytest.approx(0.3), "tr_ratio": pytest.approx(0.5)}
     flat = {**rep, "perturbations": {k: ({**v, "ablation": {s: abl["none"] for s in abl}} if "ablation" in v else v)
                                      for k, v in rep["perturbations"].items()}}
-    assert sf.ablation_changes(flat) == {"accuracy": 0.0, "tr_ratio": 0.0}  # the page then says every change is 0
-    eff = sf.ablation_effects(rep)
+    assert pf.ablation_changes(flat) == {"accuracy": 0.0, "tr_ratio": 0.0}  # the page then says every change is 0
+    eff = pf.ablation_effects(rep)
     tr_acc = next(t for t in eff.data if t.name == "top TR ablated" and t.xaxis == "x")
     assert np.allclose(tr_acc.y, [-30, -30])
-    maps = sf.map_differences(rep, "shuffled_inputs")
+    maps = pf.map_differences(rep, "shuffled_inputs")
     assert len(maps.data) == 6 and all(t.type == "heatmap" for t in maps.data)
     diffs = [t for t in maps.data if "difference" in t.name]
     assert len(diffs) == 2 and all(t.zmid == 0 and t.zmin == -t.zmax for t in diffs)

@@ -182,7 +182,7 @@ def test_the_html_files_settings_are_this_pages_in_words_with_the_prompts_that_r
 
 
 def test_the_html_file_wraps_instead_of_overflowing_sideways():
-    from backend.html_export import CSS, page_html
+    from backend.report.html_export import CSS, page_html
 
     out = page_html("Ablation", link="http://x/?" + "a=1&" * 200, include_plotlyjs=False,
                     tables=[{"title": "t", "columns": [f"c{i}" for i in range(40)], "rows": [list(range(40))]}])

@@ -16,7 +16,7 @@ from backend.analysis.primitives.batching import encode
 from backend.analysis.primitives.capture import capture
 from backend.analysis.primitives.patch import patch_heads, recovered_share
 from backend.analysis.tsla.vectors import VectorsParams, causal_indirect_effects
-from backend.models import wrap
+from backend.model.loading import wrap
 from backend.tasks.base import TaskError
 from backend.tasks.perturb import get_perturbation
 from test_core_invariants import sentiment_task

@@ -96,7 +96,7 @@ def test_pull_rules(models_dir, monkeypatch):
 def _fake_pulled_smollm2(models_dir: Path, tmp_path: Path) -> None:
     """A smollm2-135m folder whose record and conversion marker are in place (the GGUF is the tiny one), so a
     pull has nothing left to do."""
-    from backend import presets
+    from backend.weights import presets
 
     p = presets.get("smollm2-135m")
     d = models_dir / "smollm2-135m"
@@ -201,8 +201,8 @@ def test_the_cli_pull_into_a_folder_that_cannot_be_written_is_one_sentence(fault
     import errno
     import os
 
-    import backend.atomic_dirs as ad
-    import backend.pull as pull
+    import backend.store.atomic_dirs as ad
+    import backend.weights.pull as pull
     from backend.cli import main
 
     d = tmp_path / "models"

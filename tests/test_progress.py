@@ -10,7 +10,7 @@ import transformers as T
 
 from backend.analysis.kernel import analyze
 from backend.analysis.primitives.stages import OVERHEAD_TOKENS, spans, unembed_layers
-from backend.models import wrap
+from backend.model.loading import wrap
 from backend.tasks.base import Task, Template
 from tiny_models import CONFIGS
 

@@ -8,7 +8,7 @@ import torch
 from backend.analysis.kernel import analyze
 from backend.analysis.primitives import selection
 from backend.analysis.primitives.selection import random_heads
-from backend.models import wrap
+from backend.model.loading import wrap
 from test_core_invariants import sentiment_task
 from tiny_models import tiny_model
 

@@ -22,7 +22,7 @@ RATES = ("accuracy", "label_accuracy", "tr_ratio")
 
 @pytest.fixture(scope="module")
 def lm():
-    from backend.models import load_model
+    from backend.model.loading import load_model
 
     return load_model("default", device="cpu")
 

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-from backend import presets
+from backend.weights import presets
 
 PRESET = "smollm2-135m"
 pytestmark = [pytest.mark.real_model, pytest.mark.skipif(
@@ -22,7 +22,7 @@ pytestmark = [pytest.mark.real_model, pytest.mark.skipif(
 
 @pytest.fixture(scope="module")
 def real_lm():
-    from backend.models import load_model
+    from backend.model.loading import load_model
 
     torch.set_num_threads(max(1, min(2, torch.get_num_threads())))
     return load_model(PRESET, device="cpu")
@@ -30,7 +30,7 @@ def real_lm():
 
 def test_head_writes_plus_bias_equal_the_output_projection_on_real_weights(real_lm):
     from backend.analysis.primitives.batching import forward_last_logits, make_batch
-    from backend.hooks import hooked
+    from backend.model.hooks import hooked
 
     lm = real_lm
     assert (lm.n_layers, lm.n_heads, lm.n_kv_heads, lm.head_dim, lm.d_model) == (30, 9, 3, 64, 576)

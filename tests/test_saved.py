@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from backend.analysis.primitives.saved import SavedTensorError, decode, encode, load_tensors, save_tensors
-from backend.models import wrap
-from backend.tensor_store import TensorMissing, TensorSession, TensorStore
+from backend.model.loading import wrap
+from backend.store.tensor_store import TensorMissing, TensorSession, TensorStore
 from tiny_models import tiny_model
 
 

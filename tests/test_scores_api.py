@@ -8,11 +8,11 @@ import pytest
 import torch
 
 from backend import head_scores
-from backend.adapters import UnsupportedArchitecture
+from backend.model.adapters import UnsupportedArchitecture
 from backend.analysis.primitives.batching import build_prompts, encode
 from backend.analysis.tsla.scores import ScoresResult
-from backend.cache import ResultCache
-from backend.models import ModelLoadError, load_model, wrap
+from backend.store.cache import ResultCache
+from backend.model.loading import ModelLoadError, load_model, wrap
 from backend.tasks.base import Prompt, Task, TaskError
 from tiny_models import tiny_model
 from test_core_invariants import sentiment_task

@@ -357,7 +357,7 @@ def test_model_pool_lru():
 
 
 def test_corrupt_cache_entry_is_recomputed(tiny_dir):
-    from backend.cache import default_cache
+    from backend.store.cache import default_cache
 
     body = {"kind": "scores", "model": str(tiny_dir), "task": "sentiment", "shots": 1, "prompts": 3}
     with client() as c:

@@ -1,4 +1,4 @@
-"""What leaves the dashboard: the self-contained HTML file (backend/html_export.py), the CLI lines it carries
+"""What leaves the dashboard: the self-contained HTML file (backend/report/html_export.py), the CLI lines it carries
 (ui/snippets.cli, parsed back by the real CLI to the same parameters) and figure file names (ui/share.py)."""
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ def _figure():
 
 
 def test_page_html_is_self_contained_and_holds_figures_settings_numbers_and_commands():
-    from backend.html_export import page_html, plotly_js
+    from backend.report.html_export import page_html, plotly_js
 
     kw = dict(figures=[{"title": "TR map", "figure": _figure(), "filename": "tr-map"}],
               settings={"model": "default", "task": "syn-sentiment", "shots": "8"},
@@ -45,7 +45,7 @@ def test_page_html_is_self_contained_and_holds_figures_settings_numbers_and_comm
 
 
 def test_page_html_needs_no_torch():
-    code = "import sys, backend.html_export as h; h.page_html('x', include_plotlyjs=False); assert 'torch' not in sys.modules"
+    code = "import sys, backend.report.html_export as h; h.page_html('x', include_plotlyjs=False); assert 'torch' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], cwd=REPO, check=True)
 
 

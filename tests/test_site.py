@@ -17,8 +17,8 @@ from backend.analysis.primitives.capture import capture_means
 from backend.analysis.site.generate import (GenerationError, cut, evaluate_generation, exact_match, generate,
                                                   require_kv_cache, stop_strings, strict_match)
 from backend.analysis.primitives.saved import SavedTensorError
-from backend.models import wrap
-from backend.tensor_store import TensorSession, tensor_path
+from backend.model.loading import wrap
+from backend.store.tensor_store import TensorSession, tensor_path
 from backend.tasks.base import Task, TaskError, Template
 from hang import HANG_S
 from tiny_models import tiny_model
@@ -339,7 +339,7 @@ DEFAULT = REPO / "models" / "headlens-tiny" / "config.json"
 
 @pytest.mark.skipif(not DEFAULT.is_file(), reason="the default model is absent")
 def test_default_model_site_beats_zero_shot():
-    from backend.models import load_model
+    from backend.model.loading import load_model
     from backend.tasks.registry import builtin_tasks
 
     lm = load_model("default")

@@ -11,7 +11,7 @@ from backend.analysis.site import soft_select as S
 from backend.analysis.primitives.batching import encode
 from backend.analysis.primitives.inject import gold_tokens
 from backend.analysis.primitives.sweep import RowConfig, sweep_outcomes
-from backend.models import wrap
+from backend.model.loading import wrap
 from backend.tasks.base import Task, Template
 from tiny_models import tiny_model
 
@@ -30,7 +30,7 @@ def test_patching_curves_equal_the_soft_injection_with_hard_alphas(gpt2_tokenize
     ks = [1, 3, 5]
     r = analyze("site", lm, task, cache=False, m=4, shots=2, prompts=8, steps=6, val_every=3, val_prompts=3,
                 max_new_tokens=2, compare=[], patching=ks, budget=[], correlations=[])
-    from backend.tensor_store import default_store
+    from backend.store.tensor_store import default_store
 
     alpha, t, _ = S.load_site(default_store(), r.tensor, lm)
     data = S.site_data(lm, task, m=1, shots=0, val_prompts=1, test_prompts=8, seed=0)

@@ -15,8 +15,8 @@ from backend.analysis.primitives.capture import capture_means
 from backend.analysis.primitives.sweep import RowConfig, sweep_outcomes
 from backend.analysis.primitives.tsla import label_space, projector
 from backend.analysis.tsla.vectors import head_set_vector
-from backend.hooks import hooked
-from backend.models import wrap
+from backend.model.hooks import hooked
+from backend.model.loading import wrap
 from backend.tasks.base import Task, TaskError
 from backend.tasks.perturb import PERTURBATIONS
 from test_core_invariants import sentiment_task

@@ -158,7 +158,7 @@ def test_sliding_window_shorter_than_the_prompts(arch, gpt2_tokenizer, monkeypat
     sliding and full layers mixed (the step repeats the cache over rows instead)."""
     import transformers as T
 
-    from backend.models import wrap
+    from backend.model.loading import wrap
 
     d = CONFIGS[arch]().to_dict()
     d.update(sliding_window=4, num_hidden_layers=3)
@@ -327,7 +327,7 @@ def deep_model(arch: str, layers: int = DEPTH, seed: int = 0) -> torch.nn.Module
 
 
 def _lm(arch, tok, eager=False, layers=DEPTH):
-    from backend.models import wrap
+    from backend.model.loading import wrap
 
     key = (arch, eager, layers)
     if key not in _lms:

@@ -42,7 +42,7 @@ def test_warm_fills_the_cache_the_pages_read(tmp_path, gpt2_tokenizer, monkeypat
     rows = W.warm(str(folder))
     assert [(r["kind"], r["task"], r["cache_hit"]) for r in rows] == [("scores", "antonym", False),
                                                                      ("icl", "antonym", False)]
-    from backend.models import load_model
+    from backend.model.loading import load_model
     from backend.tasks.registry import load_task
 
     lm, task = load_model(str(folder)), load_task("antonym")

@@ -38,7 +38,7 @@ def model_box(caps: dict[str, Any], on_installed: Callable[[], None] = lambda: N
     options = list(dict.fromkeys(["default", *presets, *loaded, s.model]))
     state.bind(st.selectbox, "Model", "model", options=options, accept_new_options=True,
                format_func=lambda m: label(m, presets), help=HELP)
-    from backend.model_defaults import help_for
+    from ui.model_defaults import help_for
 
     why = help_for(state.get().model)
     if why:

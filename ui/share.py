@@ -4,7 +4,7 @@
   named for what it shows: `headlens_<model>_<task>_<shots>shot_<heads>_<figure>` (`file_stem`).
 - *Share as HTML* (the sidebar, on every page): one self-contained file with the page's figures (interactive, plotly
   inlined), its settings and link, its numbers (the tables the page registered) and the exact CLI commands of the
-  jobs whose results it showed; built on click by `backend.html_export` (plotly and the standard library only).
+  jobs whose results it showed; built on click by `backend.report.html_export` (plotly and the standard library only).
 
 A page draws its figures through `chart` (st.plotly_chart, plus the export name and the record for the file) and
 registers its numbers with `table`; `layout.page_setup` starts the record (`begin`) and the sidebar draws the
@@ -164,7 +164,7 @@ def page_settings(page: str, query: dict[str, str], jobs: list[tuple[str, dict[s
 
 def build(r: Record) -> str:
     """The page's self-contained HTML file (what the button downloads)."""
-    from backend.html_export import page_html
+    from backend.report.html_export import page_html
 
     tables = []
     for t in r.tables.values():

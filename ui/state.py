@@ -79,13 +79,13 @@ def _pct(s: str) -> float:
     return v
 
 
-TOP_PCT, MIN_TOP_HEADS = 3.0, 4  # the backend's defaults (backend/options.py); the backend applies the rule
+TOP_PCT, MIN_TOP_HEADS = 3.0, 4  # the backend's defaults (backend/analysis/primitives/options.py); the backend applies the rule
 VECTOR_TYPES = ("tr", "tl", "random", "fv", "vanilla", "custom")
 SWEEP_METRICS = ("tr_depth", "tl_depth", "tr_induction", "tl_induction", "accuracy", "zero_shot_accuracy",
                  "icl_accuracy", "icl_gain", "ablation_drop_tr", "ablation_drop_tl")
 PERTURBATIONS = ("shuffled_inputs", "random_labels", "flipped_labels", "symbol_labels", "number_labels")
 PATCH_TARGETS = ("zero_shot", "shuffled_inputs", "random_labels", "flipped_labels")  # kind `patching`'s `target`
-PREPEND_BOS, PREPEND_BOS_DEFAULT = ("tokenizer", "always"), "tokenizer"  # backend/options.py: `prepend_bos`
+PREPEND_BOS, PREPEND_BOS_DEFAULT = ("tokenizer", "always"), "tokenizer"  # backend/analysis/primitives/options.py: `prepend_bos`
 
 
 def _flag(s: str) -> bool:
@@ -387,9 +387,9 @@ def _copy(name: str, convert: Callable[[Any], Any] | None) -> None:
 
 
 def apply_model_defaults(model: str) -> list[str]:
-    """Set the settings a newly picked model starts on (`backend.model_defaults`: measured per model; task, shots,
+    """Set the settings a newly picked model starts on (`ui.model_defaults`: measured per model; task, shots,
     top-k, the ablation curve's largest k, the Steering and LTV pages' layer); the names set."""
-    from backend.model_defaults import defaults_for
+    from ui.model_defaults import defaults_for
 
     done = []
     for name, value in defaults_for(model).items():
@@ -404,9 +404,9 @@ KMAX_STEPS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
 
 def kmax_choices(n_heads_total: int, model: str | None = None, current: int | None = None) -> list[int]:
     """The Ablation page's "ablate up to k heads" options: 1, 2, 4, ... below the model's head count, all of them,
-    the model's measured default (`backend.model_defaults`: 27 on SmolLM2-135M, which the powers of two skip) and
+    the model's measured default (`ui.model_defaults`: 27 on SmolLM2-135M, which the powers of two skip) and
     the current value (a link's `kmax=5`), each when it is within the model's heads."""
-    from backend.model_defaults import defaults_for
+    from ui.model_defaults import defaults_for
 
     extra = {defaults_for(model).get("kmax") if model else None, current}
     return sorted({k for k in KMAX_STEPS if k < n_heads_total} | {n_heads_total}

@@ -14,7 +14,7 @@ warning for the labels that span several tokens, wherever they were tokenised (`
 task lists what is cached). A result that looked for another kind's result and found none is recomputed once
 that result is cached, so a cached result always equals a fresh one.
 
-Trained tensors (`ltv_train`, `site`) are files named by the hash of their bytes (`backend/tensor_store.py`); an
+Trained tensors (`ltv_train`, `site`) are files named by the hash of their bytes (`backend/store/tensor_store.py`); an
 analysis reads and writes them through `ctx.tensors`, one `TensorSession` per call tree. A cached result that refers
 to a tensor (a `tensor` or `tensors` field) is a hit only while that file is there and intact; otherwise it is
 recomputed. A tensor that could not be written (a full or read-only disk) comes back inline with the result
@@ -30,12 +30,12 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping, Protocol
 
 from pydantic import BaseModel, ValidationError
 
-from ..cache import default_cache, make_key
+from ..store.cache import default_cache, make_key
 from ..errors import BadInput
-from ..jsonable import to_jsonable
-from ..locks import KeyLocks
-from ..stopping import check, checking
-from ..tensor_store import TensorSession, TensorStore, is_id, tensor_refs
+from ..store.jsonable import to_jsonable
+from ..store.locks import KeyLocks
+from .primitives.stopping import check, checking
+from ..store.tensor_store import TensorSession, TensorStore, is_id, tensor_refs
 from .kinds import Kind, get_kind
 from .params import CONVENTIONS, NOT_IN_KEY, Params
 from .primitives import bos
@@ -44,7 +44,7 @@ from .primitives.notes import Note, collect_multi_token, is_multi_token_warning,
 from .results import Result
 
 if TYPE_CHECKING:
-    from ..models import LoadedModel
+    from ..model.loading import LoadedModel
     from ..tasks.base import Task
 
 Progress = Callable[[float, str], None]

@@ -17,7 +17,7 @@ from typing import Any
 
 from pydantic import Field
 
-from .. import options as o
+from .primitives import options as o
 from .kernel import Context
 from .kinds import KINDS, get_kind
 from .params import Bool, Int, Layer, PromptParams, Selection

@@ -13,8 +13,8 @@ from typing import Annotated, Any, ClassVar
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, Strict
 
-from .. import options as o
-from ..tensor_store import is_id
+from .primitives import options as o
+from ..store.tensor_store import is_id
 from .primitives.cost import NONE, Shape, Sizes, Work, passes
 
 Int = Annotated[int, Strict()]

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
 
-from ..tensor_store import TensorStore, TensorWriteError, default_store, missing
+from ..store.tensor_store import TensorStore, TensorWriteError, default_store, missing
 from ..errors import BadInput
 from .errors import BadRequest, InsufficientStorage, NotFound, clip
 from ..analysis.primitives.cost import Shape

@@ -31,7 +31,7 @@ from fastapi.responses import JSONResponse, Response
 from pydantic import ValidationError
 
 from .admit import admit, describe_validation
-from ..tensor_store import TensorMissing, TensorStore, TensorWriteError, default_store
+from ..store.tensor_store import TensorMissing, TensorStore, TensorWriteError, default_store
 from .errors import BadRequest, InsufficientStorage, NotFound, ServiceError, TooLarge, clip
 from .jobs import JobRunner
 from .limits import Limits

@@ -104,7 +104,7 @@ def read_params(model: Any, a: argparse.Namespace) -> Any:
     for name in getattr(model, "tensor_fields", ()):  # a local file is copied into the tensor store: its id
         v = given.get(name)
         if isinstance(v, str):
-            from ..tensor_store import is_id
+            from ..store.tensor_store import is_id
 
             if not is_id(v):
                 from ..analysis.primitives.saved import register_file

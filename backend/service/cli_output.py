@@ -9,14 +9,14 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from ..atomic_dirs import WriteError, check_file_target, write_file, write_reason
+from ..store.atomic_dirs import WriteError, check_file_target, write_file, write_reason
 from .errors import UsageError
 from ..text import clip
 
 
 def emit(obj: Any, out: str | None) -> None:
     """Write strict JSON (NaN and infinities as null) to `out` (a file path, written whole or not at all) or stdout."""
-    from ..jsonable import to_jsonable
+    from ..store.jsonable import to_jsonable
 
     text = json.dumps(to_jsonable(obj), indent=1, allow_nan=False)
     if out and out != "-":

@@ -245,7 +245,7 @@ def remaining_seconds(progress: float, elapsed_s: float) -> float | None:
 def canonical_name(model: str) -> str:
     """The canonical name of a model named on the command line (its estimate reads the model's files); the name
     itself when it names no model (loading it then says why)."""
-    from ..model_sources import resolve
+    from ..weights.model_sources import resolve
     from ..text import model_name_problem
 
     if model_name_problem(model):

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from ..errors import UserError, internal
-from ..stopping import Check, Stop
+from ..analysis.primitives.stopping import Check, Stop
 from .errors import ServiceError
 
 Progress = Callable[[float, str], None]
@@ -111,7 +111,7 @@ def outputs_present_in(store: Any = None) -> Callable[[dict[str, Any]], bool]:
     """Whether every saved tensor a result names (its `tensor` / `tensors` fields) is still stored and intact, in
     `store` (a TensorStore; default: the cache folder's, looked up at each call)."""
     def present(result: dict[str, Any]) -> bool:
-        from ..tensor_store import default_store, tensor_refs
+        from ..store.tensor_store import default_store, tensor_refs
 
         refs = tensor_refs(result)
         if not refs:

@@ -48,9 +48,9 @@ from typing import Any, Callable
 
 from .errors import ServiceError
 from .limits import Limits
-from ..locks import KeyLocks
-from ..jsonable import to_jsonable
-from ..stopping import checking
+from ..store.locks import KeyLocks
+from ..store.jsonable import to_jsonable
+from ..analysis.primitives.stopping import checking
 from .execute import Cancelled, Executor, JobProgress, JobTimeLimit, Preempted, describe_error, outputs_present_in
 from .schemas import ACTIVE_STATES, JobStatus
 

@@ -1,6 +1,6 @@
 """Loaded models, kept resident and reused, at most `max_models` of them (least recently used goes first).
 
-Which names a request may use (what each means: backend/model_sources.py):
+Which names a request may use (what each means: backend/weights/model_sources.py):
 - `default` (the embedded model) always, and a preset (`smollm2-135m`, `gemma3-270m`) once it is pulled (404
   naming the pull command before);
 - a local folder or a .gguf file (or a folder holding one): anywhere, or only under `HEADLENS_MODEL_ROOT` when
@@ -29,12 +29,12 @@ from collections import OrderedDict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
-from ..paths import DEFAULT_MODEL_NAMES
+from ..store.paths import DEFAULT_MODEL_NAMES
 from ..text import model_name_problem
 from .errors import BadRequest, Forbidden, NotFound, ServiceError, clip
 
 if TYPE_CHECKING:
-    from ..models import LoadedModel
+    from ..model.loading import LoadedModel
 
 
 def _env_flag(name: str, default: bool) -> bool:
@@ -84,8 +84,8 @@ class ModelPool:
             raise BadRequest(f"model: {clip(name)!r} is not a usable name ({type(e).__name__}: {why})") from None
 
     def _check(self, name: str) -> str:
-        from .. import model_sources as ms
-        from ..presets import PRESETS
+        from ..weights import model_sources as ms
+        from ..weights.presets import PRESETS
 
         with self._lock:
             if name in self._models:  # made resident with put()
@@ -128,7 +128,7 @@ class ModelPool:
             self._require_on_hub(canonical)
         kind = model_type(canonical)
         if kind is not None:
-            from ..adapters import UnsupportedArchitecture, spec_for
+            from ..model.adapters import UnsupportedArchitecture, spec_for
 
             try:
                 spec_for(kind)
@@ -136,7 +136,7 @@ class ModelPool:
                 raise BadRequest(f"model {clip(canonical, 100)!r} cannot be analysed: {e}") from None
 
     def _require_on_hub(self, name: str) -> None:
-        from ..models import HUB_PROBE_TTL, cached_on_hub_cache, hub_endpoint
+        from ..model.loading import HUB_PROBE_TTL, cached_on_hub_cache, hub_endpoint
 
         if cached_on_hub_cache(name):
             return
@@ -184,7 +184,7 @@ class ModelPool:
     def _load(self, key: str) -> "LoadedModel":
         if self._loader is not None:
             return self._loader(key)
-        from ..models import load_model
+        from ..model.loading import load_model
 
         return load_model(key, device=self.device, dtype=self.dtype)
 
@@ -226,7 +226,7 @@ class ModelPool:
 
     def device_info(self) -> tuple[str, str]:
         """(device, dtype) new models load with."""
-        from ..models import default_device
+        from ..model.loading import default_device
 
         device = self.device or default_device()
         dtype = self.dtype or ("bf16" if device.startswith("cuda") else "fp32")
@@ -239,7 +239,7 @@ HUB_FETCH_TIMEOUT = 6.0  # seconds to fetch a hub id's config.json at admission 
 def _is_hub_id(canonical: str) -> bool:
     """Whether a canonical name (`ModelPool.check`) is a Hugging Face hub id: not the embedded model, a preset or an
     absolute path."""
-    from ..presets import PRESETS
+    from ..weights.presets import PRESETS
 
     return not (canonical in DEFAULT_MODEL_NAMES or canonical in PRESETS or os.path.isabs(canonical))
 
@@ -247,7 +247,7 @@ def _is_hub_id(canonical: str) -> bool:
 def _hub_verdict(name: str) -> ServiceError | None:
     """None when hub id `name` (not in the local cache) can be fetched now: its config.json is downloaded into the
     local cache within HUB_FETCH_TIMEOUT s (the shape the estimate reads); else the refusal, one sentence."""
-    from ..models import HUB_PROBE_TIMEOUT, hub_endpoint, hub_offline_flag, hub_reachable
+    from ..model.loading import HUB_PROBE_TIMEOUT, hub_endpoint, hub_offline_flag, hub_reachable
     from .model_shape import forget
 
     flag = hub_offline_flag()

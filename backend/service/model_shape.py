@@ -30,7 +30,7 @@ _LOCK = threading.Lock()
 
 def _folder(canonical: str) -> Path | None:
     """The folder holding the model's config.json and tokenizer: its weights folder, or a hub id's cached snapshot."""
-    from ..model_sources import weights_folder
+    from ..weights.model_sources import weights_folder
 
     folder = weights_folder(canonical)
     if folder is not None and (folder / "config.json").is_file():
@@ -60,7 +60,7 @@ def shape_from_config(cfg: dict[str, Any], source: str = "config") -> Shape | No
 
 
 def _gguf_shape(path: Path) -> Shape | None:
-    from ..gguf_files import read_header
+    from ..weights.gguf_files import read_header
 
     meta = read_header(path)
     arch = meta.get("general.architecture")
@@ -74,7 +74,7 @@ def _gguf_shape(path: Path) -> Shape | None:
 
 def _key(canonical: str) -> tuple[str, str]:
     try:
-        from ..model_sources import weights_folder
+        from ..weights.model_sources import weights_folder
 
         return canonical, str(weights_folder(canonical))
     except Exception:
@@ -97,7 +97,7 @@ def model_shape(canonical: str | None) -> Shape:
         elif canonical.lower().endswith(".gguf") and Path(canonical).is_file():
             shape = _gguf_shape(Path(canonical))
         elif canonical not in ("default",):
-            from .. import presets
+            from ..weights import presets
 
             if canonical in presets.PRESETS:
                 rec = presets.record(canonical)

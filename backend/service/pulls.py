@@ -24,9 +24,9 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable
 
-from .. import presets
+from ..weights import presets
 from ..errors import UserError
-from ..paths import REPO_ROOT, models_dir
+from ..store.paths import REPO_ROOT, models_dir
 from .errors import Forbidden, NotFound, clip
 
 log = logging.getLogger(__name__)
@@ -172,7 +172,7 @@ class Pulls:
 def _for_clients(name: str, e: Exception) -> str:
     """A failed pull in words every client may see: an OSError of an in-process runner as the CLI words it, and the
     models folder's and the repository's paths replaced by words."""
-    from ..pull import folder_problem
+    from ..weights.pull import folder_problem
 
     text = str(folder_problem(name, e) if isinstance(e, OSError) else e) or type(e).__name__
     for path, words in ((models_dir(), "the models folder"), (REPO_ROOT, "the server's folder")):

@@ -65,7 +65,7 @@ def model_bytes(canonical: str | None, target_dtype: str | None = None, device: 
     from its files: a local folder's weight files, or a hub id's cached index or weights. None when unknown."""
     if not canonical:
         return None
-    from ..model_sources import weights_folder
+    from ..weights.model_sources import weights_folder
 
     folder = weights_folder(canonical) or Path(canonical)  # a preset or GGUF file: its converted folder
     stored, size = None, None
@@ -100,8 +100,8 @@ def model_signature(canonical: str) -> str | None:
     """What identifies a model's files without reading them: a folder's config and weight files (name, size,
     mtime), or a hub id's cached snapshot (its revision). None when unknown. A restarted service finds the
     fingerprint an actor reported under it, so its cached results need no actor (and no model load)."""
-    from ..cache import make_key
-    from ..model_sources import weights_folder
+    from ..store.cache import make_key
+    from ..weights.model_sources import weights_folder
 
     folder = weights_folder(canonical) or Path(canonical)  # a preset or GGUF file: its converted folder
     try:

@@ -81,8 +81,8 @@ from .limits import Limits
 from .ray_actors import Actor, ModelActors, model_signature
 from .ray_cluster import RayConfig, RunnerUnavailable, connect
 from .ray_worker import CacheReader
-from ..paths import REPO_ROOT, cache_dir
-from ..tensor_store import TensorStore, TensorWriteError
+from ..store.paths import REPO_ROOT, cache_dir
+from ..store.tensor_store import TensorStore, TensorWriteError
 
 log = logging.getLogger(__name__)
 
@@ -112,7 +112,7 @@ class RayJobRunner(LocalJobRunner):
         self.cfg = config or RayConfig.from_env()
         self.ray, self._owns_ray = connect(self.cfg)
         self.pool, self.tasks = pool, tasks
-        from ..cache import ResultCache
+        from ..store.cache import ResultCache
 
         self.cache_directory = Path(cache_directory) if cache_directory else cache_dir()
         self.store = ResultCache(self.cache_directory)

@@ -16,8 +16,8 @@ import threading
 from pathlib import Path
 from typing import Any, Callable
 
-from ..stopping import checking
-from ..tensor_store import TensorStore, TensorWriteError, is_id, missing
+from ..analysis.primitives.stopping import checking
+from ..store.tensor_store import TensorStore, TensorWriteError, is_id, missing
 from .execute import Cancelled
 
 log = logging.getLogger(__name__)
@@ -27,7 +27,7 @@ class CacheReader:
     """A Ray actor on the service's node that reads the result cache for the workers (they never write it)."""
 
     def __init__(self, directory: str):
-        from ..cache import ResultCache
+        from ..store.cache import ResultCache
 
         self._cache = ResultCache(directory)
         self._tensors = TensorStore(Path(directory) / "tensors")
@@ -170,7 +170,7 @@ class ModelWorker:
 
     def _model_obj(self) -> Any:
         if self._lm is None and self._model is not None:
-            from ..models import load_model
+            from ..model.loading import load_model
 
             self._lm = load_model(self._model, device=self._device, dtype=self._dtype, device_map=self._device_map)
         return self._lm

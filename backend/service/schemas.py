@@ -10,7 +10,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from ..options import MAX_TEXT
+from ..analysis.primitives.options import MAX_TEXT
 
 JobState = Literal["queued", "running", "done", "error", "cancelled"]
 ACTIVE_STATES = ("queued", "running")
@@ -181,7 +181,7 @@ class PullInfo(BaseModel):
 
 
 class PresetInfo(BaseModel):
-    """A named real model (backend/presets.py) and whether this server has it."""
+    """A named real model (backend/weights/presets.py) and whether this server has it."""
 
     name: str
     title: str

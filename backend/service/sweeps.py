@@ -243,7 +243,7 @@ class SweepManager:
         with self._lock:
             self._sweeps[sw.id] = sw
             self._prune()
-        from ..tensor_store import default_store
+        from ..store.tensor_store import default_store
 
         for tid in {t for c in cells for t in c.admitted.tensors}:  # saved tensors its jobs read: kept meanwhile
             default_store().pin(tid, lambda sw=sw: sw.status not in FINISHED)

@@ -25,7 +25,7 @@ from collections import OrderedDict
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, NoReturn
 
-from ..atomic_dirs import write_file
+from ..store.atomic_dirs import write_file
 from .errors import BadRequest, NotFound, clip
 from .schemas import TaskInfo
 
@@ -40,7 +40,7 @@ log = logging.getLogger(__name__)
 
 
 def _uploads_dir() -> Path:
-    from ..paths import cache_dir
+    from ..store.paths import cache_dir
 
     return cache_dir() / "uploads"
 

@@ -19,9 +19,9 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from .. import options as o
+from ..analysis.primitives import options as o
 from ..errors import BadInput
-from ..paths import DEFAULT_MODEL_NAMES, cache_dir
+from ..store.paths import DEFAULT_MODEL_NAMES, cache_dir
 
 NICE = 19
 # the pages' defaults (ui/state.py: shots 8, prompts 50, seed 0, top 3% of heads; Home's ICL curve over
@@ -51,7 +51,7 @@ def warm(model: str, task: str | None = None, *, say: Callable[[str], None] = la
     """Compute (or find cached) the demo of `model` on `task` (default: its first task); one summary row per
     result: {kind, task, cache_hit, seconds}."""
     from ..analysis.kernel import analyze
-    from ..models import load_model
+    from ..model.loading import load_model
     from ..tasks.registry import builtin_tasks, load_task
 
     if task is None:

@@ -8,7 +8,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from ..paths import DEFAULT_MODEL_NAMES
+from ..store.paths import DEFAULT_MODEL_NAMES
 from .base import Kind, Task, TaskError
 from .files import load_task_file
 

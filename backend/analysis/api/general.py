@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from ...models import LoadedModel
+from ...model.loading import LoadedModel
 from ...tasks.base import Task
 from ..kernel import Progress, Store
 from ..findings.findings import FindingsResult

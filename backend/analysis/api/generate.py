@@ -178,7 +178,7 @@ def module(name: str) -> str:
     imports += ["from os import PathLike"] * ("PathLike[" in code)
     imports += ["from typing import Literal"] * ("Literal[" in code)
     imports += [""] * (imports[-1] != "")
-    imports += ["from ...models import LoadedModel"] * any(k.uses_model for k in kinds)
+    imports += ["from ...model.loading import LoadedModel"] * any(k.uses_model for k in kinds)
     imports += ["from ...tasks.base import Task"] * any(k.uses_task for k in kinds)
     imports += ["from ..kernel import Progress, Store"]
     imports += [f"from {m} import {', '.join(sorted(ns))}" for m, ns in sorted(results.items())]

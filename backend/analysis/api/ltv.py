@@ -7,7 +7,7 @@ from __future__ import annotations
 from os import PathLike
 from typing import Literal
 
-from ...models import LoadedModel
+from ...model.loading import LoadedModel
 from ...tasks.base import Task
 from ..kernel import Progress, Store
 from ..ltv.ltv import LtvResult

@@ -7,7 +7,7 @@ k = 3% and 10% of the heads, `geometry`); SITE on the first `site_tasks` tasks (
 patching, and `site_transfer` when two tasks of a similarity group are among them); LTV on the first `ltv_tasks`
 tasks (`ltv` at L/2 with its mechanism, `steer` sweeps of the extracted vectors on two seeds; `ltv_sweep`: the LTV
 at L/4 and 3L/4 too, on the first task). `markdown` is the report; `python -m backend report` writes it as one
-self-contained HTML file (`backend/findings_html.py`). `bench/real_findings.py` runs the same sections over
+self-contained HTML file (`backend/report/findings_html.py`). `bench/real_findings.py` runs the same sections over
 several models.
 """
 from __future__ import annotations

@@ -171,7 +171,7 @@ def render(data: dict, sections: list[str], command: str | None = None) -> str:
     return "\n".join(out) + "\n"
 
 
-DEFAULTS_RULE = """The dashboard's starting settings per model (`backend/model_defaults.py`), by a rule fixed before the
+DEFAULTS_RULE = """The dashboard's starting settings per model (`ui/model_defaults.py`), by a rule fixed before the
 results: the task is the built-in task with the largest 0-shot -> k-shot accuracy gain among those whose TR ratio
 rises by at least 0.2 (TSLA section); shots = the measured k; top-k = the ablation k (3% or 10% of the heads) at which
 F1 and F2 are significant (for) on the most tasks (ties: the smaller); the ablation curve runs to 10% of the heads; the Steering

@@ -109,7 +109,7 @@ def _extra_patching(lm: Any, task: Any, r: Any, ks: list[int], prompts: int, sto
     from backend.analysis.primitives.selection import random_heads
     from backend.analysis.primitives.sweep import RowConfig, sweep_outcomes
 
-    from backend.tensor_store import default_store
+    from backend.store.tensor_store import default_store
 
     alpha, t, _ = load_site(store or default_store(), r.tensor, lm)
     alpha = alpha.float().cpu()

@@ -17,9 +17,9 @@ from typing import Any
 
 from pydantic import Field
 
-from ... import options as o
+from ..primitives import options as o
 
-from ...options import PERTURBATIONS
+from ..primitives.options import PERTURBATIONS
 from ...tasks.base import Task, TaskError
 from ..kernel import Context
 from ..params import BosParams, Int

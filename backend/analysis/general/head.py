@@ -18,9 +18,9 @@ import numpy as np
 import torch
 from pydantic import Field, field_validator
 
-from ... import options as o
-from ...hooks import hooked
-from ...options import HEAD_MAX_PATTERN
+from ..primitives import options as o
+from ...model.hooks import hooked
+from ..primitives.options import HEAD_MAX_PATTERN
 from ...tasks.base import TaskError
 from ..kernel import Context
 from ..kinds import get_kind

@@ -9,7 +9,7 @@ holds the weights (fp32 safetensors), a word-level tokenizer, `metrics.json` and
 
 Only what is specific to training lives here (tokenizer, batches, loss, schedule, the loop); evaluation goes
 through the analysis stack (`wrap` + `encode` + `evaluate`, `induction_scores`, `top_heads`), so the model card
-reports the same numbers the dashboard shows. The card text is `backend.model_card`.
+reports the same numbers the dashboard shows. The card text is `backend.analysis.general.model_card`.
 """
 from __future__ import annotations
 
@@ -28,10 +28,10 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from ...atomic_dirs import WriteError, check_file_target, staging, write_file, write_reason
-from ...model_card import model_card
-from ...models import LoadedModel, wrap
-from ...paths import DEFAULT_MODEL_DIR
+from ...store.atomic_dirs import WriteError, check_file_target, staging, write_file, write_reason
+from .model_card import model_card
+from ...model.loading import LoadedModel, wrap
+from ...store.paths import DEFAULT_MODEL_DIR
 from ...tasks.base import Prompt
 from ...tasks.synthetic import (CLASS_TASKS, GEN_TASKS, RMAP_BASES, build_world, group_of, icl_episode,
                                repetition_sequence, synthetic_tasks)
@@ -244,7 +244,7 @@ def induction_summary(lm: LoadedModel) -> dict[str, Any]:
 # -- training -------------------------------------------------------------------------------------
 def pick_device(device: str | None = None) -> torch.device:
     """The device asked for, else the loader's default (`models.default_device`: CUDA when present, else CPU)."""
-    from ...models import default_device
+    from ...model.loading import default_device
 
     return torch.device(device or default_device())
 
@@ -354,7 +354,7 @@ def write_card(lm: LoadedModel, out: Path, metrics: dict[str, Any], eval_prompts
 def reevaluate(out: Path, eval_prompts: int = 300) -> dict[str, Any]:
     """Re-run the evaluation of a trained folder (after the evaluation changed) and rewrite its card; the
     training record in metrics.json is kept."""
-    from ...models import load_model
+    from ...model.loading import load_model
 
     metrics = json.loads((out / "metrics.json").read_text())
     metrics.pop("induction_no_bos_top", None)

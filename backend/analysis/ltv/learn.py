@@ -27,8 +27,8 @@ from typing import Callable, Sequence
 import torch
 
 from ...errors import BadInput
-from ...models import LoadedModel
-from ...stopping import check
+from ...model.loading import LoadedModel
+from ..primitives.stopping import check
 from ...tasks.base import Prompt, Task, TaskError
 from ..primitives.threads import cpu_threads
 from ..primitives.batching import Encoded, make_batch, map_batches

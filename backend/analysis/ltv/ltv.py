@@ -37,7 +37,7 @@ import numpy as np
 import torch
 from pydantic import Field
 
-from ... import options as o
+from ..primitives import options as o
 from ...errors import BadInput
 from ...tasks.base import TaskError
 from ...text import clip

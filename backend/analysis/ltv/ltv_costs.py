@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from ... import options as o
+from ..primitives import options as o
 from ..kernel import Context
 from ..primitives import last_token
 from ..primitives.cost import NONE, Shape, Work, passes, steps, training

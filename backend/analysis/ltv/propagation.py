@@ -28,9 +28,9 @@ from typing import Iterator, Sequence
 import numpy as np
 import torch
 
-from ...hooks import hooked
-from ...models import LoadedModel
-from ...stopping import check
+from ...model.hooks import hooked
+from ...model.loading import LoadedModel
+from ..primitives.stopping import check
 from ..primitives.batching import Batch, Encoded, Progress, make_batch, map_batches
 from ..primitives.induction import eager_attention
 from ..primitives.inject import Injection, final_states, gold_tokens, injected_logits

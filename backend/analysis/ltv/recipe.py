@@ -6,7 +6,7 @@ from typing import Annotated, Any, ClassVar
 
 from pydantic import Field, Strict, field_validator
 
-from ... import options as o
+from ..primitives import options as o
 from ..params import BosParams, Float, Int
 from ..primitives.cost import Sizes, Work, passes, training
 from ..results import Model, Vector

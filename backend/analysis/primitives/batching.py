@@ -12,8 +12,8 @@ from typing import Callable, Sequence
 
 import torch
 
-from ...models import LoadedModel
-from ...stopping import check
+from ...model.loading import LoadedModel
+from .stopping import check
 from ...tasks.base import Prompt, Queries, Task, TaskError
 from .bos import DEFAULT as BOS_DEFAULT, current as bos_convention, prompt_ids
 from .fit import unknown_id

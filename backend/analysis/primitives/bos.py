@@ -15,7 +15,7 @@ import contextvars
 from contextlib import contextmanager
 from typing import Any, Iterator
 
-from ... import options as o
+from . import options as o
 from ...errors import BadInput
 
 PREPEND_BOS = o.PREPEND_BOS

@@ -14,8 +14,8 @@ from typing import Literal, Sequence
 
 import torch
 
-from ...hooks import hooked
-from ...models import LoadedModel
+from ...model.hooks import hooked
+from ...model.loading import LoadedModel
 from .batching import Batch, Encoded, Progress, forward_last_logits, map_batches
 from .tsla import head_writes
 

@@ -42,9 +42,9 @@ from typing import Sequence
 
 import torch
 
-from ...hooks import hooked
-from ...models import LoadedModel
-from ...stopping import check
+from ...model.hooks import hooked
+from ...model.loading import LoadedModel
+from .stopping import check
 
 from .batching import make_batch
 from .engine_fast import _run_fast, _Unsupported

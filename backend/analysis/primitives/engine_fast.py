@@ -10,8 +10,8 @@ from typing import Iterator, Sequence
 
 import torch
 
-from ...models import LoadedModel
-from ...stopping import check
+from ...model.loading import LoadedModel
+from .stopping import check
 
 from .batching import Batch, make_batch
 from .prefix_store import STORE, batch_prefix, entries_of, fits

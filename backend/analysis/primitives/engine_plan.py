@@ -9,7 +9,7 @@ from typing import Callable, Literal, Sequence
 
 import torch
 
-from ...models import LoadedModel
+from ...model.loading import LoadedModel
 
 from .batching import is_oom
 

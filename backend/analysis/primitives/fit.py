@@ -12,7 +12,7 @@ import re
 import threading
 from typing import Any
 
-from ...options import FIT_REFUSE_UNKNOWN, FIT_WARN_UNKNOWN
+from .options import FIT_REFUSE_UNKNOWN, FIT_WARN_UNKNOWN
 from ...tasks.base import Task, TaskError
 
 MAX_EXAMPLES = 2000  # inputs and outputs looked at, at most (the first ones)

@@ -13,7 +13,7 @@ from typing import Iterator
 import numpy as np
 import torch
 
-from ...models import LoadedModel
+from ...model.loading import LoadedModel
 from .prefix_store import frozen
 
 

@@ -23,8 +23,8 @@ import numpy as np
 import torch
 
 from ...errors import BadInput
-from ...hooks import hooked
-from ...models import LoadedModel
+from ...model.hooks import hooked
+from ...model.loading import LoadedModel
 from .batching import Batch, Encoded, Progress, forward_last_logits, map_batches
 from .predict import Outcomes, predict_rows
 from .sweep import RowConfig, sweep_outcomes

@@ -29,8 +29,8 @@ from typing import Any, Callable, ContextManager, Iterator, Sequence
 
 import torch
 
-from ...models import LoadedModel
-from ...stopping import check
+from ...model.loading import LoadedModel
+from .stopping import check
 from .batching import Batch, Progress, make_batch
 from .engine_fast import _packed_mask, _record_outputs, _shallow, _Unsupported
 from .engine_plan import _halve
@@ -222,7 +222,7 @@ def step_logits(pre: Prefixes, rows: Sequence[int], inject: dict[int, torch.Tens
     of its own: gradients flow to the injected vectors and through the hooks."""
     from transformers import DynamicCache
 
-    from ...hooks import hooked
+    from ...model.hooks import hooked
 
     lm = pre.lm
     inject = inject or {}

@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from ...errors import BadInput
-from ...models import LoadedModel
+from ...model.loading import LoadedModel
 from .batching import Encoded, Progress
 from .inject import Injection, as_row_configs, evaluate_injections
 from .predict import OUTCOMES, Outcomes

@@ -33,7 +33,7 @@ from typing import Iterator
 
 import torch
 
-from ...models import LoadedModel
+from ...model.loading import LoadedModel
 
 SIZES = ((1, 8), (1, 32), (2, 32), (4, 32))  # rows x tokens of the timed whole passes
 MIN_TOKEN_SHARE = 0.05

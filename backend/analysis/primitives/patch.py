@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from ...models import LoadedModel
+from ...model.loading import LoadedModel
 from .batching import Encoded, Progress
 from .sweep import RowConfig, head_mask, run_sweep
 

@@ -13,7 +13,7 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
-from ...models import LoadedModel
+from ...model.loading import LoadedModel
 from .batching import Batch, Encoded, Progress, forward_last_logits, map_batches
 from .stats import pack_outcomes, rate_ci
 

@@ -22,7 +22,7 @@ from typing import Sequence
 import torch
 
 from ...errors import BadInput
-from ...models import LoadedModel
+from ...model.loading import LoadedModel
 
 DEFAULT_MB = 512
 

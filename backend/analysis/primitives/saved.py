@@ -1,5 +1,5 @@
 """Trained tensors (learned task vectors, soft head selections): the file format, its checks, and saving and
-loading them by id through the tensor store (`backend/tensor_store.py`: where, and under which name).
+loading them by id through the tensor store (`backend/store/tensor_store.py`: where, and under which name).
 
 A file is safetensors (an 8-byte little-endian header length, a JSON header, the data), written here byte for byte
 the same for the same tensors and metadata (names and keys sorted, float32), so its id (a hash of its bytes) is
@@ -28,8 +28,8 @@ from typing import Any
 import torch
 
 from ...errors import BadInput
-from ...models import LoadedModel
-from ...tensor_store import KINDS, MAX_READ_BYTES, TensorStore, TensorWriteError, default_store, tensor_id
+from ...model.loading import LoadedModel
+from ...store.tensor_store import KINDS, MAX_READ_BYTES, TensorStore, TensorWriteError, default_store, tensor_id
 from ...text import clip
 
 FORMAT = "headlens-tensors-1"

@@ -7,7 +7,7 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
-from ...options import MIN_TOP_HEADS, TOP_PCT
+from .options import MIN_TOP_HEADS, TOP_PCT
 
 Head = tuple[int, int]
 

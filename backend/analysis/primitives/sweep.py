@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 from ...errors import BadInput
-from ...models import LoadedModel
+from ...model.loading import LoadedModel
 from .batching import Encoded, Progress
 from .engine import RowConfig, run_sweep
 from .predict import Outcomes, predict_rows

@@ -13,7 +13,7 @@ from typing import Iterator
 
 import torch
 
-from ...models import LoadedModel
+from ...model.loading import LoadedModel
 from .pass_speed import best_threads
 
 

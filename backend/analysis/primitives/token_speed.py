@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ...models import LoadedModel
+from ...model.loading import LoadedModel
 from .pass_speed import FIT_REPEATS, SIZES, speed
 
 WORK_ROWS = [(rows, tokens) for rows, tokens in SIZES]

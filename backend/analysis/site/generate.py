@@ -18,8 +18,8 @@ from typing import Any, Callable, ContextManager, Sequence
 import torch
 
 from ...errors import BadInput
-from ...models import LoadedModel
-from ...stopping import check
+from ...model.loading import LoadedModel
+from ..primitives.stopping import check
 from ..primitives.batching import Batch, Progress, map_batches
 
 HookFactory = Callable[[Batch], ContextManager[Any]]

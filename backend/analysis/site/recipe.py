@@ -6,7 +6,7 @@ from typing import ClassVar
 
 from pydantic import Field
 
-from ... import options as o
+from ..primitives import options as o
 from ..params import Float, Int, PromptParams
 from ..primitives import cost
 from ..primitives.cost import Shape, Sizes, Work, passes, training

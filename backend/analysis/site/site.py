@@ -23,9 +23,9 @@ from typing import Any, Literal
 import torch
 from pydantic import Field, field_validator
 
-from ... import options as o
+from ..primitives import options as o
 from ...text import clip
-from ...hooks import hooked
+from ...model.hooks import hooked
 from ..kernel import Context
 from ..kinds import get_kind
 from ..params import Int, TensorId

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ... import options as o
+from ..primitives import options as o
 from ..kernel import Context
 from ..primitives.stages import pass_cost, tokens, unembed_layers
 

@@ -6,7 +6,7 @@ from typing import Any
 
 import numpy as np
 
-from ... import options as o
+from ..primitives import options as o
 from ..kernel import Context
 from ..kinds import get_kind
 from ..primitives.selection import n_top, overlap

@@ -18,7 +18,7 @@ import numpy as np
 import torch
 from pydantic import Field
 
-from ... import options as o
+from ..primitives import options as o
 from ...tasks.base import Task, TaskError
 from ...tasks.registry import builtin_by_names, model_tasks
 from ..kernel import Context, analyze, lookup

@@ -24,10 +24,10 @@ from typing import Any, Callable, ContextManager, Sequence
 import numpy as np
 import torch
 
-from ...hooks import hooked
-from ...models import LoadedModel
-from ...options import LORA_RANK, SITE_DECISIVE, SITE_VAL_SHARE
-from ...stopping import check
+from ...model.hooks import hooked
+from ...model.loading import LoadedModel
+from ..primitives.options import LORA_RANK, SITE_DECISIVE, SITE_VAL_SHARE
+from ..primitives.stopping import check
 from ...tasks.base import Prompt, Task, TaskError
 from ..primitives.bos import prompt_ids
 from ..primitives.batching import Batch, Encoded, Progress, encode, forward_last_logits, make_batch, map_batches

@@ -13,7 +13,7 @@ import numpy as np
 import torch
 from pydantic import Field, field_validator
 
-from ... import options as o
+from ..primitives import options as o
 from ...errors import BadInput
 
 from ..kernel import Context

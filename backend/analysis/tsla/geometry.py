@@ -16,7 +16,7 @@ import numpy as np
 import torch
 from pydantic import Field
 
-from ...options import GEOMETRY_CONDITIONS
+from ..primitives.options import GEOMETRY_CONDITIONS
 from ..kernel import Context
 from ..kinds import get_kind
 from ..params import Bool, Float, Layer, PromptParams, Selection

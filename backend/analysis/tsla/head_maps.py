@@ -12,8 +12,8 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
-from ...hooks import Trace, hooked
-from ...models import LoadedModel
+from ...model.hooks import Trace, hooked
+from ...model.loading import LoadedModel
 from ..primitives.batching import Batch, Encoded, Progress, forward_last_logits, map_batches
 from ..primitives.predict import Outcomes, metrics, predict_rows
 from ..primitives.prefix_store import clean_forward, fits

@@ -5,7 +5,7 @@ from typing import Any
 
 from pydantic import Field, field_validator
 
-from ... import options as o
+from ..primitives import options as o
 
 from ..kernel import Context
 from ..params import BosParams, Int

@@ -24,7 +24,7 @@ from typing import Any, Literal
 import numpy as np
 from pydantic import Field
 
-from ... import options as o
+from ..primitives import options as o
 from ...tasks.base import TaskError
 from ...tasks.perturb import get_perturbation
 from ..kernel import Context

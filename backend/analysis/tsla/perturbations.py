@@ -11,7 +11,7 @@ from typing import Any
 
 from pydantic import Field, field_validator
 
-from ... import options as o
+from ..primitives import options as o
 
 from ...tasks.base import TaskError
 from ...tasks.perturb import get_perturbation

@@ -12,7 +12,7 @@ from typing import Any, Literal
 import torch
 from pydantic import Field, field_validator
 
-from ... import options as o
+from ..primitives import options as o
 from ..kernel import Context
 from ..kinds import get_kind
 from ..params import Float, Heads, Int, Layer, PromptParams, Selection

@@ -20,8 +20,8 @@ import numpy as np
 import torch
 from pydantic import Field, field_validator
 
-from ... import options as o
-from ...options import EXTRACTION_SEED_OFFSET, FV_PROMPTS
+from ..primitives import options as o
+from ..primitives.options import EXTRACTION_SEED_OFFSET, FV_PROMPTS
 from ...tasks.perturb import get_perturbation
 from ..kernel import Context
 from ..kinds import get_kind

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-from .tasks.synthetic import synthetic_tasks
+from ...tasks.synthetic import synthetic_tasks
 
 
 def _fmt(xs: Sequence[float]) -> str:

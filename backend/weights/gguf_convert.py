@@ -4,7 +4,7 @@ transformers reads a GGUF file through `from_pretrained(folder, gguf_file=...)`,
 float (16 s for SmolLM2-135M, 80 s for Gemma-3-270M with its tokenizer, on 2 cores). Its `save_pretrained` then
 refuses ("The model is quantized with gguf and is not serializable") although the weights are plain float: the
 quantizer state is cleared before saving. The folder, `<models dir>/converted/<sha256>/` (float32), is written
-under a temporary name and renamed when finished (backend/atomic_dirs.py), one process at a time per file (a
+under a temporary name and renamed when finished (backend/store/atomic_dirs.py), one process at a time per file (a
 lock per sha256), and checked before it is kept: the tokenizer it saved encodes a probe text as the GGUF's does,
 and the reloaded model's logits on it equal the GGUF load's within TOLERANCE (measured: max |Δ| 0.0).
 """
@@ -19,11 +19,11 @@ from typing import Any, Callable
 
 import torch
 
-from .adapters import UnsupportedArchitecture, spec_for, spec_for_gguf
-from .atomic_dirs import staging
+from ..model.adapters import UnsupportedArchitecture, spec_for, spec_for_gguf
+from ..store.atomic_dirs import staging
 from .gguf_files import MARKER, GgufError, architecture, converted_dir, converted_marker, converted_root, sha256_file
-from .locks import KeyLocks
-from .text import clip
+from ..store.locks import KeyLocks
+from ..text import clip
 
 PROBE = "The capital of France is Paris. The opposite of hot is cold. Translate: chat ->"
 TOLERANCE = 1e-4

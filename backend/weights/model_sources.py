@@ -1,10 +1,10 @@
-"""What a model name means, without torch: the one resolution the loader (backend/models.py) and the service's
+"""What a model name means, without torch: the one resolution the loader (backend/model/loading.py) and the service's
 access rules (backend/service/model_pool.py) share.
 
 | name | kind | canonical name |
 |---|---|---|
 | `default`, `headlens-tiny` | the embedded model | `default` |
-| a preset (`smollm2-135m`, `gemma3-270m`; backend/presets.py) | its pulled GGUF | the preset's name |
+| a preset (`smollm2-135m`, `gemma3-270m`; backend/weights/presets.py) | its pulled GGUF | the preset's name |
 | an existing `.gguf` file, or a folder holding exactly one `.gguf` (and no config.json) | a GGUF file | the file's absolute path |
 | an existing folder with config.json | a Hugging Face model folder | its absolute path |
 | anything else without a path's look | a Hugging Face hub id | itself |
@@ -20,11 +20,11 @@ from pathlib import Path
 from typing import Literal
 
 from . import presets
-from .adapters import UnsupportedArchitecture, spec_for_gguf
-from .errors import BadInput, UserError
+from ..model.adapters import UnsupportedArchitecture, spec_for_gguf
+from ..errors import BadInput, UserError
 from .gguf_files import SUFFIX, GgufError, architecture, gguf_in_folder
-from .paths import DEFAULT_MODEL_DIR, DEFAULT_MODEL_NAMES
-from .text import clip
+from ..store.paths import DEFAULT_MODEL_DIR, DEFAULT_MODEL_NAMES
+from ..text import clip
 
 SourceKind = Literal["default", "preset", "gguf", "folder", "hub"]
 Reason = Literal["missing", "invalid", "not_pulled"]
@@ -38,7 +38,7 @@ class Source:
 
 
 class ModelLoadError(UserError, RuntimeError):
-    """A model that cannot be loaded, with the reason in words (raised by backend/models.py)."""
+    """A model that cannot be loaded, with the reason in words (raised by backend/model/loading.py)."""
 
 
 class SourceError(BadInput):

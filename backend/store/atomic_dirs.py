@@ -24,7 +24,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
 
-from .errors import UserError
+from ..errors import UserError
 
 PREFIX = ".tmp-"
 

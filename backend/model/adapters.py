@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from .errors import BadInput
+from ..errors import BadInput
 
 WeightLayout = Literal["out_in", "in_out"]  # nn.Linear (d_model, H*dh) vs GPT-2 Conv1D (H*dh, d_model)
 QkvLayout = Literal["separate", "fused", "per_head"]
@@ -79,7 +79,7 @@ def spec_for(model_type: str) -> ArchSpec:
         raise UnsupportedArchitecture(
             f"model_type {model_type!r} is not supported. Supported architectures: {supported}. "
             f"Each adapter names the decoder layers, the attention output projection and the final norm "
-            f"(e.g. model.layers[i].self_attn.o_proj, model.norm); add an entry to backend/adapters.py::ARCHS."
+            f"(e.g. model.layers[i].self_attn.o_proj, model.norm); add an entry to backend/model/adapters.py::ARCHS."
         ) from None
 
 

@@ -12,7 +12,7 @@ it is read), every tensor's type must be known and its data must end inside the 
 tensor with a standard llama.cpp name (`blk.N.attn_q.weight`, `token_embd.weight`, ...) must have the shape the
 header's own sizes give it (embedding_length, head counts, key/value length, feed_forward_length).
 
-A converted file is a safetensors folder `<models dir>/converted/<sha256 of the GGUF>/` (backend/gguf_convert.py):
+A converted file is a safetensors folder `<models dir>/converted/<sha256 of the GGUF>/` (backend/weights/gguf_convert.py):
 config.json, model.safetensors, the tokenizer's files and `headlens-gguf.json` (the GGUF's sha256, name,
 architecture), written last, so a folder without it is incomplete.
 """
@@ -26,9 +26,9 @@ import threading
 from pathlib import Path
 from typing import Any, BinaryIO, Callable
 
-from .errors import BadInput
-from .paths import models_dir
-from .text import clip
+from ..errors import BadInput
+from ..store.paths import models_dir
+from ..text import clip
 
 SUFFIX = ".gguf"
 MAGIC = b"GGUF"

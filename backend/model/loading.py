@@ -18,8 +18,8 @@ import torch
 from torch import nn
 
 from .adapters import ArchSpec, UnsupportedArchitecture, config_attr, spec_for
-from .model_sources import ModelLoadError  # defined without torch, so the CLI can catch it before torch loads
-from .text import clip, model_name_problem
+from ..weights.model_sources import ModelLoadError  # defined without torch, so the CLI can catch it before torch loads
+from ..text import clip, model_name_problem
 
 
 
@@ -310,14 +310,14 @@ def _hub_access(name: str) -> bool:
 
 
 def resolve_name(name_or_path: str) -> tuple[str, Path | None]:
-    """The canonical name and its path (backend/model_sources.py): `default` -> the embedded model's folder; a
+    """The canonical name and its path (backend/weights/model_sources.py): `default` -> the embedded model's folder; a
     preset -> its pulled GGUF file; an existing .gguf file, or a folder holding one -> that file; a folder with
     config.json -> itself; anything else is a hub id (path None).
 
     Names too long for the filesystem (or with control characters), missing paths, folders that hold no model,
     presets not pulled yet and GGUF files of an architecture the adapter table lacks are a ModelLoadError.
     """
-    from .model_sources import SourceError, resolve
+    from ..weights.model_sources import SourceError, resolve
 
     problem = model_name_problem(name_or_path)
     if problem:
@@ -343,7 +343,7 @@ def default_device() -> str:
 def load_model(name_or_path: str = "default", device: str | None = None, dtype: str | torch.dtype | None = None,
                device_map: str | None = None, trust_remote_code: bool = False) -> LoadedModel:
     """Load `default`, a preset, a GGUF file, a local HF folder or a hub id. CUDA + bf16 when present, else
-    CPU + fp32. A GGUF file is converted once into a safetensors folder (backend/gguf_convert.py), which this
+    CPU + fp32. A GGUF file is converted once into a safetensors folder (backend/weights/gguf_convert.py), which this
     and every later load read.
 
     `device_map="auto"` spreads the model over the visible GPUs with accelerate.
@@ -385,9 +385,9 @@ def load_model(name_or_path: str = "default", device: str | None = None, dtype: 
 
 def _converted(name: str, gguf: Path) -> tuple[Path, str]:
     """(the safetensors folder, the GGUF's sha256) of a GGUF file, converting it the first time."""
-    from . import presets
-    from .gguf_convert import convert
-    from .gguf_files import GgufError, sha256_file
+    from ..weights import presets
+    from ..weights.gguf_convert import convert
+    from ..weights.gguf_files import GgufError, sha256_file
 
     rec = presets.record(name) if name in presets.PRESETS else None
     try:  # a pulled preset's digest was verified by the pull: not hashed again

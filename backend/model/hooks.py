@@ -13,7 +13,7 @@ from typing import Iterator, Literal, Sequence
 
 import torch
 
-from .models import LoadedModel
+from .loading import LoadedModel
 
 Positions = Literal["all", "last"]
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+REPO_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_MODEL_DIR = REPO_ROOT / "models" / "headlens-tiny"
 DEFAULT_MODEL_NAMES = ("default", "headlens-tiny")
 """The names that load the embedded default model."""

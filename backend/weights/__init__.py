@@ -1,0 +1,1 @@
+"""Where a model's files come from: presets, pulls, GGUF reading and conversion, model cards."""
