@@ -40,7 +40,7 @@ import httpx
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-# --smoke is the CI test (tests/test_bench_smoke.py), on machines as busy as they come: there every wait of this
+# --smoke is the CI test (tests/integration/test_bench_smoke.py), on machines as busy as they come: there every wait of this
 # script is bounded only by the tests' hang guard (HEADLENS_TEST_HANG_S, tests/hang.py), not by its own limits
 HANG_S: float | None = None
 

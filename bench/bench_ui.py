@@ -51,7 +51,7 @@ TASK = "syn-sentiment"
 MODEL = "default"
 
 
-# --smoke is the CI test (tests/test_bench_smoke.py), on machines as busy as they come: there every wait of this
+# --smoke is the CI test (tests/integration/test_bench_smoke.py), on machines as busy as they come: there every wait of this
 # script is bounded only by the tests' hang guard (HEADLENS_TEST_HANG_S, tests/hang.py), not by its own limits
 HANG_S: float | None = None
 

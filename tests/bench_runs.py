@@ -1,4 +1,4 @@
-"""Running a bench script's `--smoke` mode as a test (tests/test_bench_smoke.py; bench_ray.py's in tests/test_ray.py):
+"""Running a bench script's `--smoke` mode as a test (tests/integration/test_bench_smoke.py; bench_ray.py's in tests/integration/test_ray.py):
 a subprocess with its own cache folder, bounded only by the hang guard."""
 from __future__ import annotations
 

@@ -6,7 +6,9 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+TESTS = Path(__file__).resolve().parent
+# the shared test helpers (tiny_models, hang, ...) and the tiers' modules, which share fixtures by module name
+sys.path[:0] = [str(TESTS), *(str(TESTS / tier) for tier in ("unit", "integration", "acceptance"))]
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("HEADLENS_AUTO_PULL", "0")  # a `launch` in a test never downloads a model in the background
@@ -23,7 +25,7 @@ else:
 
 
 def pytest_report_header(config):
-    """Say at the top of every run whether the real-model tier runs (tests/test_real_models.py)."""
+    """Say at the top of every run whether the real-model tier runs (tests/acceptance/test_real_models.py)."""
     from backend.weights import presets
 
     if presets.is_pulled("smollm2-135m"):

@@ -1,4 +1,4 @@
-"""Generated request bodies for fuzzing the service (shared by tests/test_fuzz.py and bench/fuzz_service.py).
+"""Generated request bodies for fuzzing the service (shared by tests/integration/test_fuzz.py and bench/fuzz_service.py).
 
 Bodies are mostly plausible: a real kind with real field names and wrong, extreme, nested or oversized values,
 so the fuzzing reaches validation deep inside, not only the first check.

@@ -1,4 +1,4 @@
-"""Small params of every analysis kind on the default model (shared by tests/test_cost_model.py and
+"""Small params of every analysis kind on the default model (shared by tests/integration/test_cost_model.py and
 bench/bit_identical.py): small, and shaped so that the estimate's upper bounds are reached."""
 from __future__ import annotations
 

@@ -8,5 +8,5 @@
     methods.py                                   the three papers side by side, through the registry only
 
 A paper's package imports the kernel, the shared layer and itself, never another paper; another kind's result
-comes through `ctx.call` (tests/test_architecture.py keeps these rules).
+comes through `ctx.call` (tests/unit/test_architecture.py keeps these rules).
 """

@@ -25,7 +25,7 @@ from ..store.paths import DEFAULT_MODEL_NAMES, cache_dir
 
 NICE = 19
 # the pages' defaults (ui/state.py: shots 8, prompts 50, seed 0, top 3% of heads; Home's ICL curve over
-# k = 0, 1, 2, 4, ... <= shots with 3 example rows); tests/test_warm.py checks they are the pages' requests
+# k = 0, 1, 2, 4, ... <= shots with 3 example rows); tests/integration/test_warm.py checks they are the pages' requests
 DEMO = {"shots": o.SHOTS, "prompts": o.PROMPTS, "seed": o.SEED}
 ICL_EXAMPLES = 3
 

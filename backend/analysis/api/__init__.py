@@ -5,7 +5,7 @@
 
 Each function's keyword parameters are its kind's params model's fields (names, types, defaults), its docstring
 their descriptions, its return annotation the kind's result model; it runs the cached analysis (`kernel.analyze`).
-The modules are written from the registry by `python -m backend.analysis.api.generate` (tests/test_api.py checks
+The modules are written from the registry by `python -m backend.analysis.api.generate` (tests/unit/test_api.py checks
 them against it). `backend.<api>` is the same function, imported on first use (`import backend` pulls in no torch).
 """
 from __future__ import annotations

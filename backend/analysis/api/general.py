@@ -1,7 +1,7 @@
 """The Python API of the general kinds: one function per kind of the registry (analysis/kinds.py).
 
 Written by `python -m backend.analysis.api.generate` from the kinds' params and result models; do not
-edit it by hand (tests/test_api.py checks that the two agree)."""
+edit it by hand (tests/unit/test_api.py checks that the two agree)."""
 from __future__ import annotations
 
 from typing import Literal

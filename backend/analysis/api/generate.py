@@ -4,7 +4,7 @@ One function per built-in kind (`backend/analysis/kinds.py`), named by its entry
 paper (`tsla.py`, `ltv.py`, `site.py`; `general.py` for the rest): keyword parameters with the names, types and
 defaults of the kind's params model, a docstring from the entry's description, the params model's fields and the
 result model's doc, and the result model as the return annotation. Run it after adding a kind or changing a
-params model; tests/test_api.py fails until the files are what it writes.
+params model; tests/unit/test_api.py fails until the files are what it writes.
 """
 from __future__ import annotations
 
@@ -186,7 +186,7 @@ def module(name: str) -> str:
     header = [f'"""The Python API of the {name} kinds: one function per kind of the registry (analysis/kinds.py).',
               "",
               "Written by `python -m backend.analysis.api.generate` from the kinds' params and result models; do not",
-              'edit it by hand (tests/test_api.py checks that the two agree)."""',
+              'edit it by hand (tests/unit/test_api.py checks that the two agree)."""',
               *imports, "", *wrap(f"__all__ = [{', '.join(value(k.api) for k in kinds)}]", "", "    ")]
     return "\n".join(header) + "\n" + "".join(f"\n\n{f}\n" for f in functions)
 

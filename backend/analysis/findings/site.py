@@ -225,7 +225,7 @@ the same); the injection replaces z at the last prompt token, in the prefill onl
 every o_proj (ours: the same, through the head mask with a fill); prompts are `Q: x\nA: y\n\n` demonstrations
 and zero-shot `Q: x\nA:` queries (ours: the same template); alphas = sigmoid(logits) from 0, Adam lr 0.2, 400
 steps of one zero-shot training prompt, validation every 50 steps (ours: the same). Patching at alpha = 1 on the top
-/ bottom heads by alpha is that injection with alpha in {0, 1}; `tests/test_site_patching.py` checks that the
+/ bottom heads by alpha is that injection with alpha in {0, 1}; `tests/integration/test_site_patching.py` checks that the
 kind's curves equal the soft-injection hooks run as full passes (gold probabilities within 1e-4), and the "hooks
 check" column above repeats it on the real model."""
 

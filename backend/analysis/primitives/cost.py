@@ -17,7 +17,7 @@ Calls: `passes(name, n, t, batch)` runs `n` rows in ceil(n / batch) calls (BATCH
 size); `repeat` runs that `repeat` times (a configuration per call, e.g. an injection layer); `steps` batches
 one-token rows by STEP_BATCH (the sweep engine's rows); a training step is one call of `batch` rows.
 
-`tests/test_cost_model.py` checks every registry entry against the tokens its run really puts through the
+`tests/integration/test_cost_model.py` checks every registry entry against the tokens its run really puts through the
 default model (a hook on every output projection), within 2x.
 """
 from __future__ import annotations

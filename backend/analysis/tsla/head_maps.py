@@ -75,7 +75,7 @@ def head_maps(lm: LoadedModel, enc: Encoded, batch_size: int = 16, apply_ln: boo
     width (each row sees the same padded input; the captured tensors are joined back into the batch), the maps so
     far published after each slice, so the first view comes after FIRST_ROWS prompts, not a whole batch; then
     after each batch. The scores are computed on the joined batch as without `partial` (the slices' maps on the side),
-    so the final maps are the same, bit for bit (tests/test_anytime_maps.py)."""
+    so the final maps are the same, bit for bit (tests/integration/test_anytime_maps.py)."""
     L, H, dev = lm.n_layers, lm.n_heads, lm.device
     sums = torch.zeros(len(MAP_NAMES), L, H, dtype=torch.float64, device=dev)
     out = Outcomes.empty(1, len(enc.ids))

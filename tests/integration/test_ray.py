@@ -40,7 +40,7 @@ from hang import HANG_S  # noqa: E402
 from ray_kinds import RCOUNT  # noqa: E402
 
 pytestmark = pytest.mark.ray
-TESTS = Path(__file__).resolve().parent
+TESTS = Path(__file__).resolve().parents[1]
 TASKS = ["sentiment", "antonym", "country-capital"]
 SEEDS = [0, 1]
 PARAMS = {"shots": 2, "prompts": 6}
@@ -301,7 +301,7 @@ def test_trained_tensors_come_back_to_the_service(cluster, models, tmp_path):
 
 
 def test_bench_smoke_bench_ray(cluster, tmp_path):
-    """bench/bench_ray.py --smoke (see tests/test_bench_smoke.py) joins the shared cluster (RAY_ADDRESS) instead of
+    """bench/bench_ray.py --smoke (see tests/integration/test_bench_smoke.py) joins the shared cluster (RAY_ADDRESS) instead of
     starting a Ray of its own."""
     address = cluster.get_runtime_context().gcs_address
     check_smoke("bench_ray.py", *run_smoke("bench_ray.py", tmp_path / "cache", RAY_ADDRESS=address))

@@ -120,7 +120,7 @@ def test_unknown_words_of_a_typed_prompt_are_named():
 
     from backend.analysis.general.head import unknown_words
 
-    folder = Path(__file__).resolve().parents[1] / "models" / "headlens-tiny"
+    folder = Path(__file__).resolve().parents[2] / "models" / "headlens-tiny"
     if not (folder / "tokenizer.json").is_file():
         pytest.skip("the default model is absent")
     tok = AutoTokenizer.from_pretrained(str(folder))

@@ -21,7 +21,7 @@ from backend.analysis.results import Result
 from backend.service.app import create_app
 from hang import HANG_S, returns, wait_until
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 CALLS: Counter = Counter()  # computations of the test job kinds, by n
 
 

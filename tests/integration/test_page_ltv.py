@@ -20,7 +20,7 @@ from streamlit.testing.v1 import AppTest  # noqa: E402
 from page_checks import assert_clean, figure  # noqa: E402
 from hang import HANG_S  # noqa: E402
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 APP = str(REPO / "app.py")
 PAGE = "pages/5_Learned_task_vectors.py"
 DEFAULT_PRESENT = (REPO / "models" / "headlens-tiny" / "config.json").is_file()

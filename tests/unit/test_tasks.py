@@ -12,7 +12,7 @@ from backend.tasks import (Prompt, Task, TaskError, Template, builtin_tasks, loa
 from backend.tasks.files import infer_kind
 from backend.tasks.registry import DATA_DIR
 
-FV_DIR = Path(__file__).resolve().parents[2] / "shared" / "fv_datasets"
+FV_DIR = Path(__file__).resolve().parents[3] / "shared" / "fv_datasets"
 
 REQUIRED = {"sentiment": 200, "topic": 200, "antonym": 200, "country-capital": 100, "english-french": 200,
             "present-past": 100}

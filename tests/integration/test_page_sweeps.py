@@ -11,7 +11,7 @@ pytest.importorskip("streamlit.testing.v1")
 from streamlit.testing.v1 import AppTest  # noqa: E402
 from hang import HANG_S, wait_until  # noqa: E402
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 APP = str(REPO / "app.py")
 PAGE = "pages/7_Sweeps.py"
 TASKS = ["syn-sentiment", "syn-antonym"]

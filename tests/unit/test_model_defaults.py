@@ -12,7 +12,7 @@ from backend.tasks.registry import builtin_tasks
 from ui.state import FIELDS
 from hang import HANG_S
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def test_the_table_needs_no_torch():

@@ -27,7 +27,7 @@ from backend.service.sweep_summary import compact, summarize
 from backend.service.sweeps import Cell
 from hang import HANG_S, wait_until
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 SPEC = {"models": ["default"], "tasks": ["syn-sentiment", "syn-antonym"], "kinds": ["scores"], "seeds": [0, 1],
         "params": {"shots": 2, "prompts": 4}}
 

@@ -18,7 +18,7 @@ from streamlit.testing.v1 import AppTest  # noqa: E402
 from page_checks import assert_clean, figure, vals  # noqa: E402
 from hang import HANG_S, wait_until  # noqa: E402
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 APP = str(REPO / "app.py")
 PAGE = "pages/6_Soft_head_selection.py"
 DEFAULT_PRESENT = (REPO / "models" / "headlens-tiny" / "config.json").is_file()

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 from hang import HANG_S, returns, wait_until
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 MARK = "headlens-pwned"
 
 

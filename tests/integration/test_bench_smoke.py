@@ -8,7 +8,7 @@ default 3: most of their time is imports and servers starting), each with its ow
 the selected ones together, the slowest first. No time limit but the hang guard (tests/hang.py): on a busy machine a
 smoke takes as long as it takes.
 
-bench_ray.py's smoke runs in tests/test_ray.py instead (`test_bench_smoke_bench_ray`), on the Ray cluster that the
+bench_ray.py's smoke runs in tests/integration/test_ray.py instead (`test_bench_smoke_bench_ray`), on the Ray cluster that the
 Ray tests share, so Ray starts once for all of them.
 """
 from __future__ import annotations
@@ -20,9 +20,9 @@ from pathlib import Path
 import pytest
 from bench_runs import check_smoke, run_smoke
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 ALL_SCRIPTS = sorted(p.name for p in (ROOT / "bench").glob("*.py"))
-ON_SHARED_RAY = ("bench_ray.py",)  # run by tests/test_ray.py, on the shared cluster
+ON_SHARED_RAY = ("bench_ray.py",)  # run by tests/integration/test_ray.py, on the shared cluster
 SCRIPTS = [s for s in ALL_SCRIPTS if s not in ON_SHARED_RAY]
 SLOWEST = ("bench_ui.py", "bench_faults.py", "bench_site.py")
 

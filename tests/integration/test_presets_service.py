@@ -140,7 +140,7 @@ def test_the_model_box_lists_the_presets_with_an_install_button(models_dir, inpr
 
     runner = FakeRunner()
     inprocess_app().state.pulls._runner = runner  # no network: the pull's orchestration only
-    at = AppTest.from_file(str(Path(__file__).resolve().parents[1] / "app.py"), default_timeout=HANG_S)
+    at = AppTest.from_file(str(Path(__file__).resolve().parents[2] / "app.py"), default_timeout=HANG_S)
     at.run()
     assert not at.exception
     box = at.sidebar.selectbox(key="w_model")

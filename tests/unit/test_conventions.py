@@ -190,7 +190,7 @@ def test_a_link_with_the_convention_sets_the_sidebar_and_the_share_link(inproces
 
     from streamlit.testing.v1 import AppTest
 
-    at = AppTest.from_file(str(Path(__file__).resolve().parents[1] / "app.py"), default_timeout=HANG_S)
+    at = AppTest.from_file(str(Path(__file__).resolve().parents[2] / "app.py"), default_timeout=HANG_S)
     at.query_params["prepend_bos"] = "always"
     at.run()
     assert not at.exception

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from hang import HANG_S, wait_until
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def _free_port() -> int:

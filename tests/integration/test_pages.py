@@ -25,7 +25,7 @@ from streamlit.testing.v1 import AppTest  # noqa: E402
 from page_checks import assert_clean  # noqa: E402
 from hang import HANG_S  # noqa: E402
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 APP = str(REPO / "app.py")
 HEAD_MAP = "pages/1_Head_map.py"
 ABLATION = "pages/2_Ablation.py"

@@ -20,7 +20,7 @@ from backend.analysis.kinds import KINDS, Kind, register, unregister
 from backend.analysis.params import Params
 from backend.analysis.results import Result
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 BUILTIN = [k for k in KINDS.values() if k.module.startswith("backend.analysis.")]
 
 
@@ -113,7 +113,7 @@ def test_a_kind_registered_at_run_time_answers_by_its_api_name():
     class EchoResult(Result):
         n: int
 
-    kind = Kind("echo_api", EchoParams, EchoResult, "tests.test_api:echo", "echo n", "echo_api", uses_task=False,
+    kind = Kind("echo_api", EchoParams, EchoResult, "tests.unit.test_api:echo", "echo n", "echo_api", uses_task=False,
                 uses_model=False, cached=False)
     register(kind)
     try:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-TESTS = Path(__file__).resolve().parent
+TESTS = Path(__file__).resolve().parents[1]
 PATTERNS = {
     "a timeout of literal seconds": re.compile(r"timeout=(?!0\.)\d"),  # (a poll of 0.x s is a pause)
     "a time limit constant": re.compile(r"^[A-Z_]*(TIMEOUT|WAIT|LIMIT)[A-Z_]*\s*=\s*\d"),
@@ -51,6 +51,6 @@ def test_the_scan_finds_each_kind_of_limit():
 
 
 def test_no_test_has_a_time_limit():
-    found = [f"{f.name}:{n}: {why}" for f in sorted(TESTS.glob("*.py")) if f.name not in ("hang.py", Path(__file__).name)
+    found = [f"{f.name}:{n}: {why}" for f in sorted(TESTS.rglob("*.py")) if f.name not in ("hang.py", Path(__file__).name)
              for n, why in offending_lines(f.read_text())]
     assert not found, "time limits in tests (use tests/hang.py: HANG_S, wait_until, returns):\n" + "\n".join(found)

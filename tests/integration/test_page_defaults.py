@@ -18,7 +18,7 @@ from streamlit.testing.v1 import AppTest  # noqa: E402
 from page_checks import assert_clean  # noqa: E402
 from hang import HANG_S  # noqa: E402
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 APP = str(REPO / "app.py")
 PAGES = [("app.py", ["run"]), ("pages/1_Head_map.py", []), ("pages/2_Ablation.py", []),
          ("pages/3_Steering_geometry.py", ["run_steer", "run_geometry", "run_perturb"]), ("pages/4_Head.py", []),

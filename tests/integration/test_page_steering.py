@@ -22,7 +22,7 @@ from hang import HANG_S  # noqa: E402
 
 from ui.tsla.steering_figures import MAX_DIRECTIONS  # noqa: E402
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 APP = str(REPO / "app.py")
 PAGE = "pages/3_Steering_geometry.py"
 DEFAULT_PRESENT = (REPO / "models" / "headlens-tiny" / "config.json").is_file()

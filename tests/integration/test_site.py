@@ -23,7 +23,7 @@ from backend.tasks.base import Task, TaskError, Template
 from hang import HANG_S
 from tiny_models import tiny_model
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 SMALL = dict(m=4, shots=2, prompts=6, steps=6, val_every=3, val_prompts=3, max_new_tokens=4)
 NO_EXTRAS = dict(compare=[], patching=[], budget=[], correlations=[])
 

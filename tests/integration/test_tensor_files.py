@@ -6,7 +6,7 @@
 3 malformed vectors: one sentence for each, as a 422 (upload), a job's error, or exit 2 (CLI).
 4 a finished training is never lost to a disk fault: 507 before training; after it, the tensors inline.
 7 no absolute server path in a result or /capabilities.
-8 Ray: tensors come back to the service, which checks and writes them (the cluster rows: tests/test_ray.py).
+8 Ray: tensors come back to the service, which checks and writes them (the cluster rows: tests/integration/test_ray.py).
 Quota: uploads over HEADLENS_TENSOR_QUOTA_MB go least recently used first, never one a job refers to.
 
 All on the embedded default model (4 layers x 8 heads, d_model 128) with tiny trainings (under a second each).
@@ -33,7 +33,7 @@ from backend.analysis.primitives.saved import decode, encode, inspect
 from backend.store.tensor_store import TensorMissing, TensorStore, TensorWriteError, missing, tensor_id
 from hang import HANG_S
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 TASK = "syn-antonym"
 BASE = {"model": "default", "task": TASK}
 LTV_TRAIN = dict(epochs=1, train_prompts=4, val_prompts=2, batch_size=4)

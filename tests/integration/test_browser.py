@@ -26,7 +26,7 @@ import pytest
 
 from hang import HANG_S, wait_until
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 ARTIFACTS = REPO / "tests" / "artifacts"
 MODEL = os.environ.get("HEADLENS_UI_TEST_MODEL", "default")
 SERVICE: dict[str, str] = {}  # the launched service's URL (the app_url fixture fills it)

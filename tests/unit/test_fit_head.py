@@ -148,7 +148,7 @@ def test_head_view_on_your_own_prompt_and_bad_inputs(lms, task):
 
 
 # -- the service: refusal at admission, cached lookups ------------------------------------------------------------
-DEFAULT_PRESENT = __import__("pathlib").Path(__file__).resolve().parents[1].joinpath(
+DEFAULT_PRESENT = __import__("pathlib").Path(__file__).resolve().parents[2].joinpath(
     "models", "headlens-tiny", "config.json").is_file()
 
 

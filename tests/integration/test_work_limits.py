@@ -25,7 +25,7 @@ from backend.analysis.params import NonNegative, Params
 from backend.analysis.results import Result
 from hang import HANG_S, wait_until
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 LIMITS_ENV = ("HEADLENS_MAX_WORK", "HEADLENS_JOB_TIMEOUT_S", "HEADLENS_MAX_SWEEP_JOBS", "HEADLENS_MAX_QUEUE",
               "HEADLENS_SWEEP_WINDOW", "HEADLENS_TOKEN", "HEADLENS_RUNNER", "HEADLENS_UPLOAD_QUOTA_MB")
 
@@ -326,7 +326,7 @@ def ray_idle_workers_killed_then_a_job(mp: Any, tmp: Path) -> None:
         ray.init(address="local", num_cpus=2, include_dashboard=False, logging_level="warning", log_to_driver=False)
     runner = RayJobRunner(ModelPool(), TaskStore(), limits=Limits(), cache_directory=tmp / "cache",
                           config=RayConfig(max_actors=2, retries=1, poll_s=0.05, idle_s=3600,
-                                           pythonpath=(str(Path(__file__).parent),)))
+                                           pythonpath=(str(Path(__file__).resolve().parents[1]),)))
     try:
         jobs = [runner.submit("tick", {"group": g, "steps": 20, "delay": 0.05}, job_key("tick", {"g": g}))
                 for g in (1, 2)]
@@ -415,7 +415,7 @@ CASES: dict[str, tuple[Callable[..., None], tuple]] = {
 }
 
 
-@pytest.mark.parametrize("case", [pytest.param(name, marks=marks, id=name.split(" ")[0]) for name, (_, marks)
+@pytest.mark.parametrize("case", [pytest.param(name, marks=marks, id=fn.__name__) for name, (fn, marks)
                                   in CASES.items()])
-def test_case(case, monkeypatch, tmp_path):
+def test_limit(case, monkeypatch, tmp_path):
     CASES[case][0](monkeypatch, tmp_path)
