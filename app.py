@@ -10,7 +10,7 @@ import hashlib
 import pandas as pd
 import streamlit as st
 
-from ui import api, figures, fit, jobs, layout, share, snippets, state
+from ui import api, figures, fit, jobs, layout, settings, share, snippets, state
 from ui import metrics as M
 from ui.sections import run_row
 from ui.tsla import anytime
@@ -79,7 +79,7 @@ elif (state.remembered("fit", fit.params(s)) or {}).get("verdict") == "refuse":
 # -- run ----------------------------------------------------------------------------------------------------
 ks = s.icl_shots()
 score_job = jobs.Job("scores", s.job(**s.selection()), "Scoring heads", "Head scores")
-icl_job = jobs.Job("icl", s.job(shots=ks, examples=3), "ICL curve", "ICL curve")
+icl_job = jobs.Job("icl", s.job(shots=ks, examples=settings.kind_default("icl", "examples")), "ICL curve", "ICL curve")
 
 st.subheader("Run", divider="gray")
 clicked = run_row(f"**Model** `{s.model}` · **task** `{s.task}` · **{s.shots}** shots · **{s.prompts}** prompts · "
@@ -155,9 +155,9 @@ if scores is not None:
                 rows = ex[shots_used.index(k)]
                 share.dataframe(f"Example prompts (k = {k})", 
                     pd.DataFrame([{"correct": bool(r.get("correct")), "label_correct": bool(r.get("label_correct")),
-                                   "query": str(r.get("query", "")).strip(), "gold": str(r["gold"]).strip(),
-                                   "answer": str(r.get("pred_token", "")).strip() or "∅",
-                                   "prediction": str(r.get("pred", "")).strip() or "∅",
+                                   "query": str(r.query).strip(), "gold": str(r.gold).strip(),
+                                   "answer": str(r.pred_token).strip() or "∅",
+                                   "prediction": str(r.pred).strip() or "∅",
                                    "p(gold)": r.get("gold_prob")}
                                   for r in rows]),
                     hide_index=True, key="examples_table",

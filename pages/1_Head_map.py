@@ -8,7 +8,7 @@ import numpy as np
 import pandas as pd
 import streamlit as st
 
-from ui import compare, figures, fit, head_view, heads, jobs, layout, share, snippets, state
+from ui import compare, figures, fit, head_view, heads, jobs, layout, settings, share, snippets, state
 from ui import metrics as M
 from ui.sections import download, guard, run_row, section
 from ui.tsla import anytime, patching_figures as pf
@@ -138,14 +138,14 @@ if state.bind(st.toggle, "Patch every head from the clean prompts into 0-shot or
                    "TR and TL maps. Off: nothing of it is drawn (a link with it on reopens it)."):
     c1, c2 = st.columns([1.6, 1])
     with c1:
-        state.bind(st.segmented_control, "Patch into", "pt_target", options=list(pf.TARGETS), format_func=pf.TARGETS.get,
-                   required=True, help="The target prompts: the same queries with no demonstrations, or with perturbed "
-                                       "demonstrations (shuffled inputs, random labels, flipped labels: binary tasks).")
+        state.bind(st.segmented_control, "Patch into", "pt_target", options=state.options("pt_target"),
+                   format_func=pf.TARGETS.get, required=True,
+                   help=settings.help_text("pt_target", "Random and flipped labels: binary tasks."))
     with c2:
-        state.bind(st.segmented_control, "Source activation", "pt_patch", options=list(pf.PATCHES),
+        state.bind(st.segmented_control, "Source activation", "pt_patch", options=state.options("pt_patch"),
                    format_func=pf.PATCHES.get, required=True,
-                   help="paired: clean prompt i's own z into target prompt i (activation patching); mean: the clean "
-                        "prompts' mean z into every target (the function vector's causal indirect effect).")
+                   help=settings.help_text("pt_patch", "Paired is activation patching; mean, the function vector's "
+                                                       "causal indirect effect."))
     target, patch = state.value("pt_target"), state.value("pt_patch")
     pt_params = s.job(**s.selection(), target=target, patch=patch)
     clicked = run_row(f"Patch every one of the **{L * H}** heads from the **{scores['shots']}-shot** prompts into "
@@ -157,7 +157,7 @@ if state.bind(st.toggle, "Patch every head from the clean prompts into 0-shot or
     if pt is not None:
         with guard("Activation patching"):
             jobs.show_warnings(pt)
-            ov = pt.get("overlap") or {}
+            ov = pt.overlap
             q = st.columns(5)
             q[0].metric("Gold logit, clean", f"{pt['clean_logit']:.3g}", border=True,
                         help=f"Mean logit of the gold answer's first token on the {pt['shots']}-shot prompts.")
@@ -169,11 +169,11 @@ if state.bind(st.toggle, "Patch every head from the clean prompts into 0-shot or
             q[3].metric("Spearman ρ with TR", "—" if (ov.get("tr") or {}).get("spearman") is None else
                         f"{ov['tr']['spearman']:.2f}", border=True,
                         help=f"Rank correlation of the recovered share with the TR map over all heads; top-{pt['top_k']} "
-                             f"Jaccard {(ov.get('tr') or {}).get('jaccard', 0):.2f}.")
+                             f"Jaccard {f'{ov.tr.jaccard:.2f}' if 'tr' in ov else '—'}.")
             q[4].metric("Spearman ρ with TL", "—" if (ov.get("tl") or {}).get("spearman") is None else
                         f"{ov['tl']['spearman']:.2f}", border=True,
                         help=f"The same with the TL map; top-{pt['top_k']} Jaccard "
-                             f"{(ov.get('tl') or {}).get('jaccard', 0):.2f}.")
+                             f"{f'{ov.tl.jaccard:.2f}' if 'tl' in ov else '—'}.")
             share.numbers("Activation patching", {"target": pt["target"], "patch": pt["patch"],
                                                   "gold logit, clean": pt["clean_logit"],
                                                   "gold logit, target": pt["target_logit"], "gap": pt["gap"],
@@ -289,7 +289,7 @@ with c1:
     st.caption(f"Sorted by {figures.map_spec(metric)['label']}; rank 1 = largest of {L * H}.")
 c2, c3 = st.columns([1, 1], gap="large")
 with c2:
-    ov = scores.get("overlap", {})
+    ov = scores.overlap
     names = {"tr_tl": "TR vs TL", "tr_induction": "TR vs induction", "tl_induction": "TL vs induction"}
     odf = pd.DataFrame([{"pair": names.get(k, k), "Jaccard": v.get("jaccard"), "Spearman ρ": v.get("spearman"),
                          "Kendall τ": v.get("kendall")} for k, v in ov.items()])
@@ -298,7 +298,7 @@ with c2:
     st.dataframe(odf, hide_index=True, key="overlap_table", placeholder="—",
                  column_config={c: st.column_config.NumberColumn(format="%.3f")
                                 for c in ("Jaccard", "Spearman ρ", "Kendall τ")})
-    n_top = int(scores.get("top_k", len(scores.get("top_tr", []))))
+    n_top = int(scores.top_k)
     st.caption(f"Jaccard: overlap of the top-head sets ({s.top_label()}: {n_top} head{'s' if n_top != 1 else ''} "
                "each). Spearman and Kendall: rank correlation over all heads.")
 with c3:

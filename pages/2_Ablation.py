@@ -5,7 +5,7 @@ from __future__ import annotations
 import pandas as pd
 import streamlit as st
 
-from ui import figures, fit, heads, jobs, layout, share, snippets, state
+from ui import figures, fit, heads, jobs, layout, settings, share, snippets, state
 from ui import metrics as M
 from ui.sections import download
 
@@ -29,14 +29,14 @@ if scores is None:
     st.stop()
 L, H = int(scores["n_layers"]), int(scores["n_heads"])
 
-state.bind(st.segmented_control, "Ablation mode", "mode", options=list(state.MODES), required=True,
-           format_func=lambda m: {"zero": "Zero", "mean": "Mean"}[m], help=MODE_HELP)
-mode = state.get().mode or "zero"
+state.bind(st.segmented_control, "Ablation mode", "mode", options=state.options("mode"), required=True,
+           format_func=str.capitalize, help=MODE_HELP)
+mode = state.get().mode
 
 # -- live toggling ---------------------------------------------------------------------------------------------------
 st.subheader("Switch heads off", divider="gray")
 st.caption("The heads selected here or on the Head map are ablated at once.")
-state.bind(st.segmented_control, "Where", "ab_positions", options=["last", "all"], required=True,
+state.bind(st.segmented_control, "Where", "ab_positions", options=state.options("ab_positions"), required=True,
            format_func=lambda p: {"last": "Last token", "all": "Every position"}[p], help=WHERE_HELP)
 selected = heads.multiselect(L, H)
 heads.quick_picks(scores, L, H, key="ab")
@@ -63,14 +63,14 @@ else:
                         border=True)
             c[3].caption(f"was {pb:.3f}")
         c[4].metric("Predictions changed", f"{changed} / {len(rows)}", border=True)
-        where = "at the last token" if ab.get("positions") == "last" else "at every position"
-        tests = ab.get("test") or {}
+        where = "at the last token" if ab.positions == "last" else "at every position"
+        tests = ab.test or {}
         if tests:  # the same prompts before and after: a paired test, not two intervals compared by eye
             st.markdown("After against before, paired on the same prompts: "
                         + "; ".join(M.paired_text(tests[n], M.LABEL[n].lower()) for n in M.NAMES if n in tests) + ".")
-        st.caption(M.noise_sentence(ab.get("prompts")) + " Brackets: 95% Wilson intervals.")
+        st.caption(M.noise_sentence(ab.prompts) + " Brackets: 95% Wilson intervals.")
         share.numbers("Ablation of the selected heads", {"heads": ", ".join(figures.head_name(h) for h in selected),
-                                                         "mode": mode, "positions": ab.get("positions", "all"),
+                                                         "mode": mode, "positions": ab.positions,
                                                          "predictions changed": changed,
                                                          **{f"{M.LABEL[n]} before": b[n] for n in M.NAMES},
                                                          **{f"{M.LABEL[n]} after": a[n] for n in M.NAMES},
@@ -79,7 +79,7 @@ else:
                                                          **{f"{M.LABEL[n]} after vs before": M.paired_text(tests[n])
                                                             for n in M.NAMES if n in tests}})
         st.caption(f"{mode} ablation of {', '.join(figures.head_name(h) for h in selected)} {where} · "
-                   f"{ab.get('prompts', len(rows))} prompts, {ab.get('shots', s.shots)} shots · {jobs.timing(ab)}")
+                   f"{ab.prompts} prompts, {ab.shots} shots · {jobs.timing(ab)}")
         snippets.show("ablate", ab_params, "r.before, r.after   # Metrics: accuracy, label_accuracy, tr_ratio\n"
                                            "r.after.accuracy_ci # its 95% Wilson interval\n"
                                            "r.test['accuracy']  # paired test after vs before: effect, ci_low, "
@@ -124,22 +124,21 @@ state.bind(st.select_slider, "Ablate up to k heads", "kmax", options=choices,
            help="Curves at k = 0, 1, 2, 4, … up to this many of the top-ranked heads.")
 kmax = state.get().kmax
 ks = sorted({0, kmax} | {k for k in state.KMAX_STEPS if k < kmax})
-curve_params = s.job(ks=ks, mode=mode, orders=["tr", "tl", "induction", "random"], random_seeds=[0, 1, 2])
+curve_params = s.job(ks=ks, mode=mode, orders=settings.kind_default("ablation_curves", "orders"),
+                     random_seeds=settings.kind_default("ablation_curves", "random_seeds"))
 curves = jobs.fetch("ablation", curve_params, "Ablation curves", what="Ablation curves")
 if curves is not None:
     jobs.show_warnings(curves)
     share.chart(figures.ablation_curves(curves, f"{mode.capitalize()} ablation of the top k heads" + figures.subtitle(
         figures.caption(s.model, s.task_title, curves['shots'], f'k ≤ {kmax}'))), f"ablation-curves-{mode}",
                 key="curves_fig", heads=f"k{kmax}")
-    rand = curves["curves"].get("random", {})
-    band = ("its 95% interval over the random sets and the prompts" if rand.get("accuracy_ci")
-            else "± standard deviation")
+    rand = curves.curves["random"]
+    band = "its 95% interval over the random sets and the prompts" if rand.accuracy_ci else "± standard deviation"
     st.caption(f"{mode.capitalize()} ablation of the k heads ranked highest by TR, TL or induction score; random: "
-               f"k random heads, mean over seeds {rand.get('seeds', [0, 1, 2])} with {band}"
+               f"k random heads, mean over seeds {rand.seeds} with {band}"
                f" (grey band; drawn from the heads outside the top {kmax} TR and TL heads while there are enough: a "
                f"disjoint control). Error bars: 95% Wilson intervals. "
-               f"{curves.get('prompts', s.prompts)} prompts per point · {jobs.timing(curves)}. "
-               + M.noise_sentence(curves.get("prompts")))
+               f"{curves.prompts} prompts per point · {jobs.timing(curves)}. " + M.noise_sentence(curves.prompts))
     k_last = curves["ks"][-1] if curves["ks"] else None
     vs = [(figures.ORDER_STYLE.get(o, {"name": o})["name"], c["vs_random"]["accuracy"][-1])
           for o, c in curves["curves"].items() if o != "random" and (c.get("vs_random") or {}).get("accuracy")]

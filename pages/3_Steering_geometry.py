@@ -11,13 +11,12 @@ from __future__ import annotations
 import pandas as pd
 import streamlit as st
 
-from ui import figures, fit, heads, jobs, layout, share, snippets, state
+from ui import figures, fit, heads, jobs, layout, settings, share, snippets, state
 from ui.sections import download, guard, run_row, section
 from ui import metrics as M
 from ui.tsla import perturbation_figures as pf
 from ui.tsla import steering_figures as sf
 
-PERTURBATIONS = list(state.PERTURBATIONS)
 VECTOR_HELP = {
     "tr": "the summed last-token writes of the top TR heads",
     "tl": "the summed last-token writes of the top TL heads",
@@ -29,6 +28,7 @@ VECTOR_HELP = {
 
 
 s, caps = layout.page_setup("Steering & geometry", ":material/explore:")
+PERTURBATIONS = state.options("sg_perturbations")  # the perturb kind's
 st.title(":material/explore: Steering & geometry")
 st.caption("Add a task vector built from heads to zero-shot prompts and see whether it restores in-context "
            "learning; follow the hidden states through the layers; perturb the demonstrations and see which "
@@ -50,7 +50,7 @@ if state.value("sg_pca_layer") is not None and not 0 <= int(state.value("sg_pca_
 
 st.subheader("Vectors", divider="gray")
 selected = heads.current(L, H)
-options = list(state.VECTOR_TYPES) if selected else [v for v in state.VECTOR_TYPES if v != "custom"]
+options = state.vector_types() if selected else state.options("sg_vectors")
 vecs_now = [v for v in state.value("sg_vectors") if v in options]
 seen = st.session_state.get("_hl_sg_custom_for")
 if seen is None and state.opened_from_link():
@@ -73,7 +73,7 @@ with c2:
                help="The vector is added to the residual stream at the input of this decoder layer (layer 0: the "
                     "embeddings), at the last token, as on every page. `all` sweeps every layer.")
 with c3:
-    state.bind(st.number_input, "α (scale)", "sg_alpha", min_value=-100.0, max_value=100.0, step=0.5, format="%.2f",
+    state.bind(st.number_input, "α (scale)", "sg_alpha", **settings.widget_bounds("sg_alpha"), step=0.5, format="%.2f",
                help="The vector is added as α·v. α = 0 leaves the model untouched.")
 with st.expander(f"Selected heads ({len(selected)}): the custom vector", icon=":material/touch_app:",
                  expanded=False):
@@ -144,8 +144,8 @@ if steer is not None:
                                         "layer": st.column_config.NumberColumn(format="%d")})
             st.caption("‖v‖ is the vector's norm before scaling by α. " + " · ".join(
                 f"{sf.vector_name(k)}: {VECTOR_HELP[k]}" for k in vectors if k in VECTOR_HELP) + ".")
-        st.caption(f"{steer.get('prompts', s.prompts)} prompts · {jobs.timing(steer)}. Brackets and error bars: 95% "
-                   f"Wilson intervals. {M.noise_sentence(steer.get('prompts'))}")
+        st.caption(f"{steer.prompts} prompts · {jobs.timing(steer)}. Brackets and error bars: 95% "
+                   f"Wilson intervals. {M.noise_sentence(steer.prompts)}")
         d1, d2 = st.columns([1, 4])
         with d1:
             download("Steering result (JSON)", steer, f"headlens-steer-{s.task}.json", "dl_steer")
@@ -194,7 +194,7 @@ if geo is not None:
                         "applied* for the logit difference.")
         cols[2].caption("**Rotation**: the angle between Ph and that gold-minus-others direction inside the label "
                         "subspace; under 90° leans to the correct label.")
-        st.caption(f"Lines: means over {geo.get('prompts', s.prompts)} prompts; bands: ±1 standard deviation; "
+        st.caption(f"Lines: means over {geo.prompts} prompts; bands: ±1 standard deviation; "
                    "error bars: the mean's 95% bootstrap interval over prompts; "
                    f"dotted line: the injection layer. "
                    + ("Final norm applied. " if geo.get("final_norm") else "") + jobs.timing(geo) + ".")
@@ -283,11 +283,11 @@ if pert is not None:
             st.info(f"Every change is 0: ablating the original top {pert.get('top_k')} TR, TL or random heads moves "
                     "neither the accuracy nor the TR ratio under any of these perturbations, so the bars above are "
                     "empty.", icon=":material/horizontal_rule:")
-        hs = pert.get("heads") or {}
-        st.caption(f"Change when the **unperturbed** top {pert.get('top_k')} TR heads "
-                   f"({', '.join(figures.head_name(h) for h in hs.get('tr', []))}), top TL heads "
-                   f"({', '.join(figures.head_name(h) for h in hs.get('tl', []))}) or as many random heads from neither top set "
-                   f"({', '.join(figures.head_name(h) for h in hs.get('random', []))}) are zero-ablated, in points "
+        hs = pert.heads
+        st.caption(f"Change when the **unperturbed** top {pert.top_k} TR heads "
+                   f"({', '.join(figures.head_name(h) for h in hs['tr'])}), top TL heads "
+                   f"({', '.join(figures.head_name(h) for h in hs['tl'])}) or as many random heads from neither top set "
+                   f"({', '.join(figures.head_name(h) for h in hs['random'])}) are zero-ablated, in points "
                    "against no ablation under the same perturbation. The paper expects shuffled inputs to make the "
                    "TL heads matter less, and number labels the TR heads.")
         sets = (("tr", "TR-ablated"), ("tl", "TL-ablated"), ("random", "random-ablated"))
@@ -316,7 +316,7 @@ if pert is not None:
             if ex:
                 with st.expander("An example perturbed prompt (its end)"):
                     st.code(ex, language=None, wrap_lines=True)
-        st.caption(f"{pert.get('prompts', s.prompts)} prompts, {pert.get('shots', s.shots)} demonstrations · "
+        st.caption(f"{pert.prompts} prompts, {pert.shots} demonstrations · "
                    + jobs.timing(pert))
         d1, d2 = st.columns([1, 4])
         with d1:

@@ -66,8 +66,8 @@ if r is None:
     st.stop()
 jobs.show_warnings(r)
 if r.get("prompt_index") is not None:
-    st.markdown(f"**Prompt {r['prompt_index']}** · query `{str(r.get('query', '')).strip()}` · gold "
-                f"`{str(r.get('gold', '')).strip()}`")
+    st.markdown(f"**Prompt {r.prompt_index}** · query `{str(r.query or '').strip()}` · gold "
+                f"`{str(r.gold or '').strip()}`")
 with st.expander("The prompt as text", expanded=text is None and len(r["text"]) < 300):
     st.code(r["text"], language=None, wrap_lines=True)
 head_view.render(r, s, params, L * H, key="head_page")

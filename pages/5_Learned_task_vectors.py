@@ -13,7 +13,7 @@ from typing import Any
 import pandas as pd
 import streamlit as st
 
-from ui import figures, fit, jobs, layout, share, snippets, state
+from ui import figures, fit, jobs, layout, settings, share, snippets, state
 from ui.sections import LiveChart, download, guard, run_row, section
 from ui import api
 from ui.ltv import figures as lf
@@ -59,24 +59,27 @@ with c1:
                     "(a sweep of SmolLM2-135M's 30 layers takes hours on a CPU).")
 with c2:
     state.bind(st.text_input, "Positions", "ltv_positions", to_widget=state.fmt_ints, from_widget=positions_from,
-               help="Negative offsets from the last prompt token where θ is added: -1 (the last token), or e.g. "
-                    "-1,-2.")
+               help=settings.help_text("ltv_positions", "E.g. -1,-2."))
 with c3:
-    state.bind(st.number_input, "Learning rate", "ltv_lr", min_value=1e-7, max_value=10.0, format="%g", step=1e-3,
-               help="AdamW, decaying linearly to 0. The reference implementation uses 5e-3 (its paper's text: 1e-3).")
+    state.bind(st.number_input, "Learning rate", "ltv_lr", **settings.widget_bounds("ltv_lr"), format="%g", step=1e-3,
+               help=settings.help_text("ltv_lr", f"The default, {settings.default('ltv_lr'):g}, is the reference "
+                                                 "implementation's (the paper's text says 1e-3)."))
 with c4:
-    state.bind(st.number_input, "Epochs", "ltv_epochs", min_value=1, max_value=1000, step=1,
-               help="At most this many epochs of 100 training prompts; early stopping (patience 2) on held-out "
-                    "accuracy keeps the best vector.")
+    state.bind(st.number_input, "Epochs", "ltv_epochs", **settings.widget_bounds("ltv_epochs"), step=1,
+               help=f"At most this many epochs of {settings.kind_default('ltv', 'train_prompts')} training prompts; "
+                    f"early stopping (patience {settings.kind_default('ltv', 'patience')}) on held-out accuracy "
+                    "keeps the best vector.")
 with c5:
-    state.bind(st.number_input, "Batch", "ltv_batch", min_value=1, max_value=1024, step=1,
-               help="Training batch size. The reference uses 1; 4 (the default) trains ~4x faster on a CPU at "
-                    "the same held-out accuracy on the default model's tasks (bench/bench_ltv.py).")
+    state.bind(st.number_input, "Batch", "ltv_batch", **settings.widget_bounds("ltv_batch"), step=1,
+               help=f"Training batch size. The reference uses 1; {settings.default('ltv_batch')} (the default) trains "
+                    "~4x faster on a CPU at the same held-out accuracy on the default model's tasks "
+                    "(bench/bench_ltv.py).")
 with c6:
-    state.bind(st.selectbox, "Units", "ltv_units", options=["residual", "absolute"],
+    state.bind(st.selectbox, "Units", "ltv_units", options=state.options("ltv_units"),
                format_func=lambda u: {"residual": "residual scale", "absolute": "absolute (reference)"}[u],
                help="residual scale: θ = r·φ with r the RMS of the residual stream where θ is added; lr and the "
-                    "initial ±0.1 apply to φ, so they mean the same on every model. absolute: θ trained as is, "
+                    f"initial ±{settings.kind_default('ltv', 'init_scale'):g} apply to φ, so they mean the same on "
+                    "every model. absolute: θ trained as is, "
                     "as the reference implementation (tuned on Llama's scale).")
 bad = st.session_state.pop("_hl_ltv_bad_positions", None)
 if bad is not None:
@@ -200,7 +203,7 @@ if res is not None:
             share.chart(lf.loss_curve(tr, f"Training at layer {at}: best epoch {tr['best_epoch']} of "
                                               f"{tr['epochs_run']} ({tr['stopped']}){ctx}"), f"ltv-loss-layer{at}",
                         key="ltv_loss", heads="")
-            st.caption(lf.epoch_sentence(tr, int(res["params"].get("patience") or 2)))
+            st.caption(lf.epoch_sentence(tr, int(res.params.get("patience") or settings.kind_default("ltv", "patience"))))
         with g2:
             st.markdown(f"**‖θ‖** = {', '.join(f'{x:.3g}' for x in tr['norm'])} · trained on **{tr['n_train']}** "
                         f"zero-shot prompts, early-stopped on **{tr['n_val']}** · {tr['train_seconds']:.1f} s")

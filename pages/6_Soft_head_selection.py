@@ -15,7 +15,7 @@ import numpy as np
 import pandas as pd
 import streamlit as st
 
-from ui import figures, fit, heads, jobs, layout, share, snippets, state
+from ui import figures, fit, heads, jobs, layout, settings, share, snippets, state
 from ui.sections import LiveChart, download, guard, run_row, section
 from ui import metrics as M
 from ui.site import figures as sf
@@ -46,15 +46,16 @@ L, H = int(info["n_layers"]), int(info["n_heads"])
 # -- settings ------------------------------------------------------------------------------------------------------
 c1, c2, c3 = st.columns(3)
 with c1:
-    state.bind(st.number_input, "M: few-shot prompts", "site_m", min_value=1, max_value=10000, step=5,
+    state.bind(st.number_input, "M: few-shot prompts", "site_m", **settings.widget_bounds("site_m"), step=5,
                help="Prompts (from the training split) whose mean last-token z per head is the task embedding t.")
 with c2:
-    state.bind(st.number_input, "N: shots per prompt", "site_shots", min_value=0, max_value=64, step=1,
+    state.bind(st.number_input, "N: shots per prompt", "site_shots", **settings.widget_bounds("site_shots"), step=1,
                help="Demonstrations in each of those prompts (fewer when the context window is short).")
 with c3:
-    state.bind(st.number_input, "Training steps", "site_steps", min_value=0, max_value=100000, step=50,
-               help="Adam steps (lr 0.2, one random zero-shot prompt each); every 50 steps the validation loss "
-                    "decides which α are kept.")
+    state.bind(st.number_input, "Training steps", "site_steps", **settings.widget_bounds("site_steps"), step=50,
+               help=f"Adam steps (lr {settings.kind_default('site', 'lr'):g}, one random zero-shot prompt each); "
+                    f"every {settings.kind_default('site', 'val_every')} steps the validation loss decides which α "
+                    "are kept.")
 recipe = {"m": int(state.value("site_m")), "shots": int(state.value("site_shots")),
           "steps": int(state.value("site_steps")), "prompts": s.prompts, "seed": s.seed, **s.conventions()}
 params = {"model": s.model, "task": s.task, **recipe}
@@ -62,8 +63,10 @@ params = {"model": s.model, "task": s.task, **recipe}
 st.subheader("Train", divider="gray")
 clicked = run_row(f"**M = {recipe['m']}** prompts × **N = {recipe['shots']}** shots · **{recipe['steps']}** steps · "
                   f"{L} × {H} = **{L * H}** α to learn",
-                  "Then: SITE against 0-shot, 8- and 10-shot ICL, the function and vanilla task vectors, every α = 1 "
-                  "and LTV (when cached); patching; the budget curve over M = 1, 5, 10, 50.", "run_site",
+                  f"Then: SITE against 0-shot, {'- and '.join(map(str, settings.kind_default('site', 'icl_shots')))}"
+                  "-shot ICL, the function and vanilla task vectors, every α = 1 and LTV (when cached); patching; "
+                  f"the budget curve over M = {', '.join(map(str, settings.kind_default('site', 'budget')))}.",
+                  "run_site",
                   estimate=[("site", params)])
 live = LiveChart("site")
 
@@ -87,7 +90,8 @@ with guard("Soft head selection"):
     jobs.show_warnings(res)
     base = res.get("baselines") or {}
     site, zero = res["site"], (base.get("zero_shot") or {}).get("metrics")
-    icl8 = (base.get("icl_8") or {}).get("metrics")
+    icl_k = min(res.params.get("icl_shots") or settings.kind_default("site", "icl_shots"))  # what ran
+    icl8 = (base.get(f"icl_{icl_k}") or {}).get("metrics")
     pc = res["params_count"]
     m = st.columns(5)
     m[0].metric("SITE accuracy (0-shot)", M.pct(site["accuracy"]),
@@ -98,8 +102,8 @@ with guard("Soft head selection"):
                      "separator or a newline: it begins with the whole gold answer. "
                      f"Strictly the answer alone: {M.pct(site.get('strict_match'))}.", border=True)
     m[2].metric("TR ratio", M.pct(site["tr_ratio"]), help=M.HELP["tr_ratio"], border=True)
-    m[3].metric("8-shot ICL", M.pct(icl8["accuracy"]) if icl8 else "n/a",
-                help="Accuracy of the same queries with 8 demonstrations in the prompt.", border=True)
+    m[3].metric(f"{icl_k}-shot ICL", M.pct(icl8["accuracy"]) if icl8 else "n/a",
+                help=f"Accuracy of the same queries with {icl_k} demonstrations in the prompt.", border=True)
     m[4].metric("Trained parameters", f"{pc['site']:,}",
                 help=f"L × H = {L} × {H}. A rank-8 LoRA on the q and v projections of this model trains "
                      f"{pc['lora']:,}. The task embedding t holds {pc['task_embedding']:,} values (extracted, not "

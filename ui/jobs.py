@@ -31,6 +31,7 @@ from typing import Any, Callable
 import streamlit as st
 
 from . import api, share, state
+from .results import ResultError, typed
 
 ERROR_TITLES = {
     "unreachable": "The headlens service is unreachable.",
@@ -125,8 +126,8 @@ def show_warnings(result: dict[str, Any] | None) -> None:
 def timing(result: dict[str, Any]) -> str:
     """Where a result came from and how long the user waited: "computed in 2.8 s (waited 3.1 s)"."""
     waited = result.get("_waited")
-    src = (f"from the cache ({result.get('seconds', 0):.2f} s)" if result.get("cache_hit")
-           else f"computed in {result.get('seconds', 0):.1f} s")
+    src = (f"from the cache ({result['seconds']:.2f} s)" if result["cache_hit"]
+           else f"computed in {result['seconds']:.1f} s")
     return src + (f" · shown {waited:.1f} s after the request" if waited is not None else " · kept in this session")
 
 
@@ -224,8 +225,13 @@ def _supersede(job: Job) -> dict[str, Any] | None:
 
 
 def _remember(job: Job, result: dict[str, Any], t0: float) -> dict[str, Any]:
-    result = {**result, "_waited": time.monotonic() - t0}
-    api.trace(f"result:{job.kind}:{'hit' if result.get('cache_hit') else 'computed'}:{result.get('seconds', 0):.3f}",
+    """The service's result, checked against its kind's result schema and read by attribute (`ui.results`: the
+    one place a result enters the session), with `_waited`; an ApiError when it does not fit."""
+    try:
+        result = typed(api.KINDS.get(job.kind, job.kind), {**result, "_waited": time.monotonic() - t0})
+    except ResultError as e:
+        raise api.ApiError(f"the service's {job.kind} result does not fit this dashboard: {e}", kind="internal") from e
+    api.trace(f"result:{job.kind}:{'hit' if result['cache_hit'] else 'computed'}:{result['seconds']:.3f}",
               1000 * result["_waited"])
     state.remember(job.kind, job.params, result)
     return result
@@ -241,12 +247,13 @@ def peek(kind: str, params: dict[str, Any], *, ask_service: bool = True) -> dict
     t0 = _action_t0()
     try:
         found = api.cached(kind, params)
+        if found is None:
+            return None
+        found = _remember(Job(kind, params, ""), found, t0)
     except api.ApiError:
         return None
-    if found is None:
-        return None
     share.used(kind, params)
-    return _remember(Job(kind, params, ""), found, t0)
+    return found
 
 
 def _show_cancelled(job: Job) -> None:
@@ -351,7 +358,11 @@ def _wait(pending: list[tuple[int, Job, dict[str, Any]]], quiet: bool) -> dict[i
             if sl["holder"] is not None:
                 sl["holder"].empty()
             if j["status"] == "done" and isinstance(j.get("result"), dict):
-                results[i] = _remember(job, j["result"], cur["t0"])
+                try:
+                    results[i] = _remember(job, j["result"], cur["t0"])
+                except api.ApiError as e:
+                    show_error(e, job.what or job.label)
+                    results[i] = None
             elif j["status"] == "cancelled":
                 _cancelled()[job.where] = job.key
                 _show_cancelled(job)

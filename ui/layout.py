@@ -11,7 +11,7 @@ from urllib.parse import urlencode
 
 import streamlit as st
 
-from . import api, jobs, share, state
+from . import api, jobs, settings, share, state
 from .jobs import show_error
 from .model_box import model_box
 
@@ -150,9 +150,9 @@ def share_link(page_path: str | None = None) -> str:
     return f"{base}?{q}" if base else f"?{q}"
 
 
-def _clamp(name: str, lo: int, hi: int) -> None:
-    v = st.session_state[f"s_{name}"]
-    st.session_state[f"s_{name}"] = min(max(int(v), lo), hi)
+def _clamp(name: str, lo: int, hi: int | None) -> None:
+    v = max(int(st.session_state[f"s_{name}"]), lo)
+    st.session_state[f"s_{name}"] = v if hi is None else min(v, hi)
 
 
 def sidebar(caps: dict[str, Any]) -> None:
@@ -191,16 +191,16 @@ def sidebar(caps: dict[str, Any]) -> None:
         c1, c2 = st.columns(2)
         with c1:
             state.bind(st.number_input, "Shots (k)", "shots", min_value=shots_lo, max_value=shots_hi,
-                       step=1, help="Demonstrations in each prompt.")
+                       step=1, help=settings.help_text("shots"))
         with c2:
             state.bind(st.number_input, "Prompts", "prompts", min_value=prompts_lo, max_value=prompts_hi, step=10,
-                       help="Held-out queries scored; results are means over them.")
+                       help=settings.help_text("prompts", "Results are means over them."))
         pool = task_info(caps, state.get().task).get("n_queries")
         if pool and state.get().prompts > int(pool):
             st.caption(f"This task has {pool} held-out queries: all {pool} are scored, each once.")
-        state.bind(st.number_input, "Seed", "seed", min_value=0, step=1,
-                   help="Seeds the split into demonstrations and queries.")
-        state.bind(st.selectbox, "BOS token", "prepend_bos", options=list(state.PREPEND_BOS),
+        state.bind(st.number_input, "Seed", "seed", **settings.widget_bounds("seed"), step=1,
+                   help=settings.help_text("seed"))
+        state.bind(st.selectbox, "BOS token", "prepend_bos", options=state.options("prepend_bos"),
                    format_func=lambda v: {"tokenizer": "as the tokenizer does", "always": "always first"}[v],
                    help="Whether every prompt starts with the BOS token. As the tokenizer does: its own choice "
                         "(SmolLM2's adds none, Llama's does). Always first: TransformerLens's convention "
@@ -240,10 +240,10 @@ def top_heads_control() -> None:
                              required=True, label_visibility="collapsed")
     with c1:
         if s.top_k:
-            state.bind(st.number_input, "Top heads", "top_k", min_value=1, max_value=4096, step=1,
+            state.bind(st.number_input, "Top heads", "top_k", **settings.widget_bounds("top_k"), step=1,
                        help="Size of the top-head sets (top TR, top TL, random, function vector): a count.")
         else:
-            state.bind(st.number_input, "Top heads", "top_pct", min_value=0.1, max_value=100.0, step=1.0,
+            state.bind(st.number_input, "Top heads", "top_pct", **settings.widget_bounds("top_pct"), step=1.0,
                        format="%g", help="Size of the top-head sets (top TR, top TL, random, function vector): "
                                          f"a percentage of all heads, never fewer than {state.MIN_TOP_HEADS}.")
 
@@ -266,6 +266,7 @@ def page_setup(title: str, icon: str = ":material/search:") -> tuple[state.Setti
             forget_capabilities()
             st.rerun()
         st.stop()
+    settings.load(caps)  # every setting's default, bounds and help: the kinds' params schemas, as the service states
     problems = state.init(caps.get("limits"))  # a link's shots and prompts within this service's limits
     for p in problems:
         jobs.warn(p)

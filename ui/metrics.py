@@ -94,7 +94,7 @@ def paired_text(t: dict[str, Any] | None, what: str = "") -> str:
         return ""
     head = f"{what}: " if what else ""
     return (f"{head}{signed(t['effect'])} pts [{signed(t['ci_low'])}, {signed(t['ci_high'])}], {p_text(t.get('p'))} "
-            f"({t.get('test', 'paired')}, {t.get('n', '?')} prompts)")
+            f"({t['test']}, {t['n']} prompts)")
 
 
 def noise_floor(n: int) -> float:

@@ -19,9 +19,11 @@ from typing import Any, Callable, Iterable, Sequence
 
 import streamlit as st
 
+from . import settings
+
 Head = tuple[int, int]
 MAPS = ("tr", "tl", "dla_tr", "dla_tl", "induction", "cie")  # the five of `scores`, and the CIE (kind `patching`)
-MODES = ("zero", "mean")
+MIN_TOP_HEADS = 4  # the backend's rule for a top-p% set (options.MIN_TOP_HEADS), named in the sidebar's help
 
 
 def default_model() -> str:
@@ -72,27 +74,20 @@ def _text(s: str) -> str:
     return s
 
 
-def _pct(s: str) -> float:
-    v = float(str(s).rstrip("%"))
-    if not 0 < v <= 100:
-        raise ValueError("must be a percentage in (0, 100]")
-    return v
-
-
-TOP_PCT, MIN_TOP_HEADS = 3.0, 4  # the backend's defaults (backend/analysis/primitives/options.py); the backend applies the rule
-VECTOR_TYPES = ("tr", "tl", "random", "fv", "vanilla", "custom")
 SWEEP_METRICS = ("tr_depth", "tl_depth", "tr_induction", "tl_induction", "accuracy", "zero_shot_accuracy",
                  "icl_accuracy", "icl_gain", "ablation_drop_tr", "ablation_drop_tl")
-PERTURBATIONS = ("shuffled_inputs", "random_labels", "flipped_labels", "symbol_labels", "number_labels")
-PATCH_TARGETS = ("zero_shot", "shuffled_inputs", "random_labels", "flipped_labels")  # kind `patching`'s `target`
-PREPEND_BOS, PREPEND_BOS_DEFAULT = ("tokenizer", "always"), "tokenizer"  # backend/analysis/primitives/options.py: `prepend_bos`
+CUSTOM_VECTOR = "custom"
+"""The Steering page's vector of the selected heads, beside the kinds' vector types (`vector_types()`)."""
 
 
-def _flag(s: str) -> bool:
-    v = str(s).strip().lower()
-    if v not in ("1", "0", "true", "false", "yes", "no", "on", "off"):
-        raise ValueError("must be 1 or 0")
-    return v in ("1", "true", "yes", "on")
+def options(name: str) -> list[Any]:
+    """The options of a setting bound to a kind's field (`ui.settings.WIDGETS`): its kind's, never restated here."""
+    return list(settings.spec(name).options or ())
+
+
+def vector_types() -> list[str]:
+    """The Steering page's vector types: the `steer` kind's, and the custom vector of the selected heads."""
+    return [*options("sg_vectors"), CUSTOM_VECTOR]
 
 
 def _fmt_flag(v: Any) -> str:
@@ -118,7 +113,11 @@ LTV_SWEEP_MAX_LAYERS = 8
 its mechanism per layer (on the embedded model, seconds each; on SmolLM2-135M's 30 layers on a CPU, hours)."""
 LTV_MECHANISM = ("key_heads", "ov", "propagation")
 """The `ltv` kind's mechanism stages, each a param of its own (`LtvParams.key_heads`, `ov`, `propagation`)."""
-LTV_MECHANISM_DEFAULT = ("key_heads", "ov")  # the kind's defaults: linear propagation is opt-in
+
+
+def ltv_mechanism_default() -> list[str]:
+    """The stages the `ltv` kind runs by default (its boolean fields' defaults: linear propagation is opt-in)."""
+    return [m for m in LTV_MECHANISM if settings.field("ltv", m).get("default")]
 
 
 def ltv_default_layer(n_layers: int) -> int | str:
@@ -131,13 +130,16 @@ def _layer_or_all(s: str) -> int | str:
     return "all" if str(s).strip() == "all" else _int_in(0, 100000)(s)
 
 
-def _float_in(lo: float, hi: float) -> Callable[[str], float]:
-    def parse(s: str) -> float:
-        v = float(s)
-        if not lo <= v <= hi:
-            raise ValueError(f"must be between {lo:g} and {hi:g}")
-        return v
-    return parse
+def _kind_field(name: str, fmt: Callable[[Any], str] = str, parse: Callable[[str], Any] | None = None,
+                view: bool = False) -> "Field":
+    """A state field bound to a kind's params field (`ui.settings.WIDGETS`): its default and its link check are the
+    kind's, as its widget's are."""
+    check = (lambda s: settings.check(name, parse(s))) if parse else (lambda s: settings.from_text(name, s))
+    return Field(name, lambda: settings.default(name), check, fmt, view)
+
+
+def _g(v: Any) -> str:
+    return f"{float(v):g}"
 
 
 def _raw_text(s: str) -> str:
@@ -154,10 +156,11 @@ def _head(s: str) -> Head:
 
 
 def offsets(s: str) -> list[int]:
-    """`-1,-2` -> [-1, -2]: negative offsets from the last prompt token."""
+    """`-1,-2` -> [-1, -2]: negative offsets from the last prompt token (the `ltv` kind's bounds)."""
     items = sorted({int(x) for x in str(s).split(",") if x.strip()}, reverse=True)
-    if not items or items[0] >= 0 or items[-1] < -4096:
-        raise ValueError("positions are negative offsets from the last token, e.g. -1 or -1,-2")
+    lo, hi = settings.spec("ltv_positions").lo, settings.spec("ltv_positions").hi
+    if not items or items[0] > hi or items[-1] < lo:
+        raise ValueError(f"positions are negative offsets from the last token, between {lo:g} and {hi:g}, e.g. -1,-2")
     return items
 
 
@@ -181,29 +184,29 @@ class Field:
 FIELDS: dict[str, Field] = {f.name: f for f in (
     Field("model", default_model, _text),
     Field("task", lambda: None, _text),
-    Field("shots", lambda: 8, _int_in(0, 10**9)),  # the service's bounds (`bounds`) apply after the parse
-    Field("prompts", lambda: 50, _int_in(1, 10**9)),
-    Field("seed", lambda: 0, _int_in(0, 2**31 - 1)),
+    _kind_field("shots"),  # the service's limits (`bounds`) apply after the parse
+    _kind_field("prompts"),
+    _kind_field("seed"),
     Field("heads", list, parse_heads, format_heads),
-    Field("mode", lambda: "zero", _choice(MODES)),
+    _kind_field("mode"),
     Field("map", lambda: "tr", _choice(MAPS)),
     Field("kmax", lambda: 16, _int_in(1, 100000)),
-    Field("top_pct", lambda: TOP_PCT, _pct, lambda v: f"{float(v):g}"),
-    Field("top_k", lambda: None, _int_in(1, 4096)),
+    _kind_field("top_pct", _g),
+    _kind_field("top_k"),
     # a convention: in the URL (and in a job's params) only when off the tokenizer's own choice
-    Field("prepend_bos", lambda: PREPEND_BOS_DEFAULT, _choice(PREPEND_BOS), view=True),
+    _kind_field("prepend_bos", view=True),
     # -- Home, Head map, Ablation: view settings
     Field("ex_k", lambda: None, _int_in(0, 100000), view=True),
     Field("top_n", lambda: 10, _int_in(1, 100000), view=True),
-    Field("only_changed", lambda: False, _flag, _fmt_flag, view=True),
-    Field("ab_positions", lambda: "last", _choice(("last", "all")), view=True),  # where the live toggle ablates
-    Field("all_maps", lambda: False, _flag, _fmt_flag, view=True),
+    Field("only_changed", lambda: False, settings.flag, _fmt_flag, view=True),
+    _kind_field("ab_positions", view=True),  # where the live toggle ablates
+    Field("all_maps", lambda: False, settings.flag, _fmt_flag, view=True),
     Field("img", lambda: "png", _choice(("png", "svg")), view=True),  # what a figure's camera button saves
     # -- Head map: activation patching, and a second run side by side
-    Field("pt", lambda: False, _flag, _fmt_flag, view=True),  # the patching section open
-    Field("pt_target", lambda: "zero_shot", _choice(PATCH_TARGETS), view=True),
-    Field("pt_patch", lambda: "paired", _choice(("paired", "mean")), view=True),
-    Field("cmp", lambda: False, _flag, _fmt_flag, view=True),
+    Field("pt", lambda: False, settings.flag, _fmt_flag, view=True),  # the patching section open
+    _kind_field("pt_target", view=True),
+    _kind_field("pt_patch", view=True),
+    Field("cmp", lambda: False, settings.flag, _fmt_flag, view=True),
     Field("cmp_model", lambda: None, _text, view=True),  # None: the same model
     Field("cmp_task", lambda: None, _text, view=True),  # None: the same task
     Field("cmp_seed", lambda: None, _int_in(0, 2**31 - 1), view=True),  # None: seed + 1
@@ -211,49 +214,51 @@ FIELDS: dict[str, Field] = {f.name: f for f in (
     Field("head", lambda: None, _head, lambda h: f"{int(h[0])}.{int(h[1])}", view=True),
     Field("prompt", lambda: 0, _int_in(0, 100000), view=True),
     Field("text", lambda: None, _raw_text, view=True),
-    Field("lens", lambda: False, _flag, _fmt_flag, view=True),
-    Field("grid", lambda: False, _flag, _fmt_flag, view=True),  # every head of the layer (the attention grid)
+    Field("lens", lambda: False, settings.flag, _fmt_flag, view=True),
+    Field("grid", lambda: False, settings.flag, _fmt_flag, view=True),  # every head of the layer (the attention grid)
     # -- Steering & geometry
-    Field("sg_vectors", lambda: ["tr", "tl", "random", "fv", "vanilla"], _choices(VECTOR_TYPES), _join, view=True),
+    Field("sg_vectors", lambda: settings.default("sg_vectors"), lambda s: _choices(vector_types())(s), _join,
+          view=True),
     Field("sg_layer", lambda: None, _layer_or_all, view=True),  # None: the middle layer
-    Field("sg_alpha", lambda: 1.0, _float_in(-100, 100), lambda v: f"{float(v):g}", view=True),
+    _kind_field("sg_alpha", _g, view=True),
     Field("sg_pca_layer", lambda: None, _int_in(0, 100000), view=True),  # None: the last layer
-    Field("sg_final_norm", lambda: True, _flag, _fmt_flag, view=True),  # the logit difference in logits
-    Field("sg_perturbations", lambda: None, _choices(PERTURBATIONS), _join, view=True),  # None: those that run
+    _kind_field("sg_final_norm", _fmt_flag, view=True),  # the logit difference in logits
+    _kind_field("sg_perturbations", _join, view=True),  # None: those that run
     Field("sg_color", lambda: "condition", _choice(("condition", "gold")), view=True),
-    Field("sg_arrows", lambda: False, _flag, _fmt_flag, view=True),
-    Field("sg_dirs", lambda: True, _flag, _fmt_flag, view=True),
+    Field("sg_arrows", lambda: False, settings.flag, _fmt_flag, view=True),
+    Field("sg_dirs", lambda: True, settings.flag, _fmt_flag, view=True),
     Field("sg_bar_layer", lambda: None, _int_in(0, 100000), view=True),
-    Field("sg_pmap", lambda: None, _choice(PERTURBATIONS), view=True),
+    Field("sg_pmap", lambda: None, lambda s: _choice(options("sg_perturbations"))(s), view=True),
     # -- Learned task vectors
     Field("ltv_layer", lambda: None, _layer_or_all, view=True),  # None: what fits the model (ltv_default_layer)
-    Field("ltv_positions", lambda: [-1], offsets, fmt_ints, view=True),
-    Field("ltv_lr", lambda: 5e-3, _float_in(1e-7, 10), lambda v: f"{float(v):g}", view=True),
-    Field("ltv_epochs", lambda: 10, _int_in(1, 1000), view=True),
-    Field("ltv_batch", lambda: 4, _int_in(1, 1024), view=True),
-    Field("ltv_units", lambda: "residual", _choice(("residual", "absolute")), view=True),
-    Field("ltv_mech", lambda: list(LTV_MECHANISM_DEFAULT), _choices(LTV_MECHANISM), _join, view=True),  # its stages
+    _kind_field("ltv_positions", fmt_ints, offsets, view=True),
+    _kind_field("ltv_lr", _g, view=True),
+    _kind_field("ltv_epochs", view=True),
+    _kind_field("ltv_batch", view=True),
+    _kind_field("ltv_units", view=True),
+    Field("ltv_mech", ltv_mechanism_default, _choices(LTV_MECHANISM), _join, view=True),  # its stages
     Field("ltv_show", lambda: None, _int_in(0, 100000), view=True),  # the layer whose mechanism is shown
     Field("ltv_metric", lambda: "accuracy", _choice(("accuracy", "label_accuracy", "tr_ratio")), view=True),
     # -- Sweeps
     Field("sweep", lambda: None, _text, view=True),  # the sweep shown
     Field("sw_metric", lambda: "tr_depth", _choice(SWEEP_METRICS), view=True),
     # -- Soft head selection (SITE)
-    Field("site_m", lambda: 50, _int_in(1, 10000), view=True),
-    Field("site_shots", lambda: 10, _int_in(0, 64), view=True),  # the SITE page's widget's bounds
-    Field("site_steps", lambda: 400, _int_in(0, 100000), view=True),
+    _kind_field("site_m", view=True),
+    _kind_field("site_shots", view=True),
+    _kind_field("site_steps", view=True),
 )}
 
 
-SERVER_LIMITS: dict[str, tuple[str, int, int]] = {"shots": ("max_shots", 0, 32), "prompts": ("max_prompts", 1, 500)}
-"""Fields the service bounds: (its capabilities' `limits` key, the least value, the service's default limit)."""
+SERVER_LIMITS: dict[str, str] = {"shots": "max_shots", "prompts": "max_prompts"}
+"""Fields the service bounds: its capabilities' `limits` key (`backend/service/limits.py`)."""
 
 
-def bounds(name: str, limits: dict[str, Any] | None = None) -> tuple[int, int]:
-    """(least, greatest) value of `shots` or `prompts` on this service (`limits`: its capabilities' limits): the
-    one source of the sidebar's widgets and of what a link may ask."""
-    key, lo, hi = SERVER_LIMITS[name]
-    return lo, int((limits or {}).get(key, hi))
+def bounds(name: str, limits: dict[str, Any] | None = None) -> tuple[int, int | None]:
+    """(least, greatest) value of `shots` or `prompts` on this service: the kind's least value, and the service's
+    limit (`limits`: its capabilities' limits; None when it states none): the one source of the sidebar's widgets
+    and of what a link may ask."""
+    hi = (limits or {}).get(SERVER_LIMITS[name])
+    return int(settings.spec(name).lo or 0), None if hi is None else int(hi)
 
 
 @dataclass
@@ -269,9 +274,9 @@ class Settings:
     mode: str = "zero"
     map: str = "tr"
     kmax: int = 16
-    top_pct: float = TOP_PCT
+    top_pct: float = field(default_factory=lambda: settings.default("top_pct"))
     top_k: int | None = None
-    prepend_bos: str = PREPEND_BOS_DEFAULT
+    prepend_bos: str = field(default_factory=lambda: settings.default("prepend_bos"))
     """Whether each prompt starts with the BOS token: "tokenizer" (its own choice) or "always" (TransformerLens's)."""
     task_name: str | None = None
     """What figures call the task: an upload's file name rather than its `upload:<hash>` id (`layout` sets it)."""
@@ -288,7 +293,7 @@ class Settings:
     def conventions(self) -> dict[str, Any]:
         """The prompt conventions of every job that tokenises prompts, only when off their default (so a job's
         params, and its cache key, stay as they were)."""
-        return {"prepend_bos": self.prepend_bos} if self.prepend_bos != PREPEND_BOS_DEFAULT else {}
+        return {"prepend_bos": self.prepend_bos} if self.prepend_bos != settings.default("prepend_bos") else {}
 
     def icl_shots(self) -> list[int]:
         """The demonstration counts of an ICL curve: 0, 1, 2, 4, ... up to `shots`, and `shots` itself."""
@@ -326,6 +331,7 @@ def init(limits: dict[str, Any] | None = None) -> list[str]:
                                     f"in the link: {e}")
                 if name in SERVER_LIMITS and isinstance(value, int):
                     lo, hi = bounds(name, limits)
+                    hi = value if hi is None else hi
                     if not lo <= value <= hi:
                         problems.append(f"`{name}={value}` in the link is outside this service's {lo}–{hi}: "
                                         f"using {min(max(value, lo), hi)}")

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable
 
 from pydantic import BaseModel
+from pydantic_core import to_jsonable_python
 
 if TYPE_CHECKING:
     from .params import Params
@@ -104,7 +105,15 @@ def _resolve(ref: Any) -> Any:
 
 @functools.cache
 def json_schema(model: type[BaseModel]) -> dict[str, Any]:
-    return model.model_json_schema()
+    """The model's JSON schema, with the default of each field that has a default factory (pydantic leaves it out),
+    so a client reads every default from the schema."""
+    schema = model.model_json_schema()
+    props = schema.get("properties", {})
+    for name, f in model.model_fields.items():
+        key = f.alias or name
+        if f.default_factory is not None and not f.default_factory_takes_validated_data and key in props:
+            props[key].setdefault("default", to_jsonable_python(f.default_factory()))  # type: ignore[call-arg]
+    return schema
 
 
 _ENTRIES: tuple[Kind, ...] = (

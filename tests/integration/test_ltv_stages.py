@@ -119,7 +119,7 @@ def test_the_page_state_offers_the_kinds_stages():
 
     assert set(state.LTV_MECHANISM) == set(STAGES) and set(STAGES) <= set(get_kind("ltv").params.model_fields)
     p = get_kind("ltv").params()
-    assert set(state.LTV_MECHANISM_DEFAULT) == set(p.stages())
+    assert set(state.ltv_mechanism_default()) == set(p.stages())
     assert state.FIELDS["ltv_mech"].parse("propagation,ov") == ["propagation", "ov"]
     with pytest.raises(ValueError):
         state.FIELDS["ltv_mech"].parse("everything")

@@ -62,9 +62,9 @@ def script():
     from ui import jobs
 
     if st.session_state.pop("do_cancel", False):
-        jobs.cancel_slot("steer")  # what the Cancel button's callback does before the page runs again
+        jobs.cancel_slot("demo")  # what the Cancel button's callback does before the page runs again
     x = st.session_state.get("x", 1)
-    r = jobs.fetch("steer", {"x": x}, "Steering")
+    r = jobs.fetch("demo", {"x": x}, "Steering")
     if r is not None:
         st.markdown(f"value={r['value']} waited={r['_waited']:.3f}")
 
@@ -81,7 +81,7 @@ def test_fetch_waits_remembers_and_reports_the_wait(fake):
 
 
 def test_a_cached_result_skips_the_queue(fake):
-    fake.cached_results[("steer", 1)] = {"value": 1, "seconds": 0.01, "cache_hit": True}
+    fake.cached_results[("demo", 1)] = {"value": 1, "seconds": 0.01, "cache_hit": True}
     at = AppTest.from_function(script, default_timeout=HANG_S)
     at.run()
     assert [c[0] for c in fake.calls] == ["cached"]
@@ -92,13 +92,13 @@ def test_a_superseded_job_is_cancelled_before_the_new_one_is_submitted(fake):
     from ui import state
 
     at = AppTest.from_function(script, default_timeout=HANG_S)
-    old_key = state.result_key("steer", {"x": 1})
-    at.session_state["_hl_inflight"] = {"steer": {"key": old_key, "id": "j9", "t0": time.monotonic()}}
-    fake.jobs["j9"] = {"kind": "steer", "params": {"x": 1}, "seen": 0, "status": "running"}
+    old_key = state.result_key("demo", {"x": 1})
+    at.session_state["_hl_inflight"] = {"demo": {"key": old_key, "id": "j9", "t0": time.monotonic()}}
+    fake.jobs["j9"] = {"kind": "demo", "params": {"x": 1}, "seen": 0, "status": "running"}
     at.session_state["x"] = 2  # the settings changed while j9 ran
     at.run()
     assert not at.exception
-    assert [c[:2] for c in fake.calls] == [("cancel", "j9"), ("cached", "steer"), ("submit", "steer")]
+    assert [c[:2] for c in fake.calls] == [("cancel", "j9"), ("cached", "demo"), ("submit", "demo")]
     assert any(m.value.startswith("value=2") for m in at.markdown)
 
 
@@ -106,8 +106,8 @@ def test_a_rerun_reattaches_to_its_running_job(fake):
     from ui import state
 
     at = AppTest.from_function(script, default_timeout=HANG_S)
-    at.session_state["_hl_inflight"] = {"steer": {"key": state.result_key("steer", {"x": 1}), "id": "j9", "t0": time.monotonic()}}
-    fake.jobs["j9"] = {"kind": "steer", "params": {"x": 1}, "seen": 0, "status": "running"}
+    at.session_state["_hl_inflight"] = {"demo": {"key": state.result_key("demo", {"x": 1}), "id": "j9", "t0": time.monotonic()}}
+    fake.jobs["j9"] = {"kind": "demo", "params": {"x": 1}, "seen": 0, "status": "running"}
     at.run()
     assert fake.calls == []  # no new submission (the service would count a second submitter)
     assert any(m.value.startswith("value=1") for m in at.markdown)
@@ -117,15 +117,15 @@ def test_cancel_withdraws_the_job_and_offers_run_again(fake):
     from ui import state
 
     at = AppTest.from_function(script, default_timeout=HANG_S)
-    key = state.result_key("steer", {"x": 1})
-    at.session_state["_hl_inflight"] = {"steer": {"key": key, "id": "j9", "t0": time.monotonic()}}
-    fake.jobs["j9"] = {"kind": "steer", "params": {"x": 1}, "seen": 0, "status": "running"}
+    key = state.result_key("demo", {"x": 1})
+    at.session_state["_hl_inflight"] = {"demo": {"key": key, "id": "j9", "t0": time.monotonic()}}
+    fake.jobs["j9"] = {"kind": "demo", "params": {"x": 1}, "seen": 0, "status": "running"}
     at.session_state["do_cancel"] = True
     at.run()
     assert not at.exception
     assert fake.calls == [("cancel", "j9")]  # withdrawn, and nothing resubmitted until Run again
     assert any("was cancelled" in i.value for i in at.info)
     assert not any(m.value.startswith("value=") for m in at.markdown)
-    at.button(key="rerun_steer").click().run()
+    at.button(key="rerun_demo").click().run()
     assert [c[0] for c in fake.calls] == ["cancel", "cached", "submit"]
     assert any(m.value.startswith("value=1") for m in at.markdown)

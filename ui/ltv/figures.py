@@ -147,7 +147,7 @@ def similarity(result: dict[str, Any], title: str | None = None, height: int | N
     """Cosine similarity of the tasks' LTVs; tasks ordered by label space, then name."""
     names = list(result["tasks"])
     spaces = result.get("label_spaces") or {}
-    order = sorted(range(len(names)), key=lambda i: (result.get("kinds", {}).get(names[i], ""),
+    order = sorted(range(len(names)), key=lambda i: (result["kinds"].get(names[i], ""),
                                                      spaces.get(names[i], ""), names[i]))
     sim = np.asarray(result["similarity"], dtype=float)[np.ix_(order, order)]
     labels = [figures.esc(names[i]) for i in order]

@@ -77,8 +77,8 @@ def comparison_rows(res: dict[str, Any]) -> list[dict[str, Any]]:
     for key, b in (res.get("baselines") or {}).items():
         m = b.get("metrics") or {}
         rows.append({"key": key, "method": b.get("label") or METHOD_NAMES.get(key, key), **_metric_cols(m),
-                     "params": b.get("params"), "trainable": b.get("trainable", 0), "seconds": b.get("seconds"),
-                     "note": b.get("note", ""), "ran": bool(m)})
+                     "params": b.get("params"), "trainable": b["trainable"], "seconds": b.get("seconds"),
+                     "note": b["note"], "ran": bool(m)})
     pc = res.get("params_count") or {}
     for key in ("site", "site_hard"):
         m = res.get(key) or {}

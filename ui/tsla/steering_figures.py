@@ -128,7 +128,7 @@ def steer_bars(res: dict[str, Any], vectors: Sequence[str] | None = None, layer_
         fig.update_yaxes(title_text="% of prompts" if col == 1 else None, range=[0, 112], row=1, col=col)
     layer = res["layers"][layer_index]
     fig.update_layout(title=dict(text=title or f"Zero-shot prompts steered at layer {layer}, "
-                                               f"α = {res.get('alpha', 1.0):g}", x=0.0), bargap=0.25)
+                                               f"α = {res['alpha']:g}", x=0.0), bargap=0.25)
     return style(fig, 400)
 
 
@@ -166,7 +166,7 @@ def steer_sweep(res: dict[str, Any], vectors: Sequence[str] | None = None, title
                                      hovertemplate=f"{st['name']}: %{{y:.1f}}%<extra></extra>"), row=1, col=col)
         fig.update_xaxes(title_text="injection layer", dtick=1 if len(layers) <= 40 else None, row=1, col=col)
         fig.update_yaxes(title_text="% of prompts" if col == 1 else None, range=[-3, 103], row=1, col=col)
-    fig.update_layout(title=dict(text=title or f"Layer sweep, α = {res.get('alpha', 1.0):g}", x=0.0))
+    fig.update_layout(title=dict(text=title or f"Layer sweep, α = {res['alpha']:g}", x=0.0))
     return style(fig, 420)
 
 
@@ -207,7 +207,7 @@ def geometry_curves(geo: dict[str, Any], metrics: Sequence[str] = tuple(GEOMETRY
         fig.update_xaxes(title_text="layer", dtick=1 if len(layers) <= 24 else None, row=1, col=col)
         fig.update_yaxes(title_text=GEOMETRY_METRICS[m]["axis"], row=1, col=col)
     fig.update_layout(title=dict(text=title or f"Hidden states at the last token, per layer (vectors injected at "
-                                               f"layer {geo.get('inject_layer')}, α = {geo.get('alpha', 1.0):g})", x=0.0))
+                                               f"layer {geo.get('inject_layer')}, α = {geo['alpha']:g})", x=0.0))
     return style(fig, 400)
 
 

@@ -1,0 +1,186 @@
+"""The pages' settings that are a kind's parameters: their defaults, bounds, options and help, read from the kind's
+params JSON schema, never restated in the UI.
+
+The schemas are the service's (`GET /capabilities` lists each kind's `params` and `result` schemas;
+`layout.page_setup` hands them over with `load` before anything reads a setting), so the UI imports nothing of the
+backend. Outside a page (a test, a script) `FALLBACK` may name where else to read them (tests/conftest.py: the
+registry's own `Kind.schema()`, the same schemas).
+
+`WIDGETS` names every page setting bound to a kind field; `UI_RANGES` states, once, where a widget deliberately
+offers less than the kind accepts; `UI_DEFAULTS` where a page starts elsewhere than the kind's default. The URL's
+checks (`ui.state`) and the widgets both read `spec(name)`, so a link and the sidebar agree.
+"""
+from __future__ import annotations
+
+import math
+import threading
+from dataclasses import dataclass
+from typing import Any, Callable
+
+WIDGETS: dict[str, tuple[str, str]] = {
+    # state field -> (kind, its params field)
+    "shots": ("scores", "shots"), "prompts": ("scores", "prompts"), "seed": ("scores", "seed"),
+    "top_pct": ("scores", "top_pct"), "top_k": ("scores", "top_k"), "prepend_bos": ("scores", "prepend_bos"),
+    "mode": ("ablate", "mode"), "ab_positions": ("ablate", "positions"),
+    "pt_target": ("patching", "target"), "pt_patch": ("patching", "patch"),
+    "sg_vectors": ("steer", "vectors"), "sg_alpha": ("steer", "alpha"), "sg_final_norm": ("geometry", "final_norm"),
+    "sg_perturbations": ("perturb", "perturbations"),
+    "ltv_positions": ("ltv", "positions"), "ltv_lr": ("ltv", "lr"), "ltv_epochs": ("ltv", "epochs"),
+    "ltv_batch": ("ltv", "batch_size"), "ltv_units": ("ltv", "units"),
+    "site_m": ("site", "m"), "site_shots": ("site", "shots"), "site_steps": ("site", "steps"),
+}
+UI_RANGES: dict[str, tuple[float | None, float | None]] = {
+    # the page's (least, greatest) where it offers less than the kind accepts; None: the kind's
+    "seed": (None, 2**31 - 1),  # numpy's and torch's seeds; the kind takes any int >= 0
+    "top_pct": (0.1, None),  # a number input needs a least value; the kind's is "over 0"
+    "ltv_lr": (1e-7, None),  # the same
+    "site_shots": (None, 64),  # N demonstrations per embedding prompt: more fits no context window we serve
+}
+UI_DEFAULTS: dict[str, Any] = {
+    "ab_positions": "last",  # the live toggle ablates the last token, as the ablation curves do
+    "sg_perturbations": None,  # None: the perturbations that run (the page decides)
+}
+
+FALLBACK: Callable[[str], dict[str, Any]] | None = None
+"""kind -> its params schema, read when the service's capabilities were not loaded (tests); None in the app."""
+_lock = threading.Lock()
+_SCHEMAS: dict[str, dict[str, Any]] = {}  # kind -> params schema, from the service's capabilities
+_RESULTS: dict[str, dict[str, Any]] = {}  # kind -> result schema
+
+
+def load(caps: dict[str, Any]) -> None:
+    """Take the kinds' params and result schemas from the service's capabilities (`GET /capabilities`)."""
+    kinds = [k for k in caps.get("job_kinds", []) if isinstance(k, dict) and "name" in k]
+    if not kinds:
+        return
+    with _lock:
+        _SCHEMAS.update({k["name"]: k.get("params") or {} for k in kinds})
+        _RESULTS.update({k["name"]: k.get("result") or {} for k in kinds if k.get("result")})
+
+
+def params_schema(kind: str) -> dict[str, Any]:
+    """The kind's params schema: the service's, else the registry's."""
+    if kind not in _SCHEMAS:
+        if FALLBACK is None:
+            raise LookupError(f"the service states no parameters for the analysis {kind!r} (its capabilities list "
+                              f"{', '.join(_SCHEMAS) or 'no kinds'}): is it an older version than this dashboard?")
+        with _lock:
+            _SCHEMAS.setdefault(kind, FALLBACK(kind))
+    return _SCHEMAS[kind]
+
+
+def result_schema(kind: str) -> dict[str, Any] | None:
+    """The kind's result schema as the service states it; None before `load` (nothing is checked then)."""
+    return _RESULTS.get(kind)
+
+
+@dataclass(frozen=True)
+class Spec:
+    """A setting as its kind declares it. `lo`/`hi`: the least and greatest value a widget and a link take (the
+    kind's bounds, narrowed by `UI_RANGES`; an exclusive bound of the kind's is one the page never offers)."""
+
+    kind: str
+    field: str
+    default: Any
+    lo: float | None
+    hi: float | None
+    help: str
+    options: tuple[Any, ...] | None
+    type: str | None
+
+
+def plain(prop: dict[str, Any]) -> dict[str, Any]:
+    """The non-null branch of an optional field's schema (`int | None` is anyOf [{integer...}, {null}])."""
+    branches = [b for b in prop.get("anyOf", []) if b.get("type") != "null"]
+    return {**branches[0], **{k: v for k, v in prop.items() if k != "anyOf"}} if len(branches) == 1 else prop
+
+
+def field(kind: str, name: str) -> dict[str, Any]:
+    """The JSON schema of `kind`'s params field `name` (KeyError naming the kind's fields otherwise)."""
+    props = params_schema(kind).get("properties", {})
+    if name not in props:
+        raise KeyError(f"kind {kind!r} has no field {name!r}; its fields: {', '.join(props)}")
+    return props[name]
+
+
+def kind_default(kind: str, name: str) -> Any:
+    """The default of `kind`'s params field `name` (for a job parameter a page sends without a widget)."""
+    return field(kind, name).get("default")
+
+
+def spec(name: str) -> Spec:
+    """The setting `name` (a key of WIDGETS): default, bounds, options, help, from its kind's schema."""
+    kind, fname = WIDGETS[name]
+    prop = plain(field(kind, fname))
+    items = prop.get("items", {}) if prop.get("type") == "array" else prop
+    lo, hi = items.get("minimum"), items.get("maximum")
+    ui_lo, ui_hi = UI_RANGES.get(name, (None, None))
+    lo = ui_lo if ui_lo is not None else lo
+    hi = ui_hi if ui_hi is not None else hi
+    if lo is None and "exclusiveMinimum" in items and ui_lo is None:
+        raise ValueError(f"{name}: {kind}.{fname} is over {items['exclusiveMinimum']}: state its least value in UI_RANGES")
+    if hi is None and "exclusiveMaximum" in items:
+        hi = items["exclusiveMaximum"] - 1 if items.get("type") == "integer" else None
+    options = tuple(items["enum"]) if "enum" in items else None
+    default = UI_DEFAULTS[name] if name in UI_DEFAULTS else prop.get("default")
+    if isinstance(default, list):
+        default = list(default)
+    return Spec(kind, fname, default, lo, hi, prop.get("description", ""), options, items.get("type"))
+
+
+def default(name: str) -> Any:
+    """The setting's default (a fresh list for a list)."""
+    return spec(name).default
+
+
+def check(name: str, value: Any) -> Any:
+    """`value` when within the setting's bounds and options (each item of a list), else ValueError saying which."""
+    sp = spec(name)
+    for v in value if isinstance(value, list) else [value]:
+        if sp.options is not None and v not in sp.options:
+            raise ValueError(f"must be one of {', '.join(map(str, sp.options))}")
+        if isinstance(v, (int, float)) and not isinstance(v, bool):
+            if not math.isfinite(v):
+                raise ValueError("must be a finite number")
+            if (sp.lo is not None and v < sp.lo) or (sp.hi is not None and v > sp.hi):
+                raise ValueError(f"must be between {_num(sp.lo)} and {_num(sp.hi)}")
+    return value
+
+
+def flag(s: str) -> bool:
+    """A link's on/off: 1, true, yes, on or 0, false, no, off."""
+    v = str(s).strip().lower()
+    if v not in ("1", "0", "true", "false", "yes", "no", "on", "off"):
+        raise ValueError("must be 1 or 0")
+    return v in ("1", "true", "yes", "on")
+
+
+def from_text(name: str, s: str) -> Any:
+    """A link's text of the setting `name` -> its value, checked as its widget is (`check`): "a,b" for a list."""
+    sp = spec(name)
+    one = {"integer": int, "number": lambda x: float(str(x).rstrip("%")), "boolean": flag}.get(sp.type or "", str)
+    if plain(field(*WIDGETS[name])).get("type") == "array":
+        value: Any = list(dict.fromkeys(one(x.strip()) for x in str(s).split(",") if x.strip()))
+        if not value:
+            raise ValueError("must name at least one")
+    else:
+        value = one(str(s).strip())
+    return check(name, value)
+
+
+def _num(v: float | None) -> str:
+    return "any" if v is None else str(v) if float(v).is_integer() and abs(v) >= 1 else f"{v:g}"
+
+
+def widget_bounds(name: str) -> dict[str, Any]:
+    """`min_value` / `max_value` for a number input of the setting (floats for a float field)."""
+    sp = spec(name)
+    cast = float if sp.type == "number" else int
+    return {k: cast(v) for k, v in (("min_value", sp.lo), ("max_value", sp.hi)) if v is not None}
+
+
+def help_text(name: str, more: str = "") -> str:
+    """The kind's description of the setting (first letter raised, a full stop), then `more`."""
+    d = spec(name).help.strip()
+    d = (d[:1].upper() + d[1:] + ("" if d.endswith(".") else ".")) if d else ""
+    return " ".join(x for x in (d, more.strip()) if x)
