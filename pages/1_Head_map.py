@@ -213,7 +213,7 @@ if state.bind(st.toggle, "Compare this map with another run: another task, model
                    format_func=lambda i: layout.task_label(info[i], b_model),
                    from_widget=lambda v: None if v == s.task else v)
     with b3:
-        state.bind(st.number_input, "B: seed", "cmp_seed", min_value=0, step=1,
+        state.bind(st.number_input, "B: seed", "cmp_seed", **settings.widget_bounds("seed"), step=1,
                    to_widget=lambda v: s.seed + 1 if v is None else int(v))
     b_task = state.value("cmp_task") or s.task
     b_seed = s.seed + 1 if state.value("cmp_seed") is None else int(state.value("cmp_seed"))

@@ -243,7 +243,7 @@ def perturbation_label(p: str) -> str:
     return sf.perturbation_name(p) + ("" if not can_run.get(p) else " (cannot run here)")
 
 
-state.bind(st.multiselect, "Perturbations", "sg_perturbations", options=PERTURBATIONS,
+state.bind(st.multiselect, "Perturbations", "sg_perturbations", options=state.options("sg_perturbations"),
            to_widget=lambda v: runnable if v is None else v,
            from_widget=lambda v: None if v == runnable else v,
            format_func=perturbation_label, placeholder="Pick at least one",

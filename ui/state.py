@@ -209,7 +209,7 @@ FIELDS: dict[str, Field] = {f.name: f for f in (
     Field("cmp", lambda: False, settings.flag, _fmt_flag, view=True),
     Field("cmp_model", lambda: None, _text, view=True),  # None: the same model
     Field("cmp_task", lambda: None, _text, view=True),  # None: the same task
-    Field("cmp_seed", lambda: None, _int_in(0, 2**31 - 1), view=True),  # None: seed + 1
+    Field("cmp_seed", lambda: None, lambda s: settings.from_text("seed", s), view=True),  # None: seed + 1
     # -- head drill-down (Head map panel, Head page)
     Field("head", lambda: None, _head, lambda h: f"{int(h[0])}.{int(h[1])}", view=True),
     Field("prompt", lambda: 0, _int_in(0, 100000), view=True),

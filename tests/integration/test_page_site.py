@@ -154,8 +154,8 @@ RES = {"alpha": [[0.05, 0.95], [0.5, 0.99]], "site": {"accuracy": 0.9, "exact_ma
        "site_hard": {"accuracy": 0.85, "exact_match": 0.8, "tr_ratio": 1.0, "label_accuracy": 1.0},
        "baselines": {"zero_shot": {"label": "0-shot", "metrics": {"accuracy": 0.2, "exact_match": 0.1,
                                                                   "tr_ratio": 0.3, "label_accuracy": 0.5},
-                                   "params": 0},
-                     "icl_10": {"label": "10-shot ICL", "note": "does not fit"}},
+                                   "params": 0, "trainable": 0, "note": ""},  # every field, as the service sends it
+                     "icl_10": {"label": "10-shot ICL", "note": "does not fit", "trainable": 0}},
        "params_count": {"site": 4, "lora": 100, "task_embedding": 32}, "train_seconds": 1.5,
        "patching": {"ks": [1, 2, 4], "top": {"accuracy": [0.5, 0.7, 0.9], "label_accuracy": [1, 1, 1],
                                              "tr_ratio": [1, 1, 1]},

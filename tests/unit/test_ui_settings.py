@@ -104,6 +104,30 @@ def test_every_widget_of_a_kind_setting_reads_its_bounds_from_the_kind():
     assert {"ltv_lr", "ltv_epochs", "site_m", "sg_alpha", "seed", "top_k", "mode"} <= seen
 
 
+def reads(kw: dict, what: str) -> set[str]:
+    """The settings named in calls to `<module>.<what>("<setting>")` among a call's keyword values."""
+    return {n.args[0].value for v in kw.values() for n in ast.walk(v)
+            if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr == what
+            and n.args and isinstance(n.args[0], ast.Constant)}
+
+
+def test_number_inputs_and_choices_of_kind_settings_take_their_own_spec():
+    """A number input of a kind setting takes `**settings.widget_bounds(<its name>)` (shots and prompts: the service's
+    limits, `state.bounds`), and a choice its kind's options (`state.options(<its name>)`)."""
+    bad = []
+    for f, line, name, kw in widget_calls():
+        if name not in settings.WIDGETS:
+            continue
+        spread = {n.args[0].value for k in kw if k is None for n in [kw[None]]
+                  if isinstance(n, ast.Call) and n.func.attr == "widget_bounds"}
+        if {"min_value", "max_value"} & set(kw) or None in kw:
+            ok = spread == {name} or name in state.SERVER_LIMITS
+            bad += [] if ok else [f"{f}:{line} {name}: bounds of {spread or 'literals'}"]
+        if "options" in kw and name != "sg_vectors":
+            bad += [] if reads(kw, "options") == {name} else [f"{f}:{line} {name}: options not its kind's"]
+    assert not bad, "; ".join(bad)
+
+
 def result_fields() -> set[str]:
     """Every field name a result model declares, its nested models' included."""
     out: set[str] = set()
