@@ -91,10 +91,10 @@ params = s.job(layer=layer, positions=list(state.value("ltv_positions")), lr=flo
 def stage_seconds(base: dict[str, Any]) -> dict[str, float | None]:
     """What each mechanism stage adds to the estimate (memoised per job params in this session)."""
     memo = st.session_state.setdefault("_hl_ltv_stage_seconds", {})
-    key = state.result_key("ltv", base)
+    key = state.result_key("ltv_layers", base)
     if key not in memo:
         try:
-            memo[key] = ls.stage_seconds(api.estimate, "ltv", base)
+            memo[key] = ls.stage_seconds(api.estimate, "ltv_layers", base)
         except api.ApiError:
             return {}
     return memo[key]
@@ -127,8 +127,8 @@ clicked = run_row(f"Train at **{where}**, positions {state.fmt_ints(state.value(
                   f"shots",
                   "Zero-shot training prompts come from the demonstration pool, never the scored queries. The loss "
                   "curve is drawn while it trains; a finished result is cached (a shared link reopens it).",
-                  "run_ltv", estimate=[("ltv", params)])
-res = section("ltv", clicked, jobs.Job("ltv", params, "Learned task vectors", "Learned task vectors",
+                  "run_ltv", estimate=[("ltv_layers", params)])
+res = section("ltv", clicked, jobs.Job("ltv_layers", params, "Learned task vectors", "Learned task vectors",
                                        on_live=live_drawer(live)),
               "Press **Run** to train (a few seconds per layer on the default model).")
 live.clear()
@@ -256,7 +256,7 @@ if res is not None:
         with d1:
             download("Result (JSON)", res, f"headlens-ltv-{s.task}.json", "dl_ltv")
         with d2:
-            snippets.show("ltv", params, "r.table['ltv'].accuracy, r.sweep['ltv'].accuracy, r.rotation, r.tensor\n"
+            snippets.show("ltv_layers", params, "r.table['ltv'].accuracy, r.sweep['ltv'].accuracy, r.rotation, r.tensor\n"
                                          "r.table['ltv'].accuracy_ci                       # 95% Wilson interval\n"
                                          "r.per_layer[0].tests['ltv vs vanilla']['accuracy']  # paired test")
 
@@ -268,9 +268,9 @@ tparams = {**{k: v for k, v in params.items() if k != "task" and k != "mechanism
 clicked = run_row(f"Every built-in task of this model at **layer {one_layer}**: the comparison task by task, the "
                   f"similarity of their vectors, and sums of two tasks' vectors on composed tasks",
                   "One vector per task (cached: a task trained above is not retrained).", "run_ltv_tasks",
-                  estimate=[("ltv_tasks", tparams)])
+                  estimate=[("ltv_across_tasks", tparams)])
 live_tasks = LiveChart("ltv_tasks")
-many = section("ltv_tasks", clicked, jobs.Job("ltv_tasks", tparams, "Learned task vectors of every task",
+many = section("ltv_tasks", clicked, jobs.Job("ltv_across_tasks", tparams, "Learned task vectors of every task",
                                               "Across tasks", slot="ltv_tasks", on_live=live_drawer(live_tasks)),
                "Press **Run** to train a vector for every task.")
 live_tasks.clear()
@@ -316,4 +316,4 @@ if many is not None:
         with d1:
             download("Result (JSON)", many, "headlens-ltv_tasks.json", "dl_ltv_tasks")
         with d2:
-            snippets.show("ltv_tasks", tparams, "r.similarity, r.table, r.compositions")
+            snippets.show("ltv_across_tasks", tparams, "r.similarity, r.table, r.compositions")

@@ -64,7 +64,7 @@ clicked = run_row(f"**M = {recipe['m']}** prompts × **N = {recipe['shots']}** s
                   f"{L} × {H} = **{L * H}** α to learn",
                   "Then: SITE against 0-shot, 8- and 10-shot ICL, the function and vanilla task vectors, every α = 1 "
                   "and LTV (when cached); patching; the budget curve over M = 1, 5, 10, 50.", "run_site",
-                  estimate=[("site", params)])
+                  estimate=[("site_alphas", params)])
 live = LiveChart("site")
 
 
@@ -77,7 +77,7 @@ def draw_live(data: dict[str, Any]) -> None:
               data, signature=(int(data.get("step") or 0), len(data.get("loss") or [])))
 
 
-res = section("site", clicked, jobs.Job("site", params, "Soft head selection", "SITE", on_live=draw_live),
+res = section("site", clicked, jobs.Job("site_alphas", params, "Soft head selection", "SITE", on_live=draw_live),
               "Press **Run** to train the α (a shared link with a cached result opens it directly).")
 live.clear()
 if res is None:
@@ -149,7 +149,7 @@ with guard("Soft head selection"):
             st.page_link("pages/2_Ablation.py", label="Ablate this head" if len(selected) == 1 else
                          f"Ablate these {len(selected)} heads", icon=":material/power_settings_new:",
                          query_params=state.query())
-        snippets.show("site", params, "r.alpha          # numpy (layers, heads)\nr.site, r.baselines, r.patching\n"
+        snippets.show("site_alphas", params, "r.alpha          # numpy (layers, heads)\nr.site, r.baselines, r.patching\n"
                                       "r.site.accuracy_ci   # 95% Wilson interval\n"
                                       "r.tests              # 'site vs icl_8' -> rate -> paired test\n"
                                       "r.patching.tests     # per rate, per k: top-k vs bottom-k by alpha")
@@ -251,13 +251,13 @@ me_params = s.job(**s.selection(), site_m=recipe["m"], site_shots=recipe["shots"
 clicked = run_row(f"The extracted vectors (vanilla, function vector, top-TR / top-TL heads at the middle layer, "
                   f"{s.shots} shots), LTV (when cached) and SITE on the same zero-shot prompts",
                   "Accuracy, TR ratio, parameter count and training seconds side by side.", "run_methods",
-                  estimate=[("methods", me_params)])
-me = section("site_methods", clicked, jobs.Job("methods", me_params, "All methods", "All methods"),
+                  estimate=[("compare_methods", me_params)])
+me = section("site_methods", clicked, jobs.Job("compare_methods", me_params, "All methods", "All methods"),
              "Press **Run** to compare every method.")
 if me is not None:
     with guard("All methods"):
         jobs.show_warnings(me)
-        snippets.show("methods", me_params, "r.rows   # one row per steering method: accuracy, TR ratio, parameters")
+        snippets.show("compare_methods", me_params, "r.rows   # one row per steering method: accuracy, TR ratio, parameters")
         share.chart(sf.methods_bars(me), "methods", key="site_methods_bars")
         mt = pd.DataFrame([{"method": r["name"], "family": r["family"],
                             "accuracy %": None if r.get("accuracy") is None else 100 * r["accuracy"],

@@ -132,7 +132,7 @@ def timing(result: dict[str, Any]) -> str:
 
 @dataclass
 class Job:
-    """One request of a page: a page-kind (a key of `api.KINDS`), its params, and the progress bar's label."""
+    """One request of a page: a kind (its registry name or an alias), its params, and the progress bar's label."""
 
     kind: str
     params: dict[str, Any]
