@@ -114,10 +114,10 @@ def plan(req: SweepRequest, pool: Any, tasks: Any, limits: Limits) -> list[Cell]
     own: dict[str, dict[str, Any]] = {}
     for f, v in req.params.items():
         if "." in f:
-            k, _, name = f.partition(".")
-            k = KINDS.resolve(k) or k
+            given, _, name = f.partition(".")
+            k = KINDS.resolve(given) or given  # an alias names its kind
             if k not in kinds:
-                raise BadRequest(f"sweep params: {clip(f, 60)!r} names kind {clip(k, 60)!r}, which is not in kinds "
+                raise BadRequest(f"sweep params: {clip(f, 60)!r} names kind {clip(given, 60)!r}, which is not in kinds "
                                  f"({', '.join(kinds)})")
             if name not in get_kind(k).params.model_fields:
                 raise BadRequest(f"sweep params: {clip(f, 60)!r}: kind {k} has no field {clip(name, 60)!r}")

@@ -216,7 +216,7 @@ def test_bad_requests_get_clear_4xx():
         r = c.post("/jobs", json={"kind": "scores", "task": "no-such-task"})
         assert r.status_code == 404 and "no-such-task" in r.json()["detail"] and "sentiment" in r.json()["detail"]
         r = c.post("/jobs", json={"kind": "scores", "task": "sentiment", "prompts": 0})
-        assert r.status_code == 422 and r.json()["detail"] == ("invalid scores request: prompts: Input should be "
+        assert r.status_code == 422 and r.json()["detail"] == ("invalid head_scores request: prompts: Input should be "
                                                                "greater than or equal to 1 (got 0)")
         r = c.post("/jobs", json={"kind": "scores", "task": "sentiment", "shots": True})
         assert r.status_code == 422 and "shots: Input should be a valid integer (got True)" in r.json()["detail"]

@@ -38,7 +38,7 @@ def test_page_html_is_self_contained_and_holds_figures_settings_numbers_and_comm
     fig = json.loads(data)
     assert fig["data"][0]["type"] == "heatmap" and fig["layout"]["title"]["text"].startswith("TR: task recognition")
     assert 'data-filename="tr-map"' in text
-    assert "python -m backend head-scores --model default --task syn-sentiment --shots 8" in text
+    assert "python -m backend scores --model default --task syn-sentiment --shots 8" in text
     assert "<td>syn-sentiment</td>" in text and '<td class="num">0.1235</td>' in text and "<td>&lt;b&gt;</td>" in text
     assert "<td>—</td>" in text  # a missing value
     assert "Head_map?task=syn-sentiment" in text

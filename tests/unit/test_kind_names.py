@@ -67,3 +67,14 @@ def test_an_unknown_name_lists_the_kinds_and_a_taken_name_is_refused():
     finally:
         unregister("t_old")  # an alias names its kind here too
     assert "t_names" not in KINDS and "t_old" not in KINDS
+
+
+def test_the_readme_lists_every_kind_with_its_aliases():
+    import re
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    table = text.split("| kind | old names (aliases) |", 1)[1].split("\n\n", 1)[0]
+    rows = dict(re.findall(r"^\| `(\w+)` \| (.*) \|$", table, re.M))
+    assert {name: re.findall(r"`(\w+)`", old) for name, old in rows.items()} == \
+        {k.name: list(k.aliases) for k in KINDS.values()}
