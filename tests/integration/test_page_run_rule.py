@@ -56,7 +56,7 @@ def test_the_ablation_page_does_not_start_curves_estimated_over_the_threshold(lo
     rows = _run_rows(at)
     assert len(rows) == 1 and "**Ablation curves**" in rows[0] and "about 10 min" in rows[0], rows
 
-    at.button(key="autorun_ablation").click().run()  # Run: this request starts
+    at.button(key="autorun_ablation_curves").click().run()  # Run: this request starts
     assert_clean(at)
     assert long_curves.count("ablation_curves") == 1 and has_frame(at, "accuracy_std") and not _run_rows(at)
 
