@@ -73,13 +73,14 @@ checked = upload_section()
 layout.need_task(s)
 if not checked:
     fit.check(s)
-elif (state.remembered("fit", fit.params(s)) or {}).get("verdict") == "refuse":
+elif (state.remembered("task_fit", fit.params(s)) or {}).get("verdict") == "refuse":
     st.stop()
 
 # -- run ----------------------------------------------------------------------------------------------------
 ks = s.icl_shots()
-score_job = jobs.Job("scores", s.job(**s.selection()), "Scoring heads", "Head scores")
-icl_job = jobs.Job("icl", s.job(shots=ks, examples=settings.kind_default("icl", "examples")), "ICL curve", "ICL curve")
+score_job = jobs.Job("head_scores", s.job(**s.selection()), "Scoring heads", "Head scores")
+icl_job = jobs.Job("icl_curve", s.job(shots=ks, examples=settings.kind_default("icl_curve", "examples")), "ICL curve",
+                   "ICL curve")
 
 st.subheader("Run", divider="gray")
 clicked = run_row(f"**Model** `{s.model}` · **task** `{s.task}` · **{s.shots}** shots · **{s.prompts}** prompts · "
@@ -131,7 +132,7 @@ if scores is not None:
     # labels spanning several tokens: the result's own warning says so, in the page's one box (once)
     st.caption(f"{scores['prompts']} prompts, {k} shots, seed {s.seed} · head scores {jobs.timing(scores)}. "
                f"Brackets: 95% Wilson intervals. {M.noise_sentence(scores['prompts'])}")
-    snippets.show("scores", score_job.params, "r.icl, r.zero_shot   # Metrics: accuracy, label_accuracy, tr_ratio\n"
+    snippets.show("head_scores", score_job.params, "r.icl, r.zero_shot   # Metrics: accuracy, label_accuracy, tr_ratio\n"
                                               "r.icl.accuracy_ci    # its 95% Wilson interval\n"
                                               "r.tr, r.tl           # head maps, numpy (layers, heads)")
     if icl is not None:
@@ -142,7 +143,7 @@ if scores is not None:
                 figures.caption(s.model, s.task_title))), "icl-curve", key="icl_fig", heads="")
             st.caption(f"ICL curve {jobs.timing(icl)}. Error bars: 95% Wilson intervals. "
                        + M.noise_sentence(icl.get("prompts")))
-            snippets.show("icl", icl_job.params, "r.shots, r.accuracy, r.label_accuracy, r.tr_ratio\n"
+            snippets.show("icl_curve", icl_job.params, "r.shots, r.accuracy, r.label_accuracy, r.tr_ratio\n"
                                                  "r.accuracy_ci   # 95% Wilson interval per k")
         with c2:
             st.markdown("**Example prompts**")
@@ -192,7 +193,7 @@ if scores is not None:
 
 # -- the findings report ---------------------------------------------------------------------------------------------
 st.subheader("Findings report", divider="gray")
-report_job = jobs.Job("findings", {"model": s.model, "tasks": [s.task], **s.conventions()}, "Findings report",
+report_job = jobs.Job("findings_report", {"model": s.model, "tasks": [s.task], **s.conventions()}, "Findings report",
                       "Findings report")
 if s.task.startswith("upload:"):  # the report reproduces the papers' setups: built-in tasks only
     st.caption("The findings report runs on built-in tasks (the papers' setups), not on an uploaded file: pick a "

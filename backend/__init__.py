@@ -5,8 +5,9 @@
     r = head_scores(lm, load_task("syn-sentiment"), shots=8, prompts=50, seed=0)
     r.tr, r.tl  # numpy, (layers, heads)
 
-Every analysis kind of the registry (`backend.analysis.kinds`) is a function here, named by its entry's
-`api`: `fn(lm, task, *, <the params model's fields>, cache=True, progress=None) -> <its result model>`, defined in
+Every analysis kind of the registry (`backend.analysis.kinds`) is a function here, named by the kind's name (its
+older names, the entry's `aliases`, answer too): `fn(lm, task, *, <the params model's fields>, cache=True,
+progress=None) -> <its result model>`, defined in
 `backend/analysis/api/` (typed, with docstrings: `help(backend.head_scores)`); `analyze(kind, ...)` runs any kind by
 name. A saved tensor (`load`) is an id, or here a local file, copied into the tensor store (`tensor_path(id)`: the
 file of an id). Imports are lazy, so `import backend` pulls in no torch.
@@ -52,11 +53,11 @@ def __getattr__(name: str) -> Any:
     from .analysis.kinds import by_api
 
     kind = by_api(name)
-    if kind is not None:  # the registry's function (backend/analysis/api/), or a kind registered at run time
-        from .analysis import api
+    if kind is not None:  # the registry's function (backend/analysis/api/), or a kind registered at run time;
+        from .analysis import api  # an alias (an older name) is its kind's function
 
-        fn = getattr(api, name, None) or api.kind_function(kind)
-        globals()[name] = fn
+        fn = globals().get(kind.name) or getattr(api, kind.name, None) or api.kind_function(kind)
+        globals()[kind.name] = globals()[name] = fn
         return fn
     raise AttributeError(f"module 'backend' has no attribute {name!r}")
 

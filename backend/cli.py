@@ -197,13 +197,13 @@ def report_path(a: argparse.Namespace) -> str:
 
 @command("report")
 def cmd_report(a: argparse.Namespace) -> None:
-    """The findings report (kind `findings`) as one self-contained HTML file (its place checked by `main` before
+    """The findings report (kind `findings_report`) as one self-contained HTML file (its place checked by `main` before
     hours of measuring, written whole or not at all)."""
     from .report.findings_html import report_html
 
     out = report_path(a)
     check_output(out, "--out")
-    r = compute_kind("findings", a)
+    r = compute_kind("findings_report", a)
     size = write_output(report_html(r), out, "--out")
     print(f"wrote {out} ({size / 1e3:.0f} kB)", file=sys.stderr)
 
@@ -260,7 +260,7 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--json", action="store_true", help="print a JSON list")
 
     for spec in KINDS.values():
-        k = sub.add_parser(spec.cli, help=spec.description, description=spec.description)
+        k = sub.add_parser(spec.cli, aliases=spec.cli_aliases, help=spec.description, description=spec.description)
         k.set_defaults(analysis=spec.name)
         if spec.uses_model:
             _model_args(k)
@@ -286,7 +286,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     from .analysis.kinds import get_kind
 
-    rp = sub.add_parser("report", help="the three papers' findings on a model, as one HTML file (kind `findings`)",
+    rp = sub.add_parser("report", help="the three papers' findings on a model, as one HTML file (kind `findings_report`)",
                         description="Measures TSLA, LTV and SITE findings on --model over --tasks (built-in names) "
                                     "and writes one self-contained HTML file: each finding with the paper's figure "
                                     "and holds / partly / does not hold. Results are cached.")
@@ -294,7 +294,7 @@ def build_parser() -> argparse.ArgumentParser:
     rp.add_argument("--out", dest="html", default=None, help="the HTML file (default: findings-<model>.html)")
     rp.add_argument("--no-cache", action="store_true", help="compute afresh and do not store the results")
     rp.set_defaults(out=None)
-    add_params(rp, get_kind("findings").params)
+    add_params(rp, get_kind("findings_report").params)
 
     la = sub.add_parser("launch", help="start the backend service and the dashboard together, print the URL")
     la.add_argument("--host", default="127.0.0.1")

@@ -6,7 +6,7 @@
 Sweep: orders tr, tl, induction and random (3 seeds), k in 0,1,2,4,8,16,32,64 (clipped to the model's
 head count), 50 prompts. "batched" is the `ablation_curves` kind (the sweep engine: configurations mixed in row
 batches, each recomputing only what it changes); "per-config" runs one full forward pass of the 50 prompts for
-each configuration in turn (`run_sweep(engine="full")`, one configuration at a time). The head maps are computed
+each configuration in turn (`run_configs(engine="full")`, one configuration at a time). The head maps are computed
 (and cached) before timing, so both sides time ablation only.
 """
 from __future__ import annotations
@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from backend.analysis.kernel import analyze  # noqa: E402
 from backend.analysis.primitives.batching import build_prompts, encode  # noqa: E402
 from backend.analysis.primitives.selection import random_heads, ranking  # noqa: E402
-from backend.analysis.primitives.sweep import RowConfig, head_mask, run_sweep  # noqa: E402
+from backend.analysis.primitives.configs import RowConfig, head_mask, run_configs  # noqa: E402
 from backend.store.cache import ResultCache  # noqa: E402
 from backend.model.loading import load_model  # noqa: E402
 from backend.tasks.registry import load_task  # noqa: E402
@@ -66,7 +66,7 @@ def main() -> None:
     configs = [head_mask(lm, perm[:k]) for perms in ranked.values() for perm in perms for k in ks]
     t = time.perf_counter()
     for m in configs:
-        run_sweep(lm, enc.ids, [RowConfig(mask=m)], lambda *_: None, batch_size=a.prompts, engine="full")
+        run_configs(lm, enc.ids, [RowConfig(mask=m)], lambda *_: None, batch_size=a.prompts, engine="full")
     per_config = time.perf_counter() - t
 
     t = time.perf_counter()

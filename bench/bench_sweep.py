@@ -17,8 +17,8 @@ Each is run by
              per configuration on the batched prompts, hooks on `blocks.{l}.attn.hook_z` (masks) and
              `blocks.{l}.hook_resid_post` (injections), TransformerLens's default all-position logits;
   peer-last: the same, asking the bridge for the last position's logits only (`logits_to_keep=1`);
-  full:      `run_sweep(engine="full")`, every (configuration, prompt) row a full pass, rows batched;
-  auto:      `run_sweep(engine="auto")`.
+  full:      `run_configs(engine="full")`, every (configuration, prompt) row a full pass, rows batched;
+  auto:      `run_configs(engine="auto")`.
 If TransformerLens cannot be imported, the peer is one HF forward per configuration with the same hooks
 (labelled "peer (HF hooks, no TransformerLens)"). Predictions of every side are compared with `auto`'s.
 """
@@ -42,7 +42,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 
-from backend.analysis.primitives.engine import RowConfig, run_sweep  # noqa: E402
+from backend.analysis.primitives.engine import RowConfig, run_configs  # noqa: E402
 from backend.model.loading import wrap  # noqa: E402
 
 KS = (0, 1, 2, 4, 8, 16, 32, 64)
@@ -177,7 +177,7 @@ def ours(lm, ids: list[list[int]], configs: list[RowConfig], engine: str) -> tor
     def on_logits(logits, cs, ps):
         out[cs.cpu(), ps.cpu()] = logits.cpu()
 
-    run_sweep(lm, ids, configs, on_logits, engine=engine, batch_size=32)
+    run_configs(lm, ids, configs, on_logits, engine=engine, batch_size=32)
     return out
 
 

@@ -87,7 +87,7 @@ def headlens_side(lm, task, a, convention: str) -> dict:
     from backend.analysis.kernel import analyze
     from backend.analysis.primitives import bos
     from backend.analysis.primitives.batching import Encoded, build_prompts, encode, forward_last_logits, make_batch
-    from backend.analysis.primitives.sweep import head_mask
+    from backend.analysis.primitives.configs import head_mask
     from backend.analysis.tsla.head_maps import head_maps
     from backend.model.hooks import hooked
 

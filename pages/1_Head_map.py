@@ -23,7 +23,7 @@ fit.check(s)
 score_params = s.job(**s.selection())
 # an anytime map: while the heads are scored, the map so far (marked "partial: 8 of 50 prompts") below the bar
 partial = anytime.PartialView("hm")
-scores = jobs.fetch("scores", score_params, "Scoring heads", what="Head scores",
+scores = jobs.fetch("head_scores", score_params, "Scoring heads", what="Head scores",
                     on_live=anytime.map_drawer(partial, lambda: state.get().map or "tr",
                                                figures.subtitle(figures.caption(s.model, s.task_title, s.shots))))
 partial.clear()
@@ -60,8 +60,8 @@ state.bind(st.segmented_control, "Map", "map", options=[*figures.METRICS, *figur
 metric = state.get().map or "tr"
 maps = {k: scores[k] for k in figures.METRICS}
 cie_params = s.job(**s.selection(), target="shuffled_inputs", patch="mean")
-cie = (jobs.fetch("patching", cie_params, "Causal indirect effects (patching every head)", what="CIE map",
-                  slot="cie") if metric == "cie" else jobs.peek("patching", cie_params, ask_service=False))
+cie = (jobs.fetch("activation_patching", cie_params, "Causal indirect effects (patching every head)", what="CIE map",
+                  slot="cie") if metric == "cie" else jobs.peek("activation_patching", cie_params, ask_service=False))
 if cie is not None:
     jobs.show_warnings(cie)
     maps["cie"] = cie["prob_gain"]
@@ -88,9 +88,9 @@ with side:
                      f"Ablate these {len(selected)} heads", icon=":material/power_settings_new:",
                      query_params=state.query())
     if metric == "cie":
-        snippets.show("patching", cie_params, "r.prob_gain        # the CIE, numpy (layers, heads)\nr.recovered, r.top")
+        snippets.show("activation_patching", cie_params, "r.prob_gain        # the CIE, numpy (layers, heads)\nr.recovered, r.top")
     else:
-        snippets.show("scores", score_params, f"r.{metric}        # numpy (layers, heads)\n"
+        snippets.show("head_scores", score_params, f"r.{metric}        # numpy (layers, heads)\n"
                                               "r.top_tr, r.top_tl, r.overlap")
     st.caption(":material/photo_camera: Every figure's toolbar (top right, on hover) has a camera button that saves "
                "it as a PNG at 2× resolution or an SVG (the sidebar's *Figure files*); its title and file name say "
@@ -120,7 +120,7 @@ else:
                      icon=":material/open_in_new:", query_params=state.query())
     drill, prompt = tuple(state.value("head")), min(int(state.value("prompt")), max(int(scores["prompts"]) - 1, 0))
     hp = head_view.job_params(s, drill, prompt, None, False, bool(state.value("grid")))
-    hv = jobs.fetch("head", hp, f"Drilling into {figures.head_name(drill)}", what="Head drill-down")
+    hv = jobs.fetch("head_view", hp, f"Drilling into {figures.head_name(drill)}", what="Head drill-down")
     if hv is not None:
         head_view.render(hv, s, hp, L * H, compact=True, key="hm_drill")
 
@@ -152,7 +152,7 @@ if state.bind(st.toggle, "Patch every head from the clean prompts into 0-shot or
                       f"**{pf.TARGETS[target]}** · source: {pf.PATCHES[patch]} · **{scores['prompts']}** prompts",
                       "One patched pass per head and prompt, each one token over the target's cached prefix. "
                       "Cached: a link reopens it at once.", "run_patching")
-    pt = section("patching", clicked, jobs.Job("patching", pt_params, "Patching heads", "Activation patching",
+    pt = section("patching", clicked, jobs.Job("activation_patching", pt_params, "Patching heads", "Activation patching",
                                                slot="patching"), "Press **Run** to patch every head.")
     if pt is not None:
         with guard("Activation patching"):
@@ -189,7 +189,7 @@ if state.bind(st.toggle, "Patch every head from the clean prompts into 0-shot or
                          column_config={"recovered %": st.column_config.NumberColumn(format="%.1f"),
                                         "logit gain": st.column_config.NumberColumn(format="%.3g"),
                                         "p(gold) gain": st.column_config.NumberColumn(format="%.3g")})
-            snippets.show("patching", pt_params, "r.recovered, r.logit_gain, r.prob_gain   # numpy (layers, heads)\n"
+            snippets.show("activation_patching", pt_params, "r.recovered, r.logit_gain, r.prob_gain   # numpy (layers, heads)\n"
                                                  "r.top, r.overlap")
 
 # -- side by side -------------------------------------------------------------------------------------------------
@@ -226,7 +226,7 @@ if state.bind(st.toggle, "Compare this map with another run: another task, model
         clicked = run_row(f"**{figures.map_spec(cmp_metric)['label']}** of **{label_a}** against **{label_b}**",
                           "B's head scores on the same shots, prompts and top-head size (cached ones show at once).",
                           "run_compare")
-        other = section("compare", clicked, jobs.Job("scores", b_params, "Scoring B", "Map B", slot="compare"),
+        other = section("compare", clicked, jobs.Job("head_scores", b_params, "Scoring B", "Map B", slot="compare"),
                         "Press **Run** to score B.")
         if other is not None:
             with guard("Side by side"):

@@ -24,7 +24,7 @@ st.caption("Knock heads out at the output projection's input and watch accuracy 
 layout.need_task(s)
 fit.check(s)
 
-scores = jobs.fetch("scores", s.job(**s.selection()), "Scoring heads", what="Head scores")
+scores = jobs.fetch("head_scores", s.job(**s.selection()), "Scoring heads", what="Head scores")
 if scores is None:
     st.stop()
 L, H = int(scores["n_layers"]), int(scores["n_heads"])
@@ -126,7 +126,7 @@ kmax = state.get().kmax
 ks = sorted({0, kmax} | {k for k in state.KMAX_STEPS if k < kmax})
 curve_params = s.job(ks=ks, mode=mode, orders=settings.kind_default("ablation_curves", "orders"),
                      random_seeds=settings.kind_default("ablation_curves", "random_seeds"))
-curves = jobs.fetch("ablation", curve_params, "Ablation curves", what="Ablation curves")
+curves = jobs.fetch("ablation_curves", curve_params, "Ablation curves", what="Ablation curves")
 if curves is not None:
     jobs.show_warnings(curves)
     share.chart(figures.ablation_curves(curves, f"{mode.capitalize()} ablation of the top k heads" + figures.subtitle(
@@ -151,7 +151,7 @@ if curves is not None:
                    "score: a head ablated later may have been working against the answer, and with several heads "
                    "out the rest compensate differently" + (" (mean ablation also writes every head's mean output, "
                                                             "not nothing)" if mode == "mean" else "") + ".")
-    snippets.show("ablation", curve_params, "r.ks, r.curves['tr'].tr_ratio   # per order: accuracy, label_accuracy, "
+    snippets.show("ablation_curves", curve_params, "r.ks, r.curves['tr'].tr_ratio   # per order: accuracy, label_accuracy, "
                                             "tr_ratio\nr.curves['tr'].tr_ratio_ci           # 95% interval per k\n"
                                             "r.curves['tr'].vs_random['accuracy']   # per k: paired test against "
                                             "random (effect, ci_low, ci_high, p)")

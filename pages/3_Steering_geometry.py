@@ -263,8 +263,8 @@ else:
     pert_params = s.job(perturbations=chosen, **s.selection())
     clicked = run_row(f"**{len(chosen)}** perturbation{'s' if len(chosen) != 1 else ''} of the demonstrations",
                       "ICL accuracy, TR ratio and head maps under each, and what ablating the original top heads does.",
-                      "run_perturb", estimate=[("perturb", pert_params)])
-    pert = section("perturb", clicked, jobs.Job("perturb", pert_params, "Perturbations", "Perturbations"),
+                      "run_perturb", estimate=[("perturbation_report", pert_params)])
+    pert = section("perturb", clicked, jobs.Job("perturbation_report", pert_params, "Perturbations", "Perturbations"),
                    "Press **Run** to perturb the demonstrations.")
 if pert is not None:
     with guard("Perturbations"):
@@ -322,5 +322,5 @@ if pert is not None:
         with d1:
             download("Perturbation result (JSON)", pert, f"headlens-perturb-{s.task}.json", "dl_perturb")
         with d2:
-            snippets.show("perturb", pert_params, "r.perturbations['shuffled_inputs'].icl   # Metrics\n"
+            snippets.show("perturbation_report", pert_params, "r.perturbations['shuffled_inputs'].icl   # Metrics\n"
                                                   "r.perturbations['shuffled_inputs'].tr_diff  # (layers, heads)")

@@ -15,7 +15,7 @@ layout.need_task(s)
 fit.check(s)
 
 score_params = s.job(**s.selection())
-scores = jobs.fetch("scores", score_params, "Scoring heads", what="Head scores")
+scores = jobs.fetch("head_scores", score_params, "Scoring heads", what="Head scores")
 if scores is None:
     st.stop()
 L, H, n_prompts = int(scores["n_layers"]), int(scores["n_heads"]), int(scores["prompts"])
@@ -25,7 +25,7 @@ if state.value("head") is None or not (0 <= state.value("head")[0] < L and 0 <= 
 
 def _own_prompt_changed() -> None:
     if st.session_state.get("w_own_prompt"):
-        hv = state.remembered("head", head_view.job_params(s, tuple(state.value("head")),
+        hv = state.remembered("head_view", head_view.job_params(s, tuple(state.value("head")),
                                                            int(state.value("prompt")), None, False))
         state.put("text", (hv or {}).get("text") or "Type a prompt that ends right before the answer")
     else:
@@ -61,7 +61,7 @@ if text is not None:
 head = tuple(state.value("head"))
 prompt = min(int(state.value("prompt")), max(n_prompts - 1, 0))
 params = head_view.job_params(s, head, prompt, text, bool(state.value("lens")), bool(state.value("grid")))
-r = jobs.fetch("head", params, f"Drilling into {figures.head_name(head)}", what="Head drill-down")
+r = jobs.fetch("head_view", params, f"Drilling into {figures.head_name(head)}", what="Head drill-down")
 if r is None:
     st.stop()
 jobs.show_warnings(r)
@@ -71,5 +71,5 @@ if r.get("prompt_index") is not None:
 with st.expander("The prompt as text", expanded=text is None and len(r["text"]) < 300):
     st.code(r["text"], language=None, wrap_lines=True)
 head_view.render(r, s, params, L * H, key="head_page")
-snippets.show("head", params, "r.attention, r.label_dla   # (destination, source) attention; the write per label")
+snippets.show("head_view", params, "r.attention, r.label_dla   # (destination, source) attention; the write per label")
 st.caption(f"{jobs.timing(r)}. Ranks are over all {L * H} heads on the task's {n_prompts} prompts (1 = largest).")

@@ -66,8 +66,8 @@ with c3:
                                                  "implementation's (the paper's text says 1e-3)."))
 with c4:
     state.bind(st.number_input, "Epochs", "ltv_epochs", **settings.widget_bounds("ltv_epochs"), step=1,
-               help=f"At most this many epochs of {settings.kind_default('ltv', 'train_prompts')} training prompts; "
-                    f"early stopping (patience {settings.kind_default('ltv', 'patience')}) on held-out accuracy "
+               help=f"At most this many epochs of {settings.kind_default('ltv_layers', 'train_prompts')} training prompts; "
+                    f"early stopping (patience {settings.kind_default('ltv_layers', 'patience')}) on held-out accuracy "
                     "keeps the best vector.")
 with c5:
     state.bind(st.number_input, "Batch", "ltv_batch", **settings.widget_bounds("ltv_batch"), step=1,
@@ -78,7 +78,7 @@ with c6:
     state.bind(st.selectbox, "Units", "ltv_units", options=state.options("ltv_units"),
                format_func=lambda u: {"residual": "residual scale", "absolute": "absolute (reference)"}[u],
                help="residual scale: θ = r·φ with r the RMS of the residual stream where θ is added; lr and the "
-                    f"initial ±{settings.kind_default('ltv', 'init_scale'):g} apply to φ, so they mean the same on "
+                    f"initial ±{settings.kind_default('ltv_layers', 'init_scale'):g} apply to φ, so they mean the same on "
                     "every model. absolute: θ trained as is, "
                     "as the reference implementation (tuned on Llama's scale).")
 bad = st.session_state.pop("_hl_ltv_bad_positions", None)
@@ -94,10 +94,10 @@ params = s.job(layer=layer, positions=list(state.value("ltv_positions")), lr=flo
 def stage_seconds(base: dict[str, Any]) -> dict[str, float | None]:
     """What each mechanism stage adds to the estimate (memoised per job params in this session)."""
     memo = st.session_state.setdefault("_hl_ltv_stage_seconds", {})
-    key = state.result_key("ltv", base)
+    key = state.result_key("ltv_layers", base)
     if key not in memo:
         try:
-            memo[key] = ls.stage_seconds(api.estimate, "ltv", base)
+            memo[key] = ls.stage_seconds(api.estimate, "ltv_layers", base)
         except api.ApiError:
             return {}
     return memo[key]
@@ -130,8 +130,8 @@ clicked = run_row(f"Train at **{where}**, positions {state.fmt_ints(state.value(
                   f"shots",
                   "Zero-shot training prompts come from the demonstration pool, never the scored queries. The loss "
                   "curve is drawn while it trains; a finished result is cached (a shared link reopens it).",
-                  "run_ltv", estimate=[("ltv", params)])
-res = section("ltv", clicked, jobs.Job("ltv", params, "Learned task vectors", "Learned task vectors",
+                  "run_ltv", estimate=[("ltv_layers", params)])
+res = section("ltv", clicked, jobs.Job("ltv_layers", params, "Learned task vectors", "Learned task vectors",
                                        on_live=live_drawer(live)),
               "Press **Run** to train (a few seconds per layer on the default model).")
 live.clear()
@@ -203,7 +203,7 @@ if res is not None:
             share.chart(lf.loss_curve(tr, f"Training at layer {at}: best epoch {tr['best_epoch']} of "
                                               f"{tr['epochs_run']} ({tr['stopped']}){ctx}"), f"ltv-loss-layer{at}",
                         key="ltv_loss", heads="")
-            st.caption(lf.epoch_sentence(tr, int(res.params.get("patience") or settings.kind_default("ltv", "patience"))))
+            st.caption(lf.epoch_sentence(tr, int(res.params.get("patience") or settings.kind_default("ltv_layers", "patience"))))
         with g2:
             st.markdown(f"**‖θ‖** = {', '.join(f'{x:.3g}' for x in tr['norm'])} · trained on **{tr['n_train']}** "
                         f"zero-shot prompts, early-stopped on **{tr['n_val']}** · {tr['train_seconds']:.1f} s")
@@ -259,7 +259,7 @@ if res is not None:
         with d1:
             download("Result (JSON)", res, f"headlens-ltv-{s.task}.json", "dl_ltv")
         with d2:
-            snippets.show("ltv", params, "r.table['ltv'].accuracy, r.sweep['ltv'].accuracy, r.rotation, r.tensor\n"
+            snippets.show("ltv_layers", params, "r.table['ltv'].accuracy, r.sweep['ltv'].accuracy, r.rotation, r.tensor\n"
                                          "r.table['ltv'].accuracy_ci                       # 95% Wilson interval\n"
                                          "r.per_layer[0].tests['ltv vs vanilla']['accuracy']  # paired test")
 
@@ -271,9 +271,9 @@ tparams = {**{k: v for k, v in params.items() if k != "task" and k != "mechanism
 clicked = run_row(f"Every built-in task of this model at **layer {one_layer}**: the comparison task by task, the "
                   f"similarity of their vectors, and sums of two tasks' vectors on composed tasks",
                   "One vector per task (cached: a task trained above is not retrained).", "run_ltv_tasks",
-                  estimate=[("ltv_tasks", tparams)])
+                  estimate=[("ltv_across_tasks", tparams)])
 live_tasks = LiveChart("ltv_tasks")
-many = section("ltv_tasks", clicked, jobs.Job("ltv_tasks", tparams, "Learned task vectors of every task",
+many = section("ltv_tasks", clicked, jobs.Job("ltv_across_tasks", tparams, "Learned task vectors of every task",
                                               "Across tasks", slot="ltv_tasks", on_live=live_drawer(live_tasks)),
                "Press **Run** to train a vector for every task.")
 live_tasks.clear()
@@ -319,4 +319,4 @@ if many is not None:
         with d1:
             download("Result (JSON)", many, "headlens-ltv_tasks.json", "dl_ltv_tasks")
         with d2:
-            snippets.show("ltv_tasks", tparams, "r.similarity, r.table, r.compositions")
+            snippets.show("ltv_across_tasks", tparams, "r.similarity, r.table, r.compositions")

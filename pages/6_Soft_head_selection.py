@@ -53,8 +53,8 @@ with c2:
                help="Demonstrations in each of those prompts (fewer when the context window is short).")
 with c3:
     state.bind(st.number_input, "Training steps", "site_steps", **settings.widget_bounds("site_steps"), step=50,
-               help=f"Adam steps (lr {settings.kind_default('site', 'lr'):g}, one random zero-shot prompt each); "
-                    f"every {settings.kind_default('site', 'val_every')} steps the validation loss decides which α "
+               help=f"Adam steps (lr {settings.kind_default('site_alphas', 'lr'):g}, one random zero-shot prompt each); "
+                    f"every {settings.kind_default('site_alphas', 'val_every')} steps the validation loss decides which α "
                     "are kept.")
 recipe = {"m": int(state.value("site_m")), "shots": int(state.value("site_shots")),
           "steps": int(state.value("site_steps")), "prompts": s.prompts, "seed": s.seed, **s.conventions()}
@@ -63,11 +63,11 @@ params = {"model": s.model, "task": s.task, **recipe}
 st.subheader("Train", divider="gray")
 clicked = run_row(f"**M = {recipe['m']}** prompts × **N = {recipe['shots']}** shots · **{recipe['steps']}** steps · "
                   f"{L} × {H} = **{L * H}** α to learn",
-                  f"Then: SITE against 0-shot, {'- and '.join(map(str, settings.kind_default('site', 'icl_shots')))}"
+                  f"Then: SITE against 0-shot, {'- and '.join(map(str, settings.kind_default('site_alphas', 'icl_shots')))}"
                   "-shot ICL, the function and vanilla task vectors, every α = 1 and LTV (when cached); patching; "
-                  f"the budget curve over M = {', '.join(map(str, settings.kind_default('site', 'budget')))}.",
+                  f"the budget curve over M = {', '.join(map(str, settings.kind_default('site_alphas', 'budget')))}.",
                   "run_site",
-                  estimate=[("site", params)])
+                  estimate=[("site_alphas", params)])
 live = LiveChart("site")
 
 
@@ -80,7 +80,7 @@ def draw_live(data: dict[str, Any]) -> None:
               data, signature=(int(data.get("step") or 0), len(data.get("loss") or [])))
 
 
-res = section("site", clicked, jobs.Job("site", params, "Soft head selection", "SITE", on_live=draw_live),
+res = section("site", clicked, jobs.Job("site_alphas", params, "Soft head selection", "SITE", on_live=draw_live),
               "Press **Run** to train the α (a shared link with a cached result opens it directly).")
 live.clear()
 if res is None:
@@ -90,7 +90,7 @@ with guard("Soft head selection"):
     jobs.show_warnings(res)
     base = res.get("baselines") or {}
     site, zero = res["site"], (base.get("zero_shot") or {}).get("metrics")
-    icl_k = min(res.params.get("icl_shots") or settings.kind_default("site", "icl_shots"))  # what ran
+    icl_k = min(res.params.get("icl_shots") or settings.kind_default("site_alphas", "icl_shots"))  # what ran
     icl8 = (base.get(f"icl_{icl_k}") or {}).get("metrics")
     pc = res["params_count"]
     m = st.columns(5)
@@ -153,7 +153,7 @@ with guard("Soft head selection"):
             st.page_link("pages/2_Ablation.py", label="Ablate this head" if len(selected) == 1 else
                          f"Ablate these {len(selected)} heads", icon=":material/power_settings_new:",
                          query_params=state.query())
-        snippets.show("site", params, "r.alpha          # numpy (layers, heads)\nr.site, r.baselines, r.patching\n"
+        snippets.show("site_alphas", params, "r.alpha          # numpy (layers, heads)\nr.site, r.baselines, r.patching\n"
                                       "r.site.accuracy_ci   # 95% Wilson interval\n"
                                       "r.tests              # 'site vs icl_8' -> rate -> paired test\n"
                                       "r.patching.tests     # per rate, per k: top-k vs bottom-k by alpha")
@@ -255,13 +255,13 @@ me_params = s.job(**s.selection(), site_m=recipe["m"], site_shots=recipe["shots"
 clicked = run_row(f"The extracted vectors (vanilla, function vector, top-TR / top-TL heads at the middle layer, "
                   f"{s.shots} shots), LTV (when cached) and SITE on the same zero-shot prompts",
                   "Accuracy, TR ratio, parameter count and training seconds side by side.", "run_methods",
-                  estimate=[("methods", me_params)])
-me = section("site_methods", clicked, jobs.Job("methods", me_params, "All methods", "All methods"),
+                  estimate=[("compare_methods", me_params)])
+me = section("site_methods", clicked, jobs.Job("compare_methods", me_params, "All methods", "All methods"),
              "Press **Run** to compare every method.")
 if me is not None:
     with guard("All methods"):
         jobs.show_warnings(me)
-        snippets.show("methods", me_params, "r.rows   # one row per steering method: accuracy, TR ratio, parameters")
+        snippets.show("compare_methods", me_params, "r.rows   # one row per steering method: accuracy, TR ratio, parameters")
         share.chart(sf.methods_bars(me), "methods", key="site_methods_bars")
         mt = pd.DataFrame([{"method": r["name"], "family": r["family"],
                             "accuracy %": None if r.get("accuracy") is None else 100 * r["accuracy"],

@@ -18,7 +18,7 @@ st.caption("The same analysis over a model zoo and a task suite. Each cell is an
            "are reused, identical requests are shared, and the service's runner spreads the jobs over its workers "
            "(`HEADLENS_RUNNER=ray`: a Ray cluster). The command line does the same: `python -m backend sweep`.")
 
-SKIP_KINDS = {"model_info", "fit", "head", "ablate", "ltv_train", "ltv_tasks"}  # need inputs a sweep cannot vary
+SKIP_KINDS = {"model_info", "task_fit", "head_view", "ablate", "ltv_vector", "ltv_across_tasks"}  # need inputs a sweep cannot vary
 
 
 def _ints(text: str) -> list[int]:
@@ -39,9 +39,9 @@ with st.expander("Start a sweep", icon=":material/add_circle:", expanded=not sta
             models = st.multiselect("Models", list(dict.fromkeys([s.model, "default", *loaded])), default=[s.model],
                                     accept_new_options=True, key="w_sw_models",
                                     help="`default`, model folders on the service's machine, or Hugging Face ids.")
-            kinds_sel = st.multiselect("Analyses", kinds, default=[k for k in ("scores",) if k in kinds],
-                                       key="w_sw_kinds", help="scores gives the TR/TL summary; icl and "
-                                                              "ablation_curves add their columns.")
+            kinds_sel = st.multiselect("Analyses", kinds, default=[k for k in ("head_scores",) if k in kinds],
+                                       key="w_sw_kinds", help="head_scores gives the TR/TL summary; icl_curve "
+                                                              "and ablation_curves add their columns.")
         with c2:
             tasks_sel = st.multiselect("Tasks", task_ids, default=[t for t in [s.task] if t in task_ids],
                                        key="w_sw_tasks")
@@ -59,9 +59,9 @@ with st.expander("Start a sweep", icon=":material/add_circle:", expanded=not sta
                 st.error("Pick at least one model, one task and one analysis.", icon=":material/error:")
             else:
                 params = {"shots": s.shots, "prompts": s.prompts, **s.selection(), **s.conventions(),
-                          **({"icl.shots": s.icl_shots()} if "icl" in kinds_sel else {})}
+                          **({"icl_curve.shots": s.icl_shots()} if "icl_curve" in kinds_sel else {})}
                 params = {k: v for k, v in params.items()
-                          if "." in k or k in ("shots", "prompts", "prepend_bos") or "scores" in kinds_sel}
+                          if "." in k or k in ("shots", "prompts", "prepend_bos") or "head_scores" in kinds_sel}
                 try:
                     r = api.submit_sweep(models, tasks_sel, kinds_sel, seeds, params)
                 except api.ApiError as e:

@@ -2,8 +2,8 @@
 
 Pages never import torch or the analyses; they call these functions and get plain dicts back. Every
 failure (service unreachable, a refused request, a failed or cancelled job, a malformed answer) is an
-`ApiError` whose message is fit to show a user as is. Names that differ between what the pages say and
-what the service calls them are bridged here, and only here (see `KINDS`).
+`ApiError` whose message is fit to show a user as is. A kind is named as the registry names it everywhere (pages,
+service, CLI, Python); an older name (an alias of the registry's) is resolved here to that name (`kind_name`).
 """
 from __future__ import annotations
 
@@ -13,15 +13,22 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from backend.analysis.kinds import KINDS
+
 from .client import ClientError, HeadlensClient, JobCancelled, JobFailed, JobTimeout
 
 OnProgress = Callable[[float, str], None]
 
-# page name -> service job kind
-KINDS = {"scores": "scores", "icl": "icl", "ablation": "ablation_curves", "ablate": "ablate",
-         "model_info": "model_info", "steer": "steer", "geometry": "geometry", "perturb": "perturb", "fit": "fit",
-         "head": "head"}
-UNCACHED = frozenset({"model_info"})  # kinds the service never caches: no cache lookup first
+
+
+def kind_name(kind: str) -> str:
+    """A kind's one name (the registry's, `backend.analysis.kinds`; torch-free) for its name or an older one (an
+    alias); anything else as it is (the service then says it is unknown)."""
+    return KINDS.resolve(kind) or kind
+
+
+UNCACHED = frozenset(k.name for k in KINDS.values() if not k.cached)
+"""Kinds the service never caches (model_info): no cache lookup first."""
 JOB_TIMEOUT_S = 3600.0
 
 
@@ -183,8 +190,8 @@ def pull_model(name: str) -> dict[str, Any]:
 
 
 def run(kind: str, params: dict[str, Any], on_progress: OnProgress | None = None) -> dict[str, Any]:
-    """Submit a job of page-kind `kind` (a key of KINDS) and wait for its result."""
-    service_kind = KINDS.get(kind, kind)
+    """Submit a job of kind `kind` (its name or an alias) and wait for its result."""
+    service_kind = kind_name(kind)
 
     def go() -> dict[str, Any]:
         res = client().run(service_kind, on_progress=on_progress, timeout=JOB_TIMEOUT_S, **params)
@@ -197,8 +204,8 @@ def run(kind: str, params: dict[str, Any], on_progress: OnProgress | None = None
 
 
 def submit(kind: str, params: dict[str, Any]) -> str:
-    """Queue a job of page-kind `kind`; its id."""
-    return _call(lambda: client().submit(KINDS.get(kind, kind), **params), "submit")
+    """Queue a job of kind `kind`; its id."""
+    return _call(lambda: client().submit(kind_name(kind), **params), "submit")
 
 
 def job(job_id: str) -> dict[str, Any]:
@@ -229,7 +236,7 @@ def checked_estimate(kind: str, params: dict[str, Any]) -> tuple[dict[str, Any] 
     """(the job's estimate, or None; the reason the service refuses the job, or None): a job the service refuses
     (its model cannot load) gets no estimate and no Run button."""
     try:
-        return _call(lambda: client().estimate(KINDS.get(kind, kind), **params), "estimate"), None
+        return _call(lambda: client().estimate(kind_name(kind), **params), "estimate"), None
     except ApiError as e:
         if e.kind in ("unreachable", "unauthorized", "internal"):
             raise
@@ -238,7 +245,7 @@ def checked_estimate(kind: str, params: dict[str, Any]) -> tuple[dict[str, Any] 
 
 def cached(kind: str, params: dict[str, Any]) -> dict[str, Any] | None:
     """The result when the service has it cached (None otherwise); never starts a computation."""
-    return _call(lambda: client().cached(KINDS.get(kind, kind), **params), "cached")
+    return _call(lambda: client().cached(kind_name(kind), **params), "cached")
 
 
 # -- sweeps (the Sweeps page) -----------------------------------------------------------------------------

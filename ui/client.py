@@ -3,7 +3,7 @@ imports torch.
 
     from ui.client import HeadlensClient
     c = HeadlensClient()                       # HEADLENS_BACKEND_URL, HEADLENS_TOKEN
-    r = c.run("scores", model="default", task="sentiment", shots=8, prompts=50,
+    r = c.run("head_scores", model="default", task="sentiment", shots=8, prompts=50,
               on_progress=lambda f, m: print(f, m))
 
 `HEADLENS_BACKEND_URL` defaults to http://127.0.0.1:8765. The special value `inprocess` runs the
@@ -208,7 +208,7 @@ class HeadlensClient:
                      seeds: list[int] | None = None, params: dict[str, Any] | None = None,
                      name: str | None = None) -> dict[str, Any]:
         """Start a sweep (models x tasks x kinds x seeds as jobs); its record {id, status, counts, models, ...}."""
-        body = {"models": models, "tasks": tasks, "kinds": kinds or ["scores"], "seeds": seeds or [0],
+        body = {"models": models, "tasks": tasks, "kinds": kinds or ["head_scores"], "seeds": seeds or [0],
                 "params": params or {}, **({"name": name} if name else {})}
         return self._request("POST", "/sweeps", json=body)
 

@@ -45,7 +45,7 @@ def show(r: dict[str, Any] | None, model: str) -> None:
 def check(s: state.Settings, stop: bool = True) -> dict[str, Any] | None:
     """Run (or recall) the fit check of the current model and task and show it; stop the page when the task
     is refused (nothing on it could run)."""
-    r = jobs.fetch("fit", params(s), "Checking the task against the model", what="Fit check")
+    r = jobs.fetch("task_fit", params(s), "Checking the task against the model", what="Fit check")
     show(r, s.model)
     if stop and r is not None and r["verdict"] == "refuse":
         st.stop()

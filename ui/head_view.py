@@ -221,7 +221,7 @@ def render(r: dict[str, Any], s: state.Settings, params: dict[str, Any], n_heads
     share.dataframe(f"{name}: per-label DLA and ablation", table, hide_index=True, key=f"{key}_labels",
                  column_config={c: st.column_config.NumberColumn(format="%.4g") for c in ("DLA", "p before",
                                                                                           "p ablated")})
-    snippets.show("head", params, "r.tokens, r.attention        # the pattern: rows r.attention_rows x tokens\n"
+    snippets.show("head_view", params, "r.tokens, r.attention        # the pattern: rows r.attention_rows x tokens\n"
                                   "r.labels, r.label_dla        # per-label direct logit attribution\n"
                                   "r.ranks, r.ablated.gold_prob")
     if r.get("layer_attention"):

@@ -133,7 +133,7 @@ def timing(result: dict[str, Any]) -> str:
 
 @dataclass
 class Job:
-    """One request of a page: a page-kind (a key of `api.KINDS`), its params, and the progress bar's label."""
+    """One request of a page: a kind (its registry name or an alias), its params, and the progress bar's label."""
 
     kind: str
     params: dict[str, Any]
@@ -228,7 +228,7 @@ def _remember(job: Job, result: dict[str, Any], t0: float) -> dict[str, Any]:
     """The service's result, checked against its kind's result schema and read by attribute (`ui.results`: the
     one place a result enters the session), with `_waited`; an ApiError when it does not fit."""
     try:
-        result = typed(api.KINDS.get(job.kind, job.kind), {**result, "_waited": time.monotonic() - t0})
+        result = typed(api.kind_name(job.kind), {**result, "_waited": time.monotonic() - t0})
     except ResultError as e:
         raise api.ApiError(f"the service's {job.kind} result does not fit this dashboard: {e}", kind="internal") from e
     api.trace(f"result:{job.kind}:{'hit' if result['cache_hit'] else 'computed'}:{result['seconds']:.3f}",

@@ -19,15 +19,15 @@ from typing import Any, Callable
 
 WIDGETS: dict[str, tuple[str, str]] = {
     # state field -> (kind, its params field)
-    "shots": ("scores", "shots"), "prompts": ("scores", "prompts"), "seed": ("scores", "seed"),
-    "top_pct": ("scores", "top_pct"), "top_k": ("scores", "top_k"), "prepend_bos": ("scores", "prepend_bos"),
+    "shots": ("head_scores", "shots"), "prompts": ("head_scores", "prompts"), "seed": ("head_scores", "seed"),
+    "top_pct": ("head_scores", "top_pct"), "top_k": ("head_scores", "top_k"), "prepend_bos": ("head_scores", "prepend_bos"),
     "mode": ("ablate", "mode"), "ab_positions": ("ablate", "positions"),
-    "pt_target": ("patching", "target"), "pt_patch": ("patching", "patch"),
+    "pt_target": ("activation_patching", "target"), "pt_patch": ("activation_patching", "patch"),
     "sg_vectors": ("steer", "vectors"), "sg_alpha": ("steer", "alpha"), "sg_final_norm": ("geometry", "final_norm"),
-    "sg_perturbations": ("perturb", "perturbations"),
-    "ltv_positions": ("ltv", "positions"), "ltv_lr": ("ltv", "lr"), "ltv_epochs": ("ltv", "epochs"),
-    "ltv_batch": ("ltv", "batch_size"), "ltv_units": ("ltv", "units"),
-    "site_m": ("site", "m"), "site_shots": ("site", "shots"), "site_steps": ("site", "steps"),
+    "sg_perturbations": ("perturbation_report", "perturbations"),
+    "ltv_positions": ("ltv_layers", "positions"), "ltv_lr": ("ltv_layers", "lr"), "ltv_epochs": ("ltv_layers", "epochs"),
+    "ltv_batch": ("ltv_layers", "batch_size"), "ltv_units": ("ltv_layers", "units"),
+    "site_m": ("site_alphas", "m"), "site_shots": ("site_alphas", "shots"), "site_steps": ("site_alphas", "steps"),
 }
 UI_RANGES: dict[str, tuple[float | None, float | None]] = {
     # the page's (least, greatest) where it offers less than the kind accepts; None: the kind's
@@ -54,8 +54,11 @@ def load(caps: dict[str, Any]) -> None:
     if not kinds:
         return
     with _lock:
-        _SCHEMAS.update({k["name"]: k.get("params") or {} for k in kinds})
-        _RESULTS.update({k["name"]: k.get("result") or {} for k in kinds if k.get("result")})
+        for k in kinds:  # by its name and by each older name (alias) it still answers to
+            for name in [k["name"], *(k.get("aliases") or [])]:
+                _SCHEMAS[name] = k.get("params") or {}
+                if k.get("result"):
+                    _RESULTS[name] = k["result"]
 
 
 def params_schema(kind: str) -> dict[str, Any]:

@@ -18,10 +18,10 @@ from typing import Any, Sequence
 
 import streamlit as st
 
-from . import figures, snippets, state
+from . import api, figures, snippets, state
 
 FORMATS = ("png", "svg")
-SKIP_KINDS = frozenset({"fit", "model_info"})
+SKIP_KINDS = frozenset({"task_fit", "model_info"})
 """Jobs a page runs for itself (the fit check, loading the model): not among the commands that reproduce it."""
 
 
@@ -113,7 +113,7 @@ def numbers(title: str, values: dict[str, Any]) -> None:
 
 def used(kind: str, params: dict[str, Any]) -> None:
     """A job whose result the page got (jobs.py calls it): its CLI command goes into the HTML file."""
-    if kind in SKIP_KINDS:
+    if api.kind_name(kind) in SKIP_KINDS:
         return
     r = current()
     item = (kind, dict(params))

@@ -1,7 +1,7 @@
 """Copy as Python: the few lines of the product's API that reproduce a view in a notebook.
 
 Every view of every page offers them (a popover with a code block and its copy button). The lines call the
-Python API (`from backend import ...`, one function per analysis kind, named by the registry's `api`) with the
+Python API (`from backend import ...`, one function per analysis kind, named by the kind's name) with the
 very parameters the page sent, so a notebook gets the same cached result.
 """
 from __future__ import annotations
@@ -12,15 +12,6 @@ import streamlit as st
 
 from . import api
 
-API = {"model_info": "model_info", "maps": "head_maps", "scores": "head_scores", "icl": "icl_curve",
-       "ablation_curves": "ablation_curves", "ablate": "ablate", "vectors": "build_vectors", "steer": "steer",
-       "geometry": "geometry", "perturb": "perturbation_report", "fit": "task_fit", "head": "head_view",
-       "ltv_train": "ltv_vector", "ltv": "train_ltv", "ltv_tasks": "ltv_across_tasks", "site": "train_site",
-       "site_transfer": "site_transfer", "methods": "compare_methods", "patching": "activation_patching",
-       "findings": "findings_report"}
-"""Service kind -> Python API function (backend/analysis/kinds.py `api`; a test checks they are the same map)."""
-
-
 def _value(v: Any) -> str:
     if isinstance(v, list) and v and all(isinstance(x, (list, tuple)) and len(x) == 2 for x in v):
         return "[" + ", ".join(f"({int(a)}, {int(b)})" for a, b in v) + "]"
@@ -30,10 +21,9 @@ def _value(v: Any) -> str:
 
 
 def python(kind: str, params: dict[str, Any], then: str = "", task_file: str | None = None) -> str:
-    """The notebook lines for a page-kind `kind` job with `params` (as sent to the service), and `then`
+    """The notebook lines for a `kind` job with `params` (as sent to the service), and `then`
     (lines using the result `r`). An uploaded task is loaded from its file (`task_file`, its name)."""
-    service_kind = api.KINDS.get(kind, kind)
-    fn = API.get(service_kind, service_kind)
+    fn = api.kind_name(kind)  # the kind's one name: its Python function's too
     model, task = params.get("model", "default"), params.get("task")
     args = ", ".join(f"{k}={_value(v)}" for k, v in params.items() if k not in ("model", "task"))
     if task is None:
@@ -80,13 +70,13 @@ HEAD_FIELDS = frozenset({"head"})
 
 def cli(kind: str, params: dict[str, Any], kind_defaults: dict[str, dict[str, Any]] | None = None,
         task_file: str | None = None, out: str | None = None) -> str:
-    """The `python -m backend <kind>` line that computes the same result as a page-kind `kind` job with `params`
+    """The `python -m backend <kind>` line that computes the same result as a `kind` job with `params`
     (as sent to the service; an uploaded task is named by its file, `task_file`). Booleans are switches (`--x`, or
     `--no-x` for one that defaults to on: `kind_defaults`, service kind -> its defaults, see `defaults`), lists
     comma-separated, heads layer.head; a value that starts with '-' is written `--flag=value`."""
     import shlex
 
-    service_kind = api.KINDS.get(kind, kind)
+    service_kind = api.kind_name(kind)
     words = ["python", "-m", "backend", service_kind.replace("_", "-")]
     dflt = (kind_defaults or {}).get(service_kind) or {}
     for name, v in params.items():

@@ -188,7 +188,7 @@ def validate_params(kind: Kind, params: "Params | Mapping[str, Any] | None" = No
 
 
 def cache_key(kind: Kind, lm: "LoadedModel | None", task: "Task | None", p: Params) -> str:
-    """The result's key: kind, model fingerprint, task content hash, requested params (not batch_size, unless the
+    """The result's key: kind (its `key`, the name before a rename), model fingerprint, task content hash, requested params (not batch_size, unless the
     kind's params say it changes the result: `Params.not_in_key`; a field added later only when it is set:
     `Params.added_fields`, and the shared conventions such as `prepend_bos`: `params.CONVENTIONS`), and the kind's
     `version` when it is > 0."""
@@ -197,7 +197,7 @@ def cache_key(kind: Kind, lm: "LoadedModel | None", task: "Task | None", p: Para
     added = set(getattr(p, "added_fields", ())) | CONVENTIONS
     exclude |= {f for f in added if f in fields and getattr(p, f) == fields[f].default}
     extra = {"kind_version": kind.version} if kind.version else {}
-    return make_key(kind.name, model=lm.fingerprint if lm is not None else None,
+    return make_key(kind.key, model=lm.fingerprint if lm is not None else None,
                     task=task.content_hash() if task is not None else None,
                     params=p.model_dump(mode="json", exclude=exclude), **extra)
 
@@ -343,7 +343,7 @@ def merge_index(store: Store, ikey: str, value: dict[str, Any]) -> None:
 
 
 def _index(store: Store, spec: Kind, lm: "LoadedModel | None", task: "Task | None", key: str, p: Params) -> None:
-    ikey = index_key(spec.name, lm, task)
+    ikey = index_key(spec.key, lm, task)
     with LOCKS.hold(ikey):
         merge_index(store, ikey, {"entries": [{"key": key, "params": p.model_dump(mode="json")}]})
 
@@ -382,7 +382,7 @@ def find_cached(kind: str, lm: "LoadedModel | None", task: "Task | None", tries:
         if not spec.indexed:
             continue
         if entries is None:
-            entries = list(reversed((store.get(index_key(kind, lm, task)) or {}).get("entries") or []))
+            entries = list(reversed((store.get(index_key(spec.key, lm, task)) or {}).get("entries") or []))
         norm = p.model_dump(mode="json")
         same = set(named) | (CONVENTIONS & set(fields))  # a convention always matches (absent: its default)
         match = [e for e in entries if isinstance(e.get("params"), dict)

@@ -1,20 +1,25 @@
-"""The job-kind registry: every analysis declared once.
+"""The job-kind registry: every analysis declared once, under one name.
 
-An entry names the kind and the module that holds it (`Kind.at`), a one-line description and the name of its
-Python API function. The module holds, side by side, the kind's params model `<Name>Params` (defaults declared
-once), its result model `<Name>Result` and its function `<name>(ctx: Context, p) -> dict` (`fn=` names another);
-they are imported on first use, so this module needs no torch and sits below every kind module (which may read
-another kind's params through `get_kind`). The service (`POST /jobs`, `GET /capabilities`), the CLI subcommands,
-the Python API (`backend.<api>`) and the UI client are all derived from it.
+An entry names the kind, the module that holds it (`Kind.at`), a one-line description and the old names it still
+answers to (`aliases`). The module holds, side by side, the kind's params model `<Key>Params` (defaults declared
+once), its result model `<Key>Result` and its function `<key>(ctx: Context, p) -> dict` (`fn=` names another), where
+`key` is the name its cached results are filed under (the name itself, unless the kind was renamed); they are
+imported on first use, so this module needs no torch and sits below every kind module (which may read another kind's
+params through `get_kind`).
 
-Adding a kind: one module (params, result, function), one entry below, one page and its tests.
+The name is the kind's one name everywhere: the `kind` of `POST /jobs`, the CLI subcommand (with dashes), the Python
+API function (`backend.<name>`, generated into `backend/analysis/api/`) and the pages' calls. An alias is accepted
+wherever the name is, resolved here once (`get_kind`, or `KINDS[alias]`); `GET /capabilities` lists them.
+
+Adding a kind: one module (params, result, function), one entry below, one page section
+(docs/architecture.md, "Adding a kind").
 """
 from __future__ import annotations
 
 import functools
 import importlib
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Callable, Iterable
 
 from pydantic import BaseModel
 from pydantic_core import to_jsonable_python
@@ -36,7 +41,15 @@ class Kind:
     result_model: "type[Result] | str"
     fn: str
     description: str
-    api: str
+    api: str = ""
+    """The Python API function: the name itself (`backend.<name>`). Given as something else (an older registration),
+    that becomes an alias."""
+    aliases: tuple[str, ...] = ()
+    """Older names of the kind, accepted wherever the name is (HTTP `kind`, CLI subcommand, `backend.<alias>`, the
+    UI client): the kind's name before the names were unified, and its Python function's name then."""
+    key: str = ""
+    """The name its cache entries and index are filed under, and its saved tensors' `kind`: the kind's name before
+    it was renamed, so a renamed kind keeps its cached results (default: `name`)."""
     uses_task: bool = True
     uses_model: bool = True
     cached: bool = True
@@ -56,14 +69,28 @@ class Kind:
     seeds); 2 for findings: its verdicts rest on per-task tests."""
     indexed: bool = False  # list its cached results per model and task, so `Context.cached` finds them by any field
 
+    def __post_init__(self) -> None:
+        if self.api and self.api != self.name and self.api not in self.aliases:
+            object.__setattr__(self, "aliases", (*self.aliases, self.api))
+        object.__setattr__(self, "api", self.name)
+        object.__setattr__(self, "key", self.key or self.name)
+
     @classmethod
-    def at(cls, module: str, name: str, description: str, *, api: str, fn: str | None = None, **flags: Any) -> "Kind":
-        """The kind `name` of `backend.analysis.<module>`: its `<Name>Params`, `<Name>Result` and function `fn`
-        (default: `name`), e.g. `Kind.at("tsla.scores", "maps", ...)` -> MapsParams, MapsResult, maps."""
+    def at(cls, module: str, name: str, *, description: str, key: str | None = None, fn: str | None = None,
+           **flags: Any) -> "Kind":
+        """The kind `name` of `backend.analysis.<module>`: its `<Key>Params`, `<Key>Result` and function `fn`
+        (default: `key`, itself `name` by default), e.g. `Kind.at("tsla.scores", "head_scores", key="scores", ...)`
+        -> ScoresParams, ScoresResult, scores."""
         where = f"backend.analysis.{module}:"
-        camel = "".join(w.capitalize() for w in name.split("_"))
-        return cls(name, where + camel + "Params", where + camel + "Result", where + (fn or name), description, api,
-                   **flags)
+        stem = key or name
+        camel = "".join(w.capitalize() for w in stem.split("_"))
+        return cls(name, where + camel + "Params", where + camel + "Result", where + (fn or stem), description,
+                   key=stem, **flags)
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        """The name, then the aliases."""
+        return (self.name, *self.aliases)
 
     @property
     def module(self) -> str:
@@ -82,6 +109,11 @@ class Kind:
     def cli(self) -> str:
         """The CLI subcommand: the name with dashes."""
         return self.name.replace("_", "-")
+
+    @property
+    def cli_aliases(self) -> tuple[str, ...]:
+        """The aliases as CLI subcommands (with dashes)."""
+        return tuple(a.replace("_", "-") for a in self.aliases)
 
     def function(self) -> Callable[..., dict[str, Any]]:
         return _resolve(self.fn)
@@ -117,90 +149,142 @@ def json_schema(model: type[BaseModel]) -> dict[str, Any]:
 
 
 _ENTRIES: tuple[Kind, ...] = (
-    Kind.at("general.model_info", "model_info", "load a model (it stays resident) and describe it",
-            api="model_info", uses_task=False, cached=False),
-    Kind.at("tsla.scores", "maps",
-            "TR, TL, DLA-TR, DLA-TL and induction head maps with accuracies (no head selection)", api="head_maps"),
-    Kind.at("tsla.scores", "scores",
-            "TR, TL, DLA-TR, DLA-TL and induction head maps, accuracies, top heads and their overlaps",
-            api="head_scores"),
-    Kind.at("tsla.icl", "icl",
-            "accuracy, label accuracy and TR ratio against the number of demonstrations", api="icl_curve", version=1),
-    Kind.at("tsla.ablation", "ablation_curves",
-            "accuracy, label accuracy and TR ratio against the number of top heads ablated, per order",
-            api="ablation_curves", fn="curves", version=3),
-    Kind.at("tsla.ablation", "ablate",
-            "ablate one head set: metrics and per-prompt predictions before and after", api="ablate", version=1),
-    Kind.at("tsla.vectors", "vectors",
-            "task vectors extracted from ICL prompts: TR / TL / random head sets, function vector, vanilla",
-            api="build_vectors", version=1),
-    Kind.at("tsla.steering", "steer",
-            "inject extracted task vectors into zero-shot prompts, at a layer or every layer", api="steer", version=2),
-    Kind.at("tsla.geometry", "geometry",
-            "hidden-state alignment with the label subspace, logit difference, rotation and PCA per layer",
-            api="geometry", version=2),
-    Kind.at("tsla.perturbations", "perturb",
-            "demonstration perturbations: metrics, TR/TL map differences, effect of ablating the top heads",
-            api="perturbation_report", version=1),
-    Kind.at("tsla.patching", "patching",
-            "activation patching: every head's last-token z from clean ICL prompts into zero-shot or perturbed ones; "
-            "the share of the gold logit recovered per head, beside the TR / TL maps", api="activation_patching",
-            version=1),
-    Kind.at("general.fit", "fit",
-            "does the task fit the model: unknown tokens in inputs and labels, prompt length vs the context window",
-            api="task_fit", needs_fit=False),
-    Kind.at("general.head", "head",
-            "one head on one prompt: attention pattern, per-label DLA, TR / TL / induction ranks, effect when "
-            "ablated; the model's top next tokens (and per layer)", api="head_view", version=1),
-    Kind.at("ltv.ltv_train", "ltv_train",
-            "train one learned task vector (added at a decoder layer's input) through the frozen model, saved as "
-            "safetensors", api="ltv_vector"),
-    Kind.at("ltv.ltv", "ltv",
-            "learned task vectors per layer against zero-shot, ICL, vanilla / function / TR / TL vectors, on top of "
-            "ICL; key heads, OV reconstruction and linear propagation (rotation, stretch)", api="train_ltv",
-            indexed=True, version=3),
-    Kind.at("ltv.ltv_tasks", "ltv_tasks",
-            "learned task vectors of several tasks at one layer: the comparison task by task, their cosine "
-            "similarity, and sums of two tasks' vectors on composed tasks", api="ltv_across_tasks", uses_task=False),
-    Kind.at("site.site", "site",
-            "soft head selection (SITE): per-head alphas trained to inject an ICL task embedding into zero-shot "
-            "prompts; alpha map, baselines, top/bottom-k patching, budget curve, correlations with head maps",
-            api="train_site", version=2),
-    Kind.at("site.site_transfer", "site_transfer",
-            "SITE alphas of each task applied to every task's embedding: a transfer accuracy matrix and head overlaps",
-            api="site_transfer", uses_task=False),
-    Kind.at("findings.findings", "findings",
-            "the three papers' findings on one model (TSLA, LTV, SITE), each with the paper's figure and a verdict: "
-            "holds / partly / does not hold", api="findings_report", uses_task=False, version=2),
-    Kind.at("methods", "methods",
-            "every steering method on one task side by side: extracted vectors (vanilla, FV, TR / TL heads), LTV "
-            "and SITE, with accuracy, TR ratio, parameter count and training seconds", api="compare_methods",
-            version=2),
+    Kind.at("general.model_info", "model_info", uses_task=False, cached=False,
+            description="load a model (it stays resident) and describe it"),
+    Kind.at("tsla.scores", "head_maps", key="maps", aliases=("maps",),
+            description="TR, TL, DLA-TR, DLA-TL and induction head maps with accuracies (no head selection)"),
+    Kind.at("tsla.scores", "head_scores", key="scores", aliases=("scores",),
+            description="TR, TL, DLA-TR, DLA-TL and induction head maps, accuracies, top heads and their overlaps"),
+    Kind.at("tsla.icl", "icl_curve", key="icl", aliases=("icl",), version=1,
+            description="accuracy, label accuracy and TR ratio against the number of demonstrations"),
+    Kind.at("tsla.ablation", "ablation_curves", fn="curves", version=3,
+            description="accuracy, label accuracy and TR ratio against the number of top heads ablated, per order"),
+    Kind.at("tsla.ablation", "ablate", version=1,
+            description="ablate one head set: metrics and per-prompt predictions before and after"),
+    Kind.at("tsla.vectors", "task_vectors", key="vectors", aliases=("vectors", "build_vectors"), version=1,
+            description="task vectors extracted from ICL prompts: TR / TL / random head sets, function vector, "
+                        "vanilla"),
+    Kind.at("tsla.steering", "steer", version=2,
+            description="inject extracted task vectors into zero-shot prompts, at a layer or every layer"),
+    Kind.at("tsla.geometry", "geometry", version=2,
+            description="hidden-state alignment with the label subspace, logit difference, rotation and PCA per "
+                        "layer"),
+    Kind.at("tsla.perturbations", "perturbation_report", key="perturb", aliases=("perturb",), version=1,
+            description="demonstration perturbations: metrics, TR/TL map differences, effect of ablating the top "
+                        "heads"),
+    Kind.at("tsla.patching", "activation_patching", key="patching", aliases=("patching",), version=1,
+            description="activation patching: every head's last-token z from clean ICL prompts into zero-shot or "
+                        "perturbed ones; the share of the gold logit recovered per head, beside the TR / TL maps"),
+    Kind.at("general.fit", "task_fit", key="fit", aliases=("fit",), needs_fit=False,
+            description="does the task fit the model: unknown tokens in inputs and labels, prompt length vs the "
+                        "context window"),
+    Kind.at("general.head", "head_view", key="head", aliases=("head",), version=1,
+            description="one head on one prompt: attention pattern, per-label DLA, TR / TL / induction ranks, effect "
+                        "when ablated; the model's top next tokens (and per layer)"),
+    Kind.at("ltv.ltv_train", "ltv_vector", key="ltv_train", aliases=("ltv_train",),
+            description="train one learned task vector (added at a decoder layer's input) through the frozen model, "
+                        "saved as safetensors"),
+    Kind.at("ltv.ltv", "ltv_layers", key="ltv", aliases=("ltv", "train_ltv"), indexed=True, version=3,
+            description="learned task vectors per layer against zero-shot, ICL, vanilla / function / TR / TL "
+                        "vectors, on top of ICL; key heads, OV reconstruction and linear propagation (rotation, "
+                        "stretch)"),
+    Kind.at("ltv.ltv_tasks", "ltv_across_tasks", key="ltv_tasks", aliases=("ltv_tasks",), uses_task=False,
+            description="learned task vectors of several tasks at one layer: the comparison task by task, their "
+                        "cosine similarity, and sums of two tasks' vectors on composed tasks"),
+    Kind.at("site.site", "site_alphas", key="site", aliases=("site", "train_site"), version=2,
+            description="soft head selection (SITE): per-head alphas trained to inject an ICL task embedding into "
+                        "zero-shot prompts; alpha map, baselines, top/bottom-k patching, budget curve, correlations "
+                        "with head maps"),
+    Kind.at("site.site_transfer", "site_transfer", uses_task=False,
+            description="SITE alphas of each task applied to every task's embedding: a transfer accuracy matrix and "
+                        "head overlaps"),
+    Kind.at("findings.findings", "findings_report", key="findings", aliases=("findings",), uses_task=False,
+            version=2,
+            description="the three papers' findings on one model (TSLA, LTV, SITE), each with the paper's figure and a "
+                        "verdict: holds / partly / does not hold"),
+    Kind.at("methods", "compare_methods", key="methods", aliases=("methods",), version=2,
+            description="every steering method on one task side by side: extracted vectors (vanilla, FV, TR / TL "
+                        "heads), LTV and SITE, with accuracy, TR ratio, parameter count and training seconds"),
 )
+"""The built-in kinds. Renamed ones (issue 26: one name per analysis, the Python function's where it was clear) keep
+their old kind name as `key` and answer to it and to their old Python function's name."""
 
-KINDS: dict[str, Kind] = {k.name: k for k in _ENTRIES}
+
+class Registry(dict[str, Kind]):
+    """The kinds by name; a lookup (`[]`, `in`, `get`) also takes an alias, iteration yields the names only."""
+
+    def __init__(self, kinds: Iterable[Kind]) -> None:
+        super().__init__()
+        self.aliases: dict[str, str] = {}
+        for k in kinds:
+            self.add(k)
+
+    def resolve(self, name: object) -> str | None:
+        """The kind's name for a name or an alias; None when neither."""
+        if not isinstance(name, str):
+            return None
+        return name if dict.__contains__(self, name) else self.aliases.get(name)
+
+    def add(self, kind: Kind, replace: bool = False) -> None:
+        for n in kind.names:
+            owner = self.resolve(n)
+            if owner is not None and (owner != kind.name or not replace):
+                raise ValueError(f"analysis kind {n!r} is already registered" + (f" (as {owner!r})" * (owner != n)))
+        self.drop(kind.name)
+        dict.__setitem__(self, kind.name, kind)
+        self.aliases.update({a: kind.name for a in kind.aliases})
+
+    def drop(self, name: str) -> None:
+        kind = dict.pop(self, name, None)
+        for a in kind.aliases if kind is not None else ():
+            self.aliases.pop(a, None)
+
+    def __missing__(self, name: str) -> Kind:
+        full = self.resolve(name)
+        if full is None:
+            raise KeyError(name)
+        return dict.__getitem__(self, full)
+
+    def __contains__(self, name: object) -> bool:
+        return self.resolve(name) is not None
+
+    def get(self, name: str, default: Any = None) -> Any:  # type: ignore[override]
+        return self[name] if name in self else default
+
+
+KINDS = Registry(_ENTRIES)
+"""Every kind by its name (a lookup takes an alias too)."""
 
 
 def register(kind: Kind, replace: bool = False) -> Kind:
-    """Add a kind at run time (tests, plugins); the built-in ones are the entries above."""
-    if kind.name in KINDS and not replace:
-        raise ValueError(f"analysis kind {kind.name!r} is already registered")
-    KINDS[kind.name] = kind
+    """Add a kind at run time (tests, plugins); the built-in ones are the entries above. Its name and aliases must
+    be new (`replace`: or its own)."""
+    if any(k.name == kind.name for k in _ENTRIES):
+        raise ValueError(f"{kind.name!r} is a built-in kind")
+    KINDS.add(kind, replace=replace)
     return kind
 
 
 def unregister(name: str) -> None:
-    if any(k.name == name for k in _ENTRIES):
+    if any(name in k.names for k in _ENTRIES):
         raise ValueError(f"{name!r} is a built-in kind")
-    KINDS.pop(name, None)
+    full = KINDS.resolve(name)
+    if full is not None:
+        KINDS.drop(full)
 
 
 def get_kind(name: str) -> Kind:
-    """The kind named `name`; KeyError naming the known kinds otherwise."""
+    """The kind named `name`, or that has `name` among its aliases; KeyError naming the known kinds otherwise."""
     if name not in KINDS:
         raise KeyError(f"unknown analysis kind {str(name)[:60]!r}; kinds: {', '.join(KINDS)}")
     return KINDS[name]
 
 
 def by_api(name: str) -> Kind | None:
-    return next((k for k in KINDS.values() if k.api == name), None)
+    """The kind whose Python function is `backend.<name>` (its name or an alias), or None."""
+    return KINDS.get(name)
+
+
+def aliases() -> dict[str, str]:
+    """Every alias -> its kind's name."""
+    return dict(KINDS.aliases)

@@ -23,7 +23,7 @@ from .kinds import KINDS, get_kind
 from .params import Bool, Int, Layer, PromptParams, Selection
 from .primitives.cost import Shape, Sizes, Work
 from .results import Model, Result, TensorsInline
-from .primitives.sweep import resolve_layers
+from .primitives.configs import resolve_layers
 
 
 class MethodsParams(Selection, PromptParams):

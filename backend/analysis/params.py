@@ -41,7 +41,7 @@ def _heads(v: list[tuple[int, int]]) -> list[tuple[int, int]]:
 Heads = Annotated[list[Head], Field(max_length=o.MAX_LIST), AfterValidator(_heads)]
 """[[layer, head], ...], sorted and without repeats."""
 
-TRAINED_BY = {"ltv": "ltv_train or ltv", "site": "site"}
+TRAINED_BY = {"ltv": "ltv_vector or ltv_layers", "site": "site_alphas"}
 
 
 def TensorId(kind: str) -> Any:  # noqa: N802 (a type)

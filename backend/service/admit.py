@@ -115,7 +115,7 @@ def admit(body: dict[str, Any], pool: ModelPool, tasks: TaskStore, limits: Limit
     try:
         if shape is not None:
             check_shape_fit(p, shape)
-        if model_info is not None and task is not None and spec.name != "fit":
+        if model_info is not None and task is not None and spec.key != "fit":
             from ..analysis.primitives.fit import require_fit  # a task the model cannot read (kind `fit` says so)
 
             require_fit(resident, task)
@@ -158,7 +158,7 @@ def check_task_names(kind: str, p: Any) -> None:
         found = builtin_by_names(list(names), kind)
     except TaskError as e:
         raise NotFound(clip(str(e), 600)) from None
-    if kind in ("ltv_tasks", "site_transfer") and len(found) < 2:
+    if kind in ("ltv_across_tasks", "site_transfer") and len(found) < 2:
         raise BadRequest(f"tasks: {kind} compares at least two tasks; give two or more built-in task names (or "
                          f"leave `tasks` out for the model's own tasks)")
 

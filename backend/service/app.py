@@ -225,8 +225,9 @@ def create_app(runner: JobRunner | None = None, *, pool: ModelPool | None = None
         device, dtype = pool.device_info()
         from ..analysis.kinds import KINDS
 
-        kinds = [JobKindInfo(name=k.name, description=k.description, uses_task=k.uses_task, params=k.schema(),
-                             result=k.result_schema()) for k in KINDS.values()]
+        kinds = [JobKindInfo(name=k.name, description=k.description, aliases=list(k.aliases), uses_task=k.uses_task,
+                             uses_model=k.uses_model, params=k.schema(), result=k.result_schema())
+                 for k in KINDS.values()]
         loaded = [{**m, "name": _under_root(pool, m.get("name"))} for m in pool.loaded()]
         return Capabilities(version=VERSION, device=device, dtype=dtype, loaded_models=loaded,
                             tasks=tasks.list(), limits=limits.to_json(), job_kinds=kinds,

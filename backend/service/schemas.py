@@ -1,6 +1,6 @@
 """Every request and response of the service, as Pydantic models (the OpenAPI schema follows from them).
 
-A job request is flat: `{"kind": "scores", "model": "default", "task": "sentiment", "shots": 8, ...}`.
+A job request is flat: `{"kind": "head_scores", "model": "default", "task": "sentiment", "shots": 8, ...}`.
 `kind` picks an entry of the job-kind registry (`backend.analysis.kinds`), whose params model validates the
 fields besides `model` and `task`; unknown fields are refused, so a typo is a 422, not a silent default.
 """
@@ -50,7 +50,7 @@ class JobRequest(BaseModel):
     """`kind` plus that kind's parameters, flat (see GET /capabilities for each kind's fields)."""
 
     model_config = ConfigDict(extra="allow", json_schema_extra={
-        "examples": [{"kind": "scores", "model": "default", "task": "sentiment", "shots": 8, "prompts": 50}]})
+        "examples": [{"kind": "head_scores", "model": "default", "task": "sentiment", "shots": 8, "prompts": 50}]})
 
     kind: str
 
@@ -165,7 +165,10 @@ class Health(BaseModel):
 class JobKindInfo(BaseModel):
     name: str
     description: str
+    aliases: list[str] = Field(default_factory=list, description="older names of the kind, accepted wherever its "
+                               "name is (a job's `kind`, a sweep's `kinds`); answers carry the name")
     uses_task: bool = True
+    uses_model: bool = True
     params: dict[str, Any] = Field(..., description="JSON schema of the kind's parameters (besides model, task)")
     result: dict[str, Any] = Field(default_factory=dict, description="JSON schema of the kind's result")
 

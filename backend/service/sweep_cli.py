@@ -2,7 +2,7 @@
 the sweep and one per model, on stderr; the sweep record, its summary and every result as JSON.
 
     python -m backend sweep --models default,/m/llama --tasks syn-sentiment,syn-antonym \\
-        --kinds scores,icl,ablation_curves --seeds 0,1,2 --set shots=4 --set prompts=20 --json sweep.json
+        --kinds head_scores,icl_curve,ablation_curves --seeds 0,1,2 --set shots=4 --set prompts=20 --json sweep.json
 
 Jobs whose results are cached end at once, so running the same command again after an interruption continues
 where it stopped.
@@ -25,7 +25,7 @@ def add_parser(sub: Any) -> None:
                                    "(HEADLENS_RUNNER=local|ray); cached results are skipped.")
     s.add_argument("--models", required=True, help="comma-separated: `default`, model folders, Hugging Face ids")
     s.add_argument("--tasks", required=True, help="comma-separated built-in task names (see `tasks`)")
-    s.add_argument("--kinds", default="scores", help="comma-separated analysis kinds (default: scores)")
+    s.add_argument("--kinds", default="head_scores", help="comma-separated analysis kinds (default: head_scores)")
     s.add_argument("--seeds", default="0", help="comma-separated seeds (default: 0)")
     s.add_argument("--set", dest="sets", action="append", default=[], metavar="FIELD=VALUE",
                    help="a parameter for every kind that has it (repeatable; VALUE is JSON or text): --set shots=4")
@@ -62,7 +62,7 @@ def request_from(a: argparse.Namespace) -> Any:
             params[name.strip()] = value
     try:
         return parse_request({"models": _list(a.models, "--models"), "tasks": _list(a.tasks, "--tasks"),
-                              "kinds": _list(a.kinds, "--kinds"), "seeds": seeds, "params": params, "name": a.name})
+                              "kinds": [k.replace("-", "_") for k in _list(a.kinds, "--kinds")], "seeds": seeds, "params": params, "name": a.name})
     except ServiceError as e:
         raise UsageError(e.message) from None
 

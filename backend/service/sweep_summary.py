@@ -31,8 +31,11 @@ def _depths(heads: list[Any], n_layers: int) -> list[float]:
 
 def compact(kind: str, r: dict[str, Any]) -> dict[str, Any]:
     """What the summary needs of one result (kept per job instead of the result)."""
+    from ..analysis.kinds import KINDS
+
+    kind = KINDS.resolve(kind) or kind  # a sweep recorded before the kinds were renamed
     try:
-        if kind == "scores":
+        if kind == "head_scores":
             L, ov = int(r["n_layers"]), r.get("overlap") or {}
             return {"accuracy": r["icl"]["accuracy"], "label_accuracy": r["icl"]["label_accuracy"],
                     "zero_shot_accuracy": (r.get("zero_shot") or {}).get("accuracy"),
@@ -40,7 +43,7 @@ def compact(kind: str, r: dict[str, Any]) -> dict[str, Any]:
                     "tr_induction": (ov.get("tr_induction") or {}).get("jaccard"),
                     "tl_induction": (ov.get("tl_induction") or {}).get("jaccard"),
                     "tr_tl": (ov.get("tr_tl") or {}).get("jaccard"), "n_layers": L, "n_heads": int(r["n_heads"])}
-        if kind == "icl":
+        if kind == "icl_curve":
             acc = r["accuracy"]
             return {"icl_accuracy": acc[-1], "icl_gain": acc[-1] - acc[0], "icl_shots": r["shots"][-1]}
         if kind == "ablation_curves":

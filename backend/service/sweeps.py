@@ -1,14 +1,14 @@
 """Sweeps: one analysis over a model zoo and a task suite, as ordinary jobs of whichever runner is configured.
 
     POST /sweeps {"models": ["default", "/m/llama"], "tasks": ["syn-sentiment", "syn-antonym"],
-                  "kinds": ["scores", "icl"], "seeds": [0, 1, 2], "params": {"shots": 8, "prompts": 50}}
-    python -m backend sweep --models default,/m/llama --tasks syn-sentiment,syn-antonym --kinds scores --seeds 0,1
+                  "kinds": ["head_scores", "icl_curve"], "seeds": [0, 1, 2], "params": {"shots": 8, "prompts": 50}}
+    python -m backend sweep --models default,/m/llama --tasks syn-sentiment,syn-antonym --kinds head_scores --seeds 0,1
 
 A sweep is the cross product models x tasks x kinds x seeds, each cell one job admitted exactly as POST /jobs
 admits it (same validation, same dedupe key, same cache), plus a sweep record: its jobs, their progress (per
 sweep and per model) and a summary built from their results. A kind without `seed` runs once per (model,
 task), one without a task once per model. `params` go to every kind that has the field (a field no chosen kind
-has is refused); `"<kind>.<field>"` goes to that kind only (`{"shots": 8, "icl.shots": [0, 4, 8]}`). Everything is validated before any job is queued: an unknown model, task or kind is a 4xx
+has is refused); `"<kind>.<field>"` goes to that kind only (`{"shots": 8, "icl_curve.shots": [0, 4, 8]}`). Everything is validated before any job is queued: an unknown model, task or kind is a 4xx
 naming it.
 
 The jobs go to the runner a window at a time (`Limits.sweep_window`, HEADLENS_SWEEP_WINDOW: default twice the
@@ -46,12 +46,12 @@ class SweepRequest(BaseModel):
     """A sweep: models x tasks x kinds x seeds, with `params` for every kind that has the field."""
 
     model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [
-        {"models": ["default"], "tasks": ["syn-sentiment", "syn-antonym"], "kinds": ["scores", "icl"],
+        {"models": ["default"], "tasks": ["syn-sentiment", "syn-antonym"], "kinds": ["head_scores", "icl_curve"],
          "seeds": [0, 1], "params": {"shots": 4, "prompts": 20}}]})
 
     models: list[str] = Field(..., min_length=1, max_length=64)
     tasks: list[str] = Field(..., min_length=1, max_length=512)
-    kinds: list[str] = Field(default_factory=lambda: ["scores"], min_length=1, max_length=16)
+    kinds: list[str] = Field(default_factory=lambda: ["head_scores"], min_length=1, max_length=16)
     seeds: list[Annotated[int, Strict(), Field(ge=0)]] = Field(default_factory=lambda: [0], min_length=1,
                                                                max_length=64)
     params: dict[str, Any] = Field(default_factory=dict, description="fields given to every kind that has them; "
@@ -94,6 +94,8 @@ def plan(req: SweepRequest, pool: Any, tasks: Any, limits: Limits) -> list[Cell]
             specs.append(get_kind(k))
         except KeyError:
             raise BadRequest(f"sweep: unknown kind {clip(k, 60)!r}; kinds: {', '.join(KINDS)}") from None
+    specs = list({s.name: s for s in specs}.values())  # an alias is its kind: once, by its name
+    kinds = [s.name for s in specs]
     for s in seeds:
         if s < 0:
             raise BadRequest(f"sweep: seeds must be non-negative, got {s}")
@@ -112,9 +114,10 @@ def plan(req: SweepRequest, pool: Any, tasks: Any, limits: Limits) -> list[Cell]
     own: dict[str, dict[str, Any]] = {}
     for f, v in req.params.items():
         if "." in f:
-            k, _, name = f.partition(".")
+            given, _, name = f.partition(".")
+            k = KINDS.resolve(given) or given  # an alias names its kind
             if k not in kinds:
-                raise BadRequest(f"sweep params: {clip(f, 60)!r} names kind {clip(k, 60)!r}, which is not in kinds "
+                raise BadRequest(f"sweep params: {clip(f, 60)!r} names kind {clip(given, 60)!r}, which is not in kinds "
                                  f"({', '.join(kinds)})")
             if name not in get_kind(k).params.model_fields:
                 raise BadRequest(f"sweep params: {clip(f, 60)!r}: kind {k} has no field {clip(name, 60)!r}")

@@ -44,7 +44,8 @@ def demo_requests(model: str, task: str) -> list[tuple[str, dict[str, Any]]]:
     shots = DEMO["shots"]
     ks = sorted({k for k in (0, 1, 2, 4, 8, 16, 32) if k <= shots} | {0, shots})
     base = {**DEMO, "model": model, "task": task}
-    return [("scores", {**base, "top_pct": o.TOP_PCT}), ("icl", {**base, "shots": ks, "examples": ICL_EXAMPLES})]
+    return [("head_scores", {**base, "top_pct": o.TOP_PCT}),
+            ("icl_curve", {**base, "shots": ks, "examples": ICL_EXAMPLES})]
 
 
 def warm(model: str, task: str | None = None, *, say: Callable[[str], None] = lambda s: None) -> list[dict[str, Any]]:

@@ -516,7 +516,7 @@ def test_share_as_html_opens_with_the_service_stopped(app_url, driver, tmp_path)
     _wait(d, lambda d: len(_css(d, ".js-plotly-plot .main-svg")) >= n_figures)
     assert len(_css(d, ".js-plotly-plot .heatmaplayer image")) >= 6  # the map and the five small ones
     text = d.find_element(By.TAG_NAME, "body").text
-    assert f"python -m backend scores --model {MODEL} --task syn-sentiment --shots 4 --prompts 16 --seed 0" in text
+    assert f"python -m backend head-scores --model {MODEL} --task syn-sentiment --shots 4 --prompts 16 --seed 0" in text
     assert "Settings" in text and "syn-sentiment" in text and "Top 10 heads by TR" in text
     urls = d.execute_script("return performance.getEntriesByType('resource').map(e => e.name)")
     assert not [u for u in urls if u.startswith(("http:", "https:"))], urls  # nothing fetched from anywhere

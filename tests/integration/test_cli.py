@@ -43,6 +43,20 @@ def test_scores_writes_the_documented_json(model_dir, tmp_path, capsys):
     assert r["cache_hit"] is False
     assert main(args) == 0
     assert json.loads(out.read_text())["cache_hit"] is True
+    assert main(["head-scores", *args[1:]]) == 0  # the kind's name: `scores` is its old name (an alias)
+    again = json.loads(out.read_text())
+    assert again["cache_hit"] is True and again["tr"] == r["tr"]
+
+
+def test_every_kind_is_its_name_on_the_command_line_and_its_old_names_answer():
+    from backend.analysis.kinds import KINDS
+    from backend.cli import build_parser
+
+    p = build_parser()
+    for k in KINDS.values():
+        for name in k.names:
+            argv = [name.replace("_", "-"), *(["--task", "t"] if k.uses_task else [])]
+            assert p.parse_args(argv).analysis == k.name, name
 
 
 def test_scores_from_a_prompts_file(model_dir, tmp_path, capsys):

@@ -193,13 +193,13 @@ def test_patching_many_prompts_stops_inside_the_head_patches(lm):
 
 def test_mean_patching_stops_inside_the_sweep(lm):
     e, clock = run(lm, "patching", limit=40, shots=2, prompts=300, batch_size=8, patch="mean")
-    assert_stopped_on_time(e, clock, "run_sweep")
+    assert_stopped_on_time(e, clock, "run_configs")
 
 
 def test_ablation_curves_stop_inside_the_sweep(lm):
     e, clock = run(lm, "ablation_curves", limit=10, shots=2, prompts=300, orders=["random"], ks=list(range(1, 13)),
                    random_seeds=list(range(16)))
-    assert_stopped_on_time(e, clock, "run_sweep")
+    assert_stopped_on_time(e, clock, "run_configs")
 
 
 # -- the runners ------------------------------------------------------------------------------------------------------

@@ -357,5 +357,5 @@ def test_cli_flags_and_python_api():
     assert p.layer == 2 and p.positions == [-1] and p.mechanism is True
     p = read_params(LtvParams, build_parser().parse_args(["ltv", "--task", "t", "--no-mechanism", "--joint"]))
     assert p.mechanism is False and p.joint is True
-    assert backend.train_ltv.__name__ == "train_ltv" and callable(backend.ltv_across_tasks)
+    assert backend.train_ltv.__name__ == "ltv_layers" and callable(backend.ltv_across_tasks)  # train_ltv: an alias
     assert "batch_size" not in LtvParams.not_in_key  # the training batch size changes the vector: in the key

@@ -197,10 +197,10 @@ def test_share_as_html_holds_the_pages_figures_numbers_and_commands(inprocess, t
     rec = at.session_state["_hl_share"]
     charts = at.get("plotly_chart")
     assert rec.page == "Head map" and {"hm_0", "layer_dist"} <= set(rec.figures) and len(rec.figures) == len(charts)
-    assert rec.jobs[0][0] == "scores" and rec.settings["task"] == task_name  # (and what else the page showed)
+    assert rec.jobs[0][0] == "head_scores" and rec.settings["task"] == task_name  # (and what else the page showed)
     assert {"Accuracy", "Overlap between rankings"} <= set(rec.tables)
     text = share.build(rec)
-    assert f"python -m backend scores --model {MODEL} --task {task_name} --shots 4 --prompts 16 --seed 0 " \
+    assert f"python -m backend head-scores --model {MODEL} --task {task_name} --shots 4 --prompts 16 --seed 0 " \
            f"--top-pct 3.0" in text
     assert all(f"python -m backend {kind.replace('_', '-')} " in text for kind, _ in rec.jobs)
     assert text.count('class="hl-figure"') == len(charts) and "Overlap between rankings" in text

@@ -31,7 +31,7 @@ def long_curves(inprocess, monkeypatch):
 
     def estimate(kind, params):
         e = real_estimate(kind, params)
-        return {**e, "seconds": 600.0, "text": "about 10 min"} if kind == "ablation" and e else e
+        return {**e, "seconds": 600.0, "text": "about 10 min"} if kind == "ablation_curves" and e else e
 
     def submit(kind, params):
         submitted.append(kind)
@@ -51,18 +51,18 @@ def test_the_ablation_page_does_not_start_curves_estimated_over_the_threshold(lo
     at = page(ABLATION, model=MODEL, task=default_task(), kmax="4", **SMALL)
     at.run()
     assert_clean(at)
-    assert "ablation" not in long_curves  # not submitted
+    assert "ablation_curves" not in long_curves  # not submitted
     assert not has_frame(at, "accuracy_std")  # no curves drawn
     rows = _run_rows(at)
     assert len(rows) == 1 and "**Ablation curves**" in rows[0] and "about 10 min" in rows[0], rows
 
-    at.button(key="autorun_ablation").click().run()  # Run: this request starts
+    at.button(key="autorun_ablation_curves").click().run()  # Run: this request starts
     assert_clean(at)
-    assert long_curves.count("ablation") == 1 and has_frame(at, "accuracy_std") and not _run_rows(at)
+    assert long_curves.count("ablation_curves") == 1 and has_frame(at, "accuracy_std") and not _run_rows(at)
 
     at.select_slider(key="w_kmax").set_value(2).run()  # a changed setting: asked again, not started
     assert_clean(at)
-    assert long_curves.count("ablation") == 1 and len(_run_rows(at)) == 1 and not has_frame(at, "accuracy_std")
+    assert long_curves.count("ablation_curves") == 1 and len(_run_rows(at)) == 1 and not has_frame(at, "accuracy_std")
 
 
 @needs_model

@@ -173,7 +173,7 @@ def test_the_html_files_settings_are_this_pages_in_words_with_the_prompts_that_r
 
     q = {"model": "default", "task": "syn-sentiment", "shots": "8", "prompts": "50", "seed": "0", "heads": "0.1",
          "mode": "zero", "map": "tr", "kmax": "16", "top_pct": "3", "sg_layer": "3", "ltv_lr": "0.1", "pt": "1"}
-    got = share.page_settings("Ablation", q, [("ablation", {"prompts": 20}), ("scores", {"prompts": 20})])
+    got = share.page_settings("Ablation", q, [("ablation_curves", {"prompts": 20}), ("head_scores", {"prompts": 20})])
     assert list(got) == ["model", "task", "shots", "prompts", "seed", "selected heads", "top heads (% of all heads)",
                          "ablation mode", "ablation curves up to k"]
     assert got["prompts"] == "20"  # as its commands say (--prompts 20), not the 50 asked

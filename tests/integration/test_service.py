@@ -104,7 +104,10 @@ def test_health_and_capabilities():
     with client() as c:
         assert c.get("/health").json()["status"] == "ok"
         cap = c.get("/capabilities").json()
-        assert {"model_info", "scores", "icl", "ablation_curves", "ablate", "count"} <= {k["name"] for k in cap["job_kinds"]}
+        kinds = {k["name"]: k for k in cap["job_kinds"]}
+        assert {"model_info", "head_scores", "icl_curve", "ablation_curves", "ablate", "count"} <= set(kinds)
+        assert kinds["head_scores"]["aliases"] == ["scores"] and kinds["ltv_layers"]["aliases"] == ["ltv", "train_ltv"]
+        assert kinds["ablate"]["aliases"] == [] and not {"scores", "ltv"} & set(kinds)  # an alias is no kind of its own
         assert cap["limits"]["max_prompts"] == 500 and cap["limits"]["max_models"] == 2
         assert cap["limits"]["max_sweep_jobs"] == 10000 and cap["limits"]["sweep_window"] is None  # None: unset
         assert "sentiment" in {t["id"] for t in cap["tasks"]}
@@ -213,7 +216,7 @@ def test_bad_requests_get_clear_4xx():
         r = c.post("/jobs", json={"kind": "scores", "task": "no-such-task"})
         assert r.status_code == 404 and "no-such-task" in r.json()["detail"] and "sentiment" in r.json()["detail"]
         r = c.post("/jobs", json={"kind": "scores", "task": "sentiment", "prompts": 0})
-        assert r.status_code == 422 and r.json()["detail"] == ("invalid scores request: prompts: Input should be "
+        assert r.status_code == 422 and r.json()["detail"] == ("invalid head_scores request: prompts: Input should be "
                                                                "greater than or equal to 1 (got 0)")
         r = c.post("/jobs", json={"kind": "scores", "task": "sentiment", "shots": True})
         assert r.status_code == 422 and "shots: Input should be a valid integer (got True)" in r.json()["detail"]
@@ -296,8 +299,11 @@ def test_analysis_kinds_on_a_tiny_model(tiny_dir):
         info = wait(c, c.post("/jobs", json={"kind": "model_info", "model": str(tiny_dir)}).json()["id"])
         assert info["status"] == "done" and (info["result"]["n_layers"], info["result"]["n_heads"]) == (2, 4)
         base = {"model": str(tiny_dir), "task": "sentiment", "shots": 2, "prompts": 4}
-        s = wait(c, c.post("/jobs", json={"kind": "scores", **base}).json()["id"])
+        s = wait(c, c.post("/jobs", json={"kind": "scores", **base}).json()["id"])  # an old name: an alias
         assert s["status"] == "done", s["error"]
+        assert s["kind"] == "head_scores"  # answered under the kind's name
+        again = c.post("/jobs", json={"kind": "head_scores", **base}).json()["id"]
+        assert again == s["id"] or wait(c, again)["result"]["cache_hit"] is True  # the same job or its cached result
         res = s["result"]
         assert len(res["tr"]) == 2 and len(res["tr"][0]) == 4 and 0 <= res["icl"]["accuracy"] <= 1
         assert res["params"]["shots"] == 2 and res["model"] == str(tiny_dir)

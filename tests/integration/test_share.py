@@ -78,7 +78,7 @@ def test_the_cli_line_parses_back_to_the_same_parameters(kind, params):
     from backend.cli import build_parser, negative_lists, read_params
     from ui import api, snippets
 
-    spec = get_kind(api.KINDS.get(kind, kind))
+    spec = get_kind(api.kind_name(kind))
     defaults = {spec.name: {n: f.get_default(call_default_factory=True) for n, f in spec.params.model_fields.items()
                             if not f.is_required()}}
     line = snippets.cli(kind, params, defaults, out="out.json")

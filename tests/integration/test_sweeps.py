@@ -85,7 +85,7 @@ def test_post_sweeps_runs_ordinary_jobs_and_summarizes():
         assert s["progress"] == 1.0 and s["models"][0]["progress"] == 1.0
         # every cell is an ordinary job: the same job as POST /jobs with the same fields
         j = s["jobs"][0]
-        assert (j["model"], j["task"], j["kind"], j["seed"]) == ("default", "syn-sentiment", "scores", 0)
+        assert (j["model"], j["task"], j["kind"], j["seed"]) == ("default", "syn-sentiment", "head_scores", 0)  # an alias asked: its name answers
         same = c.post("/jobs", json={"kind": "scores", "model": "default", "task": "syn-sentiment", "seed": 0,
                                      "shots": 2, "prompts": 4}).json()
         assert same["id"] == j["job_id"] and same["status"] == "done"

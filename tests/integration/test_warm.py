@@ -21,7 +21,7 @@ def _fields(params: dict) -> dict:
 def test_the_demo_is_the_home_pages_first_requests():
     s = state.Settings(model="m", task="t", shots=8, prompts=50, seed=0)  # the pages' defaults (ui/state.FIELDS)
     assert [f.default() for f in (state.FIELDS["shots"], state.FIELDS["prompts"], state.FIELDS["seed"])] == [8, 50, 0]
-    home = [("scores", s.job(**s.selection())), ("icl", s.job(shots=s.icl_shots(), examples=3))]
+    home = [("head_scores", s.job(**s.selection())), ("icl_curve", s.job(shots=s.icl_shots(), examples=3))]
     assert W.demo_requests("m", "t") == home
 
 
@@ -40,8 +40,8 @@ def test_warm_fills_the_cache_the_pages_read(tmp_path, gpt2_tokenizer, monkeypat
     tiny_model("llama").save_pretrained(folder)
     gpt2_tokenizer.save_pretrained(folder)
     rows = W.warm(str(folder))
-    assert [(r["kind"], r["task"], r["cache_hit"]) for r in rows] == [("scores", "antonym", False),
-                                                                     ("icl", "antonym", False)]
+    assert [(r["kind"], r["task"], r["cache_hit"]) for r in rows] == [("head_scores", "antonym", False),
+                                                                     ("icl_curve", "antonym", False)]
     from backend.model.loading import load_model
     from backend.tasks.registry import load_task
 

@@ -8,7 +8,7 @@ import torch
 from backend import ablate, ablation_curves
 from backend.analysis.primitives.batching import encode, forward_last_logits, make_batch
 from backend.analysis.primitives.capture import capture_means
-from backend.analysis.primitives.sweep import RowConfig, head_mask, sweep_outcomes
+from backend.analysis.primitives.configs import RowConfig, head_mask, score_configs
 from backend.model.loading import wrap
 from test_core_invariants import sentiment_task
 from tiny_models import tiny_model
@@ -27,9 +27,9 @@ def test_batched_configurations_equal_single_runs(lm, mode, positions):
     fill = capture_means(lm, enc, "z") if mode == "mean" else None
     configs = [RowConfig(mask=head_mask(lm, hs), positions=positions)
                for hs in ([], [(0, 1)], [(0, 1), (1, 3)], [(1, 0), (1, 1), (1, 2)])]
-    together = sweep_outcomes(lm, enc, configs, fill=fill, batch_size=7)  # batches mix configurations
+    together = score_configs(lm, enc, configs, fill=fill, batch_size=7)  # batches mix configurations
     for c, cf in enumerate(configs):
-        alone = sweep_outcomes(lm, enc, [cf], fill=fill, batch_size=1)
+        alone = score_configs(lm, enc, [cf], fill=fill, batch_size=1)
         assert np.array_equal(together.correct[c], alone.correct[0])
         assert np.array_equal(together.pred_token[c], alone.pred_token[0])
         np.testing.assert_allclose(together.gold_prob[c], alone.gold_prob[0], rtol=1e-5, atol=1e-9)
@@ -38,13 +38,13 @@ def test_batched_configurations_equal_single_runs(lm, mode, positions):
 def test_ablation_changes_logits_and_empty_mask_does_not(lm):
     task = sentiment_task()
     enc = encode(lm, task.build_prompts(2, 4, 0), task.kind)
-    base = sweep_outcomes(lm, enc, [RowConfig(mask=torch.ones(lm.n_layers, lm.n_heads))])
+    base = score_configs(lm, enc, [RowConfig(mask=torch.ones(lm.n_layers, lm.n_heads))])
     b = make_batch(lm, enc.ids, list(range(4)))
     with torch.inference_mode():
         plain = torch.softmax(forward_last_logits(lm, b), -1)
     gold_tok = [enc.label_ids[r][enc.gold[r]] for r in b.rows]
     np.testing.assert_allclose(base.gold_prob[0][b.rows], plain[range(4), gold_tok].numpy(), rtol=1e-6)
-    allgone = sweep_outcomes(lm, enc, [RowConfig(mask=torch.zeros(lm.n_layers, lm.n_heads))])
+    allgone = score_configs(lm, enc, [RowConfig(mask=torch.zeros(lm.n_layers, lm.n_heads))])
     assert not np.allclose(allgone.gold_prob, base.gold_prob)
 
 
@@ -54,8 +54,8 @@ def test_mean_ablation_of_one_prompt_with_its_own_mean_is_a_no_op_at_the_last_to
     task = sentiment_task()
     enc = encode(lm, task.build_prompts(2, 1, 0), task.kind)
     fill = capture_means(lm, enc, "z")
-    base = sweep_outcomes(lm, enc, [RowConfig()])
-    meaned = sweep_outcomes(lm, enc, [RowConfig(mask=torch.zeros(lm.n_layers, lm.n_heads), positions="last")],
+    base = score_configs(lm, enc, [RowConfig()])
+    meaned = score_configs(lm, enc, [RowConfig(mask=torch.zeros(lm.n_layers, lm.n_heads), positions="last")],
                             fill=fill)
     np.testing.assert_allclose(meaned.gold_prob, base.gold_prob, rtol=1e-4)
 

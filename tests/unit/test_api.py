@@ -1,6 +1,6 @@
 """The Python API (backend/analysis/api/) is the registry's: one typed function per kind, with the params model's
 parameters (names, types, defaults) and the result model as its return annotation; the files are what the
-generator writes; `backend.<api>` is that function, and old names still answer."""
+generator writes; `backend.<name>` is that function, and old names (the registry's aliases) still answer."""
 from __future__ import annotations
 
 import inspect
@@ -106,24 +106,41 @@ def test_a_typo_or_a_bad_value_is_refused_before_any_model_is_touched():
         backend.head_scores(None, None, shots=-1, cache=False)
 
 
-def test_a_kind_registered_at_run_time_answers_by_its_api_name():
+def test_a_kind_registered_at_run_time_answers_by_its_name_and_aliases_with_a_real_signature():
     class EchoParams(Params):
         n: int = 1
+        """how many"""
 
     class EchoResult(Result):
         n: int
 
-    kind = Kind("echo_api", EchoParams, EchoResult, "tests.unit.test_api:echo", "echo n", "echo_api", uses_task=False,
-                uses_model=False, cached=False)
+    kind = Kind("echo_api", EchoParams, EchoResult, "tests.unit.test_api:echo", "echo n", uses_task=False,
+                uses_model=False, cached=False, aliases=("echo_old",))
     register(kind)
     try:
-        r = backend.echo_api(None, n=3)
+        r = backend.echo_api(n=3)
         assert isinstance(r, EchoResult) and r.n == 3
+        assert backend.echo_old is backend.echo_api  # the alias is the same function
+        sig = inspect.signature(backend.echo_api)
+        assert list(sig.parameters) == ["n", "cache", "progress"] and sig.parameters["n"].default == 1
+        assert sig.return_annotation is EchoResult and "Echo n (kind `echo_api`)" in backend.echo_api.__doc__
         with pytest.raises(TypeError, match="takes no task"):
-            backend.echo_api(None, "a task")
+            backend.echo_api("a task")
+        with pytest.raises(TypeError, match="nn"):
+            backend.echo_api(nn=2)
     finally:
         unregister("echo_api")
         vars(backend).pop("echo_api", None)
+        vars(backend).pop("echo_old", None)
+
+
+def test_old_names_answer_as_their_kinds_function():
+    """Every alias of the registry is `backend.<alias>`: the same function as the kind's name."""
+    for k in BUILTIN:
+        for alias in k.aliases:
+            assert getattr(backend, alias) is getattr(api, k.name), alias
+    assert backend.train_ltv is backend.ltv_layers and backend.build_vectors is backend.task_vectors
+    assert backend.train_site is backend.site_alphas and backend.scores is backend.head_scores
 
 
 def echo(ctx, p) -> dict:

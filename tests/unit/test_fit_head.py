@@ -121,7 +121,7 @@ def test_head_view_pattern_dla_ablation_and_lens(lms, task, arch):
     assert r.pred == lm.tokenizer.decode([int(logits.argmax())])
     assert r.gold in r.labels and r.tl is not None and r.tr >= 0
     # the ablated pass is the same zero ablation the sweep applies
-    from backend.analysis.primitives.sweep import head_mask
+    from backend.analysis.primitives.configs import head_mask
 
     with torch.inference_mode(), hooked(lm, head_mask=head_mask(lm, [(layer, h)])[None]):
         ab = lm.model(input_ids=torch.tensor([ids]), use_cache=False).logits[0, -1]

@@ -14,7 +14,7 @@ from backend.analysis.primitives import inject as I
 from backend.analysis.ltv import propagation as PR
 from backend.analysis.primitives.batching import encode, map_batches
 from backend.analysis.primitives.capture import capture_means
-from backend.analysis.primitives.engine import RowConfig, run_sweep
+from backend.analysis.primitives.engine import RowConfig, run_configs
 from backend.analysis.primitives.inject import Injection, evaluate_injections, final_states, injected_logits
 from backend.analysis.primitives.last_token import final_change
 from backend.analysis.primitives.prefix_store import STORE
@@ -108,8 +108,8 @@ def test_evaluate_injections_through_the_engine_equals_full_passes(gpt2_tokenize
     last = [Injection(), Injection({1: torch.randn(d, generator=g) * 3}), Injection(final=torch.randn(d, generator=g)),
             Injection({2: torch.randn(d, generator=g)}, mask=mask), Injection(mask=mask)]
     used = []
-    real = I.sweep_outcomes
-    monkeypatch.setattr(I, "sweep_outcomes", lambda *a, **k: used.append(1) or real(*a, **k))
+    real = I.score_configs
+    monkeypatch.setattr(I, "score_configs", lambda *a, **k: used.append(1) or real(*a, **k))
     got = evaluate_injections(lm, enc, last, batch_size=3)
     assert used == [1]
     np.testing.assert_allclose(got.gold_prob, _reference(lm, enc, last), rtol=1e-4, atol=1e-6)
@@ -146,13 +146,13 @@ def test_last_token_steps_start_at_their_first_changed_layer(gpt2_tokenizer, mon
         lambda m, a, l=l: tokens.__setitem__(l, tokens[l] + a[0].shape[0] * a[0].shape[1])) for l in range(L)]
     got = torch.zeros(len(configs), N, lm.model.config.vocab_size)
     try:
-        run_sweep(lm, ids, configs, lambda lg, cs, ps: got.__setitem__((cs, ps), lg), batch_size=3)
+        run_configs(lm, ids, configs, lambda lg, cs, ps: got.__setitem__((cs, ps), lg), batch_size=3)
     finally:
         for h in handles:
             h.remove()
     assert tokens == {l: N * W + N * sum(s <= l for s in starts) for l in range(L)}
     ref = torch.zeros_like(got)
-    run_sweep(lm, ids, configs, lambda lg, cs, ps: ref.__setitem__((cs, ps), lg), engine="full")
+    run_configs(lm, ids, configs, lambda lg, cs, ps: ref.__setitem__((cs, ps), lg), engine="full")
     assert (got - ref).abs().max().item() <= 1e-5
 
 

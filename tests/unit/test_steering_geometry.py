@@ -12,7 +12,7 @@ from backend import build_vectors, geometry, perturbation_report, steer
 from backend.analysis.tsla.geometry import hidden_metrics, pca_view
 from backend.analysis.primitives.batching import encode, forward_last_logits, make_batch
 from backend.analysis.primitives.capture import capture_means
-from backend.analysis.primitives.sweep import RowConfig, sweep_outcomes
+from backend.analysis.primitives.configs import RowConfig, score_configs
 from backend.analysis.primitives.tsla import label_space, projector
 from backend.analysis.tsla.vectors import head_set_vector
 from backend.model.hooks import hooked
@@ -123,9 +123,9 @@ def test_batched_injections_equal_single_runs(lm):
     configs = [RowConfig(inject={0: torch.zeros(lm.d_model)}),
                RowConfig(inject={1: torch.randn(lm.d_model, generator=g) * 5}),
                RowConfig(inject={0: torch.randn(lm.d_model, generator=g) * 5})]
-    together = sweep_outcomes(lm, enc, configs, batch_size=5)
+    together = score_configs(lm, enc, configs, batch_size=5)
     for c, cfg in enumerate(configs):
-        alone = sweep_outcomes(lm, enc, [cfg], batch_size=1)
+        alone = score_configs(lm, enc, [cfg], batch_size=1)
         assert np.array_equal(together.correct[c], alone.correct[0])
         np.testing.assert_allclose(together.gold_prob[c], alone.gold_prob[0], rtol=1e-5, atol=1e-9)
 

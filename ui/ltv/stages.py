@@ -5,7 +5,7 @@ stage costs is the difference of two service estimates (POST /jobs/estimate): th
 the job with none, so the figure is the kind's own cost model (`LtvParams.work`), on this model and task.
 
     stage_params(params, ["key_heads"])      # {..., "mechanism": True, "key_heads": True, "ov": False, ...}
-    stage_seconds(estimate, "ltv", params)   # {"key_heads": 12.0, "ov": 4.1, "propagation": 140.0}
+    stage_seconds(estimate, "ltv_layers", params)   # {"key_heads": 12.0, "ov": 4.1, "propagation": 140.0}
 """
 from __future__ import annotations
 

@@ -21,15 +21,32 @@ def call(kind: str, arguments: Mapping[str, Any]) -> Result:
 
 
 def kind_function(kind: Kind) -> Callable[..., Result]:
-    """The API function of a kind registered at run time (`kinds.register`: tests, plugins), which has no module
-    here: `fn(lm, task=None, *, cache=True, progress=None, **params)`; its params are checked when it is called."""
-    def run(lm: Any, task: Any = None, *, cache: Any = True, progress: Any = None, **params: Any) -> Result:
-        if not kind.uses_task and task is not None:
-            raise TypeError(f"{kind.api}() takes no task")
-        return call(kind.name, {"lm": lm, "task": task, "cache": cache, "progress": progress, **params})
+    """The API function of a kind registered at run time (`kinds.register`: a plugin, a new kind not yet in the
+    generated modules): the same signature and docstring the generator would write (`inspect.signature` lists the
+    params model's fields), its arguments bound and checked by that signature, then by the params model."""
+    from inspect import Parameter, Signature, cleandoc
 
-    fields = ", ".join(f"{n}={f.get_default(call_default_factory=True)!r}" for n, f in kind.params.model_fields.items())
-    run.__name__ = run.__qualname__ = kind.api
-    run.__doc__ = (f"{kind.description} (analysis kind `{kind.name}`), cached.\n\n"
-                   f"Parameters (defaults): {fields or 'none'}.\nReturns `{kind.result.__name__}`.")
+    from .generate import descriptions, docstring
+
+    pos, kw = Parameter.POSITIONAL_OR_KEYWORD, Parameter.KEYWORD_ONLY
+    params = [Parameter(n, pos, annotation=t) for n, t, used in (("lm", "LoadedModel", kind.uses_model),
+                                                                 ("task", "Task", kind.uses_task)) if used]
+    for name, f in kind.params.model_fields.items():
+        default = Parameter.empty if f.is_required() else f.get_default(call_default_factory=True)
+        params.append(Parameter(name, kw, default=default, annotation=f.annotation))
+    params += [Parameter("cache", kw, default=True, annotation="bool | Store | None"),
+               Parameter("progress", kw, default=None, annotation="Progress | None")]
+    sig = Signature(params, return_annotation=kind.result)
+    positional = sum(p.kind is pos for p in params)
+
+    def run(*args: Any, **kw_args: Any) -> Result:
+        if len(args) > positional and not kind.uses_task:
+            raise TypeError(f"{kind.name}() takes no task")
+        bound = sig.bind(*args, **kw_args)  # a typo or a missing field: TypeError naming it
+        bound.apply_defaults()
+        return call(kind.name, {"lm": None, "task": None, **bound.arguments})
+
+    run.__name__ = run.__qualname__ = kind.name
+    run.__signature__ = sig  # type: ignore[attr-defined]
+    run.__doc__ = cleandoc("\n".join(docstring(kind, descriptions())).strip().strip('"'))
     return run

@@ -40,7 +40,7 @@ def model_info(lm: LoadedModel, *, cache: bool | Store | None = True,
 def task_fit(lm: LoadedModel, task: Task, *, prepend_bos: Literal["tokenizer", "always"] = "tokenizer", shots: int = 8,
              seed: int = 0, cache: bool | Store | None = True, progress: Progress | None = None) -> FitResult:
     """Does the task fit the model: unknown tokens in inputs and labels, prompt length vs the context window (kind
-    `fit`, cached).
+    `task_fit`, cached).
 
     Args:
         lm: the model (`backend.load_model`).
@@ -57,7 +57,7 @@ def task_fit(lm: LoadedModel, task: Task, *, prepend_bos: Literal["tokenizer", "
         FitResult: Does the task fit the model: unknown-token shares (0..1), prompt length, and a verdict with its
             reasons.
     """
-    return call("fit", locals())
+    return call("task_fit", locals())
 
 
 def head_view(lm: LoadedModel, task: Task, *, prepend_bos: Literal["tokenizer", "always"] = "tokenizer", shots: int = 8,
@@ -66,7 +66,7 @@ def head_view(lm: LoadedModel, task: Task, *, prepend_bos: Literal["tokenizer", 
               ranks: bool = True, layer_heads: bool = False, cache: bool | Store | None = True,
               progress: Progress | None = None) -> HeadResult:
     """One head on one prompt: attention pattern, per-label DLA, TR / TL / induction ranks, effect when ablated; the
-    model's top next tokens (and per layer) (kind `head`, cached).
+    model's top next tokens (and per layer) (kind `head_view`, cached).
 
     One head on one prompt (a task prompt, or `text`): its attention pattern, its write onto each label's unembedding,
     its TR / TL / induction ranks, its effect when zero-ablated; the model's top next tokens, optionally per layer
@@ -96,7 +96,7 @@ def head_view(lm: LoadedModel, task: Task, *, prepend_bos: Literal["tokenizer", 
     Returns:
         HeadResult
     """
-    return call("head", locals())
+    return call("head_view", locals())
 
 
 def findings_report(lm: LoadedModel, *, prepend_bos: Literal["tokenizer", "always"] = "tokenizer",
@@ -107,7 +107,7 @@ def findings_report(lm: LoadedModel, *, prepend_bos: Literal["tokenizer", "alway
                     ltv_sweep: bool = False, cache: bool | Store | None = True,
                     progress: Progress | None = None) -> FindingsResult:
     """The three papers' findings on one model (TSLA, LTV, SITE), each with the paper's figure and a verdict: holds /
-    partly / does not hold (kind `findings`, cached).
+    partly / does not hold (kind `findings_report`, cached).
 
     The papers' findings on one model (sizes small enough for a CPU by default).
 
@@ -134,7 +134,7 @@ def findings_report(lm: LoadedModel, *, prepend_bos: Literal["tokenizer", "alway
     Returns:
         FindingsResult: The report on one model: the summary (a row per finding) and the whole report as markdown.
     """
-    return call("findings", locals())
+    return call("findings_report", locals())
 
 
 def compare_methods(lm: LoadedModel, task: Task, *, prepend_bos: Literal["tokenizer", "always"] = "tokenizer",
@@ -143,7 +143,7 @@ def compare_methods(lm: LoadedModel, task: Task, *, prepend_bos: Literal["tokeni
                     site_steps: int = 400, ltv: bool = False, sweep: bool = False, cache: bool | Store | None = True,
                     progress: Progress | None = None) -> MethodsResult:
     """Every steering method on one task side by side: extracted vectors (vanilla, FV, TR / TL heads), LTV and SITE,
-    with accuracy, TR ratio, parameter count and training seconds (kind `methods`, cached).
+    with accuracy, TR ratio, parameter count and training seconds (kind `compare_methods`, cached).
 
     Every steering method on one task and model side by side: the extracted vectors (vanilla, function vector, TR / TL
     head sets, from `steer`), LTV (its cached result) and SITE; accuracy, TR ratio, parameter count and training
@@ -174,4 +174,4 @@ def compare_methods(lm: LoadedModel, task: Task, *, prepend_bos: Literal["tokeni
     Returns:
         MethodsResult: every steering method on one task and model, side by side.
     """
-    return call("methods", locals())
+    return call("compare_methods", locals())

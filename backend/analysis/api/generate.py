@@ -1,6 +1,6 @@
 """Writes the Python API's modules from the registry: `python -m backend.analysis.api.generate`.
 
-One function per built-in kind (`backend/analysis/kinds.py`), named by its entry's `api`, in the module of its
+One function per built-in kind (`backend/analysis/kinds.py`), named by the kind's name, in the module of its
 paper (`tsla.py`, `ltv.py`, `site.py`; `general.py` for the rest): keyword parameters with the names, types and
 defaults of the kind's params model, a docstring from the entry's description, the params model's fields and the
 result model's doc, and the result model as the return annotation. Run it after adding a kind or changing a
@@ -103,7 +103,9 @@ def wrap(text: str, indent: str, hang: str = "") -> list[str]:
 
 def paragraphs(doc: str | None, kind: Kind) -> list[str]:
     """A model's docstring as paragraphs on one line each, without its leading "kind `name`: "."""
-    text = inspect.cleandoc(doc or "").removeprefix(f"kind `{kind.name}`: ")
+    text = inspect.cleandoc(doc or "")
+    for name in (kind.name, kind.key):
+        text = text.removeprefix(f"kind `{name}`: ")
     return [" ".join(p.split()) for p in text.split("\n\n") if p.strip()]
 
 

@@ -15,7 +15,7 @@ from ..ltv.ltv_tasks import LtvTasksResult
 from ..ltv.ltv_train import LtvTrainResult
 from .call import call
 
-__all__ = ["ltv_vector", "train_ltv", "ltv_across_tasks"]
+__all__ = ["ltv_vector", "ltv_layers", "ltv_across_tasks"]
 
 
 def ltv_vector(lm: LoadedModel, task: Task, *, prepend_bos: Literal["tokenizer", "always"] = "tokenizer",
@@ -25,7 +25,7 @@ def ltv_vector(lm: LoadedModel, task: Task, *, prepend_bos: Literal["tokenizer",
                layer: int | list[int] | None = None, cache: bool | Store | None = True,
                progress: Progress | None = None) -> LtvTrainResult:
     """Train one learned task vector (added at a decoder layer's input) through the frozen model, saved as safetensors
-    (kind `ltv_train`, cached).
+    (kind `ltv_vector`, cached).
 
     Train one learned task vector (several layers: one theta each, trained together).
 
@@ -55,20 +55,20 @@ def ltv_vector(lm: LoadedModel, task: Task, *, prepend_bos: Literal["tokenizer",
     Returns:
         LtvTrainResult: one trained LTV.
     """
-    return call("ltv_train", locals())
+    return call("ltv_vector", locals())
 
 
-def train_ltv(lm: LoadedModel, task: Task, *, prepend_bos: Literal["tokenizer", "always"] = "tokenizer",
-              positions: list[int] = [-1], lr: float = 0.005, epochs: int = 10, patience: int = 2,
-              weight_decay: float = 0.01, init_scale: float = 0.1, train_prompts: int = 100, val_prompts: int = 20,
-              batch_size: int = 4, units: Literal["residual", "absolute"] = "residual", seed: int = 0,
-              top_pct: float = 3.0, top_k: int | None = None, layer: int | list[int] | Literal["all"] | None = None,
-              joint: bool = False, shots: int = 8, prompts: int = 50, mechanism: bool = True, key_heads: bool = True,
-              ov: bool = True, propagation: bool = False, key_pct: float = 10.0, random_draws: int = 10,
-              perturbations: int | None = None, load: str | PathLike[str] | None = None,
-              cache: bool | Store | None = True, progress: Progress | None = None) -> LtvResult:
+def ltv_layers(lm: LoadedModel, task: Task, *, prepend_bos: Literal["tokenizer", "always"] = "tokenizer",
+               positions: list[int] = [-1], lr: float = 0.005, epochs: int = 10, patience: int = 2,
+               weight_decay: float = 0.01, init_scale: float = 0.1, train_prompts: int = 100, val_prompts: int = 20,
+               batch_size: int = 4, units: Literal["residual", "absolute"] = "residual", seed: int = 0,
+               top_pct: float = 3.0, top_k: int | None = None, layer: int | list[int] | Literal["all"] | None = None,
+               joint: bool = False, shots: int = 8, prompts: int = 50, mechanism: bool = True, key_heads: bool = True,
+               ov: bool = True, propagation: bool = False, key_pct: float = 10.0, random_draws: int = 10,
+               perturbations: int | None = None, load: str | PathLike[str] | None = None,
+               cache: bool | Store | None = True, progress: Progress | None = None) -> LtvResult:
     """Learned task vectors per layer against zero-shot, ICL, vanilla / function / TR / TL vectors, on top of ICL; key
-    heads, OV reconstruction and linear propagation (rotation, stretch) (kind `ltv`, cached).
+    heads, OV reconstruction and linear propagation (rotation, stretch) (kind `ltv_layers`, cached).
 
     Train LTVs and compare them, at each injection layer, with zero-shot, k-shot ICL, the vanilla task vector, the
     function vector and the TR / TL head-set vectors; LTV on top of ICL; and how it works (key heads, OV reconstruction,
@@ -117,7 +117,7 @@ def train_ltv(lm: LoadedModel, task: Task, *, prepend_bos: Literal["tokenizer", 
     Returns:
         LtvResult: learned task vectors compared with zero-shot, ICL and extracted vectors, and how they work.
     """
-    return call("ltv", locals())
+    return call("ltv_layers", locals())
 
 
 def ltv_across_tasks(lm: LoadedModel, *, prepend_bos: Literal["tokenizer", "always"] = "tokenizer",
@@ -128,7 +128,7 @@ def ltv_across_tasks(lm: LoadedModel, *, prepend_bos: Literal["tokenizer", "alwa
                      layer: int | None = None, shots: int = 8, prompts: int = 50, compose: bool = True,
                      cache: bool | Store | None = True, progress: Progress | None = None) -> LtvTasksResult:
     """Learned task vectors of several tasks at one layer: the comparison task by task, their cosine similarity, and
-    sums of two tasks' vectors on composed tasks (kind `ltv_tasks`, cached).
+    sums of two tasks' vectors on composed tasks (kind `ltv_across_tasks`, cached).
 
     LTVs of several tasks at one layer: the comparison task by task (the paper's ordering), the cosine similarity of the
     vectors, and composition (the sum of two tasks' vectors on their composed task).
@@ -165,4 +165,4 @@ def ltv_across_tasks(lm: LoadedModel, *, prepend_bos: Literal["tokenizer", "alwa
     Returns:
         LtvTasksResult: LTVs of several tasks at one layer.
     """
-    return call("ltv_tasks", locals())
+    return call("ltv_across_tasks", locals())

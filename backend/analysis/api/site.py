@@ -14,21 +14,21 @@ from ..site.site import SiteResult
 from ..site.site_transfer import SiteTransferResult
 from .call import call
 
-__all__ = ["train_site", "site_transfer"]
+__all__ = ["site_alphas", "site_transfer"]
 
 
-def train_site(lm: LoadedModel, task: Task, *, prepend_bos: Literal["tokenizer", "always"] = "tokenizer",
-               shots: int = 10, prompts: int = 100, seed: int = 0, batch_size: int = 16, m: int = 50, steps: int = 400,
-               lr: float = 0.2, beta2: float = 0.999, train_batch: int = 1, val_every: int = 50, val_prompts: int = 100,
-               max_new_tokens: int = 20, keep_alpha: Literal["best", "last"] = "best",
-               compare: list[Literal["zero_shot", "icl", "fv", "vanilla", "all_ones", "ltv"]] = ["zero_shot", "icl",
-                   "fv", "vanilla", "all_ones", "ltv"], icl_shots: list[int] = [8, 10],
-               patching: list[int] = [1, 2, 4, 8, 16], budget: list[int] = [1, 5, 10, 50],
-               correlations: list[Literal["tr", "tl", "induction", "ltv"]] = ["tr", "tl", "induction", "ltv"],
-               load: str | PathLike[str] | None = None, cache: bool | Store | None = True,
-               progress: Progress | None = None) -> SiteResult:
+def site_alphas(lm: LoadedModel, task: Task, *, prepend_bos: Literal["tokenizer", "always"] = "tokenizer",
+                shots: int = 10, prompts: int = 100, seed: int = 0, batch_size: int = 16, m: int = 50, steps: int = 400,
+                lr: float = 0.2, beta2: float = 0.999, train_batch: int = 1, val_every: int = 50,
+                val_prompts: int = 100, max_new_tokens: int = 20, keep_alpha: Literal["best", "last"] = "best",
+                compare: list[Literal["zero_shot", "icl", "fv", "vanilla", "all_ones", "ltv"]] = ["zero_shot", "icl",
+                    "fv", "vanilla", "all_ones", "ltv"], icl_shots: list[int] = [8, 10],
+                patching: list[int] = [1, 2, 4, 8, 16], budget: list[int] = [1, 5, 10, 50],
+                correlations: list[Literal["tr", "tl", "induction", "ltv"]] = ["tr", "tl", "induction", "ltv"],
+                load: str | PathLike[str] | None = None, cache: bool | Store | None = True,
+                progress: Progress | None = None) -> SiteResult:
     """Soft head selection (SITE): per-head alphas trained to inject an ICL task embedding into zero-shot prompts; alpha
-    map, baselines, top/bottom-k patching, budget curve, correlations with head maps (kind `site`, cached).
+    map, baselines, top/bottom-k patching, budget curve, correlations with head maps (kind `site_alphas`, cached).
 
     Train SITE alphas (or load saved ones) and evaluate them zero-shot with generation; compare with zero-shot, k-shot
     ICL, the function and vanilla task vectors, every alpha = 1 and LTV; patch the top / bottom k heads by alpha; the
@@ -68,7 +68,7 @@ def train_site(lm: LoadedModel, task: Task, *, prepend_bos: Literal["tokenizer",
     Returns:
         SiteResult: soft head selection (SITE) on one task.
     """
-    return call("site", locals())
+    return call("site_alphas", locals())
 
 
 def site_transfer(lm: LoadedModel, *, prepend_bos: Literal["tokenizer", "always"] = "tokenizer", shots: int = 10,

@@ -19,14 +19,14 @@ from ..tsla.steering import SteerResult
 from ..tsla.vectors import VectorsResult
 from .call import call
 
-__all__ = ["head_maps", "head_scores", "icl_curve", "ablation_curves", "ablate", "build_vectors", "steer", "geometry",
+__all__ = ["head_maps", "head_scores", "icl_curve", "ablation_curves", "ablate", "task_vectors", "steer", "geometry",
     "perturbation_report", "activation_patching"]
 
 
 def head_maps(lm: LoadedModel, task: Task, *, prepend_bos: Literal["tokenizer", "always"] = "tokenizer", shots: int = 8,
               prompts: int = 50, seed: int = 0, batch_size: int = 16, apply_ln: bool = False,
               cache: bool | Store | None = True, progress: Progress | None = None) -> MapsResult:
-    """TR, TL, DLA-TR, DLA-TL and induction head maps with accuracies (no head selection) (kind `maps`, cached).
+    """TR, TL, DLA-TR, DLA-TL and induction head maps with accuracies (no head selection) (kind `head_maps`, cached).
 
     Args:
         lm: the model (`backend.load_model`).
@@ -45,14 +45,15 @@ def head_maps(lm: LoadedModel, task: Task, *, prepend_bos: Literal["tokenizer", 
     Returns:
         MapsResult: TSLA head maps (layers, heads), means over the prompts, with the prompt-level metrics.
     """
-    return call("maps", locals())
+    return call("head_maps", locals())
 
 
 def head_scores(lm: LoadedModel, task: Task, *, prepend_bos: Literal["tokenizer", "always"] = "tokenizer",
                 shots: int = 8, prompts: int = 50, seed: int = 0, batch_size: int = 16, apply_ln: bool = False,
                 top_pct: float = 3.0, top_k: int | None = None, cache: bool | Store | None = True,
                 progress: Progress | None = None) -> ScoresResult:
-    """TR, TL, DLA-TR, DLA-TL and induction head maps, accuracies, top heads and their overlaps (kind `scores`, cached).
+    """TR, TL, DLA-TR, DLA-TL and induction head maps, accuracies, top heads and their overlaps (kind `head_scores`,
+    cached).
 
     The head maps with top heads and overlaps (a new selection size reuses the cached maps).
 
@@ -75,13 +76,13 @@ def head_scores(lm: LoadedModel, task: Task, *, prepend_bos: Literal["tokenizer"
     Returns:
         ScoresResult: The head maps with the top heads by TR and TL, a random set of the same size, and overlaps.
     """
-    return call("scores", locals())
+    return call("head_scores", locals())
 
 
 def icl_curve(lm: LoadedModel, task: Task, *, prepend_bos: Literal["tokenizer", "always"] = "tokenizer",
               shots: list[int] = [0, 1, 2, 4, 8], prompts: int = 100, seed: int = 0, examples: int = 3,
               batch_size: int = 16, cache: bool | Store | None = True, progress: Progress | None = None) -> IclResult:
-    """Accuracy, label accuracy and TR ratio against the number of demonstrations (kind `icl`, cached).
+    """Accuracy, label accuracy and TR ratio against the number of demonstrations (kind `icl_curve`, cached).
 
     Args:
         lm: the model (`backend.load_model`).
@@ -100,7 +101,7 @@ def icl_curve(lm: LoadedModel, task: Task, *, prepend_bos: Literal["tokenizer", 
     Returns:
         IclResult
     """
-    return call("icl", locals())
+    return call("icl_curve", locals())
 
 
 def ablation_curves(lm: LoadedModel, task: Task, *, prepend_bos: Literal["tokenizer", "always"] = "tokenizer",
@@ -164,14 +165,14 @@ def ablate(lm: LoadedModel, task: Task, *, prepend_bos: Literal["tokenizer", "al
     return call("ablate", locals())
 
 
-def build_vectors(lm: LoadedModel, task: Task, *, prepend_bos: Literal["tokenizer", "always"] = "tokenizer",
-                  shots: int = 8, prompts: int = 50, seed: int = 0, batch_size: int = 16, top_pct: float = 3.0,
-                  top_k: int | None = None,
-                  types: list[Literal["tr", "tl", "random", "fv", "vanilla"]] = ["tr", "tl", "random", "fv", "vanilla"],
-                  heads: list[tuple[int, int]] | None = None, cache: bool | Store | None = True,
-                  progress: Progress | None = None) -> VectorsResult:
-    """Task vectors extracted from ICL prompts: TR / TL / random head sets, function vector, vanilla (kind `vectors`,
-    cached).
+def task_vectors(lm: LoadedModel, task: Task, *, prepend_bos: Literal["tokenizer", "always"] = "tokenizer",
+                 shots: int = 8, prompts: int = 50, seed: int = 0, batch_size: int = 16, top_pct: float = 3.0,
+                 top_k: int | None = None,
+                 types: list[Literal["tr", "tl", "random", "fv", "vanilla"]] = ["tr", "tl", "random", "fv", "vanilla"],
+                 heads: list[tuple[int, int]] | None = None, cache: bool | Store | None = True,
+                 progress: Progress | None = None) -> VectorsResult:
+    """Task vectors extracted from ICL prompts: TR / TL / random head sets, function vector, vanilla (kind
+    `task_vectors`, cached).
 
     Args:
         lm: the model (`backend.load_model`).
@@ -193,7 +194,7 @@ def build_vectors(lm: LoadedModel, task: Task, *, prepend_bos: Literal["tokenize
     Returns:
         VectorsResult
     """
-    return call("vectors", locals())
+    return call("task_vectors", locals())
 
 
 def steer(lm: LoadedModel, task: Task, *, prepend_bos: Literal["tokenizer", "always"] = "tokenizer", shots: int = 8,
@@ -272,8 +273,8 @@ def perturbation_report(lm: LoadedModel, task: Task, *, prepend_bos: Literal["to
                             "symbol_labels", "number_labels"]] = ["shuffled_inputs", "random_labels", "flipped_labels",
                             "symbol_labels", "number_labels"], cache: bool | Store | None = True,
                         progress: Progress | None = None) -> PerturbResult:
-    """Demonstration perturbations: metrics, TR/TL map differences, effect of ablating the top heads (kind `perturb`,
-    cached).
+    """Demonstration perturbations: metrics, TR/TL map differences, effect of ablating the top heads (kind
+    `perturbation_report`, cached).
 
     ICL metrics, TR/TL maps and ablation effects under demonstration perturbations.
 
@@ -296,7 +297,7 @@ def perturbation_report(lm: LoadedModel, task: Task, *, prepend_bos: Literal["to
     Returns:
         PerturbResult
     """
-    return call("perturb", locals())
+    return call("perturbation_report", locals())
 
 
 def activation_patching(lm: LoadedModel, task: Task, *, prepend_bos: Literal["tokenizer", "always"] = "tokenizer",
@@ -306,7 +307,7 @@ def activation_patching(lm: LoadedModel, task: Task, *, prepend_bos: Literal["to
                             "flipped_labels"] = "zero_shot", patch: Literal["paired", "mean"] = "paired",
                         cache: bool | Store | None = True, progress: Progress | None = None) -> PatchingResult:
     """Activation patching: every head's last-token z from clean ICL prompts into zero-shot or perturbed ones; the share
-    of the gold logit recovered per head, beside the TR / TL maps (kind `patching`, cached).
+    of the gold logit recovered per head, beside the TR / TL maps (kind `activation_patching`, cached).
 
     Every head's last-token z patched from the clean ICL prompts into a corrupted set.
 
@@ -330,4 +331,4 @@ def activation_patching(lm: LoadedModel, task: Task, *, prepend_bos: Literal["to
     Returns:
         PatchingResult: Per-head patching maps (layers, heads) with the clean and target runs they start from.
     """
-    return call("patching", locals())
+    return call("activation_patching", locals())

@@ -107,7 +107,7 @@ def _extra_patching(lm: Any, task: Any, r: Any, ks: list[int], prompts: int, sto
     from backend.analysis.primitives.batching import encode
     from backend.analysis.site.soft_select import hard_alpha, load_site, ranked_heads, site_data, soft_logits
     from backend.analysis.primitives.selection import random_heads
-    from backend.analysis.primitives.sweep import RowConfig, sweep_outcomes
+    from backend.analysis.primitives.configs import RowConfig, score_configs
 
     from backend.store.tensor_store import default_store
 
@@ -133,7 +133,7 @@ def _extra_patching(lm: Any, task: Any, r: Any, ks: list[int], prompts: int, sto
     configs += [RowConfig(mask=1.0 - hard_alpha(lm, s), positions="last") for s in sets]
     k10 = max(1, round(L * H * 0.1))  # the test's k: top / bottom at alpha = 1, per prompt
     configs += [RowConfig(mask=1.0 - hard_alpha(lm, s), positions="last") for s in (order[:k10], order[::-1][:k10])]
-    res = sweep_outcomes(lm, enc, configs, fill=t.float(), batch_size=32)
+    res = score_configs(lm, enc, configs, fill=t.float(), batch_size=32)
     acc = res.means()["accuracy"][:-2]
     n = len(ks)
     c = res.correct.astype(float)

@@ -32,7 +32,7 @@ from ..primitives.bos import prompt_ids
 from ..primitives.batching import answer_tokens, build_prompts
 from ..primitives.fit import unknown_id
 from ..primitives.induction import eager_attention, induction_scores
-from ..primitives.sweep import head_mask
+from ..primitives.configs import head_mask
 from ..primitives.tsla import head_writes, label_space, tsla
 
 

@@ -53,7 +53,7 @@ from ..primitives.rates import paired_metrics
 from ..primitives.saved import load_tensors
 from ..primitives.selection import n_top, overlap, random_heads, top_heads
 from ..primitives.stages import spans
-from ..primitives.sweep import head_mask
+from ..primitives.configs import head_mask
 from ..primitives.threads import cpu_threads
 from .ltv_costs import EVAL_BATCH, EXTRACTED, RECIPE, ltv_costs, mechanism_costs, mechanism_work
 from .propagation import head_saliency, linear_propagation, ov_reconstruction

@@ -1,7 +1,7 @@
-"""One sweep engine over (configuration, prompt) pairs that only recomputes what an intervention changes.
+"""One configuration engine over (configuration, prompt) pairs that only recomputes what an intervention changes.
 
 A configuration (`RowConfig`) is a head mask acting on z at the output projection's input, at every position or
-at the last token only, and/or vectors added to decoder layers' outputs at the last token. `run_sweep` hands
+at the last token only, and/or vectors added to decoder layers' outputs at the last token. `run_configs` hands
 the last-token logits of every (configuration, prompt) pair to a callback, exactly once each.
 
 engine="full" runs every pair as a full forward pass (configurations mixed in row batches through
@@ -33,7 +33,7 @@ output projections, that a decoder layer takes the hidden states first and retur
 on the clean pass: anything else falls back to the full engine), and the model forward's `cache=`,
 `attention_mask`, `position_ids` and `logits_to_keep`.
 
-This module: `run_sweep` and the full engine; `engine_plan.py`: the configurations and their bookkeeping;
+This module: `run_configs` and the full engine; `engine_plan.py`: the configurations and their bookkeeping;
 `engine_fast.py`: the fast paths.
 """
 from __future__ import annotations
@@ -53,7 +53,7 @@ from .engine_plan import OnLogits, Progress, RowConfig, _Emitter, _halve, _last_
 ENGINES = ("auto", "full")
 
 
-def run_sweep(lm: LoadedModel, ids: Sequence[Sequence[int]], configs: Sequence[RowConfig], on_logits: OnLogits, *,
+def run_configs(lm: LoadedModel, ids: Sequence[Sequence[int]], configs: Sequence[RowConfig], on_logits: OnLogits, *,
               fill: torch.Tensor | None = None, batch_size: int = 32, progress: Progress | None = None,
               engine: str = "auto", keep_prefix: bool = False) -> None:
     """Call `on_logits(logits, config_idx, prompt_idx)` with the last-token logits of every (configuration,

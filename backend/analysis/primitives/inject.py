@@ -27,7 +27,7 @@ from ...model.hooks import hooked
 from ...model.loading import LoadedModel
 from .batching import Batch, Encoded, Progress, forward_last_logits, map_batches
 from .predict import Outcomes, predict_rows
-from .sweep import RowConfig, sweep_outcomes
+from .configs import RowConfig, score_configs
 
 
 @dataclass(frozen=True)
@@ -81,8 +81,8 @@ def evaluate_injections(lm: LoadedModel, enc: Encoded, injections: Sequence[Inje
     each (injections, prompts). `keep_prefix`: keep the prompts' clean prefix states (`prefix_store`), so later
     last-token injections on the same prompts skip their clean pass."""
     configs = as_row_configs(lm, injections)
-    if configs is not None:  # all at the last token: the sweep engine's steps over the clean prefix cache
-        return sweep_outcomes(lm, enc, configs, batch_size=batch_size, progress=progress, keep_prefix=keep_prefix)
+    if configs is not None:  # all at the last token: the configuration engine's steps over the clean prefix cache
+        return score_configs(lm, enc, configs, batch_size=batch_size, progress=progress, keep_prefix=keep_prefix)
     out = Outcomes.empty(len(injections), len(enc.ids))
     for c, inj in enumerate(injections):
         def step(batch: Batch, c: int = c, inj: Injection = inj) -> None:

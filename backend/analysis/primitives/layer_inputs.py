@@ -8,7 +8,7 @@ vector at layer l is the mean ICL-minus-zero-shot difference of that same state 
 
     sweep_at_inputs(lm, enc, [{}, {4: v}, {0: w}])   # Outcomes (configs, prompts)
 
-Layers >= 1 run through the sweep engine (an addition to layer l - 1's output: one token over the clean prefix's
+Layers >= 1 run through the configuration engine (an addition to layer l - 1's output: one token over the clean prefix's
 KV cache, `inject.as_row_configs`); a configuration with a vector at layer 0 runs as full passes with the hooks'
 input injection, without sending the others there too.
 """
@@ -24,7 +24,7 @@ from ...model.loading import LoadedModel
 from .batching import Encoded, Progress
 from .inject import Injection, as_row_configs, evaluate_injections
 from .predict import OUTCOMES, Outcomes
-from .sweep import sweep_outcomes
+from .configs import score_configs
 
 Vectors = dict[int, torch.Tensor]
 
@@ -49,7 +49,7 @@ def sweep_at_inputs(lm: LoadedModel, enc: Encoded, configs: Sequence[Vectors], b
     share = len(fast) / max(len(configs), 1)
     if fast:
         sub = None if progress is None else (lambda f, m="": progress(share * f, m))
-        _place(out, fast, sweep_outcomes(lm, enc, [rows[c][0] for c in fast], batch_size=batch_size, progress=sub))
+        _place(out, fast, score_configs(lm, enc, [rows[c][0] for c in fast], batch_size=batch_size, progress=sub))
     if slow:
         sub = None if progress is None else (lambda f, m="": progress(share + (1 - share) * f, m))
         _place(out, slow, evaluate_injections(lm, enc, [injections[c] for c in slow], batch_size, sub))

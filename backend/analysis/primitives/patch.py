@@ -1,4 +1,4 @@
-"""Activation patching of single heads at the last token, on the sweep engine's per-row configurations.
+"""Activation patching of single heads at the last token, on the configuration engine's per-row configurations.
 
 For target prompts i (encoded, N of them) and every head (l, h), the target is run with z[l, h] at its last
 token replaced by a source activation (the output projection's input, split by head):
@@ -20,7 +20,7 @@ import torch
 
 from ...model.loading import LoadedModel
 from .batching import Encoded, Progress
-from .sweep import RowConfig, head_mask, run_sweep
+from .configs import RowConfig, head_mask, run_configs
 
 
 @dataclass
@@ -74,11 +74,11 @@ def patch_heads(lm: LoadedModel, enc: Encoded, fill: torch.Tensor | None, *, bat
         return on_logits
 
     if not per_prompt:
-        run_sweep(lm, enc.ids, configs, reader(list(range(N))), fill=fill, batch_size=batch_size, progress=progress)
+        run_configs(lm, enc.ids, configs, reader(list(range(N))), fill=fill, batch_size=batch_size, progress=progress)
     else:
         for i in range(N):
             sub = None if progress is None else (lambda f, m="", i=i: progress((i + f) / N, m))
-            run_sweep(lm, [enc.ids[i]], configs, reader([i]), fill=fill[i], batch_size=batch_size, progress=sub)
+            run_configs(lm, [enc.ids[i]], configs, reader([i]), fill=fill[i], batch_size=batch_size, progress=sub)
     return Patched(logit, prob)
 
 

@@ -47,7 +47,7 @@ from .site_links import correlations as alpha_correlations
 from .site_links import ltv_row
 from .soft_select import (decisive_shares, encode_all, hard_alpha, hook_factory, load_site,
                                      lora_params, ranked_heads, save_site, site_data, train_alphas)
-from ..primitives.sweep import RowConfig, sweep_outcomes
+from ..primitives.configs import RowConfig, score_configs
 
 
 SiteComparison = Literal["zero_shot", "icl", "fv", "vanilla", "all_ones", "ltv"]
@@ -394,7 +394,7 @@ def _patching(ctx: Context, p: SiteParams, enc: dict[str, Any], alpha: torch.Ten
         configs.append(RowConfig(mask=1.0 - hard_alpha(lm, order[:k]), positions="last"))
     for k in ks:
         configs.append(RowConfig(mask=1.0 - hard_alpha(lm, order[::-1][:k]), positions="last"))
-    res = sweep_outcomes(lm, enc["test"], configs, fill=t, batch_size=o.SWEEP_BATCH_SIZE,
+    res = score_configs(lm, enc["test"], configs, fill=t, batch_size=o.SWEEP_BATCH_SIZE,
                          progress=ctx.stage(*span, "patching"))
     means = res.means()
     n = len(ks)

@@ -30,7 +30,7 @@ from ..primitives.batching import encode
 from ..primitives.capture import capture_means
 from ..primitives.threads import cpu_threads
 from .soft_select import hard_alpha, load_site, ranked_heads, site_data
-from ..primitives.sweep import RowConfig, sweep_outcomes
+from ..primitives.configs import RowConfig, score_configs
 
 
 DEFAULT_TASKS = 10  # the model's built-in tasks, when `tasks` is not given (the default model has 10)
@@ -128,7 +128,7 @@ def _transfer(ctx: Context, p: SiteTransferParams) -> dict[str, Any]:
         configs += [RowConfig(mask=torch.zeros(L, H), positions="last"), RowConfig()]
         configs += [RowConfig(mask=1.0 - hard_alpha(lm, ranked_heads(runs[a][0].numpy())[:k]), positions="last")
                     for a in names]
-        res = sweep_outcomes(lm, enc, configs, fill=runs[b.name][1], batch_size=o.SWEEP_BATCH_SIZE)
+        res = score_configs(lm, enc, configs, fill=runs[b.name][1], batch_size=o.SWEEP_BATCH_SIZE)
         means = res.means()
         acc[:, j] = means["accuracy"][:n]
         trr[:, j] = means["tr_ratio"][:n]

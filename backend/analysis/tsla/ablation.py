@@ -3,7 +3,7 @@
 A configuration is a head mask m (layers, heads) applied to z at the output projection's input:
     zero ablation: z'[l, h] = m z[l, h]
     mean ablation: z'[l, h] = m z[l, h] + (1 - m) mean_prompts(z[l, h] at the last token)
-at every position or the last one only. All configurations share one sweep (`primitives.sweep`).
+at every position or the last one only. All configurations share one sweep (`primitives.configs`).
 """
 from __future__ import annotations
 
@@ -29,7 +29,7 @@ from ..primitives.prefix_store import stored_z_mean
 from ..primitives.rates import config_outcomes, curve_intervals, paired_along, paired_rates, set_curve_intervals
 from ..primitives.selection import Head, random_heads, ranking
 from ..primitives.stats import pack_outcomes
-from ..primitives.sweep import RowConfig, head_mask, sweep_outcomes
+from ..primitives.configs import RowConfig, head_mask, score_configs
 
 
 class AblationCurvesParams(PromptParams):
@@ -221,7 +221,7 @@ def curves(ctx: Context, p: AblationCurvesParams) -> dict[str, Any]:
                     masks.append(m)
                 row.append(index[b])
             where[name].append(row)
-    res = sweep_outcomes(lm, enc, [RowConfig(mask=m, positions=p.positions) for m in masks], fill=fill,
+    res = score_configs(lm, enc, [RowConfig(mask=m, positions=p.positions) for m in masks], fill=fill,
                          batch_size=p.batch_size, progress=ctx.stage(0.35, 1.0, "ablating"))
     means = res.means()
     out = {}
@@ -255,7 +255,7 @@ def ablate(ctx: Context, p: AblateParams) -> dict[str, Any]:
     after = head_mask(lm, p.heads)  # out-of-range heads are an error before any pass
     enc, fill = _prompts(ctx, p, p.mode, ctx.stage(0.0, 0.2, "mean head outputs"))
     # the prompts' clean prefix stays in memory: the next toggle of a last-token ablation is one token step each
-    res = sweep_outcomes(lm, enc, [RowConfig(), RowConfig(mask=after, positions=p.positions)], fill=fill,
+    res = score_configs(lm, enc, [RowConfig(), RowConfig(mask=after, positions=p.positions)], fill=fill,
                          batch_size=p.batch_size, progress=ctx.stage(0.2, 1.0, "ablating"), keep_prefix=True)
     rows = []
     for i, pr in enumerate(enc.prompts):

@@ -25,7 +25,7 @@ from ..results import Head, Model, Result
 from ..primitives.batching import answer_tokens, build_prompts, encode
 from ..primitives.capture import capture
 from ..primitives.stats import bootstrap_ci
-from ..primitives.sweep import resolve_layers
+from ..primitives.configs import resolve_layers
 from ..primitives.tsla import LabelSpace, label_space
 
 

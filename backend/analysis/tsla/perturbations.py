@@ -23,7 +23,7 @@ from ..primitives.cost import Shape, Sizes, Work, passes
 from ..results import Grid, Head, Metrics, Model, Result
 from ..primitives.batching import Encoded, build_prompts, encode
 from .head_maps import head_maps
-from ..primitives.sweep import RowConfig, head_mask, sweep_outcomes
+from ..primitives.configs import RowConfig, head_mask, score_configs
 
 
 class PerturbParams(Selection, PromptParams):
@@ -76,7 +76,7 @@ def perturb(ctx: Context, p: PerturbParams) -> dict[str, Any]:
     configs = [RowConfig()] + [RowConfig(mask=head_mask(lm, s)) for s in sets.values()]
 
     def ablations(enc: Encoded, progress: Any = None) -> dict[str, dict[str, Any]]:
-        res = sweep_outcomes(lm, enc, configs, batch_size=p.batch_size * 2, progress=progress)
+        res = score_configs(lm, enc, configs, batch_size=p.batch_size * 2, progress=progress)
         return {name: res.summary(i) for i, name in enumerate(["none", *sets])}
 
     original = encode(lm, build_prompts(lm, task, base.shots, p.prompts, p.seed).prompts, task.kind)

@@ -23,7 +23,7 @@ from ..primitives.inject import vector_at
 from ..primitives.layer_inputs import sweep_at_inputs
 from ..primitives.predict import evaluate
 from ..primitives.rates import curve_intervals
-from ..primitives.sweep import resolve_layers
+from ..primitives.configs import resolve_layers
 
 
 class SteerParams(Selection, PromptParams):

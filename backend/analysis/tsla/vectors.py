@@ -33,7 +33,7 @@ from ..primitives.capture import capture_means, capture_sites
 from ..primitives.induction import induction_length
 from ..primitives.selection import Head, n_top, top_heads
 from ..primitives.stages import OVERHEAD_TOKENS, pass_cost, spans, tokens, unembed_layers
-from ..primitives.sweep import RowConfig, head_mask, sweep_outcomes
+from ..primitives.configs import RowConfig, head_mask, score_configs
 
 
 class VectorsParams(Selection, PromptParams):
@@ -101,7 +101,7 @@ def causal_indirect_effects(ctx: Context, p: VectorsParams, clean: Encoded, z_cl
     L, H = lm.n_layers, lm.n_heads
     configs = [RowConfig()] + [RowConfig(mask=head_mask(lm, [(l, h)]), positions="last")
                                for l in range(L) for h in range(H)]
-    res = sweep_outcomes(lm, enc, configs, fill=z_clean, batch_size=p.batch_size * 2, progress=progress)
+    res = score_configs(lm, enc, configs, fill=z_clean, batch_size=p.batch_size * 2, progress=progress)
     gain = res.gold_prob[1:] - res.gold_prob[0][None]
     return gain.mean(1).reshape(L, H)
 

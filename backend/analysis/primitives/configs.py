@@ -1,9 +1,10 @@
-"""Sweeps over (configuration, prompt) pairs, read as prompt-level outcomes; and the head sets and layers they use.
+"""Batches of configurations over the prompts ((configuration, prompt) pairs), read as prompt-level outcomes; and the
+head sets and layers they use. (A *sweep* is the service's models x tasks grid, `service/sweeps.py`.)
 
 A configuration (`RowConfig`) is a head mask and/or injections:
     mask:   z'[l, h] = m[l, h] z[l, h] + (1 - m[l, h]) fill[l, h]   (fill = 0: zero ablation; mean: mean ablation)
     inject: h[l] <- h[l] + v  at the output of decoder layer l, last prompt token
-The engine (`engine.run_sweep`) recomputes only what a configuration changes: last-token configurations are
+The engine (`engine.run_configs`) recomputes only what a configuration changes: last-token configurations are
 one-token passes over the clean prefix's KV cache, all-position masks start at the first layer they change.
 """
 from __future__ import annotations
@@ -16,14 +17,14 @@ import torch
 from ...errors import BadInput
 from ...model.loading import LoadedModel
 from .batching import Encoded, Progress
-from .engine import RowConfig, run_sweep
+from .engine import RowConfig, run_configs
 from .predict import Outcomes, predict_rows
 
-__all__ = ["RowConfig", "run_sweep", "sweep_outcomes", "head_mask", "resolve_layers"]
+__all__ = ["RowConfig", "run_configs", "score_configs", "head_mask", "resolve_layers"]
 
 
-def sweep_outcomes(lm: LoadedModel, enc: Encoded, configs: Sequence[RowConfig], *, fill: torch.Tensor | None = None,
-                   batch_size: int = 32, progress: Progress | None = None, keep_prefix: bool = False) -> Outcomes:
+def score_configs(lm: LoadedModel, enc: Encoded, configs: Sequence[RowConfig], *, fill: torch.Tensor | None = None,
+                  batch_size: int = 32, progress: Progress | None = None, keep_prefix: bool = False) -> Outcomes:
     """Accuracy, label accuracy, TR ratio and predictions of every prompt under every configuration,
     each (configs, prompts). `keep_prefix`: keep the prompts' clean prefix states for later calls
     (`prefix_store`)."""
@@ -34,7 +35,7 @@ def sweep_outcomes(lm: LoadedModel, enc: Encoded, configs: Sequence[RowConfig], 
         rp = predict_rows(logits, [enc.label_ids[i] for i in pl], [enc.gold[i] for i in pl])
         out.record(cs.cpu().numpy(), np.array(pl), rp)
 
-    run_sweep(lm, enc.ids, configs, on_logits, fill=fill, batch_size=batch_size, progress=progress,
+    run_configs(lm, enc.ids, configs, on_logits, fill=fill, batch_size=batch_size, progress=progress,
               keep_prefix=keep_prefix)
     return out
 

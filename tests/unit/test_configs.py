@@ -8,7 +8,7 @@ import torch
 from backend.analysis.primitives import engine as S
 from backend.analysis.primitives import engine_fast as F
 from backend.analysis.primitives import threads
-from backend.analysis.primitives.engine import RowConfig, run_sweep
+from backend.analysis.primitives.engine import RowConfig, run_configs
 
 from tiny_models import CONFIGS, tiny_model
 
@@ -17,7 +17,7 @@ DEPTH = 4  # layers: enough for configurations to start at layers 0, 1, 2 and th
 
 
 def collect(lm, ids, configs, **kw) -> torch.Tensor:
-    """(configs, prompts, vocab) logits from run_sweep, checking every pair arrives exactly once."""
+    """(configs, prompts, vocab) logits from run_configs, checking every pair arrives exactly once."""
     C, N = len(configs), len(ids)
     out = torch.full((C, N, lm.model.config.vocab_size), float("nan"))
     seen = torch.zeros(C, N, dtype=torch.long)
@@ -27,7 +27,7 @@ def collect(lm, ids, configs, **kw) -> torch.Tensor:
         out[cs.cpu(), ps.cpu()] = logits.cpu()
         seen[cs.cpu(), ps.cpu()] += 1
 
-    run_sweep(lm, ids, configs, on_logits, **kw)
+    run_configs(lm, ids, configs, on_logits, **kw)
     assert (seen == 1).all(), seen
     return out
 
@@ -301,11 +301,11 @@ def test_progress_and_errors(gpt2_tokenizer):
                     ([RowConfig(inject={0: torch.ones(d + 1)})], {}), ([RowConfig(positions="first")], {}),
                     ([RowConfig()], {"engine": "fast"}), ([RowConfig()], {"fill": torch.zeros(L, H, 1)})]:
         with pytest.raises(ValueError):
-            run_sweep(lm, ids, bad, sink, **kw)
+            run_configs(lm, ids, bad, sink, **kw)
     with pytest.raises(ValueError):
-        run_sweep(lm, [[1, 2], []], [RowConfig()], sink)
-    run_sweep(lm, ids, [], sink)  # nothing to do
-    run_sweep(lm, [], configs, sink)
+        run_configs(lm, [[1, 2], []], [RowConfig()], sink)
+    run_configs(lm, ids, [], sink)  # nothing to do
+    run_configs(lm, [], configs, sink)
 
 
 _lms: dict = {}
