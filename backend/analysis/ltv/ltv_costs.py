@@ -8,7 +8,7 @@ from typing import Any
 from ..primitives import options as o
 from ..kinds import get_kind
 from ..primitives import last_token
-from ..primitives.cost import NONE, Cost, Shape, Sizes, Work, batches, passes, stage, steps, training
+from ..primitives.cost import NONE, Shape, Sizes, Work, passes, steps, training
 from .recipe import LtvRecipeParams
 
 EVAL_BATCH = o.SWEEP_BATCH_SIZE
@@ -29,7 +29,7 @@ def configs(name: str, k: float, n: float, t: float, shape: Shape, layer: int, l
     share (L - layer + 1) / L of the model), its logits included; elsewhere a full pass each."""
     if last and layer >= 1:
         L = max(shape.n_layers, 1)
-        return stage(name, Cost(k * n * max(L - layer + 1, 1) / L, 0.0, batches(k * n, EVAL_BATCH), 0.0, k * n))
+        return steps(name, k * n, share=max(L - layer + 1, 1) / L)
     return passes(name, k * n, t, EVAL_BATCH)
 
 
@@ -70,8 +70,8 @@ def ltv_plan(p: Any, shape: Shape, sizes: Sizes, groups: list[list[int]], traine
     the LTV on the zero-shot prompts) and "mechanism i" (single layers)."""
     n, t0, t = sizes.n(p.prompts), sizes.prompt(0), sizes.prompt(p.shots)
     last = tuple(p.positions) == (-1,)
-    out = [(f"train {i}", NONE if p.load or (trained and trained[i]) else p.training_work(sizes))
-           for i in range(len(groups))]
+    out = [(f"train {i}", NONE if p.load or (trained and trained[i]) else p.training_work(sizes, shape, min(g)))
+           for i, g in enumerate(groups)]
     vec = get_kind("vectors").params(types=list(EXTRACTED), shots=p.shots, prompts=p.prompts, top_pct=p.top_pct,
                                      top_k=p.top_k)
     out.append(("vectors", NONE if vectors_cached else vec.work(shape, sizes).named("extracted vectors")))

@@ -28,7 +28,8 @@ from typing import Callable, Sequence
 
 BYTES_PER_TOKEN = 4  # rough UTF-8 bytes per BPE token of natural text, when no tokenizer is at hand
 INDUCTION_BATCH, INDUCTION_TOKENS = 4, 50  # induction scores: a batch of [bos] r r, r of 50 tokens
-BATCH, STEP_BATCH = 16, 32  # rows per forward call: the prompts' batch size, the sweep engine's (options.py)
+BATCH, STEP_BATCH = 16, 128  # rows per forward call: the prompts' batch size; the sweep engine's step passes (its
+# batch of 32 prompts, options.SWEEP_BATCH_SIZE, x engine_fast.STEP_ROWS_FACTOR configurations packed per row)
 ALL_POSITION_SHARE = 0.8
 """The share of a full pass an all-position head ablation of unknown heads costs (it starts at the first layer it
 changes; top heads and random sets usually include an early layer)."""
@@ -250,10 +251,12 @@ def stage(name: str, c: Cost) -> Work:
     return Work(((name, c),)) if c != Cost() else NONE
 
 
-def steps(name: str, n: float, batch: float = STEP_BATCH, repeat: float = 1) -> Work:
+def steps(name: str, n: float, batch: float = STEP_BATCH, repeat: float = 1, share: float = 1.0) -> Work:
     """`repeat` x `n` one-token steps over a KV cache (decoding, last-token configurations), `batch` rows per
-    call."""
-    return stage(name, Cost(float(repeat * n), 0.0, repeat * batches(n, batch), 0.0, float(repeat * n)))
+    call, each through the `share` of the model's layers it runs (a step from a later layer on: its tokens and its
+    calls' fixed cost both scale with the layers run), with its row of logits."""
+    return stage(name, Cost(float(repeat * n * share), 0.0, repeat * batches(n, batch) * share, 0.0,
+                            float(repeat * n)))
 
 
 def training(name: str, n: float, tokens: float, batch: float = 1) -> Work:

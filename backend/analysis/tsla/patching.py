@@ -59,7 +59,8 @@ class PatchingParams(Selection, PromptParams):
         n, clean = sizes.n(self.prompts), sizes.prompt(self.shots)
         target = sizes.prompt(0 if self.target == "zero_shot" else self.shots)
         w = passes("clean prompts", 3 * n, clean) + passes("target prompts", 2 * n, target)
-        w = w + steps(f"{shape.heads} head patches", n * (shape.heads + 1))
+        L = max(shape.n_layers, 1)  # a head's patch: a step from its layer on, (L + 1) / 2L of the model on average
+        w = w + steps(f"{shape.heads} head patches", n * (shape.heads + 1), share=(L + 1) / (2 * L))
         return w + get_kind("scores").params(shots=self.shots, prompts=self.prompts, top_pct=self.top_pct,
                                              top_k=self.top_k).work(shape, sizes).named("head scores")
 

@@ -47,8 +47,10 @@ class SteerParams(Selection, PromptParams):
                                            top_pct=self.top_pct, top_k=self.top_k).work(shape, sizes)
         n_vec = len(self.vectors) + bool(self.heads)
         n = sizes.n(self.prompts)
+        L = max(shape.n_layers, 1)  # a step runs from its layer on: (L + 1) / 2L of the model over a sweep
+        share = (L + 1) / (2 * L) if self.layer == "all" else (L - (L // 2 if self.layer is None else self.layer)) / L
         return (built + passes("ICL reference", n, sizes.prompt(self.shots)) + passes("zero-shot", n, sizes.prompt(0))
-                + steps(f"{n_vec} vectors x {layers} layers", n * (1 + n_vec * layers)))
+                + steps(f"{n_vec} vectors x {layers} layers", n * (1 + n_vec * layers), share=max(share, 1 / L)))
 
 
 class SteerVector(Model):

@@ -26,7 +26,8 @@ from ...tasks.perturb import get_perturbation
 from ..kernel import Context
 from ..kinds import get_kind
 from ..params import Heads, PromptParams, Selection
-from ..primitives.cost import NONE, Cost, Shape, Sizes, Work, batches, passes, stage
+from ..primitives.cost import NONE, Shape, Sizes, Work, passes, steps
+from ..primitives.engine_fast import STEP_ROWS_FACTOR
 from ..results import Model, Result, Vector
 from ..primitives.batching import Encoded, Progress, build_prompts, encode
 from ..primitives.capture import capture_means, capture_sites
@@ -57,9 +58,9 @@ class VectorsParams(Selection, PromptParams):
             w = w + passes("ICL means", n, t, self.batch_size)
         if "fv" in types:
             c, L = min(self.prompts, FV_PROMPTS), max(shape.n_layers, 1)
-            rows = c * (shape.heads + 1)
-            patch = Cost(c * (shape.heads * (L + 1) / (2 * L) + 1), 0.0, batches(rows, 2 * self.batch_size), 0.0, rows)
-            w = w + (passes("FV", c, sizes.prompt(max(self.shots, 1)), self.batch_size) + stage("FV", patch))
+            w = w + (passes("FV", c, sizes.prompt(max(self.shots, 1)), self.batch_size)
+                     + steps("FV", c * (shape.heads + 1), STEP_ROWS_FACTOR * 2 * self.batch_size,
+                             share=(L + 1) / (2 * L)))
         if "vanilla" in types:
             w = w + passes("zero-shot states", n, sizes.prompt(0), self.batch_size)
         return w
