@@ -40,6 +40,18 @@ def plan_spans(plan: Work | Mapping[str, Work], shape: Shape, skip: Iterable[str
     return spans({n: 0.0 if n in gone else c.weight(shape) for n, c in named})
 
 
+def between(share: Mapping[str, tuple[float, float]], first: str, last: str | None = None) -> tuple[float, float]:
+    """The span from stage `first`'s start to stage `last`'s end (None: the end of the bar): a step of the run
+    that takes several of the plan's stages (a sub-call whose plan's stages are kept, to show what each costs)."""
+    return share[first][0], share[last][1] if last is not None else 1.0
+
+
+def planned(ctx: Any, p: Any, skip: Iterable[str] = ()) -> dict[str, tuple[float, float]]:
+    """`plan_spans` of the job's own plan: `p.work` on the loaded model's shape and the task's sizes."""
+    shape = shape_of(ctx.lm)
+    return plan_spans(p.work(shape, run_sizes(ctx.lm, ctx.task)), shape, skip)
+
+
 def shape_of(lm: Any) -> Shape:
     """The loaded model's `Shape` (as `service/model_shape` reads it from the files, with the decoder's and the
     unembedding's parameters counted)."""

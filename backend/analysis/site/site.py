@@ -40,7 +40,7 @@ from ..primitives.inject import vector_at
 from ..primitives.rates import config_outcomes, curve_intervals, paired_along, paired_metrics
 from ..primitives.stats import rate_ci_of
 from ..primitives.saved import require_writable
-from ..primitives.stages import plan_spans, run_sizes, shape_of
+from ..primitives.stages import planned
 from ..primitives.threads import cpu_threads
 from .site_links import correlations as alpha_correlations
 from .site_links import ltv_row
@@ -333,8 +333,7 @@ def _progress(ctx: Context, p: SiteParams) -> dict[str, tuple[float, float]]:
         skip.add("vectors")
     if ctx.cached("scores", [{"shots": o.SHOTS, **fields}], record=False) is not None:
         skip.add("head scores")
-    shape = shape_of(ctx.lm)
-    return plan_spans(p.work(shape, run_sizes(ctx.lm, ctx.task)), shape, skip)
+    return planned(ctx, p, skip)
 
 
 def _baselines(ctx: Context, p: SiteParams, enc: dict[str, Any], t: torch.Tensor, gen: dict[str, Any], n_test: int,

@@ -21,7 +21,7 @@ from .head_maps import head_maps
 from ..primitives.induction import induction_scores
 from ..primitives.predict import evaluate
 from ..primitives.selection import n_top, overlap, random_heads, top_heads
-from ..primitives.stages import plan_spans, run_sizes, shape_of
+from ..primitives.stages import planned
 
 
 class MapsParams(PromptParams):
@@ -76,8 +76,7 @@ def maps(ctx: Context, p: MapsParams) -> dict[str, Any]:
     enc = encode(lm, built.prompts, task.kind)
     zenc = encode(lm, task.build_prompts(0, built.n, p.seed), task.kind) if task.fixed is None else None
     # progress by the plan's stages (`stages`: the estimate's `work`): ICL, zero-shot, induction
-    shape = shape_of(lm)
-    share = plan_spans(p.work(shape, run_sizes(lm, task)), shape, skip=() if zenc else ("zero-shot",))
+    share = planned(ctx, p, skip=() if zenc else ("zero-shot",))
     # the prompts' clean prefix stays in memory: the Ablation page's first live toggle of them needs no clean pass
     # an anytime pass where a page listens (a service job): the maps so far as `live` data, after the first prompts
     # and each batch ({"kind": "maps", "prompts_done", "prompts", "tr", ..., "icl"}); the final maps are the same

@@ -32,7 +32,7 @@ from ..results import Model, Result, Vector
 from ..primitives.batching import Encoded, Progress, build_prompts, encode
 from ..primitives.capture import capture_means, capture_sites
 from ..primitives.selection import Head, n_top, top_heads
-from ..primitives.stages import plan_spans, run_sizes, shape_of
+from ..primitives.stages import planned
 from ..primitives.sweep import RowConfig, head_mask, sweep_outcomes
 
 
@@ -135,10 +135,9 @@ def vectors(ctx: Context, p: VectorsParams) -> dict[str, Any]:
     # progress by the plan's stages (`stages`: the estimate's `work`); cached head scores weigh nothing
     scores_params = dict(shots=p.shots, prompts=p.prompts, seed=p.seed, top_pct=p.top_pct, top_k=p.top_k)
     need_scores = bool({"tr", "tl", "random"} & set(types))  # random: the scores' own set
-    shape = shape_of(lm)
     cached = need_scores and ctx.cached("scores", [scores_params], record=False) is not None
     skip = ({"head scores"} if cached else set()) | ({"FV"} if "fv" not in types else set())
-    share = plan_spans(p.work(shape, run_sizes(lm, task)), shape, skip=skip)
+    share = planned(ctx, p, skip)
     if need_scores:
         r = ctx.call("scores", **scores_params, batch_size=p.batch_size,
                      progress=ctx.stage(*share["head scores"], "head scores"))
