@@ -8,6 +8,7 @@ Work comes from the kind's params alone (`Params.work(shape, sizes)`, in tokens 
 `Shape` and the prompts' `Sizes` are read from the model's files and the task (`model_shape.py`), never from a
 loaded model, so a job is admitted or refused the same on a fresh service and on one that has it resident.
 `passes` is the work in prompts of the job's own length (`Params.reference_shots`): the unit of HEADLENS_MAX_WORK.
+The same plan, stage by stage, is what the job's progress bar is shared by (`analysis/primitives/stages.py`).
 
 Seconds = load x (JOB_OVERHEAD_S + ANALYSIS_OVERHEAD x ((calls + 2 x training calls) x seconds per pass + (tokens + 2 x training
 tokens) x seconds per token)): a forward call's fixed cost counts as much as its tokens (on a small model it is most of the time; a

@@ -1,5 +1,9 @@
 """What a job costs, as a function of its params: the arithmetic each kind's `work` is written in (no torch here).
 
+A kind's `work` is its **cost plan**: its stages in the order its run takes them (`Work.stages`, each a `Cost`).
+Admission and the estimate read its totals (`service/estimate.py`); the run's progress bar gives each stage the
+share its weight is of the whole (`stages.plan_spans`). One plan, so the bar and the estimate cannot disagree.
+
 A job's work is counted in **tokens through the whole model** and in **forward calls** (batches): a call has a fixed
 cost (weights read, per-layer overheads, hooks, Python) that dominates on a small model, so seconds are
 `per_pass x calls + per_token x tokens` (`service/estimate.py`, from `pass_speed`). Tokens: a full forward pass of a prompt of T tokens is T,
