@@ -8,6 +8,7 @@ Work comes from the kind's params alone (`Params.work(shape, sizes)`, in tokens 
 `Shape` and the prompts' `Sizes` are read from the model's files and the task (`model_shape.py`), never from a
 loaded model, so a job is admitted or refused the same on a fresh service and on one that has it resident.
 `passes` is the work in prompts of the job's own length (`Params.reference_shots`): the unit of HEADLENS_MAX_WORK.
+The same plan, stage by stage, is what the job's progress bar is shared by (`analysis/primitives/stages.py`).
 
 Seconds = load x (JOB_OVERHEAD_S + ANALYSIS_OVERHEAD x ((calls + 2 x training calls) x seconds per pass + (tokens + 2 x training
 tokens) x seconds per token)): a forward call's fixed cost counts as much as its tokens (on a small model it is most of the time; a
@@ -38,9 +39,10 @@ FALLBACK_PASS_S = 5e-4  # fixed seconds per decoder layer of a forward call on t
 FALLBACK_BYTES_PER_S = 1e10  # weights read per call (float32)
 LOAD_FACTOR_MAX = 16.0
 SHARE_PROBE_S, SHARE_TTL_S, SHARE_MEMORY_S = 0.2, 10.0, 120.0
-JOB_OVERHEAD_S = 0.03
+JOB_OVERHEAD_S = 0.005
 """A job's fixed CPU seconds besides its passes: building and tokenising the prompts, the result's envelope
-(measured on the embedded model: `fit`, which runs no pass, and the smallest kinds)."""
+(bench/bench_estimates.py: `fit`, which runs no pass, took 3.5 ms of a quiet core's time on the embedded model,
+`icl` and `ablate` 2.5-3.5 ms over their passes; 0.03 put every small job at 1.5-9x its real time)."""
 ANALYSIS_OVERHEAD = 1.0
 """A job's passes against the plain passes the speed is timed on (hooks, eager attention, padding, scoring). With
 the speed timed in CPU seconds and scaled by `cpu_share`, bench/bench_estimates.py put estimate / real at a median

@@ -56,7 +56,10 @@ def shape_from_config(cfg: dict[str, Any], source: str = "config") -> Shape | No
         return None
     ff = cfg.get("intermediate_size") or 4 * d
     params = layers * (4 * d * d + 3 * d * ff)  # what a token passes through: the decoder layers
-    return Shape(layers, heads, d, cfg.get("max_position_embeddings") or cfg.get("n_positions"), params, source)
+    vocab = cfg.get("vocab_size")
+    logit = vocab * d / params if isinstance(vocab, int) and vocab > 0 else 0.0  # a row of logits, in tokens
+    return Shape(layers, heads, d, cfg.get("max_position_embeddings") or cfg.get("n_positions"), params, source,
+                 logit)
 
 
 def _gguf_shape(path: Path) -> Shape | None:

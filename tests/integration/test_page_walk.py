@@ -79,7 +79,7 @@ def test_the_wait_counts_from_the_start_of_the_run(inprocess, task_name, monkeyp
     at = page(HEAD_PAGE, model=MODEL, task=task_name, **SMALL)  # a fresh session: the scores come from the cache
     at.run()
     assert_clean(at)
-    scores = [v for k, v in at.session_state["_hl_results"].items() if k.startswith("scores:")]
+    scores = [v for k, v in at.session_state["_hl_results"].items() if k.startswith("head_scores:")]
     assert scores and scores[0].get("cache_hit") and scores[0]["_waited"] >= 1.0
 
 
@@ -93,7 +93,7 @@ def test_home_says_multi_token_labels_once(inprocess, task_name):
     at.button(key="run").click().run()
     assert_clean(at)
     results = at.session_state["_hl_results"]
-    key = next(k for k in results if k.startswith("scores:"))
+    key = next(k for k in results if k.startswith("head_scores:"))
     results[key] = {**results[key], "multi_token_labels": [" tree", " stone"],
                     "warnings": [multi_token_warning([" tree", " stone"], {" tree": " t", " stone": " st"})]}
     at.run()

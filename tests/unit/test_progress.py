@@ -1,6 +1,6 @@
 """Progress tells the truth: a long kind's bar moves with the work done (not the number of stages), so the time
 left a bar extrapolates from it holds. The work is what actually ran, counted in the estimate's units
-(`primitives.stages`): at each layer's output projection its tokens plus a pass's weight-reading cost, at the
+(`cost.Cost.weight`, per layer): at each layer's output projection its tokens plus a pass's weight-reading cost, at the
 unembedding its rows of logits; a pass under autograd (followed by its backward) as 3. No clocks."""
 from __future__ import annotations
 
@@ -9,7 +9,8 @@ import torch
 import transformers as T
 
 from backend.analysis.kernel import analyze
-from backend.analysis.primitives.stages import OVERHEAD_TOKENS, spans, unembed_layers
+from backend.analysis.primitives.cost import OVERHEAD_TOKENS
+from backend.analysis.primitives.stages import spans
 from backend.model.loading import wrap
 from backend.tasks.base import Task, Template
 from tiny_models import CONFIGS
@@ -39,9 +40,9 @@ RUNS = {"ltv": dict(layer=2, epochs=2, train_prompts=12, val_prompts=4, prompts=
 def test_progress_follows_the_work_done(kind, gpt2_tokenizer):
     lm, task = _model(gpt2_tokenizer), TASK
     work = [0.0]
-    u = unembed_layers(lm)
+    u = lm.unembed.numel() / sum(p.numel() for p in lm.layers[0].parameters())  # a row of logits, in layers
 
-    def count(module, args):  # a layer's pass: its tokens, and what reading its weights costs (stages.pass_cost)
+    def count(module, args):  # a layer's pass: its tokens, and what reading its weights costs (cost.Cost.weight)
         work[0] += (args[0].shape[0] * args[0].shape[1] + OVERHEAD_TOKENS) * (3 if torch.is_grad_enabled() else 1)
 
     def count_logits(module, args):  # rows of full-vocabulary logits

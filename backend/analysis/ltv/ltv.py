@@ -42,9 +42,8 @@ from ...errors import BadInput
 from ...tasks.base import TaskError
 from ...text import clip
 from ..kernel import Context
-from ..kinds import get_kind
 from ..params import Bool, Float, Int, Layer, Selection, TensorId
-from ..primitives.cost import Shape, Sizes, Work, passes
+from ..primitives.cost import NONE, Shape, Sizes, Work
 from ..results import Grid, Head, Metrics, Model, Overlap, PairedTest, Result, TensorsInline
 from .recipe import LtvRecipeParams, LtvTraining
 from ..primitives.batching import build_prompts, encode
@@ -52,10 +51,10 @@ from ..primitives.inject import Injection, check_layers, check_positions, evalua
 from ..primitives.rates import paired_metrics
 from ..primitives.saved import load_tensors
 from ..primitives.selection import n_top, overlap, random_heads, top_heads
-from ..primitives.stages import spans
+from ..primitives.stages import plan_spans, run_sizes, shape_of
 from ..primitives.configs import head_mask
 from ..primitives.threads import cpu_threads
-from .ltv_costs import EVAL_BATCH, EXTRACTED, RECIPE, ltv_costs, mechanism_costs, mechanism_work
+from .ltv_costs import EVAL_BATCH, EXTRACTED, RECIPE, groups_of, ltv_plan, mechanism_work, saliency_work
 from .propagation import head_saliency, linear_propagation, ov_reconstruction
 
 
@@ -102,23 +101,8 @@ class LtvParams(Selection, LtvRecipeParams):
         return self.perturbations or min(2 * d_model, o.LTV_MAX_PERTURBATIONS)
 
     def work(self, shape: Shape, sizes: Sizes) -> Work:
-        layers = shape.n_layers if self.layer == "all" else len(set(self.layer)) if isinstance(self.layer, list) else 1
-        joint = self.joint and layers > 1
-        trainings = 0 if self.load else (1 if joint else layers)
-        n, t0, t = sizes.n(self.prompts), sizes.prompt(0), sizes.prompt(self.shots)
-        w = self.training_work(sizes) * trainings + get_kind("vectors").params(
-            types=list(EXTRACTED), shots=self.shots, prompts=self.prompts, top_pct=self.top_pct,
-            top_k=self.top_k).work(shape, sizes).named("extracted vectors")
-        b = o.SWEEP_BATCH_SIZE  # its evaluations' rows per call (`ltv_costs.EVAL_BATCH`)
-        w = w + passes("references", n, t0, b) + passes("references", n, t, b)
-        per = passes("conditions", n * (1 if joint else 1 + len(EXTRACTED)), t0, b) + passes("conditions", n, t, b)
-        w = w + per * layers
-        if not joint:
-            at = ([shape.n_layers // 2] if self.layer is None else [self.layer] if isinstance(self.layer, int)
-                  else range(shape.n_layers) if self.layer == "all" else sorted(set(self.layer)))
-            for l in at:
-                w = w + mechanism_work(self, shape, l, n, t0)
-        return w
+        """The sum of the run's plan (`ltv_costs.ltv_plan`), nothing cached."""
+        return sum((w for _, w in ltv_plan(self, shape, sizes, groups_of(self, shape.n_layers))), NONE)
 
 
 class MetricCurve(Model):
@@ -285,9 +269,15 @@ def _ltv(ctx: Context, p: LtvParams) -> dict[str, Any]:
     zero = encode(lm, task.build_prompts(0, built.n, p.seed), task.kind)
     icl = encode(lm, built.prompts, task.kind)
     multi = sorted(set(zero.multi_token) | set(icl.multi_token))  # the kernel warns once (primitives/notes.py)
-    # the progress bar: each stage's share is its estimated cost (cached sub-results cost nothing)
-    share = spans(ltv_costs(ctx, p, groups, zero, icl, tuple(p.positions) if not p.load else
-                         tuple(trainings[0]["positions"])))
+    # the progress bar: the plan's steps (`ltv_costs.ltv_plan`, the estimate's), cached sub-results weighing 0
+    shape, sizes = shape_of(lm), run_sizes(lm, task)
+    recipe = {k: getattr(p, k) for k in RECIPE}
+    trained = None if p.load else [ctx.cached("ltv_train", [{"layer": g[0] if len(g) == 1 else g, **recipe}],
+                                              record=False) is not None for g in groups]
+    vec_fields = {"types": list(EXTRACTED), "shots": p.shots, "prompts": p.prompts, "seed": p.seed,
+                  "top_pct": p.top_pct, "top_k": p.top_k}
+    share = plan_spans(dict(ltv_plan(p, shape, sizes, groups, trained,
+                                     ctx.cached("vectors", [vec_fields], record=False) is not None)), shape)
     if not p.load:
         trainings = []
         for i, g in enumerate(groups):
@@ -310,7 +300,7 @@ def _ltv(ctx: Context, p: LtvParams) -> dict[str, Any]:
     base = evaluate_injections(lm, zero, [Injection()], EVAL_BATCH, keep_prefix=True)
     # k-shot prompts alone and with each LTV: one sweep (one clean pass; a last-token LTV is one step over it)
     with_icl = evaluate_injections(lm, icl, [Injection()] + [ltv_injection(g, tr) for g, tr in zip(groups, trainings)],
-                                   EVAL_BATCH, ctx.stage(*share["icl"], "k-shot prompts"))
+                                   EVAL_BATCH, ctx.stage(*share["references"], "k-shot prompts"))
     ref = {"zero_shot": base.summary(0), "icl": with_icl.summary(0)}
     scores = None
     per_layer = []
@@ -336,7 +326,7 @@ def _ltv(ctx: Context, p: LtvParams) -> dict[str, Any]:
                                   top_k=p.top_k, batch_size=o.BATCH_SIZE)
             entry.update(_mechanism(ctx, p, zero, g[0], thetas[g[0]], positions, conditions,
                                     float(out.gold_prob[names.index("ltv")].mean()), scores,
-                                    ctx.stage(*share[f"mechanism {gi}"], f"mechanism at layer {g[0]}")))
+                                    ctx.stage(*share[f"mechanism {gi}"], f"mechanism at layer {g[0]}"), shape, sizes))
         per_layer.append(entry)
 
     main = layers.index(L // 2) if (L // 2 in layers and not joint) else 0
@@ -364,7 +354,8 @@ def ltv_tests(conditions: dict[str, Any]) -> dict[str, Any]:
 
 
 def _mechanism(ctx: Context, p: LtvParams, zero: Any, layer: int, theta: torch.Tensor, positions: tuple[int, ...],
-               conditions: dict[str, Any], ltv_gold_prob: float, scores: Any, progress: Any) -> dict[str, Any]:
+               conditions: dict[str, Any], ltv_gold_prob: float, scores: Any, progress: Any, shape: Shape,
+               sizes: Sizes) -> dict[str, Any]:
     """The mechanism stages `p.stages()` asks for: key heads (saliency, ablation against random sets, overlaps), OV
     reconstruction and linear propagation of theta at the input of `layer`; `conditions` and `ltv_gold_prob` (mean
     gold probability) are theta's own scores on `zero`, already measured. A stage not asked for is absent."""
@@ -372,10 +363,16 @@ def _mechanism(ctx: Context, p: LtvParams, zero: Any, layer: int, theta: torch.T
     L, H, d = lm.n_layers, lm.n_heads, lm.d_model
     stages = p.stages()
     inj = Injection({layer: theta}, positions)
-    share = spans(mechanism_costs(lm, p, zero, layer, positions))
+    n, t0 = sizes.n(p.prompts), sizes.prompt(0)  # the plan's stages (`ltv_costs.mechanism_work`)
+    plan = mechanism_work(p, shape, layer, n, t0)
+    share = plan_spans(plan, shape)
+    if "key_heads" in stages:  # the saliency's share of the key heads' stage
+        lo, hi = share["key heads"]
+        share["ablation"] = (lo + (hi - lo) * saliency_work(n, t0).cost().weight(shape)
+                             / max(plan.stage("key heads").weight(shape), 1e-9), hi)
     out: dict[str, Any] = {}
     if "key_heads" in stages:
-        progress(share["saliency"][0], "head saliency")
+        progress(share["key heads"][0], "head saliency")
         sal = head_saliency(lm, zero, inj, EVAL_BATCH)
         # heads before the injection layer never see theta: key heads and random sets come from layers >= layer
         later = sal.copy()
@@ -399,7 +396,7 @@ def _mechanism(ctx: Context, p: LtvParams, zero: Any, layer: int, theta: torch.T
                             "random_accuracy_std": float(racc.std()), "gold_prob": probs, "overlap": ov_overlap}
 
     if "ov" in stages:
-        progress(share["ov"][0], "OV reconstruction")
+        progress(share["OV reconstruction"][0], "OV reconstruction")
         rec, head_norms = ov_reconstruction(lm, zero, layer, theta, positions, EVAL_BATCH)
         ov_out = evaluate_injections(lm, zero, [Injection(final=rec), Injection({layer: rec}, (-1,)),
                                                 Injection(final=theta), Injection(final=theta.cpu() + rec)],
@@ -413,7 +410,7 @@ def _mechanism(ctx: Context, p: LtvParams, zero: Any, layer: int, theta: torch.T
         if n < d:
             ctx.warn(f"linear propagation: {n} perturbations for d_model {d}: W is the minimum-norm fit in their "
                      f"span")
-        lo, hi = share["propagation"]
+        lo, hi = share["linear propagation"]
         progress(lo, "linear propagation")
         fit = linear_propagation(lm, zero, layer, theta, positions, n, seed=p.seed,
                                  progress=lambda f, m="": progress(lo + (hi - lo) * f, "linear propagation"))

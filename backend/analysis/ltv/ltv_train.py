@@ -51,7 +51,8 @@ class LtvTrainParams(LtvRecipeParams):
                                                                 "None = L/2; a list: one theta per layer, jointly")
 
     def work(self, shape: Shape, sizes: Sizes) -> Work:
-        return self.training_work(sizes)
+        at = self.layer if not isinstance(self.layer, list) else min(self.layer)
+        return self.training_work(sizes, shape, at)
 
     def writes_tensors(self) -> bool:
         return True

@@ -8,7 +8,7 @@ from pydantic import Field, Strict, field_validator
 
 from ..primitives import options as o
 from ..params import BosParams, Float, Int
-from ..primitives.cost import Sizes, Work, passes, training
+from ..primitives.cost import Cost, Shape, Sizes, Work, batches, passes, stage, steps, training
 from ..results import Model, Vector
 
 
@@ -54,16 +54,27 @@ class LtvRecipeParams(BosParams):
         defaults = LtvRecipeParams().model_dump(mode="json")
         return {k: params[k] for k in defaults if k in params and params[k] != defaults[k]}
 
-    def training_work(self, sizes: Sizes) -> Work:
-        """One training, at most: `epochs` epochs of `train_prompts` zero-shot prompts (forward and backward), the
-        held-out prompts before and after each epoch, and the residual scale's pass (early stopping ends sooner)."""
+    def training_work(self, sizes: Sizes, shape: Shape, layer: int | None = None) -> Work:
+        """One training at `layer` (None: the middle one), at most: `epochs` epochs of `train_prompts` zero-shot
+        prompts (forward and backward), the held-out prompts before and after each epoch, and the residual scale's
+        pass (early stopping ends sooner). At the last token only (above the embeddings), each prompt's clean prefix
+        runs once and every step is that one token from the layer on (`last_token.clean_prefixes`)."""
         t0, pool = sizes.prompt(0), sizes.pool
         n_val, n_train = self.val_prompts, self.train_prompts
         if pool is not None and pool < self.train_prompts + self.val_prompts:  # learn.training_split
             n_val = min(self.val_prompts, max(2, round(pool * 0.25)))
             n_train = max(min(self.train_prompts, pool - n_val), 1)
-        w = training("LTV training", self.train_prompts, t0, batch=self.batch_size) * self.epochs
-        w = w + passes("LTV held-out", n_val, t0, repeat=self.epochs + 1)
+        L = max(shape.n_layers, 1)
+        layer = L // 2 if layer is None else layer
+        if tuple(self.positions) == (-1,) and layer >= 1:
+            share = max(L - layer + 1, 1) / L  # the layers a step runs: the layer's input is the output of layer - 1
+            rows, calls = self.epochs * self.train_prompts, self.epochs * batches(self.train_prompts, self.batch_size)
+            w = passes("LTV training", n_train + n_val, t0, 32, logits=0)  # the prefixes, kept
+            w = w + stage("LTV training", Cost(rows * share, rows * share, calls * share, calls * share, 3 * rows))
+            w = w + steps("LTV held-out", n_val, max(self.batch_size, 16), self.epochs + 1, share)
+        else:
+            w = training("LTV training", self.train_prompts, t0, batch=self.batch_size) * self.epochs
+            w = w + passes("LTV held-out", n_val, t0, repeat=self.epochs + 1)
         return w + passes("residual scale", n_train, t0) if self.units == "residual" else w
 
 

@@ -1,5 +1,9 @@
 """What a job costs, as a function of its params: the arithmetic each kind's `work` is written in (no torch here).
 
+A kind's `work` is its **cost plan**: its stages in the order its run takes them (`Work.stages`, each a `Cost`).
+Admission and the estimate read its totals (`service/estimate.py`); the run's progress bar gives each stage the
+share its weight is of the whole (`stages.plan_spans`). One plan, so the bar and the estimate cannot disagree.
+
 A job's work is counted in **tokens through the whole model** and in **forward calls** (batches): a call has a fixed
 cost (weights read, per-layer overheads, hooks, Python) that dominates on a small model, so seconds are
 `per_pass x calls + per_token x tokens` (`service/estimate.py`, from `pass_speed`). Tokens: a full forward pass of a prompt of T tokens is T,
@@ -28,7 +32,8 @@ from typing import Callable, Sequence
 
 BYTES_PER_TOKEN = 4  # rough UTF-8 bytes per BPE token of natural text, when no tokenizer is at hand
 INDUCTION_BATCH, INDUCTION_TOKENS = 4, 50  # induction scores: a batch of [bos] r r, r of 50 tokens
-BATCH, STEP_BATCH = 16, 32  # rows per forward call: the prompts' batch size, the sweep engine's (options.py)
+BATCH, STEP_BATCH = 16, 128  # rows per forward call: the prompts' batch size; the sweep engine's step passes (its
+# batch of 32 prompts, options.SWEEP_BATCH_SIZE, x engine_fast.STEP_ROWS_FACTOR configurations packed per row)
 ALL_POSITION_SHARE = 0.8
 """The share of a full pass an all-position head ablation of unknown heads costs (it starts at the first layer it
 changes; top heads and random sets usually include an early layer)."""
@@ -46,6 +51,9 @@ class Shape:
     max_positions: int | None = None
     n_params: int | None = None
     source: str = "assumed"
+    logit_tokens: float = 0.0
+    """A row of full-vocabulary logits in tokens through the whole model: the unembedding's weights over the
+    decoder layers' (0: unknown)."""
 
     @property
     def heads(self) -> int:
@@ -128,37 +136,84 @@ def mean_sizes(many: Sequence[Sizes], names: Sequence[str]) -> Sizes:
 
 
 @dataclass(frozen=True)
-class Work:
-    """Tokens through the whole model (`train`: the share in training forward passes), named by part; `calls`:
-    forward calls (batches) in all, `train_calls` of which are training steps (each with its backward pass)."""
+class Cost:
+    """One stage's cost: tokens through the whole model (`train` of them in training forward passes, each followed
+    by its backward pass), forward `calls` (`train_calls` of them training steps) and `logits`, rows of
+    full-vocabulary logits (a training's counted 3x: forward and backward)."""
 
     tokens: float = 0.0
     train: float = 0.0
-    parts: tuple[tuple[str, float], ...] = field(default=())
     calls: float = 0.0
     train_calls: float = 0.0
+    logits: float = 0.0
+
+    def __add__(self, o: "Cost") -> "Cost":
+        return Cost(self.tokens + o.tokens, self.train + o.train, self.calls + o.calls,
+                    self.train_calls + o.train_calls, self.logits + o.logits)
+
+    def __mul__(self, k: float) -> "Cost":
+        return Cost(self.tokens * k, self.train * k, self.calls * k, self.train_calls * k, self.logits * k)
+
+    def weight(self, shape: "Shape") -> float:
+        """Its time in tokens through the whole model, as the progress bar weighs it: a token 1, a training
+        token 3 (forward and backward), a call OVERHEAD_TOKENS (reading the weights), a row of logits the
+        unembedding's share of the model (`Shape.logit_tokens`)."""
+        return (self.tokens + 2 * self.train + OVERHEAD_TOKENS * (self.calls + 2 * self.train_calls)
+                + self.logits * shape.logit_tokens)
+
+
+OVERHEAD_TOKENS = 16
+"""A forward call's fixed cost in tokens: on a CPU a pass of a few rows is bound by reading the weights, about as
+much as this many more tokens (SmolLM2-135M: a 4-row training step runs at the speed of ~20 tokens)."""
+
+
+@dataclass(frozen=True)
+class Work:
+    """A job's cost plan: its stages in the order it runs them, each a named `Cost`. Its totals are what admission
+    and the estimate count (`service/estimate.py`); its stages' weights are the progress bar's shares
+    (`stages.plan_spans`). Adding two plans keeps the order and merges stages of one name."""
+
+    stages: tuple[tuple[str, Cost], ...] = field(default=())
+
+    def _total(self, f: str) -> float:
+        return float(sum(getattr(c, f) for _, c in self.stages))
+
+    tokens = property(lambda self: self._total("tokens"))
+    train = property(lambda self: self._total("train"))
+    calls = property(lambda self: self._total("calls"))
+    train_calls = property(lambda self: self._total("train_calls"))
+    logits = property(lambda self: self._total("logits"))
+
+    @property
+    def parts(self) -> tuple[tuple[str, float], ...]:
+        """(stage, tokens) in order."""
+        return tuple((n, c.tokens) for n, c in self.stages)
+
+    def cost(self) -> Cost:
+        """The whole plan as one Cost."""
+        return sum((c for _, c in self.stages), Cost())
+
+    def stage(self, name: str) -> Cost:
+        """The stage called `name` (an empty Cost when there is none)."""
+        return dict(self.stages).get(name, Cost())
 
     def __add__(self, other: "Work") -> "Work":
-        return Work(self.tokens + other.tokens, self.train + other.train, _merge(self.parts + other.parts),
-                    self.calls + other.calls, self.train_calls + other.train_calls)
+        return Work(_merge(self.stages + other.stages))
 
     def __mul__(self, k: float) -> "Work":
-        return Work(self.tokens * k, self.train * k, tuple((n, t * k) for n, t in self.parts), self.calls * k,
-                    self.train_calls * k)
+        return Work(tuple((n, c * k) for n, c in self.stages))
 
     __rmul__ = __mul__
 
     def named(self, name: str) -> "Work":
-        """The same work as one part called `name`."""
-        return Work(self.tokens, self.train, ((name, self.tokens),) if self.tokens else (), self.calls,
-                    self.train_calls)
+        """The same work as one stage called `name`."""
+        c = self.cost()
+        return Work(((name, c),)) if c != Cost() else NONE
 
     def without(self, names: "set[str] | frozenset[str]") -> "Work":
-        """The same work less the parts called `names` (work a job will skip: e.g. a clean pass whose states are
-        held in memory). Training tokens are never dropped."""
-        gone = sum(t for n, t in self.parts if n in names)
-        return Work(max(self.tokens - gone, self.train), self.train, tuple(p for p in self.parts if p[0] not in names),
-                    self.calls, self.train_calls)  # calls are not counted per part: kept (an upper bound)
+        """The same plan less the stages called `names` (work a job will skip: e.g. a clean pass whose states are
+        held in memory, a sub-result already cached)."""
+        return Work(tuple(s for s in self.stages if s[0] not in names))
 
     def passes(self, per_pass: float) -> float:
         """In passes of a prompt of `per_pass` tokens."""
@@ -177,10 +232,10 @@ class Work:
 NONE = Work()
 
 
-def _merge(parts: tuple[tuple[str, float], ...]) -> tuple[tuple[str, float], ...]:
-    out: dict[str, float] = {}
-    for n, t in parts:
-        out[n] = out.get(n, 0.0) + t
+def _merge(stages: tuple[tuple[str, Cost], ...]) -> tuple[tuple[str, Cost], ...]:
+    out: dict[str, Cost] = {}
+    for n, c in stages:
+        out[n] = out[n] + c if n in out else c
     return tuple(out.items())
 
 
@@ -189,22 +244,30 @@ def batches(rows: float, batch: float) -> float:
     return float(math.ceil(rows / max(batch, 1) - 1e-9)) if rows > 0 else 0.0
 
 
-def passes(name: str, n: float, tokens: float, batch: float = BATCH, repeat: float = 1) -> Work:
-    """`repeat` x `n` full forward passes of prompts of `tokens` tokens, `batch` rows per call."""
-    return Work(repeat * n * tokens, 0.0, ((name, repeat * n * tokens),), repeat * batches(n, batch))
+def passes(name: str, n: float, tokens: float, batch: float = BATCH, repeat: float = 1, logits: float = 1) -> Work:
+    """`repeat` x `n` full forward passes of prompts of `tokens` tokens, `batch` rows per call, `logits` rows of
+    logits per prompt (its last token's; 0: a pass that only captures states)."""
+    return stage(name, Cost(repeat * n * tokens, 0.0, repeat * batches(n, batch), 0.0, repeat * n * logits))
 
 
-def steps(name: str, n: float, batch: float = STEP_BATCH, repeat: float = 1) -> Work:
+def stage(name: str, c: Cost) -> Work:
+    """A plan of one stage (none when `c` is empty)."""
+    return Work(((name, c),)) if c != Cost() else NONE
+
+
+def steps(name: str, n: float, batch: float = STEP_BATCH, repeat: float = 1, share: float = 1.0) -> Work:
     """`repeat` x `n` one-token steps over a KV cache (decoding, last-token configurations), `batch` rows per
-    call."""
-    return Work(float(repeat * n), 0.0, ((name, float(repeat * n)),), repeat * batches(n, batch))
+    call, each through the `share` of the model's layers it runs (a step from a later layer on: its tokens and its
+    calls' fixed cost both scale with the layers run), with its row of logits."""
+    return stage(name, Cost(float(repeat * n * share), 0.0, repeat * batches(n, batch) * share, 0.0,
+                            float(repeat * n)))
 
 
 def training(name: str, n: float, tokens: float, batch: float = 1) -> Work:
     """`n` training forward passes of prompts of `tokens` tokens (each with its backward pass), `batch` rows per
     step."""
     calls = batches(n, batch)
-    return Work(n * tokens, n * tokens, ((name, n * tokens),), calls, calls)
+    return stage(name, Cost(n * tokens, n * tokens, calls, calls, 3.0 * n))
 
 
 def induction(shape: Shape) -> Work:

@@ -1,22 +1,20 @@
-"""Progress over an analysis's stages, each taking the share of the bar that its estimated cost is of the whole, so
-the fraction done, and the time left a progress bar extrapolates from it, tell the truth.
+"""Progress over an analysis's stages, from the same cost plan as its estimate: a kind's `Params.work(shape, sizes)`
+(`cost.Work`, its stages in the order it runs them) is what admission counts and what the progress bar is shared
+by, each stage taking the share its weight (`cost.Cost.weight`: tokens, calls and rows of logits) is of the whole.
+So the fraction done, and the time left a bar extrapolates from it, tell the truth, and there is one cost model.
 
-Costs are in token-layers: one token through one decoder layer, forward (a backward pass about 2 more). A pass of
-T tokens in all through L layers costs L * (T + OVERHEAD_TOKENS): on a CPU a pass of a few rows is bound by reading
-the weights, which costs about as much as OVERHEAD_TOKENS more tokens (SmolLM2-135M: a 4-row training step runs at
-the speed of ~20 tokens a layer). A last-token step from layer l over a cached prefix costs L - l per row, and a row
-of full-vocabulary logits `unembed_layers` (the unembedding's weights over a layer's). A stage whose result is
-cached already costs 0.
+In a run the plan gets the loaded model's `shape_of(lm)` and the task's `run_sizes` (the estimate's `sizes_of`,
+counted by the model's tokenizer); a stage whose result is cached already weighs 0.
 
-    share = spans({"train": 3e5, "vectors": 8e4, "mechanism": 2e6})   # {name: (lo, hi)}, in order
-    ctx.stage(*share["train"], "training")
+    plan = p.work(shape_of(lm), run_sizes(lm, task))
+    share = plan_spans(plan, shape_of(lm), skip={"head scores"})   # {stage: (lo, hi)}, in order
+    ctx.stage(*share["training"], "training")
 """
 from __future__ import annotations
 
-import math
-from typing import Any, Mapping, Sequence
+from typing import Any, Iterable, Mapping
 
-OVERHEAD_TOKENS = 16
+from .cost import Shape, Sizes, Work, sizes_of
 
 
 def spans(costs: Mapping[str, float]) -> dict[str, tuple[float, float]]:
@@ -26,24 +24,43 @@ def spans(costs: Mapping[str, float]) -> dict[str, tuple[float, float]]:
     total = sum(values)
     if total <= 0:
         values, total = [1.0] * len(values), float(len(values) or 1)
-    out, at = {}, 0.0
+    out, acc = {}, 0.0
     for name, c in zip(costs, values):
-        out[name] = (at, min(1.0, at + c / total))
-        at += c / total
+        lo = acc / total
+        acc += c
+        out[name] = (lo, min(1.0, acc / total))  # the last ends at 1.0 exactly (the same sum as `total`)
     return out
 
 
-def tokens(ids: Sequence[Sequence[int]]) -> int:
-    """Tokens of the prompts in all."""
-    return sum(len(x) for x in ids)
+def plan_spans(plan: Work | Mapping[str, Work], shape: Shape, skip: Iterable[str] = ()) -> dict[str, tuple[float, float]]:
+    """The progress bar's (lo, hi) per stage of `plan`, in order: a plan's stages, or (a run that takes a plan's
+    stages in its own order) named sub-plans; each weighs its `Cost.weight`, those in `skip` (cached) 0."""
+    gone = set(skip)
+    named = plan.stages if isinstance(plan, Work) else [(n, w.cost()) for n, w in plan.items()]
+    return spans({n: 0.0 if n in gone else c.weight(shape) for n, c in named})
 
 
-def pass_cost(layers: float, n_tokens: float, passes: float = 1.0) -> float:
-    """Token-layers of `passes` passes of `n_tokens` tokens in all through `layers` layers."""
-    return layers * (n_tokens + OVERHEAD_TOKENS * max(1.0, math.ceil(passes)))
+def between(share: Mapping[str, tuple[float, float]], first: str, last: str | None = None) -> tuple[float, float]:
+    """The span from stage `first`'s start to stage `last`'s end (None: the end of the bar): a step of the run
+    that takes several of the plan's stages (a sub-call whose plan's stages are kept, to show what each costs)."""
+    return share[first][0], share[last][1] if last is not None else 1.0
 
 
-def unembed_layers(lm: Any) -> float:
-    """A row of full-vocabulary logits in token-layers: the unembedding's weights over one decoder layer's."""
-    per_layer = sum(p.numel() for p in lm.layers[0].parameters())
-    return lm.unembed.numel() / max(per_layer, 1)
+def planned(ctx: Any, p: Any, skip: Iterable[str] = ()) -> dict[str, tuple[float, float]]:
+    """`plan_spans` of the job's own plan: `p.work` on the loaded model's shape and the task's sizes."""
+    shape = shape_of(ctx.lm)
+    return plan_spans(p.work(shape, run_sizes(ctx.lm, ctx.task)), shape, skip)
+
+
+def shape_of(lm: Any) -> Shape:
+    """The loaded model's `Shape` (as `service/model_shape` reads it from the files, with the decoder's and the
+    unembedding's parameters counted)."""
+    decoder = sum(p.numel() for layer in lm.layers for p in layer.parameters())
+    return Shape(lm.n_layers, lm.n_heads, lm.d_model, lm.max_positions, decoder, "loaded",
+                 lm.unembed.numel() / max(decoder, 1))
+
+
+def run_sizes(lm: Any, task: Any) -> Sizes:
+    """The task's prompt sizes as the estimate counts them (`cost.sizes_of`), with the loaded model's tokenizer."""
+    tok = lm.tokenizer
+    return sizes_of(task, lambda text: len(tok(text)["input_ids"]))

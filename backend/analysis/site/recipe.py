@@ -52,9 +52,11 @@ class SiteRecipeParams(PromptParams):
         rows = self.steps * (min(self.train_batch, pool - n_val) if pool else self.train_batch)
         vals = 1 + self.steps // self.val_every + (1 if self.steps % self.val_every else 0)
         # a prompt of PREFIX_FROM tokens or more runs its prefix without gradients, its last token with them
-        train = passes("training", rows, t0 - 1) + training("training", rows, 1) if t0 >= PREFIX_FROM else \
-            training("training", rows, t0)
-        return passes("task embedding", m, sizes.prompt(self.shots)) + train + passes("validation", vals * n_val, t0)
+        step = min(self.train_batch, pool - n_val) if pool else self.train_batch  # rows per step (a call each)
+        train = passes("training", rows, t0 - 1, step) + training("training", rows, 1, step) \
+            if t0 >= PREFIX_FROM else training("training", rows, t0, step)
+        # the validations run inside the training (one stage of the run's progress)
+        return passes("task embedding", m, sizes.prompt(self.shots)) + train + passes("training", vals * n_val, t0)
 
     def test_work(self, sizes: Sizes, runs: int = 2) -> Work:
         return cost.generation("SITE test", runs * sizes.n(self.prompts), sizes.prompt(0), self.max_new_tokens)

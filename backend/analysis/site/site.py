@@ -40,9 +40,8 @@ from ..primitives.inject import vector_at
 from ..primitives.rates import config_outcomes, curve_intervals, paired_along, paired_metrics
 from ..primitives.stats import rate_ci_of
 from ..primitives.saved import require_writable
-from ..primitives.stages import spans
+from ..primitives.stages import planned
 from ..primitives.threads import cpu_threads
-from .site_costs import site_costs
 from .site_links import correlations as alpha_correlations
 from .site_links import ltv_row
 from .soft_select import (decisive_shares, encode_all, hard_alpha, hook_factory, load_site,
@@ -104,18 +103,20 @@ class SiteParams(SiteRecipeParams):
         return _unique_ints(v)
 
     def work(self, shape: Shape, sizes: Sizes) -> Work:
+        """The run's stages in order: task embedding, training (unless loaded), test, each baseline of `compare`
+        (fv and vanilla: "vectors"), patching, each budget run ("budget M=m"), the correlations' head scores."""
         n, t0 = sizes.n(self.prompts), sizes.prompt(0)
         w = self.test_work(sizes) if self.load else super().work(shape, sizes)
         gen = lambda name, k=1, t=t0: cost.generation(name, k * n, t, self.max_new_tokens)  # noqa: E731
+        vectors = [v for v in ("fv", "vanilla") if v in self.compare]
         for name in self.compare:
             if name in ("zero_shot", "all_ones"):
                 w = w + gen(name)
             elif name == "icl":
-                w = w + sum((gen(f"{k}-shot ICL", 1, sizes.prompt(k)) for k in self.icl_shots), NONE)
-        vectors = [v for v in ("fv", "vanilla") if v in self.compare]
-        if vectors:
-            vp = get_kind("vectors").params(types=vectors, shots=self.shots, prompts=min(self.prompts, o.PROMPTS))
-            w = w + vp.work(shape, sizes).named("vectors") + gen("vectors", len(vectors))
+                w = w + sum((gen("icl", 1, sizes.prompt(k)) for k in self.icl_shots), NONE)
+            elif name in vectors and name == vectors[0]:  # the vectors kind, then a generation per vector
+                vp = get_kind("vectors").params(types=vectors, shots=self.shots, prompts=min(self.prompts, o.PROMPTS))
+                w = w + (vp.work(shape, sizes) + gen("vectors", len(vectors))).named("vectors")
         if self.patching:  # the clean pass, then a last-token step per top-k and bottom-k set
             w = w + passes("patching", n, t0) + steps("patching", 2 * len(self.patching) * n)
         if not self.load:  # the budget curve: a SITE run per other M (embedding, training, test)
@@ -271,7 +272,7 @@ def _site(ctx: Context, p: SiteParams) -> dict[str, Any]:
     stop = stop_strings(task)
     L, H = lm.n_layers, lm.n_heads
     gen = dict(stop=stop, max_new_tokens=p.max_new_tokens, batch_size=p.batch_size)
-    share = spans(site_costs(ctx, p, enc))  # the progress bar: each stage's share is its estimated cost
+    share = _progress(ctx, p)
 
     # -- the task embedding and the alphas: trained, or loaded ---------------------------------------------------
     loss: list[float] = []
@@ -286,13 +287,13 @@ def _site(ctx: Context, p: SiteParams) -> dict[str, Any]:
         best_step = meta["recipe"].get("best_step", 0)
         best_step = best_step if type(best_step) is int and best_step >= 0 else 0
         tid = p.load
-        ctx.progress(share["evaluate"][0], "loaded the alphas")
+        ctx.progress(share["SITE test"][0], "loaded the alphas")
     else:
         t0 = time.perf_counter()
-        t = capture_means(lm, enc["embed"], "z", p.batch_size, ctx.stage(*share["embed"], "task embedding"))
+        t = capture_means(lm, enc["embed"], "z", p.batch_size, ctx.stage(*share["task embedding"], "task embedding"))
         embed_s = time.perf_counter() - t0
         tr = train_alphas(lm, t, enc["train"], enc["val"], steps=p.steps, lr=p.lr, batch=p.train_batch,
-                          val_every=p.val_every, seed=p.seed, progress=ctx.stage(*share["train"], "training"),
+                          val_every=p.val_every, seed=p.seed, progress=ctx.stage(*share["training"], "training"),
                           live=ctx.live, beta2=p.beta2, keep=p.keep_alpha)
         logits, loss, val, best_step, train_s = tr.logits, tr.loss, tr.val, tr.best_step, tr.seconds
         alpha = tr.alpha
@@ -303,14 +304,14 @@ def _site(ctx: Context, p: SiteParams) -> dict[str, Any]:
 
     # -- SITE on the test prompts --------------------------------------------------------------------------------
     ev = evaluate_generation(lm, enc["test"], hooks=hook_factory(lm, alpha, t), keep_rows=EXAMPLES,
-                             progress=ctx.stage(*share["evaluate"], "evaluating"), **gen)
+                             progress=ctx.stage(*share["SITE test"], "evaluating"), **gen)
     hard = evaluate_generation(lm, enc["test"], hooks=hook_factory(lm, (alpha > 0.5).float(), t), **gen)
     n_test = len(enc["test"].ids)
 
-    baselines = _baselines(ctx, p, enc, t, gen, n_test, data.shots, share["baselines"])
+    baselines = _baselines(ctx, p, enc, t, gen, n_test, data.shots, share)
     patching = _patching(ctx, p, enc, alpha, t, share["patching"]) if p.patching else None
-    budget = _budget(ctx, p, ev, alpha, train_s, share["budget"]) if p.budget else None
-    correlations = alpha_correlations(ctx, p, alpha.numpy(), share["correlations"]) if p.correlations else {}
+    budget = _budget(ctx, p, ev, alpha, train_s, share) if p.budget else None
+    correlations = alpha_correlations(ctx, p, alpha.numpy(), share.get("head scores", (1.0, 1.0)))
     ctx.progress(1.0, "done")
     return {"n_layers": L, "n_heads": H, "head_dim": lm.head_dim, "m": len(data.embed), "shots": data.shots,
             "steps": p.steps, "prompts": n_test, "n_train": len(data.train), "n_val": len(data.val),
@@ -324,27 +325,38 @@ def _site(ctx: Context, p: SiteParams) -> dict[str, Any]:
 
 
 # -- baselines ---------------------------------------------------------------------------------------------------------
+def _progress(ctx: Context, p: SiteParams) -> dict[str, tuple[float, float]]:
+    """The progress bar's spans: the plan's stages (`SiteParams.work`), sub-results already cached weighing 0."""
+    skip, fields = set(), {"prompts": min(p.prompts, o.PROMPTS), "seed": p.seed}
+    vectors = [v for v in ("fv", "vanilla") if v in p.compare]
+    if vectors and ctx.cached("vectors", [{"types": vectors, **fields}], record=False) is not None:
+        skip.add("vectors")
+    if ctx.cached("scores", [{"shots": o.SHOTS, **fields}], record=False) is not None:
+        skip.add("head scores")
+    return planned(ctx, p, skip)
+
+
 def _baselines(ctx: Context, p: SiteParams, enc: dict[str, Any], t: torch.Tensor, gen: dict[str, Any], n_test: int,
-               shots_used: int, span: tuple[float, float] = (0.5, 0.75)) -> dict[str, Any]:
+               shots_used: int, share: dict[str, tuple[float, float]]) -> dict[str, Any]:
     lm, task = ctx.lm, ctx.task
     L, H, d = lm.n_layers, lm.n_heads, lm.d_model
     out: dict[str, Any] = {}
     todo = list(p.compare)
-    lo, hi = span
-    stage = lambda i: ctx.stage(lo + (hi - lo) * i / max(len(todo), 1), lo + (hi - lo) * (i + 1) / max(len(todo), 1))  # noqa: E731
+    stage = lambda name, i=0, k=1: ctx.stage(*_part(share[name], i, k))  # noqa: E731
     layer = L // 2
     for i, name in enumerate(todo):
         if name == "zero_shot":
-            ev = evaluate_generation(lm, enc["test"], progress=stage(i), **gen)
+            ev = evaluate_generation(lm, enc["test"], progress=stage(name), **gen)
             out["zero_shot"] = {"label": "0-shot", "metrics": gen_metrics(ev), "params": 0}
         elif name == "icl":
-            for k in p.icl_shots:
+            for j, k in enumerate(p.icl_shots):
                 built = build_prompts(lm, task, k, n_test, p.seed)
                 if built.shots != k:
                     out[f"icl_{k}"] = {"label": f"{k}-shot ICL", "note": f"{k} demonstrations do not fit the "
                                        f"context window of {lm.max_positions} tokens; not run"}
                     continue
-                ev = evaluate_generation(lm, encode(lm, built.prompts, task.kind), progress=stage(i), **gen)
+                ev = evaluate_generation(lm, encode(lm, built.prompts, task.kind), progress=stage(name, j, len(p.icl_shots)),
+                                         **gen)
                 out[f"icl_{k}"] = {"label": f"{k}-shot ICL", "metrics": gen_metrics(ev), "params": 0,
                                    "note": f"{k} demonstrations in the prompt",
                                    "paired": [q.query for q in built.prompts] == [q.query for q in enc["test"].prompts]}
@@ -353,7 +365,7 @@ def _baselines(ctx: Context, p: SiteParams, enc: dict[str, Any], t: torch.Tensor
                 continue
             want = [v for v in ("fv", "vanilla") if v in todo]
             r = ctx.call("vectors", types=want, shots=shots_used, prompts=min(p.prompts, o.PROMPTS), seed=p.seed,
-                         batch_size=p.batch_size, progress=stage(i), warn_prefix="vectors: ")
+                         batch_size=p.batch_size, progress=stage("vectors"), warn_prefix="vectors: ")
             for v in want:
                 if v in out:
                     continue
@@ -369,7 +381,7 @@ def _baselines(ctx: Context, p: SiteParams, enc: dict[str, Any], t: torch.Tensor
                                   + (f"; heads {', '.join(f'L{a}.H{b}' for a, b in r.vectors[v].heads)}"
                                      if r.vectors[v].heads else "")}
         elif name == "all_ones":
-            ev = evaluate_generation(lm, enc["test"], hooks=hook_factory(lm, torch.ones(L, H), t), progress=stage(i),
+            ev = evaluate_generation(lm, enc["test"], hooks=hook_factory(lm, torch.ones(L, H), t), progress=stage(name),
                                      **gen)
             out["all_ones"] = {"label": "every α = 1", "metrics": gen_metrics(ev), "params": L * H * lm.head_dim,
                                "note": "every head's last-token z replaced by its task embedding"}
@@ -406,14 +418,17 @@ def _patching(ctx: Context, p: SiteParams, enc: dict[str, Any], alpha: torch.Ten
 
 
 # -- budget -----------------------------------------------------------------------------------------------------------
+def _part(span: tuple[float, float], i: int, k: int) -> tuple[float, float]:  # the i-th of k equal parts
+    lo, hi = span
+    return lo + (hi - lo) * i / max(k, 1), lo + (hi - lo) * (i + 1) / max(k, 1)
+
+
 def _budget(ctx: Context, p: SiteParams, ev: dict[str, Any], alpha: torch.Tensor, train_s: float,
-            span: tuple[float, float] = (0.8, 0.95)) -> dict[str, Any] | None:
+            share: dict[str, tuple[float, float]]) -> dict[str, Any] | None:
     if p.load:
         ctx.warn("no budget curve for loaded alphas (it trains SITE with each M)")
         return None
     ms = list(p.budget)
-    runs = [m for m in ms if m != p.m]
-    lo, hi = span
     rows: dict[str, list[float]] = {k: [] for k in ("accuracy", "exact_match", "tr_ratio", "decided", "train_seconds")}
     fields = {k: getattr(p, k) for k in RECIPE if k != "m"} | {"batch_size": p.batch_size}
     for i, m in enumerate(ms):
@@ -422,8 +437,7 @@ def _budget(ctx: Context, p: SiteParams, ev: dict[str, Any], alpha: torch.Tensor
                 decisive_shares(alpha.numpy())["decided"], train_s
         else:
             r = ctx.call("site", m=m, compare=[], patching=[], budget=[], correlations=[], **fields,
-                         progress=ctx.stage(lo + (hi - lo) * runs.index(m) / len(runs),
-                                            lo + (hi - lo) * (runs.index(m) + 1) / len(runs), f"budget M={m}"))
+                         progress=ctx.stage(*share[f"budget M={m}"], f"budget M={m}"))
             acc, em, trr, dec, sec = r.site.accuracy, r.site.exact_match, r.site.tr_ratio, r.decisive["decided"], \
                 r.train_seconds
         for k, v in zip(rows, (acc, em, trr, dec, sec)):

@@ -20,7 +20,8 @@ from ..kernel import Context
 from ..kinds import get_kind
 from ..params import Heads, Int, NonNegative, PromptParams
 from ..primitives import cost
-from ..primitives.cost import Shape, Sizes, Work, passes
+from ..primitives.cost import NONE, Shape, Sizes, Work, passes
+from ..primitives.stages import between, planned
 from ..results import Metrics, Model, PairedTest, Result
 from ..primitives.batching import Encoded, built_and_encoded
 from ..primitives.capture import capture_means
@@ -98,11 +99,12 @@ def _held(p: Any, lm: Any, task: Any) -> set[str]:
 
 def _sweep(p: Any, shape: Shape, sizes: Sizes, configs: int, what: str,
            heads: list[tuple[int, int]] | None = None) -> Work:
-    """A mean-ablation pass (mode mean), the clean pass and `configs` head masks over the ICL prompts."""
+    """In the run's order: a mean-ablation pass (mode mean), the clean pass and `configs` head masks over the ICL
+    prompts."""
     t, n = sizes.prompt(p.shots), sizes.n(p.prompts)
     per = t * cost.ablation_share(shape, heads) if p.positions == "all" else 1.0
-    w = passes("clean", n, t) + passes(f"ablating {what}", n * configs, per)
-    return w + passes("mean head outputs", n, t) if p.mode == "mean" else w
+    w = passes("mean head outputs", n, t, logits=0) if p.mode == "mean" else NONE
+    return w + passes("clean", n, t) + passes(f"ablating {what}", n * configs, per)
 
 
 class Curve(Model):
@@ -176,14 +178,15 @@ def _prompts(ctx: Context, p: PromptParams, mode: str, progress: Any = None) -> 
     return enc, fill
 
 
-def head_orders(ctx: Context, p: AblationCurvesParams) -> dict[str, list[list[Head]]]:
+def head_orders(ctx: Context, p: AblationCurvesParams,
+                share: dict[str, tuple[float, float]]) -> dict[str, list[list[Head]]]:
     """Ranked head lists per order; "random" has one permutation per seed, starting with the heads outside the
     top max(ks) TR and TL heads, so the random set at every k up to there is disjoint from both top sets (the
     control `random_heads` draws everywhere). Rankings come from the cached `scores` of the same prompts."""
     L, H = ctx.lm.n_layers, ctx.lm.n_heads
     out: dict[str, list[list[Head]]] = {}
     r = ctx.call("scores", shots=p.shots, prompts=p.prompts, seed=p.seed, batch_size=p.batch_size,
-                 progress=ctx.stage(0.0, 0.3, "head scores"))
+                 progress=ctx.stage(*share["head scores"], "head scores"))
     for o in p.orders:
         if o != "random":
             out[o] = [ranking(getattr(r, o))]
@@ -204,8 +207,10 @@ def curves(ctx: Context, p: AblationCurvesParams) -> dict[str, Any]:
     if too_many:
         raise BadInput(f"ks: {too_many[:5]} exceed this model's {total} heads ({lm.n_layers} layers x "
                          f"{lm.n_heads}); use k <= {total}")
-    ranked = head_orders(ctx, p)
-    enc, fill = _prompts(ctx, p, p.mode, ctx.stage(0.3, 0.35, "mean head outputs"))
+    share = planned(ctx, p)  # the plan's stages (`work`): head scores, mean head outputs, clean pass, masks
+    ranked = head_orders(ctx, p, share)
+    enc, fill = _prompts(ctx, p, p.mode, ctx.stage(*share.get("mean head outputs", share["clean"][:1] * 2),
+                                                   "mean head outputs"))
     index: dict[bytes, int] = {}
     masks: list[torch.Tensor] = []
     where: dict[str, list[list[int]]] = {}
@@ -222,7 +227,7 @@ def curves(ctx: Context, p: AblationCurvesParams) -> dict[str, Any]:
                 row.append(index[b])
             where[name].append(row)
     res = score_configs(lm, enc, [RowConfig(mask=m, positions=p.positions) for m in masks], fill=fill,
-                         batch_size=p.batch_size, progress=ctx.stage(0.35, 1.0, "ablating"))
+                         batch_size=p.batch_size, progress=ctx.stage(*between(share, "clean"), "ablating"))
     means = res.means()
     out = {}
     for name, rows in where.items():
@@ -253,10 +258,11 @@ def ablate(ctx: Context, p: AblateParams) -> dict[str, Any]:
     """Ablate one head set: metrics before and after, and a per-prompt table."""
     lm = ctx.lm
     after = head_mask(lm, p.heads)  # out-of-range heads are an error before any pass
-    enc, fill = _prompts(ctx, p, p.mode, ctx.stage(0.0, 0.2, "mean head outputs"))
+    share = planned(ctx, p)  # the plan's stages (`work`): mean head outputs, clean pass, the head set
+    enc, fill = _prompts(ctx, p, p.mode, ctx.stage(*share.get("mean head outputs", (0.0, 0.0)), "mean head outputs"))
     # the prompts' clean prefix stays in memory: the next toggle of a last-token ablation is one token step each
     res = score_configs(lm, enc, [RowConfig(), RowConfig(mask=after, positions=p.positions)], fill=fill,
-                         batch_size=p.batch_size, progress=ctx.stage(0.2, 1.0, "ablating"), keep_prefix=True)
+                         batch_size=p.batch_size, progress=ctx.stage(*between(share, "clean"), "ablating"), keep_prefix=True)
     rows = []
     for i, pr in enumerate(enc.prompts):
         pred = [predicted_label(lm, enc, i, int(res.pred_label[c, i]), int(res.pred_token[c, i])) for c in (0, 1)]

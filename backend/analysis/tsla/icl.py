@@ -10,6 +10,7 @@ from ..primitives import options as o
 from ..kernel import Context
 from ..params import BosParams, Int
 from ..primitives.cost import NONE, Shape, Sizes, Work, passes
+from ..primitives.stages import planned
 from ..results import Model, Result
 from ..primitives.batching import build_prompts, encode
 from ..primitives.predict import evaluate
@@ -66,12 +67,13 @@ def icl(ctx: Context, p: IclParams) -> dict[str, Any]:
     out: dict[str, list] = {"shots": [], "accuracy": [], "label_accuracy": [], "tr_ratio": [], "examples": [],
                             "accuracy_ci": [], "label_accuracy_ci": [], "tr_ratio_ci": []}
     n = p.prompts
-    for i, k in enumerate(p.shots):
+    share = planned(ctx, p)  # the plan's stages (`work`): one per k
+    for k in p.shots:
         built = build_prompts(ctx.lm, ctx.task, k, p.prompts, p.seed)
         for w in built.warnings:
             ctx.warn(w)
         enc = encode(ctx.lm, built.prompts, ctx.task.kind)
-        r = evaluate(ctx.lm, enc, p.batch_size, ctx.stage(i / len(p.shots), (i + 1) / len(p.shots), f"k={k}"),
+        r = evaluate(ctx.lm, enc, p.batch_size, ctx.stage(*share[f"k={k}"], f"k={k}"),
                      keep_rows=p.examples > 0)
         out["shots"].append(built.shots)
         for m in ("accuracy", "label_accuracy", "tr_ratio", "accuracy_ci", "label_accuracy_ci", "tr_ratio_ci"):

@@ -31,6 +31,7 @@ from ..kernel import Context
 from ..kinds import get_kind
 from ..params import Int, PromptParams, Selection
 from ..primitives.cost import Shape, Sizes, Work, passes, steps
+from ..primitives.stages import planned
 from ..results import Grid, Head, Metrics, Overlap, Result
 from ..primitives.batching import build_prompts, encode
 from ..primitives.capture import capture
@@ -59,7 +60,8 @@ class PatchingParams(Selection, PromptParams):
         n, clean = sizes.n(self.prompts), sizes.prompt(self.shots)
         target = sizes.prompt(0 if self.target == "zero_shot" else self.shots)
         w = passes("clean prompts", 3 * n, clean) + passes("target prompts", 2 * n, target)
-        w = w + steps(f"{shape.heads} head patches", n * (shape.heads + 1))
+        L = max(shape.n_layers, 1)  # a head's patch: a step from its layer on, (L + 1) / 2L of the model on average
+        w = w + steps(f"{shape.heads} head patches", n * (shape.heads + 1), share=(L + 1) / (2 * L))
         return w + get_kind("scores").params(shots=self.shots, prompts=self.prompts, top_pct=self.top_pct,
                                              top_k=self.top_k).work(shape, sizes).named("head scores")
 
@@ -107,16 +109,18 @@ def patching(ctx: Context, p: PatchingParams) -> dict[str, Any]:
     built = build_prompts(lm, task, p.shots, p.prompts, p.seed)
     for w in built.warnings:
         ctx.warn(w)
+    share = planned(ctx, p)  # the plan's stages (`work`): clean prompts, target prompts, head patches, head scores
     clean = encode(lm, built.prompts, task.kind)
     target = encode(lm, _target_prompts(task, p.target, built.shots, built.n, p.seed), task.kind)
     if gold_ids(clean) != gold_ids(target) or [q.query for q in clean.prompts] != [q.query for q in target.prompts]:
         raise TaskError(f"the {p.target.replace('_', ' ')} prompts do not pair with the clean ones (another query or "
                         f"gold token): nothing to patch")
     z = capture(lm, clean, "z", reduce="rows", batch_size=p.batch_size,
-                progress=ctx.stage(0.0, 0.1, "clean activations"))  # (prompts, layers, heads, head_dim), CPU
+                progress=ctx.stage(*share["clean prompts"], "clean activations"))  # (prompts, layers, heads, head_dim), CPU
     fill = z.to(lm.device) if p.patch == "paired" else z.mean(0).to(lm.device)
     base = patch_heads(lm, clean, None, batch_size=p.batch_size)
-    runs = patch_heads(lm, target, fill, batch_size=p.batch_size, progress=ctx.stage(0.1, 0.9, "patching heads"))
+    runs = patch_heads(lm, target, fill, batch_size=p.batch_size, progress=ctx.stage(share["target prompts"][0], share["head scores"][0],
+                                                                    "patching heads"))
     L, H = lm.n_layers, lm.n_heads
     g_c, g_t = base.gold_logit[0], runs.gold_logit[0]
     rec, gap = recovered_share(runs.per_head(), g_c, g_t)
@@ -128,13 +132,13 @@ def patching(ctx: Context, p: PatchingParams) -> dict[str, Any]:
     se = {"recovered_se": recovered_stderr(runs.per_head(), g_c, g_t).reshape(L, H),  # from the same per-prompt values
           "logit_gain_se": stderr((runs.per_head() - g_t[None]).T).reshape(L, H),
           "prob_gain_se": stderr((runs.per_head("gold_prob") - runs.gold_prob[0][None]).T).reshape(L, H)}
-    ctx.progress(0.9, "metrics")
+
     k = n_top(L, H, p.top_pct, p.top_k)
     m_clean = evaluate(lm, clean, p.batch_size).metrics
     m_target = evaluate(lm, target, p.batch_size).metrics
     recovered = rec.reshape(L, H)
     sc = ctx.call("scores", shots=p.shots, prompts=p.prompts, seed=p.seed, top_pct=p.top_pct, top_k=p.top_k,
-                  batch_size=min(p.batch_size, o.BATCH_SIZE), progress=ctx.stage(0.95, 1.0, "head scores"))
+                  batch_size=min(p.batch_size, o.BATCH_SIZE), progress=ctx.stage(*share["head scores"], "head scores"))
     return {"n_layers": L, "n_heads": H, "shots": built.shots, "prompts": built.n, "target": p.target,
             "patch": p.patch, "recovered": recovered, "logit_gain": logit_gain.reshape(L, H),
             "prob_gain": prob_gain.reshape(L, H), **se, "clean_logit": float(g_c.mean()),

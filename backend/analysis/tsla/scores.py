@@ -18,10 +18,10 @@ from ..primitives.cost import Shape, Sizes, Work, passes
 from ..results import Grid, Head, Metrics, Overlap, Result
 from ..primitives.batching import build_prompts, encode
 from .head_maps import head_maps
-from ..primitives.induction import induction_length, induction_scores
+from ..primitives.induction import induction_scores
 from ..primitives.predict import evaluate
 from ..primitives.selection import n_top, overlap, random_heads, top_heads
-from ..primitives.stages import pass_cost, spans, tokens, unembed_layers
+from ..primitives.stages import planned
 
 
 class MapsParams(PromptParams):
@@ -31,7 +31,7 @@ class MapsParams(PromptParams):
 
     def work(self, shape: Shape, sizes: Sizes) -> Work:
         n = sizes.n(self.prompts)
-        return (passes("ICL", n, sizes.prompt(self.shots)) + passes("zero-shot", n, sizes.prompt(0))
+        return (passes("ICL", n, sizes.prompt(self.shots), self.batch_size) + passes("zero-shot", n, sizes.prompt(0))
                 + cost.induction(shape))
 
 
@@ -75,11 +75,8 @@ def maps(ctx: Context, p: MapsParams) -> dict[str, Any]:
         ctx.warn(w)
     enc = encode(lm, built.prompts, task.kind)
     zenc = encode(lm, task.build_prompts(0, built.n, p.seed), task.kind) if task.fixed is None else None
-    # progress by each pass's cost (`stages`; the induction pass: 4 repeated random sequences, eager attention ~2x)
-    L, U, bs = lm.n_layers, unembed_layers(lm), p.batch_size
-    share = spans({"heads": pass_cost(L, tokens(enc.ids), len(enc.ids) / bs) + len(enc.ids) * U,
-                   "zero": pass_cost(L, tokens(zenc.ids)) + len(zenc.ids) * U if zenc else 0,
-                   "induction": 2 * pass_cost(L, 4 * (2 * induction_length(lm) + 1)) + 4 * U})
+    # progress by the plan's stages (`stages`: the estimate's `work`): ICL, zero-shot, induction
+    share = planned(ctx, p, skip=() if zenc else ("zero-shot",))
     # the prompts' clean prefix stays in memory: the Ablation page's first live toggle of them needs no clean pass
     # an anytime pass where a page listens (a service job): the maps so far as `live` data, after the first prompts
     # and each batch ({"kind": "maps", "prompts_done", "prompts", "tr", ..., "icl"}); the final maps are the same
@@ -87,13 +84,13 @@ def maps(ctx: Context, p: MapsParams) -> dict[str, Any]:
     if ctx.report is not None:
         def partial(d: dict[str, Any]) -> None:
             ctx.live({**d, "n_layers": lm.n_layers, "n_heads": lm.n_heads, "shots": built.shots})
-    hm = head_maps(lm, enc, p.batch_size, p.apply_ln, ctx.stage(*share["heads"], "scoring heads"), keep_prefix=True,
+    hm = head_maps(lm, enc, p.batch_size, p.apply_ln, ctx.stage(*share["ICL"], "scoring heads"), keep_prefix=True,
                    partial=partial)
     zero = None
     if zenc is not None:  # a given prompt set has no zero-shot counterpart
         # the short zero-shot prompts in batches of as many tokens as the k-shot ones (fewer passes: speed only)
-        zbs = min(256, max(p.batch_size, p.batch_size * tokens(enc.ids) // max(tokens(zenc.ids), 1)))
-        zero = evaluate(lm, zenc, zbs, ctx.stage(*share["zero"], "zero-shot")).metrics
+        zbs = min(256, max(p.batch_size, p.batch_size * _tokens(enc.ids) // max(_tokens(zenc.ids), 1)))
+        zero = evaluate(lm, zenc, zbs, ctx.stage(*share["zero-shot"], "zero-shot")).metrics
     ctx.progress(share["induction"][0], "induction scores")
     ind = induction_scores(lm)
     return {"n_layers": lm.n_layers, "n_heads": lm.n_heads, "shots": built.shots, "prompts": built.n,
@@ -111,3 +108,7 @@ def scores(ctx: Context, p: ScoresParams) -> dict[str, Any]:
             "random_heads": random_heads(L, H, k, p.seed, exclude=set(top_tr) | set(top_tl)),  # a disjoint control
             "overlap": {"tr_tl": overlap(m.tr, m.tl, k), "tr_induction": overlap(m.tr, m.induction, k),
                         "tl_induction": overlap(m.tl, m.induction, k)}}
+
+
+def _tokens(ids: list[list[int]]) -> int:
+    return sum(len(x) for x in ids)

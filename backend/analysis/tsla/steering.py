@@ -17,6 +17,7 @@ from ..kernel import Context
 from ..kinds import get_kind
 from ..params import Float, Heads, Int, Layer, PromptParams, Selection
 from ..primitives.cost import Shape, Sizes, Work, passes, steps
+from ..primitives.stages import between, planned
 from ..results import Head, Metrics, Model, Result
 from ..primitives.batching import build_prompts, encode
 from ..primitives.inject import vector_at
@@ -47,8 +48,10 @@ class SteerParams(Selection, PromptParams):
                                            top_pct=self.top_pct, top_k=self.top_k).work(shape, sizes)
         n_vec = len(self.vectors) + bool(self.heads)
         n = sizes.n(self.prompts)
+        L = max(shape.n_layers, 1)  # a step runs from its layer on: (L + 1) / 2L of the model over a sweep
+        share = (L + 1) / (2 * L) if self.layer == "all" else (L - (L // 2 if self.layer is None else self.layer)) / L
         return (built + passes("ICL reference", n, sizes.prompt(self.shots)) + passes("zero-shot", n, sizes.prompt(0))
-                + steps(f"{n_vec} vectors x {layers} layers", n * (1 + n_vec * layers)))
+                + steps(f"{n_vec} vectors x {layers} layers", n * (1 + n_vec * layers), share=max(share, 1 / L)))
 
 
 class SteerVector(Model):
@@ -79,21 +82,22 @@ def steer(ctx: Context, p: SteerParams) -> dict[str, Any]:
     zero-shot and ICL references."""
     lm, task = ctx.lm, ctx.task
     layers = resolve_layers(lm, p.layer)
+    share = planned(ctx, p)  # the plan's stages (`work`): the vectors' stages, ICL reference, zero-shot, steering
     built = ctx.call("vectors", types=p.vectors, heads=p.heads, shots=p.shots, prompts=p.prompts, seed=p.seed,
                      top_pct=p.top_pct, top_k=p.top_k, batch_size=p.batch_size,
-                     progress=ctx.stage(0.0, 0.6, "building vectors"))
+                     progress=ctx.stage(0.0, share["ICL reference"][0], "building vectors"))
     for w in built.warnings:
         ctx.warn(w)
     icl_built = build_prompts(lm, task, p.shots, p.prompts, p.seed)
     for w in icl_built.warnings:
         ctx.warn(w)
     zero = encode(lm, task.build_prompts(0, icl_built.n, p.seed), task.kind)
-    icl = evaluate(lm, encode(lm, icl_built.prompts, task.kind), p.batch_size, ctx.stage(0.6, 0.7, "ICL reference"))
+    icl = evaluate(lm, encode(lm, icl_built.prompts, task.kind), p.batch_size, ctx.stage(*share["ICL reference"], "ICL reference"))
     names = list(built.vectors)
     # configuration 0 adds a zero vector: bit-identical to the plain zero-shot pass, in the same sweep
     configs = [{layers[0]: torch.zeros(lm.d_model)}]
     configs += [{l: p.alpha * vector_at(built.vectors[nm].vector, l)} for nm in names for l in layers]
-    res = sweep_at_inputs(lm, zero, configs, batch_size=p.batch_size, progress=ctx.stage(0.7, 1.0, "steering"))
+    res = sweep_at_inputs(lm, zero, configs, batch_size=p.batch_size, progress=ctx.stage(*between(share, "zero-shot"), "steering"))
     means = res.means()
     out = {}
     for i, nm in enumerate(names):

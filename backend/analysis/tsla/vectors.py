@@ -27,12 +27,12 @@ from ..kernel import Context
 from ..kinds import get_kind
 from ..params import Heads, PromptParams, Selection
 from ..primitives.cost import NONE, Shape, Sizes, Work, passes, steps
+from ..primitives.engine_fast import STEP_ROWS_FACTOR
 from ..results import Model, Result, Vector
 from ..primitives.batching import Encoded, Progress, build_prompts, encode
 from ..primitives.capture import capture_means, capture_sites
-from ..primitives.induction import induction_length
 from ..primitives.selection import Head, n_top, top_heads
-from ..primitives.stages import OVERHEAD_TOKENS, pass_cost, spans, tokens, unembed_layers
+from ..primitives.stages import planned
 from ..primitives.configs import RowConfig, head_mask, score_configs
 
 
@@ -48,16 +48,21 @@ class VectorsParams(Selection, PromptParams):
         return list(dict.fromkeys(v))
 
     def work(self, shape: Shape, sizes: Sizes) -> Work:
+        """The run's stages: the head scores (for TR, TL and random sets), one pass of the ICL prompts capturing
+        every mean taken from them, the function vector (a clean pass of shuffled-input prompts, then a last-token
+        step per head from its layer on: (L + 1) / 2L of the model on average) and the zero-shot states."""
         t, types, n = sizes.prompt(self.shots), set(self.types), sizes.n(self.prompts)
         w = get_kind("scores").params(shots=self.shots, prompts=self.prompts).work(shape, sizes).named("head scores") \
             if types & {"tr", "tl", "random"} else NONE
-        if types & {"tr", "tl", "random", "fv"} or self.heads:
-            w = w + passes("head means", n, t)
-        if "fv" in types:  # the clean pass of the shuffled-input prompts, then one last-token patch per head
-            c = min(self.prompts, FV_PROMPTS)
-            w = w + (passes("FV", c, sizes.prompt(max(self.shots, 1))) + steps("FV", c * (shape.heads + 1))).named("FV")
+        if types & {"tr", "tl", "random", "fv", "vanilla"} or self.heads:
+            w = w + passes("ICL means", n, t, self.batch_size)
+        if "fv" in types:
+            c, L = min(self.prompts, FV_PROMPTS), max(shape.n_layers, 1)
+            w = w + (passes("FV", c, sizes.prompt(max(self.shots, 1)), self.batch_size)
+                     + steps("FV", c * (shape.heads + 1), STEP_ROWS_FACTOR * 2 * self.batch_size,
+                             share=(L + 1) / (2 * L)))
         if "vanilla" in types:
-            w = w + passes("vanilla", n, t) + passes("vanilla", n, sizes.prompt(0))
+            w = w + passes("zero-shot states", n, sizes.prompt(0), self.batch_size)
         return w
 
 
@@ -127,23 +132,15 @@ def vectors(ctx: Context, p: VectorsParams) -> dict[str, Any]:
     heads = bool({"tr", "tl", "random", "fv"} & set(types) or p.heads)
     vanilla = "vanilla" in types
     zero = encode(lm, task.build_prompts(0, built.n, seed, queries=queries), task.kind) if vanilla else None
-    # progress by each stage's cost (`stages`): the scores' passes (unless cached; ICL and zero-shot prompts, the
-    # induction pass), the ICL means' pass, the function vector's clean pass and one last-token step per head from
-    # its layer on (with its logits), the zero-shot states
+    # progress by the plan's stages (`stages`: the estimate's `work`); cached head scores weigh nothing
     scores_params = dict(shots=p.shots, prompts=p.prompts, seed=p.seed, top_pct=p.top_pct, top_k=p.top_k)
     need_scores = bool({"tr", "tl", "random"} & set(types))  # random: the scores' own set
-    n_fv, P, U, bs = min(p.prompts, FV_PROMPTS), len(enc.ids), unembed_layers(lm), p.batch_size
-    icl_pass = pass_cost(L, tokens(enc.ids), P / bs) + P * U
-    share = spans({
-        "scores": 2 * icl_pass + 2 * pass_cost(L, 4 * (2 * induction_length(lm) + 1))
-        if need_scores and ctx.cached("scores", [scores_params], record=False) is None else 0,
-        "means": icl_pass if heads or vanilla else 0,
-        "fv": (icl_pass * n_fv / P + n_fv * L * H * ((L + 1) / 2 + U)
-               + L * L / 2 * OVERHEAD_TOKENS * H * n_fv / (4 * 2 * bs)) if "fv" in types else 0,
-        "zero": pass_cost(L, tokens(zero.ids), P / bs) + P * U if zero is not None else 0})
+    cached = need_scores and ctx.cached("scores", [scores_params], record=False) is not None
+    skip = ({"head scores"} if cached else set()) | ({"FV"} if "fv" not in types else set())
+    share = planned(ctx, p, skip)
     if need_scores:
         r = ctx.call("scores", **scores_params, batch_size=p.batch_size,
-                     progress=ctx.stage(*share["scores"], "head scores"))
+                     progress=ctx.stage(*share["head scores"], "head scores"))
         if "tr" in types:
             sets["tr"] = r.top_tr
         if "tl" in types:
@@ -155,12 +152,12 @@ def vectors(ctx: Context, p: VectorsParams) -> dict[str, Any]:
     # the layers' inputs (the vanilla task vector)
     writes = heads and lm.spec.post_attn_norm is not None
     sites = (["z"] if heads else []) + (["write"] if writes else []) + (["resid"] if vanilla else [])
-    got = capture_sites(lm, enc, sites, batch_size=p.batch_size, progress=ctx.stage(*share["means"], "ICL means")) \
+    got = capture_sites(lm, enc, sites, batch_size=p.batch_size, progress=ctx.stage(*share["ICL means"], "ICL means")) \
         if sites else {}
     z_mean = got.get("z")
     means = got["write"] if writes else z_mean
     if "fv" in types:
-        cie = causal_indirect_effects(ctx, p, enc, z_mean, ctx.stage(*share["fv"], "function vector"))
+        cie = causal_indirect_effects(ctx, p, enc, z_mean, ctx.stage(*share["FV"], "function vector"))
         sets["fv"] = top_heads(cie, k=k)
     if p.heads:
         sets["custom"] = list(p.heads)
@@ -168,7 +165,7 @@ def vectors(ctx: Context, p: VectorsParams) -> dict[str, Any]:
                                       for name, hs in sets.items()}
     if zero is not None:
         zero_states = capture_means(lm, zero, "resid", p.batch_size,
-                                    ctx.stage(*share["zero"], "vanilla task vector: zero-shot states"))
+                                    ctx.stage(*share["zero-shot states"], "vanilla task vector: zero-shot states"))
         out["vanilla"] = {"vector": got["resid"] - zero_states, "heads": []}
     order = [t for t in (*p.types, "custom") if t in out]
     return {"d_model": lm.d_model, "shots": built.shots, "vectors": {t: out[t] for t in order}}

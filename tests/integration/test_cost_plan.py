@@ -1,0 +1,72 @@
+"""One cost plan per kind: the progress bar's spans and the admission estimate come from the same `Params.work`.
+
+Each kind whose run weighs its progress by its plan (`primitives.stages.plan_spans`) runs once, cold, on the
+default model; the plan its run weighs must total the estimate's tokens (`service/estimate.py`, from the model's
+files and the task alone), and its spans must be the plan's stages' cumulative shares of the plan's weight."""
+from __future__ import annotations
+
+import importlib
+
+import pytest
+
+from kind_cases import CASES, MemoryStore
+
+PLANNED = ("maps", "scores", "icl", "ablation_curves", "ablate", "vectors", "steer", "patching", "site", "ltv")
+"""The kinds whose run takes its progress from its plan (`stages.planned`; ltv orders its plan's steps itself)."""
+
+
+@pytest.fixture(scope="module")
+def lm():
+    from backend import load_model
+
+    return load_model("default")
+
+
+def _shares(named, shape, skip):
+    total = sum(0.0 if n in skip else c.weight(shape) for n, c in named)
+    out, acc = {}, 0.0
+    for n, c in named:
+        lo = acc / total
+        acc += 0.0 if n in skip else c.weight(shape)
+        out[n] = (lo, acc / total)
+    return out
+
+
+@pytest.mark.parametrize("kind", PLANNED)
+def test_progress_and_estimate_share_one_plan(kind, lm, monkeypatch):
+    from backend.analysis.kernel import analyze
+    from backend.analysis.kinds import get_kind
+    from backend.analysis.primitives import induction
+    from backend.analysis.primitives.cost import Work
+    from backend.analysis.primitives.prefix_store import STORE
+    from backend.analysis.primitives import stages
+    from backend.analysis.primitives.stages import plan_spans
+    from backend.service.estimate import estimate
+    from backend.tasks.registry import load_task
+
+    seen = []
+
+    def record(plan, shape, skip=()):
+        got = plan_spans(plan, shape, skip)
+        seen.append((plan, shape, set(skip), got))
+        return got
+
+    monkeypatch.setattr(stages, "plan_spans", record)
+    monkeypatch.setattr(importlib.import_module("backend.analysis.ltv.ltv"), "plan_spans", record)
+    name, params = CASES[kind]
+    spec, task = get_kind(kind), load_task(name)
+    p = spec.params.model_validate(params)
+    est = estimate(spec, p, "default", task)
+    induction._MEMO.clear()
+    STORE.clear()
+    analyze(kind, lm, task, p, cache=MemoryStore())
+    plan, shape, skip, got = seen[0]  # the kind's own run: its spans are taken before any sub-call
+    named = plan.stages if isinstance(plan, Work) else [(n, w.cost()) for n, w in plan.items()]
+    assert sum(c.tokens for _, c in named) == pytest.approx(est.tokens, rel=1e-9), (kind, est.how)
+    assert sum(c.calls for _, c in named) == pytest.approx(est.calls, rel=1e-9)
+    assert (shape.n_layers, shape.n_heads) == (est.shape.n_layers, est.shape.n_heads)
+    assert not skip  # a cold store: nothing cached to leave out
+    want = _shares(named, shape, skip)
+    assert list(got) == list(want)
+    assert all(got[n] == pytest.approx(want[n], abs=1e-12) for n in want)
+    assert got[named[-1][0]][1] == 1.0 and len(named) >= 2
