@@ -160,3 +160,24 @@ def test_per_prompt_maps_pack_exactly_and_an_old_result_is_refused():
         MapsResult.model_validate(fields)
     with pytest.raises(ValueError, match="bytes do not fit"):
         MapsResult.model_validate({**fields, "stats": stats, "per_prompt": {"tr": {**packed, "shape": [3, 2, 5]}}})
+
+
+def test_null_tr_is_the_projection_onto_each_drawn_subspace():
+    """TR onto draw r equals ||P_r o|| with P_r the projector onto the drawn rows, also for a rank-deficient draw
+    (two label tokens sharing a first token)."""
+    from backend.analysis.primitives.tr_null import whitening
+    from backend.analysis.primitives.tsla import gram_pinv, projector
+
+    g = torch.Generator().manual_seed(1)
+    unembed = torch.randn(800, 12, generator=g)
+    lab = [[10, 20, 700], [10, 10, 300]]
+    null = build_null(unembed, lab, 50, seed=2)
+    o = torch.randn(2, 3, 12, generator=g)
+    got = null_tr(o, null, null_batch(null, lab))  # (2, 3, 50)
+    for i, ids in enumerate(lab):
+        for r in (0, 17, 49):
+            rows = null.rows[null.repl[r, [null.col[t] for t in ids]]]
+            want = (projector(rows) @ o[i].double().T).norm(dim=0)
+            np.testing.assert_allclose(got[i, :, r].numpy(), want.numpy(), rtol=1e-4, atol=1e-5)
+            w = whitening(rows.double() @ rows.double().T)
+            np.testing.assert_allclose((w @ w.T).numpy(), gram_pinv(rows).numpy(), rtol=1e-8, atol=1e-10)

@@ -12,7 +12,8 @@ each draw is one random subspace of the label subspace's dimension, shared by al
 
 Shapes: writes o (batch, heads, d); the pool's rows (M, d), M = POOL x bands in use; draws R.
 Per layer and batch: a = o W_pool^T (batch, heads, M), gathered to (batch, heads, R, n) and
-TR_null = sqrt(a^T G_r^+ a) with G_r = U_r U_r^T (R, n, n), as `tsla.tsla` computes TR.
+TR_null = sqrt(a^T G_r^+ a) with G_r = U_r U_r^T (R, n, n), as `tsla.tsla` computes TR, here as ||W_r^T a||
+with W_r W_r^T = G_r^+ (`whitening`).
 """
 from __future__ import annotations
 
@@ -86,37 +87,51 @@ def build_null(unembed: torch.Tensor, label_ids: list[list[int]], draws: int, se
 
 @dataclass
 class NullBatch:
-    """A batch's random label rows: idx (batch, R * n) pool indices, valid (batch, n), pinv (batch, R, n, n)."""
+    """A batch's random label rows: idx (batch, R, n) pool indices (0 where padded); white (batch, R, n, n) float32,
+    W with W W^T = (U_r U_r^T)^+ per row and draw (zero where padded), so TR^2 = ||W^T a||^2."""
 
     idx: torch.Tensor
-    valid: torch.Tensor
-    pinv: torch.Tensor
-    n: int
+    white: torch.Tensor
+
+
+def whitening(gram: torch.Tensor) -> torch.Tensor:
+    """W (..., n, n) with W W^T = gram^+ for PSD grams (..., n, n) float64: V diag(1 / sqrt(lambda)) over the
+    eigenvalues above the pseudo-inverse's cutoff (as `torch.linalg.pinv`'s, hermitian)."""
+    lam, vec = torch.linalg.eigh(gram)
+    cut = lam.amax(-1, keepdim=True).clamp_min(0) * gram.shape[-1] * torch.finfo(gram.dtype).eps
+    inv = torch.where(lam > cut, lam.clamp_min(1e-300).rsqrt(), torch.zeros_like(lam))
+    return vec * inv[..., None, :]
 
 
 def null_batch(null: TrNull, label_ids: list[list[int]]) -> NullBatch:
-    """Each row's label tokens replaced in every draw, and (U_r U_r^T)^+ per row and draw (shared by equal label
+    """Each row's label tokens replaced in every draw, and their whitening per row and draw (shared by equal label
     sets)."""
     b, n, R = len(label_ids), max(len(x) for x in label_ids), null.draws
     dev = null.rows.device
     idx = torch.zeros(b, R, n, dtype=torch.long, device=dev)
-    valid = torch.zeros(b, n, dtype=torch.bool, device=dev)
-    pinv = torch.zeros(b, R, n, n, dtype=torch.float64, device=dev)
+    white = torch.zeros(b, R, n, n, dtype=torch.float32, device=dev)
     for i, ids in enumerate(label_ids):
         ix = null.repl[:, [null.col[int(t)] for t in ids]]  # (R, n_i)
         idx[i, :, : len(ids)] = ix
-        valid[i, : len(ids)] = True
         key = tuple(int(t) for t in ids)
         if key not in null.pinv:
-            null.pinv[key] = torch.linalg.pinv(null.gram[ix[:, :, None], ix[:, None, :]], hermitian=True)
-        pinv[i, :, : len(ids), : len(ids)] = null.pinv[key]
-    return NullBatch(idx.reshape(b, R * n), valid, pinv, n)
+            null.pinv[key] = whitening(null.gram[ix[:, :, None], ix[:, None, :]]).float()
+        white[i, :, : len(ids), : len(ids)] = null.pinv[key]
+    return NullBatch(idx, white)
 
 
 def null_tr(o: torch.Tensor, null: TrNull, nb: NullBatch) -> torch.Tensor:
-    """TR of writes o (batch, heads, d) onto each draw's random label subspace -> (batch, heads, R) float64."""
+    """TR of writes o (batch, heads, d) onto each draw's random label subspace -> (batch, heads, R) float64:
+    a = o W_pool^T (batch, heads, M) once, then per label position an elementwise gather and sum over (batch, heads, R)
+    (float32; batched n x n products of that size run several times slower)."""
     b, H = o.shape[:2]
-    a = torch.einsum("bhd,md->bhm", o.float(), null.rows).double()  # (b, H, M)
-    a = a.gather(2, nb.idx[:, None, :].expand(b, H, -1)).view(b, H, null.draws, nb.n)
-    a = a * nb.valid[:, None, None, :]
-    return torch.einsum("bhrn,brnm,bhrm->bhr", a, nb.pinv, a).clamp_min(0).sqrt()
+    R, n = nb.idx.shape[1:]
+    a = torch.einsum("bhd,md->bhm", o.float(), null.rows)  # (b, H, M)
+    parts = [a.gather(2, nb.idx[:, None, :, i].expand(b, H, R)) for i in range(n)]  # each (b, H, R)
+    out = torch.zeros(b, H, R, device=o.device)
+    for k in range(n):
+        c = torch.zeros(b, H, R, device=o.device)
+        for i in range(n):
+            c.addcmul_(parts[i], nb.white[:, None, :, i, k])
+        out.addcmul_(c, c)
+    return out.double().sqrt()
