@@ -178,12 +178,28 @@ def stats_cost(a: argparse.Namespace) -> None:
             times[name].append(time.perf_counter() - t)
             cpu[name].append(time.process_time() - c)
     med = statistics.median
+    rest = None
+    if a.model:  # the rest of the `maps` kind, the same with or without statistics: zero-shot pass and induction
+        from backend.analysis.primitives import induction
+        from backend.analysis.primitives.predict import evaluate
+
+        zenc = encode(lm, task.build_prompts(0, len(enc.ids), 0), task.kind)
+        rt = []
+        for _ in range(1 if a.smoke else 3):
+            induction._MEMO.clear()
+            t = time.perf_counter()
+            evaluate(lm, zenc, batch)
+            induction.induction_scores(lm)
+            rt.append(time.perf_counter() - t)
+        rest = med(rt)
     res = {"model": a.model or ("tiny" if a.smoke else a.shape), "task": a.task if a.model else None, "prompts": len(enc.ids),
            "shots": a.shots if a.model else None, "batch": batch, "heads": lm.n_layers * lm.n_heads,
            "without_s": round(med(times["without"]), 3), "with_s": round(med(times["with"]), 3),
            "ratio": round(med(times["with"]) / med(times["without"]), 3),
            "pair_ratio": round(med(w / o for o, w in zip(times["without"], times["with"])), 3),
            "cpu_ratio": round(med(cpu["with"]) / med(cpu["without"]), 3), "reps": len(times["with"]),
+           "rest_of_kind_s": None if rest is None else round(rest, 3),
+           "kind_ratio": None if rest is None else round((med(times["with"]) + rest) / (med(times["without"]) + rest), 3),
            "torch_threads": torch.get_num_threads(), "load_avg": [round(x, 2) for x in os.getloadavg()]}
     print(json.dumps(res))
     if a.json:

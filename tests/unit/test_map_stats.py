@@ -110,7 +110,7 @@ def test_random_subspaces_are_frequency_matched_and_keep_their_size():
     assert (rep[:, 0] != rep[:, 1]).all()
     assert not np.isin(rep, [5, 7, 1500]).any()
     assert BANDS == 16
-    assert n_draws(8) == 1000 and n_draws(270) == 5400 and n_draws(10**6) == 20_000
+    assert n_draws(8) == 1000 and n_draws(270) == 2700 and n_draws(10**6) == 20_000
 
 
 def test_tl_sign_flip_planted_and_null():

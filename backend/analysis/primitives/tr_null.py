@@ -24,12 +24,14 @@ import torch
 
 BANDS = 16  # equal bands of token ids: the frequency proxy
 POOL = 128  # random rows per band a label token can be replaced by
-MIN_DRAWS, MAX_DRAWS, DRAWS_PER_HEAD = 1000, 20_000, 20
+MIN_DRAWS, MAX_DRAWS, DRAWS_PER_HEAD = 1000, 20_000, 10
 
 
 def n_draws(n_heads: int) -> int:
-    """Draws for a model of `n_heads` heads in all: 20 per head (1000 to 20000), so that a Monte Carlo p at its
-    floor 1/(R+1) survives Benjamini-Hochberg over all heads (n_heads / (R + 1) < 0.05) for a single head."""
+    """Draws for a model of `n_heads` heads in all: 10 per head (1000 to 20000). A Monte Carlo p has the floor
+    1/(R+1), so after Benjamini-Hochberg over all heads the q of the m heads beyond every draw is n_heads / (m (R+1)):
+    about 0.1 / m, so two such heads reach q <= 0.05 (one alone does not). 20 per head would let one alone, at twice
+    the cost (bench/RESULTS.md: the statistics' cost)."""
     return int(min(MAX_DRAWS, max(MIN_DRAWS, DRAWS_PER_HEAD * n_heads)))
 
 
@@ -88,10 +90,12 @@ def build_null(unembed: torch.Tensor, label_ids: list[list[int]], draws: int, se
 @dataclass
 class NullBatch:
     """A batch's random label rows: idx (batch, R, n) pool indices (0 where padded); white (batch, R, n, n) float32,
-    W with W W^T = (U_r U_r^T)^+ per row and draw (zero where padded), so TR^2 = ||W^T a||^2."""
+    W with W W^T = (U_r U_r^T)^+ per row and draw (zero where padded), so TR^2 = ||W^T a||^2; `shared`: every row
+    has the same label set (then only row 0's are used)."""
 
     idx: torch.Tensor
     white: torch.Tensor
+    shared: bool = False
 
 
 def whitening(gram: torch.Tensor) -> torch.Tensor:
@@ -117,21 +121,27 @@ def null_batch(null: TrNull, label_ids: list[list[int]]) -> NullBatch:
         if key not in null.pinv:
             null.pinv[key] = whitening(null.gram[ix[:, :, None], ix[:, None, :]]).float()
         white[i, :, : len(ids), : len(ids)] = null.pinv[key]
-    return NullBatch(idx, white)
+    return NullBatch(idx, white, len({tuple(x) for x in label_ids}) == 1)
 
 
 def null_tr(o: torch.Tensor, null: TrNull, nb: NullBatch) -> torch.Tensor:
-    """TR of writes o (batch, heads, d) onto each draw's random label subspace -> (batch, heads, R) float64:
-    a = o W_pool^T (batch, heads, M) once, then per label position an elementwise gather and sum over (batch, heads, R)
-    (float32; batched n x n products of that size run several times slower)."""
+    """TR of writes o (batch, heads, d) onto each draw's random label subspace -> (batch, heads, R) float32:
+    a = o W_pool^T (batch, heads, M) once, then c_k = sum_i W[i, k] a_i and TR = sqrt(sum_k c_k^2), elementwise over
+    (batch, heads, R) per label position (batched n x n products of that size run several times slower); one label
+    set for the whole batch (a classification task) reads the draws' columns with one index per position."""
     b, H = o.shape[:2]
     R, n = nb.idx.shape[1:]
     a = torch.einsum("bhd,md->bhm", o.float(), null.rows)  # (b, H, M)
-    parts = [a.gather(2, nb.idx[:, None, :, i].expand(b, H, R)) for i in range(n)]  # each (b, H, R)
-    out = torch.zeros(b, H, R, device=o.device)
+    if nb.shared:
+        parts = [a.index_select(2, nb.idx[0, :, i]) for i in range(n)]  # each (b, H, R)
+        w = nb.white[0]  # (R, n, n), broadcast over rows and heads
+    else:
+        parts = [a.gather(2, nb.idx[:, None, :, i].expand(b, H, R)) for i in range(n)]
+        w = nb.white[:, None]  # (b, 1, R, n, n)
+    out = None
     for k in range(n):
-        c = torch.zeros(b, H, R, device=o.device)
-        for i in range(n):
-            c.addcmul_(parts[i], nb.white[:, None, :, i, k])
-        out.addcmul_(c, c)
-    return out.double().sqrt()
+        c = parts[0] * w[..., 0, k]
+        for i in range(1, n):
+            c.addcmul_(parts[i], w[..., i, k])
+        out = c.mul_(c) if out is None else out.addcmul_(c, c)
+    return out.sqrt_()

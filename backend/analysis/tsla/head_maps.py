@@ -145,7 +145,7 @@ def head_maps(lm: LoadedModel, enc: Encoded, batch_size: int = 16, apply_ln: boo
                 if final and i < len(PER_PROMPT):
                     per[i, ridx, layer] = v
             if nb is not None:
-                null_sums[layer] += null_tr(o, null, nb).sum(0)
+                null_sums[layer] += null_tr(o, null, nb).sum(0, dtype=torch.float64)
 
     def step(batch: Batch) -> None:
         b = len(batch.rows)
