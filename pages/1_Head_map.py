@@ -98,7 +98,9 @@ with side:
         snippets.show("patching", cie_params, "r.prob_gain        # the CIE, numpy (layers, heads)\nr.recovered, r.top")
     else:
         snippets.show("scores", score_params, f"r.{metric}        # numpy (layers, heads)\n"
-                                              "r.top_tr, r.top_tl, r.overlap")
+                                              + (f"r.stats['{metric}'].se, .ci_low, .ci_high, .p, .q, .significant\n"
+                                                 if metric in scores.get("stats", {}) else "")
+                                              + "r.top_tr, r.top_tl, r.overlap, r.stability, r.stable_tr")
     st.caption(":material/photo_camera: Every figure's toolbar (top right, on hover) has a camera button that saves "
                "it as a PNG at 2× resolution or an SVG (the sidebar's *Figure files*); its title and file name say "
                "what it was computed on.")
