@@ -11,7 +11,7 @@ import streamlit as st
 from ui import compare, figures, fit, head_view, heads, jobs, layout, settings, share, snippets, state
 from ui import metrics as M
 from ui.sections import download, guard, run_row, section
-from ui.tsla import anytime, patching_figures as pf
+from ui.tsla import anytime, map_uncertainty as mu, patching_figures as pf
 
 s, caps = layout.page_setup("Head map", ":material/grid_on:")
 st.title(":material/grid_on: Head map")
@@ -71,12 +71,19 @@ main, side = st.columns([3, 1.25], gap="medium")
 with main:
     spec = figures.map_spec(metric)
     top = {"tr": scores.get("top_tr"), "tl": scores.get("top_tl")}.get(metric) or int(scores["top_k"])
+    tested = mu.significant(scores, metric) is not None
+    sig_only = st.toggle("Significant heads only", key="w_sig_only", disabled=not tested,
+                         help="Leave blank the heads whose Benjamini-Hochberg q exceeds the FDR (0.05): TR tested "
+                              "against TR onto random label subspaces of the same size, TL against per-prompt TL "
+                              "centred on 0." if tested else "Only the TR and TL maps have a test against a null.")
     fig = figures.head_heatmap(maps[metric], metric, selected=selected, top=top,
                                title=f"{spec['label']}: {spec['long']}{ctx}")
+    mu.annotate(fig, scores, metric, significant_only=bool(sig_only) and tested)
     share.chart(fig, f"headmap-{metric}", key=heads.chart_key("hm"), on_select=heads.on_chart_select("hm"),
                 selection_mode=("points", "box", "lasso"))
     st.caption(spec["caption"] + f" Outlined ({figures.TOP_COLOR_NAME}): the top {len(figures.top_set(maps[metric], top))} "
-               f"heads of this map ({s.top_label()}; the sidebar's *Top heads*).")
+               f"heads of this map ({s.top_label()}; the sidebar's *Top heads*). "
+               + mu.caption(scores, metric, bool(sig_only) and tested))
     if metric == "cie":
         st.caption(f"{cie['prompts']} prompts, {cie['shots']} shots · {jobs.timing(cie)}. The same kind patches "
                    "into other prompt sets below (*Activation patching*).")
@@ -91,7 +98,9 @@ with side:
         snippets.show("activation_patching", cie_params, "r.prob_gain        # the CIE, numpy (layers, heads)\nr.recovered, r.top")
     else:
         snippets.show("head_scores", score_params, f"r.{metric}        # numpy (layers, heads)\n"
-                                              "r.top_tr, r.top_tl, r.overlap")
+                                              + (f"r.stats['{metric}'].se, .ci_low, .ci_high, .p, .q, .significant\n"
+                                                 if metric in scores.get("stats", {}) else "")
+                                              + "r.top_tr, r.top_tl, r.overlap, r.stability, r.stable_tr")
     st.caption(":material/photo_camera: Every figure's toolbar (top right, on hover) has a camera button that saves "
                "it as a PNG at 2× resolution or an SVG (the sidebar's *Figure files*); its title and file name say "
                "what it was computed on.")
@@ -262,12 +271,14 @@ if state.bind(st.toggle, "Compare this map with another run: another task, model
 # -- tables ------------------------------------------------------------------------------------------------------
 rows = []
 rk = {k: figures.ranks(np.asarray(v, dtype=float)) for k, v in maps.items()}
+extra = mu.table_columns(scores)  # each map's SE, CI, and TR's and TL's p, q and top-k stability
 for l in range(L):
     for h in range(H):
         row = {"head": figures.head_name((l, h)), "layer": l, "index": h}
         for k in maps:
             row[k] = float(np.asarray(maps[k], dtype=float)[l, h])
             row[f"{k}_rank"] = int(rk[k][l, h])
+        row.update({c: float(v[l, h]) for c, v in extra.items()})
         row["selected"] = (l, h) in selected
         rows.append(row)
 table = pd.DataFrame(rows)
@@ -283,7 +294,10 @@ with c1:
     cfg.update({f"{k}_rank": st.column_config.NumberColumn(f"{figures.map_spec(k)['label']} rank", format="%d")
                 for k in maps})
     cfg["selected"] = st.column_config.CheckboxColumn("sel.")
-    order = ["head", metric, f"{metric}_rank", *[c for k in maps if k != metric for c in (k, f"{k}_rank")], "selected"]
+    cfg.update({c: st.column_config.NumberColumn(c.replace("_", " "), format="%.3g") for c in extra})
+    mine = [c for c in (f"{metric}_se", f"{metric}_q", f"{metric}_stability") if c in extra]
+    order = ["head", metric, f"{metric}_rank", *mine, *[c for k in maps if k != metric for c in (k, f"{k}_rank")],
+             "selected"]
     st.dataframe(top, hide_index=True, column_config=cfg, key="top_table", column_order=order)
     share.table(f"Top {n} heads by {figures.map_spec(metric)['label']}", top, order)
     st.caption(f"Sorted by {figures.map_spec(metric)['label']}; rank 1 = largest of {L * H}.")

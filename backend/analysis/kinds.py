@@ -64,7 +64,9 @@ class Kind:
     steer, geometry, patching, ltv, site, methods) when their results gained intervals and paired tests (issue 27):
     a cached result without them is recomputed, so every page shows them. Kinds whose only rates are `Metrics`
     (scores, maps, perturb, ltv_tasks) keep their key: `Metrics` fills its intervals from the rate and n when read
-    back. One more for ltv (issue 25): its linear propagation became opt-in (`propagation`, off by default).
+    back. `maps` and `scores` keep their key too: their results gained required fields (each map's `stats`, the
+    top-k `stability`), so one cached before them does not fit the result model and is recomputed on read. One more
+    for ltv (issue 25): its linear propagation became opt-in (`propagation`, off by default).
     3 for ablation_curves: its curves keep every prompt's outcome per set and k (the findings' tests pool them over
     seeds); 2 for findings: its verdicts rest on per-task tests."""
     indexed: bool = False  # list its cached results per model and task, so `Context.cached` finds them by any field

@@ -9,6 +9,7 @@ No torch here.
 """
 from __future__ import annotations
 
+import base64
 from typing import Annotated, Any
 
 import numpy as np
@@ -40,6 +41,32 @@ Grid = Annotated[np.ndarray, BeforeValidator(_grid), PlainSerializer(lambda a: a
 Vector = Annotated[np.ndarray, BeforeValidator(_array), PlainSerializer(lambda a: a.tolist(), return_type=list),
                    WithJsonSchema({"type": "array", "description": "(d_model,) or (layers, d_model)"})]
 """A vector (d_model,) or one per layer (layers, d_model)."""
+
+
+def pack_array(a: Any) -> dict[str, Any]:
+    """A float64 array as {"shape", "dtype", "b64"}: its bytes (little-endian) in base64, 8 bytes a number where a
+    JSON list of floats costs about 20 (per-prompt maps are prompts x layers x heads)."""
+    a = np.ascontiguousarray(np.asarray(a, dtype="<f8"))
+    return {"shape": list(a.shape), "dtype": "float64", "b64": base64.b64encode(a.tobytes()).decode("ascii")}
+
+
+def _packed(v: Any) -> np.ndarray:
+    if isinstance(v, dict) and "b64" in v:
+        shape = tuple(int(x) for x in v.get("shape", ()))
+        raw = base64.b64decode(str(v["b64"]), validate=True)
+        if v.get("dtype") != "float64" or len(raw) != 8 * int(np.prod(shape, dtype=np.int64)):
+            raise ValueError("a packed array whose bytes do not fit its shape and dtype (float64)")
+        return np.frombuffer(raw, dtype="<f8").reshape(shape).astype(np.float64)
+    a = _array(v)
+    if a.ndim != 3:
+        raise ValueError(f"expected (prompts, layers, heads), got shape {a.shape}")
+    return a
+
+
+PromptMaps = Annotated[np.ndarray, BeforeValidator(_packed), PlainSerializer(pack_array, return_type=dict),
+                       WithJsonSchema({"type": "object", "description": "(prompts, layers, heads) float64: {shape, "
+                                                                       "dtype, b64 (little-endian bytes)}"})]
+"""Per-prompt head maps: numpy (prompts, layers, heads) in Python, packed (`pack_array`) in JSON."""
 
 
 class Model(BaseModel):

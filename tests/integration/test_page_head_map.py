@@ -205,3 +205,31 @@ def test_share_as_html_holds_the_pages_figures_numbers_and_commands(inprocess, t
     assert all(f"python -m backend {kind.replace('_', '-')} " in text for kind, _ in rec.jobs)
     assert text.count('class="hl-figure"') == len(charts) and "Overlap between rankings" in text
     assert "headlens_default_" in text and "_4shot_top3pct_headmap-tr" in text  # figure file names
+
+
+@needs_model
+def test_the_map_carries_its_uncertainty_and_tests(inprocess, task_name):
+    """TR's hover holds each head's SE, interval, p and q; the stable top heads are outlined; the switch leaves the
+    heads that are not significant blank; the table holds the SE and q."""
+    at = page(HEAD_MAP, task=task_name, **{**SMALL, "model": MODEL})
+    at.run()
+    assert_clean(at)
+    scores = inprocess.run("scores", {**BASE, "task": task_name, "top_pct": 3.0})
+    st = scores["stats"]["tr"]
+    hm = figure(at, "hm_0")
+    heads = next(t for t in hm["data"] if t.get("name") == "heads")
+    first = heads["customdata"][0][2]
+    assert f"SE {st['se'][0][0]:.3g}" in first and f"q = {st['q'][0][0]:.3g}" in first and "CI [" in first
+    assert "%{customdata[2]}" in heads["hovertemplate"]
+    if scores["stable_tr"]:
+        assert sorted(_outlined(hm, "stable")) == sorted(map(tuple, scores["stable_tr"]))
+    sig = {tuple(x) for x in st["significant"]}
+    assert 0 < len(sig) < scores["n_layers"] * scores["n_heads"], "a test case that shows the switch's effect"
+    at.toggle(key="w_sig_only").set_value(True).run()
+    assert_clean(at)
+    z = vals(_heat(figure(at, "hm_0"))[0]["z"])
+    for l in range(scores["n_layers"]):
+        for h in range(scores["n_heads"]):
+            assert np.isnan(z[l][h]) != ((l, h) in sig)
+    table = frame_with(at, "tr_se")
+    assert "tr_q" in table.columns

@@ -43,7 +43,9 @@ def head_maps(lm: LoadedModel, task: Task, *, prepend_bos: Literal["tokenizer", 
         progress: called as `progress(fraction, message)` while the analysis runs.
 
     Returns:
-        MapsResult: TSLA head maps (layers, heads), means over the prompts, with the prompt-level metrics.
+        MapsResult: TSLA head maps (layers, heads), means over the prompts, with the prompt-level metrics; `stats`: each
+            mean map's standard error, bootstrap interval and (TR, TL) significance; `per_prompt`: the maps prompt by
+            prompt (prompts, layers, heads), kept in the cache and in Python, left out of JSON replies.
     """
     return call("head_maps", locals())
 

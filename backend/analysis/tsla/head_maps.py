@@ -2,7 +2,9 @@
 
 For every prompt and head, the write o[l, h] at the last token is scored against the prompt's label set
 (`tsla.tsla`); the maps are means over the prompts, each (layers, heads). The same pass yields the
-prompt-level metrics (accuracy, label accuracy, TR ratio).
+prompt-level metrics (accuracy, label accuracy, TR ratio). Each prompt's values are kept beside the sums
+(`HeadMaps.per_prompt`), and with `null_seed` each head's TR onto random label subspaces of the same size is summed
+per draw from the same writes (`tr_null`): the maps' intervals and tests cost no forward pass.
 """
 from __future__ import annotations
 
@@ -17,15 +19,21 @@ from ...model.loading import LoadedModel
 from ..primitives.batching import Batch, Encoded, Progress, forward_last_logits, map_batches
 from ..primitives.predict import Outcomes, metrics, predict_rows
 from ..primitives.prefix_store import clean_forward, fits
+from ..primitives.tr_null import build_null, n_draws, null_batch, null_tr
 from ..primitives.tsla import apply_final_ln, head_writes, label_space, tsla
 
 MAP_NAMES = ("tr", "tl", "dla_tr", "dla_tl", "flagged")
+PER_PROMPT = ("tr", "tl", "dla_tr", "dla_tl")
+"""The maps kept prompt by prompt (the first four of MAP_NAMES)."""
 
 
 @dataclass
 class HeadMaps:
     """Means over prompts, each (layers, heads) float64: tr, tl, dla_tr, dla_tl, flagged (share of prompts
-    where TR was zero and TL set to 0); and the per-prompt outcomes of the pass."""
+    where TR was zero and TL set to 0); the per-prompt outcomes of the pass; `per_prompt`: each of PER_PROMPT's
+    maps prompt by prompt, (prompts, layers, heads) float64 in prompt order (their means are the maps up to the
+    order of the float sums); `null_tr`: (draws, layers, heads) mean TR over the prompts onto each draw's random label
+    subspace (`tr_null`), None without `null_seed`."""
 
     tr: np.ndarray
     tl: np.ndarray
@@ -33,6 +41,8 @@ class HeadMaps:
     dla_tl: np.ndarray
     flagged: np.ndarray
     outcomes: Outcomes
+    per_prompt: dict[str, np.ndarray] | None = None
+    null_tr: np.ndarray | None = None
 
     def metrics(self) -> dict:
         return self.outcomes.summary(0)
@@ -66,7 +76,7 @@ def partial_maps(sums: torch.Tensor, out: Outcomes, rows: list[int], total: int)
 
 def head_maps(lm: LoadedModel, enc: Encoded, batch_size: int = 16, apply_ln: bool = False,
               progress: Progress | None = None, padding: str = "left", keep_prefix: bool = False,
-              partial: PartialMaps | None = None) -> HeadMaps:
+              partial: PartialMaps | None = None, null_seed: int | None = None) -> HeadMaps:
     """TSLA maps and outcomes of the encoded prompts. `keep_prefix`: keep the prompts' clean prefix states in
     memory (`prefix_store`), so a later last-token ablation of them needs no clean pass.
 
@@ -75,7 +85,9 @@ def head_maps(lm: LoadedModel, enc: Encoded, batch_size: int = 16, apply_ln: boo
     width (each row sees the same padded input; the captured tensors are joined back into the batch), the maps so
     far published after each slice, so the first view comes after FIRST_ROWS prompts, not a whole batch; then
     after each batch. The scores are computed on the joined batch as without `partial` (the slices' maps on the side),
-    so the final maps are the same, bit for bit (tests/integration/test_anytime_maps.py)."""
+    so the final maps are the same, bit for bit (tests/integration/test_anytime_maps.py).
+
+    `null_seed`: also sum each head's TR onto `tr_null.n_draws` random label subspaces (seeded), for its p-value."""
     L, H, dev = lm.n_layers, lm.n_heads, lm.device
     sums = torch.zeros(len(MAP_NAMES), L, H, dtype=torch.float64, device=dev)
     out = Outcomes.empty(1, len(enc.ids))
@@ -85,6 +97,9 @@ def head_maps(lm: LoadedModel, enc: Encoded, batch_size: int = 16, apply_ln: boo
     gain = lm.norm_gain().to(dev) if apply_ln else None
     done: list[int] = []  # rows scored so far, in order
     n = len(enc.ids)
+    per = torch.zeros(len(PER_PROMPT), n, L, H, dtype=torch.float64, device=dev)
+    null = None if null_seed is None else build_null(unembed, enc.label_ids, n_draws(L * H), null_seed)
+    null_sums = None if null is None else torch.zeros(L, H, null.draws, dtype=torch.float64, device=dev)
 
     keep = keep_prefix and padding == "left" and fits(lm, sum(len(x) for x in enc.ids))
     # on one CPU thread (the service's default) a slice costs what its rows cost in the batch; with several threads
@@ -110,11 +125,15 @@ def head_maps(lm: LoadedModel, enc: Encoded, batch_size: int = 16, apply_ln: boo
 
     def score(rows: list[int], logits: torch.Tensor, z: torch.Tensor, write_scale: list, resid_final,
               into: torch.Tensor) -> None:
-        """Add the rows' per-head scores to `into` (5, layers, heads) and record their outcomes."""
+        """Add the rows' per-head scores to `into` (5, layers, heads) and record their outcomes; into the final
+        sums: keep them per prompt, and add their TR onto the null's random subspaces."""
+        final = into is sums
+        ridx = torch.as_tensor(rows, device=dev)
         lab = [enc.label_ids[r] for r in rows]
         gold = [enc.gold[r] for r in rows]
         out.record(np.zeros(len(rows), np.int64), np.array(rows), predict_rows(logits, lab, gold))
         ls = label_space(unembed, lab, gold, pinv_cache)
+        nb = null_batch(null, lab) if final and null is not None else None
         z = z.float()  # (batch, layers, heads, head_dim)
         for layer in range(L):
             o = head_writes(z[:, layer], lm.w_o(layer), write_scale[layer])  # (batch, heads, d)
@@ -123,6 +142,10 @@ def head_maps(lm: LoadedModel, enc: Encoded, batch_size: int = 16, apply_ln: boo
             st = tsla(o, ls)
             for i, v in enumerate((st.tr, st.tl, st.dla_tr, st.dla_tl, st.flagged.double())):
                 into[i, layer] += v.sum(0)
+                if final and i < len(PER_PROMPT):
+                    per[i, ridx, layer] = v
+            if nb is not None:
+                null_sums[layer] += null_tr(o, null, nb).sum(0, dtype=torch.float64)
 
     def step(batch: Batch) -> None:
         b = len(batch.rows)
@@ -151,4 +174,6 @@ def head_maps(lm: LoadedModel, enc: Encoded, batch_size: int = 16, apply_ln: boo
 
     map_batches(lm, enc.ids, batch_size, step, progress, "scoring heads", padding)
     means = (sums / len(enc.ids)).cpu().numpy()
-    return HeadMaps(*means, outcomes=out)
+    kept = dict(zip(PER_PROMPT, per.cpu().numpy()))
+    nulls = None if null_sums is None else (null_sums / len(enc.ids)).permute(2, 0, 1).cpu().numpy()
+    return HeadMaps(*means, outcomes=out, per_prompt=kept, null_tr=nulls)

@@ -4,6 +4,11 @@ Maps have shape (layers, heads) and are means over the prompts (see `head_maps`)
 prefix matching on repeated random tokens. `scores` reads the cached maps and selects: top-head sets hold
 `n_top(top_pct, top_k)` heads, a seeded random set of the same size is the baseline; so a new selection size
 costs no forward pass.
+
+Every mean map of `maps` carries its uncertainty over the prompts (`MapStats`: standard error and 95% bootstrap
+interval, from the per-prompt maps it keeps), and TR and TL their tests across heads (`map_stats`): TR against TR
+onto random label subspaces of the same size, TL against per-prompt TL centred on 0, both Benjamini-Hochberg
+corrected. `scores` adds each head's top-k stability over the same bootstrap resamples.
 """
 from __future__ import annotations
 
@@ -15,9 +20,11 @@ from ..kernel import Context
 from ..params import Bool, PromptParams, Selection
 from ..primitives import cost
 from ..primitives.cost import Shape, Sizes, Work, passes
-from ..results import Grid, Head, Metrics, Overlap, Result
+from ..results import Grid, Head, Metrics, Model, Overlap, PromptMaps, Result, pack_array
+from ..primitives import map_stats
 from ..primitives.batching import build_prompts, encode
-from .head_maps import head_maps
+from ..primitives.tr_null import BANDS, POOL
+from .head_maps import PER_PROMPT, head_maps
 from ..primitives.induction import induction_scores
 from ..primitives.predict import evaluate
 from ..primitives.selection import n_top, overlap, random_heads, top_heads
@@ -39,8 +46,30 @@ class ScoresParams(Selection, MapsParams):
     """kind `scores`: the head maps with top heads and overlaps (a new selection size reuses the cached maps)."""
 
 
+TR_TEST = (f"one-sided Monte Carlo permutation p of the mean TR against the mean TR onto random label subspaces of "
+           f"the same size (each label token replaced by a random vocabulary row of its token-id band, {BANDS} bands, "
+           f"{POOL} rows each, no label token), Benjamini-Hochberg across heads")
+TL_TEST = "one-sided sign-flip permutation p of mean TL > 0 over the prompts, Benjamini-Hochberg across heads"
+
+
+class MapStats(Model):
+    """One map's uncertainty over the prompts, each (layers, heads): the standard error of the mean (sd / sqrt(n)),
+    its 95% percentile bootstrap interval (1000 resamples of the prompts, seeded by the prompts' `seed`); for TR and
+    TL also the test against the null: one-sided p, Benjamini-Hochberg q across heads, the heads with q <= 0.05."""
+
+    se: Grid
+    ci_low: Grid
+    ci_high: Grid
+    p: Grid | None = None
+    q: Grid | None = None
+    significant: list[Head] | None = Field(None, description="heads with q <= fdr, by q")
+    test: str | None = None
+
+
 class MapsResult(Result):
-    """TSLA head maps (layers, heads), means over the prompts, with the prompt-level metrics."""
+    """TSLA head maps (layers, heads), means over the prompts, with the prompt-level metrics; `stats`: each mean
+    map's standard error, bootstrap interval and (TR, TL) significance; `per_prompt`: the maps prompt by prompt
+    (prompts, layers, heads), kept in the cache and in Python, left out of JSON replies."""
 
     n_layers: int
     n_heads: int
@@ -55,6 +84,12 @@ class MapsResult(Result):
     icl: Metrics
     zero_shot: Metrics | None = None
     multi_token_labels: list[str] = Field(default_factory=list)
+    stats: dict[str, MapStats] = Field(..., description="tr, tl, dla_tr, dla_tl: each map's SE, 95% CI, and for "
+                                                        "tr and tl its p, q and significant heads")
+    fdr: float = Field(map_stats.FDR, description="the false discovery rate of `significant`")
+    null_draws: int = Field(0, description="random label subspaces drawn for the TR null")
+    per_prompt: dict[str, PromptMaps] = Field(default_factory=dict, exclude=True,
+                                              description="tr, tl, dla_tr, dla_tl per prompt: (prompts, layers, heads)")
 
 
 class ScoresResult(MapsResult):
@@ -65,6 +100,11 @@ class ScoresResult(MapsResult):
     top_tl: list[Head]
     random_heads: list[Head]
     overlap: dict[str, Overlap]
+    stability: dict[str, Grid] = Field(..., description="tr, tl: the share of bootstrap resamples of the prompts in "
+                                                        "which each head is in that map's top-k set")
+    stable_at: float = Field(map_stats.STABLE_AT, description="a top head is stable at this stability or more")
+    stable_tr: list[Head] = Field(default_factory=list, description="heads with TR stability >= stable_at")
+    stable_tl: list[Head] = Field(default_factory=list, description="heads with TL stability >= stable_at")
 
 
 def maps(ctx: Context, p: MapsParams) -> dict[str, Any]:
@@ -85,7 +125,7 @@ def maps(ctx: Context, p: MapsParams) -> dict[str, Any]:
         def partial(d: dict[str, Any]) -> None:
             ctx.live({**d, "n_layers": lm.n_layers, "n_heads": lm.n_heads, "shots": built.shots})
     hm = head_maps(lm, enc, p.batch_size, p.apply_ln, ctx.stage(*share["ICL"], "scoring heads"), keep_prefix=True,
-                   partial=partial)
+                   partial=partial, null_seed=p.seed)
     zero = None
     if zenc is not None:  # a given prompt set has no zero-shot counterpart
         # the short zero-shot prompts in batches of as many tokens as the k-shot ones (fewer passes: speed only)
@@ -95,7 +135,17 @@ def maps(ctx: Context, p: MapsParams) -> dict[str, Any]:
     ind = induction_scores(lm)
     return {"n_layers": lm.n_layers, "n_heads": lm.n_heads, "shots": built.shots, "prompts": built.n,
             "tr": hm.tr, "tl": hm.tl, "dla_tr": hm.dla_tr, "dla_tl": hm.dla_tl, "flagged": hm.flagged,
-            "induction": ind, "icl": hm.metrics(), "zero_shot": zero, "multi_token_labels": enc.multi_token}
+            "induction": ind, "icl": hm.metrics(), "zero_shot": zero, "multi_token_labels": enc.multi_token,
+            "stats": head_stats(hm.per_prompt, hm.tr, hm.null_tr, p.seed), "fdr": map_stats.FDR,
+            "null_draws": int(hm.null_tr.shape[0]), "per_prompt": {k: pack_array(v) for k, v in hm.per_prompt.items()}}
+
+
+def head_stats(per_prompt: dict[str, Any], tr: Any, null_tr: Any, seed: int) -> dict[str, dict[str, Any]]:
+    """Each per-prompt map's SE and bootstrap interval (seeded), and TR's and TL's tests (`map_stats`)."""
+    out = {k: map_stats.uncertainty(per_prompt[k], seed=seed) for k in PER_PROMPT}
+    out["tr"].update(map_stats.significance(map_stats.tr_p(tr, null_tr)), test=TR_TEST)
+    out["tl"].update(map_stats.significance(map_stats.tl_p(per_prompt["tl"], seed)), test=TL_TEST)
+    return out
 
 
 def scores(ctx: Context, p: ScoresParams) -> dict[str, Any]:
@@ -104,7 +154,10 @@ def scores(ctx: Context, p: ScoresParams) -> dict[str, Any]:
     L, H = m.n_layers, m.n_heads
     k = n_top(L, H, p.top_pct, p.top_k)
     top_tr, top_tl = top_heads(m.tr, k=k), top_heads(m.tl, k=k)
+    stab = {name: map_stats.stability(m.per_prompt[name], k, seed=p.seed) for name in ("tr", "tl")}
     return {**m.model_dump(exclude=set(Result.model_fields)), "top_k": k, "top_tr": top_tr, "top_tl": top_tl,
+            "stability": stab, "stable_at": map_stats.STABLE_AT, "stable_tr": map_stats.stable(stab["tr"]),
+            "stable_tl": map_stats.stable(stab["tl"]),
             "random_heads": random_heads(L, H, k, p.seed, exclude=set(top_tr) | set(top_tl)),  # a disjoint control
             "overlap": {"tr_tl": overlap(m.tr, m.tl, k), "tr_induction": overlap(m.tr, m.induction, k),
                         "tl_induction": overlap(m.tl, m.induction, k)}}
