@@ -65,7 +65,8 @@ def hooked(
     last: torch.Tensor | None = None,
     prefill_only: bool = False,
 ) -> Iterator[Trace]:
-    """Install hooks for one or more forward passes; they are removed on exit, exceptions included.
+    """The keyword form of `intervene` for one or more forward passes (its hooks come off on exit, exceptions
+    included), with a `Trace` of what it captured. New code can pass intervention objects to `intervene` directly.
 
     capture_z: record z at the last token per layer (and, for post-attention-norm families, `write_scale`).
     capture_hidden: record each decoder layer's output and the embeddings (`embed`) at the last token.
@@ -88,14 +89,14 @@ def hooked(
     items: list[Intervention] = []
     if capture_hidden:
         items.append(Record("layer_in", lambda _, x: setattr(trace, "embed", take_last(x, last).clone()), at=[0]))
-    for layer in sorted(inject_input or {}):
-        items.append(Add("layer_in", {layer: inject_input[layer]}, at=tuple(inject_positions), last=last))
+    if inject_input:
+        items.append(Add("layer_in", inject_input, at=tuple(inject_positions), last=last))
     if head_mask is not None:
         items.append(HeadMask(head_mask, head_fill, at=mask_positions, last=last))
     if capture_z:
         items.append(Capture("z", last=last, into=trace.z_last))
         if lm.spec.post_attn_norm:
-            items.append(WriteScale(lm.post_attn_gain, lm.post_attn_eps, trace.write_scale, last))
+            items.append(WriteScale(trace.write_scale, last))
     if inject:
         items.append(Add("layer_out", inject, at="last", last=last))
     if capture_hidden:

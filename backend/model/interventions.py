@@ -134,17 +134,24 @@ class Capture(Intervention):
 @dataclass(eq=False)
 class WriteScale(Intervention):
     """The post-attention norm (Gemma 2 / 3) linearised at the last token, into[layer] = g / rms(x) (b, d) float32,
-    x the norm's input (the summed head writes plus the bias): a head's write is (z_h @ W_O[h]) * scale."""
+    x the norm's input (the summed head writes plus the bias): a head's write is (z_h @ W_O[h]) * scale. Every layer
+    (the family must have the norm)."""
 
-    gain: Callable[[int], torch.Tensor]
-    eps: Callable[[int], float]
     into: Any
     last: torch.Tensor | None = None
     site: Site = "post_attn_in"
+    norms: dict = field(default_factory=dict)  # layer -> (gain g (d,) float32, eps), read by `layers`
+
+    def layers(self, lm: LoadedModel) -> Sequence[int | None]:
+        if lm.spec.post_attn_norm is None:
+            raise ValueError(f"{lm.spec.family} has no post-attention norm")
+        self.norms = {l: (lm.post_attn_gain(l), lm.post_attn_eps(l)) for l in range(lm.n_layers)}
+        return range(lm.n_layers)
 
     def act(self, x: torch.Tensor, layer: int | None) -> None:
+        gain, eps = self.norms[layer]
         x = take_last(x, self.last).float()
-        self.into[layer] = self.gain(layer).to(x.device) * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps(layer))
+        self.into[layer] = gain.to(x.device) * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
 
 
 @dataclass(eq=False)
