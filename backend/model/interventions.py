@@ -282,33 +282,32 @@ def intervene(lm: LoadedModel, items: Sequence[Intervention | Skip], *, prefill_
                 raise ValueError(f"unknown site {it.site!r}")
             sites += [(it, layer) for layer in where]
 
-    def live() -> bool:
-        return not prefill_only or state.passes <= 1
-
     def count(module: torch.nn.Module, args: tuple, kwargs: dict) -> None:
         state.passes += 1
 
     def pre(it: Intervention, layer: int | None) -> Callable:
+        act = it.act
+
         def hook(module: torch.nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict] | None:
-            if not live():
+            if prefill_only and state.passes > 1:
                 return None
-            new = it.act(_input(args, kwargs), layer)
+            new = act(args[0] if args else kwargs["hidden_states"], layer)
             return None if new is None else _with_input(args, kwargs, new)
         return hook
 
     def post(it: Intervention, layer: int | None) -> Callable:
+        act = it.act
+
         def hook(module: torch.nn.Module, args: tuple, output: Any) -> Any:
-            if not live():
+            if prefill_only and state.passes > 1:
                 return None
-            plain = isinstance(output, torch.Tensor)
-            if not plain:
-                state.odd_outputs.append(type(output).__name__)
-                if not isinstance(output, tuple):
-                    return None
-            new = it.act(output if plain else output[0], layer)
-            if new is None:
+            if isinstance(output, torch.Tensor):
+                return act(output, layer)
+            state.odd_outputs.append(type(output).__name__)
+            if not isinstance(output, tuple):
                 return None
-            return new if plain else (new,) + tuple(output[1:])
+            new = act(output[0], layer)
+            return None if new is None else (new,) + tuple(output[1:])
         return hook
 
     handles: list[Any] = []
