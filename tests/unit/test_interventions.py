@@ -24,6 +24,15 @@ def lm(request, gpt2_tokenizer):
 
     return wrap(tiny_model(request.param), gpt2_tokenizer, f"tiny-{request.param}")
 
+
+@pytest.fixture(scope="module", params=["gemma2", "gpt2", "llama"])
+def some_lm(request, gpt2_tokenizer):
+    """Three families (tuple outputs aside, the plumbing does not depend on the family): GPT-2's fused layout,
+    grouped-query Llama, Gemma 2's post-attention norm."""
+    from backend.model.loading import wrap
+
+    return wrap(tiny_model(request.param), gpt2_tokenizer, f"tiny-{request.param}")
+
 REPO = Path(__file__).resolve().parents[2]
 HOOK_CALLS = ("register_forward", "register_full_backward", "register_module_forward")
 
@@ -70,7 +79,8 @@ def test_zero_additions_and_full_masks_leave_the_logits_bit_identical(lm):
         assert torch.equal(_logits(lm, b, items), plain), items
 
 
-def test_hooks_come_off_after_an_exception(lm):
+def test_hooks_come_off_after_an_exception(some_lm):
+    lm = some_lm
     b = _batch(lm)
     before = _hook_count(lm)
     items = [Capture("z"), Add("layer_in", {1: torch.randn(lm.d_model)}), HeadMask(torch.zeros(1, lm.n_layers,
@@ -127,7 +137,8 @@ def test_a_mask_sets_ablated_heads_to_their_fill(lm):
     torch.testing.assert_close(mask_heads(z, m, f), torch.stack([z[:, 0], 0.5 * z[:, 1] + 0.5 * f[1]], 1))
 
 
-def test_adding_after_a_layer_equals_adding_before_the_next(lm):
+def test_adding_after_a_layer_equals_adding_before_the_next(some_lm):
+    lm = some_lm
     b = _batch(lm)
     v = torch.randn(lm.d_model)
     after = _logits(lm, b, [Add("layer_out", {0: v}, at="last")])
@@ -149,7 +160,8 @@ def test_skipping_below_a_layer_with_its_clean_input_changes_nothing(lm):
     assert not torch.allclose(_logits(lm, b, [Skip([0])]), plain)
 
 
-def test_prefill_only_acts_on_the_first_pass(lm):
+def test_prefill_only_acts_on_the_first_pass(some_lm):
+    lm = some_lm
     b = _batch(lm)
     seen: list = []
     with torch.inference_mode(), intervene(lm, [Record("final_in", lambda l, x: seen.append(1))],
@@ -160,7 +172,8 @@ def test_prefill_only_acts_on_the_first_pass(lm):
     assert state.odd_outputs == []
 
 
-def test_layers_and_sites_are_checked_before_anything_runs(lm):
+def test_layers_and_sites_are_checked_before_anything_runs(some_lm):
+    lm = some_lm
     before = _hook_count(lm)
     with pytest.raises(ValueError, match="out of range"):
         with intervene(lm, [Capture("z"), Add("layer_in", {lm.n_layers: torch.zeros(lm.d_model)})]):
