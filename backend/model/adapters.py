@@ -13,15 +13,24 @@ Adding a model family means adding one entry to `ARCHS`.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from ..errors import BadInput
+
+if TYPE_CHECKING:  # the table is read without torch (the service, the CLI); only the methods below touch tensors
+    import torch
 
 WeightLayout = Literal["out_in", "in_out"]  # nn.Linear (d_model, H*dh) vs GPT-2 Conv1D (H*dh, d_model)
 QkvLayout = Literal["separate", "fused", "per_head"]
 """Where the value vectors come from: a v_proj of its own; one projection whose output is q | k | v (GPT-2's
 c_attn); or one whose output is, per head, q | k | v of head_dim each (GPT-NeoX's query_key_value)."""
 NormKind = Literal["layernorm", "rmsnorm", "rmsnorm_plus1"]  # rmsnorm_plus1: Gemma's x/rms * (1 + w)
+Site = Literal["z", "layer_in", "layer_out", "post_attn_in", "final_in"]
+"""Where an intervention acts (`backend/model/interventions.py`): z, the output projection's input (batch, seq,
+heads * head_dim), per layer; a decoder layer's input or output (batch, seq, d_model); the post-attention norm's input
+(Gemma 2 / 3: the summed head writes plus the bias, (batch, seq, d_model)); the final norm's input (batch, seq,
+d_model)."""
+PER_LAYER: frozenset[str] = frozenset({"z", "layer_in", "layer_out", "post_attn_in"})
 
 
 @dataclass(frozen=True)
@@ -43,6 +52,51 @@ class ArchSpec:
     """Dotted path from a decoder layer to a norm applied to the attention output before the residual add, or None
     (pre-norm families: o_proj's output is added as is). Its gain follows `norm` (Gemma: 1 + w)."""
     gguf_archs: tuple[str, ...] = ()  # GGUF `general.architecture` names transformers converts to this family
+
+    def site_path(self, site: Site, layer: int | None = None) -> str:
+        """Dotted path from the CausalLM to the module whose input (or, for "layer_out", output) is `site` of
+        `layer` (per-layer sites) or of the model ("final_in")."""
+        if site == "final_in":
+            return self.final_norm
+        if site not in PER_LAYER:
+            raise ValueError(f"unknown site {site!r}; the sites are z, layer_in, layer_out, post_attn_in, final_in")
+        if layer is None:
+            raise ValueError(f"site {site!r} needs a layer")
+        base = f"{self.layers}.{layer}"
+        if site == "z":
+            return f"{base}.{self.o_proj}"
+        if site == "post_attn_in":
+            if self.post_attn_norm is None:
+                raise ValueError(f"{self.family} has no post-attention norm")
+            return f"{base}.{self.post_attn_norm}"
+        return base
+
+    @property
+    def centered(self) -> bool:
+        """Whether the norms subtract the mean before scaling (LayerNorm), not only divide by the RMS."""
+        return self.norm == "layernorm"
+
+    def gain(self, weight: torch.Tensor | None, d_model: int, device: torch.device) -> torch.Tensor:
+        """A norm's effective elementwise gain (d_model,) float32 from its weight (None: no weight, gain 1);
+        Gemma's norms scale by 1 + w."""
+        if weight is None:
+            import torch
+
+            return torch.ones(d_model, device=device)
+        w = weight.float()
+        return 1.0 + w if self.norm == "rmsnorm_plus1" else w
+
+    def o_proj_matrix(self, weight: torch.Tensor) -> torch.Tensor:
+        """The output projection's weight as (heads * head_dim, d_model), whatever the stored layout."""
+        return weight.t() if self.layout == "out_in" else weight
+
+    def values_of(self, out: torch.Tensor, n_heads: int, n_kv_heads: int, head_dim: int) -> torch.Tensor:
+        """The value vectors (..., n_kv_heads, head_dim) in the output `out` (..., width) of the `v_proj` module."""
+        if self.qkv == "fused":  # q | k | v, each n_heads * head_dim wide
+            out = out[..., 2 * n_heads * head_dim:]
+        elif self.qkv == "per_head":  # per head: q | k | v, each head_dim wide
+            return out.reshape(*out.shape[:-1], n_kv_heads, 3 * head_dim)[..., 2 * head_dim:]
+        return out.reshape(*out.shape[:-1], n_kv_heads, head_dim)
 
 
 ARCHS: tuple[ArchSpec, ...] = (

@@ -17,7 +17,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from .adapters import ArchSpec, UnsupportedArchitecture, config_attr, spec_for
+from .adapters import ArchSpec, Site, UnsupportedArchitecture, config_attr, spec_for
 from ..weights.model_sources import ModelLoadError  # defined without torch, so the CLI can catch it before torch loads
 from ..text import clip, model_name_problem
 
@@ -55,9 +55,7 @@ class LoadedModel:
         self.n_layers = len(self.layers)
         self.n_heads = config_attr(cfg, self.spec.n_heads_attr)
         self.n_kv_heads = config_attr(cfg, self.spec.n_kv_heads_attr)
-        proj = self.o_proj(0)
-        in_features = proj.weight.shape[1] if self.spec.layout == "out_in" else proj.weight.shape[0]
-        self.d_model = proj.weight.shape[0] if self.spec.layout == "out_in" else proj.weight.shape[1]
+        in_features, self.d_model = self.spec.o_proj_matrix(self.o_proj(0).weight).shape
         head_dim = getattr(cfg, "head_dim", None)
         self.head_dim = int(head_dim) if head_dim else in_features // self.n_heads
         if self.head_dim * self.n_heads != in_features:
@@ -72,6 +70,10 @@ class LoadedModel:
     def layers(self) -> nn.ModuleList:
         return _get(self.model, self.spec.layers)
 
+    def site_module(self, site: Site, layer: int | None = None) -> nn.Module:
+        """The module whose input (output, for "layer_out") is `site` (`adapters.Site`) of `layer`."""
+        return _get(self.model, self.spec.site_path(site, layer))
+
     def o_proj(self, layer: int) -> nn.Module:
         return _get(self.layers[layer], self.spec.o_proj)
 
@@ -82,14 +84,8 @@ class LoadedModel:
     def values(self, layer: int, x: torch.Tensor) -> torch.Tensor:
         """Value vectors of the attention of `layer` for its (already normed) input x (..., d_model):
         (..., n_kv_heads, head_dim), bias included. Query head h reads kv head h // (n_heads // n_kv_heads)."""
-        proj = _get(self.layers[layer], self.spec.v_proj)
-        out = proj(x)
-        kv, dh = self.n_kv_heads, self.head_dim
-        if self.spec.qkv == "fused":  # q | k | v, each n_heads * head_dim wide
-            out = out[..., 2 * self.n_heads * dh:]
-        elif self.spec.qkv == "per_head":  # per head: q | k | v, each head_dim wide
-            out = out.reshape(*out.shape[:-1], kv, 3 * dh)[..., 2 * dh:]
-        return out.reshape(*out.shape[:-1], kv, dh) if self.spec.qkv != "per_head" else out
+        out = _get(self.layers[layer], self.spec.v_proj)(x)
+        return self.spec.values_of(out, self.n_heads, self.n_kv_heads, self.head_dim)
 
     @property
     def final_norm(self) -> nn.Module:
@@ -110,8 +106,7 @@ class LoadedModel:
 
     def w_o(self, layer: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         """Per-head slices of W_O for one layer, shape (heads, head_dim, d_model): o_h = z_h @ w_o[h]."""
-        w = self.o_proj(layer).weight
-        w = w.t() if self.spec.layout == "out_in" else w  # (H*dh, d)
+        w = self.spec.o_proj_matrix(self.o_proj(layer).weight)  # (H*dh, d)
         return w.to(dtype).reshape(self.n_heads, self.head_dim, self.d_model)
 
     def o_bias(self, layer: int) -> torch.Tensor | None:
@@ -122,11 +117,7 @@ class LoadedModel:
         return _get(self.layers[layer], self.spec.post_attn_norm) if self.spec.post_attn_norm else None
 
     def _gain(self, norm: nn.Module) -> torch.Tensor:
-        w = getattr(norm, "weight", None)
-        if w is None:
-            return torch.ones(self.d_model, device=self.device)
-        w = w.float()
-        return 1.0 + w if self.spec.norm == "rmsnorm_plus1" else w
+        return self.spec.gain(getattr(norm, "weight", None), self.d_model, self.device)
 
     def norm_gain(self) -> torch.Tensor:
         """Effective elementwise gain of the final norm, shape (d_model,)."""

@@ -130,10 +130,8 @@ def test_no_cycles(graph):
     assert not cycles, "cycles: " + "; ".join(" -> ".join(c) for c in cycles)
 
 
-PENDING = {"backend.analysis.primitives.engine", "backend.analysis.primitives.engine_fast",
-           "backend.analysis.primitives.last_token"}
-"""Modules still taking private names (`_halve`, `_Emitter`, `_Plan`, `_Unsupported`...) from engine_plan and
-engine_fast: renamed once the sweep-engine work under way on those files has landed (issue 26)."""
+PENDING: set[str] = set()
+"""Modules still allowed to take private names from another; empty since the engine's shared names became public."""
 
 
 def test_no_module_takes_a_private_name_from_another():

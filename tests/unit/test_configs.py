@@ -145,8 +145,8 @@ def test_eager_attention_uses_an_additive_packed_mask(arch, gpt2_tokenizer, monk
     ids, configs = prompts(seed=3), mixture(lm, seed=3)
     ref = collect(lm, ids, configs, engine="full")
     masks = []
-    real = F._packed_mask
-    monkeypatch.setattr(F, "_packed_mask", lambda *a: masks.append(r := real(*a)) or r)
+    real = F.packed_mask
+    monkeypatch.setattr(F, "packed_mask", lambda *a: masks.append(r := real(*a)) or r)
     got = fast(lm, ids, configs, monkeypatch, batch_size=2)
     assert masks and all(m is not None and m.dtype == lm.dtype for m in masks)
     assert (got - ref).abs().max().item() <= 1e-5
@@ -168,8 +168,8 @@ def test_sliding_window_shorter_than_the_prompts(arch, gpt2_tokenizer, monkeypat
     ids, configs = prompts(), mixture(lm)
     ref = collect(lm, ids, configs, engine="full")
     masks = []
-    real = F._packed_mask
-    monkeypatch.setattr(F, "_packed_mask", lambda *a: masks.append(r := real(*a)) or r)
+    real = F.packed_mask
+    monkeypatch.setattr(F, "packed_mask", lambda *a: masks.append(r := real(*a)) or r)
     got = fast(lm, ids, configs, monkeypatch, batch_size=3)
     assert (got - ref).abs().max().item() <= 1e-5
     assert any(m is None for m in masks) == (arch == "gemma2"), masks
@@ -239,7 +239,7 @@ def test_step_passes_run_at_the_measured_thread_count(gpt2_tokenizer, monkeypatc
 
 def test_passes_start_at_their_earliest_layer():
     """Long prompts: one pass per start layer; short ones: start layers merge into fewer, fuller passes."""
-    plans = [F._Plan("all", start=s) for s in (5, 0, 9, 5, 2, 9)]
+    plans = [F.Plan("all", start=s) for s in (5, 0, 9, 5, 2, 9)]
     todo = list(range(len(plans)))
     long = F._chunks(plans, todo, 12, tokens=8 * 512, per=4)
     assert [(s, sorted(c)) for s, c in long] == [(9, [2, 5]), (5, [0, 3]), (2, [4]), (0, [1])]
@@ -277,7 +277,7 @@ def test_falls_back_to_full_passes_for_the_rest(gpt2_tokenizer):
     def second_fails(*a, **k):
         calls.append(1)
         if len(calls) == 2:
-            raise F._Unsupported("simulated")
+            raise F.Unsupported("simulated")
         return real(*a, **k)
 
     F._fast_batch = second_fails

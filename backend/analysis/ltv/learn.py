@@ -27,6 +27,7 @@ from typing import Callable, Sequence
 import torch
 
 from ...errors import BadInput
+from ...model.interventions import Record, intervene
 from ...model.loading import LoadedModel
 from ..primitives.stopping import check
 from ...tasks.base import Prompt, Task, TaskError
@@ -45,21 +46,17 @@ def residual_rms(lm: LoadedModel, enc: Encoded, layer: int, positions: Sequence[
     total, count = [0.0], [0]
     idx = list(positions)
 
-    def pre(module, args, kwargs):
-        h = args[0] if args else kwargs["hidden_states"]
+    def add(_: int | None, h: torch.Tensor) -> None:
         x = h[:, idx].float()
         total[0] += float((x.norm(dim=-1) / math.sqrt(x.shape[-1])).sum())
         count[0] += x.shape[0] * x.shape[1]
 
-    handle = lm.layers[layer].register_forward_pre_hook(pre, with_kwargs=True)
-    try:
-        def step(batch) -> None:
-            lm.model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, position_ids=batch.position_ids,
-                     use_cache=False, logits_to_keep=1)
+    def step(batch) -> None:
+        lm.model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, position_ids=batch.position_ids,
+                 use_cache=False, logits_to_keep=1)
 
+    with intervene(lm, [Record("layer_in", add, at=[layer])]):
         map_batches(lm, enc.ids, batch_size, step)
-    finally:
-        handle.remove()
     return total[0] / max(count[0], 1)
 
 

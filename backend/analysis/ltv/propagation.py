@@ -22,13 +22,13 @@ propagation into a rotation, cos(theta, Q theta), and a stretch,
 """
 from __future__ import annotations
 
-from contextlib import contextmanager
-from typing import Iterator, Sequence
+from typing import Sequence
 
 import numpy as np
 import torch
 
 from ...model.hooks import hooked
+from ...model.interventions import Record, intervene
 from ...model.loading import LoadedModel
 from ..primitives.stopping import check
 from ..primitives.batching import Batch, Encoded, Progress, make_batch, map_batches
@@ -60,25 +60,6 @@ def head_saliency(lm: LoadedModel, enc: Encoded, inj: Injection, batch_size: int
     return (total / len(order)).numpy()
 
 
-@contextmanager
-def _layer_inputs(lm: LoadedModel, layers: Sequence[int], store: dict[int, torch.Tensor]) -> Iterator[None]:
-    """Record each listed decoder layer's input hidden states (after any injection hooks registered before)."""
-    handles = []
-
-    def make(layer: int):
-        def pre(module, args, kwargs):
-            store[layer] = args[0] if args else kwargs["hidden_states"]
-        return pre
-
-    try:
-        for l in layers:
-            handles.append(lm.layers[l].register_forward_pre_hook(make(l), with_kwargs=True))
-        yield
-    finally:
-        for h in handles:
-            h.remove()
-
-
 def ov_reconstruction(lm: LoadedModel, enc: Encoded, layer: int, theta: torch.Tensor, positions: Sequence[int],
                       batch_size: int = 32, progress: Progress | None = None) -> tuple[torch.Tensor, np.ndarray]:
     """(r (d_model,), per-head norms of the mean write ||r[l', h]|| (layers, heads)) of theta injected at the
@@ -93,7 +74,8 @@ def ov_reconstruction(lm: LoadedModel, enc: Encoded, layer: int, theta: torch.Te
     def step(batch: Batch) -> None:
         inputs: dict[int, torch.Tensor] = {}
         with hooked(lm, inject_input={layer: theta}, inject_positions=pos, last=batch.last,
-                    capture_z=lm.spec.post_attn_norm is not None) as trace, _layer_inputs(lm, later, inputs):
+                    capture_z=lm.spec.post_attn_norm is not None) as trace, \
+                intervene(lm, [Record("layer_in", inputs.__setitem__, at=later)]):  # after the injection
             out = lm.model(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
                            position_ids=batch.position_ids, use_cache=False, logits_to_keep=1,
                            output_attentions=True)

@@ -47,8 +47,8 @@ from ...model.loading import LoadedModel
 from .stopping import check
 
 from .batching import make_batch
-from .engine_fast import _run_fast, _Unsupported
-from .engine_plan import OnLogits, Progress, RowConfig, _Emitter, _halve, _last_logits, _plan
+from .engine_fast import run_fast, Unsupported
+from .engine_plan import OnLogits, Progress, RowConfig, Emitter, halve, last_logits, plan_config
 
 ENGINES = ("auto", "full")
 
@@ -76,27 +76,27 @@ def run_configs(lm: LoadedModel, ids: Sequence[Sequence[int]], configs: Sequence
     empty = [i for i, x in enumerate(ids) if len(x) == 0]
     if empty:
         raise ValueError(f"prompt {empty[0]} has no tokens")
-    plans = [_plan(lm, i, c) for i, c in enumerate(configs)]
+    plans = [plan_config(lm, i, c) for i, c in enumerate(configs)]
     if fill is not None:
         want = (lm.n_layers, lm.n_heads, lm.head_dim)
         if tuple(fill.shape) != want:
             raise ValueError(f"fill of shape {tuple(fill.shape)}, expected {want} (layers, heads, head_dim)")
         fill = fill.detach().to(lm.device)
-    out = _Emitter(C, N, on_logits, progress)
+    out = Emitter(C, N, on_logits, progress)
     with lm.lock, torch.inference_mode():
         if engine == "full":
             _run_full(lm, ids, configs, fill, batch_size, out, [(c, i) for c in range(C) for i in range(N)])
             return
         try:
-            _run_fast(lm, ids, plans, fill, batch_size, out, keep_prefix)
-        except _Unsupported:
+            run_fast(lm, ids, plans, fill, batch_size, out, keep_prefix)
+        except Unsupported:
             rest = (~out.done).nonzero().tolist()
             _run_full(lm, ids, configs, fill, batch_size, out, [(c, i) for c, i in rest])
 
 
 # -- the reference: every (configuration, prompt) pair a full pass ------------------------------------------------
 def _run_full(lm: LoadedModel, ids: Sequence[Sequence[int]], configs: Sequence[RowConfig], fill: torch.Tensor | None,
-              batch_size: int, out: _Emitter, pairs: list[tuple[int, int]]) -> None:
+              batch_size: int, out: Emitter, pairs: list[tuple[int, int]]) -> None:
     """Rows (configuration, prompt) in sorted, left-padded batches through `hooks.hooked`, one group per mask
     position kind; a batch's rows carry their own masks and vectors."""
     L, H, d, dev = lm.n_layers, lm.n_heads, lm.d_model, lm.device
@@ -132,9 +132,9 @@ def _run_full(lm: LoadedModel, ids: Sequence[Sequence[int]], configs: Sequence[R
                 inject = {l: torch.stack([vec(c, l) for c in cl]) for l in layers} or None
                 with hooked(lm, head_mask=head_mask, head_fill=fill if has_mask else None, mask_positions=pos,
                             inject=inject, last=batch.last):
-                    logits = _last_logits(lm, batch.input_ids, batch.attention_mask, batch.position_ids)
+                    logits = last_logits(lm, batch.input_ids, batch.attention_mask, batch.position_ids)
             except (torch.OutOfMemoryError, RuntimeError) as e:
-                bs = _halve(lm, e, bs)
+                bs = halve(lm, e, bs)
                 continue
             cs = torch.tensor(cl, device=logits.device)
             ps = torch.tensor([rows[r][1] for r in chunk], device=logits.device)

@@ -1,7 +1,7 @@
 """The sweep engine's fast paths (engine="auto"; see `engine.py` for what each recomputes): the clean pass of a
 prompt batch, last-token configurations as one more token over its KV cache (packed side by side, or the cache
 repeated over rows), and all-position configurations from their start layer on the recorded clean residual stream.
-A model they cannot serve raises `_Unsupported`, and the rest of the sweep runs on full passes."""
+A model they cannot serve raises `Unsupported`, and the rest of the sweep runs on full passes."""
 from __future__ import annotations
 
 import copy
@@ -10,12 +10,13 @@ from typing import Iterator, Sequence
 
 import torch
 
+from ...model.interventions import Add, HeadMask, Intervention, Record, intervene, skip_below
 from ...model.loading import LoadedModel
 from .stopping import check
 
 from .batching import Batch, make_batch
 from .prefix_store import STORE, batch_prefix, entries_of, fits
-from .engine_plan import _Emitter, _halve, _last_logits, _Plan
+from .engine_plan import Emitter, halve, last_logits, Plan
 from .threads import cpu_threads
 
 # A step pass (one new token per configuration) holds up to STEP_ROWS_FACTOR * batch_size (configuration,
@@ -28,12 +29,12 @@ PASS_OVERHEAD_TOKENS = 64
 STORED_BATCH = 128  # prompts per batch when every clean prefix is kept (`prefix_store`): steps read the weights once
 
 
-class _Unsupported(Exception):
+class Unsupported(Exception):
     """The model does something the fast paths do not handle; the rest of the sweep runs on the full engine."""
 
 
-def _run_fast(lm: LoadedModel, ids: Sequence[Sequence[int]], plans: list[_Plan], fill: torch.Tensor | None,
-              batch_size: int, out: _Emitter, keep_prefix: bool = False) -> None:
+def run_fast(lm: LoadedModel, ids: Sequence[Sequence[int]], plans: list[Plan], fill: torch.Tensor | None,
+             batch_size: int, out: Emitter, keep_prefix: bool = False) -> None:
     clean = [c for c, p in enumerate(plans) if p.kind == "clean"]
     last = [c for c, p in enumerate(plans) if p.kind == "last"]
     every = [c for c, p in enumerate(plans) if p.kind == "all"]
@@ -48,12 +49,12 @@ def _run_fast(lm: LoadedModel, ids: Sequence[Sequence[int]], plans: list[_Plan],
             _fast_batch(lm, make_batch(lm, ids, prompts), plans, clean, last, every, fill, bs, out,
                         [ids[i] for i in prompts], keep_prefix)
         except (torch.OutOfMemoryError, RuntimeError) as e:
-            bs = _halve(lm, e, bs)
+            bs = halve(lm, e, bs)
             continue
         done += len(prompts)
 
 
-def _chunks(plans: list[_Plan], todo: list[int], n_layers: int, tokens: int, per: int) -> list[tuple[int, list[int]]]:
+def _chunks(plans: list[Plan], todo: list[int], n_layers: int, tokens: int, per: int) -> list[tuple[int, list[int]]]:
     """All-position configurations in passes of at most `per`, each pass starting at its earliest start layer.
 
     Configurations sorted by start layer are cut into runs that minimise the modelled cost
@@ -76,8 +77,8 @@ def _chunks(plans: list[_Plan], todo: list[int], n_layers: int, tokens: int, per
     return out[::-1]
 
 
-def _fast_batch(lm: LoadedModel, batch: Batch, plans: list[_Plan], clean: list[int], last: list[int],
-                every: list[int], fill: torch.Tensor | None, bs: int, out: _Emitter,
+def _fast_batch(lm: LoadedModel, batch: Batch, plans: list[Plan], clean: list[int], last: list[int],
+                every: list[int], fill: torch.Tensor | None, bs: int, out: Emitter,
                 rows_ids: Sequence[Sequence[int]] = (), keep: bool = False) -> None:
     from transformers import DynamicCache
 
@@ -105,8 +106,8 @@ def _fast_batch(lm: LoadedModel, batch: Batch, plans: list[_Plan], clean: list[i
             cache = DynamicCache(config=lm.model.config)
             cache.activate_past_recording()  # sliding-window layers keep what `crop` needs
         at_last: dict[int, torch.Tensor] = {}  # every layer's clean output at the last token (steps start later)
-        with _record_outputs(lm, need, recorded, at_last if (last or keep) else None):
-            logits = _last_logits(lm, batch.input_ids, batch.attention_mask, batch.position_ids, cache)
+        with record_outputs(lm, need, recorded, at_last if (last or keep) else None):
+            logits = last_logits(lm, batch.input_ids, batch.attention_mask, batch.position_ids, cache)
         if cache is not None:
             cache.crop(-1)
         if keep:
@@ -129,82 +130,31 @@ def _fast_batch(lm: LoadedModel, batch: Batch, plans: list[_Plan], clean: list[i
 
 
 @contextmanager
-def _record_outputs(lm: LoadedModel, layers: Sequence[int], into: dict[int, torch.Tensor],
-                    last_into: dict[int, torch.Tensor] | None = None) -> Iterator[None]:
-    """Record the output of the given decoder layers (and, into `last_into`, every layer's output at the last
-    position, (batch, 1, d_model)); every layer's output must be a plain tensor."""
-    handles = []
-    bad: list[str] = []
+def record_outputs(lm: LoadedModel, layers: Sequence[int], into: dict[int, torch.Tensor],
+                   last_into: dict[int, torch.Tensor] | None = None) -> Iterator[None]:
+    """Record the output (batch, seq, d_model) of the given decoder layers (and, into `last_into`, every layer's
+    output at the last position, (batch, 1, d_model)); every layer's output must be a plain tensor (`Unsupported`)."""
+    def keep(layer: int | None, h: torch.Tensor) -> None:
+        if layer in layers:
+            into[layer] = h
+        if last_into is not None:
+            last_into[layer] = h[:, -1:].clone()
 
-    def make(layer: int):
-        def hook(module, args, output):
-            if not isinstance(output, torch.Tensor):
-                bad.append(type(output).__name__)
-                return
-            if layer in layers:
-                into[layer] = output
-            if last_into is not None:
-                last_into[layer] = output[:, -1:].clone()
-        return hook
-
-    try:
-        for layer in range(lm.n_layers):
-            handles.append(lm.layers[layer].register_forward_hook(make(layer)))
+    with intervene(lm, [Record("layer_out", keep)]) as seen:
         yield
-    finally:
-        for h in handles:
-            h.remove()
-    if bad:
-        raise _Unsupported(f"decoder layers return {bad[0]}, not a tensor")
+    if seen.odd_outputs:
+        raise Unsupported(f"decoder layers return {seen.odd_outputs[0]}, not a tensor")
 
 
-@contextmanager
-def _interventions(lm: LoadedModel, masks: dict[int, torch.Tensor], fill: torch.Tensor | None,
-                   inject: dict[int, torch.Tensor], last_only: bool) -> Iterator[None]:
-    """masks[l]: multipliers broadcastable to (batch, seq, heads), applied to z at layer l's output projection
-    input (z' = m z + (1 - m) fill); inject[l]: broadcastable to (batch, seq, d_model), added to layer l's
-    output at every position, or at the last one only."""
-    H, dh = lm.n_heads, lm.head_dim
-    handles = []
-
-    def pre(layer: int):
-        m = masks[layer][..., None]
-        f = None if fill is None else fill[layer]
-
-        def hook(module, args, kwargs):
-            z = args[0] if args else kwargs["hidden_states"]
-            b, s, _ = z.shape
-            zz = z.reshape(b, s, H, dh)
-            mm = m.to(z.dtype)
-            zz = mm * zz if f is None else mm * zz + (1 - mm) * f.to(z.dtype)
-            z = zz.reshape(b, s, H * dh)
-            if args:
-                return (z,) + tuple(args[1:]), kwargs
-            return args, {**kwargs, "hidden_states": z}
-        return hook
-
-    def post(layer: int):
-        v = inject[layer]
-
-        def hook(module, args, output):
-            h = output[0] if isinstance(output, tuple) else output
-            vv = v.to(h.dtype)
-            h = torch.cat([h[:, :-1], h[:, -1:] + vv], dim=1) if last_only else h + vv
-            return (h,) + tuple(output[1:]) if isinstance(output, tuple) else h
-        return hook
-
-    try:
-        for layer in sorted(masks):
-            handles.append(lm.o_proj(layer).register_forward_pre_hook(pre(layer), with_kwargs=True))
-        for layer in sorted(inject):
-            handles.append(lm.layers[layer].register_forward_hook(post(layer)))
-        yield
-    finally:
-        for h in handles:
-            h.remove()
+def _edits(masks: dict[int, torch.Tensor], fill: torch.Tensor | None, inject: dict[int, torch.Tensor],
+           last_only: bool) -> list[Intervention]:
+    """masks[l]: multipliers broadcastable to (batch, seq, heads) at layer l's z (`HeadMask`: z' = m z + (1 - m)
+    fill); inject[l]: added to layer l's output at every position, broadcastable to (batch, seq, d_model), or
+    (`last_only`) at the last one, broadcastable to (batch, d_model)."""
+    return [HeadMask(masks, fill), Add("layer_out", inject, at="last" if last_only else "all")]
 
 
-def _stack(lm: LoadedModel, plans: list[_Plan], chunk: Sequence[int]) -> tuple[dict[int, torch.Tensor],
+def _stack(lm: LoadedModel, plans: list[Plan], chunk: Sequence[int]) -> tuple[dict[int, torch.Tensor],
                                                                                  dict[int, torch.Tensor]]:
     """Per layer, the chunk's masks (c, heads) and vectors (c, d_model), only where some configuration acts."""
     L, H, d, dev = lm.n_layers, lm.n_heads, lm.d_model, lm.device
@@ -221,7 +171,7 @@ def _stack(lm: LoadedModel, plans: list[_Plan], chunk: Sequence[int]) -> tuple[d
     return masks, vecs
 
 
-def _shallow(cache):
+def shallow_cache(cache):
     """A copy of a DynamicCache whose layers can be extended without touching the original's tensors
     (dynamic layers rebind, never write in place)."""
     c = copy.copy(cache)
@@ -229,7 +179,7 @@ def _shallow(cache):
     return c
 
 
-def _packed_mask(lm: LoadedModel, batch: Batch, cache, c: int) -> torch.Tensor | None:
+def packed_mask(lm: LoadedModel, batch: Batch, cache, c: int) -> torch.Tensor | None:
     """The 4D mask of a packed step of `c` new tokens per row (each sees the prefix and itself), or None when
     one mask cannot serve every layer or the attention kernel takes no 4D mask."""
     impl = getattr(lm.model.config, "_attn_implementation", None)
@@ -255,8 +205,8 @@ def _packed_mask(lm: LoadedModel, batch: Batch, cache, c: int) -> torch.Tensor |
     return m
 
 
-def _last_token(lm: LoadedModel, batch: Batch, cache, plans: list[_Plan], todo: list[int],
-                fill: torch.Tensor | None, bs: int, out: _Emitter, at_last: dict[int, torch.Tensor]) -> None:
+def _last_token(lm: LoadedModel, batch: Batch, cache, plans: list[Plan], todo: list[int],
+                fill: torch.Tensor | None, bs: int, out: Emitter, at_last: dict[int, torch.Tensor]) -> None:
     """Each configuration as one new token (the prompt's last) over the clean prefix cache. Configurations go in
     order of their start layer s; a step runs layers >= s of its chunk's earliest s only (layer s - 1 returns its
     clean output at the last token, `at_last`).
@@ -269,8 +219,8 @@ def _last_token(lm: LoadedModel, batch: Batch, cache, plans: list[_Plan], todo: 
         _step_passes(lm, batch, cache, plans, todo, fill, bs, out, at_last)
 
 
-def _step_passes(lm: LoadedModel, batch: Batch, cache, plans: list[_Plan], todo: list[int], fill: torch.Tensor | None,
-                 bs: int, out: _Emitter, at_last: dict[int, torch.Tensor]) -> None:
+def _step_passes(lm: LoadedModel, batch: Batch, cache, plans: list[Plan], todo: list[int], fill: torch.Tensor | None,
+                 bs: int, out: Emitter, at_last: dict[int, torch.Tensor]) -> None:
     """`_last_token`'s step passes, at the current thread count."""
     P, W = batch.input_ids.shape
     dev = batch.input_ids.device
@@ -283,12 +233,12 @@ def _step_passes(lm: LoadedModel, batch: Batch, cache, plans: list[_Plan], todo:
         check()  # once per step of configurations
         chunk = todo[k:k + per]
         c = len(chunk)
-        mask4 = _packed_mask(lm, batch, cache, c)
+        mask4 = packed_mask(lm, batch, cache, c)
         if mask4 is None and c * P > bs and c > 1:  # the repeated cache holds at most bs rows
             per = max(1, bs // P)
             continue
         masks, vecs = _stack(lm, plans, chunk)
-        step = None if cache is None else _shallow(cache)
+        step = None if cache is None else shallow_cache(cache)
         cs = torch.tensor(chunk, device=dev)
         start = min(plans[i].start for i in chunk)
         rec = at_last.get(start - 1) if start > 0 else None
@@ -297,8 +247,8 @@ def _step_passes(lm: LoadedModel, batch: Batch, cache, plans: list[_Plan], todo:
         if mask4 is not None:  # packed: row p holds configurations chunk[0..c) side by side
             masks = {l: m[None] for l, m in masks.items()}  # (1, c, H)
             vecs = {l: v[None] for l, v in vecs.items()}  # (1, c, d)
-            with _skip_until(lm, start, None if rec is None else rec.expand(P, c, rec.shape[-1])), \
-                    _interventions(lm, masks, fill, vecs, last_only=False):
+            with intervene(lm, [skip_below(start, None if rec is None else rec.expand(P, c, rec.shape[-1])),
+                                *_edits(masks, fill, vecs, last_only=False)]):
                 o = lm.model(input_ids=tok.expand(P, c), attention_mask=mask4, position_ids=pos.expand(P, c),
                              cache=step, use_cache=step is not None, logits_to_keep=0)
             logits = o.logits.reshape(P * c, -1)
@@ -308,39 +258,16 @@ def _step_passes(lm: LoadedModel, batch: Batch, cache, plans: list[_Plan], todo:
                 step.batch_repeat_interleave(c)
             masks = {l: m.repeat(P, 1)[:, None] for l, m in masks.items()}  # (P c, 1, H)
             vecs = {l: v.repeat(P, 1)[:, None] for l, v in vecs.items()}  # (P c, 1, d)
-            with _skip_until(lm, start, None if rec is None else rec.repeat_interleave(c, 0)), \
-                    _interventions(lm, masks, fill, vecs, last_only=False):
-                logits = _last_logits(lm, tok.repeat_interleave(c, 0), batch.attention_mask.repeat_interleave(c, 0),
+            with intervene(lm, [skip_below(start, None if rec is None else rec.repeat_interleave(c, 0)),
+                                *_edits(masks, fill, vecs, last_only=False)]):
+                logits = last_logits(lm, tok.repeat_interleave(c, 0), batch.attention_mask.repeat_interleave(c, 0),
                                       pos.repeat_interleave(c, 0), step)
             out.emit(logits, cs.repeat(P), ps.repeat_interleave(c), "sweep: last-token configurations")
         k += c
 
 
-@contextmanager
-def _skip_until(lm: LoadedModel, start: int, clean_out: torch.Tensor | None) -> Iterator[None]:
-    """Decoder layers < start - 1 pass their input through; layer start - 1 returns `clean_out`."""
-    if start == 0:
-        yield
-        return
-
-    def through(*args, **kwargs):
-        return args[0] if args else kwargs["hidden_states"]
-
-    def recorded(*args, **kwargs):
-        return clean_out
-
-    layers = [lm.layers[i] for i in range(start)]
-    try:
-        for i, layer in enumerate(layers):
-            layer.forward = recorded if i == start - 1 else through
-        yield
-    finally:
-        for layer in layers:
-            layer.__dict__.pop("forward", None)
-
-
-def _from_layer(lm: LoadedModel, batch: Batch, start: int, clean_out: torch.Tensor | None, plans: list[_Plan],
-                chunk: list[int], fill: torch.Tensor | None, out: _Emitter) -> None:
+def _from_layer(lm: LoadedModel, batch: Batch, start: int, clean_out: torch.Tensor | None, plans: list[Plan],
+                chunk: list[int], fill: torch.Tensor | None, out: Emitter) -> None:
     """One pass of all-position configurations (none changes a layer before `start`) from that layer on."""
     P, W = batch.input_ids.shape
     dev = batch.input_ids.device
@@ -348,10 +275,10 @@ def _from_layer(lm: LoadedModel, batch: Batch, start: int, clean_out: torch.Tens
     c = len(chunk)
     masks, vecs = _stack(lm, plans, chunk)  # row j * P + p is prompt p under configuration chunk[j]
     masks = {l: m.repeat_interleave(P, 0)[:, None] for l, m in masks.items()}  # (c P, 1, H): all positions
-    vecs = {l: v.repeat_interleave(P, 0)[:, None] for l, v in vecs.items()}  # (c P, 1, d), last token
+    vecs = {l: v.repeat_interleave(P, 0) for l, v in vecs.items()}  # (c P, d), last token
     rec = None if clean_out is None else clean_out.repeat(c, 1, 1)
-    with _skip_until(lm, start, rec), _interventions(lm, masks, fill, vecs, last_only=True):
-        logits = _last_logits(lm, batch.input_ids.repeat(c, 1), batch.attention_mask.repeat(c, 1),
+    with intervene(lm, [skip_below(start, rec), *_edits(masks, fill, vecs, last_only=True)]):
+        logits = last_logits(lm, batch.input_ids.repeat(c, 1), batch.attention_mask.repeat(c, 1),
                               batch.position_ids.repeat(c, 1))
     cs = torch.tensor(chunk, device=dev).repeat_interleave(P)
     out.emit(logits, cs, ps.repeat(c), f"sweep: configurations from layer {start}")

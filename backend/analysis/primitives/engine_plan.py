@@ -1,5 +1,5 @@
-"""The sweep engine's configurations and their bookkeeping: `RowConfig` (what a configuration does), `_plan` (what
-the engine does with it: nothing, a last-token step, or a pass from its start layer), `_Emitter` (each
+"""The sweep engine's configurations and their bookkeeping: `RowConfig` (what a configuration does), `plan_config` (what
+the engine does with it: nothing, a last-token step, or a pass from its start layer), `Emitter` (each
 (configuration, prompt) pair's logits handed on exactly once), one pass's last-token logits, and halving the batch
 on out-of-memory. The engine: `engine.py` (`run_configs`, full passes) and `engine_fast.py` (the fast paths)."""
 from __future__ import annotations
@@ -33,7 +33,7 @@ class RowConfig:
 
 
 @dataclass
-class _Plan:
+class Plan:
     """What the engine does with one configuration."""
 
     kind: Literal["clean", "last", "all"]
@@ -42,7 +42,7 @@ class _Plan:
     inject: dict[int, torch.Tensor] | None = None  # non-zero vectors only, on the model's device
 
 
-def _plan(lm: LoadedModel, i: int, cfg: RowConfig) -> _Plan:
+def plan_config(lm: LoadedModel, i: int, cfg: RowConfig) -> Plan:
     L, H, d = lm.n_layers, lm.n_heads, lm.d_model
     if cfg.positions not in ("all", "last"):
         raise ValueError(f"configuration {i}: positions must be 'all' or 'last', not {cfg.positions!r}")
@@ -66,7 +66,7 @@ def _plan(lm: LoadedModel, i: int, cfg: RowConfig) -> _Plan:
             inject[layer] = inject[layer] + v if layer in inject else v
     inject = inject or None
     if mask is None and inject is None:
-        return _Plan("clean")
+        return Plan("clean")
     start = L  # the first decoder layer whose input (or, for a mask, whose own output) differs from the clean run's
     if mask is not None:
         start = int((mask != 1).any(1).nonzero()[0])
@@ -74,11 +74,11 @@ def _plan(lm: LoadedModel, i: int, cfg: RowConfig) -> _Plan:
         start = min(start, min(inject) + 1)
     if mask is None or cfg.positions == "last" or start >= L - 1:
         # only the last token leaves the last layer: an all-position mask there acts as a last-token one
-        return _Plan("last", start=start, mask=mask, inject=inject)
-    return _Plan("all", start=start, mask=mask, inject=inject)
+        return Plan("last", start=start, mask=mask, inject=inject)
+    return Plan("all", start=start, mask=mask, inject=inject)
 
 
-class _Emitter:
+class Emitter:
     """Hands rows to `on_logits` once each (retries after an OOM skip what was delivered) and reports progress."""
 
     def __init__(self, n_configs: int, n_prompts: int, on_logits: OnLogits, progress: Progress | None):
@@ -106,14 +106,14 @@ class _Emitter:
             self.progress(self.count / self.total, message)
 
 
-def _last_logits(lm: LoadedModel, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+def last_logits(lm: LoadedModel, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                  position_ids: torch.Tensor, cache=None) -> torch.Tensor:
     o = lm.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, cache=cache,
                  use_cache=cache is not None, logits_to_keep=1)
     return o.logits[:, -1].float()
 
 
-def _halve(lm: LoadedModel, e: BaseException, bs: int) -> int:
+def halve(lm: LoadedModel, e: BaseException, bs: int) -> int:
     if not is_oom(e):
         raise e
     if lm.device.type == "cuda":

@@ -10,7 +10,7 @@ over that cache through layers l .. L-1 only:
 
 "Packed" steps put many vectors side by side on the sequence axis of one row per prompt (same position id; the
 engine's 4D mask lets each see the prefix and itself only); where one 4D mask cannot serve every layer, or the
-attention kernel takes none, the cache is repeated over rows instead (`engine._packed_mask`). A vector costs about
+attention kernel takes none, the cache is repeated over rows instead (`engine.packed_mask`). A vector costs about
 (L - l) / (L T) of a full pass over prompts of T tokens, and no unembedding.
 
     final_change(lm, ids, layer, vectors)  # (n, d_model): mean over prompts of h_final(v_i) - h_final(clean)
@@ -24,55 +24,30 @@ the last token only.
 """
 from __future__ import annotations
 
-from contextlib import contextmanager, nullcontext
+from contextlib import nullcontext
 from typing import Any, Callable, ContextManager, Iterator, Sequence
 
 import torch
 
+from ...model.interventions import Add, Intervention, Record, Replace, Skip, intervene, skip_below
 from ...model.loading import LoadedModel
 from .stopping import check
 from .batching import Batch, Progress, make_batch
-from .engine_fast import _packed_mask, _record_outputs, _shallow, _Unsupported
-from .engine_plan import _halve
+from .engine_fast import packed_mask, record_outputs, shallow_cache, Unsupported
+from .engine_plan import halve
 
 STEP_ROWS = 2048  # (vector, prompt) rows per step pass at most ...
 MAX_PACK = 64  # ... and at most this many vectors side by side in one packed row
 
 
-@contextmanager
-def _at_layer_input(lm: LoadedModel, layer: int, new_input: list[torch.Tensor]) -> Iterator[None]:
-    """Decoder layers < `layer` pass their input through; `layer` reads new_input[0] instead of its input."""
-    def through(*args, **kwargs):
-        return args[0] if args else kwargs["hidden_states"]
-
-    def pre(module, args, kwargs):
-        if args:
-            return (new_input[0],) + tuple(args[1:]), kwargs
-        return args, {**kwargs, "hidden_states": new_input[0]}
-
-    skipped = [lm.layers[i] for i in range(layer)]
-    handle = lm.layers[layer].register_forward_pre_hook(pre, with_kwargs=True)
-    try:
-        for m in skipped:
-            m.forward = through
-        yield
-    finally:
-        handle.remove()
-        for m in skipped:
-            m.__dict__.pop("forward", None)
+def _at_layer_input(layer: int, new_input: torch.Tensor) -> list[Intervention | Skip]:
+    """Decoder layers < `layer` pass their input through; `layer` reads `new_input` instead of its input."""
+    return [skip_below(layer), Replace("layer_in", layer, new_input)]
 
 
-@contextmanager
-def _final_input(lm: LoadedModel, into: list[torch.Tensor]) -> Iterator[None]:
+def _final_input(into: list[torch.Tensor]) -> Record:
     """Record the final norm's input (batch, seq, d_model) of each forward pass in into[0]."""
-    def pre(module, args):
-        into[:] = [args[0]]
-
-    handle = lm.final_norm.register_forward_pre_hook(pre)
-    try:
-        yield
-    finally:
-        handle.remove()
+    return Record("final_in", lambda _, x: into.__setitem__(slice(None), [x]))
 
 
 def _clean(lm: LoadedModel, batch: Batch, layer: int):
@@ -85,18 +60,11 @@ def _clean(lm: LoadedModel, batch: Batch, layer: int):
         cache = DynamicCache(config=lm.model.config)
         cache.activate_past_recording()  # sliding-window layers keep what `crop` needs
     got: dict[str, torch.Tensor] = {}
-
-    def pre(module, args, kwargs):
-        got["h"] = (args[0] if args else kwargs["hidden_states"])[:, -1]
-
     final: list[torch.Tensor] = []
-    handle = lm.layers[layer].register_forward_pre_hook(pre, with_kwargs=True)
-    try:
-        with _record_outputs(lm, [], {}), _final_input(lm, final):
-            lm.model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, position_ids=batch.position_ids,
-                     cache=cache, use_cache=cache is not None, logits_to_keep=1)
-    finally:
-        handle.remove()
+    with intervene(lm, [Record("layer_in", lambda _, x: got.__setitem__("h", x[:, -1]), at=[layer])]), \
+            record_outputs(lm, [], {}), intervene(lm, [_final_input(final)]):
+        lm.model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, position_ids=batch.position_ids,
+                 cache=cache, use_cache=cache is not None, logits_to_keep=1)
     if cache is not None:
         cache.crop(-1)
     return cache, got["h"], final[0][:, -1].float()
@@ -114,12 +82,12 @@ def _steps(lm: LoadedModel, batch: Batch, cache, layer: int, h: torch.Tensor, ve
         check()  # once per chunk of vectors (`stopping`)
         c = min(per, n - k)
         v = vectors[k:k + c].to(lm.device, torch.float32)  # (c, d)
-        step = None if cache is None else _shallow(cache)
-        mask4 = _packed_mask(lm, batch, step, c)
+        step = None if cache is None else shallow_cache(cache)
+        mask4 = packed_mask(lm, batch, step, c)
         final: list[torch.Tensor] = []
         if mask4 is not None:  # row p holds vectors k..k+c side by side
-            x = [(h.float()[:, None, :] + v[None]).to(lm.dtype)]  # (P, c, d)
-            with _at_layer_input(lm, layer, x), _final_input(lm, final):
+            x = (h.float()[:, None, :] + v[None]).to(lm.dtype)  # (P, c, d)
+            with intervene(lm, [*_at_layer_input(layer, x), _final_input(final)]):
                 lm.model(input_ids=tok.expand(P, c), attention_mask=mask4, position_ids=pos.expand(P, c), cache=step,
                          use_cache=step is not None, logits_to_keep=1)
             out = final[0].float().transpose(0, 1)  # (c, P, d)
@@ -129,8 +97,8 @@ def _steps(lm: LoadedModel, batch: Batch, cache, layer: int, h: torch.Tensor, ve
                 continue
             if step is not None:
                 step.batch_repeat_interleave(c)
-            x = [(h.float().repeat_interleave(c, 0) + v.repeat(P, 1)).to(lm.dtype)[:, None]]  # (P c, 1, d)
-            with _at_layer_input(lm, layer, x), _final_input(lm, final):
+            x = (h.float().repeat_interleave(c, 0) + v.repeat(P, 1)).to(lm.dtype)[:, None]  # (P c, 1, d)
+            with intervene(lm, [*_at_layer_input(layer, x), _final_input(final)]):
                 lm.model(input_ids=tok.repeat_interleave(c, 0), attention_mask=batch.attention_mask.repeat_interleave(
                     c, 0), position_ids=pos.repeat_interleave(c, 0), cache=step, use_cache=step is not None,
                     logits_to_keep=1)
@@ -164,10 +132,10 @@ def final_change(lm: LoadedModel, ids: Sequence[Sequence[int]], layer: int, vect
                     part[k:k + c] = (states - base[None]).double().sum(1).cpu()
                     if progress:
                         progress((done + len(prompts) * (k + c) / n) / len(order), "last-token passes")
-            except _Unsupported:
+            except Unsupported:
                 return None
             except (torch.OutOfMemoryError, RuntimeError) as e:
-                bs = _halve(lm, e, bs)
+                bs = halve(lm, e, bs)
                 rows = max(1, rows // 2)
                 continue
             total += part
@@ -200,7 +168,7 @@ def clean_prefixes(lm: LoadedModel, ids: Sequence[Sequence[int]], layer: int, ba
             batch = make_batch(lm, ids, rows)
             try:
                 cache, h, _ = _clean(lm, batch, layer)
-            except _Unsupported:
+            except Unsupported:
                 return None
             W = batch.input_ids.shape[1]
             for i, r in enumerate(rows):
@@ -222,8 +190,6 @@ def step_logits(pre: Prefixes, rows: Sequence[int], inject: dict[int, torch.Tens
     of its own: gradients flow to the injected vectors and through the hooks."""
     from transformers import DynamicCache
 
-    from ...model.hooks import hooked
-
     lm = pre.lm
     inject = inject or {}
     if any(l < pre.layer for l in inject):
@@ -243,8 +209,8 @@ def step_logits(pre: Prefixes, rows: Sequence[int], inject: dict[int, torch.Tens
                 keys[i, :, W - 1 - n:] = pre.keys[r][l]
                 values[i, :, W - 1 - n:] = pre.values[r][l]
             cache.update(keys, values, l)
-    x = [pre.h[rows][:, None, :]]  # (rows, 1, d): the clean input of pre.layer at the last token
-    with _at_layer_input(lm, pre.layer, x), hooked(lm, inject_input=inject or None, inject_positions=(-1,)), \
+    x = pre.h[rows][:, None, :]  # (rows, 1, d): the clean input of pre.layer at the last token
+    with intervene(lm, [*_at_layer_input(pre.layer, x), Add("layer_in", inject, at=(-1,))]), \
             (hooks(len(rows)) if hooks is not None else nullcontext()):
         o = lm.model(input_ids=batch.input_ids[:, -1:], attention_mask=batch.attention_mask,
                      position_ids=batch.position_ids[:, -1:], cache=cache, use_cache=cache is not None,

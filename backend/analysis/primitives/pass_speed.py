@@ -27,12 +27,11 @@ import os
 import statistics
 import threading
 import time
-from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Iterator
 
 import torch
 
+from ...model.interventions import Skip, intervene
 from ...model.loading import LoadedModel
 
 SIZES = ((1, 8), (1, 32), (2, 32), (4, 32))  # rows x tokens of the timed whole passes
@@ -85,22 +84,6 @@ def _ids(lm: LoadedModel, rows: int, n: int) -> torch.Tensor:
     return torch.randint(0, vocab, (rows, n), generator=g).to(lm.device)
 
 
-@contextmanager
-def _first_layers(lm: LoadedModel, k: int) -> Iterator[None]:
-    """Decoder layers >= k pass their input through (a probe of the first k layers)."""
-    def through(*args, **kwargs):
-        return args[0] if args else kwargs["hidden_states"]
-
-    rest = [lm.layers[i] for i in range(k, lm.n_layers)]
-    try:
-        for m in rest:
-            m.forward = through
-        yield
-    finally:
-        for m in rest:
-            m.__dict__.pop("forward", None)
-
-
 def _key(lm: LoadedModel) -> tuple:
     return lm.fingerprint, str(lm.device), str(lm.dtype), torch.get_num_threads()
 
@@ -114,7 +97,8 @@ def measure_threads(lm: LoadedModel) -> tuple[int, dict[int, float]]:
     ids = _ids(lm, 2, PROBE_TOKENS // 2)
     by: dict[int, float] = {}
     try:
-        with lm.lock, torch.inference_mode(), _first_layers(lm, min(PROBE_LAYERS, lm.n_layers)):
+        probe = Skip(range(min(PROBE_LAYERS, lm.n_layers), lm.n_layers))  # a probe of the first layers only
+        with lm.lock, torch.inference_mode(), intervene(lm, [probe]):
             torch.set_num_threads(1)
             _timed(lm, ids)
             by[1] = statistics.median(_timed(lm, ids) for _ in range(REPEATS))

@@ -22,6 +22,7 @@ from typing import Sequence
 import torch
 
 from ...errors import BadInput
+from ...model.interventions import Record, intervene
 from ...model.loading import LoadedModel
 
 DEFAULT_MB = 512
@@ -222,22 +223,9 @@ def clean_forward(lm: LoadedModel, input_ids: torch.Tensor, attention_mask: torc
         cache = DynamicCache(config=lm.model.config)
         cache.activate_past_recording()
     at_last: dict[int, torch.Tensor] = {}
-    plain = [True]
-
-    def make(layer: int):
-        def hook(module, args, output):
-            if isinstance(output, torch.Tensor):
-                at_last[layer] = output[:, -1:].detach().clone()
-            else:
-                plain[0] = False
-        return hook
-
-    handles = [lm.layers[l].register_forward_hook(make(l)) for l in range(lm.n_layers)]
-    try:
+    keep = Record("layer_out", lambda layer, h: at_last.__setitem__(layer, h[:, -1:].detach().clone()))
+    with intervene(lm, [keep]) as seen:
         o = lm.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, cache=cache,
                      use_cache=cache is not None, logits_to_keep=1)
-    finally:
-        for h in handles:
-            h.remove()
     logits = o.logits[:, -1].float()
-    return logits, (_Pending(lm, prompts, cache, logits, at_last, W) if plain[0] else None)
+    return logits, (None if seen.odd_outputs else _Pending(lm, prompts, cache, logits, at_last, W))

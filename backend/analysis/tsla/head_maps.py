@@ -93,7 +93,7 @@ def head_maps(lm: LoadedModel, enc: Encoded, batch_size: int = 16, apply_ln: boo
     out = Outcomes.empty(1, len(enc.ids))
     pinv_cache: dict[tuple[int, ...], torch.Tensor] = {}
     unembed = lm.unembed
-    centered = lm.spec.norm == "layernorm"
+    centered = lm.spec.centered
     gain = lm.norm_gain().to(dev) if apply_ln else None
     done: list[int] = []  # rows scored so far, in order
     n = len(enc.ids)
