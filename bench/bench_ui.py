@@ -19,7 +19,9 @@ cap them at 19-20):
 - the same Head map link right after a new launch on the same cache (`after_launch`: fresh service and dashboard
   processes; from the navigation);
 - `fresh` (issue 25): a page switch to the cached Head map in a session (from the Sweeps page, through the
-  sidebar) against the same link opened in a new browser each time (a new profile: no HTTP cache, no cookies);
+  sidebar) against the same link opened in a new browser each time (a new profile: no HTTP cache, no cookies),
+  over loopback and over an emulated 50 Mbit/s, 20 ms network (a collaborator's link; bytes transferred counted);
+  HEADLENS_UI_ASSETS=plain in this script's environment measures Streamlit's own uncompressed serving (ui/assets.py);
 - `partial` (issue 25): a Head map link of a seed not computed yet: the first partial map drawn ("Partial: 4 of 50
   prompts"), from the navigation or from the click on Run when the page waits for it, and the final map.
 
@@ -385,13 +387,23 @@ def _visible_run(d: Any) -> list:
             if b.is_displayed()]
 
 
-def fresh_browsers(url: str, path: str, query: str, drawn: Callable[[Any], bool], n: int = 3) -> list[dict[str, float]]:
+NET = (50, 20)  # a collaborator's link: 50 Mbit/s each way, 20 ms round trip (Chromium's network emulation)
+
+
+def fresh_browsers(url: str, path: str, query: str, drawn: Callable[[Any], bool], n: int = 3,
+                   net: tuple[float, float] | None = None) -> list[dict[str, float]]:
     """A shared link opened in a new browser each time (a new profile: no HTTP cache, no cookies): seconds from
-    the navigation to the page shell, the first figure and the view drawn and idle."""
+    the navigation to the page shell, the first figure and the view drawn and idle, and the bytes transferred.
+    `net` (Mbit/s, ms): the browser's network emulated at that throughput and round trip (loopback is free)."""
     out = []
     for _ in range(n):
         d = browser()
         try:
+            if net:
+                d.execute_cdp_cmd("Network.enable", {})
+                d.execute_cdp_cmd("Network.emulateNetworkConditions", {
+                    "offline": False, "latency": net[1], "downloadThroughput": net[0] * 125_000,
+                    "uploadThroughput": net[0] * 125_000})
             c0 = cpu_by_group()
             t0 = time.perf_counter()
             d.get(f"{url}/{path}?{query}")
@@ -401,8 +413,11 @@ def fresh_browsers(url: str, path: str, query: str, drawn: Callable[[Any], bool]
             first = time.perf_counter() - t0
             until(d, lambda d: drawn(d) and idle(d), 300)
             view = time.perf_counter() - t0
-            CPU[f"fresh browser {path} #{len(out)}"] = cpu_delta(c0)
-            out.append({"shell_s": round(shell, 3), "first_figure_s": round(first, 3), "view_s": round(view, 3)})
+            CPU[f"fresh browser {path}{' net' if net else ''} #{len(out)}"] = cpu_delta(c0)
+            kb = d.execute_script("return performance.getEntriesByType('resource')"
+                                  ".reduce((a, e) => a + e.transferSize, 0)") / 1e3
+            out.append({"shell_s": round(shell, 3), "first_figure_s": round(first, 3), "view_s": round(view, 3),
+                        "transferred_kB": round(kb)})
         finally:
             d.quit()
     return out
@@ -507,7 +522,9 @@ def run(repo: Path, label: str, only: tuple[str, ...] = SCENARIOS, smoke: bool =
         until(d, lambda d: hm_drawn(d) and idle(d), 1800)
         settle(d, 900)
         return {"page_switch_s": page_switches(d, "Sweeps", "Head map", hm_drawn),
-                "fresh_browser": fresh_browsers(app.url, "Head_map", hm_q, hm_drawn)}
+                "fresh_browser": fresh_browsers(app.url, "Head_map", hm_q, hm_drawn),
+                "fresh_browser_net": fresh_browsers(app.url, "Head_map", hm_q, hm_drawn, n=2, net=NET),
+                "load": load_avg()}
 
     def partial() -> dict[str, Any]:
         return first_partial(d, app.url, f"{QS}&task={TASK}&seed=11")
@@ -577,6 +594,10 @@ def summary(res: dict[str, Any]) -> dict[str, float | None]:
             "after_launch_view": med(x["view_s"] for x in after) if after else None,
             "page_switch": med(fr["page_switch_s"]) if fr.get("page_switch_s") else None,
             "fresh_browser_view": med(x["view_s"] for x in fr["fresh_browser"]) if fr.get("fresh_browser") else None,
+            "fresh_over_switch": (round(med(x["view_s"] for x in fr["fresh_browser"]) / med(fr["page_switch_s"]), 2)
+                                  if fr.get("fresh_browser") and fr.get("page_switch_s") else None),
+            "fresh_browser_net_view": (med(x["view_s"] for x in fr["fresh_browser_net"])
+                                       if fr.get("fresh_browser_net") else None),
             "first_partial": part.get("first_partial_s"), "partial_final": part.get("final_s")}
 
 
