@@ -13,7 +13,8 @@ and a collaborator opening a shared link over a network waits for those bytes. `
 
 Everything else goes to Streamlit untouched. `install()` puts the middleware in front of Streamlit's own (through
 `create_streamlit_middleware` of the pinned Streamlit 1.67's Starlette server); where that hook is missing it does
-nothing and says so. HEADLENS_UI_ASSETS=plain turns both off (bench/bench_ui.py's before/after).
+nothing and says so. HEADLENS_UI_ASSETS=plain turns both off, `gzip` the preload links (bench/bench_ui.py's
+before/after).
 """
 from __future__ import annotations
 
@@ -64,7 +65,7 @@ class AssetMiddleware:
         self.app = app
         self.root = (root or static_dir()).resolve()
         self.prefix = "/" + base_url.strip("/") if base_url.strip("/") else ""
-        self.links = preload_links(self.root)
+        self.links = b"" if mode() == "gzip" else preload_links(self.root)
         self._gz: dict[str, bytes] = {}
         self._lock = threading.Lock()
 
@@ -149,8 +150,13 @@ class Started(AssetMiddleware):
         threading.Thread(target=self.precompress, daemon=True, name="headlens-assets-gzip").start()
 
 
-def enabled(env: dict[str, str] | None = None) -> bool:
-    return (os.environ if env is None else env).get("HEADLENS_UI_ASSETS", "").strip().lower() != "plain"
+def mode() -> str:
+    """HEADLENS_UI_ASSETS: `plain` (Streamlit's own serving), `gzip` (compression, no preload links), else both."""
+    return os.environ.get("HEADLENS_UI_ASSETS", "").strip().lower()
+
+
+def enabled() -> bool:
+    return mode() != "plain"
 
 
 def install() -> bool:

@@ -119,3 +119,10 @@ def test_install_puts_it_first_in_streamlits_middleware(monkeypatch: pytest.Monk
     assert stack[0].cls is assets.Started and len(stack) >= 2
     real = assets.Started(Inner(assets.static_dir()))
     assert b"PlotlyChart" in real.links  # the pinned Streamlit's chart chunk is found
+
+
+def test_gzip_mode_compresses_without_preload_links(root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HEADLENS_UI_ASSETS", "gzip")
+    mw = assets.AssetMiddleware(Inner(root), root=root)
+    assert b"modulepreload" not in call(mw, "/Head_map")[1]
+    assert gzip.decompress(call(mw, "/static/js/Other.def456.js")[1]) == JS
