@@ -1,4 +1,4 @@
-"""The dashboard's frontend files for a new browser: gzip-compressed once per file, and the chart bundle preloaded.
+"""The dashboard's frontend files for a new browser: gzip-compressed once per file (the chart bundle preloaded: opt-in).
 
 Streamlit serves its JS/CSS bundles uncompressed (9.7 MB for a Head map: Plotly's chunk alone 4.7 MB), on purpose:
 compressing at the origin on every request costs CPU, and a proxy usually compresses. headlens runs without one,
@@ -7,14 +7,15 @@ and a collaborator opening a shared link over a network waits for those bytes. `
 - answers a GET/HEAD of a file under `/static/` whose request accepts gzip with the file gzip-compressed (level 6,
   about 3.6x smaller), compressed once per process and kept (the files are content-hashed, so immutable), with
   Streamlit's own caching header (a year, immutable);
-- adds `<link rel="modulepreload">` for the Plotly and DataFrame chunks to the HTML page, so that a new browser
-  fetches and compiles them while it starts the session instead of after the first chart arrives (every page draws
-  a Plotly figure or a table).
+- with HEADLENS_UI_ASSETS=preload, adds `<link rel="modulepreload">` for the Plotly and DataFrame chunks to the
+  HTML page, so that a new browser fetches and compiles them while it starts the session instead of after the first
+  chart arrives. Off by default: on the 2-core development machine a new browser drew a cached Head map in 5.9 s with
+  it against 4.5 s without (load 5-7; bench/RESULTS.md), the early compile competing with the app's start.
 
 Everything else goes to Streamlit untouched. `install()` puts the middleware in front of Streamlit's own (through
 `create_streamlit_middleware` of the pinned Streamlit 1.67's Starlette server); where that hook is missing it does
-nothing and says so. HEADLENS_UI_ASSETS=plain turns both off, `gzip` the preload links (bench/bench_ui.py's
-before/after).
+nothing and says so. HEADLENS_UI_ASSETS=plain serves the files as Streamlit does, `preload` adds the links
+(bench/bench_ui.py's before/after).
 """
 from __future__ import annotations
 
@@ -65,7 +66,7 @@ class AssetMiddleware:
         self.app = app
         self.root = (root or static_dir()).resolve()
         self.prefix = "/" + base_url.strip("/") if base_url.strip("/") else ""
-        self.links = b"" if mode() == "gzip" else preload_links(self.root)
+        self.links = preload_links(self.root) if mode() == "preload" else b""
         self._gz: dict[str, bytes] = {}
         self._lock = threading.Lock()
 
@@ -151,7 +152,8 @@ class Started(AssetMiddleware):
 
 
 def mode() -> str:
-    """HEADLENS_UI_ASSETS: `plain` (Streamlit's own serving), `gzip` (compression, no preload links), else both."""
+    """HEADLENS_UI_ASSETS: `plain` (Streamlit's own serving), `preload` (compression and the preload links), else
+    compression only."""
     return os.environ.get("HEADLENS_UI_ASSETS", "").strip().lower()
 
 

@@ -52,7 +52,7 @@ def main(argv: list[str] | None = None) -> None:
 
     from . import assets
 
-    assets.install()  # frontend files gzip-compressed, the chart bundle preloaded (ui/assets.py)
+    assets.install()  # frontend files gzip-compressed for a new browser (ui/assets.py)
     sys.argv = ["streamlit", *(sys.argv[1:] if argv is None else argv)]
     sys.exit(cli.main())
 

@@ -82,7 +82,8 @@ def test_only_compressible_files_inside_static_are_answered_here(root: Path, pat
     assert mw.compressed(path.lstrip("/")) is None
 
 
-def test_the_page_gets_the_preload_links_in_its_head(root: Path) -> None:
+def test_the_page_gets_the_preload_links_in_its_head(root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HEADLENS_UI_ASSETS", "preload")
     mw = assets.AssetMiddleware(Inner(root), root=root)
     start, body, seen = call(mw, "/Head_map")
     assert body.count(b'rel="modulepreload"') == 1 and b"PlotlyChart.abc123.js" in body
@@ -117,12 +118,13 @@ def test_install_puts_it_first_in_streamlits_middleware(monkeypatch: pytest.Monk
     assert assets.install() is True
     stack = starlette_app.create_streamlit_middleware()
     assert stack[0].cls is assets.Started and len(stack) >= 2
+    monkeypatch.setenv("HEADLENS_UI_ASSETS", "preload")
     real = assets.Started(Inner(assets.static_dir()))
     assert b"PlotlyChart" in real.links  # the pinned Streamlit's chart chunk is found
 
 
-def test_gzip_mode_compresses_without_preload_links(root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("HEADLENS_UI_ASSETS", "gzip")
+def test_by_default_it_compresses_without_preload_links(root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("HEADLENS_UI_ASSETS", raising=False)
     mw = assets.AssetMiddleware(Inner(root), root=root)
     assert b"modulepreload" not in call(mw, "/Head_map")[1]
     assert gzip.decompress(call(mw, "/static/js/Other.def456.js")[1]) == JS
