@@ -112,7 +112,9 @@ def main() -> None:
                (("curves", curves), ("toggle", toggle(0)), ("toggle_every_position", {**toggle(0), "positions": "all"}))}
         res["estimates"] = {name: {"seconds": round(e["seconds"], 2) if e.get("seconds") is not None else None,
                                    "basis": e["seconds_basis"], "held_tokens": e.get("held_tokens"),
-                                   "lane": J.lane_for("interactive", e.get("seconds")),
+                                   "load_factor": e.get("load_factor"),  # POST /jobs's lane: without it
+                                   "lane": J.lane_for("interactive", e["seconds"] / max(e.get("load_factor") or 1, 1)
+                                                      if e.get("seconds") is not None else None),
                                    "page_starts_it_by_itself": not ui_jobs.waits_for_run(e)} for name, e in est.items()}
         res["first_toggle_idle"] = timed_toggle(c, toggle(0))
 

@@ -19,7 +19,10 @@ cap them at 19-20):
 - the same Head map link right after a new launch on the same cache (`after_launch`: fresh service and dashboard
   processes; from the navigation);
 - `fresh` (issue 25): a page switch to the cached Head map in a session (from the Sweeps page, through the
-  sidebar) against the same link opened in a new browser each time (a new profile: no HTTP cache, no cookies);
+  sidebar) against the same link opened in a new browser each time (a new profile: no HTTP cache, no cookies),
+  over loopback and over an emulated 50 Mbit/s, 20 ms network (a collaborator's link; bytes transferred counted);
+  HEADLENS_UI_ASSETS=plain (Streamlit's own uncompressed serving) or `preload` in this script's environment measures
+  the other ways ui/assets.py can serve the frontend;
 - `partial` (issue 25): a Head map link of a seed not computed yet: the first partial map drawn ("Partial: 4 of 50
   prompts"), from the navigation or from the click on Run when the page waits for it, and the final map.
 
@@ -385,13 +388,23 @@ def _visible_run(d: Any) -> list:
             if b.is_displayed()]
 
 
-def fresh_browsers(url: str, path: str, query: str, drawn: Callable[[Any], bool], n: int = 3) -> list[dict[str, float]]:
+NET = (50, 20)  # a collaborator's link: 50 Mbit/s each way, 20 ms round trip (Chromium's network emulation)
+
+
+def fresh_browsers(url: str, path: str, query: str, drawn: Callable[[Any], bool], n: int = 3,
+                   net: tuple[float, float] | None = None) -> list[dict[str, float]]:
     """A shared link opened in a new browser each time (a new profile: no HTTP cache, no cookies): seconds from
-    the navigation to the page shell, the first figure and the view drawn and idle."""
+    the navigation to the page shell, the first figure and the view drawn and idle, and the bytes transferred.
+    `net` (Mbit/s, ms): the browser's network emulated at that throughput and round trip (loopback is free)."""
     out = []
     for _ in range(n):
         d = browser()
         try:
+            if net:
+                d.execute_cdp_cmd("Network.enable", {})
+                d.execute_cdp_cmd("Network.emulateNetworkConditions", {
+                    "offline": False, "latency": net[1], "downloadThroughput": net[0] * 125_000,
+                    "uploadThroughput": net[0] * 125_000})
             c0 = cpu_by_group()
             t0 = time.perf_counter()
             d.get(f"{url}/{path}?{query}")
@@ -401,8 +414,11 @@ def fresh_browsers(url: str, path: str, query: str, drawn: Callable[[Any], bool]
             first = time.perf_counter() - t0
             until(d, lambda d: drawn(d) and idle(d), 300)
             view = time.perf_counter() - t0
-            CPU[f"fresh browser {path} #{len(out)}"] = cpu_delta(c0)
-            out.append({"shell_s": round(shell, 3), "first_figure_s": round(first, 3), "view_s": round(view, 3)})
+            CPU[f"fresh browser {path}{' net' if net else ''} #{len(out)}"] = cpu_delta(c0)
+            kb = d.execute_script("return performance.getEntriesByType('resource')"
+                                  ".reduce((a, e) => a + e.transferSize, 0)") / 1e3
+            out.append({"shell_s": round(shell, 3), "first_figure_s": round(first, 3), "view_s": round(view, 3),
+                        "transferred_kB": round(kb)})
         finally:
             d.quit()
     return out
@@ -473,17 +489,24 @@ def run(repo: Path, label: str, only: tuple[str, ...] = SCENARIOS, smoke: bool =
     def hm_drawn(d: Any) -> bool:
         return len(css(d, ".js-plotly-plot")) >= 2 and "Top heads" in main_text(d)
 
-    def head_map_links() -> list[tuple[float, float]]:
-        d.get(f"{app.url}/Head_map?{hm_q}")  # computed once (or found), then its link opened in fresh sessions
-        until(d, lambda d: hm_drawn(d) and idle(d), 900)
+    def computed_head_map() -> None:
+        """The Head map of hm_q drawn in `d`: found cached, or computed (its Run pressed where the scores wait for
+        it: a real model's are estimated over the pages' 15 s auto-start limit)."""
+        d.get(f"{app.url}/Head_map?{hm_q}")
+        until(d, lambda d: (hm_drawn(d) or _visible_run(d)) and idle(d), 900)
+        if not hm_drawn(d):
+            _visible_run(d)[0].click()
+        until(d, lambda d: hm_drawn(d) and idle(d), 1800)
         settle(d, 900)
+
+    def head_map_links() -> list[tuple[float, float]]:
+        computed_head_map()  # computed once (or found), then its link opened in fresh sessions
         return [cached_link(d, app.url, "Head_map", hm_q, hm_drawn) for _ in range(3)]
 
     def after_launch() -> list[dict[str, float]]:
         """The Head map link opened right after a new launch on the same cache: fresh service and dashboard."""
         nonlocal app
-        d.get(f"{app.url}/Head_map?{hm_q}")
-        until(d, lambda d: hm_drawn(d) and idle(d), 900)
+        computed_head_map()
         out = []
         for _ in range(2):
             cache, ports = app.cache, (app.port, app.backend_port)
@@ -503,11 +526,11 @@ def run(repo: Path, label: str, only: tuple[str, ...] = SCENARIOS, smoke: bool =
 
     def fresh() -> dict[str, Any]:
         """A page switch in a session against the same cached link in a new browser (issue 25)."""
-        d.get(f"{app.url}/Head_map?{hm_q}")
-        until(d, lambda d: hm_drawn(d) and idle(d), 1800)
-        settle(d, 900)
+        computed_head_map()
         return {"page_switch_s": page_switches(d, "Sweeps", "Head map", hm_drawn),
-                "fresh_browser": fresh_browsers(app.url, "Head_map", hm_q, hm_drawn)}
+                "fresh_browser": fresh_browsers(app.url, "Head_map", hm_q, hm_drawn),
+                "fresh_browser_net": fresh_browsers(app.url, "Head_map", hm_q, hm_drawn, n=2, net=NET),
+                "load": load_avg()}
 
     def partial() -> dict[str, Any]:
         return first_partial(d, app.url, f"{QS}&task={TASK}&seed=11")
@@ -577,6 +600,10 @@ def summary(res: dict[str, Any]) -> dict[str, float | None]:
             "after_launch_view": med(x["view_s"] for x in after) if after else None,
             "page_switch": med(fr["page_switch_s"]) if fr.get("page_switch_s") else None,
             "fresh_browser_view": med(x["view_s"] for x in fr["fresh_browser"]) if fr.get("fresh_browser") else None,
+            "fresh_over_switch": (round(med(x["view_s"] for x in fr["fresh_browser"]) / med(fr["page_switch_s"]), 2)
+                                  if fr.get("fresh_browser") and fr.get("page_switch_s") else None),
+            "fresh_browser_net_view": (med(x["view_s"] for x in fr["fresh_browser_net"])
+                                       if fr.get("fresh_browser_net") else None),
             "first_partial": part.get("first_partial_s"), "partial_final": part.get("final_s")}
 
 

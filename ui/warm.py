@@ -4,7 +4,7 @@ figure code warmed first (and the service's capabilities fetched, when HEADLENS_
 A fresh Streamlit process imports the pages' modules (pandas, plotly, ui/) on its first script run and plotly loads
 its property validators the first time a figure is built: 1-2 s that the first visitor after a launch waited on
 (measured in bench/bench_ui.py). `launch` starts the dashboard through here, so that cost is paid before it says
-it is running.
+it is running. It also installs ui/assets.py's middleware: the frontend files gzip-compressed for a new browser.
 """
 from __future__ import annotations
 
@@ -50,6 +50,9 @@ def main(argv: list[str] | None = None) -> None:
     print(f"dashboard modules warmed in {took:.1f} s", file=sys.stderr, flush=True)
     from streamlit.web import cli
 
+    from . import assets
+
+    assets.install()  # frontend files gzip-compressed for a new browser (ui/assets.py)
     sys.argv = ["streamlit", *(sys.argv[1:] if argv is None else argv)]
     sys.exit(cli.main())
 

@@ -299,7 +299,10 @@ def create_app(runner: JobRunner | None = None, *, pool: ModelPool | None = None
     @app.post("/jobs", response_model=JobStatus, status_code=202)
     def submit_job(req: JobRequest) -> JobStatus:
         a = admission(req)
-        job = runner.submit(a.kind, a.params, a.key, seconds=a.estimate.seconds if a.estimate else None)
+        est = a.estimate
+        # the lane by the job's own size: under a CPU load every estimate is stretched (x load_factor), a toggle's too
+        job = runner.submit(a.kind, a.params, a.key, seconds=est.seconds if est else None,
+                            lane_seconds=est.seconds / max(est.load_factor, 1.0) if est and est.seconds else None)
         for tid in a.tensors:  # kept while the job is queued or running (the uploads' quota skips it)
             tensors.pin(tid, lambda jid=job.id: _active(runner, jid))
         return job

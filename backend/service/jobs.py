@@ -62,10 +62,11 @@ class JobRunner(ABC):
 
     @abstractmethod
     def submit(self, kind: str, params: dict[str, Any], key: str, lane: str = "interactive",
-               seconds: float | None = None) -> JobStatus:
+               seconds: float | None = None, lane_seconds: float | None = None) -> JobStatus:
         """Queue a job in `lane` (interactive, or sweep), or return the queued/running/done job with the same key.
-        `seconds`: its estimated time (admission's), if known; an interactive job estimated at most LIVE_MAX_S goes
-        into the live lane."""
+        `seconds`: its estimated time (admission's), if known; an interactive job whose `lane_seconds` (default
+        `seconds`; admission's without the CPU-load factor, which stretches every job alike) is at most LIVE_MAX_S
+        goes into the live lane."""
 
     @abstractmethod
     def get(self, job_id: str, include_result: bool = True) -> JobStatus | None:
@@ -174,10 +175,10 @@ class LocalJobRunner(JobRunner):
 
     # -- interface ------------------------------------------------------------------------------------
     def submit(self, kind: str, params: dict[str, Any], key: str, lane: str = "interactive",
-               seconds: float | None = None) -> JobStatus:
+               seconds: float | None = None, lane_seconds: float | None = None) -> JobStatus:
         if lane not in SUBMIT_LANES:
             raise ValueError(f"lane must be one of {SUBMIT_LANES}, not {lane!r}")
-        lane = lane_for(lane, seconds)
+        lane = lane_for(lane, seconds if lane_seconds is None else lane_seconds)
         with self._cond:
             if self._closed:
                 raise ServiceError("the job runner is shut down", status=503)

@@ -83,6 +83,15 @@ def test_lane_from_the_estimate():
     assert lane_for("sweep", 0.5) == "sweep"  # a sweep's jobs stay in the sweep lane
 
 
+def test_the_lane_is_the_jobs_own_size_not_the_machines_load():
+    """A toggle estimated 8 s only because the CPU is loaded x8 (lane_seconds: 1 s without the load factor) is
+    live; with no lane_seconds the estimate decides."""
+    h = Harness()
+    assert h.runner.submit("short", {"name": "a"}, "short:a", seconds=8.0, lane_seconds=1.0).lane == "live"
+    assert h.runner.submit("short", {"name": "b"}, "short:b", seconds=8.0).lane == "interactive"
+    h.runner.close()
+
+
 def test_remaining_time_from_progress_else_the_estimate():
     assert remaining_s(0.25, 10.0, 100.0) == pytest.approx(30.0)  # its own pace: 10 s for a quarter
     assert remaining_s(0.0, 10.0, 100.0) == pytest.approx(90.0)  # no progress yet: what the estimate leaves
@@ -240,6 +249,7 @@ def test_a_toggle_on_prompts_whose_prefix_is_held_is_estimated_at_its_token_step
     from backend.service.app import create_app
 
     monkeypatch.setattr(estimate, "_SPEEDS", {"x": 1.0})  # no measured speed of another test: the size's
+    monkeypatch.setattr(estimate, "cpu_share", lambda *a, **k: 1.0)  # the machine's load left out (it swings)
     STORE.clear()
     common = {"model": "default", "task": "syn-antonym", "shots": 2, "prompts": 6}
     toggle = {"kind": "ablate", **common, "heads": [[0, 0]], "positions": "last"}
@@ -256,6 +266,15 @@ def test_a_toggle_on_prompts_whose_prefix_is_held_is_estimated_at_its_token_step
         job = c.post("/jobs", json=toggle).json()
         assert warm["seconds"] <= J.LIVE_MAX_S and job["lane"] == "live", (warm, job)
         assert _service_wait(c, job["id"])["status"] == "done"
+        # a loaded CPU stretches the estimate past LIVE_MAX_S (this service gets 1/16 of a core): still live
+        monkeypatch.setattr(estimate, "cpu_share", lambda *a, **k: 1 / 16)
+        own = warm["seconds"]  # the toggle's seconds on an unloaded CPU
+        monkeypatch.setattr(J, "LIVE_MAX_S", 4 * own)
+        loaded = c.post("/jobs/estimate", json={**toggle, "heads": [[1, 1]]}).json()
+        assert loaded["load_factor"] == 16 and loaded["seconds"] > J.LIVE_MAX_S, (loaded, own)
+        job = c.post("/jobs", json={**toggle, "heads": [[1, 1]]}).json()
+        assert job["lane"] == "live", (loaded, job)
+        _service_wait(c, job["id"])
         monkeypatch.setattr(J, "LIVE_MAX_S", 0.0)
         job = c.post("/jobs", json={**toggle, "heads": [[0, 1]], "positions": "all"}).json()
         assert job["lane"] == "interactive"

@@ -66,6 +66,7 @@ def test_launch_starts_both_and_ctrl_c_stops_both(tmp_path):
         health = _get(f"http://127.0.0.1:{backend_port}/health")
         assert health and health[0] == 200 and json.loads(health[1])["status"] == "ok"
         assert _get(f"http://127.0.0.1:{port}/_stcore/health") is not None
+        _served_compressed(port)
     finally:
         proc.send_signal(signal.SIGINT)
         try:
@@ -77,6 +78,23 @@ def test_launch_starts_both_and_ctrl_c_stops_both(tmp_path):
     assert "stopped." in out.read_text(errors="replace")
     assert _get(f"http://127.0.0.1:{backend_port}/health") is None
     assert _get(f"http://127.0.0.1:{port}/_stcore/health") is None
+
+
+def _served_compressed(port: int) -> None:
+    """The dashboard launched serves its chart bundle gzip-compressed, byte for byte the file (ui/assets.py,
+    installed by ui.warm); its pages carry no preload link unless asked (HEADLENS_UI_ASSETS=preload)."""
+    import gzip
+
+    from ui import assets
+
+    chunk = next((assets.static_dir() / "static" / "js").glob("PlotlyChart.*.js"))
+    req = urllib.request.Request(f"http://127.0.0.1:{port}/static/js/{chunk.name}",
+                                 headers={"Accept-Encoding": "gzip"})
+    with urllib.request.urlopen(req, timeout=HANG_S) as r:
+        assert r.headers["Content-Encoding"] == "gzip"
+        assert gzip.decompress(r.read()) == chunk.read_bytes()
+    page = _get(f"http://127.0.0.1:{port}/Head_map")
+    assert page and f'href="./static/js/{chunk.name}"' not in page[1]
 
 
 def test_a_port_in_use_is_a_clear_error(tmp_path):
