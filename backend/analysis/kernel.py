@@ -25,7 +25,6 @@ from __future__ import annotations
 import base64
 import logging
 import time
-import weakref
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Protocol
 
@@ -231,22 +230,14 @@ def analyze(kind: str, lm: "LoadedModel | None", task: "Task | None" = None,
         return _analyze(spec, p, lm, task, cache, progress, live, tensors)
 
 
-_LAYER_CHECKED: "weakref.WeakSet[Any]" = weakref.WeakSet()
-
-
 def check_each_layer(lm: "LoadedModel | None") -> None:
     """A `check()` before every decoder layer of `lm`'s forward passes (installed once per model): a job gives way,
     stops or times out within one layer of a pass, not only between batches, whose one pass of 32 long prompts ran
     35-86 s on SmolLM2 at a load of 17 while a toggle waited for it. Outside a job the check does nothing."""
-    if lm is None or lm.model in _LAYER_CHECKED:
-        return
-    for layer in lm.layers:
-        layer.register_forward_pre_hook(_layer_check)
-    _LAYER_CHECKED.add(lm.model)
+    if lm is not None:
+        from ..model.interventions import check_before_layers
 
-
-def _layer_check(module: Any, args: Any) -> None:
-    check()
+        check_before_layers(lm, check)
 
 
 def _analyze(spec: Kind, p: Params, lm: "LoadedModel | None", task: "Task | None", cache: "bool | Store | None",

@@ -19,6 +19,8 @@ each row's index of it (`take_last`, `replace_last`, `add_at`).
 """
 from __future__ import annotations
 
+import weakref
+
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Literal, Mapping, Sequence
@@ -338,3 +340,17 @@ def intervene(lm: LoadedModel, items: Sequence[Intervention | Skip], *, prefill_
             h.remove()
         for module in skipped:
             module.__dict__.pop("forward", None)
+
+
+_CHECKED: "weakref.WeakSet[torch.nn.Module]" = weakref.WeakSet()
+
+
+def check_before_layers(lm: LoadedModel, check: Callable[[], None]) -> None:
+    """`check()` before every decoder layer of every forward pass of `lm`, for the model's life, installed once per
+    model: the one hook no `intervene` block owns, because it belongs to the loaded model (a job's cooperative stop,
+    `stopping.check`, which does nothing outside a job)."""
+    if lm.model in _CHECKED:
+        return
+    for layer in lm.layers:
+        layer.register_forward_pre_hook(lambda _module, _args: check())
+    _CHECKED.add(lm.model)
