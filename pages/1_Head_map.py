@@ -72,10 +72,10 @@ with main:
     spec = figures.map_spec(metric)
     top = {"tr": scores.get("top_tr"), "tl": scores.get("top_tl")}.get(metric) or int(scores["top_k"])
     tested = mu.significant(scores, metric) is not None
-    sig_only = st.toggle("Significant heads only", key="w_sig_only", disabled=not tested,
-                         help="Leave blank the heads whose Benjamini-Hochberg q exceeds the FDR (0.05): TR tested "
-                              "against TR onto random label subspaces of the same size, TL against per-prompt TL "
-                              "centred on 0." if tested else "Only the TR and TL maps have a test against a null.")
+    sig_only = state.bind(st.toggle, "Significant heads only", "sig_only", disabled=not tested,  # in the link
+                          help="Leave blank the heads whose Benjamini-Hochberg q exceeds the FDR (0.05): TR tested "
+                               "against TR onto random label subspaces of the same size, TL against per-prompt TL "
+                               "centred on 0." if tested else "Only the TR and TL maps have a test against a null.")
     fig = figures.head_heatmap(maps[metric], metric, selected=selected, top=top,
                                title=f"{spec['label']}: {spec['long']}{ctx}")
     mu.annotate(fig, scores, metric, significant_only=bool(sig_only) and tested)
@@ -299,7 +299,9 @@ with c1:
     order = ["head", metric, f"{metric}_rank", *mine, *[c for k in maps if k != metric for c in (k, f"{k}_rank")],
              "selected"]
     st.dataframe(top, hide_index=True, column_config=cfg, key="top_table", column_order=order)
-    share.table(f"Top {n} heads by {figures.map_spec(metric)['label']}", top, order)
+    # the file's table: every interval and test column of this map (SE, CI, p, q, stability), then the others
+    share.table(f"Top {n} heads by {figures.map_spec(metric)['label']}", top,
+                [*order[:3], *mu.stat_columns(metric, extra), *[c for c in order[3:] if c not in mine]])
     st.caption(f"Sorted by {figures.map_spec(metric)['label']}; rank 1 = largest of {L * H}.")
 c2, c3 = st.columns([1, 1], gap="large")
 with c2:

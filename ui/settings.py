@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 import threading
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 WIDGETS: dict[str, tuple[str, str]] = {
     # state field -> (kind, its params field)
@@ -187,3 +187,17 @@ def help_text(name: str, more: str = "") -> str:
     d = spec(name).help.strip()
     d = (d[:1].upper() + d[1:] + ("" if d.endswith(".") else ".")) if d else ""
     return " ".join(x for x in (d, more.strip()) if x)
+
+
+def offsets(s: str) -> list[int]:
+    """`-1,-2` -> [-1, -2]: negative offsets from the last prompt token (the `ltv` kind's bounds)."""
+    items = sorted({int(x) for x in str(s).split(",") if x.strip()}, reverse=True)
+    lo, hi = spec("ltv_positions").lo, spec("ltv_positions").hi
+    if not items or items[0] > hi or items[-1] < lo:
+        raise ValueError(f"positions are negative offsets from the last token, between {lo:g} and {hi:g}, e.g. -1,-2")
+    return items
+
+
+def fmt_ints(v: Iterable[int]) -> str:
+    """[-1, -2] -> `-1,-2` (what `offsets` reads back)."""
+    return ",".join(str(int(x)) for x in v)

@@ -135,13 +135,17 @@ def _rows(t: dict[str, Any]) -> tuple[list[str], list[list[Any]]]:
 SETTING_LABELS = {"model": "model", "task": "task", "shots": "shots", "prompts": "prompts", "seed": "seed",
                   "heads": "selected heads", "top_pct": "top heads (% of all heads)", "top_k": "top heads",
                   "map": "map", "mode": "ablation mode", "kmax": "ablation curves up to k",
-                  "ab_positions": "switched off at", "head": "head", "prompt": "task prompt", "text": "your prompt"}
+                  "ab_positions": "switched off at", "head": "head", "prompt": "task prompt", "text": "your prompt",
+                  "sig_only": "significant heads only"}
 """The settings every page shares, then the page's own (by their names in words)."""
-PAGE_SETTINGS = {"Home": ("ex_k",), "Head map": ("map", "pt", "cmp", "head", "prompt", "all_maps", "top_n"),
+PAGE_SETTINGS = {"Home": ("ex_k",), "Head map": ("map", "sig_only", "pt", "cmp", "head", "prompt", "all_maps", "top_n"),
                  "Ablation": ("mode", "kmax", "ab_positions", "only_changed"), "Steering & geometry": ("sg_",),
                  "Head drill-down": ("head", "prompt", "text", "lens", "grid"), "Learned task vectors": ("ltv_",),
                  "Soft head selection": ("site_",), "Sweeps": ("sweep", "sw_")}
 SHARED_SETTINGS = ("model", "task", "shots", "prompts", "seed", "heads", "top_pct", "top_k")
+STATED = {"Head map": ("sig_only",)}
+"""View settings a page's file states even at their default (the link leaves them out): a switch that changes
+what the figures show."""
 
 
 def page_settings(page: str, query: dict[str, str], jobs: list[tuple[str, dict[str, Any]]] = ()) -> dict[str, str]:
@@ -149,6 +153,7 @@ def page_settings(page: str, query: dict[str, str], jobs: list[tuple[str, dict[s
     URL keys), named in words; `prompts` as the page's jobs ran them (a task of 20 held-out queries asked for 50
     runs 20, as its commands say)."""
     own = PAGE_SETTINGS.get(page, ())
+    query = {**{k: state.FIELDS[k].fmt(state.FIELDS[k].default()) for k in STATED.get(page, ())}, **query}
     keep = [k for k in query if k in SHARED_SETTINGS or any(k == p or k.startswith(p if p.endswith("_") else p + "_")
                                                            for p in own)]
     out = {}

@@ -20,6 +20,7 @@ from typing import Any, Callable, Iterable, Sequence
 import streamlit as st
 
 from . import settings
+from .settings import fmt_ints, offsets  # noqa: F401 (the LTV page's positions: state.offsets)
 
 Head = tuple[int, int]
 MAPS = ("tr", "tl", "dla_tr", "dla_tl", "induction", "cie")  # the five of `scores`, and the CIE (kind `patching`)
@@ -155,20 +156,6 @@ def _head(s: str) -> Head:
     return hs[0]
 
 
-def offsets(s: str) -> list[int]:
-    """`-1,-2` -> [-1, -2]: negative offsets from the last prompt token (the `ltv` kind's bounds)."""
-    items = sorted({int(x) for x in str(s).split(",") if x.strip()}, reverse=True)
-    lo, hi = settings.spec("ltv_positions").lo, settings.spec("ltv_positions").hi
-    if not items or items[0] > hi or items[-1] < lo:
-        raise ValueError(f"positions are negative offsets from the last token, between {lo:g} and {hi:g}, e.g. -1,-2")
-    return items
-
-
-def fmt_ints(v: Iterable[int]) -> str:
-    """[-1, -2] -> `-1,-2` (what `offsets` reads back)."""
-    return ",".join(str(int(x)) for x in v)
-
-
 @dataclass(frozen=True)
 class Field:
     """A state field: its default, how the URL's text parses into it and back. A `view` field (how a page
@@ -201,6 +188,7 @@ FIELDS: dict[str, Field] = {f.name: f for f in (
     Field("only_changed", lambda: False, settings.flag, _fmt_flag, view=True),
     _kind_field("ab_positions", view=True),  # where the live toggle ablates
     Field("all_maps", lambda: False, settings.flag, _fmt_flag, view=True),
+    Field("sig_only", lambda: False, settings.flag, _fmt_flag, view=True),  # the map's significant heads only
     Field("img", lambda: "png", _choice(("png", "svg")), view=True),  # what a figure's camera button saves
     # -- Head map: activation patching, and a second run side by side
     Field("pt", lambda: False, settings.flag, _fmt_flag, view=True),  # the patching section open

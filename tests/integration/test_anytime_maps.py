@@ -10,7 +10,8 @@ import torch
 from backend.analysis.kernel import analyze
 from backend.analysis.primitives.batching import encode
 from backend.analysis.primitives.prefix_store import STORE
-from backend.analysis.tsla.head_maps import FIRST_ROWS, MAP_NAMES, head_maps, slices
+from backend.analysis.primitives.stats import stderr
+from backend.analysis.tsla.head_maps import FIRST_ROWS, MAP_NAMES, PER_PROMPT, head_maps, slices
 from test_core_invariants import sentiment_task
 from test_pages import MODEL, default_task, needs_model
 from hang import HANG_S  # noqa: E402
@@ -52,6 +53,35 @@ def test_the_anytime_maps_equal_the_plain_ones_exactly(tiny_lm, keep_prefix):
     assert first["icl"]["n"] == FIRST_ROWS
     if keep_prefix:  # the sliced first batch kept every prompt's prefix state, as the plain pass does
         assert STORE.get(tiny_lm, enc.ids) is not None
+    for k in PER_PROMPT:  # the per-prompt maps too (the slices' rows are written again by the whole batch)
+        assert np.array_equal(plain.per_prompt[k], anytime.per_prompt[k]), k
+
+
+def test_each_view_carries_its_interval_narrowing_as_prompts_finish(tiny_lm):
+    """Each view's `stats`: per head the SE of the prompts done (those of the views after a whole batch exactly the
+    final per-prompt rows'), a normal interval around the view's mean; wider after 4 prompts than after all."""
+    enc = encoded(tiny_lm)
+    seen: list[dict] = []
+    hm = head_maps(tiny_lm, enc, batch_size=16, partial=seen.append)
+    order = sorted(range(N), key=lambda i: -len(enc.ids[i]))  # the batches' order (by length)
+    for d in seen:
+        assert d["interval"] == "normal" and set(d["stats"]) == set(PER_PROMPT)
+        rows = np.sort(order[:d["prompts_done"]])
+        for k in PER_PROMPT:
+            st = {f: np.asarray(v, dtype=float) for f, v in d["stats"][k].items()}
+            want = stderr(hm.per_prompt[k][rows])
+            if d["prompts_done"] in (16, N):  # after a whole batch: the final rows, bit for bit
+                assert np.array_equal(st["se"], want), (k, d["prompts_done"])
+            else:
+                np.testing.assert_allclose(st["se"], want, rtol=1e-5, atol=1e-12, err_msg=k)
+            mean = np.asarray(d[k])
+            np.testing.assert_allclose(st["ci_high"] - mean, 1.959963984540054 * st["se"], rtol=1e-9, atol=1e-15)
+            assert np.all(st["ci_low"] <= mean) and np.all(mean <= st["ci_high"])
+            sd = hm.per_prompt[k][rows].std(axis=0, ddof=1)  # the half-width per sd: 1.96 / sqrt(prompts done)
+            ok = sd > 0
+            np.testing.assert_allclose(((st["ci_high"] - mean) / np.where(ok, sd, 1))[ok],
+                                       1.959963984540054 / np.sqrt(len(rows)), rtol=1e-4)
+    assert [d["prompts_done"] for d in seen] == [4, 8, 16, N]  # so the interval narrows as 1 / sqrt(4, 8, 16, 21)
 
 
 def test_with_several_threads_the_views_come_per_batch(gpt2_tokenizer):
@@ -158,6 +188,9 @@ def test_the_partial_view_is_marked_with_its_prompt_counts():
         data = {"kind": "maps", "prompts_done": 8, "prompts": 50, "n_layers": L, "n_heads": H, "shots": 8,
                 "icl": {"accuracy": 0.625, "label_accuracy": 0.75, "tr_ratio": 1.0, "n": 8},
                 **{k: [[float(l * H + h) for h in range(H)] for l in range(L)] for k in anytime.PARTIAL_MAPS}}
+        data["interval"] = "normal"
+        data["stats"] = {"tr": {"se": [[0.01 * (l * H + h + 1) for h in range(H)] for l in range(L)],
+                                "ci_low": [[-1.0] * H] * L, "ci_high": [[2.0] * H] * L}}
         view = anytime.PartialView("t", min_interval_s=0.0)
         anytime.map_drawer(view, lambda: "induction", " · test")(data)
         anytime.map_drawer(view, lambda: "induction", " · test")(data)  # the same count: not drawn again
@@ -177,4 +210,8 @@ def test_the_partial_view_is_marked_with_its_prompt_counts():
 
     fig = json.loads(charts[0].proto.spec)
     assert "TR (partial: 8 of 50 prompts)" in fig["layout"]["title"]["text"]
+    heads = next(t for t in fig["data"] if t.get("name") == "heads")  # each head's SE and interval so far
+    assert "SE 0.01 · 95% normal CI so far [-1, 2]" in heads["customdata"][0][2]
+    assert "%{customdata[2]}" in heads["hovertemplate"]
+    assert [c.value for c in at.caption if "SE up to 0.12; narrowing as prompts finish" in c.value]
     assert [m.value for m in at.metric] == ["62.5%", "75.0%", "100.0%"]

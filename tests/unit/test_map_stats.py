@@ -24,6 +24,20 @@ def test_se_is_the_closed_form():
     assert np.isnan(ms.uncertainty(x[:1])["se"]).all()  # one prompt: no standard error
 
 
+def test_the_anytime_interval_is_mean_plus_minus_z_se():
+    """An anytime view's interval (`normal_interval`): SE as the final one's, mean +- 1.959964 SE around the mean
+    given, covering it; NaN under 2 prompts."""
+    x = np.random.default_rng(3).normal(0.5, 1.0, size=(9, 2, 3))
+    iv = ms.normal_interval(x)
+    np.testing.assert_allclose(iv["se"], ms.uncertainty(x)["se"], rtol=1e-12)
+    np.testing.assert_allclose(iv["ci_high"] - x.mean(0), 1.959963984540054 * iv["se"], rtol=1e-9)
+    np.testing.assert_allclose(x.mean(0) - iv["ci_low"], iv["ci_high"] - x.mean(0), rtol=1e-9)
+    assert np.all(iv["ci_low"] < x.mean(0)) and np.all(x.mean(0) < iv["ci_high"])
+    centred = ms.normal_interval(x, mean=np.zeros((2, 3)))
+    np.testing.assert_allclose(centred["ci_low"], -centred["ci_high"], rtol=1e-12)
+    assert all(np.isnan(v).all() for v in ms.normal_interval(x[:1]).values())
+
+
 def test_bootstrap_ci_covers_the_mean_and_is_seeded():
     rng = np.random.default_rng(3)
     x = rng.normal(1.0, 2.0, size=(40, 3, 4))

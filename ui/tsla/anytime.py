@@ -2,7 +2,9 @@
 
 The job's `live` data while it scores heads (backend/analysis/tsla/scores.py, `head_maps(partial=...)`):
 {"kind": "maps", "prompts_done", "prompts", "tr", "tl", "dla_tr", "dla_tl", "flagged" (layers x heads, the means
-over the prompts done), "icl" (accuracy, label_accuracy, tr_ratio, n over them), "n_layers", "n_heads", "shots"}.
+over the prompts done), "icl" (accuracy, label_accuracy, tr_ratio, n over them), "n_layers", "n_heads", "shots",
+"stats" ({tr, tl, dla_tr, dla_tl: {se, ci_low, ci_high}} over the prompts done, the interval normal: mean ± 1.96 SE)
+and "interval": "normal"}. The map's hover carries each head's SE and interval so far (`map_uncertainty`).
 Drawn below the job's progress bar and replaced by the final result when the job ends.
 """
 from __future__ import annotations
@@ -10,10 +12,12 @@ from __future__ import annotations
 import time
 from typing import Any, Callable
 
+import numpy as np
 import streamlit as st
 
 from .. import figures
 from .. import metrics as M
+from . import map_uncertainty as mu
 
 PARTIAL_MAPS = ("tr", "tl", "dla_tr", "dla_tl", "flagged")
 
@@ -28,6 +32,16 @@ def partial_note(data: dict[str, Any]) -> str:
     rest = ("the maps refine as prompts finish" if done < total else
             "all prompts scored; the 0-shot run and the induction scores follow")
     return f"**Partial: {done} of {total} prompts** · {rest}."
+
+
+def interval_note(data: dict[str, Any], metric: str) -> str:
+    """"SE up to 0.012 ..." of the map so far ("" when the view has no statistics for this map)."""
+    se = np.asarray((((data.get("stats") or {}).get(metric) or {}).get("se")) or [], dtype=float)
+    if not se.size or not np.isfinite(se).any():
+        return ""
+    return (f"Hover a head for its standard error and 95% interval over the {data['prompts_done']} prompts done "
+            f"(a normal interval, mean ± 1.96 SE; the final map's is a bootstrap): SE up to "
+            f"{float(np.nanmax(se)):.3g}; narrowing as prompts finish.")
 
 
 class PartialView:
@@ -72,8 +86,12 @@ class PartialView:
             fig = figures.head_heatmap(data[metric], metric,
                                        title=f"{spec['label']} (partial: {data['prompts_done']} of "
                                              f"{data['prompts']} prompts): {spec['long']}{title}")
+            mu.annotate(fig, data, metric)
             st.plotly_chart(fig, key=f"{self.name}_partial_{self.draws}",
                             config=figures.png_config(f"headmap-{metric}-partial"))
+            note = interval_note(data, metric)
+            if note:
+                st.caption(note)
 
     def clear(self) -> None:
         if self.box is not None:

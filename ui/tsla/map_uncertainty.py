@@ -29,9 +29,10 @@ def hover_lines(scores: dict[str, Any], metric: str) -> list[str] | None:
     se, lo, hi = _grid(st.get("se")), _grid(st.get("ci_low")), _grid(st.get("ci_high"))
     p, q = _grid(st.get("p")), _grid(st.get("q"))
     stab = _grid((scores.get("stability") or {}).get(metric))
+    ci = "95% normal CI so far" if scores.get("interval") == "normal" else "95% CI"  # an anytime view's: mean ± 1.96 SE
     out = []
     for (l, h), s in np.ndenumerate(se):
-        line = f"SE {s:.3g} · 95% CI [{lo[l, h]:.4g}, {hi[l, h]:.4g}]"
+        line = f"SE {s:.3g} · {ci} [{lo[l, h]:.4g}, {hi[l, h]:.4g}]"
         if p is not None and q is not None:
             line += f"<br>p = {p[l, h]:.3g} · q = {q[l, h]:.3g}"
         if stab is not None:
@@ -113,3 +114,11 @@ def table_columns(scores: dict[str, Any]) -> dict[str, np.ndarray]:
     for name, v in (scores.get("stability") or {}).items():
         out[f"{name}_stability"] = np.asarray(v, dtype=float)
     return out
+
+
+STAT_FIELDS = ("se", "ci_low", "ci_high", "p", "q", "stability")
+
+
+def stat_columns(metric: str, columns: Any) -> list[str]:
+    """`metric`'s interval and test columns among `columns` (`table_columns`' names), in STAT_FIELDS' order."""
+    return [c for c in (f"{metric}_{f}" for f in STAT_FIELDS) if c in columns]

@@ -5,12 +5,17 @@ x holds one map per prompt, (prompts, layers, heads); the map is its mean over p
 - 95% interval: percentile bootstrap of the mean, resampling prompts (seeded). Several seeds (`groups`: each
   prompt's seed): the prompts of all seeds are pooled into one mean, and a resample draws each seed's prompts from
   that seed's own (a stratified bootstrap: every resample keeps each seed's share). One group: `stats.bootstrap_ci`.
+- While prompts are still being scored (an anytime map): SE as above and a normal interval mean +- z SE
+  (`normal_interval`: no bootstrap per view; it narrows as prompts finish). The final result's interval is the
+  bootstrap's.
 - Top-k stability: the share of the same resamples in which a head is among the top k by mean.
 - TR significance: the head's mean TR against the means of TR onto random label subspaces of the same size
   (`tr_null`), a one-sided Monte Carlo p; TL significance: per-prompt TL > 0 by a one-sided sign-flip permutation
   test (`stats.sign_flip_p`). Either map's p-values are corrected across all heads by Benjamini-Hochberg (q).
 """
 from __future__ import annotations
+
+from statistics import NormalDist
 
 import numpy as np
 
@@ -53,6 +58,17 @@ def uncertainty(x: np.ndarray, groups: np.ndarray | None = None, n_boot: int = N
         return {"se": nan, "ci_low": nan, "ci_high": nan}
     means = boot_means(x, groups, n_boot, seed)
     return {"se": stderr(x), "ci_low": np.quantile(means, a, axis=0), "ci_high": np.quantile(means, 1 - a, axis=0)}
+
+
+def normal_interval(x: np.ndarray, mean: np.ndarray | None = None, level: float = LEVEL) -> dict[str, np.ndarray]:
+    """{se, ci_low, ci_high} of the mean map of x (prompts, layers, heads), each (layers, heads): SE as
+    `uncertainty`'s, the interval mean +- z SE (normal approximation; z = 1.96 at 95%) around `mean` (default: x's
+    mean over prompts). Cheap enough for every anytime view; NaN under 2 prompts."""
+    x = np.asarray(x, dtype=float)
+    se = stderr(x)
+    m = np.asarray(mean, dtype=float) if mean is not None else (x.mean(axis=0) if len(x) else se)
+    z = NormalDist().inv_cdf(0.5 + level / 2)
+    return {"se": se, "ci_low": m - z * se, "ci_high": m + z * se}
 
 
 def stability(x: np.ndarray, k: int, groups: np.ndarray | None = None, n_boot: int = N_BOOT,

@@ -17,6 +17,7 @@ import torch
 from ...model.hooks import Trace, hooked
 from ...model.loading import LoadedModel
 from ..primitives.batching import Batch, Encoded, Progress, forward_last_logits, map_batches
+from ..primitives.map_stats import normal_interval
 from ..primitives.predict import Outcomes, metrics, predict_rows
 from ..primitives.prefix_store import clean_forward, fits
 from ..primitives.tr_null import build_null, n_draws, null_batch, null_tr
@@ -64,14 +65,29 @@ def slices(rows: int) -> list[tuple[int, int]]:
     return out
 
 
-def partial_maps(sums: torch.Tensor, out: Outcomes, rows: list[int], total: int) -> dict[str, Any]:
+def partial_maps(sums: torch.Tensor, out: Outcomes, rows: list[int], total: int,
+                 per: torch.Tensor | None = None) -> dict[str, Any]:
     """The maps so far: each sum over the `rows` done / their count, (layers, heads) as lists; their metrics; and
-    `prompts_done` of `total`. On the side of the final means (which divide the same sums by the total once)."""
+    `prompts_done` of `total`. On the side of the final means (which divide the same sums by the total once).
+    With `per` (PER_PROMPT's maps prompt by prompt, (4, prompts, layers, heads), filled for the rows done):
+    `stats` {map: {se, ci_low, ci_high}} of the prompts done, the interval normal (`map_stats.normal_interval`;
+    the final result's is the bootstrap's), `interval: "normal"`; None where undefined (under 2 prompts)."""
     means = (sums / max(len(rows), 1)).cpu().numpy()
     idx = np.sort(np.asarray(rows, dtype=np.int64))  # prompt order (batches run by length): per_prompt reads so
     m = metrics(out.correct[0, idx], out.label_correct[0, idx], out.in_labels[0, idx])
-    return {"kind": "maps", "prompts_done": len(rows), "prompts": total,
+    view = {"kind": "maps", "prompts_done": len(rows), "prompts": total,
             **{k: v.tolist() for k, v in zip(MAP_NAMES, means)}, "icl": m}
+    if per is not None:
+        x = per[:, torch.as_tensor(idx, device=per.device)].cpu().numpy()
+        view["stats"] = {k: {f: _finite(v) for f, v in normal_interval(x[i], means[i]).items()}
+                         for i, k in enumerate(PER_PROMPT)}
+        view["interval"] = "normal"
+    return view
+
+
+def _finite(a: np.ndarray) -> list:
+    """An array as nested lists with NaN as None (JSON-safe live data)."""
+    return np.where(np.isfinite(a), a, None).tolist()
 
 
 def head_maps(lm: LoadedModel, enc: Encoded, batch_size: int = 16, apply_ln: bool = False,
@@ -142,7 +158,7 @@ def head_maps(lm: LoadedModel, enc: Encoded, batch_size: int = 16, apply_ln: boo
             st = tsla(o, ls)
             for i, v in enumerate((st.tr, st.tl, st.dla_tr, st.dla_tl, st.flagged.double())):
                 into[i, layer] += v.sum(0)
-                if final and i < len(PER_PROMPT):
+                if i < len(PER_PROMPT):  # a slice's rows (a view's SE) are written again by the whole batch
                     per[i, ridx, layer] = v
             if nb is not None:
                 null_sums[layer] += null_tr(o, null, nb).sum(0, dtype=torch.float64)
@@ -159,7 +175,7 @@ def head_maps(lm: LoadedModel, enc: Encoded, batch_size: int = 16, apply_ln: boo
                 parts.append((logits, trace))
                 if hi < b:
                     score(batch.rows[lo:hi], logits, trace.z(H), trace.write_scale, trace.resid_final, preview)
-                    partial(partial_maps(preview, out, batch.rows[:hi], n))
+                    partial(partial_maps(preview, out, done + batch.rows[:hi], n, per))
                     if progress:
                         progress(hi / n, "scoring heads")
             logits = torch.cat([p[0] for p in parts])
@@ -170,7 +186,7 @@ def head_maps(lm: LoadedModel, enc: Encoded, batch_size: int = 16, apply_ln: boo
             score(batch.rows, logits, z, scale, resid, sums)  # as without `partial`: the whole batch at once
         done.extend(batch.rows)
         if partial is not None:
-            partial(partial_maps(sums, out, done, n))
+            partial(partial_maps(sums, out, done, n, per))
 
     map_batches(lm, enc.ids, batch_size, step, progress, "scoring heads", padding)
     means = (sums / len(enc.ids)).cpu().numpy()
