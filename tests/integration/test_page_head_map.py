@@ -233,3 +233,31 @@ def test_the_map_carries_its_uncertainty_and_tests(inprocess, task_name):
             assert np.isnan(z[l][h]) != ((l, h) in sig)
     table = frame_with(at, "tr_se")
     assert "tr_q" in table.columns
+
+
+@needs_model
+def test_a_link_with_the_significance_switch_reopens_with_it_on(inprocess, task_name):
+    """`sig_only=1` in a link: the switch is on, the map blank off the significant heads, the link and the page's
+    HTML file keep it, and the file's table holds TR's SE, interval, p and q."""
+    from ui import share, state
+
+    at = page(HEAD_MAP, task=task_name, sig_only="1", **{**SMALL, "model": MODEL})
+    at.run()
+    assert_clean(at)
+    assert at.toggle(key="w_sig_only").value is True and at.session_state["s_sig_only"] is True
+    scores = inprocess.run("scores", {**BASE, "task": task_name, "top_pct": 3.0})
+    sig = {tuple(x) for x in scores["stats"]["tr"]["significant"]}
+    z = vals(_heat(figure(at, "hm_0"))[0]["z"])
+    assert {(l, h) for l in range(len(z)) for h in range(len(z[l])) if not np.isnan(z[l][h])} == sig
+    assert state.FIELDS["sig_only"].view and at.query_params["sig_only"] in ("1", ["1"])
+    rec = at.session_state["_hl_share"]
+    assert rec.settings["sig_only"] == "1"
+    text = share.build(rec)
+    assert "<td>significant heads only</td><td>1</td>" in text
+    table = next(t for title, t in rec.tables.items() if title.startswith("Top 10 heads by TR"))
+    assert ["tr_se", "tr_ci_low", "tr_ci_high", "tr_p", "tr_q", "tr_stability"] == \
+        [c for c in table["columns"] if c.startswith("tr_") and c != "tr_rank"]
+    assert all(f"<th>{c}</th>" in text for c in ("tr_se", "tr_ci_low", "tr_ci_high", "tr_p", "tr_q"))
+    at.toggle(key="w_sig_only").set_value(False).run()  # off: out of the link, "0" in the file
+    assert "sig_only" not in at.query_params and at.session_state["s_sig_only"] is False
+    assert share.page_settings("Head map", at.session_state["_hl_share"].settings)["significant heads only"] == "0"

@@ -114,3 +114,41 @@ def test_the_dashboard_warm_up_imports_the_pages_modules_without_torch():
     code = ("import os, sys; os.environ.pop('HEADLENS_BACKEND_URL', None); from ui.warm import warm; warm(); "
             "assert 'torch' not in sys.modules and 'ui.head_view' in sys.modules and 'pandas' in sys.modules")
     subprocess.run([sys.executable, "-c", code], cwd=REPO, check=True)
+
+
+def test_the_head_maps_file_states_the_significance_switch():
+    """The Head map's file names the *Significant heads only* switch, off too (the link leaves a default out)."""
+    from ui import share
+
+    q = {"model": "default", "task": "syn-sentiment", "shots": "8", "map": "tr"}
+    assert share.page_settings("Head map", q)["significant heads only"] == "0"
+    assert share.page_settings("Head map", {**q, "sig_only": "1"})["significant heads only"] == "1"
+    assert "significant heads only" not in share.page_settings("Ablation", {**q, "sig_only": "1"})
+
+
+def test_the_head_maps_html_table_holds_each_heads_interval_and_test():
+    """The per-head table of the file: SE, 95% CI, p, q and stability of the map, with their numbers."""
+    import pandas as pd
+
+    from ui import share
+    from ui.tsla import map_uncertainty as mu
+
+    rng = np.random.default_rng(0)
+    grid = lambda: rng.uniform(0.01, 0.9, size=(2, 3))  # noqa: E731
+    scores = {"stats": {"tr": {f: grid() for f in ("se", "ci_low", "ci_high", "p", "q")},
+                        "dla_tr": {f: grid() for f in ("se", "ci_low", "ci_high")}},
+              "stability": {"tr": grid(), "tl": grid()}}
+    extra = mu.table_columns(scores)
+    cols = mu.stat_columns("tr", extra)
+    assert cols == ["tr_se", "tr_ci_low", "tr_ci_high", "tr_p", "tr_q", "tr_stability"]
+    assert mu.stat_columns("dla_tr", extra) == ["dla_tr_se", "dla_tr_ci_low", "dla_tr_ci_high"]
+    frame = pd.DataFrame([{"head": f"L{l}.H{h}", "tr": 0.5, **{c: float(v[l, h]) for c, v in extra.items()}}
+                          for l in range(2) for h in range(3)])
+    rec = share.Record("Head map", settings={"model": "default", "sig_only": "1"})
+    rec.tables["Top heads"] = {"title": "Top heads", "frame": frame, "columns": ["head", "tr", *cols]}
+    text = share.build(rec)
+    head = re.search(r"<thead><tr>((?:<th>[^<]*</th>)+)</tr></thead><tbody><tr><td>L0\.H0</td>", text).group(1)
+    assert re.findall(r"<th>([^<]*)</th>", head) == ["head", "tr", *cols]
+    assert f'<td class="num">{extra["tr_ci_low"][0, 0]:.4g}</td>' in text
+    assert f'<td class="num">{extra["tr_q"][0, 0]:.4g}</td>' in text
+    assert "<td>significant heads only</td><td>1</td>" in text
