@@ -100,6 +100,8 @@ with side:
         snippets.show("head_scores", score_params, f"r.{metric}        # numpy (layers, heads)\n"
                                               + (f"r.stats['{metric}'].se, .ci_low, .ci_high, .p, .q, .significant\n"
                                                  if metric in scores.get("stats", {}) else "")
+                                              + (f"r.stats['{metric}'].significant   # the heads shown "
+                                                 "(Significant heads only)\n" if sig_only and tested else "")
                                               + "r.top_tr, r.top_tl, r.overlap, r.stability, r.stable_tr")
     st.caption(":material/photo_camera: Every figure's toolbar (top right, on hover) has a camera button that saves "
                "it as a PNG at 2× resolution or an SVG (the sidebar's *Figure files*); its title and file name say "

@@ -250,6 +250,8 @@ def test_a_link_with_the_significance_switch_reopens_with_it_on(inprocess, task_
     z = vals(_heat(figure(at, "hm_0"))[0]["z"])
     assert {(l, h) for l in range(len(z)) for h in range(len(z[l])) if not np.isnan(z[l][h])} == sig
     assert state.FIELDS["sig_only"].view and at.query_params["sig_only"] in ("1", ["1"])
+    code = [c.value for c in at.code if "r.stats['tr']" in c.value]  # Copy as Python names the heads shown
+    assert code and "r.stats['tr'].significant   # the heads shown (Significant heads only)" in code[0]
     rec = at.session_state["_hl_share"]
     assert rec.settings["sig_only"] == "1"
     text = share.build(rec)

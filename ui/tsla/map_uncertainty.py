@@ -29,7 +29,8 @@ def hover_lines(scores: dict[str, Any], metric: str) -> list[str] | None:
     se, lo, hi = _grid(st.get("se")), _grid(st.get("ci_low")), _grid(st.get("ci_high"))
     p, q = _grid(st.get("p")), _grid(st.get("q"))
     stab = _grid((scores.get("stability") or {}).get(metric))
-    ci = "95% normal CI so far" if scores.get("interval") == "normal" else "95% CI"  # an anytime view's: mean ± 1.96 SE
+    # an anytime view's interval is normal (mean ± 1.96 SE over the prompts done); the final one a bootstrap
+    ci = "95% normal CI so far" if scores.get("interval") == "normal" else "95% CI"
     out = []
     for (l, h), s in np.ndenumerate(se):
         line = f"SE {s:.3g} · {ci} [{lo[l, h]:.4g}, {hi[l, h]:.4g}]"
