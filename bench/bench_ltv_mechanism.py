@@ -32,6 +32,7 @@ from backend.analysis.primitives.batching import build_prompts, encode  # noqa: 
 from backend.analysis.primitives.inject import Injection, evaluate_injections  # noqa: E402
 from backend.analysis.primitives.threads import cpu_threads  # noqa: E402
 from backend.model.loading import load_model  # noqa: E402
+from backend.analysis.primitives.stages import run_sizes, shape_of  # noqa: E402
 from backend.tasks.registry import load_task  # noqa: E402
 from bench_ltv_stages import value  # noqa: E402
 
@@ -75,7 +76,7 @@ def main() -> None:
     c0, w0 = time.process_time(), time.perf_counter()
     with cpu_threads(lm):
         out = ltv_mod._mechanism(ctx, p, zero, layer, theta, (-1,), conditions,
-                                 float(base.gold_prob[1].mean()), scores, progress)
+                                 float(base.gold_prob[1].mean()), scores, progress, shape_of(lm), run_sizes(lm, task))
     c1, w1 = time.process_time(), time.perf_counter()
     load1 = os.getloadavg()[0]
     stages: dict[str, list[float]] = {}
