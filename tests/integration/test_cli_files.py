@@ -200,7 +200,7 @@ def test_train_default_rewrites_its_card_whole_or_not_at_all(model_dir, tmp_path
     metrics["command"] = "python -m backend.train_default"
     (folder / "metrics.json").write_text(json.dumps(metrics))
     before = (folder / "metrics.json").read_bytes()
-    real = backend.store.atomic_dirs._write_fd
+    real = atomic_dirs._write_fd
 
     def full(fd: int, data: bytes) -> None:
         if len(data) == ad.PROBE_BYTES and not any(data):

@@ -671,7 +671,7 @@ def test_a_job_past_the_time_limit_fails_clearly(monkeypatch):
     class SlowParams(Params):
         steps: int = 50
 
-    register(Kind("slow", SlowParams, Result, "test_hardening:_slow", "sleeps", api="slow", uses_task=False,
+    register(Kind("slow", SlowParams, Result, "test_input_faults:_slow", "sleeps", api="slow", uses_task=False,
                   uses_model=False, cached=False), replace=True)
     monkeypatch.setenv("HEADLENS_JOB_TIMEOUT_S", "1")
     try:
