@@ -11,8 +11,33 @@ import pytest
 
 from kind_cases import CASES, MemoryStore
 
-PLANNED = ("maps", "scores", "icl", "ablation_curves", "ablate", "vectors", "steer", "patching", "site", "ltv")
-"""The kinds whose run takes its progress from its plan (`stages.planned`; ltv orders its plan's steps itself)."""
+PLANNED = ("maps", "scores", "icl", "ablation_curves", "ablate", "vectors", "steer", "patching", "site", "ltv",
+           "perturb", "geometry", "head", "methods", "findings", "ltv_tasks", "site_transfer", "ltv_train")
+"""The kinds whose run takes its progress from its plan (`stages.planned`, `stages.planned_over` for a kind over
+several tasks; ltv orders its plan's steps itself)."""
+ONE_STAGE = {
+    "model_info": "the speed measurement: one stage, its bar moved by its own passes",
+    "fit": "no forward pass (the tokenizer only): an empty plan",
+}
+"""The kinds whose plan has fewer than two stages: nothing to share a bar by."""
+
+
+def test_every_kind_is_planned_or_single_stage():
+    from backend.analysis.kinds import KINDS, get_kind
+
+    keys = {spec.key for spec in KINDS.values()}
+    assert keys == set(PLANNED) | set(ONE_STAGE)
+    assert not set(PLANNED) & set(ONE_STAGE)
+    assert set(PLANNED) <= set(CASES)
+    for kind in ONE_STAGE:  # each really has fewer than two stages on its test case
+        from backend.service.estimate import job_sizes
+        from backend.service.model_shape import model_shape
+        from backend.tasks.registry import load_task
+
+        spec, (name, params) = get_kind(kind), CASES[kind]
+        p = spec.params.model_validate(params)
+        sizes = job_sizes(spec, p, "default", load_task(name) if name else None)
+        assert len(p.work(model_shape("default"), sizes).stages) < 2, kind
 
 
 @pytest.fixture(scope="module")
@@ -54,7 +79,7 @@ def test_progress_and_estimate_share_one_plan(kind, lm, monkeypatch):
     monkeypatch.setattr(stages, "plan_spans", record)
     monkeypatch.setattr(importlib.import_module("backend.analysis.ltv.ltv"), "plan_spans", record)
     name, params = CASES[kind]
-    spec, task = get_kind(kind), load_task(name)
+    spec, task = get_kind(kind), load_task(name) if name else None
     p = spec.params.model_validate(params)
     est = estimate(spec, p, "default", task)
     induction._MEMO.clear()

@@ -12,9 +12,9 @@ counted by the model's tokenizer); a stage whose result is cached already weighs
 """
 from __future__ import annotations
 
-from typing import Any, Iterable, Mapping
+from typing import Any, Iterable, Mapping, Sequence
 
-from .cost import Shape, Sizes, Work, sizes_of
+from .cost import Shape, Sizes, Work, mean_sizes, sizes_of
 
 
 def spans(costs: Mapping[str, float]) -> dict[str, tuple[float, float]]:
@@ -50,6 +50,14 @@ def planned(ctx: Any, p: Any, skip: Iterable[str] = ()) -> dict[str, tuple[float
     """`plan_spans` of the job's own plan: `p.work` on the loaded model's shape and the task's sizes."""
     shape = shape_of(ctx.lm)
     return plan_spans(p.work(shape, run_sizes(ctx.lm, ctx.task)), shape, skip)
+
+
+def planned_over(ctx: Any, p: Any, tasks: Sequence[Any], skip: Iterable[str] = ()) -> dict[str, tuple[float, float]]:
+    """`planned` of a kind over several `tasks`: its plan on the mean of their prompt sizes (as the estimate's
+    `job_sizes` counts them), with their names."""
+    shape = shape_of(ctx.lm)
+    sizes = mean_sizes([run_sizes(ctx.lm, t) for t in tasks], [t.name for t in tasks])
+    return plan_spans(p.work(shape, sizes), shape, skip)
 
 
 def shape_of(lm: Any) -> Shape:
