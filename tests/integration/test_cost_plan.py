@@ -1,8 +1,9 @@
 """One cost plan per kind: the progress bar's spans and the admission estimate come from the same `Params.work`.
 
-Each kind whose run weighs its progress by its plan (`primitives.stages.plan_spans`) runs once, cold, on the
+Every registered kind is covered: each whose plan has two stages or more (all but `ONE_STAGE`) runs once, cold, on the
 default model; the plan its run weighs must total the estimate's tokens (`service/estimate.py`, from the model's
-files and the task alone), and its spans must be the plan's stages' cumulative shares of the plan's weight."""
+files and the task alone), and its spans must be the plan's stages' cumulative shares of the plan's weight; its bar never goes back (the run
+takes the stages in the plan's order)."""
 from __future__ import annotations
 
 import importlib
@@ -24,16 +25,15 @@ ONE_STAGE = {
 
 def test_every_kind_is_planned_or_single_stage():
     from backend.analysis.kinds import KINDS, get_kind
+    from backend.service.estimate import job_sizes
+    from backend.service.model_shape import model_shape
+    from backend.tasks.registry import load_task
 
     keys = {spec.key for spec in KINDS.values()}
     assert keys == set(PLANNED) | set(ONE_STAGE)
     assert not set(PLANNED) & set(ONE_STAGE)
     assert set(PLANNED) <= set(CASES)
     for kind in ONE_STAGE:  # each really has fewer than two stages on its test case
-        from backend.service.estimate import job_sizes
-        from backend.service.model_shape import model_shape
-        from backend.tasks.registry import load_task
-
         spec, (name, params) = get_kind(kind), CASES[kind]
         p = spec.params.model_validate(params)
         sizes = job_sizes(spec, p, "default", load_task(name) if name else None)
@@ -84,7 +84,8 @@ def test_progress_and_estimate_share_one_plan(kind, lm, monkeypatch):
     est = estimate(spec, p, "default", task)
     induction._MEMO.clear()
     STORE.clear()
-    analyze(kind, lm, task, p, cache=MemoryStore())
+    bar: list[float] = []
+    analyze(kind, lm, task, p, cache=MemoryStore(), progress=lambda f, m="": bar.append(f))
     plan, shape, skip, got = seen[0]  # the kind's own run: its spans are taken before any sub-call
     named = plan.stages if isinstance(plan, Work) else [(n, w.cost()) for n, w in plan.items()]
     assert sum(c.tokens for _, c in named) == pytest.approx(est.tokens, rel=1e-9), (kind, est.how)
@@ -95,3 +96,4 @@ def test_progress_and_estimate_share_one_plan(kind, lm, monkeypatch):
     assert list(got) == list(want)
     assert all(got[n] == pytest.approx(want[n], abs=1e-12) for n in want)
     assert got[named[-1][0]][1] == 1.0 and len(named) >= 2
+    assert bar == sorted(bar)  # the run takes the plan's stages in the plan's order: its bar never goes back

@@ -4,7 +4,8 @@ by, each stage taking the share its weight (`cost.Cost.weight`: tokens, calls an
 So the fraction done, and the time left a bar extrapolates from it, tell the truth, and there is one cost model.
 
 In a run the plan gets the loaded model's `shape_of(lm)` and the task's `run_sizes` (the estimate's `sizes_of`,
-counted by the model's tokenizer); a stage whose result is cached already weighs 0.
+counted by the model's tokenizer; a kind over several tasks, `planned_over`: their mean, as the estimate's); a stage
+whose result is cached already weighs 0 (a composite kind's sub-calls are its stages).
 
     plan = p.work(shape_of(lm), run_sizes(lm, task))
     share = plan_spans(plan, shape_of(lm), skip={"head scores"})   # {stage: (lo, hi)}, in order
