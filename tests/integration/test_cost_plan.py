@@ -97,3 +97,33 @@ def test_progress_and_estimate_share_one_plan(kind, lm, monkeypatch):
     assert all(got[n] == pytest.approx(want[n], abs=1e-12) for n in want)
     assert got[named[-1][0]][1] == 1.0 and len(named) >= 2
     assert bar == sorted(bar)  # the run takes the plan's stages in the plan's order: its bar never goes back
+
+
+@pytest.mark.parametrize("kind,sub,stage", [("perturb", "scores", "head scores"), ("geometry", "vectors", "vectors")])
+def test_a_cached_sub_call_weighs_nothing(kind, sub, stage, lm, monkeypatch):
+    """A composite kind whose sub-call is cached already leaves that stage out of its bar (it takes no time)."""
+    from backend.analysis.kernel import analyze
+    from backend.analysis.kinds import get_kind
+    from backend.analysis.primitives import stages
+    from backend.analysis.primitives.stages import plan_spans
+    from backend.tasks.registry import load_task
+
+    name, params = CASES[kind]
+    task, store = load_task(name), MemoryStore()
+    p = get_kind(kind).params.model_validate(params)
+    keep = {"scores": ("shots", "prompts", "seed", "top_pct", "top_k"),
+            "vectors": ("shots", "prompts", "seed", "top_pct", "top_k")}[sub]
+    extra = {"types": ["tr", "tl", "random"]} if sub == "vectors" else {}
+    analyze(sub, lm, task, {**{f: getattr(p, f) for f in keep}, **extra}, cache=store)  # cached first
+    seen = []
+
+    def record(plan, shape, skip=()):
+        seen.append((set(skip), plan_spans(plan, shape, skip)))
+        return seen[-1][1]
+
+    monkeypatch.setattr(stages, "plan_spans", record)
+    bar: list[float] = []
+    analyze(kind, lm, task, p, cache=store, progress=lambda f, m="": bar.append(f))
+    skip, share = seen[0]
+    assert skip == {stage} and share[stage] == (0.0, 0.0)  # the cached stage is empty: the bar starts after it
+    assert bar == sorted(bar) and bar[-1] == 1.0
