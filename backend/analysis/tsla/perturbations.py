@@ -41,7 +41,7 @@ class PerturbParams(Selection, PromptParams):
         t = sizes.prompt(self.shots)
         base = get_kind("scores").params(shots=self.shots, prompts=self.prompts, top_pct=self.top_pct,
                                          top_k=self.top_k).work(shape, sizes).named("head scores")
-        n, per = sizes.n(self.prompts), len(self.perturbations)
+        n = sizes.n(self.prompts)
         ablations = (passes("ablations", n, t)  # the clean pass, then the TR, TL and random sets
                      + passes("ablations", 3 * n, t * cost.ablation_share(shape)))
         plan = base + ablations.named("ablating, unperturbed")
