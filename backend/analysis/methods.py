@@ -24,6 +24,7 @@ from .params import Bool, Int, Layer, PromptParams, Selection
 from .primitives.cost import Shape, Sizes, Work
 from .results import Model, Result, TensorsInline
 from .primitives.configs import resolve_layers
+from .primitives.stages import planned
 
 
 class MethodsParams(Selection, PromptParams):
@@ -50,11 +51,11 @@ class MethodsParams(Selection, PromptParams):
         sel = {"top_pct": self.top_pct, "top_k": self.top_k}
         w = get_kind("steer").params(vectors=[k for k, _, _ in EXTRACTED], layer=self.layer, shots=self.shots,
                                      prompts=self.prompts, seed=self.seed, **sel).work(shape, sizes).named("steer")
-        w = w + get_kind("site").params(m=self.site_m, shots=self.site_shots, steps=self.site_steps,
-                                        prompts=self.prompts, seed=self.seed).work(shape, sizes).named("SITE")
-        if self.ltv and "ltv" in KINDS:
+        if self.ltv and "ltv" in KINDS:  # in the run's order: steer, LTV, SITE
             w = w + get_kind("ltv").params(shots=self.shots, prompts=self.prompts, seed=self.seed, **sel).work(
                 shape, sizes).named("LTV")
+        w = w + get_kind("site").params(m=self.site_m, shots=self.site_shots, steps=self.site_steps,
+                                        prompts=self.prompts, seed=self.seed).work(shape, sizes).named("SITE")
         return w
 
 
@@ -106,9 +107,17 @@ def methods(ctx: Context, p: MethodsParams) -> dict[str, Any]:
     rows: list[dict[str, Any]] = []
     missing: list[str] = []
 
-    steer = ctx.call("steer", vectors=[k for k, _, _ in EXTRACTED], layer="all" if p.sweep else layer,
-                     shots=p.shots, prompts=p.prompts, seed=p.seed, batch_size=p.batch_size,
-                     progress=ctx.stage(0.0, 0.3, "extracted vectors"), warn_prefix="steer: ", **sel)
+    sub = {"steer": dict(vectors=[k for k, _, _ in EXTRACTED], layer="all" if p.sweep else layer, shots=p.shots,
+                         prompts=p.prompts, seed=p.seed, **sel),
+           "SITE": dict(m=p.site_m, shots=p.site_shots, steps=p.site_steps, prompts=p.prompts, seed=p.seed)}
+    # progress by the plan's stages (`work`): a sub-call already cached weighs nothing
+    skip = {n for n, kind in (("steer", "steer"), ("SITE", "site"))
+            if ctx.cached(kind, [sub[n]], record=False) is not None}
+    if p.ltv and ctx.cached("ltv", _ltv_tries(ctx, p), record=False) is not None:
+        skip.add("LTV")  # (without `ltv`, the plan has no LTV stage)
+    share = planned(ctx, p, skip)
+    steer = ctx.call("steer", **sub["steer"], batch_size=p.batch_size,
+                     progress=ctx.stage(*share["steer"], "extracted vectors"), warn_prefix="steer: ")
     at = steer.layers.index(layer)
     rows.append({"key": "zero_shot", "name": "0-shot", "family": "reference", **_m(steer.zero_shot), "params": 0,
                  "source": "steer", "note": "no demonstrations, nothing injected"})
@@ -127,7 +136,7 @@ def methods(ctx: Context, p: MethodsParams) -> dict[str, Any]:
                      **(best_of(steer.layers, v.accuracy) if p.sweep else {}),
                      "note": f"{how}; added at layer {layer}'s input, last token; extracted, not trained"})
 
-    ltv = _ltv(ctx, p)
+    ltv = _ltv(ctx, p, share)
     if ltv is None:
         missing.append("LTV: no cached `ltv` result for this model, task, seed and prompts (run it on the LTV page, "
                        "or ask for it here with ltv=true)")
@@ -148,8 +157,7 @@ def methods(ctx: Context, p: MethodsParams) -> dict[str, Any]:
         except (AttributeError, KeyError, TypeError):
             missing.append("LTV: its cached result has another shape than this view reads")
 
-    site = ctx.call("site", m=p.site_m, shots=p.site_shots, steps=p.site_steps, prompts=p.prompts, seed=p.seed,
-                    batch_size=p.batch_size, progress=ctx.stage(0.3 if ltv is not None else 0.6, 1.0, "SITE"))
+    site = ctx.call("site", **sub["SITE"], batch_size=p.batch_size, progress=ctx.stage(*share["SITE"], "SITE"))
     rows.append({"key": "site", "name": "SITE", "family": "trained", **_m(site.site),
                  "exact_match": site.site.exact_match, "exact_match_ci": site.site.exact_match_ci, "params": L * H + L * H * lm.head_dim, "trainable": L * H,
                  "train_seconds": site.train_seconds, "source": "site",
@@ -175,17 +183,20 @@ def _m(m: Any) -> dict[str, Any]:
             **{f"{r}_ci": getattr(m, f"{r}_ci", None) for r in _RATES}}
 
 
-def _ltv(ctx: Context, p: MethodsParams) -> Any:
+def _ltv_tries(ctx: Context, p: MethodsParams) -> list[dict[str, Any]]:
+    """The cached `ltv` results this view reads, in order of preference (see `_ltv`)."""
+    return [{"seed": p.seed, "load": None, "prompts": n, **at} for n in dict.fromkeys((p.prompts, o.PROMPTS))
+            for at in ({"layer": None}, {"layer": ctx.lm.n_layers // 2}, {"layer": "all", "joint": False})]
+
+
+def _ltv(ctx: Context, p: MethodsParams, share: dict[str, tuple[float, float]]) -> Any:
     """The LTV result at these settings: cached (its table holds the LTV at L/2: the default layer, L/2 named or the
     layer sweep; these prompts, else the default count; any ICL shots, head-set sizes, mechanism settings or
     recipe, the defaults preferred), or (with `ltv`) computed; None when the kind is absent."""
     base = {"shots": p.shots, "seed": p.seed, "top_pct": p.top_pct, "top_k": p.top_k}
-    r = ctx.cached("ltv", [{"seed": p.seed, "load": None, "prompts": n, **at}
-                           for n in dict.fromkeys((p.prompts, o.PROMPTS))
-                           for at in ({"layer": None}, {"layer": ctx.lm.n_layers // 2},
-                                      {"layer": "all", "joint": False})])
+    r = ctx.cached("ltv", _ltv_tries(ctx, p))
     if r is None and p.ltv and "ltv" in KINDS:
         fields = get_kind("ltv").params.model_fields
-        r = ctx.call("ltv", progress=ctx.stage(0.3, 0.6, "LTV"), **{k: v for k, v in {**base, "prompts": p.prompts}
-                                                                      .items() if k in fields})
+        r = ctx.call("ltv", progress=ctx.stage(*share["LTV"], "LTV"),
+                     **{k: v for k, v in {**base, "prompts": p.prompts}.items() if k in fields})
     return r

@@ -1,8 +1,9 @@
 """One cost plan per kind: the progress bar's spans and the admission estimate come from the same `Params.work`.
 
-Each kind whose run weighs its progress by its plan (`primitives.stages.plan_spans`) runs once, cold, on the
+Every registered kind is covered: each whose plan has two stages or more (all but `ONE_STAGE`) runs once, cold, on the
 default model; the plan its run weighs must total the estimate's tokens (`service/estimate.py`, from the model's
-files and the task alone), and its spans must be the plan's stages' cumulative shares of the plan's weight."""
+files and the task alone), and its spans must be the plan's stages' cumulative shares of the plan's weight; its bar never goes back (the run
+takes the stages in the plan's order)."""
 from __future__ import annotations
 
 import importlib
@@ -11,8 +12,32 @@ import pytest
 
 from kind_cases import CASES, MemoryStore
 
-PLANNED = ("maps", "scores", "icl", "ablation_curves", "ablate", "vectors", "steer", "patching", "site", "ltv")
-"""The kinds whose run takes its progress from its plan (`stages.planned`; ltv orders its plan's steps itself)."""
+PLANNED = ("maps", "scores", "icl", "ablation_curves", "ablate", "vectors", "steer", "patching", "site", "ltv",
+           "perturb", "geometry", "head", "methods", "findings", "ltv_tasks", "site_transfer", "ltv_train")
+"""The kinds whose run takes its progress from its plan (`stages.planned`, `stages.planned_over` for a kind over
+several tasks; ltv orders its plan's steps itself)."""
+ONE_STAGE = {
+    "model_info": "the speed measurement: one stage, its bar moved by its own passes",
+    "fit": "no forward pass (the tokenizer only): an empty plan",
+}
+"""The kinds whose plan has fewer than two stages: nothing to share a bar by."""
+
+
+def test_every_kind_is_planned_or_single_stage():
+    from backend.analysis.kinds import KINDS, get_kind
+    from backend.service.estimate import job_sizes
+    from backend.service.model_shape import model_shape
+    from backend.tasks.registry import load_task
+
+    keys = {spec.key for spec in KINDS.values()}
+    assert keys == set(PLANNED) | set(ONE_STAGE)
+    assert not set(PLANNED) & set(ONE_STAGE)
+    assert set(PLANNED) <= set(CASES)
+    for kind in ONE_STAGE:  # each really has fewer than two stages on its test case
+        spec, (name, params) = get_kind(kind), CASES[kind]
+        p = spec.params.model_validate(params)
+        sizes = job_sizes(spec, p, "default", load_task(name) if name else None)
+        assert len(p.work(model_shape("default"), sizes).stages) < 2, kind
 
 
 @pytest.fixture(scope="module")
@@ -54,12 +79,13 @@ def test_progress_and_estimate_share_one_plan(kind, lm, monkeypatch):
     monkeypatch.setattr(stages, "plan_spans", record)
     monkeypatch.setattr(importlib.import_module("backend.analysis.ltv.ltv"), "plan_spans", record)
     name, params = CASES[kind]
-    spec, task = get_kind(kind), load_task(name)
+    spec, task = get_kind(kind), load_task(name) if name else None
     p = spec.params.model_validate(params)
     est = estimate(spec, p, "default", task)
     induction._MEMO.clear()
     STORE.clear()
-    analyze(kind, lm, task, p, cache=MemoryStore())
+    bar: list[float] = []
+    analyze(kind, lm, task, p, cache=MemoryStore(), progress=lambda f, m="": bar.append(f))
     plan, shape, skip, got = seen[0]  # the kind's own run: its spans are taken before any sub-call
     named = plan.stages if isinstance(plan, Work) else [(n, w.cost()) for n, w in plan.items()]
     assert sum(c.tokens for _, c in named) == pytest.approx(est.tokens, rel=1e-9), (kind, est.how)
@@ -70,3 +96,34 @@ def test_progress_and_estimate_share_one_plan(kind, lm, monkeypatch):
     assert list(got) == list(want)
     assert all(got[n] == pytest.approx(want[n], abs=1e-12) for n in want)
     assert got[named[-1][0]][1] == 1.0 and len(named) >= 2
+    assert bar == sorted(bar)  # the run takes the plan's stages in the plan's order: its bar never goes back
+
+
+@pytest.mark.parametrize("kind,sub,stage", [("perturb", "scores", "head scores"), ("geometry", "vectors", "vectors")])
+def test_a_cached_sub_call_weighs_nothing(kind, sub, stage, lm, monkeypatch):
+    """A composite kind whose sub-call is cached already leaves that stage out of its bar (it takes no time)."""
+    from backend.analysis.kernel import analyze
+    from backend.analysis.kinds import get_kind
+    from backend.analysis.primitives import stages
+    from backend.analysis.primitives.stages import plan_spans
+    from backend.tasks.registry import load_task
+
+    name, params = CASES[kind]
+    task, store = load_task(name), MemoryStore()
+    p = get_kind(kind).params.model_validate(params)
+    keep = {"scores": ("shots", "prompts", "seed", "top_pct", "top_k"),
+            "vectors": ("shots", "prompts", "seed", "top_pct", "top_k")}[sub]
+    extra = {"types": ["tr", "tl", "random"]} if sub == "vectors" else {}
+    analyze(sub, lm, task, {**{f: getattr(p, f) for f in keep}, **extra}, cache=store)  # cached first
+    seen = []
+
+    def record(plan, shape, skip=()):
+        seen.append((set(skip), plan_spans(plan, shape, skip)))
+        return seen[-1][1]
+
+    monkeypatch.setattr(stages, "plan_spans", record)
+    bar: list[float] = []
+    analyze(kind, lm, task, p, cache=store, progress=lambda f, m="": bar.append(f))
+    skip, share = seen[0]
+    assert skip == {stage} and share[stage] == (0.0, 0.0)  # the cached stage is empty: the bar starts after it
+    assert bar == sorted(bar) and bar[-1] == 1.0

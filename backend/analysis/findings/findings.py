@@ -23,6 +23,7 @@ from ..kernel import Context, analyze
 from ..kinds import get_kind
 from ..params import Bool, BosParams, Int, NonNegative
 from ..primitives.cost import NONE, Shape, Sizes, Work
+from ..primitives.stages import planned_over
 from ..results import Model, Result
 from .report import SECTIONS, measure_model, render, sections_by_name
 from .verdicts import RULE
@@ -56,30 +57,52 @@ class FindingsParams(BosParams):
         return list(dict.fromkeys(v))
 
     def work(self, shape: Shape, sizes: Sizes) -> Work:
-        """The sections' kinds, each counted once per call (their shared `scores` once per task and seed)."""
+        """Each kind call the sections make, a stage named as `stage_of` names it, in the run's order (the TSLA
+        calls' shared `scores` counted in the kinds that read them; SITE's transfer not counted)."""
         n_tasks = len(self.tasks) if self.tasks else DEFAULT_TASKS
+        names = [*sizes.tasks[:n_tasks], *(f"task {i + 1}" for i in range(len(sizes.tasks), n_tasks))]
         k3 = max(4, round(0.03 * shape.heads))
         w = NONE
-        if "tsla" in self.sections:
-            common = {"prompts": self.prompts}
-            one = (get_kind("icl").params(shots=[0, self.shots], examples=0, **common).work(shape, sizes)
-                   + get_kind("ablation_curves").params(orders=["tr", "tl", "random"], ks=[0, k3],
-                                                        random_seeds=list(range(self.random_sets)), shots=self.shots,
-                                                        **common).work(shape, sizes)
-                   + get_kind("geometry").params(shots=self.shots, top_pct=10.0, **common).work(shape, sizes))
-            w = w + (one * (n_tasks * len(self.seeds))).named("TSLA")
-        if "site" in self.sections and self.site_tasks:
-            site = get_kind("site").params(prompts=self.site_prompts, budget=[], correlations=[], icl_shots=[10],
-                                           compare=["zero_shot", "icl", "fv", "vanilla", "all_ones"])
-            w = w + (site.work(shape, sizes) * min(self.site_tasks, n_tasks)).named("SITE")
-        if "ltv" in self.sections and self.ltv_tasks:
-            steer = get_kind("steer").params(vectors=["vanilla", "fv", "tr", "tl"], layer="all", shots=self.shots,
-                                             prompts=self.ltv_prompts).work(shape, sizes)
-            ltv = get_kind("ltv").params(shots=self.shots, prompts=self.ltv_prompts, propagation=True,
-                                         perturbations=self.ltv_perturbations).work(shape, sizes)
-            runs = min(self.ltv_tasks, n_tasks)
-            w = w + (steer * (2 * runs) + ltv * (runs + (2 if self.ltv_sweep else 0))).named("LTV")
+        for section in self.sections:
+            if section == "tsla":
+                common = {"prompts": self.prompts}
+                calls = {"icl": get_kind("icl").params(shots=[0, self.shots], examples=0, **common),
+                         "ablation_curves": get_kind("ablation_curves").params(
+                             orders=["tr", "tl", "random"], ks=[0, k3], random_seeds=list(range(self.random_sets)),
+                             shots=self.shots, **common),
+                         "geometry": get_kind("geometry").params(shots=self.shots, top_pct=10.0, **common)}
+                for t in names:
+                    for s in self.seeds:
+                        for kind, q in calls.items():
+                            w = w + q.work(shape, sizes).named(f"{kind} on {t} (seed {s})")
+            elif section == "site" and self.site_tasks:
+                site = get_kind("site").params(prompts=self.site_prompts, budget=[], correlations=[], icl_shots=[10],
+                                               compare=["zero_shot", "icl", "fv", "vanilla", "all_ones"])
+                for t in names[:min(self.site_tasks, n_tasks)]:
+                    w = w + site.work(shape, sizes).named(f"site on {t}")
+            elif section == "ltv" and self.ltv_tasks:
+                steer = get_kind("steer").params(vectors=["vanilla", "fv", "tr", "tl"], layer="all",
+                                                 shots=self.shots, prompts=self.ltv_prompts).work(shape, sizes)
+                ltv = get_kind("ltv").params(shots=self.shots, prompts=self.ltv_prompts, propagation=True,
+                                             perturbations=self.ltv_perturbations).work(shape, sizes)
+                for i, t in enumerate(names[:min(self.ltv_tasks, n_tasks)]):
+                    w = w + steer.named(f"steer on {t} (seed 0)") + steer.named(f"steer on {t} (seed 1)")
+                    w = w + ltv.named(f"ltv on {t}")
+                    for j in ((1, 2) if self.ltv_sweep and i == 0 else ()):  # L/4 and 3L/4, the first task
+                        w = w + ltv.named(f"ltv on {t} (sweep {j})")
         return w
+
+
+def stage_of(kind: str, task: Any, params: dict[str, Any], sweeps: int) -> str:
+    """The plan's stage (`FindingsParams.work`) of a section's call of `kind` (`sweeps`: the task's LTV layer sweep
+    calls before it); a call the plan does not count (the TSLA `scores` the next kinds read, SITE's transfer) gets a
+    name the plan lacks."""
+    t = task.name if task is not None else ""
+    if kind in ("icl", "ablation_curves", "geometry", "steer"):
+        return f"{kind} on {t} (seed {params.get('seed')})"
+    if kind == "ltv" and "layer" in params:
+        return f"ltv on {t} (sweep {sweeps + 1})"
+    return f"{kind} on {t}"
 
 
 class TaskTest(Model):
@@ -135,14 +158,16 @@ def findings(ctx: Context, p: FindingsParams) -> dict[str, Any]:
     named = [(t.name, t) for t in tasks]
     names = [n for n, _ in named]
     sections = list(p.sections)
-    calls = {"n": 0}
-    planned = _planned_calls(p, len(named))
+    # progress by the plan's stages (`work`: one per call, on the tasks' mean prompt sizes, as the estimate's)
+    share = planned_over(ctx, p, tasks if p.tasks else model_tasks(lm.name))
+    at = {"pos": 0.0, "sweeps": 0}
 
     def run(kind: str, lm_: Any, task: Any, **params: Any) -> Any:
-        """A section's analysis, through this job's cache and tensors; the bar advances one call at a time."""
-        i = calls["n"]
-        calls["n"] += 1
-        lo, hi = min(i / planned, 0.99), min((i + 1) / planned, 0.99)
+        """A section's analysis, through this job's cache and tensors; the bar advances by its stage's share."""
+        stage = stage_of(kind, task, params, at["sweeps"])
+        at["sweeps"] += kind == "ltv" and "layer" in params
+        lo, hi = share.get(stage, (at["pos"], at["pos"]))  # not in the plan: counted in the next call's stage
+        at["pos"] = hi
         what = f"{kind} on {task.name}" if task is not None else kind
         r = analyze(kind, lm_, task, params, cache=ctx.store if ctx.store is not None else False,
                     tensors=ctx.tensors, progress=ctx.stage(lo, hi, what))
@@ -184,18 +209,6 @@ def _row(r: dict[str, Any], label: str) -> dict[str, Any]:
                 "tests": [{k: t.get(k) for k in ("task", "k", "test", "effect", "ci", "ci_note", "p", "q",
                                                   "direction", "n", "outcome")} for t in f["tests"]]}
     return row
-
-
-def _planned_calls(p: FindingsParams, n_tasks: int) -> int:
-    """About how many kind calls the sections make (for the progress bar)."""
-    n = 0
-    if "tsla" in p.sections:
-        n += 4 * n_tasks * len(p.seeds)
-    if "site" in p.sections:
-        n += min(p.site_tasks, n_tasks) + 1
-    if "ltv" in p.sections:
-        n += 3 * min(p.ltv_tasks, n_tasks) + (2 if p.ltv_sweep else 0)
-    return max(n, 1)
 
 
 def _flags(p: FindingsParams) -> list[str]:

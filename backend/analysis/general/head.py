@@ -27,6 +27,7 @@ from ..kinds import get_kind
 from ..params import Bool, Head, Int, PromptParams
 from ..primitives import cost
 from ..primitives.cost import Shape, Sizes, Work, passes
+from ..primitives.stages import planned
 from ..results import Model, Result
 from ..primitives.bos import prompt_ids
 from ..primitives.batching import answer_tokens, build_prompts
@@ -66,7 +67,7 @@ class HeadParams(PromptParams):
         t = len(self.text.encode("utf-8")) / cost.BYTES_PER_TOKEN if self.text else sizes.prompt(self.shots)
         extra = get_kind("scores").params(shots=self.shots, prompts=self.prompts).work(shape, sizes).named(
             "head scores") if self.ranks else cost.induction(shape)
-        return passes("the prompt, plain and ablated", 2, t) + extra
+        return passes("forward pass", 1, t) + passes("ablated pass", 1, t) + extra
 
 
 class TokenProb(Model):
@@ -188,7 +189,11 @@ def head(ctx: Context, p: HeadParams) -> dict[str, Any]:
         unknown = unknown_words(tok, p.text)
         if unknown is not None:
             ctx.warn(unknown)
-    ctx.progress(0.1, "forward pass")
+    scores = dict(shots=p.shots, prompts=p.prompts, seed=p.seed)
+    # progress by the plan's stages (`work`); cached head scores weigh nothing
+    cached = p.ranks and ctx.cached("scores", [scores], record=False) is not None
+    share = planned(ctx, p, {"head scores"} if cached else ())
+    ctx.progress(share["forward pass"][0], "forward pass")
     x = torch.tensor([ids], device=lm.device)
     with lm.lock, torch.inference_mode(), eager_attention(lm):
         with hooked(lm, capture_z=True, capture_hidden=p.logit_lens) as trace:
@@ -196,7 +201,7 @@ def head(ctx: Context, p: HeadParams) -> dict[str, Any]:
         logits = out.logits[0, -1].float()
         layer_att = out.attentions[layer][0].float().cpu()  # (heads, T, T)
         att = layer_att[h]  # (T, T)
-        ctx.progress(0.5, "ablated pass")
+        ctx.progress(share["ablated pass"][0], "ablated pass")
         with hooked(lm, head_mask=mask[None].to(lm.device)):
             ablated = lm.model(input_ids=x, use_cache=False, logits_to_keep=1).logits[0, -1].float()
         lens = None
@@ -218,10 +223,10 @@ def head(ctx: Context, p: HeadParams) -> dict[str, Any]:
     gold_id = first[gold] if gold is not None else None
     T = len(ids)
     rows = list(range(T)) if T <= HEAD_MAX_PATTERN else [T - 1]
-    ctx.progress(0.7, "ranks")
+    ctx.progress(share["ablated pass"][1], "ranks")
     if p.ranks:  # the task's cached head maps hold the induction map too
-        sc = ctx.call("scores", shots=p.shots, prompts=p.prompts, seed=p.seed, batch_size=p.batch_size,
-                      progress=ctx.stage(0.7, 1.0, "head scores"))
+        sc = ctx.call("scores", **scores, batch_size=p.batch_size,
+                      progress=ctx.stage(*share["head scores"], "head scores"))
         ind = np.asarray(sc.induction, dtype=float)
         ranks = {"induction": _rank(ind, layer, h), "tr": _rank(sc.tr, layer, h), "tl": _rank(sc.tl, layer, h)}
     else:

@@ -23,10 +23,11 @@ from pydantic import Field
 from ..primitives import options as o
 from ...tasks.base import Task, TaskError
 from ...tasks.registry import builtin_by_names, model_tasks
-from ..kernel import Context, analyze
+from ..kernel import Context, analyze, lookup
 from ..kinds import get_kind
 from ..params import Bool, Int, Layer, Selection
-from ..primitives.cost import Shape, Sizes, Work, passes
+from ..primitives.cost import NONE, Shape, Sizes, Work, passes
+from ..primitives.stages import planned_over
 from ..results import Metrics, Model, Result, TensorsInline
 from .recipe import LtvRecipeParams
 from ..primitives.batching import build_prompts, encode
@@ -61,7 +62,9 @@ class LtvTasksParams(Selection, LtvRecipeParams):
             names is None or (f"syn-{a}" in names and f"syn-{b}" in names) for a, b in compositions)
         compose = passes("compositions", 4 * pairs * n, sizes.prompt(0)) + passes("compositions", pairs * n,
                                                                                  sizes.prompt(self.shots))
-        return one.named(f"{k} tasks' LTVs") * k + compose
+        listed = sizes.tasks or self.tasks or ()  # the tasks' names as the run resolves them, else as asked
+        runs = sum((one.named(f"LTV on {t}") for t in listed), NONE) if listed else one.named(f"{k} tasks' LTVs") * k
+        return runs + compose  # in the run's order: an LTV per task, then the compositions
 
     def writes_tensors(self) -> bool:
         return True
@@ -150,11 +153,20 @@ def _ltv_tasks(ctx: Context, p: LtvTasksParams) -> dict[str, Any]:
     layer = lm.n_layers // 2 if p.layer is None else check_layers(lm, [p.layer])[0]
     fields = {k: getattr(p, k) for k in RECIPE}
     results = {}
-    for i, t in enumerate(tasks):
-        stage = ctx.stage(0.85 * i / len(tasks), 0.85 * (i + 1) / len(tasks), t.name)
-        r = analyze("ltv", lm, t, {**fields, "layer": layer, "mechanism": False},
-                    cache=ctx.store if ctx.store is not None else False, progress=stage, live=ctx.report,
-                    tensors=ctx.tensors)
+    store = ctx.store if ctx.store is not None else False
+    run = {**fields, "layer": layer, "mechanism": False}
+
+    def cached(t: Task) -> bool:
+        try:
+            return lookup("ltv", lm, t, run, cache=store, tensors=ctx.tensors) is not None
+        except TaskError:
+            return False
+
+    # progress by the plan's stages (`work`): a task's LTV already cached weighs nothing
+    share = planned_over(ctx, p, tasks, {f"LTV on {t.name}" for t in tasks if cached(t)})
+    for t in tasks:
+        stage = ctx.stage(*share[f"LTV on {t.name}"], t.name)
+        r = analyze("ltv", lm, t, run, cache=store, progress=stage, live=ctx.report, tensors=ctx.tensors)
         for w in r.warnings:
             if "held-out queries" not in w and "demonstration pool" not in w and "an epoch draws" not in w:
                 ctx.warn(f"{t.name}: {w}")
@@ -192,8 +204,9 @@ def _ltv_tasks(ctx: Context, p: LtvTasksParams) -> dict[str, Any]:
         from ...tasks import synthetic
 
         pairs = [(a, b, ct) for a, b, ct in synthetic.compositions() if a in thetas and b in thetas]
+        composing = ctx.stage(*share.get("compositions", (share[f"LTV on {names[-1]}"][1],) * 2))
         for j, (a, b, ct) in enumerate(pairs):
-            ctx.progress(0.85 + 0.15 * j / max(len(pairs), 1), f"composition {ct.name}")
+            composing(j / len(pairs), f"composition {ct.name}")
             comps.append(_compose(lm, p, layer, results, thetas, a, b, ct))
     ctx.progress(1.0, "done")
     return {"layer": layer, "tasks": names, "kinds": kinds, "label_spaces": spaces, "conditions": conditions,

@@ -34,7 +34,8 @@ from pydantic import Field
 
 from ..kernel import Context
 from ..params import Layer
-from ..primitives.cost import Shape, Sizes, Work
+from ..primitives.cost import Shape, Sizes, Work, stage
+from ..primitives.stages import between, planned
 from ..results import Result, TensorsInline
 from .recipe import LtvRecipeParams, LtvTraining
 from ..primitives.batching import encode
@@ -52,7 +53,8 @@ class LtvTrainParams(LtvRecipeParams):
 
     def work(self, shape: Shape, sizes: Sizes) -> Work:
         at = self.layer if not isinstance(self.layer, list) else min(self.layer)
-        return self.training_work(sizes, shape, at)
+        w = self.training_work(sizes, shape, at)  # in the run's order: the residual scale's pass, then the training
+        return stage("residual scale", w.stage("residual scale")) + w.without({"residual scale"})
 
     def writes_tensors(self) -> bool:
         return True
@@ -84,6 +86,9 @@ def ltv_train(ctx: Context, p: LtvTrainParams) -> dict[str, Any]:
     init_seed = int(hashlib.sha256(f"{p.seed}:{task.content_hash()}".encode()).hexdigest()[:12], 16)
     recipe = Recipe(lr=p.lr, epochs=p.epochs, patience=p.patience, weight_decay=p.weight_decay,
                     init_scale=p.init_scale, batch_size=p.batch_size, seed=p.seed, init_seed=init_seed)
+    share = planned(ctx, p)  # the plan's stages (`work`): the residual scale, the training and its held-out checks
+    if "residual scale" in share:
+        ctx.progress(share["residual scale"][0], "residual scale")
     scale = ({l: residual_rms(lm, train, l, positions) for l in layers} if p.units == "residual"
              else {l: 1.0 for l in layers})
     per_epoch = p.train_prompts
@@ -94,6 +99,7 @@ def ltv_train(ctx: Context, p: LtvTrainParams) -> dict[str, Any]:
     live: dict[str, Any] = {"kind": "ltv_train", "layers": layers, "loss": [], "val_accuracy": [], "epoch": 0,
                             "epochs": p.epochs, "step": 0, "steps": total}
     last = [0.0]
+    training = ctx.stage(*between(share, "LTV training"))
 
     def send(force: bool = False) -> None:
         now = time.perf_counter()
@@ -104,8 +110,8 @@ def ltv_train(ctx: Context, p: LtvTrainParams) -> dict[str, Any]:
     def on_step(step: int, epoch: int, loss: float) -> None:
         live["loss"].append(loss)
         live.update(step=step, epoch=epoch)
-        ctx.progress(0.98 * min(step / total, 1.0), f"training the LTV at {where}: epoch {epoch}/{p.epochs}, "
-                                                    f"step {step}, loss {loss:.3f}")
+        training(min(step / total, 1.0), f"training the LTV at {where}: epoch {epoch}/{p.epochs}, step {step}, "
+                                         f"loss {loss:.3f}")
         send(step == 1)
 
     def on_epoch(epoch: int, acc: float, loss: float) -> None:

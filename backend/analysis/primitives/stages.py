@@ -4,7 +4,8 @@ by, each stage taking the share its weight (`cost.Cost.weight`: tokens, calls an
 So the fraction done, and the time left a bar extrapolates from it, tell the truth, and there is one cost model.
 
 In a run the plan gets the loaded model's `shape_of(lm)` and the task's `run_sizes` (the estimate's `sizes_of`,
-counted by the model's tokenizer); a stage whose result is cached already weighs 0.
+counted by the model's tokenizer; a kind over several tasks, `planned_over`: their mean, as the estimate's); a stage
+whose result is cached already weighs 0 (a composite kind's sub-calls are its stages).
 
     plan = p.work(shape_of(lm), run_sizes(lm, task))
     share = plan_spans(plan, shape_of(lm), skip={"head scores"})   # {stage: (lo, hi)}, in order
@@ -12,9 +13,9 @@ counted by the model's tokenizer); a stage whose result is cached already weighs
 """
 from __future__ import annotations
 
-from typing import Any, Iterable, Mapping
+from typing import Any, Iterable, Mapping, Sequence
 
-from .cost import Shape, Sizes, Work, sizes_of
+from .cost import Shape, Sizes, Work, mean_sizes, sizes_of
 
 
 def spans(costs: Mapping[str, float]) -> dict[str, tuple[float, float]]:
@@ -50,6 +51,14 @@ def planned(ctx: Any, p: Any, skip: Iterable[str] = ()) -> dict[str, tuple[float
     """`plan_spans` of the job's own plan: `p.work` on the loaded model's shape and the task's sizes."""
     shape = shape_of(ctx.lm)
     return plan_spans(p.work(shape, run_sizes(ctx.lm, ctx.task)), shape, skip)
+
+
+def planned_over(ctx: Any, p: Any, tasks: Sequence[Any], skip: Iterable[str] = ()) -> dict[str, tuple[float, float]]:
+    """`planned` of a kind over several `tasks`: its plan on the mean of their prompt sizes (as the estimate's
+    `job_sizes` counts them), with their names."""
+    shape = shape_of(ctx.lm)
+    sizes = mean_sizes([run_sizes(ctx.lm, t) for t in tasks], [t.name for t in tasks])
+    return plan_spans(p.work(shape, sizes), shape, skip)
 
 
 def shape_of(lm: Any) -> Shape:

@@ -23,7 +23,8 @@ from ...tasks.base import Task, TaskError
 from ...tasks.registry import builtin_by_names, model_tasks
 from ..kernel import Context, analyze, lookup
 from ..params import Int
-from ..primitives.cost import Shape, Sizes, Work, passes, steps
+from ..primitives.cost import NONE, Shape, Sizes, Work, passes, steps
+from ..primitives.stages import planned_over
 from ..results import Result, TensorsInline
 from .recipe import SiteRecipeParams
 from ..primitives.batching import encode
@@ -46,9 +47,12 @@ class SiteTransferParams(SiteRecipeParams):
                        description="also: only task A's top-k heads by alpha, injected outright (alpha = 1)")
 
     def work(self, shape: Shape, sizes: Sizes) -> Work:
-        k, n = len(self.tasks or sizes.tasks) or DEFAULT_TASKS, sizes.n(self.prompts)
+        names = sizes.tasks or self.tasks or ()  # the tasks' names as the run resolves them, else as asked
+        k, n = len(names) or DEFAULT_TASKS, sizes.n(self.prompts)
         transfers = passes("transfers", k * n, sizes.prompt(0)) + steps("transfers", k * (2 * k + 2) * n)
-        return super().work(shape, sizes).named(f"{k} SITE runs") * k + transfers
+        one = super().work(shape, sizes)  # in the run's order: a SITE run per task, then the transfers
+        runs = sum((one.named(f"SITE on {t}") for t in names), NONE) if names else one.named(f"{k} SITE runs") * k
+        return runs + transfers
 
     def writes_tensors(self) -> bool:
         return True
@@ -90,11 +94,20 @@ def _transfer(ctx: Context, p: SiteTransferParams) -> dict[str, Any]:
     fields = {k: getattr(p, k) for k in RECIPE} | {"compare": [], "patching": [], "budget": [], "correlations": []}
     runs: dict[str, tuple[torch.Tensor, torch.Tensor, str | None]] = {}
     kept: list[Task] = []
-    for i, t in enumerate(tasks):
-        stage = ctx.stage(0.85 * i / len(tasks), 0.85 * (i + 1) / len(tasks), f"SITE on {t.name}")
-        store = ctx.store if ctx.store is not None else False
+    store = ctx.store if ctx.store is not None else False
+    recipe = {k: getattr(p, k) for k in RECIPE}
+    # progress by the plan's stages (`work`): a task's SITE run already cached weighs nothing
+    def cached(t: Task) -> bool:
+        try:
+            return lookup("site", lm, t, recipe, cache=store, tensors=ctx.tensors) is not None
+        except TaskError:
+            return False
+
+    share = planned_over(ctx, p, tasks, {f"SITE on {t.name}" for t in tasks if cached(t)})
+    for t in tasks:
+        stage = ctx.stage(*share[f"SITE on {t.name}"], f"SITE on {t.name}")
         try:  # a full run with these settings (the page's, or the CLI's defaults) trained the same alphas
-            r = lookup("site", lm, t, {k: getattr(p, k) for k in RECIPE}, cache=store, tensors=ctx.tensors) or \
+            r = lookup("site", lm, t, recipe, cache=store, tensors=ctx.tensors) or \
                 analyze("site", lm, t, fields, cache=store, progress=stage, tensors=ctx.tensors)
         except TaskError as e:
             ctx.warn(f"{t.name}: left out ({e})")
@@ -119,8 +132,9 @@ def _transfer(ctx: Context, p: SiteTransferParams) -> dict[str, Any]:
     k = min(p.top_k, lm.n_layers * lm.n_heads)
     trr = np.zeros((n, n))
     zero, ones = np.zeros(n), np.zeros(n)
+    transfer = ctx.stage(*share["transfers"])
     for j, b in enumerate(kept):
-        ctx.progress(0.85 + 0.15 * j / n, f"transfer onto {b.name}")
+        transfer(j / n, f"transfer onto {b.name}")
         data = site_data(lm, b, m=1, shots=0, val_prompts=1, test_prompts=p.prompts, seed=p.seed)
         enc = encode(lm, data.test, b.kind)
         L, H = lm.n_layers, lm.n_heads

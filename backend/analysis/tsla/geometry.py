@@ -21,6 +21,7 @@ from ..kernel import Context
 from ..kinds import get_kind
 from ..params import Bool, Float, Layer, PromptParams, Selection
 from ..primitives.cost import Shape, Sizes, Work, passes
+from ..primitives.stages import planned
 from ..results import Head, Model, Result
 from ..primitives.batching import answer_tokens, build_prompts, encode
 from ..primitives.capture import capture
@@ -41,9 +42,11 @@ class GeometryParams(Selection, PromptParams):
 
     def work(self, shape: Shape, sizes: Sizes) -> Work:
         built = get_kind("vectors").params(types=["tr", "tl", "random"], shots=self.shots, prompts=self.prompts,
-                                           top_pct=self.top_pct, top_k=self.top_k).work(shape, sizes)
+                                           top_pct=self.top_pct, top_k=self.top_k).work(shape, sizes).named("vectors")
         n = sizes.n(self.prompts)
-        return built + passes("conditions", 4 * n, sizes.prompt(0)) + passes("conditions", n, sizes.prompt(self.shots))
+        for cond in GEOMETRY_CONDITIONS:  # in the run's order: the ICL prompts, or the zero-shot ones (injected)
+            built = built + passes(cond, n, sizes.prompt(self.shots if cond == "icl" else 0))
+        return built
 
 
 class MeanStd(Model):
@@ -127,18 +130,20 @@ def geometry(ctx: Context, p: GeometryParams) -> dict[str, Any]:
     lm, task = ctx.lm, ctx.task
     inj = resolve_layers(lm, p.layer)[0]
     pl = resolve_layers(lm, p.pca_layer if p.pca_layer is not None else lm.n_layers - 1)[0]
-    vecs = ctx.call("vectors", types=["tr", "tl", "random"], shots=p.shots, prompts=p.prompts, seed=p.seed,
-                    top_pct=p.top_pct, top_k=p.top_k, batch_size=p.batch_size,
-                    progress=ctx.stage(0.0, 0.4, "building vectors"))
+    sub = dict(types=["tr", "tl", "random"], shots=p.shots, prompts=p.prompts, seed=p.seed, top_pct=p.top_pct,
+               top_k=p.top_k)
+    # progress by the plan's stages (`work`); cached vectors weigh nothing
+    share = planned(ctx, p, {"vectors"} if ctx.cached("vectors", [sub], record=False) is not None else ())
+    vecs = ctx.call("vectors", **sub, batch_size=p.batch_size,
+                    progress=ctx.stage(*share["vectors"], "building vectors"))
     built = build_prompts(lm, task, p.shots, p.prompts, p.seed)
     for w in built.warnings:
         ctx.warn(w)
     icl = encode(lm, built.prompts, task.kind)
     zero = encode(lm, task.build_prompts(0, built.n, p.seed), task.kind)
     hs: dict[str, torch.Tensor] = {}
-    for i, cond in enumerate(GEOMETRY_CONDITIONS):
-        stage = ctx.stage(0.4 + 0.6 * i / len(GEOMETRY_CONDITIONS), 0.4 + 0.6 * (i + 1) / len(GEOMETRY_CONDITIONS),
-                          cond)
+    for cond in GEOMETRY_CONDITIONS:
+        stage = ctx.stage(*share[cond], cond)
         name = cond.partition("+")[2]
         inject = {inj: p.alpha * torch.as_tensor(vecs.vectors[name].vector, dtype=torch.float32)} if name else None
         hs[cond] = capture(lm, icl if cond == "icl" else zero, "hidden", reduce="rows", inject=inject,

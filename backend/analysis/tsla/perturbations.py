@@ -20,6 +20,7 @@ from ..kinds import get_kind
 from ..params import PromptParams, Selection
 from ..primitives import cost
 from ..primitives.cost import Shape, Sizes, Work, passes
+from ..primitives.stages import planned
 from ..results import Grid, Head, Metrics, Model, Result
 from ..primitives.batching import Encoded, build_prompts, encode
 from .head_maps import head_maps
@@ -40,10 +41,13 @@ class PerturbParams(Selection, PromptParams):
         t = sizes.prompt(self.shots)
         base = get_kind("scores").params(shots=self.shots, prompts=self.prompts, top_pct=self.top_pct,
                                          top_k=self.top_k).work(shape, sizes).named("head scores")
-        n, per = sizes.n(self.prompts), len(self.perturbations)
+        n = sizes.n(self.prompts)
         ablations = (passes("ablations", n, t)  # the clean pass, then the TR, TL and random sets
                      + passes("ablations", 3 * n, t * cost.ablation_share(shape)))
-        return base + ablations * (1 + per) + passes("perturbed head maps", per * n, t)
+        plan = base + ablations.named("ablating, unperturbed")
+        for name in self.perturbations:  # in the run's order: each perturbation's head maps, then its ablations
+            plan = plan + passes(f"{name}: head maps", n, t) + ablations.named(f"{name}: ablating")
+        return plan
 
 
 class PerturbEntry(Model):
@@ -68,8 +72,11 @@ class PerturbResult(Result):
 def perturb(ctx: Context, p: PerturbParams) -> dict[str, Any]:
     """The unperturbed baseline ("none") plus one entry per perturbation (or `skipped` with the reason)."""
     lm, task = ctx.lm, ctx.task
-    base = ctx.call("scores", shots=p.shots, prompts=p.prompts, seed=p.seed, top_pct=p.top_pct, top_k=p.top_k,
-                    batch_size=p.batch_size, progress=ctx.stage(0.0, 0.3, "head scores"))
+    scores = dict(shots=p.shots, prompts=p.prompts, seed=p.seed, top_pct=p.top_pct, top_k=p.top_k)
+    # progress by the plan's stages (`work`); cached head scores weigh nothing
+    share = planned(ctx, p, {"head scores"} if ctx.cached("scores", [scores], record=False) is not None else ())
+    base = ctx.call("scores", **scores, batch_size=p.batch_size,
+                    progress=ctx.stage(*share["head scores"], "head scores"))
     k = base.top_k
     # the scores' own random set: `random_heads` from the heads in neither top set (a disjoint control)
     sets = {"tr": base.top_tr, "tl": base.top_tl, "random": [tuple(h) for h in base.random_heads]}
@@ -81,21 +88,20 @@ def perturb(ctx: Context, p: PerturbParams) -> dict[str, Any]:
 
     original = encode(lm, build_prompts(lm, task, base.shots, p.prompts, p.seed).prompts, task.kind)
     out: dict[str, Any] = {"none": {"icl": base.icl, "tr": base.tr, "tl": base.tl,
-                                    "ablation": ablations(original, ctx.stage(0.3, 0.4, "ablating, unperturbed"))}}
-    step = 0.6 / len(p.perturbations)
-    for i, name in enumerate(p.perturbations):
-        lo = 0.4 + step * i
-        ctx.progress(lo, name)
+                                    "ablation": ablations(original, ctx.stage(*share["ablating, unperturbed"],
+                                                                              "ablating, unperturbed"))}}
+    for name in p.perturbations:
+        ctx.progress(share[f"{name}: head maps"][0], name)
         try:
             built = build_prompts(lm, task, base.shots, p.prompts, p.seed, perturb=get_perturbation(name))
             enc = encode(lm, built.prompts, task.kind)
         except TaskError as e:
             out[name] = {"skipped": str(e)}
             continue
-        maps = head_maps(lm, enc, p.batch_size, progress=ctx.stage(lo, lo + step / 2, f"{name}: head maps"))
+        maps = head_maps(lm, enc, p.batch_size, progress=ctx.stage(*share[f"{name}: head maps"], f"{name}: head maps"))
         out[name] = {"icl": maps.metrics(), "tr": maps.tr, "tl": maps.tl, "tr_diff": maps.tr - base.tr,
                      "tl_diff": maps.tl - base.tl,
-                     "ablation": ablations(enc, ctx.stage(lo + step / 2, lo + step, f"{name}: ablating")),
+                     "ablation": ablations(enc, ctx.stage(*share[f"{name}: ablating"], f"{name}: ablating")),
                      "example": built.prompts[0].text[-400:]}
     return {"top_k": k, "shots": base.shots, "prompts": len(original.ids),
             "heads": {n: list(s) for n, s in sets.items()}, "perturbations": out}
