@@ -99,7 +99,7 @@ with side:
     else:
         snippets.show("head_scores", score_params, f"r.{metric}        # numpy (layers, heads)\n"
                                               + (f"r.stats['{metric}'].se, .ci_low, .ci_high, .p, .q, .significant\n"
-                                                 if metric in scores.get("stats", {}) else "")
+                                                 if metric in (scores.get("stats") or {}) else "")
                                               + (f"r.stats['{metric}'].significant   # the heads shown "
                                                  "(Significant heads only)\n" if sig_only and tested else "")
                                               + "r.top_tr, r.top_tl, r.overlap, r.stability, r.stable_tr")

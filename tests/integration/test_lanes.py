@@ -267,10 +267,12 @@ def test_a_toggle_on_prompts_whose_prefix_is_held_is_estimated_at_its_token_step
         assert warm["seconds"] <= J.LIVE_MAX_S and job["lane"] == "live", (warm, job)
         assert _service_wait(c, job["id"])["status"] == "done"
         # a loaded CPU stretches the estimate past LIVE_MAX_S (this service gets 1/16 of a core): still live
+        body = {**toggle, "heads": [[1, 1]]}
+        monkeypatch.setattr(estimate, "cpu_share", lambda *a, **k: 1.0)
+        own = c.post("/jobs/estimate", json=body).json()["seconds"]  # the toggle's seconds on an unloaded CPU
         monkeypatch.setattr(estimate, "cpu_share", lambda *a, **k: 1 / 16)
-        own = warm["seconds"]  # the toggle's seconds on an unloaded CPU
         monkeypatch.setattr(J, "LIVE_MAX_S", 4 * own)
-        loaded = c.post("/jobs/estimate", json={**toggle, "heads": [[1, 1]]}).json()
+        loaded = c.post("/jobs/estimate", json=body).json()
         assert loaded["load_factor"] == 16 and loaded["seconds"] > J.LIVE_MAX_S, (loaded, own)
         job = c.post("/jobs", json={**toggle, "heads": [[1, 1]]}).json()
         assert job["lane"] == "live", (loaded, job)

@@ -77,7 +77,7 @@ def annotate(fig: go.Figure, scores: dict[str, Any], metric: str, significant_on
         size = max(4.0, float(np.max(heads.marker.size)) * 0.42) if heads is not None else 8.0
         fig.add_trace(go.Scatter(
             x=[h for _, h in tops], y=[l for l, _ in tops], mode="markers", showlegend=True, hoverinfo="skip",
-            name=f"stable top heads (≥{100 * float(scores.get('stable_at', 0.8)):.0f}% of resamples)",
+            name=f"stable top heads (≥{100 * float(scores['stable_at']):.0f}% of resamples)",
             marker=dict(symbol="square-open", size=size, color=STABLE_COLOR, line=dict(width=2, color=STABLE_COLOR))))
     return fig
 
@@ -87,12 +87,12 @@ def caption(scores: dict[str, Any], metric: str, significant_only: bool) -> str:
     st = (scores.get("stats") or {}).get(metric)
     if not st:
         return ""
-    n = int(scores.get("prompts", 0))
+    n = int(scores["prompts"])
     text = (f"Hover a head for its standard error and 95% bootstrap interval over the {n} prompts (1000 resamples of "
             f"the prompts, seeded)")
     sig = significant(scores, metric)
     if sig is not None:
-        fdr = float(scores.get("fdr", 0.05))
+        fdr = float(scores["fdr"])
         null = ("TR onto random label subspaces of the same size (frequency-matched vocabulary rows)" if metric == "tr"
                 else "per-prompt TL centred on 0 (a sign-flip test)")
         text += (f", and its p against {null}, with the Benjamini-Hochberg q across all heads: **{len(sig)}** "
@@ -100,7 +100,7 @@ def caption(scores: dict[str, Any], metric: str, significant_only: bool) -> str:
         if significant_only:
             text += " (the others left blank)"
         text += (f". White inner outline: the stable top heads, in the top {scores.get('top_k')} in at least "
-                 f"{100 * float(scores.get('stable_at', 0.8)):.0f}% of the resamples")
+                 f"{100 * float(scores['stable_at']):.0f}% of the resamples")
     return text + "."
 
 
