@@ -133,6 +133,7 @@ def maps(ctx: Context, p: MapsParams) -> dict[str, Any]:
         zero = evaluate(lm, zenc, zbs, ctx.stage(*share["zero-shot"], "zero-shot")).metrics
     ctx.progress(share["induction"][0], "induction scores")
     ind = induction_scores(lm)
+    ctx.progress(share["induction"][1], "induction scores")  # one eager pass, memoised: the bar ends its span here
     return {"n_layers": lm.n_layers, "n_heads": lm.n_heads, "shots": built.shots, "prompts": built.n,
             "tr": hm.tr, "tl": hm.tl, "dla_tr": hm.dla_tr, "dla_tl": hm.dla_tl, "flagged": hm.flagged,
             "induction": ind, "icl": hm.metrics(), "zero_shot": zero, "multi_token_labels": enc.multi_token,
