@@ -19,7 +19,7 @@ from statistics import NormalDist
 
 import numpy as np
 
-from .stats import LEVEL, N_BOOT, benjamini_hochberg, permutation_p, resample_counts, sign_flip_p, stderr
+from .stats import LEVEL, N_BOOT, benjamini_hochberg, permutation_p, resample_counts, sign_flip_p, stderr, top_k_share
 
 FDR = 0.05  # a head is significant where q <= FDR
 STABLE_AT = 0.8  # a top head is stable where it is in the top k in at least this share of resamples
@@ -75,14 +75,7 @@ def stability(x: np.ndarray, k: int, groups: np.ndarray | None = None, n_boot: i
               seed: int = 0) -> np.ndarray:
     """The share of bootstrap resamples (the same ones as `uncertainty`'s) in which each head is among the top k
     by mean: x (prompts, layers, heads) -> (layers, heads) in [0, 1]."""
-    x = np.asarray(x, dtype=float)
-    flat = boot_means(x, groups, n_boot, seed).reshape(n_boot, -1)
-    k = max(0, min(int(k), flat.shape[1]))
-    hits = np.zeros(flat.shape[1])
-    if k:
-        top = np.argpartition(-flat, k - 1, axis=1)[:, :k]
-        np.add.at(hits, top.ravel(), 1.0)
-    return (hits / n_boot).reshape(x.shape[1:])
+    return top_k_share(boot_means(np.asarray(x, dtype=float), groups, n_boot, seed), k)
 
 
 def tr_p(tr_mean: np.ndarray, null_means: np.ndarray) -> np.ndarray:

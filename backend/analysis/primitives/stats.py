@@ -78,14 +78,20 @@ def bootstrap_ci(x: np.ndarray, n_boot: int = N_BOOT, seed: int = 0,
 def topk_stability(x: np.ndarray, k: int, n_boot: int = N_BOOT, seed: int = 0) -> np.ndarray:
     """The share of bootstrap resamples of the prompts in which each head is among the top k by mean.
     x: (prompts, layers, heads) -> (layers, heads) in [0, 1]."""
-    x = np.asarray(x, dtype=float)
-    flat = bootstrap_means(x, n_boot, seed).reshape(n_boot, -1)
+    return top_k_share(bootstrap_means(np.asarray(x, dtype=float), n_boot, seed), k)
+
+
+def top_k_share(means: np.ndarray, k: int) -> np.ndarray:
+    """The share of resamples in which each head is among the top k: means (resamples, layers, heads) ->
+    (layers, heads) in [0, 1]."""
+    n = means.shape[0]
+    flat = means.reshape(n, -1)
     k = max(0, min(int(k), flat.shape[1]))
     hits = np.zeros(flat.shape[1])
     if k:
         top = np.argpartition(-flat, k - 1, axis=1)[:, :k]
         np.add.at(hits, top.ravel(), 1.0)
-    return (hits / n_boot).reshape(x.shape[1:])
+    return (hits / n).reshape(means.shape[1:])
 
 
 def benjamini_hochberg(p: np.ndarray) -> np.ndarray:
