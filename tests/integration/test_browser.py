@@ -261,15 +261,12 @@ def test_upload_with_unknown_words_shows_the_fit_check(app_url, driver, tmp_path
 
 
 def test_a_steering_link_reopens_settings_and_cached_result(app_url, driver):
-    from selenium.webdriver.common.by import By
-
     d = driver
     q = (f"model={MODEL}&task=syn-sentiment&shots=4&prompts=16&seed=0&sg_vectors=tl,random&sg_layer=1&"
          f"sg_alpha=2.5&sg_pca_layer=0&sg_final_norm=0&sg_perturbations=shuffled_inputs")
     d.get(f"{app_url}/Steering_geometry?{q}")
-    _wait(d, lambda d: "Press **Run**" not in _text(d) and _css(d, '[data-testid="stButton"] button') and _idle(d))
-    runs = [b for b in d.find_elements(By.XPATH, "//button[contains(., 'Run')]") if b.is_displayed()]
-    runs[0].click()  # the steering section's Run
+    _wait(d, lambda d: "Press **Run**" not in _text(d) and _run_buttons(d) and _idle(d))
+    _wait(d, _click_first_run)  # the steering section's Run (retried while Streamlit redraws it)
     _wait(d, lambda d: "Zero-shot prompts steered at layer 1" in d.page_source and _idle(d))
     _no_errors(d)
     link = d.current_url
@@ -375,6 +372,20 @@ def _run_buttons(d) -> list:
     from selenium.webdriver.common.by import By
 
     return [b for b in d.find_elements(By.XPATH, "//button[contains(., 'Run')]") if b.is_displayed()]
+
+
+def _click_first_run(d) -> bool:
+    """Click the first displayed Run button; False (to be retried) while none is shown or it is redrawn."""
+    from selenium.common.exceptions import StaleElementReferenceException, ElementNotInteractableException
+
+    try:
+        runs = _run_buttons(d)
+        if not runs:
+            return False
+        runs[0].click()
+        return True
+    except (StaleElementReferenceException, ElementNotInteractableException):
+        return False
 
 
 def _tick_texts(d, chart_key: str) -> list[str]:
