@@ -106,7 +106,25 @@ def warm_up(smoke: bool, kinds: list[str] | None) -> None:
     print(f"warmed up; load {os.getloadavg()[0]:.1f}", flush=True)
 
 
-def run_model(model: str, kinds: list[str] | None, smoke: bool, count_calls: bool = False) -> list[dict]:
+def timed(model: str | None, spec, lm, task, p, e) -> tuple[float, str | None]:
+    """One cold run of a kind, wall-clock seconds (and its error), taught to the estimate's correction as the
+    service's executor does (`calibration.measuring`: CPU seconds against the plan)."""
+    from backend.analysis.kernel import analyze
+    from backend.service.calibration import measuring
+    from backend.service.estimate import measured_speed
+
+    sp = measured_speed(model) if model else None
+    t = time.perf_counter()
+    try:
+        with measuring(model, spec.name, e.plan_seconds, sp is None or sp.load == 0.0):
+            analyze(spec.name, lm, task, p, cache=MemoryStore() if spec.cached else False)
+        return time.perf_counter() - t, None
+    except Exception as ex:  # noqa: BLE001 - a row, not a crash
+        return time.perf_counter() - t, f"{type(ex).__name__}: {str(ex)[:120]}"
+
+
+def run_model(model: str, kinds: list[str] | None, smoke: bool, count_calls: bool = False,
+              twice: bool = False) -> list[dict]:
     from backend.analysis.kernel import analyze
     from backend.analysis.kinds import get_kind
     from backend.model.loading import load_model
@@ -149,22 +167,28 @@ def run_model(model: str, kinds: list[str] | None, smoke: bool, count_calls: boo
             pass_speed._SPEED.clear()
         count[:] = [0.0, 0.0]
         load = os.getloadavg()[0]
-        t = time.perf_counter()
-        try:
-            analyze(kind, lm, task, p, cache=MemoryStore() if spec.cached else False)
-            real, error = time.perf_counter() - t, None
-        except Exception as ex:  # noqa: BLE001 - a row, not a crash
-            real, error = time.perf_counter() - t, f"{type(ex).__name__}: {str(ex)[:120]}"
+        real, error = timed(name if spec.uses_model else None, spec, lm, task, p, e)
         ratio = e.seconds / real if e.seconds is not None and real > 0 else None
         row = {"model": model, "kind": kind, "estimate_s": e.seconds, "real_s": real, "ratio": ratio,
-               "basis": e.seconds_basis, "how": e.how + e.load_note,
+               "basis": e.seconds_basis, "how": e.how + e.load_note, "load_factor": e.load_factor,
                "tokens": e.tokens, "real_tokens": count[0], "calls": getattr(e, "calls", None), "real_calls": count[1], "load": load, "error": error}
+        if twice and kind != "model_info":  # the same job again: its estimate now corrected by the first run
+            e2 = estimate(spec, p, name if spec.uses_model else None, task)
+            cold()
+            real2, error2 = timed(name if spec.uses_model else None, spec, lm, task, p, e2)
+            row.update(estimate2_s=e2.seconds, real2_s=real2, correction=e2.correction, load_factor2=e2.load_factor,
+                       ratio2=e2.seconds / real2 if e2.seconds is not None and real2 > 0 else None,
+                       error=error or error2)
         rows.append(row)
         est = f"{e.seconds:8.2f}" if e.seconds is not None else "     n/a"
         print(f"{model:14s} {kind:16s} est {est} s  real {real:8.2f} s  ratio "
               f"{ratio if ratio is None else round(ratio, 2)!s:>5}  load {load:4.1f}  tokens {e.tokens:7.0f}/{count[0]:7.0f}"
               f"  calls {getattr(e, 'calls', float('nan')):6.0f}/{count[1]:6.0f}"
               + (f"  ERROR {error}" if error else ""), flush=True)
+        if "ratio2" in row:
+            print(f"{'':14s} {'  again':16s} est {row['estimate2_s']:8.2f} s  real {row['real2_s']:8.2f} s  ratio "
+                  f"{row['ratio2'] if row['ratio2'] is None else round(row['ratio2'], 2)!s:>5}  correction "
+                  f"x{row['correction']:.2f}", flush=True)
     return rows
 
 
@@ -176,15 +200,21 @@ def main() -> int:
     ap.add_argument("--count", action="store_true", help="also count the tokens and forward calls each run makes "
                     "(a hook on every layer; slower)")
     ap.add_argument("--smoke", action="store_true", help="three small kinds on the embedded model")
+    ap.add_argument("--twice", action="store_true", help="run each kind a second time, cold, its estimate corrected "
+                    "by the first run (`service/calibration.py`): the estimate a user gets from the second run on")
     a = ap.parse_args()
     models = ["default"] if a.smoke else [m for m in a.models.split(",") if m]
     kinds = [k for k in a.kinds.split(",") if k] or None
     print(f"threads {os.environ['OMP_NUM_THREADS']}, cores {os.cpu_count()}, load "
           f"{' '.join(f'{x:.1f}' for x in os.getloadavg())}", flush=True)
     warm_up(a.smoke, kinds)
-    rows = [r for m in models for r in run_model(m, kinds, a.smoke, a.count)]
+    rows = [r for m in models for r in run_model(m, kinds, a.smoke, a.count, a.twice)]
     ok = [r for r in rows if r["ratio"] is not None and r["error"] is None]
     inside = [r for r in ok if 0.67 <= r["ratio"] <= 1.5]
+    if a.twice:
+        ok2 = [r for r in rows if r.get("ratio2") is not None and r["error"] is None]
+        print(f"the second runs (corrected estimates) within 0.67-1.5x: "
+              f"{sum(0.67 <= r['ratio2'] <= 1.5 for r in ok2)} of {len(ok2)}", flush=True)
     print(f"within 0.67-1.5x: {len(inside)} of {len(ok)}; load at the end "
           f"{' '.join(f'{x:.1f}' for x in os.getloadavg())}", flush=True)
     if a.json:

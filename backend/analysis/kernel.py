@@ -38,7 +38,7 @@ from .primitives.stopping import check, checking
 from ..store.tensor_store import TensorSession, TensorStore, is_id, tensor_refs
 from .kinds import Kind, get_kind
 from .params import CONVENTIONS, NOT_IN_KEY, Params
-from .primitives import bos
+from .primitives import bos, reuse
 from .primitives.fit import require_fit
 from .primitives.notes import Note, collect_multi_token, is_multi_token_warning, multi_token_warning
 from .results import Result
@@ -285,6 +285,8 @@ def _analyze(spec: Kind, p: Params, lm: "LoadedModel | None", task: "Task | None
                         store.put(key, value)
                         if spec.indexed:
                             _index(store, spec, lm, task, key, p)
+    if store is not None:
+        (reuse.note if hit else reuse.made)(key)
     return spec.result.model_validate({**value, **env, "cache_hit": hit, "seconds": time.perf_counter() - t0})
 
 

@@ -10,14 +10,15 @@ loaded model, so a job is admitted or refused the same on a fresh service and on
 `passes` is the work in prompts of the job's own length (`Params.reference_shots`): the unit of HEADLENS_MAX_WORK.
 The same plan, stage by stage, is what the job's progress bar is shared by (`analysis/primitives/stages.py`).
 
-Seconds = load x (JOB_OVERHEAD_S + ANALYSIS_OVERHEAD x ((calls + 2 x training calls) x seconds per pass + (tokens + 2 x training
+Seconds = load x correction x (JOB_OVERHEAD_S + ANALYSIS_OVERHEAD x ((calls + 2 x training calls) x seconds per pass + (tokens + 2 x training
 tokens) x seconds per token)): a forward call's fixed cost counts as much as its tokens (on a small model it is most of the time; a
 training step's backward pass costs about twice its forward pass). The speed comes from (in order):
 1. the figures `model_info` measured on this model (`primitives/pass_speed.py`, recorded here by the runners);
 2. else a fallback from the model's size, marked `assumed`: 2 x parameters FLOP per token at FALLBACK_FLOPS (a
    shared CPU) or FALLBACK_GPU_FLOPS, and per pass FALLBACK_PASS_S per layer plus the weights read at
    FALLBACK_BYTES_PER_S.
-`load` (`load_factor`) scales for the CPU's load now: the speed is timed in CPU seconds (a quiet machine's), and a
+`correction` is what this kind's earlier runs on this model cost against their plans (`calibration.py`: their
+tokenising, statistics and hooks, which the plan does not count; 1.0 before the first run). `load` (`load_factor`) scales for the CPU's load now: the speed is timed in CPU seconds (a quiet machine's), and a
 job gets the share of a core this process gets now (`cpu_share`: CPU over wall seconds of a short busy loop), so it
 runs about 1 / share slower; stated in `how` when it changes the estimate. (The load average is no measure of that
 in a container: it is the host's, over more cores than the container has.)
@@ -25,12 +26,14 @@ in a container: it is the host's, over more cores than the container has.)
 from __future__ import annotations
 
 import os
+import statistics
 import threading
 import time
 from dataclasses import asdict, dataclass
 from typing import Any
 
 from ..analysis.primitives.cost import GENERIC, Shape, Sizes, mean_sizes, sizes_of
+from .calibration import Correction, correction
 from .model_shape import model_shape, token_counter
 
 FALLBACK_FLOPS = 5e10  # effective FLOP/s of a batched forward pass on 2 CPU cores (SmolLM2-135M, measured: ~7e10)
@@ -38,7 +41,7 @@ FALLBACK_GPU_FLOPS = 2e13
 FALLBACK_PASS_S = 5e-4  # fixed seconds per decoder layer of a forward call on the CPU (the embedded model: ~3e-4)
 FALLBACK_BYTES_PER_S = 1e10  # weights read per call (float32)
 LOAD_FACTOR_MAX = 16.0
-SHARE_PROBE_S, SHARE_TTL_S, SHARE_MEMORY_S = 0.2, 10.0, 120.0
+SHARE_PROBE_S, SHARE_TTL_S, SHARE_MEMORY_S, SHARE_PROBES = 0.2, 10.0, 180.0, 5
 JOB_OVERHEAD_S = 0.005
 """A job's fixed CPU seconds besides its passes: building and tokenising the prompts, the result's envelope
 (bench/bench_estimates.py: `fit`, which runs no pass, took 3.5 ms of a quiet core's time on the embedded model,
@@ -80,6 +83,9 @@ class Estimate:
     load_factor: float = 1.0
     load_note: str = ""  # the load factor in words, when it changes the seconds (not part of `how`: the work's)
     held_tokens: float = 0.0  # of `tokens`, those the job skips (states an earlier pass kept): not in `seconds`
+    plan_seconds: float | None = None  # the plan's seconds at the measured speed: before correction and load factor
+    correction: float = 1.0  # learned from this kind's earlier runs on this model (`calibration.py`)
+    correction_runs: int = 0
 
     def to_json(self) -> dict[str, Any]:
         return {"passes": round(self.passes, 1), "tokens": round(self.tokens), "train_tokens": round(self.train_tokens),
@@ -87,7 +93,8 @@ class Estimate:
                 "how": self.how + self.load_note, "seconds": self.seconds,
                 "seconds_basis": self.seconds_basis, "seconds_per_token": self.seconds_per_token,
                 "shape": asdict(self.shape), "sizes": asdict(self.sizes), "calls": round(self.calls),
-                "seconds_per_pass": self.seconds_per_pass, "load_factor": round(self.load_factor, 2)}
+                "seconds_per_pass": self.seconds_per_pass, "load_factor": round(self.load_factor, 2),
+                "correction": round(self.correction, 3), "correction_runs": self.correction_runs}
 
 
 def _positive(v: Any) -> float | None:
@@ -133,27 +140,28 @@ def machine_load() -> tuple[float, int] | None:
         return None
 
 
-_SHARE: list[float] = []  # [measured at (monotonic), share]
+_SHARE: list[tuple[float, float]] = []  # (measured at (monotonic), share) of the probes of the last SHARE_MEMORY_S
 
 
 def cpu_share(max_age_s: float = SHARE_TTL_S) -> float:
     """The share of one core this process's thread gets now, (0, 1]: its CPU seconds over the wall seconds of a
-    SHARE_PROBE_S busy loop (cached `max_age_s`). On a quiet machine about 1; with the CPU oversubscribed, what
-    the other work leaves (a job of one thread runs about 1 / share slower than on a quiet machine). A probe
-    within SHARE_MEMORY_S of the last is averaged with it (one short probe can land in a burst of other work)."""
+    SHARE_PROBE_S busy loop, probed at most every `max_age_s`. On a quiet machine about 1; with the CPU
+    oversubscribed, what the other work leaves (a job of one thread runs about 1 / share slower than on a quiet
+    machine). One short probe can land in a burst of other work, or in a lull: the share is the median of the
+    probes of the last SHARE_MEMORY_S (up to SHARE_PROBES of them), a moving median that follows a change of load
+    within a few probes."""
     now = time.monotonic()
     with _LOCK:
-        if _SHARE and now - _SHARE[0] <= max_age_s:
-            return _SHARE[1]
+        if _SHARE and now - _SHARE[-1][0] <= max_age_s:
+            return statistics.median(v for t, v in _SHARE if now - t <= SHARE_MEMORY_S or t == _SHARE[-1][0])
     w0, c0, x = time.perf_counter(), time.thread_time(), 0
     while time.perf_counter() - w0 < SHARE_PROBE_S:
         x += 1
     share = min(max((time.thread_time() - c0) / max(time.perf_counter() - w0, 1e-9), 1e-3), 1.0)
     with _LOCK:
-        if _SHARE and time.monotonic() - _SHARE[0] <= SHARE_MEMORY_S:  # one probe swings: half the last one's
-            share = (share + _SHARE[1]) / 2
-        _SHARE[:] = [time.monotonic(), share]
-    return share
+        now = time.monotonic()
+        _SHARE[:] = [(t, v) for t, v in _SHARE if now - t <= SHARE_MEMORY_S][-(SHARE_PROBES - 1):] + [(now, share)]
+        return statistics.median(v for _, v in _SHARE)
 
 
 def load_factor(speed: ModelSpeed, share: float | None) -> float:
@@ -216,20 +224,25 @@ def estimate(spec: Any, p: Any, model: str | None, task: Any = None, device: str
     sp, basis = measured_speed(model), "measured"
     if sp is None:
         sp, basis = assumed_speed(shape, device), "assumed"
-    how, seconds, factor, note = w.how(), None, 1.0, ""
+    how, seconds, factor, note, plan, fix = w.how(), None, 1.0, "", None, Correction()
     if held:
         how += f"; {held:,.0f} of them held in memory from an earlier pass"
     if sp is not None:
-        seconds = seconds_of(w.without(held_parts) if held else w, sp)
+        plan = seconds_of(w.without(held_parts) if held else w, sp)
+        fix = correction(model if spec.uses_model else None, spec.name) if basis == "measured" else Correction()
+        seconds = plan * fix.factor
+        if fix.runs and abs(fix.factor - 1.0) >= 0.05:
+            note = f"; x{fix.factor:.2f} from {fix.runs} earlier run{'s' if fix.runs > 1 else ''} of {spec.name} here"
         share = cpu_share() if basis == "measured" and not device.startswith("cuda") and sp.load == 0.0 else None
         factor = load_factor(sp, share)
         if share is not None and factor >= 1.1 and seconds > 0:
             load = machine_load()
-            note = (f"; x{factor:.1f} for the CPU's load (this service gets {share:.0%} of a core now"
+            note += (f"; x{factor:.1f} for the CPU's load (this service gets {share:.0%} of a core now"
                     + (f", load average {load[0]:.1f} on {load[1]} cores)" if load else ")"))
         seconds *= factor
     return Estimate(w.passes(sizes.prompt(p.reference_shots())), w.tokens, w.train, how, seconds, basis,
-                    sp.per_token if sp else None, shape, sizes, w.calls, sp.per_pass if sp else None, factor, note, held)
+                    sp.per_token if sp else None, shape, sizes, w.calls, sp.per_pass if sp else None, factor, note, held,
+                    plan, fix.factor, fix.runs)
 
 
 MIN_FRACTION, MIN_ELAPSED_S = 0.05, 2.0

@@ -13,6 +13,7 @@ from typing import Any, Callable
 from ..errors import UserError, internal
 from ..analysis.primitives.stopping import Check, Stop
 from .errors import ServiceError
+from .calibration import measuring
 
 Progress = Callable[[float, str], None]
 Executor = Callable[[str, dict[str, Any], Progress], dict[str, Any]]
@@ -98,13 +99,32 @@ def make_executor(pool: Any, tasks: Any) -> Executor:
         model, task = fields.pop("model", None), fields.pop("task", None)
         lm = pool.get(model) if spec.uses_model else None
         t = tasks.get(task) if spec.uses_task else None
-        out = analyze(kind, lm, t, fields, progress=progress, live=getattr(progress, "live", None)).to_json()
+        name = pool.check(model) if spec.uses_model else None
+        plan, cpu = planned(spec, fields, name, t, lm)
+        with measuring(name, spec.name, plan, cpu):  # what it really cost, for the next estimates (`calibration`)
+            out = analyze(kind, lm, t, fields, progress=progress, live=getattr(progress, "live", None)).to_json()
         if kind == "model_info":  # its seconds per token make the time estimates of this model's jobs
             from .estimate import note_speed
 
             note_speed(pool.check(model), out)
         return out
     return execute
+
+
+def planned(spec: Any, fields: dict[str, Any], model: str | None, task: Any, lm: Any) -> tuple[float | None, bool]:
+    """(the plan's seconds of a job at the model's measured speed, whether they are CPU seconds): what
+    `calibration.measuring` compares the job's own time with. None where no speed was measured (an assumed speed
+    is not what the correction corrects) or the params declare no cost."""
+    from .estimate import estimate, measured_speed
+
+    sp = measured_speed(model) if spec.uses_model else None
+    if spec.uses_model and sp is None:
+        return None, False
+    try:
+        e = estimate(spec, spec.params.model_validate(fields), model, task, lm=lm)
+    except Exception:  # noqa: BLE001 - the job itself says what is wrong with its params
+        return None, False
+    return e.plan_seconds, sp is None or sp.load == 0.0
 
 
 def outputs_present_in(store: Any = None) -> Callable[[dict[str, Any]], bool]:

@@ -15,6 +15,7 @@ import torch
 
 from ...model.loading import LoadedModel
 from .prefix_store import frozen
+from . import reuse
 
 
 @contextmanager
@@ -67,8 +68,11 @@ def induction_scores(lm: LoadedModel, n: int = 50, batch: int = 4, seed: int = 0
         return _induction_scores(lm, n, batch, seed, bos)
     with _MEMO_LOCK:
         found = _MEMO.get(key)
-    if found is None:
+    if found is not None:
+        reuse.note(("induction", key))
+    else:
         found = _induction_scores(lm, n, batch, seed, bos)
+        reuse.made(("induction", key))
         with _MEMO_LOCK:
             if len(_MEMO) > 64:
                 _MEMO.clear()

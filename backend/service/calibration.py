@@ -1,0 +1,146 @@
+"""What each kind's jobs really cost against their plan: a correction of the time estimate per (model, kind),
+learned from the jobs that ran.
+
+The plan (`analysis/primitives/cost.py`) counts forward calls and tokens, and `estimate.seconds_of` turns them into
+seconds at the model's measured speed. A job also tokenises its prompts, computes its statistics (a TR null,
+bootstrap intervals) and builds its result, and some of its passes carry hooks: on the embedded model that is most
+of a sub-second job (bench/bench_estimates.py, quiet: `vectors` planned 0.03 s, ran 0.09 s); on SmolLM2 a few
+percent. After a job computed from scratch (nothing reused: a cached sub-result, a memoised pass, held prefix states; `primitives/reuse.py`),
+
+    ratio = its CPU seconds (the wall clock where the speed was timed by it) / its plan's seconds (no load factor)
+
+and the correction is a moving geometric mean of the ratios (in log space, weight ALPHA on the newest), within
+[LOW, HIGH]; an estimate multiplies by it. A kind never run on a model has none (1.0). Kept in the cache folder
+(`calibration.json`) so that a restarted service keeps what it learned; a file that cannot be read or written is
+ignored (the estimate then goes uncorrected), never an error. HEADLENS_CALIBRATION=off leaves every estimate
+uncorrected and learns nothing (the test suite runs so: an estimate there must not depend on the tests before it).
+
+    with measuring("smollm2-135m", "maps", planned_s=2.9, cpu=True):
+        analyze(...)
+    correction("smollm2-135m", "maps")    # e.g. 1.18, and how many runs it rests on
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import threading
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Iterator
+
+from ..analysis.primitives.reuse import counting
+from ..store.paths import cache_dir
+
+ALPHA = 0.5  # weight of the newest run's log ratio
+LOW, HIGH = 0.5, 4.0  # the correction's bounds: a job that ran 10x its plan is news, not a calibration
+MIN_PLAN_S = 1e-4  # a plan of less than this (no pass) is not a base to divide by
+FILE = "calibration.json"
+MAX_ENTRIES = 2000
+
+
+@dataclass(frozen=True)
+class Correction:
+    """factor: what an estimate is multiplied by; runs: how many finished jobs it rests on."""
+
+    factor: float = 1.0
+    runs: int = 0
+
+
+_TABLE: dict[str, dict[str, float]] = {}  # "model|kind" -> {"log": mean log ratio, "runs": n}
+_LOADED: list[str] = []  # the cache folder the table was read from
+_LOCK = threading.Lock()
+
+
+def enabled() -> bool:
+    """Whether estimates are corrected and jobs recorded: HEADLENS_CALIBRATION, `on` (default) or `off`."""
+    return os.environ.get("HEADLENS_CALIBRATION", "on").strip().lower() not in ("off", "0", "false", "no")
+
+
+def _path():
+    return cache_dir() / FILE
+
+
+def _ensure_loaded() -> None:
+    """Read the table from the cache folder once per folder (HEADLENS_CACHE_DIR may change: tests)."""
+    where = str(_path())
+    if _LOADED and _LOADED[0] == where:
+        return
+    _TABLE.clear()
+    _LOADED[:] = [where]
+    try:
+        got = json.loads(_path().read_text())
+    except (OSError, ValueError):
+        return
+    if isinstance(got, dict):
+        for k, v in list(got.items())[:MAX_ENTRIES]:
+            if (isinstance(k, str) and isinstance(v, dict) and isinstance(v.get("log"), (int, float))
+                    and isinstance(v.get("runs"), int) and math.isfinite(v["log"]) and v["runs"] > 0):
+                _TABLE[k] = {"log": float(v["log"]), "runs": int(v["runs"])}
+
+
+def _save() -> None:
+    from ..store.atomic_dirs import write_file
+
+    try:
+        _path().parent.mkdir(parents=True, exist_ok=True)
+        write_file(_path(), json.dumps(_TABLE, sort_keys=True))
+    except Exception:  # noqa: BLE001 - a read-only or full cache folder: the correction stays in memory
+        pass
+
+
+def _key(model: str | None, kind: str) -> str:
+    return f"{model or ''}|{kind}"
+
+
+def correction(model: str | None, kind: str) -> Correction:
+    """The learned correction of `kind`'s estimates on `model` (1.0 and 0 runs when none ran yet, or when off)."""
+    if not enabled():
+        return Correction()
+    with _LOCK:
+        _ensure_loaded()
+        e = _TABLE.get(_key(model, kind))
+    if e is None:
+        return Correction()
+    return Correction(min(max(math.exp(e["log"]), LOW), HIGH), int(e["runs"]))
+
+
+def record(model: str | None, kind: str, planned_s: float, real_s: float) -> Correction:
+    """Fold one finished job (its plan's seconds, its real CPU seconds) into the correction; the new correction.
+    A plan under MIN_PLAN_S or a non-positive time is ignored."""
+    if not enabled() or not (planned_s >= MIN_PLAN_S and real_s > 0 and math.isfinite(planned_s) and math.isfinite(real_s)):
+        return correction(model, kind)
+    r = min(max(math.log(real_s / planned_s), math.log(LOW)), math.log(HIGH))
+    with _LOCK:
+        _ensure_loaded()
+        k = _key(model, kind)
+        e = _TABLE.get(k)
+        _TABLE[k] = ({"log": r, "runs": 1} if e is None else
+                     {"log": (1 - ALPHA) * e["log"] + ALPHA * r, "runs": int(e["runs"]) + 1})
+        if len(_TABLE) > MAX_ENTRIES:
+            _TABLE.pop(next(iter(_TABLE)))
+        _save()
+    return correction(model, kind)
+
+
+@contextmanager
+def measuring(model: str | None, kind: str, planned_s: float | None, cpu: bool) -> Iterator[None]:
+    """Time the block (this thread's CPU seconds when `cpu`, else the wall clock) and `record` it against
+    `planned_s`, if the block finishes and reused no cached sub-result (a raise, a cancel or a cache hit records
+    nothing)."""
+    clock = time.thread_time if cpu else time.perf_counter
+    with counting() as reused:
+        t0 = clock()
+        yield
+        took = clock() - t0
+    if planned_s is not None and not reused.count:
+        record(model, kind, planned_s, took)
+
+
+def clear() -> None:
+    """Forget every correction, in memory and on disk (tests, a changed machine)."""
+    with _LOCK:
+        _ensure_loaded()
+        _TABLE.clear()
+        _save()
