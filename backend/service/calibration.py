@@ -10,7 +10,9 @@ percent. After a job computed from scratch (nothing reused: a cached sub-result,
     ratio = its CPU seconds (the wall clock where the speed was timed by it) / its plan's seconds (no load factor)
 
 and the correction is a moving geometric mean of the ratios (in log space, weight ALPHA on the newest), within
-[LOW, HIGH]; an estimate multiplies by it. A kind never run on a model has none (1.0). Kept in the cache folder
+[LOW, HIGH]; an estimate multiplies by it. A kind never run on a model borrows the median correction of the
+kinds that ran on it (what this machine and model cost beyond any plan: a prior, `Correction.runs` 0 and
+`Correction.others` how many kinds it rests on); none ran: 1.0. Kept in the cache folder
 (`calibration.json`) so that a restarted service keeps what it learned; a file that cannot be read or written is
 ignored (the estimate then goes uncorrected), never an error. HEADLENS_CALIBRATION=off leaves every estimate
 uncorrected and learns nothing (the test suite runs so: an estimate there must not depend on the tests before it).
@@ -24,6 +26,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import statistics
 import threading
 import time
 from contextlib import contextmanager
@@ -42,10 +45,12 @@ MAX_ENTRIES = 2000
 
 @dataclass(frozen=True)
 class Correction:
-    """factor: what an estimate is multiplied by; runs: how many finished jobs it rests on."""
+    """factor: what an estimate is multiplied by; runs: how many finished jobs of the kind it rests on; others:
+    when it is borrowed (runs 0), how many other kinds' corrections it is the median of."""
 
     factor: float = 1.0
     runs: int = 0
+    others: int = 0
 
 
 _TABLE: dict[str, dict[str, float]] = {}  # "model|kind" -> {"log": mean log ratio, "runs": n}
@@ -101,9 +106,17 @@ def correction(model: str | None, kind: str) -> Correction:
     with _LOCK:
         _ensure_loaded()
         e = _TABLE.get(_key(model, kind))
-    if e is None:
-        return Correction()
-    return Correction(min(max(math.exp(e["log"]), LOW), HIGH), int(e["runs"]))
+        mine = f"{model or ''}|"
+        others = [v["log"] for k, v in _TABLE.items() if k.startswith(mine) and k != _key(model, kind)]
+    if e is not None:
+        return Correction(_bounded(e["log"]), int(e["runs"]))
+    if others:
+        return Correction(_bounded(statistics.median(others)), 0, len(others))
+    return Correction()
+
+
+def _bounded(log_ratio: float) -> float:
+    return min(max(math.exp(log_ratio), LOW), HIGH)
 
 
 def record(model: str | None, kind: str, planned_s: float, real_s: float) -> Correction:

@@ -233,6 +233,8 @@ def estimate(spec: Any, p: Any, model: str | None, task: Any = None, device: str
         seconds = plan * fix.factor
         if fix.runs and abs(fix.factor - 1.0) >= 0.05:
             note = f"; x{fix.factor:.2f} from {fix.runs} earlier run{'s' if fix.runs > 1 else ''} of {spec.name} here"
+        elif fix.others and abs(fix.factor - 1.0) >= 0.05:
+            note = f"; x{fix.factor:.2f} from the earlier runs of {fix.others} other kind{'s' if fix.others > 1 else ''} here"
         share = cpu_share() if basis == "measured" and not device.startswith("cuda") and sp.load == 0.0 else None
         factor = load_factor(sp, share)
         if share is not None and factor >= 1.1 and seconds > 0:

@@ -29,7 +29,11 @@ def test_the_correction_is_a_moving_geometric_mean_of_the_ratios(on):
     got = C.record("m", "maps", planned_s=1.0, real_s=0.5)  # log mean of 2 and 0.5, newest weighted ALPHA
     assert got.runs == 2
     assert got.factor == pytest.approx(math.exp((1 - C.ALPHA) * math.log(2.0) + C.ALPHA * math.log(0.5)))
-    assert C.correction("m", "ablate").runs == 0 and C.correction("other", "maps").runs == 0  # per model and kind
+    assert C.correction("other", "maps") == C.Correction()  # per model
+    C.record("m", "icl", 1.0, 1.5)
+    C.record("m", "steer", 1.0, 3.0)
+    borrowed = C.correction("m", "ablate")  # a kind never run here: the median of the model's other kinds
+    assert borrowed.runs == 0 and borrowed.others == 3 and borrowed.factor == pytest.approx(1.5)
 
 
 def test_the_correction_is_bounded_and_ignores_what_is_no_measure(on):
@@ -48,7 +52,7 @@ def test_the_correction_survives_a_restart_and_a_bad_file_is_ignored(on):
     assert C.correction("m", "maps") == C.Correction()
     (on / C.FILE).write_text('{"m|maps": {"log": "x", "runs": 1}, "m|icl": {"log": 0.1, "runs": -2}}')
     C._LOADED.clear()
-    assert C.correction("m", "maps").runs == 0 and C.correction("m", "icl").runs == 0
+    assert C.correction("m", "maps") == C.Correction() and C.correction("m", "icl") == C.Correction()
 
 
 def test_off_learns_nothing_and_corrects_nothing(on, monkeypatch):
@@ -100,6 +104,10 @@ def test_an_estimate_applies_the_correction_and_says_so(on, monkeypatch):
     fixed = E.estimate(spec, p, "default", task)
     assert fixed.seconds == pytest.approx(1.6 * plain.seconds) and fixed.correction_runs == 1
     assert "x1.60 from 1 earlier run of head_maps here" in fixed.to_json()["how"]
+    icl = get_kind("icl")
+    borrowed = E.estimate(icl, icl.params.model_validate({"prompts": 8, "shots": [0, 2]}), "default", task)
+    assert borrowed.correction == pytest.approx(1.6) and borrowed.correction_runs == 0
+    assert "x1.60 from the earlier runs of 1 other kind here" in borrowed.to_json()["how"]
     assert fixed.how == plain.how  # the work's own words (a refusal quotes them) are unchanged
 
 
