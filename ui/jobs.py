@@ -182,10 +182,22 @@ def run_text(held: list[tuple["Job", dict[str, Any]]]) -> str:
 
     total = sum(e["seconds"] for _, e in held)
     passes = sum(e.get("passes") or 0 for _, e in held)
-    basis = "measured" if all(e.get("seconds_basis") == "measured" for _, e in held) else "assumed from its size"
     what = " and ".join(f"**{j.label}**" for j, _ in held)
-    return (f"{what}: estimated **{describe_seconds(total)}** ({passes:,.0f} prompt passes; this model's speed "
-            f"{basis}), so it waits for Run. Results are cached: it runs once.")
+    return (f"{what}: estimated **{describe_seconds(total)}** ({passes:,.0f} prompt passes; "
+            f"{basis_words([e for _, e in held])}), so it waits for Run. Results are cached: it runs once.")
+
+
+def basis_words(estimates: list[dict[str, Any]]) -> str:
+    """What the estimates rest on, in words: the model's speed measured here (and corrected by what earlier runs
+    of these kinds, or of others, cost: `service/calibration.py`), or assumed from its size. Pure."""
+    if not all(e.get("seconds_basis") == "measured" for e in estimates):
+        return "assumed from the model's size: its speed on this machine is not measured yet"
+    runs = sum(int(e.get("correction_runs") or 0) for e in estimates)
+    if runs:
+        return f"this model's speed measured here, corrected by {runs} earlier run{'s' if runs > 1 else ''}"
+    if any(abs(float(e.get("correction") or 1.0) - 1.0) >= 0.05 for e in estimates):
+        return "this model's speed measured here, corrected by earlier runs of other analyses"
+    return "this model's speed measured here"
 
 
 def _ask_to_run(held: list[tuple["Job", dict[str, Any]]]) -> None:

@@ -55,11 +55,9 @@ def estimate_text(estimates: list[dict[str, Any] | None]) -> tuple[str, str | No
     total = sum(seconds) if seconds else None
     if total is None or total < jobs.SHOW_ESTIMATE_S:
         return "", refusal
-    basis = ("this model's speed measured here" if all(e.get("seconds_basis") == "measured" for e in found)
-             else "assumed from the model's size: its speed on this machine is not measured yet")
     passes = sum(e.get("passes") or 0 for e in found)
     return f":material/schedule: Estimated time: **{describe_seconds(total)}** ({passes:,.0f} prompt passes; " \
-           f"{basis}). Results are cached: it runs once.", refusal
+           f"{jobs.basis_words(found)}). Results are cached: it runs once.", refusal
 
 
 def cannot_run(refusals: list[str | None]) -> str | None:

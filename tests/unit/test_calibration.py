@@ -135,3 +135,14 @@ def test_the_cpu_share_is_the_median_of_recent_probes(monkeypatch):
     got = E.cpu_share(max_age_s=0.0)  # a new probe joins the recent ones; the stale one is dropped
     assert len(E._SHARE) == 4 and all(now - t <= E.SHARE_MEMORY_S for t, _ in E._SHARE[:-1])
     assert 0 < got <= 1.0
+
+
+def test_the_page_says_what_an_estimate_rests_on():
+    from ui.jobs import basis_words
+
+    measured = {"seconds_basis": "measured", "correction": 1.0, "correction_runs": 0}
+    assert basis_words([measured]) == "this model's speed measured here"
+    assert basis_words([{**measured, "correction": 1.4, "correction_runs": 3}, measured]).endswith(
+        "corrected by 3 earlier runs")
+    assert basis_words([{**measured, "correction": 1.4}]).endswith("corrected by earlier runs of other analyses")
+    assert basis_words([measured, {"seconds_basis": "assumed"}]).startswith("assumed from the model's size")
