@@ -424,6 +424,7 @@ def test_the_whole_attention_pattern_is_drawn_full_size_with_its_tokens(app_url,
     d = driver
     d.get(f"{app_url}/Head?model={MODEL}&task=syn-sentiment&shots=4&prompts=16&seed=0&head=1.2")
     _wait(d, lambda d: len(_css(d, ".hl-tv .hl-tok")) > 3 and _idle(d))
+    _wait(d, lambda d: _tick_texts(d, "head_page_att"))  # plotly draws after Streamlit is idle (a race seen once)
     assert "<s>" in _tick_texts(d, "head_page_att"), _tick_texts(d, "head_page_att")  # the bar chart's token labels
     toggle = [e for e in d.find_elements(By.XPATH, "//label[contains(., 'whole attention pattern')]")][0]
     toggle.click()
