@@ -21,8 +21,9 @@ cap them at 19-20):
 - `fresh` (issue 25): a page switch to the cached Head map in a session (from the Sweeps page, through the
   sidebar) against the same link opened in a new browser each time (a new profile: no HTTP cache, no cookies),
   over loopback and over an emulated 50 Mbit/s, 20 ms network (a collaborator's link; bytes transferred counted);
-  HEADLENS_UI_ASSETS=plain (Streamlit's own uncompressed serving) or `preload` in this script's environment measures
-  the other ways ui/assets.py can serve the frontend;
+  HEADLENS_UI_ASSETS=plain (Streamlit's own uncompressed serving), `gzip` (compressed, the chart chunks not warmed)
+  or `preload` in this script's environment measures the other ways ui/assets.py can serve the frontend, and
+  HEADLENS_UI_NODELAY=off Streamlit's socket without TCP_NODELAY (ui/nodelay.py);
 - `partial` (issue 25): a Head map link of a seed not computed yet: the first partial map drawn ("Partial: 4 of 50
   prompts"), from the navigation or from the click on Run when the page waits for it, and the final map.
 

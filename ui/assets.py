@@ -1,4 +1,4 @@
-"""The dashboard's frontend files for a new browser: gzip-compressed once per file (the chart bundle preloaded: opt-in).
+"""The dashboard's frontend files for a new browser: gzip-compressed once per file, the chart bundle warmed early.
 
 Streamlit serves its JS/CSS bundles uncompressed (9.7 MB for a Head map: Plotly's chunk alone 4.7 MB), on purpose:
 compressing at the origin on every request costs CPU, and a proxy usually compresses. headlens runs without one,
@@ -7,15 +7,18 @@ and a collaborator opening a shared link over a network waits for those bytes. `
 - answers a GET/HEAD of a file under `/static/` whose request accepts gzip with the file gzip-compressed (level 6,
   about 3.6x smaller), compressed once per process and kept (the files are content-hashed, so immutable), with
   Streamlit's own caching header (a year, immutable);
-- with HEADLENS_UI_ASSETS=preload, adds `<link rel="modulepreload">` for the Plotly and DataFrame chunks to the
-  HTML page, so that a new browser fetches and compiles them while it starts the session instead of after the first
-  chart arrives. Off by default: on the 2-core development machine a new browser drew a cached Head map in 5.9 s with
-  it against 4.5 s without (load 5-7; bench/RESULTS.md), the early compile competing with the app's start.
+- adds to the HTML page a small script that imports the Plotly and DataFrame chunks once the page has loaded and
+  the browser is idle (`warm_script`): Streamlit loads them only when the first chart's message arrives, and a new
+  browser then spent 0.3-0.5 s evaluating Plotly's chunk (and as long fetching it) between the page's script
+  having sent everything and the first chart drawn; warmed, that happens while Streamlit opens its session and the
+  script runs on the server (a cached Head map in a new browser 0.5-1 s sooner on the 2-core development machine,
+  bench/RESULTS.md). A returning browser has the files cached; it evaluates them early too (work it does anyway);
+- with HEADLENS_UI_ASSETS=preload, `<link rel="modulepreload">` for those chunks instead (fetched with the page's
+  own bundle: slower there, 5.9 s against 4.5 s); `gzip`: compression only; `plain`: Streamlit's own serving.
 
 Everything else goes to Streamlit untouched. `install()` puts the middleware in front of Streamlit's own (through
 `create_streamlit_middleware` of the pinned Streamlit 1.67's Starlette server); where that hook is missing it does
-nothing and says so. HEADLENS_UI_ASSETS=plain serves the files as Streamlit does, `preload` adds the links
-(bench/bench_ui.py's before/after).
+nothing and says so (bench/bench_ui.py measures each mode).
 """
 from __future__ import annotations
 
@@ -52,6 +55,20 @@ def preload_links(root: Path) -> bytes:
     return "".join(f'<link rel="modulepreload" href="./static/js/{n}" />' for n in names).encode()
 
 
+def warm_script(root: Path) -> bytes:
+    """An inline script that imports the chunks in PRELOAD_CHUNKS once the page has loaded and the browser is idle
+    (while Streamlit opens its session and the page's script runs on the server), so that the first chart finds
+    them fetched and evaluated. The same URLs as Streamlit's own lazy imports: one module each, evaluated once."""
+    js = root / "static" / "js"
+    names = sorted((p.name for p in js.glob("*.js") if p.name.split(".")[0] in PRELOAD_CHUNKS),
+                   key=lambda n: PRELOAD_CHUNKS.index(n.split(".")[0])) if js.is_dir() else []
+    if not names:
+        return b""
+    urls = ",".join(f'"./static/js/{n}"' for n in names)
+    return ("<script>addEventListener('load',()=>{const go=()=>{for(const u of [" + urls + "])"
+            "import(u).catch(()=>{})};(window.requestIdleCallback||setTimeout)(go,{timeout:300})})</script>").encode()
+
+
 def accepts_gzip(scope: Scope) -> bool:
     for k, v in scope.get("headers") or ():
         if k == b"accept-encoding":
@@ -60,13 +77,14 @@ def accepts_gzip(scope: Scope) -> bool:
 
 
 class AssetMiddleware:
-    """ASGI middleware: gzip-compressed static files (kept per process) and preload links in the HTML page."""
+    """ASGI middleware: gzip-compressed static files (kept per process) and the warming script (or preload links)
+    in the HTML page."""
 
     def __init__(self, app: ASGIApp, root: Path | None = None, base_url: str = ""):
         self.app = app
         self.root = (root or static_dir()).resolve()
         self.prefix = "/" + base_url.strip("/") if base_url.strip("/") else ""
-        self.links = preload_links(self.root) if mode() == "preload" else b""
+        self.links = {"preload": preload_links, "gzip": lambda _: b""}.get(mode(), warm_script)(self.root)
         self._gz: dict[str, bytes] = {}
         self._lock = threading.Lock()
 
@@ -103,9 +121,9 @@ class AssetMiddleware:
         if not self.links or "." in path.rsplit("/", 1)[-1] or path.startswith(
                 ("/static/", "/_stcore/", "/media/", "/component/", "/app/")):
             return await self.app(scope, receive, send)
-        # a page (the HTML shell, a few kB): asked for uncompressed, so that the links can go into its <head>
+        # a page (the HTML shell, a few kB): asked for uncompressed, so that the script can go into its <head>
         plain = {**scope, "headers": [(k, v) for k, v in scope.get("headers") or () if k != b"accept-encoding"]}
-        await self.app(plain, receive, self._with_preload(send))
+        await self.app(plain, receive, self._with_links(send))
 
     async def _send(self, send: Send, body: bytes, ctype: str, head: bool) -> None:
         await send({"type": "http.response.start", "status": 200, "headers": [
@@ -114,8 +132,9 @@ class AssetMiddleware:
             (b"cache-control", CACHE_CONTROL), (b"vary", b"Accept-Encoding")]})
         await send({"type": "http.response.body", "body": b"" if head else body})
 
-    def _with_preload(self, send: Send) -> Send:
-        """A `send` that adds the preload links to an uncompressed text/html response's <head>."""
+    def _with_links(self, send: Send) -> Send:
+        """A `send` that adds `links` (the warming script or the preload links) to an uncompressed text/html
+        response's <head>."""
         start: dict[str, Any] | None = None
         chunks: list[bytes] = []
 
@@ -152,8 +171,8 @@ class Started(AssetMiddleware):
 
 
 def mode() -> str:
-    """HEADLENS_UI_ASSETS: `plain` (Streamlit's own serving), `preload` (compression and the preload links), else
-    compression only."""
+    """HEADLENS_UI_ASSETS: `plain` (Streamlit's own serving), `gzip` (compression only), `preload` (compression
+    and the preload links), else compression and the warming script."""
     return os.environ.get("HEADLENS_UI_ASSETS", "").strip().lower()
 
 

@@ -159,7 +159,7 @@ def sidebar(caps: dict[str, Any]) -> None:
     s = state.get()
     limits = caps.get("limits", {})
     with st.sidebar:
-        st.markdown('<div class="hl-brand">headlens</div>', unsafe_allow_html=True)
+        st.html('<div class="hl-brand">headlens</div>')
         st.caption("Which attention heads do in-context learning?")
         q = state.query()
         for path, label, icon in PAGES:
@@ -210,9 +210,9 @@ def sidebar(caps: dict[str, Any]) -> None:
         st.subheader("Share", divider="gray")
         st.caption("This link reopens the current view (settings and selected heads):")
         link = share_link()
-        # a link, not st.code: st.code loads a 1.5 MB syntax highlighter, 0.5-1.5 s of a fresh session's first view
-        st.markdown(f'<div class="hl-link"><a href="{html.escape(link, quote=True)}" target="_self">'
-                    f"{html.escape(link)}</a></div>", unsafe_allow_html=True)
+        # a link, not st.code: st.code loads a 1.5 MB syntax highlighter, 0.5-1.5 s of a fresh session's first view;
+        # st.html, not st.markdown's unsafe HTML, which waits for a 190 kB HTML parser (rehype-raw) before it draws
+        st.html(f'<div class="hl-link"><a href="{html.escape(link, quote=True)}">{html.escape(link)}</a></div>')
         share.button(caps, link)
         state.bind(st.segmented_control, "Figure files", "img", options=list(share.FORMATS), required=True,
                    format_func=str.upper, help="What each figure's camera button (its toolbar, top right) saves: a "
@@ -254,7 +254,7 @@ def page_setup(title: str, icon: str = ":material/search:") -> tuple[state.Setti
     # "auto": open on a wide screen, collapsed on a phone (expanded, it covered 75% of a 390 px screen)
     st.set_page_config(page_title=f"{title} · headlens", page_icon=icon, layout="wide",
                        initial_sidebar_state="auto")
-    st.markdown(CSS, unsafe_allow_html=True)
+    st.html(CSS)  # style tags only: sent to the event container, no space taken and no HTML parser to load
     jobs.begin_page()
     share.begin(title)
     try:

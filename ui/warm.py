@@ -4,7 +4,8 @@ figure code warmed first (and the service's capabilities fetched, when HEADLENS_
 A fresh Streamlit process imports the pages' modules (pandas, plotly, ui/) on its first script run and plotly loads
 its property validators the first time a figure is built: 1-2 s that the first visitor after a launch waited on
 (measured in bench/bench_ui.py). `launch` starts the dashboard through here, so that cost is paid before it says
-it is running. It also installs ui/assets.py's middleware: the frontend files gzip-compressed for a new browser.
+it is running. It also installs ui/assets.py's middleware (the frontend files gzip-compressed for a new browser,
+the chart chunks warmed early) and ui/nodelay.py's socket (no Nagle delay on kept-alive connections).
 """
 from __future__ import annotations
 
@@ -50,9 +51,10 @@ def main(argv: list[str] | None = None) -> None:
     print(f"dashboard modules warmed in {took:.1f} s", file=sys.stderr, flush=True)
     from streamlit.web import cli
 
-    from . import assets
+    from . import assets, nodelay
 
     assets.install()  # frontend files gzip-compressed for a new browser (ui/assets.py)
+    nodelay.install()  # no 40 ms Nagle delay per file on a kept-alive connection (ui/nodelay.py)
     sys.argv = ["streamlit", *(sys.argv[1:] if argv is None else argv)]
     sys.exit(cli.main())
 

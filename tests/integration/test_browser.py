@@ -178,6 +178,11 @@ def test_dashboard_in_headless_chromium(app_url, driver):
     assert "Accuracy (4-shot)" in labels and "Label accuracy (4-shot)" in labels and "TR ratio (4-shot)" in labels
     time.sleep(1.0)
     d.save_screenshot(str(ARTIFACTS / "home.png"))
+    # the sidebar's HTML and the pages' CSS (st.html): the brand styled, the share link to this view, same tab
+    brand = _css(d, '[data-testid="stSidebar"] .hl-brand')[0]
+    assert brand.text == "headlens" and brand.value_of_css_property("font-weight") == "700"
+    link = _css(d, '[data-testid="stSidebar"] .hl-link a')[0]
+    assert f"task={task}" in link.get_attribute("href") and link.get_attribute("target") in (None, "", "_self")
 
     # Head map through the sidebar link: the state travels in the URL
     _wait(d, lambda d: _css(d, '[data-testid="stSidebar"] a[href*="Head_map"]'))[0].click()
@@ -419,6 +424,7 @@ def test_the_whole_attention_pattern_is_drawn_full_size_with_its_tokens(app_url,
     d = driver
     d.get(f"{app_url}/Head?model={MODEL}&task=syn-sentiment&shots=4&prompts=16&seed=0&head=1.2")
     _wait(d, lambda d: len(_css(d, ".hl-tv .hl-tok")) > 3 and _idle(d))
+    _wait(d, lambda d: _tick_texts(d, "head_page_att"))  # plotly draws after Streamlit is idle (a race seen once)
     assert "<s>" in _tick_texts(d, "head_page_att"), _tick_texts(d, "head_page_att")  # the bar chart's token labels
     toggle = [e for e in d.find_elements(By.XPATH, "//label[contains(., 'whole attention pattern')]")][0]
     toggle.click()

@@ -82,7 +82,8 @@ def test_launch_starts_both_and_ctrl_c_stops_both(tmp_path):
 
 def _served_compressed(port: int) -> None:
     """The dashboard launched serves its chart bundle gzip-compressed, byte for byte the file (ui/assets.py,
-    installed by ui.warm); its pages carry no preload link unless asked (HEADLENS_UI_ASSETS=preload)."""
+    installed by ui.warm); its pages carry the script that imports that chunk once loaded, and no preload link
+    unless asked (HEADLENS_UI_ASSETS=preload)."""
     import gzip
 
     from ui import assets
@@ -95,6 +96,7 @@ def _served_compressed(port: int) -> None:
         assert gzip.decompress(r.read()) == chunk.read_bytes()
     page = _get(f"http://127.0.0.1:{port}/Head_map")
     assert page and f'href="./static/js/{chunk.name}"' not in page[1]
+    assert f'"./static/js/{chunk.name}"' in page[1] and "import(u)" in page[1]
 
 
 def test_a_port_in_use_is_a_clear_error(tmp_path):

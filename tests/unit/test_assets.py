@@ -1,4 +1,4 @@
-"""ui/assets.py: the dashboard's frontend files gzip-compressed for a new browser, the chart bundle preloaded."""
+"""ui/assets.py: the dashboard's frontend files gzip-compressed for a new browser, the chart bundle warmed early."""
 from __future__ import annotations
 
 import asyncio
@@ -90,6 +90,32 @@ def test_the_page_gets_the_preload_links_in_its_head(root: Path, monkeypatch: py
     assert b"Other" not in body and body.index(b"modulepreload") < body.index(b"</head>")
     assert int(dict(start["headers"])[b"content-length"]) == len(body)
     assert all(k != b"accept-encoding" for k, _ in seen[0]["headers"])  # asked uncompressed, to be edited
+
+
+def test_the_page_gets_a_script_that_imports_the_chart_chunks_once_loaded(root: Path,
+                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("HEADLENS_UI_ASSETS", raising=False)
+    (root / "static" / "js" / "DataFrame.fff999.js").write_bytes(JS)
+    start, body, _ = call(assets.AssetMiddleware(Inner(root), root=root), "/Head_map")
+    script = body[body.index(b"<script>"):body.index(b"</script>")]
+    assert body.count(b"<script>") == 1 and body.index(b"</script>") < body.index(b"</head>")
+    assert b"addEventListener('load'" in script and b"import(u)" in script and b"modulepreload" not in body
+    # the chart's chunk first, then the table's, at the URLs Streamlit imports them from; no other file
+    assert script.index(b'"./static/js/PlotlyChart.abc123.js"') < script.index(b'"./static/js/DataFrame.fff999.js"')
+    assert b"Other" not in script
+    assert int(dict(start["headers"])[b"content-length"]) == len(body)
+
+
+def test_gzip_mode_leaves_the_page_as_streamlit_serves_it(root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HEADLENS_UI_ASSETS", "gzip")
+    start, body, seen = call(assets.AssetMiddleware(Inner(root), root=root), "/Head_map")
+    assert body == (root / "index.html").read_bytes() and seen[0]["headers"] == [(b"accept-encoding", b"gzip, deflate, br")]
+    assert gzip.decompress(call(assets.AssetMiddleware(Inner(root), root=root), "/static/js/Other.def456.js")[1]) == JS
+
+
+def test_no_chart_chunk_no_script(tmp_path: Path) -> None:
+    (tmp_path / "static" / "js").mkdir(parents=True)
+    assert assets.warm_script(tmp_path) == b"" and assets.warm_script(tmp_path / "missing") == b""
 
 
 def test_a_base_url_is_stripped(root: Path) -> None:

@@ -195,6 +195,6 @@ def test_a_link_with_the_convention_sets_the_sidebar_and_the_share_link(inproces
     at.run()
     assert not at.exception
     assert at.selectbox(key="w_prepend_bos").value == "always"
-    assert "prepend_bos=always" in " ".join(m.value for m in at.sidebar.markdown)
+    assert "prepend_bos=always" in " ".join(m.value for m in at.sidebar.html)
     at.selectbox(key="w_prepend_bos").set_value("tokenizer").run()
-    assert not at.exception and "prepend_bos" not in " ".join(m.value for m in at.sidebar.markdown)
+    assert not at.exception and "prepend_bos" not in " ".join(m.value for m in at.sidebar.html)
