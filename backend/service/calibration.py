@@ -11,8 +11,9 @@ percent. After a job computed from scratch (nothing reused: a cached sub-result,
 
 and the correction is a moving geometric mean of the ratios (in log space, weight ALPHA on the newest), within
 [LOW, HIGH]; an estimate multiplies by it. A kind never run on a model borrows the median correction of the
-kinds that ran on it (what this machine and model cost beyond any plan: a prior, `Correction.runs` 0 and
-`Correction.others` how many kinds it rests on); none ran: 1.0. Kept in the cache folder
+kinds that ran on it, each weighted by its last plan's seconds (what this machine and model cost beyond any plan,
+led by the substantial jobs: a job with no forward pass, whose plan is its fixed overhead alone, hardly counts; a
+prior, `Correction.runs` 0 and `Correction.others` how many kinds it rests on); none ran: 1.0. Kept in the cache folder
 (`calibration.json`) so that a restarted service keeps what it learned; a file that cannot be read or written is
 ignored (the estimate then goes uncorrected), never an error. HEADLENS_CALIBRATION=off leaves every estimate
 uncorrected and learns nothing (the test suite runs so: an estimate there must not depend on the tests before it).
@@ -26,7 +27,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import statistics
 import threading
 import time
 from contextlib import contextmanager
@@ -82,7 +82,9 @@ def _ensure_loaded() -> None:
         for k, v in list(got.items())[:MAX_ENTRIES]:
             if (isinstance(k, str) and isinstance(v, dict) and isinstance(v.get("log"), (int, float))
                     and isinstance(v.get("runs"), int) and math.isfinite(v["log"]) and v["runs"] > 0):
-                _TABLE[k] = {"log": float(v["log"]), "runs": int(v["runs"])}
+                plan = v.get("plan")
+                _TABLE[k] = {"log": float(v["log"]), "runs": int(v["runs"]),
+                             "plan": float(plan) if isinstance(plan, (int, float)) and plan > 0 else MIN_PLAN_S}
 
 
 def _save() -> None:
@@ -107,12 +109,24 @@ def correction(model: str | None, kind: str) -> Correction:
         _ensure_loaded()
         e = _TABLE.get(_key(model, kind))
         mine = f"{model or ''}|"
-        others = [v["log"] for k, v in _TABLE.items() if k.startswith(mine) and k != _key(model, kind)]
+        others = [(v["log"], v.get("plan", MIN_PLAN_S)) for k, v in _TABLE.items()
+                  if k.startswith(mine) and k != _key(model, kind)]
     if e is not None:
         return Correction(_bounded(e["log"]), int(e["runs"]))
     if others:
-        return Correction(_bounded(statistics.median(others)), 0, len(others))
+        return Correction(_bounded(weighted_median(others)), 0, len(others))
     return Correction()
+
+
+def weighted_median(pairs: list[tuple[float, float]]) -> float:
+    """The value at which half the total weight of (value, weight) `pairs` lies below (the lower one at a tie)."""
+    pairs = sorted(pairs)
+    half, acc = sum(w for _, w in pairs) / 2, 0.0
+    for v, w in pairs:
+        acc += w
+        if acc >= half:
+            return v
+    return pairs[-1][0]
 
 
 def _bounded(log_ratio: float) -> float:
@@ -129,8 +143,8 @@ def record(model: str | None, kind: str, planned_s: float, real_s: float) -> Cor
         _ensure_loaded()
         k = _key(model, kind)
         e = _TABLE.get(k)
-        _TABLE[k] = ({"log": r, "runs": 1} if e is None else
-                     {"log": (1 - ALPHA) * e["log"] + ALPHA * r, "runs": int(e["runs"]) + 1})
+        _TABLE[k] = ({"log": r, "runs": 1, "plan": planned_s} if e is None else
+                     {"log": (1 - ALPHA) * e["log"] + ALPHA * r, "runs": int(e["runs"]) + 1, "plan": planned_s})
         if len(_TABLE) > MAX_ENTRIES:
             _TABLE.pop(next(iter(_TABLE)))
         _save()

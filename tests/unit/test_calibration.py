@@ -34,6 +34,10 @@ def test_the_correction_is_a_moving_geometric_mean_of_the_ratios(on):
     C.record("m", "steer", 1.0, 3.0)
     borrowed = C.correction("m", "ablate")  # a kind never run here: the median of the model's other kinds
     assert borrowed.runs == 0 and borrowed.others == 3 and borrowed.factor == pytest.approx(1.5)
+    C.record("m", "fit", 0.001, 0.004)  # no forward pass: its plan is a job's fixed overhead, it hardly weighs
+    C.record("m", "fit", 0.001, 0.004)
+    assert C.correction("m", "ablate").factor == pytest.approx(1.5)
+    assert C.weighted_median([(1.0, 1.0), (5.0, 3.0)]) == 5.0 and C.weighted_median([(2.0, 1.0), (1.0, 1.0)]) == 1.0
 
 
 def test_the_correction_is_bounded_and_ignores_what_is_no_measure(on):
