@@ -209,11 +209,13 @@ def job_sizes(spec: Any, p: Any, model: str | None, task: Any) -> Sizes:
     return GENERIC
 
 
-def estimate(spec: Any, p: Any, model: str | None, task: Any = None, device: str = "cpu", lm: Any = None) -> Estimate:
+def estimate(spec: Any, p: Any, model: str | None, task: Any = None, device: str = "cpu", lm: Any = None,
+             load: bool = True) -> Estimate:
     """The estimate of job `spec` with params `p` on the model of canonical name `model` (None: a kind without
     one) and `task` (the Task, or None). `lm`: the model when it is resident; the parts of the work its params'
     `held(lm, task)` names (states an earlier pass kept in memory, e.g. a toggle's clean prefix) are left out of its
-    seconds (not of its work: the work limit is the same whether the model is loaded or not)."""
+    seconds (not of its work: the work limit is the same whether the model is loaded or not). `load=False`: no
+    CPU-share probe (a 0.2 s busy loop every SHARE_TTL_S) and no load factor: what a running job's plan needs."""
     shape = model_shape(model) if model else Shape(0, 0, 0, None, 0, "none")
     if not hasattr(p, "work"):  # a params model that declares no cost (a kind registered at run time: tests, plugins)
         return Estimate(0.0, 0.0, 0.0, "no cost declared", None, "unknown", None, shape, GENERIC)
@@ -235,7 +237,8 @@ def estimate(spec: Any, p: Any, model: str | None, task: Any = None, device: str
             note = f"; x{fix.factor:.2f} from {fix.runs} earlier run{'s' if fix.runs > 1 else ''} of {spec.name} here"
         elif fix.others and abs(fix.factor - 1.0) >= 0.05:
             note = f"; x{fix.factor:.2f} from the earlier runs of {fix.others} other kind{'s' if fix.others > 1 else ''} here"
-        share = cpu_share() if basis == "measured" and not device.startswith("cuda") and sp.load == 0.0 else None
+        share = cpu_share() if load and basis == "measured" and not device.startswith("cuda") and sp.load == 0.0 \
+            else None
         factor = load_factor(sp, share)
         if share is not None and factor >= 1.1 and seconds > 0:
             load = machine_load()

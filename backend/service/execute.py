@@ -121,7 +121,7 @@ def planned(spec: Any, fields: dict[str, Any], model: str | None, task: Any, lm:
     if spec.uses_model and sp is None:
         return None, False
     try:
-        e = estimate(spec, spec.params.model_validate(fields), model, task, lm=lm)
+        e = estimate(spec, spec.params.model_validate(fields), model, task, lm=lm, load=False)  # no share probe
     except Exception:  # noqa: BLE001 - the job itself says what is wrong with its params
         return None, False
     return e.plan_seconds, sp is None or sp.load == 0.0

@@ -150,3 +150,20 @@ def test_the_page_says_what_an_estimate_rests_on():
         "corrected by 3 earlier runs")
     assert basis_words([{**measured, "correction": 1.4}]).endswith("corrected by earlier runs of other analyses")
     assert basis_words([measured, {"seconds_basis": "assumed"}]).startswith("assumed from the model's size")
+
+
+def test_a_running_jobs_plan_probes_no_cpu_share(monkeypatch):
+    """The executor asks for the plan before every job (a toggle too): it must not wait for the share's busy loop."""
+    from backend.analysis.kinds import get_kind
+    from backend.tasks.registry import load_task
+
+    def probe(*a, **k):
+        raise AssertionError("probed the CPU share")
+
+    monkeypatch.setattr(E, "_SPEEDS", {})
+    monkeypatch.setattr(E, "cpu_share", probe)
+    E.note_speed("default", {"seconds_per_token": 1e-4, "seconds_per_pass": 0.01, "speed_load": 0.0})
+    spec = get_kind("maps")
+    e = E.estimate(spec, spec.params.model_validate({"prompts": 8, "shots": 2}), "default", load_task("syn-sentiment"),
+                   load=False)
+    assert e.load_factor == 1.0 and e.seconds == pytest.approx(e.plan_seconds)
