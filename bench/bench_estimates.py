@@ -106,17 +106,17 @@ def warm_up(smoke: bool, kinds: list[str] | None) -> None:
     print(f"warmed up; load {os.getloadavg()[0]:.1f}", flush=True)
 
 
-def timed(model: str | None, spec, lm, task, p, e) -> tuple[float, str | None]:
+def timed(model: str | None, spec, lm, task, p) -> tuple[float, str | None]:
     """One cold run of a kind, wall-clock seconds (and its error), taught to the estimate's correction as the
     service's executor does (`calibration.measuring`: CPU seconds against the plan)."""
     from backend.analysis.kernel import analyze
     from backend.service.calibration import measuring
-    from backend.service.estimate import measured_speed
+    from backend.service.execute import planned
 
-    sp = measured_speed(model) if model else None
+    plan, cpu = planned(spec, p.model_dump(mode="json"), model, task, lm)
     t = time.perf_counter()
     try:
-        with measuring(model, spec.name, e.plan_seconds, sp is None or sp.load == 0.0):
+        with measuring(model, spec.name, plan, cpu):
             analyze(spec.name, lm, task, p, cache=MemoryStore() if spec.cached else False)
         return time.perf_counter() - t, None
     except Exception as ex:  # noqa: BLE001 - a row, not a crash
@@ -167,7 +167,7 @@ def run_model(model: str, kinds: list[str] | None, smoke: bool, count_calls: boo
             pass_speed._SPEED.clear()
         count[:] = [0.0, 0.0]
         load = os.getloadavg()[0]
-        real, error = timed(name if spec.uses_model else None, spec, lm, task, p, e)
+        real, error = timed(name if spec.uses_model else None, spec, lm, task, p)
         ratio = e.seconds / real if e.seconds is not None and real > 0 else None
         row = {"model": model, "kind": kind, "estimate_s": e.seconds, "real_s": real, "ratio": ratio,
                "basis": e.seconds_basis, "how": e.how + e.load_note, "load_factor": e.load_factor,
@@ -175,7 +175,7 @@ def run_model(model: str, kinds: list[str] | None, smoke: bool, count_calls: boo
         if twice and kind != "model_info":  # the same job again: its estimate now corrected by the first run
             e2 = estimate(spec, p, name if spec.uses_model else None, task)
             cold()
-            real2, error2 = timed(name if spec.uses_model else None, spec, lm, task, p, e2)
+            real2, error2 = timed(name if spec.uses_model else None, spec, lm, task, p)
             row.update(estimate2_s=e2.seconds, real2_s=real2, correction=e2.correction, load_factor2=e2.load_factor,
                        ratio2=e2.seconds / real2 if e2.seconds is not None and real2 > 0 else None,
                        error=error or error2)

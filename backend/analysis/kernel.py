@@ -26,7 +26,7 @@ import base64
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Mapping, Protocol
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Protocol, Sequence
 
 from pydantic import BaseModel, ValidationError
 
@@ -117,6 +117,22 @@ class Context:
         for n in r.notes:
             self.warn(Note(warn_prefix + n))
         return r
+
+    def cached_on(self, kind: str, tasks: "Sequence[Task]", params: Mapping[str, Any]) -> set[str]:
+        """The names of `tasks` whose `kind` result with `params` is already in this analysis's cache on its model
+        (a stage of its progress plan that will cost nothing); never computes. A task the kind cannot take (a
+        `TaskError`) counts as not cached: the run itself says why."""
+        from ..tasks.base import TaskError
+
+        store = self.store if self.store is not None else False
+        found = set()
+        for t in tasks:
+            try:
+                if lookup(kind, self.lm, t, params, cache=store, tensors=self.tensors) is not None:
+                    found.add(t.name)
+            except TaskError:
+                pass
+        return found
 
     def live(self, data: dict[str, Any]) -> None:
         """Data a page may draw while the analysis runs (e.g. {"loss": [...]} of a training so far); the service

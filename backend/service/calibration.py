@@ -5,7 +5,8 @@ The plan (`analysis/primitives/cost.py`) counts forward calls and tokens, and `e
 seconds at the model's measured speed. A job also tokenises its prompts, computes its statistics (a TR null,
 bootstrap intervals) and builds its result, and some of its passes carry hooks: on the embedded model that is most
 of a sub-second job (bench/bench_estimates.py, quiet: `vectors` planned 0.03 s, ran 0.09 s); on SmolLM2 a few
-percent. After a job computed from scratch (nothing reused: a cached sub-result, a memoised pass, held prefix states; `primitives/reuse.py`),
+percent. After a job computed from scratch (nothing reused that it did not compute itself: a cached sub-result, a
+memoised induction pass; `primitives/reuse.py`; prefix states held from an earlier pass are left out of the plan),
 
     ratio = its CPU seconds (the wall clock where the speed was timed by it) / its plan's seconds (no load factor)
 
@@ -53,7 +54,7 @@ class Correction:
     others: int = 0
 
 
-_TABLE: dict[str, dict[str, float]] = {}  # "model|kind" -> {"log": mean log ratio, "runs": n}
+_TABLE: dict[str, dict[str, float]] = {}  # "model|kind" -> {"log": mean log ratio, "runs": n, "plan": last plan s}
 _LOADED: list[str] = []  # the cache folder the table was read from
 _LOCK = threading.Lock()
 
@@ -136,7 +137,8 @@ def _bounded(log_ratio: float) -> float:
 def record(model: str | None, kind: str, planned_s: float, real_s: float) -> Correction:
     """Fold one finished job (its plan's seconds, its real CPU seconds) into the correction; the new correction.
     A plan under MIN_PLAN_S or a non-positive time is ignored."""
-    if not enabled() or not (planned_s >= MIN_PLAN_S and real_s > 0 and math.isfinite(planned_s) and math.isfinite(real_s)):
+    measurable = planned_s >= MIN_PLAN_S and real_s > 0 and math.isfinite(planned_s) and math.isfinite(real_s)
+    if not enabled() or not measurable:
         return correction(model, kind)
     r = min(max(math.log(real_s / planned_s), math.log(LOW)), math.log(HIGH))
     with _LOCK:
@@ -163,11 +165,3 @@ def measuring(model: str | None, kind: str, planned_s: float | None, cpu: bool) 
         took = clock() - t0
     if planned_s is not None and not reused.count:
         record(model, kind, planned_s, took)
-
-
-def clear() -> None:
-    """Forget every correction, in memory and on disk (tests, a changed machine)."""
-    with _LOCK:
-        _ensure_loaded()
-        _TABLE.clear()
-        _save()

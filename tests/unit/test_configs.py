@@ -8,6 +8,7 @@ import torch
 from backend.analysis.primitives import engine as S
 from backend.analysis.primitives import engine_fast as F
 from backend.analysis.primitives import threads
+from backend.analysis.primitives.configs import head_mask
 from backend.analysis.primitives.engine import RowConfig, run_configs
 
 from tiny_models import CONFIGS, tiny_model
@@ -184,10 +185,7 @@ def test_work_done_is_what_the_configurations_change(gpt2_tokenizer, monkeypatch
     N, W = len(ids), max(len(x) for x in ids)
 
     def at(*heads):
-        m = torch.ones(L, H)
-        for l, h in heads:
-            m[l, h] = 0
-        return m
+        return head_mask(lm, heads)
 
     configs = [RowConfig(mask=at((2, 0), (3, 1))), RowConfig(mask=at((L - 1, 0))),
                RowConfig(mask=at((L - 1, 0)), positions="last"), RowConfig(inject={0: torch.randn(d)}),

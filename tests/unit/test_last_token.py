@@ -14,6 +14,7 @@ from backend.analysis.primitives import inject as I
 from backend.analysis.ltv import propagation as PR
 from backend.analysis.primitives.batching import encode, map_batches
 from backend.analysis.primitives.capture import capture_means
+from backend.analysis.primitives.configs import head_mask
 from backend.analysis.primitives.engine import RowConfig, run_configs
 from backend.analysis.primitives.inject import Injection, evaluate_injections, final_states, injected_logits
 from backend.analysis.primitives.last_token import final_change
@@ -125,15 +126,12 @@ def test_last_token_steps_start_at_their_first_changed_layer(gpt2_tokenizer, mon
     """Tokens through each layer's attention: a last-token configuration starting at layer s adds one token per
     prompt at layers >= s only; logits equal the full engine's."""
     lm = _lm("llama", gpt2_tokenizer, layers=4)
-    L, H, d = lm.n_layers, lm.n_heads, lm.d_model
+    L, d = lm.n_layers, lm.d_model
     ids = [torch.randint(0, 50000, (n,), generator=torch.Generator().manual_seed(n)).tolist() for n in (6, 9, 4)]
     N, W = len(ids), max(len(x) for x in ids)
 
     def at(*heads):
-        m = torch.ones(L, H)
-        for l, h in heads:
-            m[l, h] = 0
-        return m
+        return head_mask(lm, heads)
 
     configs = [RowConfig(mask=at((2, 0)), positions="last"), RowConfig(inject={0: torch.randn(d)}),  # from 2, 1
                RowConfig(inject={L - 1: torch.randn(d)}), RowConfig(mask=at((0, 1), (3, 0)), positions="last")]

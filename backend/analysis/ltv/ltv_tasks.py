@@ -23,7 +23,7 @@ from pydantic import Field
 from ..primitives import options as o
 from ...tasks.base import Task, TaskError
 from ...tasks.registry import builtin_by_names, model_tasks
-from ..kernel import Context, analyze, lookup
+from ..kernel import Context, analyze
 from ..kinds import get_kind
 from ..params import Bool, Int, Layer, Selection
 from ..primitives.cost import NONE, Shape, Sizes, Work, passes
@@ -155,15 +155,8 @@ def _ltv_tasks(ctx: Context, p: LtvTasksParams) -> dict[str, Any]:
     results = {}
     store = ctx.store if ctx.store is not None else False
     run = {**fields, "layer": layer, "mechanism": False}
-
-    def cached(t: Task) -> bool:
-        try:
-            return lookup("ltv", lm, t, run, cache=store, tensors=ctx.tensors) is not None
-        except TaskError:
-            return False
-
     # progress by the plan's stages (`work`): a task's LTV already cached weighs nothing
-    share = planned_over(ctx, p, tasks, {f"LTV on {t.name}" for t in tasks if cached(t)})
+    share = planned_over(ctx, p, tasks, {f"LTV on {name}" for name in ctx.cached_on("ltv", tasks, run)})
     for t in tasks:
         stage = ctx.stage(*share[f"LTV on {t.name}"], t.name)
         r = analyze("ltv", lm, t, run, cache=store, progress=stage, live=ctx.report, tensors=ctx.tensors)

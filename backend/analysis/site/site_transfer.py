@@ -97,13 +97,7 @@ def _transfer(ctx: Context, p: SiteTransferParams) -> dict[str, Any]:
     store = ctx.store if ctx.store is not None else False
     recipe = {k: getattr(p, k) for k in RECIPE}
     # progress by the plan's stages (`work`): a task's SITE run already cached weighs nothing
-    def cached(t: Task) -> bool:
-        try:
-            return lookup("site", lm, t, recipe, cache=store, tensors=ctx.tensors) is not None
-        except TaskError:
-            return False
-
-    share = planned_over(ctx, p, tasks, {f"SITE on {t.name}" for t in tasks if cached(t)})
+    share = planned_over(ctx, p, tasks, {f"SITE on {name}" for name in ctx.cached_on("site", tasks, recipe)})
     for t in tasks:
         stage = ctx.stage(*share[f"SITE on {t.name}"], f"SITE on {t.name}")
         try:  # a full run with these settings (the page's, or the CLI's defaults) trained the same alphas
