@@ -48,20 +48,25 @@ def static_dir() -> Path:
     return Path(streamlit.__file__).resolve().parent / "static"
 
 
+def chunk_names(root: Path) -> list[str]:
+    """The file names of the chunks in PRELOAD_CHUNKS under root/static/js, in PRELOAD_CHUNKS' order."""
+    js = root / "static" / "js"
+    if not js.is_dir():
+        return []
+    return sorted((p.name for p in js.glob("*.js") if p.name.split(".")[0] in PRELOAD_CHUNKS),
+                  key=lambda n: (PRELOAD_CHUNKS.index(n.split(".")[0]), n))
+
+
 def preload_links(root: Path) -> bytes:
     """`<link rel="modulepreload">` tags for the chunks in PRELOAD_CHUNKS found under root/static/js."""
-    js = root / "static" / "js"
-    names = sorted(p.name for p in js.glob("*.js") if p.name.split(".")[0] in PRELOAD_CHUNKS) if js.is_dir() else []
-    return "".join(f'<link rel="modulepreload" href="./static/js/{n}" />' for n in names).encode()
+    return "".join(f'<link rel="modulepreload" href="./static/js/{n}" />' for n in chunk_names(root)).encode()
 
 
 def warm_script(root: Path) -> bytes:
     """An inline script that imports the chunks in PRELOAD_CHUNKS once the page has loaded and the browser is idle
     (while Streamlit opens its session and the page's script runs on the server), so that the first chart finds
     them fetched and evaluated. The same URLs as Streamlit's own lazy imports: one module each, evaluated once."""
-    js = root / "static" / "js"
-    names = sorted((p.name for p in js.glob("*.js") if p.name.split(".")[0] in PRELOAD_CHUNKS),
-                   key=lambda n: PRELOAD_CHUNKS.index(n.split(".")[0])) if js.is_dir() else []
+    names = chunk_names(root)
     if not names:
         return b""
     urls = ",".join(f'"./static/js/{n}"' for n in names)
