@@ -7,6 +7,8 @@ on what they decide (which job runs when, what gives way), not on timings.
 """
 from __future__ import annotations
 
+from plain_job import submit
+
 import os
 import signal
 import subprocess
@@ -328,7 +330,7 @@ def ray_idle_workers_killed_then_a_job(mp: Any, tmp: Path) -> None:
                           config=RayConfig(max_actors=2, retries=1, poll_s=0.05, idle_s=3600,
                                            pythonpath=(str(Path(__file__).resolve().parents[1]), str(Path(__file__).resolve().parent))))
     try:
-        jobs = [runner.submit("tick", {"group": g, "steps": 20, "delay": 0.05}, job_key("tick", {"g": g}))
+        jobs = [submit(runner, "tick", {"group": g, "steps": 20, "delay": 0.05}, job_key("tick", {"g": g}))
                 for g in (1, 2)]
         for j in jobs:
             while (j := runner.get(j.id)).status in ("queued", "running"):
@@ -342,7 +344,7 @@ def ray_idle_workers_killed_then_a_job(mp: Any, tmp: Path) -> None:
         for h in handles:  # until Ray knows they are dead (instead of a guess of how long that takes)
             with pytest.raises(ray.exceptions.RayActorError):
                 ray.get(h.poll.remote(""), timeout=HANG_S)
-        j = runner.submit("tick", {"group": 3}, job_key("tick", {"g": 3}))
+        j = submit(runner, "tick", {"group": 3}, job_key("tick", {"g": 3}))
         while (j := runner.get(j.id)).status in ("queued", "running"):
             time.sleep(0.05)
         assert j.status == "done" and j.result["pid"] not in pids, j

@@ -1,28 +1,16 @@
-"""What a job costs, as a function of its params: the arithmetic each kind's `work` is written in (no torch here).
+"""What a job costs, as a function of its params (no torch here): the arithmetic each kind's `work` is written in.
 
-A kind's `work` is its **cost plan**: its stages in the order its run takes them (`Work.stages`, each a `Cost`).
-Admission and the estimate read its totals (`service/estimate.py`); the run's progress bar gives each stage the
-share its weight is of the whole (`stages.plan_spans`). One plan, so the bar and the estimate cannot disagree.
+A kind's `work(shape, sizes)` is its **plan**: its stages in the order its run takes them (`Work.stages`, each a
+`Cost`). Admission counts its totals (the work limit) and its `units` (the estimate: `service/timing.py`); the run's
+progress bar gives each stage the share its weight is of the whole (`stages.plan_spans`). One plan for both.
 
-A job's work is counted in **tokens through the whole model** and in **forward calls** (batches): a call has a fixed
-cost (weights read, per-layer overheads, hooks, Python) that dominates on a small model, so seconds are
-`per_pass x calls + per_token x tokens` (`service/estimate.py`, from `pass_speed`). Tokens: a full forward pass of a prompt of T tokens is T,
-a one-token step over a KV cache (a decoding step, a last-token configuration of the sweep engine) is 1, an
-all-position ablation that starts at a later layer the share of the layers it runs. `train` is the part of it that
-runs forward passes of a training (each is followed by a backward pass, about twice its cost). Nothing here
-depends on whether a model is loaded: the model enters as its `Shape` (read from its config, or assumed), the
-prompts as their `Sizes` (tokens of a prompt with k demonstrations, from the task's text and the model's
-tokenizer, or estimated from bytes).
+Counted in tokens through the whole model and forward calls: a full pass of a T-token prompt is T tokens, a
+one-token step over a KV cache 1, an all-position ablation from a later layer on the share of the layers it runs;
+`train` tokens run a backward pass too (about twice a forward). The model enters as its `Shape` (read from its
+config), the prompts as their `Sizes` (from the task and the model's tokenizer, or bytes).
 
     w = passes("ICL", 50, sizes.prompt(8)) + passes("zero-shot", 50, sizes.prompt(0))
-    w.tokens, w.calls, w.how()
-
-Calls: `passes(name, n, t, batch)` runs `n` rows in ceil(n / batch) calls (BATCH by default, the prompts' batch
-size); `repeat` runs that `repeat` times (a configuration per call, e.g. an injection layer); `steps` batches
-one-token rows by STEP_BATCH (the sweep engine's rows); a training step is one call of `batch` rows.
-
-`tests/integration/test_cost_model.py` checks every registry entry against the tokens its run really puts through the
-default model (a hook on every output projection), within 2x.
+    w.tokens, w.calls, w.units(shape), w.how()
 """
 from __future__ import annotations
 
@@ -192,6 +180,10 @@ class Work:
     def cost(self) -> Cost:
         """The whole plan as one Cost."""
         return sum((c for _, c in self.stages), Cost())
+
+    def units(self, shape: "Shape") -> float:
+        """Its time in token-equivalents (`Cost.weight`): what the estimate multiplies by seconds per unit."""
+        return float(sum(c.weight(shape) for _, c in self.stages))
 
     def stage(self, name: str) -> Cost:
         """The stage called `name` (an empty Cost when there is none)."""
