@@ -176,8 +176,8 @@ def estimated(estimates: list[dict[str, Any]]) -> str:
     low = sum(e.get("low") or e["seconds"] for e in estimates)
     high = sum(e.get("high") or e["seconds"] for e in estimates)
     passes = sum(e.get("passes") or 0 for e in estimates)
-    basis = "; ".join(dict.fromkeys(e.get("basis") or "" for e in estimates if e.get("basis")))
-    return f"**{describe_seconds(total, low, high)}** ({passes:,.0f} prompt passes; from {basis})"
+    basis = "; ".join(dict.fromkeys(e["basis"] for e in estimates if e.get("basis")))
+    return f"**{describe_seconds(total, low, high)}** ({passes:,.0f} prompt passes" + (f"; from {basis})" if basis else ")")
 
 
 def run_text(held: list[tuple["Job", dict[str, Any]]]) -> str:

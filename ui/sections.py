@@ -59,10 +59,11 @@ def estimate_line(jobs_: list[tuple[str, dict[str, Any]]]) -> str | None:
     """Draw the jobs' estimated time (or the work limit's refusal), none for the jobs whose results are cached
     (remembered for the section); returns the reason they cannot run at all, drawn instead of an estimate (the
     Run button is then left out), or None."""
-    from . import api
+    from . import api, state
 
-    try:
-        answers = [(kind, params, *api.checked(kind, params)) for kind, params in jobs_]
+    try:  # a result this session has already needs no estimate
+        answers = [(kind, params, *api.checked(kind, params)) for kind, params in jobs_
+                   if state.remembered(kind, params) is None]
     except api.ApiError:
         return None  # the page's own calls report an unreachable service
     blocked = next((r for *_, r in answers if r), None)

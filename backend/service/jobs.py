@@ -199,8 +199,8 @@ class LocalJobRunner(JobRunner):
     def done(self, job: Any, result: dict[str, Any]) -> JobStatus:
         with self._cond:
             same = self._jobs.get(self._by_key.get(job.key, ""))
-            if same is not None and same.status == "done" and not same.cancel.is_set():
-                return self._snapshot(same)
+            if same is not None and same.status == "done" and not same.cancel.is_set():  # its id, the cache's answer
+                return self._snapshot(same).model_copy(update={"result": result, "cache_hit": True})
             now = time.time()
             j = _Job(id=secrets.token_hex(8), kind=job.kind, params=job.params, key=job.key, admission=job,
                      status="done", progress=1.0, message="cached", result=result, started=now, finished=now)

@@ -136,7 +136,10 @@ class RayJobRunner(LocalJobRunner):
     def _execute_on_ray(self, job: Any, progress: Progress) -> dict[str, Any]:
         from ..analysis.kernel import lookup
 
-        spec, kind = job.spec, job.kind
+        from ..analysis.kinds import get_kind
+
+        kind = job.kind
+        spec = getattr(job, "spec", None) or get_kind(kind)
         fields = dict(job.params)
         model, task_id = fields.pop("model", None), fields.pop("task", None)
         task = self.tasks.get(task_id) if spec.uses_task else None

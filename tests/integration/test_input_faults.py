@@ -618,11 +618,11 @@ def test_work_estimates_refuse_huge_jobs(monkeypatch):
     from backend.service.limits import Limits
 
     from backend.analysis.kinds import get_kind
-    from backend.service.estimate import estimate
+    from backend.service.timing import estimate
     from backend.tasks.registry import load_task
 
     probe = AblationCurvesParams(prompts=500, ks=list(range(33)), random_seeds=list(range(16)))
-    e = estimate(get_kind("ablation_curves"), probe, "default", load_task("syn-sentiment"))
+    e = estimate(get_kind("ablation_curves"), probe, "default", load_task("syn-sentiment"))[0]
     assert "19 rankings x 32 values of k" in e.how and e.passes > 2000  # the task has 20 queries: 20 prompts
     monkeypatch.setenv("HEADLENS_MAX_WORK", "2000")
     with _client() as c:
@@ -632,7 +632,7 @@ def test_work_estimates_refuse_huge_jobs(monkeypatch):
         assert f"{e.passes:,.0f} prompt passes" in r.json()["detail"]
     monkeypatch.setenv("HEADLENS_MAX_WORK", "10")
     small = estimate(get_kind("ablation_curves"), AblationCurvesParams(prompts=5), "default",
-                     load_task("syn-sentiment"))
+                     load_task("syn-sentiment"))[0]
     with pytest.raises(Exception, match="over this server's limit of 10"):
         Limits.from_env().check_work(small)
     for bad, why in (("lots", "must be a number, not .lots."), ("nan", "must be at least 1"), ("0", "must be at least 1")):

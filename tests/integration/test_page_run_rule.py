@@ -17,7 +17,7 @@ def test_the_rule(inprocess, monkeypatch):
     with `always`, and never starts anything with `never`."""
     from backend.service import jobs as J
 
-    body = {"model": "default", "task": "syn-sentiment", "shots": 2, "prompts": 4}
+    body = {"model": "default", "task": "syn-sentiment", "shots": [0, 2], "prompts": 4}
     monkeypatch.setattr(J, "HOLD_OVER_S", 0.0)
     held = inprocess.ask("icl_curve", body, "if_short")
     assert held["status"] == "held" and held["estimate"]["seconds"] > 0 and held["estimate"]["admitted"]
