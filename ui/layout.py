@@ -288,15 +288,16 @@ def fit_shape(n_layers: int, n_heads: int, n_prompts: int | None = None) -> None
           "sg_pca_layer": layer, "sg_bar_layer": layer, "ltv_layer": layer, "ltv_show": layer,
           "kmax": lambda v: v <= L * H, "top_k": lambda v: v is None or v <= L * H,
           "prompt": lambda v: n_prompts is None or v < max(n_prompts, 1)}
-    for name, check in ok.items():
+    bad = [name for name, check in ok.items() if not check(state.value(name))]
+    for name in bad:
         v = state.value(name)
-        if check(v):
-            continue
         beyond = [h for h in v if not fits(h)] if name == "heads" else v
         limit = f"the {n_prompts} prompts scored" if name == "prompt" else f"the model's {L} layers × {H} heads"
         jobs.warn(f"ignored `{name}={state.FIELDS[name].fmt(beyond)}`: beyond {limit}")
         state.put(name, [h for h in v if fits(h)] if name == "heads" else
                   defaults_for(state.get().model).get(name, state.FIELDS[name].default()))
+    if bad:
+        state.sync_url()  # the page's URL without them (the sidebar's link follows at the next run)
 
 
 def effective(s: state.Settings, caps: dict[str, Any]) -> state.Settings:
