@@ -54,6 +54,29 @@ def resolve_tasks(names: list[str], fv_dir: Path) -> tuple[list[tuple[str, objec
     return out, notes
 
 
+def command_line(argv: list[str], repo: Path = REPO) -> str:
+    """The command as anyone runs it from the repository root: a path inside the checkout or beside it relative to
+    the root (`--fv-dir ../shared/fv_datasets`); `--json` outside the checkout, a scratch file of the machine it ran
+    on, left out."""
+    root = repo.resolve()
+
+    def rel(v: str) -> str:
+        p = Path(v)
+        return os.path.relpath(p.resolve(), root) if p.is_absolute() and p.resolve().is_relative_to(root.parent) else v
+
+    out, args = ["python bench/real_findings.py"], list(argv)
+    while args:
+        x = args.pop(0)
+        if x == "--json" or x.startswith("--json="):
+            val = x.partition("=")[2] or (args.pop(0) if args else "")
+            if Path(val).resolve().is_relative_to(root):
+                out += ["--json", shlex.quote(rel(val))]
+            continue
+        key, eq, val = x.partition("=") if x.startswith("--") else ("", "", x)
+        out.append(shlex.quote(key + eq + rel(val)))
+    return " ".join(out)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default="smollm2-135m,gemma3-270m",
@@ -128,7 +151,7 @@ def main() -> None:
                                               log=lambda m: print(m, file=sys.stderr, flush=True))
         del lm
     data["seconds"] = time.time() - t0
-    command = " ".join(["python bench/real_findings.py", *(shlex.quote(x) for x in sys.argv[1:])])
+    command = command_line(sys.argv[1:])
     report = render(data, sections, command=command)
     if a.out:
         Path(a.out).write_text(report)

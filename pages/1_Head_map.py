@@ -8,7 +8,7 @@ import numpy as np
 import pandas as pd
 import streamlit as st
 
-from ui import compare, figures, fit, head_view, heads, jobs, layout, settings, share, snippets, state
+from ui import compare, figures, fit, head_view, heads, jobs, layout, map_colors, settings, share, snippets, state
 from ui import metrics as M
 from ui.sections import download, guard, run_row, section
 from ui.tsla import anytime, map_uncertainty as mu, patching_figures as pf
@@ -31,6 +31,7 @@ if scores is None:
     st.stop()
 jobs.show_warnings(scores)
 L, H = int(scores["n_layers"]), int(scores["n_heads"])
+layout.fit_shape(L, H, int(scores["prompts"]))
 selected = heads.current(L, H)
 ctx = figures.subtitle(figures.caption(s.model, s.task_title, scores["shots"], int(scores["top_k"])))
 
@@ -72,17 +73,23 @@ with main:
     spec = figures.map_spec(metric)
     top = {"tr": scores.get("top_tr"), "tl": scores.get("top_tl")}.get(metric) or int(scores["top_k"])
     tested = mu.significant(scores, metric) is not None
+    untested = mu.too_few(scores) or "Only the TR and TL maps have a test against a null."
     sig_only = state.bind(st.toggle, "Significant heads only", "sig_only", disabled=not tested,  # in the link
                           help="Leave blank the heads whose Benjamini-Hochberg q exceeds the FDR (0.05): TR tested "
                                "against TR onto random label subspaces of the same size, TL against per-prompt TL "
-                               "centred on 0." if tested else "Only the TR and TL maps have a test against a null.")
-    fig = figures.head_heatmap(maps[metric], metric, selected=selected, top=top,
+                               "centred on 0." if tested else untested)
+    cscale = state.bind(st.segmented_control, "Colour scale", "cscale", options=list(map_colors.SCALES),
+                        required=True, help="How values become colours, here and in *All five maps*: linear; log "
+                        "(symmetric, sign kept); rank; or linear clipped at the 95th percentile of |value|, so one "
+                        "head far above the rest no longer makes every other cell look alike. Hover: the values.")
+    fig = figures.head_heatmap(maps[metric], metric, selected=selected, top=top, scale=cscale,
                                title=f"{spec['label']}: {spec['long']}{ctx}")
     mu.annotate(fig, scores, metric, significant_only=bool(sig_only) and tested)
     share.chart(fig, f"headmap-{metric}", key=heads.chart_key("hm"), on_select=heads.on_chart_select("hm"),
                 selection_mode=("points", "box", "lasso"))
     st.caption(spec["caption"] + f" Outlined ({figures.TOP_COLOR_NAME}): the top {len(figures.top_set(maps[metric], top))} "
                f"heads of this map ({s.top_label()}; the sidebar's *Top heads*). "
+               + ("" if cscale == "linear" else f"Colours: {map_colors.SCALES[cscale]} (hover: the values). ")
                + mu.caption(scores, metric, bool(sig_only) and tested))
     if metric == "cie":
         st.caption(f"{cie['prompts']} prompts, {cie['shots']} shots · {jobs.timing(cie)}. The same kind patches "
@@ -137,7 +144,8 @@ else:
 
 if state.bind(st.toggle, "All five maps side by side", "all_maps",
               help="Each map on its own colour scale, with its colour bar (drawn on demand: five more heatmaps)."):
-    share.chart(figures.all_maps(scores, selected, f"All five maps{ctx}"), "headmaps-all", key="all_maps")
+    share.chart(figures.all_maps(scores, selected, f"All five maps{ctx}", scale=cscale), "headmaps-all",
+                key="all_maps")
     st.caption(" · ".join(f"{v['caption']}" for k, v in figures.METRICS.items() if k != metric))
 
 # -- activation patching ----------------------------------------------------------------------------------------

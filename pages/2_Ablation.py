@@ -18,6 +18,8 @@ WHERE_HELP = ("Last token: the heads are switched off at the prompt's last token
               "switched-off head on are recomputed over the whole prompt (on SmolLM2-135M, 10-shot prompts, 2 CPU "
               "cores: tens of seconds).")
 
+WHERE = {"last": "at the last token", "all": "at every position"}
+
 s, caps = layout.page_setup("Ablation", ":material/power_settings_new:")
 st.title(":material/power_settings_new: Ablation")
 st.caption("Knock heads out at the output projection's input and watch accuracy and the TR ratio move.")
@@ -28,6 +30,7 @@ scores = jobs.fetch("head_scores", s.job(**s.selection()), "Scoring heads", what
 if scores is None:
     st.stop()
 L, H = int(scores["n_layers"]), int(scores["n_heads"])
+layout.fit_shape(L, H)
 
 state.bind(st.segmented_control, "Ablation mode", "mode", options=state.options("mode"), required=True,
            format_func=str.capitalize, help=MODE_HELP)
@@ -63,7 +66,7 @@ else:
                         border=True)
             c[3].caption(f"was {pb:.3f}")
         c[4].metric("Predictions changed", f"{changed} / {len(rows)}", border=True)
-        where = "at the last token" if ab.positions == "last" else "at every position"
+        where = WHERE[ab.positions]
         tests = ab.test or {}
         if tests:  # the same prompts before and after: a paired test, not two intervals compared by eye
             st.markdown("After against before, paired on the same prompts: "
@@ -134,7 +137,9 @@ if curves is not None:
                 key="curves_fig", heads=f"k{kmax}")
     rand = curves.curves["random"]
     band = "its 95% interval over the random sets and the prompts" if rand.accuracy_ci else "± standard deviation"
-    st.caption(f"{mode.capitalize()} ablation of the k heads ranked highest by TR, TL or induction score; random: "
+    here = WHERE[curves["positions"]]
+    st.caption(f"{mode.capitalize()} ablation {here} of the k heads ranked highest by TR, TL or induction score "
+               f"(the switch above ablates {WHERE[state.value('ab_positions')]}); random: "
                f"k random heads, mean over seeds {rand.seeds} with {band}"
                f" (grey band; drawn from the heads outside the top {kmax} TR and TL heads while there are enough: a "
                f"disjoint control). Error bars: 95% Wilson intervals. "

@@ -43,10 +43,7 @@ L, H = int(info["n_layers"]), int(info["n_heads"])
 ctx = figures.subtitle(figures.caption(s.model, s.task_title, s.shots, s.top_label()))
 
 # -- settings shared by the sections (all in the URL) ------------------------------------------------------------
-if state.value("sg_layer") not in (None, "all") and not 0 <= int(state.value("sg_layer")) < L:
-    state.put("sg_layer", None)  # a layer of another model: the middle one
-if state.value("sg_pca_layer") is not None and not 0 <= int(state.value("sg_pca_layer")) < L:
-    state.put("sg_pca_layer", None)
+layout.fit_shape(L, H)
 
 st.subheader("Vectors", divider="gray")
 selected = heads.current(L, H)

@@ -19,7 +19,8 @@ scores = jobs.fetch("head_scores", score_params, "Scoring heads", what="Head sco
 if scores is None:
     st.stop()
 L, H, n_prompts = int(scores["n_layers"]), int(scores["n_heads"]), int(scores["prompts"])
-if state.value("head") is None or not (0 <= state.value("head")[0] < L and 0 <= state.value("head")[1] < H):
+layout.fit_shape(L, H, n_prompts)
+if state.value("head") is None:
     state.put("head", tuple(scores["top_tr"][0]) if scores.get("top_tr") else (0, 0))
 
 

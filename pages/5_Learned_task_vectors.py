@@ -41,8 +41,7 @@ if info is None:
     st.stop()
 L, H = int(info["n_layers"]), int(info["n_heads"])
 ctx = figures.subtitle(figures.caption(s.model, s.task_title, s.shots))
-if state.value("ltv_layer") not in (None, "all") and not 0 <= int(state.value("ltv_layer")) < L:
-    state.put("ltv_layer", None)  # a layer of another model: what fits this one
+layout.fit_shape(L, H)
 default_layer = state.ltv_default_layer(L)  # the sweep on a shallow model, else the middle layer
 
 # -- settings (all in the URL) -------------------------------------------------------------------------------------

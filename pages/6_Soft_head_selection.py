@@ -42,6 +42,7 @@ info = jobs.fetch("model_info", {"model": s.model}, "Loading the model", what="M
 if info is None:
     st.stop()
 L, H = int(info["n_layers"]), int(info["n_heads"])
+layout.fit_shape(L, H)
 
 # -- settings ------------------------------------------------------------------------------------------------------
 c1, c2, c3 = st.columns(3)

@@ -45,7 +45,8 @@ with st.expander("Start a sweep", icon=":material/add_circle:", expanded=not sta
         with c2:
             tasks_sel = st.multiselect("Tasks", task_ids, default=[t for t in [s.task] if t in task_ids],
                                        key="w_sw_tasks")
-            seeds_text = st.text_input("Seeds", "0", key="w_sw_seeds", help="comma-separated, e.g. 0,1,2")
+            seeds_text = st.text_input("Seeds", str(s.seed), key=f"w_sw_seeds_{s.seed}",  # the sidebar's seed
+                                       help="comma-separated, e.g. 0,1,2")
         st.caption(f"Each job uses the sidebar's settings: {s.shots} shots (ICL curve: 0..{s.shots}), {s.prompts} "
                    f"prompts, {s.top_label()}.")
         start = st.form_submit_button("Start sweep", type="primary", icon=":material/play_arrow:")
@@ -143,18 +144,22 @@ def show(sw: dict) -> None:
     sweep_id = sw["id"]
     c = sw["counts"]
     left, right = st.columns([4, 1], vertical_alignment="center")
-    with left:
-        st.progress(sw["progress"], text=f"**{sw['status']}** · {c['done'] + c['error'] + c['cancelled']} of "
-                                         f"{c['total']} jobs · {c['cached']} from the cache · {c['error']} failed · "
-                                         f"{c['running']} running")
+    running = sw["status"] == "running"
+    text = (f"**{sw['status']}** · {c['done'] + c['error'] + c['cancelled']} of {c['total']} jobs · {c['cached']} "
+            f"from the cache · {c['error']} failed" + (f" · {c['running']} running" if running else ""))
+    with left:  # a progress bar while it runs; a finished sweep's line without one
+        if running:
+            st.progress(sw["progress"], text=text)
+        else:
+            st.markdown(text)
     with right:
-        if sw["status"] == "running" and st.button("Cancel sweep", icon=":material/stop:", key="sw_cancel"):
+        if running and st.button("Cancel sweep", icon=":material/stop:", key="sw_cancel"):
             try:
                 api.cancel_sweep(sweep_id)
             except api.ApiError as e:
                 show_error(e, "Cancelling the sweep")
             st.rerun()
-    if len(sw["models"]) > 1 or sw["status"] == "running":
+    if running:
         for m in sw["models"]:
             st.progress(m["progress"], text=f"`{SF.short(m['model'], 60)}` · {m['finished']}/{m['total']}"
                                             + (f" · {m['errors']} failed" if m["errors"] else ""))

@@ -13,6 +13,9 @@ import numpy as np
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from . import map_colors
+from .map_colors import ranks
+
 Head = tuple[int, int]
 
 METRICS: dict[str, dict[str, Any]] = {
@@ -104,16 +107,6 @@ def head_name(h: Sequence[int]) -> str:
     return f"L{int(h[0])}.H{int(h[1])}"
 
 
-def ranks(values: np.ndarray) -> np.ndarray:
-    """Rank of each head, 1 = largest value, ties broken by position (as the backend's top-k lists are)."""
-    v = np.asarray(values, dtype=float)
-    flat = np.nan_to_num(v.ravel(), nan=-np.inf)
-    order = np.argsort(-flat, kind="stable")
-    r = np.empty(flat.size, dtype=int)
-    r[order] = np.arange(1, flat.size + 1)
-    return r.reshape(v.shape)
-
-
 def top_k(values: np.ndarray, k: int) -> list[Head]:
     """The k heads with the largest values, best first."""
     v = np.asarray(values, dtype=float)
@@ -159,9 +152,11 @@ def _top_legend(fig: go.Figure) -> go.Figure:
 
 
 def _colorscale(metric: str) -> dict[str, Any]:
-    if map_spec(metric)["signed"]:
-        return {"colorscale": "RdBu_r", "zmid": 0.0}
-    return {"colorscale": "Viridis"}
+    return map_colors.base(map_spec(metric)["signed"])
+
+
+def color_values(z: np.ndarray, metric: str, scale: str = "linear") -> tuple[np.ndarray, dict[str, Any]]:
+    return map_colors.color_values(z, map_spec(metric)["signed"], scale)
 
 
 def _fmt(x: float) -> str:
@@ -180,21 +175,22 @@ def top_set(values: Any, top: "int | Iterable[Sequence[int]] | None") -> list[He
 
 def head_heatmap(values: Any, metric: str, selected: Iterable[Sequence[int]] = (), title: str | None = None,
                  height: int | None = None, top: "int | Iterable[Sequence[int]] | None" = None,
-                 top_name: str | None = None) -> go.Figure:
+                 top_name: str | None = None, scale: str = "linear") -> go.Figure:
     """Layer (rows, layer 0 on top) x head (columns) heatmap of one (L, H) map, selectable by head.
 
     Hover shows the head, the value and its rank among all L*H heads (1 = largest). `top` (a count, or the heads)
     outlines the map's top heads in TOP_COLOR (legend: `top_name`, default "top k"); the selection's outline is
-    drawn larger, so a head that is both shows both."""
+    drawn larger, so a head that is both shows both. `scale`: the colour scale (`color_values`)."""
     z = np.asarray(values, dtype=float)
     L, H = z.shape
     rk = ranks(z)
     label = map_spec(metric)["label"]
     height = height or int(min(760, max(320, 40 * L + 120)))
     fig = go.Figure()
-    fig.add_trace(go.Heatmap(z=z, x=list(range(H)), y=list(range(L)), hoverinfo="skip", xgap=1, ygap=1,
-                             colorbar=dict(title=dict(text=label, side="right"), thickness=14),
-                             name=label, **_colorscale(metric)))
+    colors, kw = color_values(z, metric, scale)
+    bar = dict(title=dict(text=label + ("" if scale == "linear" else f" ({scale})"), side="right"), thickness=14)
+    fig.add_trace(go.Heatmap(z=colors, x=list(range(H)), y=list(range(L)), hoverinfo="skip", xgap=1, ygap=1,
+                             name=label, **{**kw, "colorbar": {**bar, **kw.get("colorbar", {})}}))
     ll, hh = np.meshgrid(np.arange(L), np.arange(H), indexing="ij")
     cell = max(6.0, min(40.0, (height - 80) / max(L, 1) * 0.9))
     custom = np.stack([z.ravel(), rk.ravel()], axis=1)
@@ -229,19 +225,20 @@ def head_heatmap(values: Any, metric: str, selected: Iterable[Sequence[int]] = (
 
 
 def all_maps(result: dict[str, Any], selected: Iterable[Sequence[int]] = (), title: str | None = None,
-             top: int | None = None) -> go.Figure:
+             top: int | None = None, scale: str = "linear") -> go.Figure:
     """The five maps side by side, each on its own colour scale with its own colour bar (hover for value and
     rank); `top` (default: the result's `top_k`) outlines each map's top heads."""
     top = int(result.get("top_k") or 0) if top is None else int(top)
-    return maps_row([(m, result[m], METRICS[m]["label"]) for m in METRICS], selected, title, top)
+    return maps_row([(m, result[m], METRICS[m]["label"]) for m in METRICS], selected, title, top, scale=scale)
 
 
 def maps_row(maps: Sequence[tuple[str, Any, str]], selected: Iterable[Sequence[int]] = (), title: str | None = None,
              top: "int | Sequence[Iterable[Sequence[int]] | None] | None" = None,
-             shared_scale: bool = False) -> go.Figure:
+             shared_scale: bool = False, scale: str = "linear") -> go.Figure:
     """Head maps side by side: (metric spec, values (layers, heads), subplot title) each, on its own colour scale
     with its own colour bar; `top` outlines each map's top heads (a count, or per map its heads); `shared_scale`:
-    the maps of the first map's metric on one colour range (two runs of the same map)."""
+    the maps of the first map's metric on one colour range (two runs of the same map); `scale`: each map's colour
+    scale when not shared (`color_values`)."""
     names = [m for m, _, _ in maps]
     sel = [(int(l), int(h)) for l, h in selected]
     zs = [np.asarray(v, dtype=float) for _, v, _ in maps]
@@ -261,13 +258,13 @@ def maps_row(maps: Sequence[tuple[str, Any, str]], selected: Iterable[Sequence[i
         text = [[f"L{l}.H{h}<br>{spec['label']} = {_fmt(z[l, h])}{unit}<br>rank {rk[l, h]} of {L * H}"
                  for h in range(H)] for l in range(L)]
         right = fig.layout[f"xaxis{i if i > 1 else ''}"].domain[1]
-        scale = _colorscale(m)
+        colors, kw = (z, _colorscale(m)) if shared_scale else color_values(z, m, scale)
         if shared_scale and m == names[0] and hi > lo:
-            scale.update(zmin=lo, zmax=hi)
-        fig.add_trace(go.Heatmap(z=z, showscale=True, text=text, hovertemplate="%{text}<extra></extra>",
+            kw.update(zmin=lo, zmax=hi)
+        bar = dict(x=right + 0.004, xanchor="left", thickness=9, len=0.9, tickfont=dict(size=9), ticksuffix=unit)
+        fig.add_trace(go.Heatmap(z=colors, showscale=True, text=text, hovertemplate="%{text}<extra></extra>",
                                  name=spec["label"], xgap=1, ygap=1,
-                                 colorbar=dict(x=right + 0.004, xanchor="left", thickness=9, len=0.9,
-                                               tickfont=dict(size=9), ticksuffix=unit), **scale), row=1, col=i)
+                                 **{**kw, "colorbar": {**bar, **kw.get("colorbar", {})}}), row=1, col=i)
         if sel:
             fig.add_trace(go.Scatter(x=[h for _, h in sel], y=[l for l, _ in sel], mode="markers",
                                      hoverinfo="skip", showlegend=False,

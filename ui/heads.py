@@ -79,13 +79,15 @@ def quick_picks(scores: dict[str, Any] | None, n_layers: int, n_heads: int, key:
 
     `compact` stacks them for a narrow column."""
     n = n_layers * n_heads
+    k0 = min(int(scores["top_k"]) if scores and scores.get("top_k") else 3, n)  # the map's outlined top set's size
+    wkey = f"w_quick_k_{key}_{k0}"  # a new Top heads size starts the count afresh
 
     def top(metric: str) -> None:
-        k = int(st.session_state.get(f"w_quick_k_{key}") or 1)
+        k = int(st.session_state.get(wkey) or 1)
         put(figures.top_k(np.asarray(scores[metric], dtype=float), k))  # type: ignore[index]
 
     def rand() -> None:
-        k = int(st.session_state.get(f"w_quick_k_{key}") or 1)
+        k = int(st.session_state.get(wkey) or 1)
         r = random.Random(f"ui-random-{state.get().seed}-{sorted(current())}")
         put(r.sample([(l, h) for l in range(n_layers) for h in range(n_heads)], min(k, n)))
 
@@ -95,8 +97,9 @@ def quick_picks(scores: dict[str, Any] | None, n_layers: int, n_heads: int, key:
         slots = [rows[0][0], rows[0][1], rows[1][0], rows[1][1], rows[2][0], rows[2][1]]
     else:
         slots = st.columns([1.2, 1, 1, 1, 1, 1], vertical_alignment="bottom")
-    slots[0].number_input("Quick pick: k heads", min_value=1, max_value=n, value=min(3, n), key=f"w_quick_k_{key}",
-                          help="How many heads the buttons select (they replace the current selection).")
+    slots[0].number_input("Quick pick: k heads", min_value=1, max_value=n, value=k0, key=wkey,
+                          help="How many heads the buttons select (they replace the current selection); at first "
+                               "the sidebar's *Top heads*, the set the map outlines.")
     slots[1].button("Top TR", on_click=top, args=("tr",), disabled=not has, key=f"q_tr_{key}", width="stretch")
     slots[2].button("Top TL", on_click=top, args=("tl",), disabled=not has, key=f"q_tl_{key}", width="stretch")
     slots[3].button("Top induction", on_click=top, args=("induction",), disabled=not has, key=f"q_ind_{key}",

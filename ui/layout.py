@@ -275,6 +275,31 @@ def page_setup(title: str, icon: str = ":material/search:") -> tuple[state.Setti
     return effective(state.get(), caps), caps
 
 
+def fit_shape(n_layers: int, n_heads: int, n_prompts: int | None = None) -> None:
+    """Set every setting beyond a model of n_layers x n_heads (a result's n_layers, n_heads) or beyond the task's
+    n_prompts prompts back to its default (the model's, `ui.model_defaults`), keeping the selected heads that fit;
+    each with the page's "ignored" warning."""
+    from ui.model_defaults import defaults_for
+
+    L, H = n_layers, n_heads
+    fits = lambda lh: 0 <= int(lh[0]) < L and 0 <= int(lh[1]) < H  # noqa: E731
+    layer = lambda v: v in (None, "all") or 0 <= int(v) < L  # noqa: E731
+    ok = {"heads": lambda v: all(map(fits, v)), "head": lambda v: v is None or fits(v), "sg_layer": layer,
+          "sg_pca_layer": layer, "sg_bar_layer": layer, "ltv_layer": layer, "ltv_show": layer,
+          "kmax": lambda v: v <= L * H, "top_k": lambda v: v is None or v <= L * H,
+          "prompt": lambda v: n_prompts is None or v < max(n_prompts, 1)}
+    bad = [name for name, check in ok.items() if not check(state.value(name))]
+    for name in bad:
+        v = state.value(name)
+        beyond = [h for h in v if not fits(h)] if name == "heads" else v
+        limit = f"the {n_prompts} prompts scored" if name == "prompt" else f"the model's {L} layers × {H} heads"
+        jobs.warn(f"ignored `{name}={state.FIELDS[name].fmt(beyond)}`: beyond {limit}")
+        state.put(name, [h for h in v if fits(h)] if name == "heads" else
+                  defaults_for(state.get().model).get(name, state.FIELDS[name].default()))
+    if bad:
+        state.sync_url()  # the page's URL without them (the sidebar's link follows at the next run)
+
+
 def effective(s: state.Settings, caps: dict[str, Any]) -> state.Settings:
     """The settings the jobs get: `prompts` at most the task's held-out queries (the sidebar says so), so the
     default 50 on a task of 20 queries asks for 20 and no result warns that it had fewer than asked; and the name

@@ -93,8 +93,16 @@ def paired_text(t: dict[str, Any] | None, what: str = "") -> str:
     if not t:
         return ""
     head = f"{what}: " if what else ""
+    if any(t.get(k) is None or t[k] != t[k] for k in ("ci_low", "ci_high", "p")):  # None (JSON) or NaN: no test
+        return f"{head}{signed(t['effect'])} pts ({too_few(int(t['n'])) or 'no interval and no test'})"
     return (f"{head}{signed(t['effect'])} pts [{signed(t['ci_low'])}, {signed(t['ci_high'])}], {p_text(t.get('p'))} "
             f"({t['test']}, {t['n']} prompts)")
+
+
+def too_few(n: int) -> str:
+    """"1 prompt: no interval and no test (they need 2 prompts or more)" under 2 prompts (the backend's
+    `stats.too_few`, a result's warning), else ""."""
+    return f"{n} prompt{'s' if n != 1 else ''}: no interval and no test (they need 2 prompts or more)" if n < 2 else ""
 
 
 def noise_floor(n: int) -> float:

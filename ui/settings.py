@@ -37,7 +37,7 @@ UI_RANGES: dict[str, tuple[float | None, float | None]] = {
     "site_shots": (None, 64),  # N demonstrations per embedding prompt: more fits no context window we serve
 }
 UI_DEFAULTS: dict[str, Any] = {
-    "ab_positions": "last",  # the live toggle ablates the last token, as the ablation curves do
+    "ab_positions": "last",  # the live toggle ablates the last token (fast); the page's curves run at every position
     "sg_perturbations": None,  # None: the perturbations that run (the page decides)
 }
 

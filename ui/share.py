@@ -136,14 +136,14 @@ SETTING_LABELS = {"model": "model", "task": "task", "shots": "shots", "prompts":
                   "heads": "selected heads", "top_pct": "top heads (% of all heads)", "top_k": "top heads",
                   "map": "map", "mode": "ablation mode", "kmax": "ablation curves up to k",
                   "ab_positions": "switched off at", "head": "head", "prompt": "task prompt", "text": "your prompt",
-                  "sig_only": "significant heads only"}
+                  "sig_only": "significant heads only", "cscale": "colour scale"}
 """The settings every page shares, then the page's own (by their names in words)."""
-PAGE_SETTINGS = {"Home": ("ex_k",), "Head map": ("map", "sig_only", "pt", "cmp", "head", "prompt", "all_maps", "top_n"),
+PAGE_SETTINGS = {"Home": ("ex_k",), "Head map": ("map", "sig_only", "cscale", "pt", "cmp", "head", "prompt", "all_maps", "top_n"),
                  "Ablation": ("mode", "kmax", "ab_positions", "only_changed"), "Steering & geometry": ("sg_",),
                  "Head drill-down": ("head", "prompt", "text", "lens", "grid"), "Learned task vectors": ("ltv_",),
                  "Soft head selection": ("site_",), "Sweeps": ("sweep", "sw_")}
 SHARED_SETTINGS = ("model", "task", "shots", "prompts", "seed", "heads", "top_pct", "top_k")
-STATED = {"Head map": ("sig_only",)}
+STATED = {"Head map": ("sig_only", "cscale")}
 """View settings a page's file states even at their default (the link leaves them out): a switch that changes
 what the figures show."""
 

@@ -189,6 +189,7 @@ FIELDS: dict[str, Field] = {f.name: f for f in (
     _kind_field("ab_positions", view=True),  # where the live toggle ablates
     Field("all_maps", lambda: False, settings.flag, _fmt_flag, view=True),
     Field("sig_only", lambda: False, settings.flag, _fmt_flag, view=True),  # the map's significant heads only
+    Field("cscale", lambda: "linear", _choice(("linear", "log", "rank", "clip")), view=True),  # the maps' colours
     Field("img", lambda: "png", _choice(("png", "svg")), view=True),  # what a figure's camera button saves
     # -- Head map: activation patching, and a second run side by side
     Field("pt", lambda: False, settings.flag, _fmt_flag, view=True),  # the patching section open
@@ -325,6 +326,9 @@ def init(limits: dict[str, Any] | None = None) -> list[str]:
                                         f"using {min(max(value, lo), hi)}")
                         value = min(max(value, lo), hi)
             ss[f"s_{name}"] = value
+        # the model's own starting settings (`ui.model_defaults`) where the link names none: a link of the model alone
+        # opens as picking it in the model box does; a link's top_pct keeps the percentage
+        apply_model_defaults(ss["s_model"], keep=set(qp.keys()) | ({"top_k"} if "top_pct" in qp else set()))
         ss["_hl_from_link"] = "task" in qp
         ss["_hl_init"] = True
     for name, f in FIELDS.items():  # fields added after the session started
@@ -353,11 +357,14 @@ def opened_from_link() -> bool:
 
 def query(settings: Settings | None = None) -> dict[str, str]:
     """The query parameters that reproduce `settings` (default: the current state) and every page's view."""
+    from ui.model_defaults import defaults_for
+
     s = settings or get()
     out: dict[str, str] = {}
+    model = defaults_for(s.model)  # a view field at the model's default is left out: `init` sets it back
     for name, f in FIELDS.items():
         v = getattr(s, name) if name in _SETTINGS_FIELDS else value(name)
-        if v is None or (name == "heads" and not v) or (f.view and v == f.default()):
+        if v is None or (name == "heads" and not v) or (f.view and v == model.get(name, f.default())):
             continue
         out[name] = f.fmt(v)
     return out
@@ -380,14 +387,14 @@ def _copy(name: str, convert: Callable[[Any], Any] | None) -> None:
         apply_model_defaults(st.session_state[f"s_{name}"])
 
 
-def apply_model_defaults(model: str) -> list[str]:
+def apply_model_defaults(model: str, keep: Iterable[str] = ()) -> list[str]:
     """Set the settings a newly picked model starts on (`ui.model_defaults`: measured per model; task, shots,
-    top-k, the ablation curve's largest k, the Steering and LTV pages' layer); the names set."""
+    top-k, the ablation curve's largest k, the Steering and LTV pages' layer), but those in `keep`; the names set."""
     from ui.model_defaults import defaults_for
 
     done = []
     for name, value in defaults_for(model).items():
-        if name in FIELDS:
+        if name in FIELDS and name not in keep:
             put(name, value)
             done.append(name)
     return done

@@ -145,12 +145,13 @@ OUTCOME_OF = {"accuracy": "correct", "label_accuracy": "label_correct", "tr_rati
 
 class PairedTest(Model):
     """Arm a against arm b on the same prompts: the effect mean(a - b) with its 95% bootstrap interval and a
-    two-sided p (exact McNemar for 0/1 outcomes, a sign-flip permutation test otherwise; `stats.paired_comparison`)."""
+    two-sided p (exact McNemar for 0/1 outcomes, a sign-flip permutation test otherwise; `stats.paired_comparison`);
+    on one prompt neither (None)."""
 
     effect: float = Field(..., description="mean over prompts of a - b (for rates: the difference of the rates)")
-    ci_low: float
-    ci_high: float
-    p: float
+    ci_low: float | None
+    ci_high: float | None
+    p: float | None
     n: int = Field(..., description="paired prompts")
     test: str = Field(..., description="exact McNemar | sign-flip permutation")
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -133,9 +134,12 @@ def driver(tmp_path):
 
 
 def _wait(d, what, timeout: float = HANG_S):
+    from selenium.common.exceptions import StaleElementReferenceException
     from selenium.webdriver.support.ui import WebDriverWait
 
-    return WebDriverWait(d, timeout, poll_frequency=0.25).until(lambda d: what(d))
+    # an element read while Streamlit redraws it goes stale: read it again at the next poll
+    return WebDriverWait(d, timeout, poll_frequency=0.25, ignored_exceptions=(StaleElementReferenceException,)).until(
+        lambda d: what(d))
 
 
 def _css(d, sel: str):
@@ -203,6 +207,14 @@ def test_dashboard_in_headless_chromium(app_url, driver):
     assert len(_css(d, grid)) >= n_cells
     _no_errors(d)
     assert _selected_tags(d) == []
+    # issue 36: the caption counts the outlined top heads that are significant; a p at the null's floor is a bound
+    assert re.search(r"\d+ of the top \d+ are significant \(q ≤ 0.05\)", _text(d)), _text(d)[:1500]
+    hover = d.execute_script("return JSON.stringify(document.querySelectorAll('.js-plotly-plot')[0].data"
+                             ".map(t => t.customdata || []))")
+    assert "p ≤ 0.001 (1,000 draws)" in hover and "p = 0.000999" not in hover
+    outlined = sorted(d.execute_script(  # the map's top heads (pink outline), for the Ablation page's quick pick
+        "const t = document.querySelectorAll('.js-plotly-plot')[0]._fullData.find(t => (t.name || '').startsWith('top'));"
+        "return Array.from(t.x).map((h, i) => 'L' + t.y[i] + '.H' + h);"))
 
     # Click the cell of layer 1, head 2 of the big map (layer 0 is the top row): it becomes the selection
     layer, head = min(1, n_layers - 1), min(2, n_heads - 1)
@@ -232,8 +244,14 @@ def test_dashboard_in_headless_chromium(app_url, driver):
     _no_errors(d)
     text = d.find_element(By.CSS_SELECTOR, '[data-testid="stMain"]').text
     assert "Accuracy after" in text and f"zero ablation of {name}" in text
+    # issue 36: the curves say where they ablate, beside the switch's own default
+    assert "ablation at every position of the k heads" in text and "(the switch above ablates at the last token)" in text
     time.sleep(1.0)
     d.save_screenshot(str(ARTIFACTS / "ablation.png"))
+    # issue 36: Top TR selects the top set the map outlines (the sidebar's Top heads), not 3 heads
+    _wait(d, lambda d: [b for b in d.find_elements(By.XPATH, "//button[contains(., 'Top TR')]") if b.is_displayed()])[0].click()
+    _wait(d, lambda d: sorted(_selected_tags(d)) == outlined and _idle(d))
+    assert len(outlined) != 3
 
 
 def _text(d) -> str:
@@ -445,7 +463,7 @@ def test_the_sweeps_list_follows_a_running_sweep_to_its_end(app_url, driver):
                            "kinds": ["scores", "icl", "ablation_curves"], "seeds": [21, 22, 23],
                            "params": {"shots": 4, "prompts": 16, "icl.shots": [0, 2, 4]}})
     n = sw["counts"]["total"]
-    d.get(f"{app_url}/Sweeps?model={MODEL}&sweep={sw['id']}")
+    d.get(f"{app_url}/Sweeps?model={MODEL}&sweep={sw['id']}&seed=3")
 
     def picker(d) -> str:  # the sweep picker's text: "<id> · running · 27 jobs", from the same poll as the table
         return " ".join(v for v in (e.get_attribute("value") or "" for e in _css(d, '[data-testid="stSelectbox"] input'))
@@ -457,6 +475,9 @@ def test_the_sweeps_list_follows_a_running_sweep_to_its_end(app_url, driver):
     _wait(d, lambda d: "· done ·" in picker(d))  # the list follows, without a reload
     text = _text(d)
     assert f"done · {n} of {n} jobs" in text and "running ·" not in picker(d)
+    # issue 36: a finished sweep keeps no progress bar; a new one starts on the sidebar's seed (3), not 0
+    _wait(d, lambda d: not _css(d, '[data-testid="stProgress"]'))
+    assert [e.get_attribute("value") for e in _css(d, 'input[aria-label="Seeds"]')] == ["3"]
     _no_errors(d)
     d.save_screenshot(str(ARTIFACTS / "sweeps-done.png"))
     assert saw_running or sw["status"] == "running"  # the page was opened while it ran
@@ -492,6 +513,21 @@ def test_soft_head_selection_finds_an_ltv_trained_without_the_mechanism(app_url,
     d.save_screenshot(str(ARTIFACTS / "site-ltv-baseline.png"))
 
 
+def test_links_open_on_the_models_defaults_and_ignore_what_lies_beyond_it(app_url, driver):
+    """Issue 36: a link naming only the model opened on antonym, kmax=16, top_pct=3 (the sidebar said present-past,
+    top 27, k = 27); `head=99.99` showed another head without a word."""
+    d = driver
+    d.get(f"{app_url}/Head_map?model=smollm2-135m")
+    _wait(d, lambda d: "task=" in d.current_url and "kmax=" in d.current_url)
+    for part in ("model=smollm2-135m", "task=present-past", "shots=8", "kmax=27", "top_k=27"):
+        assert part in d.current_url, (part, d.current_url)
+    d.get(f"{app_url}/Head?model={MODEL}&task=syn-sentiment&shots=4&prompts=16&seed=0&head=99.99")
+    _wait(d, lambda d: len(_css(d, ".hl-tv .hl-tok")) > 3 and _idle(d))
+    assert "head=99.99" in d.page_source and "beyond the model" in d.page_source
+    assert "head=99.99" not in d.current_url  # the default head instead: the top TR head
+    _no_errors(d)
+
+
 def test_on_a_phone_the_sidebar_starts_collapsed(app_url, driver):
     """Defect 9: the sidebar opened expanded and covered 75% of a 390 px screen."""
     d = driver
@@ -515,7 +551,7 @@ def test_share_as_html_opens_with_the_service_stopped(app_url, driver, tmp_path)
     d = driver
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     d.execute_cdp_cmd("Browser.setDownloadBehavior", {"behavior": "allow", "downloadPath": str(tmp_path)})
-    d.get(f"{app_url}/Head_map?model={MODEL}&task=syn-sentiment&shots=4&prompts=16&seed=0&all_maps=1")
+    d.get(f"{app_url}/Head_map?model={MODEL}&task=syn-sentiment&shots=4&prompts=16&seed=0&all_maps=1&cscale=rank")
     _wait(d, lambda d: len(_css(d, ".js-plotly-plot")) >= 3 and _idle(d))
     n_figures = len(_css(d, ".js-plotly-plot"))
     button = _wait(d, lambda d: [b for b in d.find_elements(By.XPATH, "//button[contains(., 'Share as HTML')]")
@@ -535,6 +571,8 @@ def test_share_as_html_opens_with_the_service_stopped(app_url, driver, tmp_path)
     text = d.find_element(By.TAG_NAME, "body").text
     assert f"python -m backend head-scores --model {MODEL} --task syn-sentiment --shots 4 --prompts 16 --seed 0" in text
     assert "Settings" in text and "syn-sentiment" in text and "Top 10 heads by TR" in text
+    assert "colour scale rank" in text and "cscale=rank" in d.page_source  # issue 36: kept in the link and the file
+    assert "rank 1" in " ".join(e.text for e in _css(d, ".js-plotly-plot .colorbar"))  # drawn on the rank scale
     urls = d.execute_script("return performance.getEntriesByType('resource').map(e => e.name)")
     assert not [u for u in urls if u.startswith(("http:", "https:"))], urls  # nothing fetched from anywhere
     d.save_screenshot(str(ARTIFACTS / "share-html-offline.png"))

@@ -64,7 +64,7 @@ def test_sweeps_page_starts_lists_and_shows_a_sweep(inprocess):
     assert any("No sweeps" in i.value for i in at.info)
     # start one from the form: the default model, two tasks, seeds 0 and 1
     at.multiselect(key="w_sw_tasks").set_value(TASKS)
-    at.text_input(key="w_sw_seeds").set_value("0,1")
+    at.text_input(key="w_sw_seeds_0").set_value("0,1")
     next(b for b in at.button if b.label == "Start sweep").click()
     at.run()
     _clean(at)

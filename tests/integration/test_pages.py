@@ -343,12 +343,14 @@ def test_head_map_renders_maps_tables_and_picks_heads(inprocess, task_name):
     assert_clean(at)
     from ui import figures
 
-    want = [figures.head_name(h) for h in sorted(figures.top_k(np.asarray(scores["tr"]), 3))]
+    k = int(scores["top_k"])  # issue 36: the quick pick selects the set the map outlines, of the sidebar's size
+    want = [figures.head_name(h) for h in sorted(figures.top_k(np.asarray(scores["tr"]), k))]
+    assert want == [figures.head_name(tuple(h)) for h in sorted(map(tuple, scores["top_tr"]))] and k != 3
     assert at.multiselect(key="w_heads").value == want
-    assert metric(at, "Selected") == "3"
+    assert metric(at, "Selected") == str(k)
     qp = at.query_params["heads"]
     assert (qp[0] if isinstance(qp, list) else qp) == ",".join(f"{l}.{h}" for l, h in sorted(
-        figures.top_k(np.asarray(scores["tr"]), 3)))
+        figures.top_k(np.asarray(scores["tr"]), k)))
     at.segmented_control(key="w_map").set_value("induction").run()
     assert_clean(at)
     assert top["induction_rank"].tolist() != frame_with(at, "induction_rank")["induction_rank"].tolist()

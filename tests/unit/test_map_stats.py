@@ -76,9 +76,22 @@ def test_stability_is_one_for_a_head_far_above_the_rest():
 def test_bh_matches_a_hand_computation():
     p = np.array([[0.01, 0.04], [0.03, 0.20]])
     # sorted 0.01, 0.03, 0.04, 0.20 (m = 4): p m / rank = 0.04, 0.06, 0.0533, 0.20; running min from the top
-    out = ms.significance(p)
+    out = ms.significance(p, 30)
     np.testing.assert_allclose(out["q"], [[0.04, 0.05333333333333334], [0.05333333333333334, 0.20]])
     assert out["significant"] == [(0, 0)]
+
+
+def test_one_prompt_has_no_test_no_stability_and_no_significant_heads():
+    """Issue 36, defect 6: on one prompt the TR null and the TL sign flips still give p-values (the TR null's
+    floor, 1/1001, under every head that beats its random subspaces), so nothing may call a head significant: no p,
+    no q, `significant` None (not an empty list: no test ran), stability NaN (every resample is that prompt)."""
+    p = np.full((2, 3), 1 / 1001)
+    out = ms.significance(p, 1)
+    assert out["significant"] is None and np.isnan(out["p"]).all() and np.isnan(out["q"]).all()
+    assert ms.significance(p, 2)["significant"] == [(0, 0), (0, 1), (0, 2), (1, 0), (1, 1), (1, 2)]
+    x = np.random.default_rng(0).normal(size=(1, 2, 3))
+    assert np.isnan(ms.stability(x, k=2)).all() and ms.stable(ms.stability(x, k=2)) == []
+    assert all(np.isnan(v).all() for v in ms.uncertainty(x).values())
 
 
 def _synthetic(seed: int, planted: float, prompts: int = 30, heads: int = 40, d: int = 48, vocab: int = 3000):
@@ -106,7 +119,7 @@ def test_tr_null_finds_a_planted_head_and_not_the_random_ones():
         p = ms.tr_p(obs, null)
         assert p[0] == 1 / (R + 1)  # the planted head beats every random subspace
         pnull.extend(p[1:])
-        sig = ms.significance(p[None])["significant"]  # as one layer of 40 heads
+        sig = ms.significance(p[None], 30)["significant"]  # as one layer of 40 heads
         assert (0, 0) in sig and len(sig) <= 3
     pnull = np.array(pnull)
     assert 0.35 < pnull.mean() < 0.65  # about uniform under the null
@@ -134,7 +147,7 @@ def test_tl_sign_flip_planted_and_null():
     p = ms.tl_p(tl, seed=0)
     assert p[0, 0] < 1e-3
     assert 0.3 < np.delete(p.ravel(), 0).mean() < 0.7
-    assert ms.significance(p)["significant"][0] == (0, 0)
+    assert ms.significance(p, 40)["significant"][0] == (0, 0)
 
 
 @pytest.mark.parametrize("arch", ["gpt2", "llama"])
@@ -156,7 +169,7 @@ def test_head_maps_keep_per_prompt_values_and_the_same_means(arch, gpt2_tokenize
         assert tested.per_prompt[name].shape == (12, lm.n_layers, lm.n_heads)
         np.testing.assert_allclose(tested.per_prompt[name].mean(0), getattr(tested, name), rtol=1e-12, atol=1e-12)
     p = ms.tr_p(tested.tr, tested.null_tr)
-    assert ms.significance(p)["significant"] == []
+    assert ms.significance(p, 12)["significant"] == []
     assert p.mean() > 0.15
 
 

@@ -110,6 +110,29 @@ def test_paired_comparison_identical_and_binary():
         S.paired_comparison(np.ones(3), np.ones(4))
 
 
+def test_one_prompt_has_no_interval_and_no_test():
+    """Issue 36, defect 6: a bootstrap of one prompt gives it back (a zero-width interval); a paired test of one
+    prompt is no test. Both NaN, for 0/1 arms and for others; two prompts have both."""
+    lo, hi = S.bootstrap_ci(np.array([[0.3, 0.7]]))
+    assert np.isnan(lo).all() and np.isnan(hi).all()
+    for a, b in ((np.ones(1), np.zeros(1)), (np.array([0.4]), np.array([0.1]))):
+        r = S.paired_comparison(a, b)
+        assert r["n"] == 1 and r["effect"] == pytest.approx(float(a[0] - b[0]))
+        assert np.isnan(r["ci_low"]) and np.isnan(r["ci_high"]) and np.isnan(r["p"])
+        many = S.paired_comparisons(a[:, None].repeat(3, 1), b[:, None].repeat(3, 1))
+        assert all(np.isnan(t["p"]) and np.isnan(t["ci_low"]) for t in many)
+    r2 = S.paired_comparison(np.array([1.0, 0.0]), np.array([0.0, 0.0]))
+    assert not np.isnan(r2["p"]) and not np.isnan(r2["ci_low"])
+    assert S.too_few(1) == "1 prompt: no interval and no test (they need 2 prompts or more)" and S.too_few(2) is None
+
+
+def test_sign_flips_name_the_smallest_p_the_test_gives():
+    for n in (3, 13, 40):  # (at 14, 10,000 draws of 2^14 sign vectors may hold the all-plus one)
+        draws, floor = S.sign_flips(n)
+        assert draws == (2 ** n if n <= 13 else S.N_PERM)
+        assert float(S.sign_flip_p(np.ones((n, 1)), "greater")[0]) == pytest.approx(floor)  # every sign +: the floor
+
+
 def test_noise_floor_and_detectable_difference():
     assert S.noise_floor(30) == pytest.approx(0.179, abs=1e-3)
     assert S.detectable_difference(30, paired=False) > S.detectable_difference(30)

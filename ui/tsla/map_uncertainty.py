@@ -10,6 +10,8 @@ from typing import Any
 import numpy as np
 import plotly.graph_objects as go
 
+from .. import metrics as M
+
 STABLE_COLOR = "#ffffff"
 """The stable top heads' inner outline (inside the top heads' pink one)."""
 TESTED = ("tr", "tl")
@@ -18,6 +20,20 @@ TESTED = ("tr", "tl")
 
 def _grid(v: Any) -> np.ndarray | None:
     return None if v is None else np.asarray(v, dtype=float)
+
+
+def too_few(scores: dict[str, Any]) -> str:
+    """"1 prompt: no interval and no test (they need 2 prompts or more)" for a result (or an anytime view) of one
+    prompt, else "" (`metrics.too_few`)."""
+    return M.too_few(int(scores.get("prompts_done", scores.get("prompts")) or 0))
+
+
+def p_text(p: float, st: dict[str, Any], metric: str) -> str:
+    """"p = 0.012", or at the test's floor (no draw as extreme) the bound: "p ≤ 0.00037 (2,700 draws)"."""
+    floor, draws = st.get("p_floor"), st.get("draws")
+    if floor and draws and p <= floor * (1 + 1e-9):
+        return f"p ≤ {floor:.2g} ({int(draws):,} {'draws' if metric == 'tr' else 'sign flips'})"
+    return f"p = {p:.3g}"
 
 
 def hover_lines(scores: dict[str, Any], metric: str) -> list[str] | None:
@@ -33,10 +49,13 @@ def hover_lines(scores: dict[str, Any], metric: str) -> list[str] | None:
     ci = "95% normal CI so far" if scores.get("interval") == "normal" else "95% CI"
     out = []
     for (l, h), s in np.ndenumerate(se):
+        if not np.isfinite(s):
+            out.append(too_few(scores) or "no interval")
+            continue
         line = f"SE {s:.3g} · {ci} [{lo[l, h]:.4g}, {hi[l, h]:.4g}]"
-        if p is not None and q is not None:
-            line += f"<br>p = {p[l, h]:.3g} · q = {q[l, h]:.3g}"
-        if stab is not None:
+        if p is not None and q is not None and np.isfinite(p[l, h]):
+            line += f"<br>{p_text(p[l, h], st, metric)} · q = {q[l, h]:.3g}"
+        if stab is not None and np.isfinite(stab[l, h]):
             line += f"<br>in the top {scores.get('top_k')} in {100 * stab[l, h]:.0f}% of resamples"
         out.append(line)
     return out
@@ -87,6 +106,8 @@ def caption(scores: dict[str, Any], metric: str, significant_only: bool) -> str:
     st = (scores.get("stats") or {}).get(metric)
     if not st:
         return ""
+    if too_few(scores):
+        return too_few(scores) + "."
     n = int(scores["prompts"])
     text = (f"Hover a head for its standard error and 95% bootstrap interval over the {n} prompts (1000 resamples of "
             f"the prompts, seeded)")
@@ -99,6 +120,9 @@ def caption(scores: dict[str, Any], metric: str, significant_only: bool) -> str:
                  f"head{'s' if len(sig) != 1 else ''} significant at FDR {fdr:g}")
         if significant_only:
             text += " (the others left blank)"
+        tops = {(int(l), int(h)) for l, h in scores.get(f"top_{metric}") or []}
+        if tops:
+            text += f"; **{len(tops & set(sig))}** of the top {len(tops)} are significant (q ≤ {fdr:g})"
         text += (f". White inner outline: the stable top heads, in the top {scores.get('top_k')} in at least "
                  f"{100 * float(scores['stable_at']):.0f}% of the resamples")
     return text + "."

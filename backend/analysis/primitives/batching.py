@@ -18,6 +18,7 @@ from ...tasks.base import Prompt, Queries, Task, TaskError
 from .bos import DEFAULT as BOS_DEFAULT, current as bos_convention, prompt_ids
 from .fit import unknown_id
 from .notes import Note, report_multi_token
+from .stats import too_few
 
 Progress = Callable[[float, str], None]
 
@@ -133,7 +134,7 @@ def build_prompts(lm: LoadedModel, task: Task, shots: int, n: int, seed: int, pe
     pool = task.n_queries(seed, queries)
     if task.fixed is not None:  # a given prompt set: as given, whatever the shots
         prompts = task.build_prompts(shots, min(n, pool), seed)
-        return Built(prompts, max(p.n_shots for p in prompts), warnings)
+        return Built(prompts, max(p.n_shots for p in prompts), _few(len(prompts), queries))
     if n > pool:  # the scored queries capped: a warning; the prompts a vector is extracted from: a note
         what = "held-out queries" if queries == "held_out" else "examples in its demonstration pool"
         text = f"task {task.name!r} has {pool} {what} for seed {seed}; used {pool} prompts, not the {n} asked " \
@@ -155,7 +156,12 @@ def build_prompts(lm: LoadedModel, task: Task, shots: int, n: int, seed: int, pe
     if k != shots:
         warnings.append(f"prompts with {shots} demonstrations exceed the context window of {lm.max_positions} "
                         f"tokens; used {k} demonstrations instead")
-    return Built(prompts, k, warnings)
+    return Built(prompts, k, warnings + _few(len(prompts), queries))
+
+
+def _few(n: int, queries: Queries) -> list[str]:
+    """`stats.too_few`'s warning for n scored prompts (none for a vector's extraction prompts)."""
+    return [too_few(n)] if queries == "held_out" and too_few(n) else []
 
 
 _ENCODED: "OrderedDict[tuple, tuple[Built, Encoded]]" = OrderedDict()

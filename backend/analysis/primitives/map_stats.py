@@ -12,6 +12,7 @@ x holds one map per prompt, (prompts, layers, heads); the map is its mean over p
 - TR significance: the head's mean TR against the means of TR onto random label subspaces of the same size
   (`tr_null`), a one-sided Monte Carlo p; TL significance: per-prompt TL > 0 by a one-sided sign-flip permutation
   test (`stats.sign_flip_p`). Either map's p-values are corrected across all heads by Benjamini-Hochberg (q).
+- Under `stats.MIN_PROMPTS` prompts: SE, interval, stability, p and q are NaN and no head is significant (None).
 """
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ from statistics import NormalDist
 
 import numpy as np
 
-from .stats import LEVEL, N_BOOT, benjamini_hochberg, permutation_p, resample_counts, sign_flip_p, stderr, top_k_share
+from .stats import LEVEL, MIN_PROMPTS, N_BOOT, benjamini_hochberg, permutation_p, resample_counts, sign_flip_p, stderr, top_k_share
 
 FDR = 0.05  # a head is significant where q <= FDR
 STABLE_AT = 0.8  # a top head is stable where it is in the top k in at least this share of resamples
@@ -53,7 +54,7 @@ def uncertainty(x: np.ndarray, groups: np.ndarray | None = None, n_boot: int = N
     """{se, ci_low, ci_high} of the mean map of x (prompts, layers, heads), each (layers, heads)."""
     x = np.asarray(x, dtype=float)
     a = (1 - level) / 2
-    if x.shape[0] < 2:
+    if x.shape[0] < MIN_PROMPTS:
         nan = np.full(x.shape[1:], np.nan)
         return {"se": nan, "ci_low": nan, "ci_high": nan}
     means = boot_means(x, groups, n_boot, seed)
@@ -74,7 +75,9 @@ def normal_interval(x: np.ndarray, mean: np.ndarray | None = None, level: float 
 def stability(x: np.ndarray, k: int, groups: np.ndarray | None = None, n_boot: int = N_BOOT,
               seed: int = 0) -> np.ndarray:
     """The share of bootstrap resamples (the same ones as `uncertainty`'s) in which each head is among the top k
-    by mean: x (prompts, layers, heads) -> (layers, heads) in [0, 1]."""
+    by mean: x (prompts, layers, heads) -> (layers, heads) in [0, 1]; NaN under MIN_PROMPTS prompts."""
+    if len(x) < MIN_PROMPTS:
+        return np.full(np.shape(x)[1:], np.nan)
     return top_k_share(boot_means(np.asarray(x, dtype=float), groups, n_boot, seed), k)
 
 
@@ -102,8 +105,10 @@ def stable(stab: np.ndarray, at: float = STABLE_AT) -> list[Head]:
     return sorted(((int(l), int(h)) for l, h in np.argwhere(stab >= at)), key=lambda lh: (-stab[lh], lh))
 
 
-def significance(p: np.ndarray, alpha: float = FDR) -> dict[str, object]:
+def significance(p: np.ndarray, n: int, alpha: float = FDR) -> dict[str, object]:
     """{p, q, significant}: the p-values, their Benjamini-Hochberg q across all heads, and the heads with
-    q <= alpha."""
+    q <= alpha; on n < MIN_PROMPTS prompts no test: p and q NaN, significant None."""
+    if n < MIN_PROMPTS:
+        return {"p": np.full(np.shape(p), np.nan), "q": np.full(np.shape(p), np.nan), "significant": None}
     q = benjamini_hochberg(p)
     return {"p": p, "q": q, "significant": significant(q, alpha)}

@@ -9,6 +9,8 @@ Conventions, everywhere:
   resamples of the prompts (with replacement), drawn as multinomial counts so a resample costs one matrix product:
   means (n_boot, ...) = counts (n_boot, prompts) @ x (prompts, ...) / prompts.
 - A p-value is never 0: a Monte Carlo p is (1 + #{null at least as extreme}) / (1 + draws).
+- Under MIN_PROMPTS prompts there is no standard error, interval or test: NaN (null in JSON), never a p
+  (`too_few` says so in a result's warnings).
 """
 from __future__ import annotations
 
@@ -23,6 +25,15 @@ Alternative = Literal["two-sided", "greater", "less"]
 LEVEL = 0.95
 N_BOOT = 1000
 N_PERM = 10_000
+MIN_PROMPTS = 2
+
+
+def too_few(n: int) -> str | None:
+    """The warning of a result on fewer than MIN_PROMPTS prompts ("1 prompt: no interval and no test ..."), else
+    None."""
+    if n >= MIN_PROMPTS:
+        return None
+    return f"{n} prompt{'s' if n != 1 else ''}: no interval and no test (they need {MIN_PROMPTS} prompts or more)"
 
 
 def _z(level: float) -> float:
@@ -48,7 +59,7 @@ def stderr(x: np.ndarray) -> np.ndarray:
     """Standard error of the mean over axis 0 (sample sd with ddof 1, / sqrt(prompts)); NaN under 2 prompts."""
     x = np.asarray(x, dtype=float)
     n = x.shape[0]
-    if n < 2:
+    if n < MIN_PROMPTS:
         return np.full(x.shape[1:], np.nan)
     return x.std(axis=0, ddof=1) / math.sqrt(n)
 
@@ -69,7 +80,11 @@ def bootstrap_means(x: np.ndarray, n_boot: int = N_BOOT, seed: int = 0) -> np.nd
 
 def bootstrap_ci(x: np.ndarray, n_boot: int = N_BOOT, seed: int = 0,
                  level: float = LEVEL) -> tuple[np.ndarray, np.ndarray]:
-    """Percentile bootstrap interval of the mean over axis 0, per trailing element: (lo, hi), each x.shape[1:]."""
+    """Percentile bootstrap interval of the mean over axis 0, per trailing element: (lo, hi), each x.shape[1:];
+    NaN under MIN_PROMPTS prompts (resampling one prompt gives it back: a zero-width interval)."""
+    x = np.asarray(x, dtype=float)
+    if x.shape[0] < MIN_PROMPTS:
+        return np.full(x.shape[1:], np.nan), np.full(x.shape[1:], np.nan)
     means = bootstrap_means(x, n_boot, seed)
     a = (1 - level) / 2
     return np.quantile(means, a, axis=0), np.quantile(means, 1 - a, axis=0)
@@ -123,6 +138,12 @@ def _exceed(null: np.ndarray, obs: np.ndarray, alternative: Alternative) -> np.n
     return (np.abs(null) >= np.abs(obs) - scale).sum(axis=0)
 
 
+def sign_flips(n: int, n_perm: int = N_PERM) -> tuple[int, float]:
+    """(sign vectors, the smallest p) of `sign_flip_p` on n prompts: all 2^n (p >= 2^-n), or n_perm seeded draws
+    (p >= 1 / (1 + n_perm))."""
+    return (2 ** n, 2.0 ** -n) if n <= 20 and 2 ** n <= n_perm else (n_perm, 1 / (1 + n_perm))
+
+
 def sign_flip_p(d: np.ndarray, alternative: Alternative = "two-sided", n_perm: int = N_PERM,
                 seed: int = 0) -> np.ndarray:
     """Paired / one-sample permutation test of mean(d) = 0 by flipping the signs of the per-prompt values
@@ -134,7 +155,7 @@ def sign_flip_p(d: np.ndarray, alternative: Alternative = "two-sided", n_perm: i
     obs = flat.mean(axis=0)
     if n == 0:
         return np.ones(d.shape[1:])
-    exact = n <= 20 and 2 ** n <= n_perm
+    exact = n <= 20 and 2 ** n <= n_perm  # as `sign_flips` says
     if exact:
         signs = np.array(list(product((1.0, -1.0), repeat=n)))
     else:
@@ -166,14 +187,15 @@ def paired_comparison(a: np.ndarray, b: np.ndarray, n_boot: int = N_BOOT, seed: 
                       level: float = LEVEL) -> dict[str, float | int | str]:
     """Arm a against arm b on the same prompts (a, b: (prompts,) per-prompt values, e.g. 0/1 correct): the effect
     mean(a - b), its bootstrap interval, and a two-sided p (exact McNemar for 0/1 outcomes, else a sign-flip test).
-    Identical arms give effect 0 and p = 1."""
+    Identical arms give effect 0 and p = 1; under MIN_PROMPTS prompts the interval and p are NaN (no test)."""
     a, b = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
     if a.shape != b.shape or a.ndim != 1:
         raise ValueError(f"paired arms need one value per prompt each, of the same length (got {a.shape}, {b.shape})")
     d = a - b
     binary = bool(np.isin(a, (0.0, 1.0)).all() and np.isin(b, (0.0, 1.0)).all())
-    lo, hi = bootstrap_ci(d, n_boot, seed, level) if len(d) else (np.nan, np.nan)
+    lo, hi = bootstrap_ci(d, n_boot, seed, level)
     p = mcnemar_p(a, b) if binary else float(sign_flip_p(d, "two-sided", seed=seed))
+    p = p if len(d) >= MIN_PROMPTS else float("nan")
     return {"effect": float(d.mean()) if len(d) else float("nan"), "ci_low": float(lo), "ci_high": float(hi),
             "p": p, "n": int(len(d)), "test": "exact McNemar" if binary else "sign-flip permutation"}
 
@@ -235,7 +257,7 @@ def paired_comparisons(a: np.ndarray, b: np.ndarray, n_boot: int = N_BOOT, seed:
     n, m = a.shape
     if m == 0:
         return []
-    if n == 0:
+    if n < MIN_PROMPTS:
         return [paired_comparison(a[:, j], b[:, j], n_boot, seed, level) for j in range(m)]
     d = a - b
     lo, hi = bootstrap_ci(d, n_boot, seed, level)

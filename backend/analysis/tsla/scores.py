@@ -23,6 +23,7 @@ from ..primitives.cost import Shape, Sizes, Work, passes
 from ..results import Grid, Head, Metrics, Model, Overlap, PromptMaps, Result, pack_array
 from ..primitives import map_stats
 from ..primitives.batching import build_prompts, encode
+from ..primitives.stats import sign_flips
 from ..primitives.tr_null import BANDS, POOL
 from .head_maps import PER_PROMPT, head_maps
 from ..primitives.induction import induction_scores
@@ -64,6 +65,8 @@ class MapStats(Model):
     q: Grid | None = None
     significant: list[Head] | None = Field(None, description="heads with q <= fdr, by q")
     test: str | None = None
+    draws: int | None = Field(None, description="the test's null draws (TR: random subspaces; TL: sign vectors)")
+    p_floor: float | None = Field(None, description="the smallest p the test can give: p at it is a bound")
 
 
 class MapsResult(Result):
@@ -144,8 +147,11 @@ def maps(ctx: Context, p: MapsParams) -> dict[str, Any]:
 def head_stats(per_prompt: dict[str, Any], tr: Any, null_tr: Any, seed: int) -> dict[str, dict[str, Any]]:
     """Each per-prompt map's SE and bootstrap interval (seeded), and TR's and TL's tests (`map_stats`)."""
     out = {k: map_stats.uncertainty(per_prompt[k], seed=seed) for k in PER_PROMPT}
-    out["tr"].update(map_stats.significance(map_stats.tr_p(tr, null_tr)), test=TR_TEST)
-    out["tl"].update(map_stats.significance(map_stats.tl_p(per_prompt["tl"], seed)), test=TL_TEST)
+    n, flips = len(per_prompt["tl"]), sign_flips(len(per_prompt["tl"]))
+    out["tr"].update(map_stats.significance(map_stats.tr_p(tr, null_tr), n), test=TR_TEST, draws=len(null_tr),
+                     p_floor=1 / (1 + len(null_tr)))
+    out["tl"].update(map_stats.significance(map_stats.tl_p(per_prompt["tl"], seed), n), test=TL_TEST, draws=flips[0],
+                     p_floor=flips[1])
     return out
 
 
