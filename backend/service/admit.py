@@ -143,7 +143,8 @@ def admit(body: dict[str, Any], pool: ModelPool, tasks: TaskStore, limits: Limit
             pool.require_loadable(identity["model"])
         resident = pool.peek(jf.model)
         model_info = resident.info() if resident is not None else None
-    work, plan = estimate(spec, p, identity.get("model"), task, lm=resident)
+    work, plan = estimate(spec, p, identity.get("model"), task, lm=resident,
+                          resident=resident is not None if hasattr(pool, "peek") and spec.uses_model else None)
     shape = known_shape(work.shape, model_info)
     try:
         if shape is not None:

@@ -4,6 +4,7 @@ live data and one check), the ways a job stops (`Cancelled`, `Preempted`, `JobTi
 CLI), a job's error as one line, and whether a done job's saved outputs are still there."""
 from __future__ import annotations
 
+import sys
 import time
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -79,14 +80,17 @@ def make_executor(pool: Any, tasks: Any = None) -> Executor:
     params, key and plan; a computed result's wall seconds (the model's load left out) go to `timing.record`."""
     def execute(a: Any, progress: Progress) -> dict[str, Any]:
         from ..analysis.kernel import analyze
-        from .timing import record
+        from .timing import LOAD, record
 
+        resident, t0 = a.spec.uses_model and pool.peek(a.model) is not None, time.perf_counter()
         lm = pool.get(a.model) if a.spec.uses_model else None
-        t0 = time.perf_counter()
+        if a.spec.uses_model and not resident:  # what loading it took: a later first job's estimate adds it
+            record(a.model, LOAD, 1.0, time.perf_counter() - t0)
+        warm, t0 = a.spec.module in sys.modules, time.perf_counter()  # a first run imports its kind: not timed
         key = a.keyed_by(lm) if lm is not None and hasattr(a, "keyed_by") else a.key  # its model's fingerprint now
         r = analyze(a.kind, lm, a.task, a.p, progress=progress, live=getattr(progress, "live", None), key=key,
                     plan=a.plan)
-        if not r.cache_hit:
+        if not r.cache_hit and warm:
             record(a.model if a.spec.uses_model else None, a.kind, a.estimate.units, time.perf_counter() - t0,
                    a.estimate.shape.n_params or 0)
         return r.to_json()

@@ -31,6 +31,8 @@ from ..store.safe_json import read_json
 from .model_shape import model_shape, token_counter
 
 RUNS = 5  # runs kept per (model, kind); the estimate is their median
+LOAD = "(loading)"  # the pseudo-kind of a model's load times (seconds per 1 unit)
+LOAD_PRIOR_S, LOAD_BYTES_PER_S = 3.0, 2e8  # a model never loaded here: this, plus its float32 weights at this rate
 MAX_KEYS = 400
 FILE = "timings.json"
 FALLBACK_FLOPS = 5e10  # a CPU's effective FLOP/s, for a model nothing ran on yet (SmolLM2-135M here: ~8e10)
@@ -148,6 +150,12 @@ def _rates(model: str | None) -> dict[str, list[float]]:
         return {k[len(mine):]: [s / u for _, u, s, _ in v] for k, v in _TABLE.items() if k.startswith(mine)}
 
 
+def load_seconds(model: str, n_params: float | None) -> float:
+    """What loading `model` takes here: the median of its loads, else LOAD_PRIOR_S plus its weights' bytes."""
+    runs = _rates(model).get(LOAD)
+    return statistics.median(runs) if runs else LOAD_PRIOR_S + 4 * (n_params or 0) / LOAD_BYTES_PER_S
+
+
 def rate(model: str | None, kind: str, n_params: float | None) -> tuple[float, float, float, str, int]:
     """(rate, low, high, basis, runs) in seconds per unit for `kind` on `model` (see the module docstring)."""
     own = _rates(model)
@@ -155,7 +163,7 @@ def rate(model: str | None, kind: str, n_params: float | None) -> tuple[float, f
         runs = own[kind]
         n = len(runs)
         return statistics.median(runs), min(runs), max(runs), f"{n} earlier run{'s' * (n > 1)} of {kind} here", n
-    others = [statistics.median(v) for v in own.values() if v]
+    others = [statistics.median(v) for k, v in own.items() if v and k != LOAD]
     if others:
         return (statistics.median(others), min(others), max(others),
                 f"the runs of {len(others)} other analys{'es' if len(others) > 1 else 'is'} on this model here", 0)
@@ -170,8 +178,8 @@ def _size_prior(model: str | None, n_params: float) -> float:
     with _LOCK:
         by_model: dict[str, list[tuple[float, float]]] = {}
         for k, v in _TABLE.items():
-            m = k.split("|", 1)[0]
-            if m != (model or "") and v[-1][3] > 0:
+            m, kind = k.split("|", 1)
+            if m != (model or "") and v[-1][3] > 0 and kind != LOAD:
                 by_model.setdefault(m, []).extend((s / u, e_n) for _, u, s, e_n in v)
     if n_params > 0 and by_model:
         near = min(by_model.values(), key=lambda rs: abs(math.log(rs[-1][1] / n_params)))
@@ -211,11 +219,13 @@ def job_sizes(spec: Any, p: Any, model: str | None, task: Any) -> Sizes:
     return GENERIC
 
 
-def estimate(spec: Any, p: Any, model: str | None, task: Any = None, lm: Any = None) -> tuple[Estimate, Any]:
+def estimate(spec: Any, p: Any, model: str | None, task: Any = None, lm: Any = None,
+             resident: bool | None = None) -> tuple[Estimate, Any]:
     """(the estimate, the plan: `cost.Work`) of job `spec` with params `p` on the model of canonical name `model`
     (None: a kind without one) and `task`. `lm`: the model when resident; the stages its params' `held(lm, task)`
     names (states an earlier pass kept, e.g. a toggle's clean prefix) are left out of its time, not of its work
-    (the work limit is the same whether the model is loaded or not)."""
+    (the work limit is the same whether the model is loaded or not). `resident` False: the model is not loaded (the
+    admission knows), so its load time is added."""
     shape = model_shape(model) if model else Shape(0, 0, 0, None, 0, "none")
     if not hasattr(p, "work"):  # a params model that declares no cost (a kind registered at run time: tests)
         return Estimate(0.0, 0.0, 0.0, 0.0, "no cost declared", shape, GENERIC), None
@@ -227,8 +237,13 @@ def estimate(spec: Any, p: Any, model: str | None, task: Any = None, lm: Any = N
                         if held else "")
     units = timed.units(shape)
     r, lo, hi, basis, runs = rate(model if spec.uses_model else None, spec.name, shape.n_params)
+    load = load_seconds(model, shape.n_params) if spec.uses_model and model and lm is None and resident is False \
+        else 0.0
+    if load:
+        how += f"; loading the model first (about {load:.0f} s)"
     return Estimate(plan.passes(sizes.prompt(p.reference_shots())), plan.tokens, plan.train, units, how, shape, sizes,
-                    units * r, units * lo, units * hi, basis, runs, plan.tokens - timed.tokens), plan
+                    units * r + load, units * lo + load, units * hi + load, basis, runs,
+                    plan.tokens - timed.tokens), plan
 
 
 MIN_FRACTION, MIN_ELAPSED_S = 0.05, 2.0

@@ -144,10 +144,17 @@ def test_the_executor_teaches_a_kind_and_a_cache_hit_does_not(on):
     pool, tasks = ModelPool(), TaskStore()
     run = make_executor(pool, tasks)
     body = {"kind": "icl_curve", "model": "default", "task": "syn-sentiment", "prompts": 4, "shots": [0, 2]}
-    run(admit(body, pool, tasks, Limits()), lambda *a: None)
+    first = admit(body, pool, tasks, Limits())
+    assert "loading the model first" in first.estimate.how  # not resident: its load is part of the wait
+    __import__(first.spec.module)  # a kind's first run in a process imports its module: not timed
+    run(first, lambda *a: None)
+    assert T.rate("default", "icl_curve", 1)[4] == 1 and T._rates("default")[T.LOAD]  # the run, and the load
+    again = admit(body, pool, tasks, Limits())
+    assert "loading" not in again.estimate.how
+    run(again, lambda *a: None)  # read from the cache: not a run
     assert T.rate("default", "icl_curve", 1)[4] == 1
-    run(admit(body, pool, tasks, Limits()), lambda *a: None)  # read from the cache: not a run
-    assert T.rate("default", "icl_curve", 1)[4] == 1
+    assert T.load_seconds("default", 1e6) == pytest.approx(T._rates("default")[T.LOAD][0])
+    assert T.load_seconds("never-loaded", 1e8) == pytest.approx(T.LOAD_PRIOR_S + 4e8 / T.LOAD_BYTES_PER_S)
 
 
 def test_remaining_time_comes_from_progress_else_the_estimate():
