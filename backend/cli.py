@@ -108,7 +108,7 @@ def compute_kind(name: str, a: argparse.Namespace) -> Any:
     from .analysis.kernel import analyze
     from .analysis.kinds import get_kind
     from .service.errors import ServiceError
-    from .service.estimate import canonical_name, estimate
+    from .service.timing import estimate
     from .service.execute import JobTimeLimit, time_limited
     from .service.limits import Limits
 
@@ -120,7 +120,7 @@ def compute_kind(name: str, a: argparse.Namespace) -> Any:
     limits = Limits.from_env()  # a bad HEADLENS_MAX_* setting: a ValueError naming it (one line, exit 2)
     try:  # the service's limits, with the same messages, the work limit before the model is loaded
         limits.check_job(p, task)
-        limits.check_work(estimate(spec, p, canonical_name(a.model) if spec.uses_model else None, task))
+        limits.check_work(estimate(spec, p, canonical_name(a.model) if spec.uses_model else None, task)[0])
     except ServiceError as e:
         raise UsageError(e.message) from None
     lm = load_model_from(a) if spec.uses_model else None
@@ -136,6 +136,20 @@ def compute_kind(name: str, a: argparse.Namespace) -> Any:
     for n in r.notes:
         print(f"note: {n}", file=sys.stderr)
     return r
+
+
+def canonical_name(model: str) -> str:
+    """The canonical name of a model named on the command line (its estimate reads the model's files); the name
+    itself when it names no model (loading it then says why)."""
+    from .weights.model_sources import resolve
+    from .text import model_name_problem
+
+    if model_name_problem(model):
+        return model
+    try:
+        return resolve(model).name
+    except (ValueError, OSError, RuntimeError):
+        return model
 
 
 # -- commands that are not analyses -------------------------------------------------------------------------

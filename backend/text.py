@@ -31,12 +31,18 @@ def model_name_problem(name: str) -> str | None:
     return None
 
 
-def describe_seconds(seconds: float | None) -> str:
-    """`about 40 s`, `about 3 min`, `about 2.5 h`."""
+def describe_seconds(seconds: float | None, low: float | None = None, high: float | None = None) -> str:
+    """`about 40 s`, `about 3 min`, `about 2.5 h`; with a wide range (`high` over 2 x `low`): `20 s to 1 min`."""
     if seconds is None:
         return "unknown"
+    if low is not None and high is not None and high > 2 * max(low, 1e-9) and high >= 2:
+        return f"{_span(low)} to {_span(high)}"
+    return f"about {_span(seconds)}"
+
+
+def _span(seconds: float) -> str:
     if seconds < 90:
-        return f"about {max(seconds, 1):.0f} s"
+        return f"{max(seconds, 1):.0f} s"
     if seconds < 5400:
-        return f"about {seconds / 60:.0f} min"
-    return f"about {seconds / 3600:.1f} h"
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"

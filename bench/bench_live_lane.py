@@ -80,7 +80,6 @@ def main() -> None:
     from ui.model_defaults import defaults_for
     from backend.service import jobs as J
     from backend.service.app import create_app
-    from ui import jobs as ui_jobs
 
     task = a.task or defaults_for(a.model).get("task") or "sentiment"
     common = {"model": a.model, "task": task, "shots": 8, "prompts": 50, "seed": 0}
@@ -88,7 +87,7 @@ def main() -> None:
     curves = {"kind": "ablation_curves", **common, "ks": ks, "mode": "zero",
               "orders": ["tr", "tl", "induction", "random"], "random_seeds": [0, 1, 2]}
     res: dict[str, Any] = {"model": a.model, "task": task, "load_before": load_avg(),
-                           "live_max_s": J.LIVE_MAX_S, "auto_start_max_s": ui_jobs.AUTO_START_MAX_S}
+                           "live_max_s": J.LIVE_MAX_S, "hold_over_s": J.HOLD_OVER_S}
     with TestClient(create_app()) as c:
         t0 = time.perf_counter()
         assert wait(c, c.post("/jobs", json={"kind": "model_info", "model": a.model}).json()["id"])["status"] == "done"
@@ -111,11 +110,10 @@ def main() -> None:
         est = {name: c.post("/jobs/estimate", json=body).json() for name, body in
                (("curves", curves), ("toggle", toggle(0)), ("toggle_every_position", {**toggle(0), "positions": "all"}))}
         res["estimates"] = {name: {"seconds": round(e["seconds"], 2) if e.get("seconds") is not None else None,
-                                   "basis": e["seconds_basis"], "held_tokens": e.get("held_tokens"),
-                                   "load_factor": e.get("load_factor"),  # POST /jobs's lane: without it
-                                   "lane": J.lane_for("interactive", e["seconds"] / max(e.get("load_factor") or 1, 1)
-                                                      if e.get("seconds") is not None else None),
-                                   "page_starts_it_by_itself": not ui_jobs.waits_for_run(e)} for name, e in est.items()}
+                                   "basis": e["basis"], "held_tokens": e.get("held_tokens"),
+                                   "lane": J.lane_for("interactive", e.get("seconds")),
+                                   "page_starts_it_by_itself": (e.get("seconds") or 0) <= J.HOLD_OVER_S}
+                            for name, e in est.items()}
         res["first_toggle_idle"] = timed_toggle(c, toggle(0))
 
         cj = c.post("/jobs", json=curves).json()

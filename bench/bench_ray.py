@@ -55,10 +55,10 @@ NOOP = Kind("noop", NoopParams, NoopResult, "bench_ray:noop", "no work", api="no
 
 
 def run_jobs(runner: Any, jobs: list[dict[str, Any]], kind: str = "noop") -> float:
-    from backend.service.execute import job_key
+    from plain_job import PlainJob
 
     t0 = time.perf_counter()
-    ids = [runner.submit(kind, p, job_key(kind, p)).id for p in jobs]
+    ids = [runner.submit(PlainJob(kind, p, f"{kind}:{sorted(p.items())}")).id for p in jobs]
     for i in ids:
         while (j := runner.get(i, include_result=False)).status in ("queued", "running"):
             time.sleep(0.002)

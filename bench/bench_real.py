@@ -15,7 +15,7 @@ Sections (each in its own cache folder, results not cached between sections):
            perturbations and extrapolated to the default count.
   site     the `site` kind (defaults), stage by stage.
   threads  1 against 2 torch threads: a forward pass of 64 tokens, an LTV training step, the measured choice
-           (`pass_speed.best_threads`) and seconds per pass (`pass_speed.speed`).
+           (`threads.best_threads`).
   service  `python -m backend serve` (one torch thread, as `launch` starts it) on a fresh cache: the cold Head map
            (`scores` at the pages' defaults on the model's first task), toggles over HTTP, peak RSS (VmHWM).
 Other work may share the CPU: the load average is printed before and after; compare ratios within one run.
@@ -152,7 +152,7 @@ def section_site(lm, task, a) -> dict:
 
 
 def section_threads(lm, task, a) -> dict:
-    from backend.analysis.primitives import pass_speed
+    from backend.analysis.primitives import threads
     from backend.analysis.primitives.inject import Injection, injected_logits
     from backend.analysis.primitives.batching import encode, make_batch
 
@@ -182,10 +182,8 @@ def section_threads(lm, task, a) -> dict:
                 times[n].append(timed(fn)[0])
         torch.set_num_threads(ceiling)
         out[name] = {n: statistics.median(v) for n, v in times.items()}
-    t, best = timed(pass_speed.best_threads, lm, 0.0)
-    sp = pass_speed.measure(lm)
-    out.update(best_threads=best, probe_s=t, per_pass_s=sp.per_pass, per_token_s=sp.per_token,
-               speed_threads=sp.threads)
+    t, best = timed(threads.best_threads, lm, 0.0)
+    out.update(best_threads=best, probe_s=t)
     return out
 
 

@@ -46,7 +46,7 @@ def fingerprints(kinds: list[str], dump: str | None = None) -> dict[str, dict[st
     torch.set_num_threads(1)  # the product picks 1 or 2 threads by timing; float sums then differ in the last bits
     from backend import load_model
     from backend.analysis.kernel import analyze
-    from backend.analysis.primitives import induction, pass_speed
+    from backend.analysis.primitives import induction
     from backend.analysis.primitives.prefix_store import STORE
     from backend.tasks.registry import load_task
     from backend.store.tensor_store import TensorStore
@@ -56,7 +56,6 @@ def fingerprints(kinds: list[str], dump: str | None = None) -> dict[str, dict[st
     with tempfile.TemporaryDirectory() as tmp:
         for kind in kinds:
             name, params = CASES[kind]
-            pass_speed._SPEED.clear()
             induction._MEMO.clear()
             STORE.clear()
             store = MemoryStore()

@@ -96,9 +96,9 @@ def _shared_ray(request):
 @pytest.fixture(autouse=True)
 def _isolated_cache(tmp_path_factory, monkeypatch):
     """Every test gets its own cache folder, so no test reads another's results; estimates are not corrected by
-    the runs of earlier tests (`service/calibration.py`; its own tests turn it on)."""
+    the runs of earlier tests (`service/timing.py`: HEADLENS_TIMINGS off; its own tests turn it on)."""
     monkeypatch.setenv("HEADLENS_CACHE_DIR", str(tmp_path_factory.mktemp("cache")))
-    monkeypatch.setenv("HEADLENS_CALIBRATION", "off")
+    monkeypatch.setenv("HEADLENS_TIMINGS", "off")
 
 
 @pytest.fixture(scope="session")

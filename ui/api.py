@@ -27,8 +27,6 @@ def kind_name(kind: str) -> str:
     return KINDS.resolve(kind) or kind
 
 
-UNCACHED = frozenset(k.name for k in KINDS.values() if not k.cached)
-"""Kinds the service never caches (model_info): no cache lookup first."""
 JOB_TIMEOUT_S = 3600.0
 
 
@@ -203,6 +201,12 @@ def run(kind: str, params: dict[str, Any], on_progress: OnProgress | None = None
     return _call(go, "run")
 
 
+def ask(kind: str, params: dict[str, Any], start: str = "always") -> dict[str, Any]:
+    """POST /jobs, the one call per result: its status, `done` with the cached result, `held` with its estimate
+    (`start` `if_short`: a long job waits for Run; `never`: nothing starts), or the queued job."""
+    return _call(lambda: client().ask(kind_name(kind), start, **params), "ask")
+
+
 def submit(kind: str, params: dict[str, Any]) -> str:
     """Queue a job of kind `kind`; its id."""
     return _call(lambda: client().submit(kind_name(kind), **params), "submit")
@@ -222,7 +226,12 @@ def estimate(kind: str, params: dict[str, Any]) -> dict[str, Any] | None:
     """The job's estimated work and time before it runs (`seconds`, `text`: "about 3 min", `admitted`, `refusal`);
     None when the service cannot say (an older service, or a request it refuses for another reason: the job's own
     submission then says why)."""
-    return checked_estimate(kind, params)[0]
+    try:
+        return _call(lambda: client().estimate(kind_name(kind), **params), "estimate")
+    except ApiError as e:
+        if e.kind in ("unreachable", "unauthorized", "internal"):
+            raise
+        return None
 
 
 def not_admitted(e: ApiError) -> bool:
@@ -232,11 +241,11 @@ def not_admitted(e: ApiError) -> bool:
         or e.kind == "refused" and e.status == 404 and e.message.strip().lower() not in ("not found", "")
 
 
-def checked_estimate(kind: str, params: dict[str, Any]) -> tuple[dict[str, Any] | None, str | None]:
-    """(the job's estimate, or None; the reason the service refuses the job, or None): a job the service refuses
-    (its model cannot load) gets no estimate and no Run button."""
+def checked(kind: str, params: dict[str, Any]) -> tuple[dict[str, Any] | None, str | None]:
+    """(POST /jobs with start `never`: the cached result's status or `held` with its estimate, or None; the reason
+    the service refuses the job, or None): a job the service refuses (its model cannot load) gets no Run button."""
     try:
-        return _call(lambda: client().estimate(kind_name(kind), **params), "estimate"), None
+        return ask(kind, params, "never"), None
     except ApiError as e:
         if e.kind in ("unreachable", "unauthorized", "internal"):
             raise
@@ -245,7 +254,8 @@ def checked_estimate(kind: str, params: dict[str, Any]) -> tuple[dict[str, Any] 
 
 def cached(kind: str, params: dict[str, Any]) -> dict[str, Any] | None:
     """The result when the service has it cached (None otherwise); never starts a computation."""
-    return _call(lambda: client().cached(kind_name(kind), **params), "cached")
+    j = ask(kind, params, "never")
+    return j["result"] if j["status"] == "done" else None
 
 
 # -- sweeps (the Sweeps page) -----------------------------------------------------------------------------

@@ -151,9 +151,14 @@ class HeadlensClient:
         return self._request("POST", f"/models/{name}/pull")
 
     # -- jobs -------------------------------------------------------------------------------------------------
+    def ask(self, kind: str, start: str = "always", **params: Any) -> dict[str, Any]:
+        """POST /jobs: the job's status: `done` with the cached result, `held` with its estimate (`start`
+        `if_short` or `never`), or the queued job (identical requests share one id and one computation)."""
+        return self._request("POST", "/jobs", json={"kind": kind, "start": start, **params})
+
     def submit(self, kind: str, **params: Any) -> str:
-        """Queue a job; its id (identical requests share one id and one computation)."""
-        return self._request("POST", "/jobs", json={"kind": kind, **params})["id"]
+        """Queue a job (or find it cached: a finished job); its id, for `wait`."""
+        return self.ask(kind, **params)["id"]
 
     def job(self, job_id: str) -> dict[str, Any]:
         """{id, kind, status, progress, message, result, error, error_type, params, created, started, finished,
@@ -174,12 +179,8 @@ class HeadlensClient:
 
     def cached(self, kind: str, **params: Any) -> dict[str, Any] | None:
         """The job's result when the service has it cached, else None; never starts a computation."""
-        try:
-            return self._request("POST", "/jobs/cached", json={"kind": kind, **params})["result"]
-        except ClientError as e:
-            if e.status == 404:
-                return None
-            raise
+        j = self.ask(kind, start="never", **params)
+        return j["result"] if j["status"] == "done" else None
 
     def wait(self, job_id: str, on_progress: OnProgress | None = None, timeout: float | None = 3600.0,
              poll: float = 0.2) -> dict[str, Any]:

@@ -1,7 +1,7 @@
 """Running jobs from a page: cached results first, then the service's job queue, with progress and Cancel.
 
-- `fetch` / `fetch_many`: a result from this session's memory, else the service's cache (`POST /jobs/cached`:
-  no queue, no computation), else a job. Several jobs are submitted together and waited on together (the Home
+- `fetch` / `fetch_many`: a result from this session's memory, else one `POST /jobs` per result, which answers
+  the cached result at once, or `held` with its estimate, or the queued job. Several jobs are submitted together and waited on together (the Home
   page's scores and ICL curve), each with a progress bar showing the stage, the share done and the seconds
   waited, and a **Cancel** button (`DELETE /jobs/{id}`).
 - A job belongs to a *slot* (by default its kind). A session has at most one job in flight per slot: when the
@@ -11,11 +11,10 @@
 - The bar is redrawn when the stage moves and every half second, which is also where Streamlit stops a run when
   a button is clicked: a Cancel click interrupts the wait at once, and its callback cancels the job before the
   page runs again. Quick jobs (under DRAW_AFTER_S) get no bar at all, so toggling does not flicker.
-- Nothing long starts by itself: a job that is neither cached nor in flight and whose estimate (`POST
-  /jobs/estimate`) is over AUTO_START_MAX_S waits for its own **Run** button, its estimated time stated, unless the
-  caller passes `start=True` (a section's or Home's Run was pressed). Pressing it approves that exact request (slot
-  and params): a changed setting asks again. Every page's automatic fetches go through here, so the rule is this
-  one place.
+- Nothing long starts by itself: a page asks with `start` `if_short`, and the service holds a job estimated over
+  its HOLD_OVER_S (`held`, with the estimate): it waits for its own **Run** button, its estimated time stated,
+  unless the caller passes `start=True` (a section's or Home's Run was pressed). Pressing it approves that exact
+  request (slot and params): a changed setting asks again. Every page's automatic fetches go through here.
 - `peek`: a result without computing anything (memory or the service's cache), for sections that wait for Run.
 Results carry `_waited` (seconds from the user's action to the result: from the start of the page run that the
 click, the edit or the opened link started, so the page's own work before the request counts) next to the
@@ -48,7 +47,6 @@ DRAW_AFTER_S = 0.4  # a job still running after this gets its progress bar and C
 REDRAW_S = 0.5  # the bar's seconds counter moves at this pace (a stage change redraws at once)
 TIMEOUT_S = api.JOB_TIMEOUT_S
 SHOW_ESTIMATE_S = 5.0  # a job estimated to take longer gets its estimated time in its Run row and progress bar
-AUTO_START_MAX_S = 15.0  # a job estimated to take longer never starts by itself: it waits for its Run button
 
 
 def log_note() -> str:
@@ -169,35 +167,24 @@ def _approve(pairs: list[tuple[str, str]]) -> None:
     _approved().update(pairs)
 
 
-def waits_for_run(estimate: dict[str, Any] | None) -> bool:
-    """The rule: a job estimated over AUTO_START_MAX_S waits for Run (one the service would refuse goes on to its
-    submission, which says why; an unknown estimate starts)."""
-    return bool(estimate and estimate.get("admitted", True) and estimate.get("seconds") is not None
-                and estimate["seconds"] > AUTO_START_MAX_S)
+def estimated(estimates: list[dict[str, Any]]) -> str:
+    """The jobs' time together, `about 3 min` or `2 to 5 min` (the sum of their ranges), and what it rests on
+    (each estimate's `basis`, from `service/timing.py`). Pure."""
+    from backend.text import describe_seconds
+
+    total = sum(e["seconds"] for e in estimates)
+    low = sum(e.get("low") or e["seconds"] for e in estimates)
+    high = sum(e.get("high") or e["seconds"] for e in estimates)
+    passes = sum(e.get("passes") or 0 for e in estimates)
+    basis = "; ".join(dict.fromkeys(e["basis"] for e in estimates if e.get("basis")))
+    return f"**{describe_seconds(total, low, high)}** ({passes:,.0f} prompt passes" + (f"; from {basis})" if basis else ")")
 
 
 def run_text(held: list[tuple["Job", dict[str, Any]]]) -> str:
     """The line beside a held job's Run button: what it is and its estimated time."""
-    from backend.text import describe_seconds
-
-    total = sum(e["seconds"] for _, e in held)
-    passes = sum(e.get("passes") or 0 for _, e in held)
     what = " and ".join(f"**{j.label}**" for j, _ in held)
-    return (f"{what}: estimated **{describe_seconds(total)}** ({passes:,.0f} prompt passes; "
-            f"{basis_words([e for _, e in held])}), so it waits for Run. Results are cached: it runs once.")
-
-
-def basis_words(estimates: list[dict[str, Any]]) -> str:
-    """What the estimates rest on, in words: the model's speed measured here (and corrected by what earlier runs
-    of these kinds, or of others, cost: `service/calibration.py`), or assumed from its size. Pure."""
-    if not all(e.get("seconds_basis") == "measured" for e in estimates):
-        return "assumed from the model's size: its speed on this machine is not measured yet"
-    runs = sum(int(e.get("correction_runs") or 0) for e in estimates)
-    if runs:
-        return f"this model's speed measured here, corrected by {runs} earlier run{'s' if runs > 1 else ''}"
-    if any(abs(float(e.get("correction") or 1.0) - 1.0) >= 0.05 for e in estimates):
-        return "this model's speed measured here, corrected by earlier runs of other analyses"
-    return "this model's speed measured here"
+    return (f"{what}: estimated {estimated([e for _, e in held])}, so it waits for Run. Results are cached: it runs "
+            f"once.")
 
 
 def _ask_to_run(held: list[tuple["Job", dict[str, Any]]]) -> None:
@@ -249,10 +236,18 @@ def _remember(job: Job, result: dict[str, Any], t0: float) -> dict[str, Any]:
     return result
 
 
+def keep(kind: str, params: dict[str, Any], result: dict[str, Any]) -> dict[str, Any] | None:
+    """Remember a result the service answered (checked against its schema); None when it does not fit."""
+    try:
+        return _remember(Job(kind, params, ""), result, _action_t0())
+    except api.ApiError:
+        return None
+
+
 def peek(kind: str, params: dict[str, Any], *, ask_service: bool = True) -> dict[str, Any] | None:
     """A result without computing: this session's memory, else (with `ask_service`) the service's cache."""
     hit = state.remembered(kind, params)
-    if hit is not None or not ask_service or kind in api.UNCACHED:
+    if hit is not None or not ask_service:
         if hit is not None:
             share.used(kind, params)
         return hit
@@ -303,15 +298,15 @@ def fetch_many(requests: list[Job], *, quiet: bool = False, start: bool = False)
         if cur is None:
             t0 = _action_t0()
             try:
-                found = None if job.kind in api.UNCACHED else api.cached(job.kind, job.params)
-                if found is not None:
-                    out[i] = _remember(job, found, t0)
+                go = start or _approved().get(job.where) == job.key
+                j = api.ask(job.kind, job.params, "always" if go else "if_short")
+                if j["status"] == "done":
+                    out[i] = _remember(job, j["result"], t0)
                     continue
-                est = _estimate(job)
-                if not start and _approved().get(job.where) != job.key and waits_for_run(est):
-                    held.append((job, est))  # long: it waits for its Run button
+                if j["status"] == "held":
+                    held.append((job, j["estimate"]))  # long: it waits for its Run button
                     continue
-                cur = {"key": job.key, "id": api.submit(job.kind, job.params), "t0": t0, "eta": _eta(est)}
+                cur = {"key": job.key, "id": j["id"], "t0": t0, "eta": _eta(j.get("estimate"))}
             except api.ApiError as e:
                 if not quiet:
                     show_error(e, job.what or job.label)
@@ -387,14 +382,6 @@ def _wait(pending: list[tuple[int, Job, dict[str, Any]]], quiet: bool) -> dict[i
             time.sleep(delay)
             delay = min(delay * 1.5, POLL_MAX_S)
     return results
-
-
-def _estimate(job: Job) -> dict[str, Any] | None:
-    """The service's estimate of the job (POST /jobs/estimate), None when it cannot say."""
-    try:
-        return api.estimate(job.kind, job.params)
-    except api.ApiError:
-        return None
 
 
 def _eta(e: dict[str, Any] | None) -> str:

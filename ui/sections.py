@@ -45,41 +45,35 @@ def run_row(text: str, caption: str, key: str, label: str = "Run",
 
 
 def estimate_text(estimates: list[dict[str, Any] | None]) -> tuple[str, str | None]:
-    """(the caption stating the jobs' estimated time, or ""; the first refusal, or None) from POST /jobs/estimate
-    answers. Pure: the page draws it."""
-    from backend.text import describe_seconds
-
+    """(the caption stating the jobs' estimated time, or ""; the first refusal, or None) from the estimates POST
+    /jobs answered with its `held` jobs. Pure: the page draws it."""
     found = [e for e in estimates if e]
     refusal = next((e["refusal"] for e in found if not e.get("admitted", True) and e.get("refusal")), None)
-    seconds = [e["seconds"] for e in found if e.get("seconds") is not None]
-    total = sum(seconds) if seconds else None
-    if total is None or total < jobs.SHOW_ESTIMATE_S:
+    timed = [e for e in found if e.get("seconds") is not None]
+    if not timed or sum(e["seconds"] for e in timed) < jobs.SHOW_ESTIMATE_S:
         return "", refusal
-    passes = sum(e.get("passes") or 0 for e in found)
-    return f":material/schedule: Estimated time: **{describe_seconds(total)}** ({passes:,.0f} prompt passes; " \
-           f"{jobs.basis_words(found)}). Results are cached: it runs once.", refusal
-
-
-def cannot_run(refusals: list[str | None]) -> str | None:
-    """The first reason the service refuses one of a Run button's jobs outright (POST /jobs/estimate answered 4xx:
-    its model cannot load, ...), or None. Pure."""
-    return next((r for r in refusals if r), None)
+    return f":material/schedule: Estimated time: {jobs.estimated(timed)}. Results are cached: it runs once.", refusal
 
 
 def estimate_line(jobs_: list[tuple[str, dict[str, Any]]]) -> str | None:
-    """Draw the jobs' estimated time (or the work limit's refusal); returns the reason they cannot run at all,
-    drawn instead of an estimate (the Run button is then left out), or None."""
-    from . import api
+    """Draw the jobs' estimated time (or the work limit's refusal), none for the jobs whose results are cached
+    (remembered for the section); returns the reason they cannot run at all, drawn instead of an estimate (the
+    Run button is then left out), or None."""
+    from . import api, state
 
-    try:
-        answers = [api.checked_estimate(kind, params) for kind, params in jobs_]
+    try:  # a result this session has already needs no estimate
+        answers = [(kind, params, *api.checked(kind, params)) for kind, params in jobs_
+                   if state.remembered(kind, params) is None]
     except api.ApiError:
         return None  # the page's own calls report an unreachable service
-    blocked = cannot_run([r for _, r in answers])
+    blocked = next((r for *_, r in answers if r), None)
     if blocked:
         st.error(f"Cannot run: {blocked}", icon=":material/block:")
         return blocked
-    text, refusal = estimate_text([e for e, _ in answers])
+    for kind, params, j, _ in answers:
+        if j and j["status"] == "done":
+            jobs.keep(kind, params, j["result"])
+    text, refusal = estimate_text([j.get("estimate") for *_, j, _ in answers if j and j["status"] == "held"])
     if text:
         st.caption(text)
     if refusal:

@@ -38,7 +38,7 @@ from .primitives.stopping import check, checking
 from ..store.tensor_store import TensorSession, TensorStore, is_id, tensor_refs
 from .kinds import Kind, get_kind
 from .params import CONVENTIONS, NOT_IN_KEY, Params
-from .primitives import bos, reuse
+from .primitives import bos
 from .primitives.fit import require_fit
 from .primitives.notes import Note, collect_multi_token, is_multi_token_warning, multi_token_warning
 from .results import Result
@@ -52,6 +52,14 @@ log = logging.getLogger(__name__)
 LOCKS = KeyLocks()  # per-key locks across threads and processes; the folder follows HEADLENS_CACHE_DIR
 INDEX = "index:"  # the namespace of the index entries (`index_key`)
 INDEX_MAX = 256  # entries kept per kind, model and task (the newest)
+
+
+@dataclass(frozen=True)
+class ModelRef:
+    """What a cache key and a result's envelope need of a model: its name and fingerprint (no weights)."""
+
+    name: str
+    fingerprint: str
 
 
 class Store(Protocol):
@@ -88,6 +96,10 @@ class Context:
     """`ctx.cached` lookups that found nothing: {"kind", "tries"} (the result is recomputed once one would hit)."""
     tensors: TensorSession = field(default_factory=TensorSession)
     """Where trained tensors are read and written (`saved.save_tensors`, `saved.load_tensors`)."""
+    plan: Any = None
+    """The admission's plan of this call (`cost.Work`) for `planned_params`: `stages.planned` reads it instead of
+    planning again."""
+    planned_params: Any = None
 
     @staticmethod
     def check() -> None:
@@ -193,7 +205,9 @@ def resolve_store(cache: "bool | Store | None") -> Store | None:
 
 def validate_params(kind: Kind, params: "Params | Mapping[str, Any] | None" = None, **overrides: Any) -> Params:
     """The kind's params model from a model instance, a mapping, and keyword overrides (ValidationError
-    when they do not fit)."""
+    when they do not fit); an instance of the kind's own model with nothing to add is taken as it is (admitted)."""
+    if type(params) is kind.params and not overrides:  # its fields all set, a convention too
+        return params
     if isinstance(params, BaseModel):
         params = params.model_dump()
     given = {**(params or {}), **overrides}
@@ -226,7 +240,8 @@ def envelope(lm: "LoadedModel | None", task: "Task | None", p: Params) -> dict[s
 def analyze(kind: str, lm: "LoadedModel | None", task: "Task | None" = None,
             params: "Params | Mapping[str, Any] | None" = None, *, cache: "bool | Store | None" = True,
             progress: Progress | None = None, live: Callable[[dict[str, Any]], None] | None = None,
-            tensors: "TensorSession | TensorStore | None" = None, **overrides: Any) -> Result:
+            tensors: "TensorSession | TensorStore | None" = None, key: str | None = None, plan: Any = None,
+            **overrides: Any) -> Result:
     """Run analysis `kind` on `lm` and `task` with `params` (+ keyword overrides), cached; a typed result.
 
     A miss computes under the key's lock (threads and processes), so a key is never computed twice at once:
@@ -234,6 +249,8 @@ def analyze(kind: str, lm: "LoadedModel | None", task: "Task | None" = None,
     is written to the store, nor a result whose tensors could not be saved. `tensors`: where trained tensors go
     (default: the cache folder's store). A `progress` with a `check` (`service.execute.JobProgress`) has it installed
     while the analysis runs (`stopping.checking`): its loops stop at their next batch, step or token once it raises.
+    An admitted job (`service/admit.py`) brings its validated params, its cache `key` and its `plan`: nothing is
+    validated, keyed or planned again.
     """
     spec = get_kind(kind)
     p = validate_params(spec, params, **overrides)
@@ -243,7 +260,7 @@ def analyze(kind: str, lm: "LoadedModel | None", task: "Task | None" = None,
         raise BadInput(f"analysis {kind!r} needs a model")
     check_each_layer(lm)
     with checking(getattr(progress, "check", None)):
-        return _analyze(spec, p, lm, task, cache, progress, live, tensors)
+        return _analyze(spec, p, lm, task, cache, progress, live, tensors, key, plan)
 
 
 def check_each_layer(lm: "LoadedModel | None") -> None:
@@ -258,7 +275,7 @@ def check_each_layer(lm: "LoadedModel | None") -> None:
 
 def _analyze(spec: Kind, p: Params, lm: "LoadedModel | None", task: "Task | None", cache: "bool | Store | None",
              progress: Progress | None, live: Callable[[dict[str, Any]], None] | None,
-             tensors: "TensorSession | TensorStore | None") -> Result:
+             tensors: "TensorSession | TensorStore | None", key: str | None = None, plan: Any = None) -> Result:
     kind = spec.name
     t0 = time.perf_counter()
     env = envelope(lm, task, p)
@@ -270,7 +287,7 @@ def _analyze(spec: Kind, p: Params, lm: "LoadedModel | None", task: "Task | None
         check()
         if spec.needs_fit and lm is not None and task is not None:
             require_fit(lm, task)  # a task whose words the model does not know is an error, not a result
-        ctx = Context(lm, task, progress, store, report=live, tensors=tensors)
+        ctx = Context(lm, task, progress, store, report=live, tensors=tensors, plan=plan, planned_params=p)
         before = len(tensors.failures)
         with collect_multi_token() as firsts, bos.convention(getattr(p, "prepend_bos", None)):
             value = spec.function()(ctx, p)
@@ -290,7 +307,7 @@ def _analyze(spec: Kind, p: Params, lm: "LoadedModel | None", task: "Task | None
     if store is None:
         value, hit = compute(), False
     else:
-        key = cache_key(spec, lm, task, p)
+        key = key or cache_key(spec, lm, task, p)
         value, hit = _read(store, key, spec, env, lm, task, tensors=tensors), True
         if value is None:
             with LOCKS.hold(key, cancelled=lambda: bool(check() or progress(0.0, "waiting for the same computation"))):
@@ -301,15 +318,15 @@ def _analyze(spec: Kind, p: Params, lm: "LoadedModel | None", task: "Task | None
                         store.put(key, value)
                         if spec.indexed:
                             _index(store, spec, lm, task, key, p)
-    if store is not None:
-        (reuse.note if hit else reuse.made)(key)
     return spec.result.model_validate({**value, **env, "cache_hit": hit, "seconds": time.perf_counter() - t0})
 
 
-def lookup(kind: str, lm: "LoadedModel | None", task: "Task | None" = None,
+def lookup(kind: str, lm: "LoadedModel | ModelRef | None", task: "Task | None" = None,
            params: "Params | Mapping[str, Any] | None" = None, *, cache: "bool | Store | None" = True,
-           tensors: "TensorSession | TensorStore | None" = None, **overrides: Any) -> Result | None:
-    """The cached result of `analyze(kind, ...)` with these arguments, or None; never computes."""
+           tensors: "TensorSession | TensorStore | None" = None, key: str | None = None,
+           **overrides: Any) -> Result | None:
+    """The cached result of `analyze(kind, ...)` with these arguments (or this `key`), or None; never computes.
+    `lm` may be a `ModelRef`: the name and fingerprint are all a lookup needs."""
     spec = get_kind(kind)
     p = validate_params(spec, params, **overrides)
     store = resolve_store(cache) if spec.cached else None
@@ -317,7 +334,7 @@ def lookup(kind: str, lm: "LoadedModel | None", task: "Task | None" = None,
         return None
     t0 = time.perf_counter()
     env = envelope(lm, task, p)
-    value = _read(store, cache_key(spec, lm, task, p), spec, env, lm, task, tensors=session(tensors))
+    value = _read(store, key or cache_key(spec, lm, task, p), spec, env, lm, task, tensors=session(tensors))
     if value is None:
         return None
     return spec.result.model_validate({**value, **env, "cache_hit": True, "seconds": time.perf_counter() - t0})

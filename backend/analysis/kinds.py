@@ -151,7 +151,7 @@ def json_schema(model: type[BaseModel]) -> dict[str, Any]:
 
 
 _ENTRIES: tuple[Kind, ...] = (
-    Kind.at("general.model_info", "model_info", uses_task=False, cached=False,
+    Kind.at("general.model_info", "model_info", uses_task=False,
             description="load a model (it stays resident) and describe it"),
     Kind.at("tsla.scores", "head_maps", key="maps", aliases=("maps",),
             description="TR, TL, DLA-TR, DLA-TL and induction head maps with accuracies (no head selection)"),

@@ -1,18 +1,20 @@
-"""Admission of a job request: validate it, apply the limits and access rules, and give it a dedupe key.
+"""Admission of a job request, once: validate it, apply the limits and access rules, estimate it and key it. The
+record (`Admission`: the validated params, the plan and its estimate, the cache key) travels with the job to the
+kernel, which neither validates, plans nor keys it again.
 
-Everything detectable before any model is loaded is refused here with a 4xx: an unknown kind or field,
-a bad value, an unknown task (`task`, or a name in `tasks`), a model outside the allowed places or that cannot load
-(a missing folder, a hub id while the hub is off), a limit exceeded, prompts that cannot be built (e.g. more shots
-than the task has demonstrations), a field that does not fit the model's shape read from its files (a head, a layer
-or a k beyond it: `check_shape_fit`). Once the model is resident, a task whose inputs it mostly cannot read (kind
-`fit`) is refused too; before that, the analysis fails with the same message. POST /jobs and POST /jobs/estimate
-go through this one function, so they refuse the same bodies with the same status (the estimate answers the work
-limit with `admitted: false` instead).
+Everything detectable before any model is loaded is refused here with a 4xx: an unknown kind or field, a bad value,
+an unknown task (`task`, or a name in `tasks`), a model outside the allowed places or that cannot load, a limit
+exceeded, prompts that cannot be built, a field that does not fit the model's shape read from its files (a head, a
+layer or a k beyond it: `check_shape_fit`), a saved tensor that is missing or made for another shape, the work
+limit. Once the model is resident, a task whose inputs it mostly cannot read is refused too.
 
-Saved tensors: a `load` field is an id (never a path: the params model refuses anything else), and must name a
-stored, intact file (404 otherwise, the same sentence whatever the reason); it is pinned for ADMIT_PIN_S so the
-uploads' quota cannot remove it before the job is queued (the routes then pin it for the job's life). A job that
-trains tensors is refused with a 507 when the tensor folder cannot take a file, before any training.
+The key is the kernel's cache key (`kernel.cache_key`): the model's fingerprint is the resident model's, or the one
+recorded when its files were last loaded here (`ModelPool.identity`). A model never loaded here has none yet: its
+first job is keyed by its canonical name (`keyed` False) until the kernel, with the model loaded, keys it.
+
+Saved tensors: a `load` field is an id (never a path), and must name a stored, intact file (404 otherwise); it is
+pinned for ADMIT_PIN_S so the uploads' quota cannot remove it before the job is queued. A job that trains tensors
+is refused with a 507 when the tensor folder cannot take a file, before any training.
 """
 from __future__ import annotations
 
@@ -25,8 +27,7 @@ from ..store.tensor_store import TensorStore, TensorWriteError, default_store, m
 from ..errors import BadInput
 from .errors import BadRequest, InsufficientStorage, NotFound, clip
 from ..analysis.primitives.cost import Shape
-from .estimate import Estimate, estimate
-from .execute import job_key
+from .timing import Estimate, estimate
 from .limits import Limits
 from .model_pool import ModelPool
 from .schemas import JobFields
@@ -35,18 +36,51 @@ from .task_store import TaskStore
 if TYPE_CHECKING:
     from fastapi.exceptions import RequestValidationError
 
+    from ..analysis.kinds import Kind
+    from ..analysis.params import Params
+    from ..analysis.results import Result
+    from ..tasks.base import Task
+
 
 ADMIT_PIN_S = 600.0
 STORAGE_CHECK_S = 2.0  # a writable tensor folder stands this long (a sweep admits its jobs in one go)
 
 
-@dataclass(frozen=True)
-class Admitted:
-    kind: str
+@dataclass
+class Admission:
+    """An admitted job: `p` its validated params, `params` the normalized request a job shows (model, task and the
+    kind's fields, JSON), `key` its cache key (`keyed` False: a stand-in until the model is loaded), `plan` its cost
+    plan (`cost.Work`) and `estimate` its time, `tensors` the saved tensors it reads (pinned while it is active)."""
+
+    spec: "Kind"
+    p: "Params"
     params: dict[str, Any]
     key: str
-    tensors: tuple[str, ...] = ()  # the saved tensors the job reads (pin them while it is queued or running)
-    estimate: Estimate | None = None
+    estimate: Estimate
+    plan: Any = None
+    model: str | None = None
+    task: "Task | None" = None
+    tensors: tuple[str, ...] = ()
+    keyed: bool = True
+    ref: Any = None  # the model's name and fingerprint (`kernel.ModelRef`) when known
+
+    @property
+    def kind(self) -> str:
+        return self.spec.name
+
+    def keyed_by(self, lm: Any) -> str:
+        """The final key once the model is loaded (`lm`): a stand-in key becomes the cache key of its fingerprint."""
+        if not self.keyed:
+            from ..analysis.kernel import ModelRef
+
+            self.ref = ModelRef(lm.name, lm.fingerprint)
+            self.key, self.keyed = job_key(self.spec, self.p, self.ref, self.model, self.task)
+        return self.key
+
+    @property
+    def fields(self) -> dict[str, Any]:
+        """The kind's own fields (the params without model and task)."""
+        return {k: v for k, v in self.params.items() if k not in ("model", "task")}
 
 
 def describe_validation(e: ValidationError | RequestValidationError, allowed: list[str] | None = None) -> str:
@@ -66,9 +100,9 @@ def describe_validation(e: ValidationError | RequestValidationError, allowed: li
 
 
 def admit(body: dict[str, Any], pool: ModelPool, tasks: TaskStore, limits: Limits, *,
-          tensors: TensorStore | None = None, storage: bool = True, check_work: bool = True) -> Admitted:
-    """Validate a job body: the one admission of POST /jobs, POST /jobs/estimate, POST /jobs/cached and a sweep's
-    jobs; raises ServiceError subclasses (4xx) with a clear message.
+          tensors: TensorStore | None = None, storage: bool = True, check_work: bool = True) -> Admission:
+    """Admit a job body: the one admission of POST /jobs (and its views /jobs/estimate, /jobs/cached) and of a
+    sweep's jobs; raises ServiceError subclasses (4xx) with a clear message.
 
     In order: the kind; `model` and `task` (access rules, known tasks, a model that can load); the other fields by
     the kind's params model from the registry; built-in task names in `tasks`; the limits; every field that must fit
@@ -109,8 +143,8 @@ def admit(body: dict[str, Any], pool: ModelPool, tasks: TaskStore, limits: Limit
             pool.require_loadable(identity["model"])
         resident = pool.peek(jf.model)
         model_info = resident.info() if resident is not None else None
-    device = pool.device_info()[0] if hasattr(pool, "device_info") else "cpu"
-    work = estimate(spec, p, identity.get("model"), task, device, lm=resident)
+    work, plan = estimate(spec, p, identity.get("model"), task, lm=resident,
+                          resident=resident is not None if hasattr(pool, "peek") and spec.uses_model else None)
     shape = known_shape(work.shape, model_info)
     try:
         if shape is not None:
@@ -140,8 +174,29 @@ def admit(body: dict[str, Any], pool: ModelPool, tasks: TaskStore, limits: Limit
         limits.check_work(work)
     params = {**({"model": jf.model} if spec.uses_model else {}), **({"task": jf.task} if spec.uses_task else {}),
               **p.model_dump(mode="json")}
-    return Admitted(spec.name, params, job_key(spec.name, params, **identity), tensors=reads,
-                    estimate=work)
+    model = identity.get("model")
+    ref = pool.identity(model) if model is not None and hasattr(pool, "identity") else None
+    key, keyed = job_key(spec, p, ref, model, task)
+    return Admission(spec, p, params, key, work, plan, model, task, reads, keyed, ref)
+
+
+def job_key(spec: "Kind", p: "Params", ref: Any, model: str | None, task: "Task | None") -> tuple[str, bool]:
+    """(the job's cache key, whether it is final): `kernel.cache_key` on the model's identity `ref`; a model never
+    loaded here is keyed by its canonical name until the kernel keys it with its fingerprint."""
+    from ..analysis.kernel import ModelRef, cache_key
+
+    if spec.uses_model and ref is None:
+        return cache_key(spec, ModelRef(model or "", f"unloaded:{model}"), task, p), False
+    return cache_key(spec, ref, task, p), spec.cached
+
+
+def cached(a: Admission, tensors: TensorStore | None = None) -> "Result | None":
+    """The admitted job's cached result, or None (never computes, never loads a model)."""
+    from ..analysis.kernel import lookup
+
+    if not a.keyed:
+        return None
+    return lookup(a.kind, a.ref, a.task, a.p, key=a.key, tensors=tensors)
 
 
 def check_task_names(kind: str, p: Any) -> None:

@@ -20,6 +20,7 @@ import hmac
 import logging
 import os
 import threading
+import time
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any, AsyncIterator, Awaitable, Callable, MutableMapping
@@ -30,9 +31,10 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from pydantic import ValidationError
 
-from .admit import admit, describe_validation
+from .admit import Admission, admit, cached, describe_validation
 from ..store.tensor_store import TensorMissing, TensorStore, TensorWriteError, default_store
 from .errors import BadRequest, InsufficientStorage, NotFound, ServiceError, TooLarge, clip
+from . import jobs as lanes
 from .jobs import JobRunner
 from .limits import Limits
 from .model_pool import ModelPool
@@ -292,65 +294,49 @@ def create_app(runner: JobRunner | None = None, *, pool: ModelPool | None = None
                         headers={"Content-Disposition": f'attachment; filename="{tensor_id}.safetensors"'})
 
     # -- jobs ---------------------------------------------------------------------------------------------
-    def admission(req: JobRequest, **how: Any) -> Any:
+    def admission(req: JobRequest, **how: Any) -> Admission:
         """The one admission of a job request (admit.py), for every route that takes one."""
         return admit({"kind": req.kind, **(req.model_extra or {})}, pool, tasks, limits, tensors=tensors, **how)
 
     @app.post("/jobs", response_model=JobStatus, status_code=202)
     def submit_job(req: JobRequest) -> JobStatus:
-        a = admission(req)
-        est = a.estimate
-        # the lane by the job's own size: under a CPU load every estimate is stretched (x load_factor), a toggle's too
-        job = runner.submit(a.kind, a.params, a.key, seconds=est.seconds if est else None,
-                            lane_seconds=est.seconds / max(est.load_factor, 1.0) if est and est.seconds else None)
+        """One call per result: the cached result (`done`, `cache_hit`), else, with `start` `if_short` and a job
+        estimated over HOLD_OVER_S (or `never`), `held` with its estimate and no job, else the queued job."""
+        a = admission(req, check_work=req.start != "never")
+        found = cached(a, tensors)
+        if found is not None:
+            return runner.done(a, found.to_json())
+        if req.start == "never" or req.start == "if_short" and (a.estimate.seconds or 0) > lanes.HOLD_OVER_S:
+            return JobStatus(id=f"held-{a.key}", kind=a.kind, status="held", message="held: press Run",
+                             params=a.params, created=time.time(), estimate=estimate_json(a))
+        job = runner.submit(a)
         for tid in a.tensors:  # kept while the job is queued or running (the uploads' quota skips it)
             tensors.pin(tid, lambda jid=job.id: _active(runner, jid))
-        return job
+        return job.model_copy(update={"estimate": estimate_json(a)})
+
+    def estimate_json(a: Admission) -> dict[str, Any]:
+        e = {**a.estimate.to_json(), "text": describe_seconds(a.estimate.seconds, a.estimate.low, a.estimate.high),
+             "limit": limits.max_work, "admitted": True}
+        try:
+            limits.check_work(a.estimate)
+        except ServiceError as err:
+            e.update(admitted=False, refusal=err.message, refusal_status=err.status)
+        return e
 
     @app.post("/jobs/estimate", response_model=JobEstimate)
     def estimate_job(req: JobRequest) -> JobEstimate:
-        """A job's estimated work and time, before it runs: never queues, computes or loads a model. Work (tokens
-        through the model, and prompt passes: HEADLENS_MAX_WORK's unit) comes from the params, the model's files
-        and the task; seconds from the model's measured speed (`model_info`), else from its size (`assumed`).
-        The admission is POST /jobs's own, so a body it refuses is refused here with the same status; only a job
-        over the work limit is answered here (`admitted: false`, the refusal and its status POST /jobs would give)."""
-        a = admission(req, check_work=False)
-        e = a.estimate
-        refusal = None
-        try:
-            limits.check_work(e)
-        except ServiceError as err:
-            refusal = err
-        return JobEstimate(kind=a.kind, **e.to_json(), limit=limits.max_work, admitted=refusal is None,
-                           refusal=refusal.message if refusal else None,
-                           refusal_status=refusal.status if refusal else None, text=describe_seconds(e.seconds))
+        """A view of POST /jobs's admission: the job's work and time before it runs; never queues, computes or loads
+        a model (a job over the work limit is answered `admitted: false`, with POST /jobs's refusal)."""
+        return JobEstimate(kind=(a := admission(req, check_work=False)).kind, **estimate_json(a))
 
     @app.post("/jobs/cached", response_model=JobStatus, responses={404: {"model": ErrorResponse}})
     def cached_job(req: JobRequest) -> JobStatus:
-        """A job's result when it is already cached (a finished job, `cache_hit` true), else 404; never
-        computes, never waits in the job queue and never loads a model (a model that is not resident answers
-        404: its fingerprint is unknown). A shared link shows what is cached at once, and waits for Run only
-        for the rest."""
-        import time
-
-        from ..analysis.kernel import lookup
-        from ..analysis.kinds import get_kind
-
+        """A view of POST /jobs's admission: the job's result when it is cached, else 404; never computes."""
         a = admission(req, storage=False)
-        fields = dict(a.params)
-        model, task_id = fields.pop("model", None), fields.pop("task", None)
-        spec = get_kind(a.kind)
-        lm = pool.peek(model) if spec.uses_model else None
-        if spec.uses_model and lm is None:
-            raise NotFound(f"model {clip(model)!r} is not loaded yet, so its results cannot be looked up; submit "
-                           f"the job with POST /jobs")
-        found = lookup(a.kind, lm, tasks.get(task_id) if spec.uses_task else None, fields)
+        found = cached(a, tensors)
         if found is None:
             raise NotFound(f"no cached {a.kind} result for this request; submit it with POST /jobs")
-        now = time.time()
-        return JobStatus(id=f"cached-{a.key}", kind=a.kind, status="done", progress=1.0, message="cached",
-                         result=found.to_json(), params=a.params, created=now, started=now, finished=now,
-                         cache_hit=True)
+        return runner.done(a, found.to_json())
 
     @app.get("/jobs", response_model=list[JobStatus])
     def list_jobs() -> list[JobStatus]:

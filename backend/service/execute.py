@@ -1,11 +1,10 @@
-"""What a runner runs, and how a job stops: the executor over the registry (`make_executor`), the progress a runner
-hands a job (`JobProgress`: progress, live data and one check) and the ways a job stops (`Cancelled`, `Preempted`,
-`JobTimeLimit`; `time_limited` for the CLI), a job's dedupe key, its error as one line, and whether a done job's
-saved outputs are still there. Plain functions and types: `jobs.py` holds the queue that uses them."""
+"""What a runner runs, and how a job stops: the executor over the registry (`make_executor`: an admitted job into
+the kernel, its time kept for the next estimates), the progress a runner hands a job (`JobProgress`: progress,
+live data and one check), the ways a job stops (`Cancelled`, `Preempted`, `JobTimeLimit`; `time_limited` for the
+CLI), a job's error as one line, and whether a done job's saved outputs are still there."""
 from __future__ import annotations
 
-import hashlib
-import json
+import sys
 import time
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -13,17 +12,9 @@ from typing import Any, Callable
 from ..errors import UserError, internal
 from ..analysis.primitives.stopping import Check, Stop
 from .errors import ServiceError
-from .calibration import measuring
 
 Progress = Callable[[float, str], None]
-Executor = Callable[[str, dict[str, Any], Progress], dict[str, Any]]
-
-
-def job_key(kind: str, params: dict[str, Any], **identity: Any) -> str:
-    """Dedupe key of a job: its kind, normalized params, and what identifies its inputs (task content
-    hash, canonical model name)."""
-    blob = json.dumps({"kind": kind, "params": params, **identity}, sort_keys=True, default=str)
-    return f"{kind}:{hashlib.sha256(blob.encode()).hexdigest()[:32]}"
+Executor = Callable[[Any, Progress], dict[str, Any]]
 
 
 def describe_error(e: BaseException) -> str:
@@ -56,9 +47,7 @@ class JobTimeLimit(Stop):
 
 def time_limited(progress: Progress, limit_s: float) -> "JobProgress":
     """`progress`, with a check that raises JobTimeLimit once `limit_s` seconds have passed (the CLI's
-    HEADLENS_JOB_TIMEOUT_S). `kernel.analyze` installs the check (`stopping.checking`), so the analysis stops at
-    its next batch, training step or generated token past the limit, as a service job does; each progress step
-    checks too."""
+    HEADLENS_JOB_TIMEOUT_S); each progress step checks too."""
     start = time.monotonic()
 
     def check() -> None:
@@ -75,9 +64,8 @@ def time_limited(progress: Progress, limit_s: float) -> "JobProgress":
 @dataclass
 class JobProgress:
     """What a runner hands a job: `progress(fraction, message)`, `live(data)` for data a page draws while the job
-    runs (e.g. a training loss curve so far; shown as the job's `live` field), and `check()`, which raises a
-    `stopping.Stop` (cancelled, preempted, past the time limit) and which `kernel.analyze` installs for the loops
-    (`stopping.checking`). `progress` and `live` run the check first."""
+    runs (the job's `live` field), and `check()`, which raises a `stopping.Stop` (cancelled, preempted, past the
+    time limit) and which `kernel.analyze` installs for the loops. `progress` and `live` run the check first."""
 
     report: Progress
     live: Callable[[dict[str, Any]], None]
@@ -86,45 +74,27 @@ class JobProgress:
     def __call__(self, fraction: float, message: str = "") -> None:
         self.report(fraction, message)
 
-def make_executor(pool: Any, tasks: Any) -> Executor:
-    """An executor that runs registered analysis kinds with models from `pool` and tasks from `tasks`.
 
-    `params` holds `model` and `task` (when the kind uses them) and the kind's own fields."""
-    def execute(kind: str, params: dict[str, Any], progress: Progress) -> dict[str, Any]:
+def make_executor(pool: Any, tasks: Any = None) -> Executor:
+    """An executor of admitted jobs (`admit.Admission`) with models from `pool`: the kernel gets the admission's
+    params, key and plan; a computed result's wall seconds (the model's load left out) go to `timing.record`."""
+    def execute(a: Any, progress: Progress) -> dict[str, Any]:
         from ..analysis.kernel import analyze
-        from ..analysis.kinds import get_kind
+        from .timing import LOAD, record
 
-        spec = get_kind(kind)
-        fields = dict(params)
-        model, task = fields.pop("model", None), fields.pop("task", None)
-        lm = pool.get(model) if spec.uses_model else None
-        t = tasks.get(task) if spec.uses_task else None
-        name = pool.check(model) if spec.uses_model else None
-        plan, cpu = planned(spec, fields, name, t, lm)
-        with measuring(name, spec.name, plan, cpu):  # what it really cost, for the next estimates (`calibration`)
-            out = analyze(kind, lm, t, fields, progress=progress, live=getattr(progress, "live", None)).to_json()
-        if kind == "model_info":  # its seconds per token make the time estimates of this model's jobs
-            from .estimate import note_speed
-
-            note_speed(pool.check(model), out)
-        return out
+        resident, t0 = a.spec.uses_model and pool.peek(a.model) is not None, time.perf_counter()
+        lm = pool.get(a.model) if a.spec.uses_model else None
+        if a.spec.uses_model and not resident:  # what loading it took: a later first job's estimate adds it
+            record(a.model, LOAD, 1.0, time.perf_counter() - t0)
+        warm, t0 = a.spec.module in sys.modules, time.perf_counter()  # a first run imports its kind: not timed
+        key = a.keyed_by(lm) if lm is not None and hasattr(a, "keyed_by") else a.key  # its model's fingerprint now
+        r = analyze(a.kind, lm, a.task, a.p, progress=progress, live=getattr(progress, "live", None), key=key,
+                    plan=a.plan)
+        if not r.cache_hit and warm:
+            record(a.model if a.spec.uses_model else None, a.kind, a.estimate.units, time.perf_counter() - t0,
+                   a.estimate.shape.n_params or 0)
+        return r.to_json()
     return execute
-
-
-def planned(spec: Any, fields: dict[str, Any], model: str | None, task: Any, lm: Any) -> tuple[float | None, bool]:
-    """(the plan's seconds of a job at the model's measured speed, whether they are CPU seconds): what
-    `calibration.measuring` compares the job's own time with. None where no speed was measured (an assumed speed
-    is not what the correction corrects) or the params declare no cost."""
-    from .estimate import estimate, measured_speed
-
-    sp = measured_speed(model) if spec.uses_model else None
-    if spec.uses_model and sp is None:
-        return None, False
-    try:
-        e = estimate(spec, spec.params.model_validate(fields), model, task, lm=lm, load=False)  # no share probe
-    except Exception:  # noqa: BLE001 - the job itself says what is wrong with its params
-        return None, False
-    return e.plan_seconds, sp is None or sp.load == 0.0
 
 
 def outputs_present_in(store: Any = None) -> Callable[[dict[str, Any]], bool]:

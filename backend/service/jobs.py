@@ -1,7 +1,8 @@
 """Job runners: the `JobRunner` interface the routes use, and `LocalJobRunner`, one worker thread.
 
-A runner takes admitted jobs as plain data — (kind, normalized params dict, key) — so a runner that
-ships them elsewhere (Ray, a process pool) can replace `LocalJobRunner` without touching the routes.
+A runner takes admitted jobs (`admit.Admission`: its `kind`, normalized `params`, cache `key` and `estimate`) and
+hands each to its executor; a runner that ships them elsewhere (Ray) sends the plain data (kind, params, key) and
+can replace `LocalJobRunner` without touching the routes.
 
 `LocalJobRunner`:
 - runs jobs one at a time, in submission order within a lane (GPU work is serialized);
@@ -19,12 +20,11 @@ ships them elsewhere (Ray, a process pool) can replace `LocalJobRunner` without 
 - deduplicates: a request with the key of a queued, running or done job gets that job back; a done job whose
   outputs are gone (a saved tensor its result names, deleted or damaged since: `outputs_present`) is no result,
   and the request queues the job again;
-- holds a per-key lock (`locks.KeyLocks`) while computing, so runners in other threads or processes
-  that share the cache folder wait and then read the cached result instead of recomputing it;
 - stops a job cooperatively: one check (`stopping.check`, installed for the job's thread; each progress step runs it
   too) raises `Cancelled` once the job is cancelled, `Preempted` when it must give way, and `JobTimeLimit` past
   HEADLENS_JOB_TIMEOUT_S; every loop of the analyses that can run long calls it once per batch, training step or
-  generated token, so a job stops within about one of those past its limit, whatever its size.
+  generated token, so a job stops within about one of those past its limit, whatever its size. The time limit is
+  wall time from the job's first start: the time it spent giving way counts.
 
 Shared jobs and DELETE: a job counts its submitters. The POST that creates it counts 1; each later POST
 that gets the same *active* (queued or running) job back adds 1 (one that gets a finished job back adds
@@ -48,11 +48,11 @@ from typing import Any, Callable
 
 from .errors import ServiceError
 from .limits import Limits
-from ..store.locks import KeyLocks
 from ..store.jsonable import to_jsonable
 from ..analysis.primitives.stopping import checking
 from .execute import Cancelled, Executor, JobProgress, JobTimeLimit, Preempted, describe_error, outputs_present_in
 from .schemas import ACTIVE_STATES, JobStatus
+from .timing import remaining_seconds
 
 log = logging.getLogger(__name__)
 
@@ -61,12 +61,14 @@ class JobRunner(ABC):
     """What the routes need from a job queue. Every argument and return value is plain data."""
 
     @abstractmethod
-    def submit(self, kind: str, params: dict[str, Any], key: str, lane: str = "interactive",
-               seconds: float | None = None, lane_seconds: float | None = None) -> JobStatus:
-        """Queue a job in `lane` (interactive, or sweep), or return the queued/running/done job with the same key.
-        `seconds`: its estimated time (admission's), if known; an interactive job whose `lane_seconds` (default
-        `seconds`; admission's without the CPU-load factor, which stretches every job alike) is at most LIVE_MAX_S
-        goes into the live lane."""
+    def submit(self, job: Any, lane: str = "interactive") -> JobStatus:
+        """Queue admitted `job` (`admit.Admission`) in `lane` (interactive, or sweep), or return the queued, running
+        or done job with the same key; an interactive job estimated at most LIVE_MAX_S goes into the live lane."""
+
+    @abstractmethod
+    def done(self, job: Any, result: dict[str, Any]) -> JobStatus:
+        """A cached `result` of admitted `job` as a finished job (nothing runs): the done job of the same key when
+        there is one, else a new one, so its id answers GET /jobs/{id} like any job's."""
 
     @abstractmethod
     def get(self, job_id: str, include_result: bool = True) -> JobStatus | None:
@@ -91,6 +93,7 @@ class _Job:
     kind: str
     params: dict[str, Any]
     key: str
+    admission: Any = None
     created: float = field(default_factory=time.time)
     status: str = "queued"
     progress: float = 0.0
@@ -99,6 +102,7 @@ class _Job:
     error: str | None = None
     error_type: str | None = None
     started: float | None = None
+    first_started: float | None = None  # the time limit counts from here, giving way included
     finished: float | None = None
     submitters: int = 1
     live: dict[str, Any] | None = None
@@ -115,8 +119,6 @@ class _Job:
         hit = self.result.get("cache_hit") if self.result else None
         remaining = None
         if self.status == "running" and self.started is not None:
-            from .estimate import remaining_seconds
-
             remaining = remaining_seconds(self.progress, time.time() - self.started)
         return JobStatus(id=self.id, kind=self.kind, status=self.status, progress=self.progress,  # type: ignore[arg-type]
                          message=self.message, result=self.result if include_result else None, error=self.error,
@@ -129,6 +131,7 @@ class _Job:
 LANES = ("live", "interactive", "sweep")  # a free worker takes the first lane that has a job
 SUBMIT_LANES = ("interactive", "sweep")  # what a caller asks for; `live` is chosen from the estimate
 LIVE_MAX_S = 5.0  # an interactive job estimated at most this many seconds runs in the live lane (a toggle)
+HOLD_OVER_S = 15.0  # POST /jobs with start `if_short`: a job estimated over this waits for Run (`held`)
 PREEMPT_MAX = 3  # times a sweep job gives way to interactive ones; after that it runs to its end
 LIVE_LOSS_SHARE = 0.5  # a job gives way to live jobs while the work it may lose stays within this share of its
 LIVE_LOSS_MIN_S = 30.0  # estimate, or this many seconds, whichever is more
@@ -139,31 +142,17 @@ def lane_for(lane: str, seconds: float | None) -> str:
     return "live" if lane == "interactive" and seconds is not None and seconds <= LIVE_MAX_S else lane
 
 
-def remaining_s(progress: float, elapsed: float, estimate: float | None) -> float | None:
-    """A running job's remaining seconds: from its own progress once it has some (elapsed x (1 - p) / p), else what
-    its estimate leaves; None when neither says (no estimate, or past it with no progress)."""
-    from .estimate import remaining_seconds
-
-    left = remaining_seconds(progress, elapsed)
-    if left is not None:
-        return left
-    if estimate is not None and estimate > elapsed:
-        return estimate - elapsed
-    return None
-
-
 class LocalJobRunner(JobRunner):
     """One worker thread, jobs in order; see the module docstring. `workers=N` runs N jobs at once (in
     submission order of starting): what `ray_runner.RayJobRunner` uses, its executor shipping each job to Ray."""
 
-    def __init__(self, execute: Executor, limits: Limits | None = None, locks: KeyLocks | None = None,
+    def __init__(self, execute: Executor, limits: Limits | None = None,
                  keep_finished: int = 200, workers: int = 1,
                  outputs_present: Callable[[dict[str, Any]], bool] | None = None):
         self._execute = execute
         self._outputs_present = outputs_present or outputs_present_in()
         self._n_workers = max(1, int(workers))  # >1: jobs run concurrently (a runner that ships them elsewhere)
         self._limits = limits or Limits.from_env()
-        self._locks = locks or KeyLocks()
         self._keep = keep_finished
         self._jobs: dict[str, _Job] = {}
         self._by_key: dict[str, str] = {}
@@ -174,11 +163,12 @@ class LocalJobRunner(JobRunner):
         self._closed = False
 
     # -- interface ------------------------------------------------------------------------------------
-    def submit(self, kind: str, params: dict[str, Any], key: str, lane: str = "interactive",
-               seconds: float | None = None, lane_seconds: float | None = None) -> JobStatus:
+    def submit(self, job: Any, lane: str = "interactive") -> JobStatus:
         if lane not in SUBMIT_LANES:
             raise ValueError(f"lane must be one of {SUBMIT_LANES}, not {lane!r}")
-        lane = lane_for(lane, seconds if lane_seconds is None else lane_seconds)
+        a, key = job, job.key
+        seconds = getattr(getattr(a, "estimate", None), "seconds", None)
+        lane = lane_for(lane, seconds)
         with self._cond:
             if self._closed:
                 raise ServiceError("the job runner is shut down", status=503)
@@ -195,7 +185,7 @@ class LocalJobRunner(JobRunner):
                         self._promote(same, lane)
                 return self._snapshot(same)
             self._limits.check_queue(sum(j.status in ACTIVE_STATES and j.lane == lane for j in self._jobs.values()))
-            job = _Job(id=secrets.token_hex(8), kind=kind, params=params, key=key, lane=lane,
+            job = _Job(id=secrets.token_hex(8), kind=a.kind, params=a.params, key=key, admission=a, lane=lane,
                        seconds=float(seconds) if seconds is not None and math.isfinite(seconds) else None)
             self._jobs[job.id] = job
             self._by_key[key] = job.id
@@ -205,6 +195,20 @@ class LocalJobRunner(JobRunner):
             self._make_room()
             self._cond.notify_all()
             return self._snapshot(job)
+
+    def done(self, job: Any, result: dict[str, Any]) -> JobStatus:
+        with self._cond:
+            same = self._jobs.get(self._by_key.get(job.key, ""))
+            if same is not None and same.status == "done" and not same.cancel.is_set():  # its id, the cache's answer
+                return self._snapshot(same).model_copy(update={"result": result, "cache_hit": True})
+            now = time.time()
+            j = _Job(id=secrets.token_hex(8), kind=job.kind, params=job.params, key=job.key, admission=job,
+                     status="done", progress=1.0, message="cached", result=result, started=now, finished=now)
+            self._jobs[j.id] = j
+            if same is None or same.status not in ACTIVE_STATES:
+                self._by_key[job.key] = j.id
+            self._prune()
+            return self._snapshot(j)
 
     def get(self, job_id: str, include_result: bool = True) -> JobStatus | None:
         with self._cond:
@@ -276,7 +280,7 @@ class LocalJobRunner(JobRunner):
         parts = []
         for r in self._running:
             elapsed = now - (r.started or now)
-            left = remaining_s(r.progress, elapsed, r.seconds)
+            left = remaining_seconds(r.progress, elapsed, r.seconds)
             parts.append(f"{r.kind} (giving way at its next step)" if r.preempt.is_set() else
                          f"{r.kind} ({describe_seconds(left)} left)" if left is not None else
                          f"{r.kind} (running for {elapsed:.0f} s, time left unknown)")
@@ -356,6 +360,7 @@ class LocalJobRunner(JobRunner):
                 lane = next(name for name in LANES if self._queues[name])
                 job = self._jobs[self._queues[lane].popleft()]
                 job.status, job.started, job.message = "running", time.time(), "starting"
+                job.first_started = job.started if job.first_started is None else job.first_started
                 job.preempt.clear()
                 self._running.append(job)
             try:
@@ -376,9 +381,11 @@ class LocalJobRunner(JobRunner):
                 if any(self._queues[lane] for lane in LANES[:LANES.index(job.lane)]):
                     raise Preempted()
                 job.preempt.clear()
-        if job.started is not None and time.time() - job.started > self._limits.job_timeout_s:
-            raise JobTimeLimit(f"the job ran past this server's time limit of {self._limits.job_timeout_s} s "
-                               f"(HEADLENS_JOB_TIMEOUT_S); ask for fewer prompts or values")
+        first = job.first_started
+        if first is not None and time.time() - first > self._limits.job_timeout_s:
+            paused = f", giving way {job.preempted}x included" if job.preempted else ""
+            raise JobTimeLimit(f"the job ran past this server's time limit of {self._limits.job_timeout_s} s from "
+                               f"its first start{paused} (HEADLENS_JOB_TIMEOUT_S); ask for fewer prompts or values")
 
     def _run(self, job: _Job) -> None:
         def check() -> None:  # the one check for cancel, preempt and the time limit (`stopping`)
@@ -397,10 +404,10 @@ class LocalJobRunner(JobRunner):
 
         progress = JobProgress(report, live, check)
 
-        try:  # waiting for another holder of the key checks too (check() raises or returns None: never "cancelled")
-            with checking(check), self._locks.hold(job.key, lambda: bool(check()), Cancelled):
+        try:
+            with checking(check):
                 progress(0.0, "running")
-                result = to_jsonable(self._execute(job.kind, job.params, progress))
+                result = to_jsonable(self._execute(job.admission, progress))
         except Cancelled:
             with self._cond:
                 self._finish(job, "cancelled", "cancelled")
@@ -429,6 +436,9 @@ class LocalJobRunner(JobRunner):
             with self._cond:
                 job.result, job.progress = result, 1.0
                 self._finish(job, "done", "done")
+                final = getattr(job.admission, "key", job.key)  # keyed by its model's fingerprint once loaded
+                if final != job.key and final not in self._by_key:
+                    self._by_key[final] = job.id
 
 
 def _free_accelerator_memory(e: BaseException) -> None:

@@ -34,6 +34,7 @@ from ..text import model_name_problem
 from .errors import BadRequest, Forbidden, NotFound, ServiceError, clip
 
 if TYPE_CHECKING:
+    from ..analysis.kernel import ModelRef
     from ..model.loading import LoadedModel
 
 
@@ -172,6 +173,7 @@ class ModelPool:
                     self._models.move_to_end(key)
                     return self._models[key]
             lm = self._load(key)
+            self._remember(key, lm)
             with self._lock:
                 self._models[key] = lm
                 old = []
@@ -202,6 +204,29 @@ class ModelPool:
         except Exception:
             pass
 
+    def identity(self, canonical: str) -> "ModelRef | None":
+        """The model's name and fingerprint without loading it: the resident model's, else those recorded when the
+        same files were last loaded with this cache folder (under their `model_signature`), else None."""
+        from ..analysis.kernel import ModelRef
+
+        with self._lock:
+            lm = self._models.get(canonical)
+        if lm is not None:
+            return ModelRef(lm.name, lm.fingerprint)
+        sig = model_signature(canonical, self.dtype)
+        got = _store().get(sig) if sig and self._loader is None else None
+        ok = isinstance(got, dict) and all(isinstance(got.get(k), str) and 0 < len(got[k]) < 4096
+                                           for k in ("name", "fingerprint"))
+        return ModelRef(got["name"], got["fingerprint"]) if ok else None
+
+    def _remember(self, canonical: str, lm: "LoadedModel") -> None:
+        sig = model_signature(canonical, self.dtype) if self._loader is None else None
+        if sig:
+            try:
+                _store().put(sig, {"name": lm.name, "fingerprint": lm.fingerprint})
+            except Exception:  # noqa: BLE001 - an unwritable cache: the next start loads the model to know it
+                pass
+
     def peek(self, name: str) -> "LoadedModel | None":
         """The resident model for `name`, or None; never loads, never reorders."""
         try:
@@ -231,6 +256,36 @@ class ModelPool:
         device = self.device or default_device()
         dtype = self.dtype or ("bf16" if device.startswith("cuda") else "fp32")
         return device, dtype
+
+
+def _store() -> Any:
+    from ..store.cache import default_cache
+
+    return default_cache()
+
+
+def model_signature(canonical: str, dtype: str | None = None) -> str | None:
+    """What identifies a model's files without reading them: a folder's config and weight files (name, size,
+    mtime), or a hub id's cached snapshot (its revision), and the dtype it loads in; None when unknown."""
+    from ..store.cache import make_key
+    from ..weights.model_sources import weights_folder
+
+    folder = weights_folder(canonical) or Path(canonical)  # a preset or GGUF file: its converted folder
+    try:
+        if folder.is_dir():
+            files = sorted(p for p in folder.iterdir() if p.suffix in (".safetensors", ".bin", ".pt", ".json"))
+            parts = [f"{p.name}:{p.stat().st_size}:{p.stat().st_mtime_ns}" for p in files]
+        else:
+            from huggingface_hub import try_to_load_from_cache
+
+            cfg = try_to_load_from_cache(canonical, "config.json")
+            if not isinstance(cfg, str):
+                return None
+            parts = [str(Path(cfg).parent)]  # .../snapshots/<revision>
+    except Exception:
+        return None
+    return make_key("fingerprint", model=canonical, files=parts, **({"dtype": dtype} if dtype else {})) \
+        if parts else None
 
 
 HUB_FETCH_TIMEOUT = 6.0  # seconds to fetch a hub id's config.json at admission before refusing it

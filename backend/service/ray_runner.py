@@ -74,7 +74,6 @@ from pathlib import Path
 from typing import Any
 
 from .errors import ServiceError, clip
-from .estimate import note_speed
 from .execute import Cancelled, JobProgress, Progress, outputs_present_in
 from .jobs import LocalJobRunner
 from .limits import Limits
@@ -134,12 +133,14 @@ class RayJobRunner(LocalJobRunner):
                          outputs_present=outputs_present_in(self.tensors))  # a done job whose tensors are gone reruns
 
     # -- executing one job ------------------------------------------------------------------------------------
-    def _execute_on_ray(self, kind: str, params: dict[str, Any], progress: Progress) -> dict[str, Any]:
+    def _execute_on_ray(self, job: Any, progress: Progress) -> dict[str, Any]:
         from ..analysis.kernel import lookup
+
         from ..analysis.kinds import get_kind
 
-        spec = get_kind(kind)
-        fields = dict(params)
+        kind = job.kind
+        spec = getattr(job, "spec", None) or get_kind(kind)
+        fields = dict(job.params)
         model, task_id = fields.pop("model", None), fields.pop("task", None)
         task = self.tasks.get(task_id) if spec.uses_task else None
         canon = self.pool.check(model) if spec.uses_model else None
@@ -165,8 +166,6 @@ class RayJobRunner(LocalJobRunner):
                     self.actors.release(a)
             if out.get("model") and canon:
                 self._remember(canon, _ModelRef(**out["model"]))
-            if kind == "model_info":  # its seconds per token make the time estimates of this model's jobs
-                note_speed(canon, out["result"])
             return self._write_outputs(out)
         raise WorkerLost(f"the worker running this job died {len(lost)} time{'s' if len(lost) != 1 else ''} "
                          f"(on {', '.join(dict.fromkeys(lost))}); gave up after {self.cfg.retries} "

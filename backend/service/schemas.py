@@ -12,7 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from ..analysis.primitives.options import MAX_TEXT
 
-JobState = Literal["queued", "running", "done", "error", "cancelled"]
+JobState = Literal["queued", "running", "done", "error", "cancelled", "held"]
 ACTIVE_STATES = ("queued", "running")
 
 
@@ -47,12 +47,16 @@ class JobFields(BaseModel):
 
 # -- jobs ----------------------------------------------------------------------------------------------
 class JobRequest(BaseModel):
-    """`kind` plus that kind's parameters, flat (see GET /capabilities for each kind's fields)."""
+    """`kind` plus that kind's parameters, flat (see GET /capabilities for each kind's fields), and `start`."""
 
     model_config = ConfigDict(extra="allow", json_schema_extra={
         "examples": [{"kind": "head_scores", "model": "default", "task": "sentiment", "shots": 8, "prompts": 50}]})
 
     kind: str
+    start: Literal["always", "if_short", "never"] = Field(
+        "always", description="a result not cached: always queue the job; if_short: only when estimated at most "
+                              "a few seconds (else `held`, with its estimate, until asked with `always`: a page's "
+                              "Run); never: answer the cached result or `held`")
 
 
 class JobStatus(BaseModel):
@@ -82,27 +86,29 @@ class JobStatus(BaseModel):
                                           "what it finished through cached sub-results is kept)")
     live: dict[str, Any] | None = Field(None, description="while running: data a page draws live (e.g. the loss "
                                                             "curve so far of a training)")
+    estimate: dict[str, Any] | None = Field(None, description="the admission's estimate (POST /jobs answers): as "
+                                                              "POST /jobs/estimate's")
 
 
 class JobEstimate(BaseModel):
-    """POST /jobs/estimate: a job's work and time before it runs (backend/service/estimate.py)."""
+    """A job's work and time before it runs (backend/service/timing.py)."""
 
     kind: str
     passes: float = Field(..., description="prompt passes of the job's own prompts (HEADLENS_MAX_WORK's unit)")
     tokens: float = Field(..., description="tokens through the whole model, training forward passes included")
     train_tokens: float = Field(..., description="of which in training (each with a backward pass, ~2x)")
+    units: float = Field(0.0, description="its time in token-equivalents (tokens, calls, logit rows)")
     held_tokens: float = Field(0.0, description="of which the job skips: states an earlier pass kept in memory (a "
                                                 "toggle's clean prefix); left out of `seconds`")
     how: str = Field(..., description="the largest parts of the work")
-    seconds: float | None = Field(None, description="estimated seconds; null when unknown")
-    seconds_basis: str = Field(..., description="measured (this model's seconds per token, from model_info) or "
-                                                "assumed (from its size)")
-    seconds_per_token: float | None = None
-    seconds_per_pass: float | None = Field(None, description="the fixed seconds of one forward call (batch)")
-    calls: float = Field(0.0, description="forward calls (batches) the job makes, training steps included")
-    load_factor: float = Field(1.0, description="the scale for the CPU's load now against when the speed was "
-                                                "measured (in `how` when it matters)")
-    text: str = Field(..., description="the seconds in words: `about 3 min`")
+    seconds: float | None = Field(None, description="estimated seconds (the median of the runs it rests on); null "
+                                                    "when unknown")
+    low: float | None = Field(None, description="the shortest it may take, from the runs' spread")
+    high: float | None = Field(None, description="the longest it may take")
+    basis: str = Field("", description="what the seconds rest on: this kind's earlier runs here, other kinds' "
+                                       "runs on this model, or the model's size")
+    runs: int = Field(0, description="earlier runs of this kind on this model it rests on")
+    text: str = Field(..., description="the seconds in words: `about 3 min`, or a range")
     shape: dict[str, Any] = Field(default_factory=dict, description="the model's size, read from its files")
     sizes: dict[str, Any] = Field(default_factory=dict, description="tokens of the job's prompts")
     limit: int = Field(..., description="HEADLENS_MAX_WORK")

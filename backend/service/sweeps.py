@@ -31,7 +31,7 @@ from typing import Annotated, Any
 from fastapi import Request
 from pydantic import BaseModel, ConfigDict, Field, Strict, ValidationError
 
-from .admit import Admitted, admit, describe_validation
+from .admit import Admission, admit, describe_validation
 from .errors import BadRequest, NotFound, ServiceError, clip
 from .limits import Limits
 from .sweep_summary import compact, dedupe, summarize
@@ -67,7 +67,7 @@ class Cell:
     task: str | None
     kind: str
     seed: int | None
-    admitted: Admitted
+    admitted: Admission
     job_id: str | None = None
     served: bool = False  # its submission found the job finished already: nothing computed for this sweep
     status: str = "pending"
@@ -315,7 +315,7 @@ class SweepManager:
                 while pending and len(active) < self.window:
                     c = pending[0]
                     try:
-                        j = self.runner.submit(c.admitted.kind, c.admitted.params, c.admitted.key, lane="sweep")
+                        j = self.runner.submit(c.admitted, lane="sweep")
                     except ServiceError as e:
                         if e.status == 429:  # the queue is full: try again shortly
                             break

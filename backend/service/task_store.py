@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable, NoReturn
 
 from ..store.atomic_dirs import write_file
+from ..store.safe_json import read_json
 from .errors import BadRequest, NotFound, clip
 from .schemas import TaskInfo
 
@@ -131,23 +132,19 @@ class TaskStore:
         if task is not None:
             _touch(meta)
             return task
-        try:
-            text = meta.read_text("utf-8")
-        except FileNotFoundError:
+        if not meta.is_symlink() and not meta.exists():
             raise NotFound(f"no uploaded task {task_id!r} on this server (uploads are removed when the upload "
-                           f"folder is over its quota, HEADLENS_UPLOAD_QUOTA_MB); upload the file again") from None
-        except (OSError, UnicodeDecodeError) as e:
-            self._damaged(task_id, meta, f"unreadable: {type(e).__name__}: {e}")
-        try:
-            record = json.loads(text)
+                           f"folder is over its quota, HEADLENS_UPLOAD_QUOTA_MB); upload the file again")
+        record = read_json(meta, max_bytes=4 * (self.quota_bytes or 1 << 26) + (1 << 16), max_depth=3)
+        try:  # read as untrusted (a regular file, bounded size and depth), then every field checked
             if not isinstance(record, dict):
-                raise ValueError(f"a JSON {type(record).__name__}, not an object")
+                raise ValueError("not a readable JSON object")
             name, content, kind = record["filename"], record["content"], record.get("kind")
             if not isinstance(name, str) or not isinstance(content, str) or not isinstance(kind, (str, type(None))):
                 raise ValueError("fields of the wrong type")
             if _digest(name, content, kind) != digest:
                 raise ValueError("its content does not match its hash")
-        except (ValueError, KeyError, TypeError, RecursionError) as e:
+        except (ValueError, KeyError, TypeError) as e:
             self._damaged(task_id, meta, f"{type(e).__name__}: {str(e)[:200]}")
         task = self._parse(name, content, kind)
         _touch(meta)

@@ -282,7 +282,7 @@ def converted_dir(sha256: str) -> Path:
 
 def converted_marker(sha256: str) -> dict[str, Any] | None:
     """The finished conversion's record (`headlens-gguf.json`), or None when it is not (completely) there."""
-    try:
-        return json.loads((converted_dir(sha256) / MARKER).read_text())
-    except (OSError, ValueError):
-        return None
+    from ..store.safe_json import read_json
+
+    got = read_json(converted_dir(sha256) / MARKER, max_bytes=1 << 16, max_depth=4)
+    return got if isinstance(got, dict) else None

@@ -147,10 +147,9 @@ def gguf_path(name: str) -> Path:
 
 def record(name: str) -> dict[str, Any] | None:
     """The pulled preset's record (`preset.json`), or None when it is not pulled (or not completely)."""
-    try:
-        rec = json.loads((preset_dir(name) / RECORD).read_text())
-    except (OSError, ValueError):
-        return None
+    from ..store.safe_json import read_json
+
+    rec = read_json(preset_dir(name) / RECORD, max_bytes=1 << 16, max_depth=4)
     if not isinstance(rec, dict) or rec.get("gguf_sha256") != get(name).gguf_sha256 or not gguf_path(name).is_file():
         return None
     return rec

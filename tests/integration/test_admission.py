@@ -3,6 +3,8 @@ body, a model that cannot load refused by both, fields that must fit the model's
 its files (never inside the job), and a finished job whose saved tensors are gone computed again."""
 from __future__ import annotations
 
+from plain_job import submit
+
 import http.server
 import json
 import threading
@@ -28,7 +30,7 @@ def _env(monkeypatch):
 
 def idle_client() -> TestClient:
     """The real app and admission, with a runner that computes nothing."""
-    return TestClient(create_app(runner=LocalJobRunner(lambda kind, params, progress: {})),
+    return TestClient(create_app(runner=LocalJobRunner(lambda job, progress: {})),
                       raise_server_exceptions=False)
 
 
@@ -203,22 +205,23 @@ def test_a_done_job_whose_tensor_is_gone_runs_again(tmp_path):
     tid = tensor_id("ltv", data)
     runs: list[int] = []
 
-    def execute(kind: str, params: dict, progress: Any) -> dict:
+    def execute(job, progress) -> dict:
+        kind, params = job.kind, job.params
         runs.append(1)
         store.put(tid, data)
         return {"tensor": tid}
 
     runner = LocalJobRunner(execute, outputs_present=outputs_present_in(store))
     try:
-        first = runner.submit("ltv_train", {}, "key")
+        first = submit(runner, "ltv_train", {}, "key")
         _until_done(runner, first.id)
-        again = runner.submit("ltv_train", {}, "key")
+        again = submit(runner, "ltv_train", {}, "key")
         assert again.id == first.id and len(runs) == 1  # deduped while the file is there
         store.path(tid).unlink()
-        third = runner.submit("ltv_train", {}, "key")
+        third = submit(runner, "ltv_train", {}, "key")
         assert third.id != first.id
         assert _until_done(runner, third.id).status == "done" and len(runs) == 2 and store.has(tid)
-        assert runner.submit("ltv_train", {}, "key").id == third.id  # and deduped again
+        assert submit(runner, "ltv_train", {}, "key").id == third.id  # and deduped again
     finally:
         runner.close()
 

@@ -47,7 +47,7 @@ def test_every_kind_has_a_case():
 def test_declared_cost_matches_measured_tokens(kind, counted):
     from backend.analysis.kernel import analyze
     from backend.analysis.kinds import get_kind
-    from backend.service.estimate import estimate
+    from backend.service.timing import estimate
     from backend.tasks.registry import load_task
 
     lm, count = counted
@@ -55,13 +55,12 @@ def test_declared_cost_matches_measured_tokens(kind, counted):
     spec = get_kind(kind)
     task = load_task(name) if name else None
     p = spec.params.model_validate(params)
-    est = estimate(spec, p, "default" if spec.uses_model else None, task)
+    est = estimate(spec, p, "default" if spec.uses_model else None, task)[0]
     assert est.shape.source == "config" and (est.shape.n_layers, est.shape.n_heads) == (lm.n_layers, lm.n_heads)
-    from backend.analysis.primitives import induction, pass_speed
+    from backend.analysis.primitives import induction
     from backend.analysis.primitives.prefix_store import STORE
 
     # a cold run, as the estimate assumes: memos of the process (another test may have filled them) emptied
-    pass_speed._SPEED.clear()
     induction._MEMO.clear()
     STORE.clear()
     count[0] = 0.0

@@ -17,7 +17,7 @@ PLANNED = ("maps", "scores", "icl", "ablation_curves", "ablate", "vectors", "ste
 """The kinds whose run takes its progress from its plan (`stages.planned`, `stages.planned_over` for a kind over
 several tasks; ltv orders its plan's steps itself)."""
 ONE_STAGE = {
-    "model_info": "the speed measurement: one stage, its bar moved by its own passes",
+    "model_info": "no forward pass: the model's description",
     "fit": "no forward pass (the tokenizer only): an empty plan",
 }
 """The kinds whose plan has fewer than two stages: nothing to share a bar by."""
@@ -25,7 +25,7 @@ ONE_STAGE = {
 
 def test_every_kind_is_planned_or_single_stage():
     from backend.analysis.kinds import KINDS, get_kind
-    from backend.service.estimate import job_sizes
+    from backend.service.timing import job_sizes
     from backend.service.model_shape import model_shape
     from backend.tasks.registry import load_task
 
@@ -66,7 +66,7 @@ def test_progress_and_estimate_share_one_plan(kind, lm, monkeypatch):
     from backend.analysis.primitives.prefix_store import STORE
     from backend.analysis.primitives import stages
     from backend.analysis.primitives.stages import plan_spans
-    from backend.service.estimate import estimate
+    from backend.service.timing import estimate
     from backend.tasks.registry import load_task
 
     seen = []
@@ -81,7 +81,7 @@ def test_progress_and_estimate_share_one_plan(kind, lm, monkeypatch):
     name, params = CASES[kind]
     spec, task = get_kind(kind), load_task(name) if name else None
     p = spec.params.model_validate(params)
-    est = estimate(spec, p, "default", task)
+    est, admitted_plan = estimate(spec, p, "default", task)
     induction._MEMO.clear()
     STORE.clear()
     bar: list[float] = []
@@ -89,7 +89,7 @@ def test_progress_and_estimate_share_one_plan(kind, lm, monkeypatch):
     plan, shape, skip, got = seen[0]  # the kind's own run: its spans are taken before any sub-call
     named = plan.stages if isinstance(plan, Work) else [(n, w.cost()) for n, w in plan.items()]
     assert sum(c.tokens for _, c in named) == pytest.approx(est.tokens, rel=1e-9), (kind, est.how)
-    assert sum(c.calls for _, c in named) == pytest.approx(est.calls, rel=1e-9)
+    assert sum(c.calls for _, c in named) == pytest.approx(admitted_plan.calls, rel=1e-9)
     assert (shape.n_layers, shape.n_heads) == (est.shape.n_layers, est.shape.n_heads)
     assert not skip  # a cold store: nothing cached to leave out
     want = _shares(named, shape, skip)

@@ -3,6 +3,8 @@ runner and the CLI show a user error's message as it is, and anything else as `i
 traceback in the log."""
 from __future__ import annotations
 
+from plain_job import submit
+
 import logging
 
 import pytest
@@ -74,7 +76,8 @@ def test_the_runner_logs_an_internal_error_with_its_traceback_and_not_a_user_err
     from backend.service.jobs import LocalJobRunner
     from backend.service.limits import Limits
 
-    def execute(kind, params, progress):
+    def execute(job, progress):
+        kind, params = job.kind, job.params
         if kind == "bug":
             return {}["missing"]  # a KeyError inside the math
         raise BadInput("positions: give at least one offset (-1 = the last prompt token)")
@@ -82,8 +85,8 @@ def test_the_runner_logs_an_internal_error_with_its_traceback_and_not_a_user_err
     runner = LocalJobRunner(execute, limits=Limits())
     try:
         with caplog.at_level(logging.ERROR, logger="backend.service.jobs"):
-            bug = _finished(runner, runner.submit("bug", {}, "key-bug").id)
-            user = _finished(runner, runner.submit("user", {}, "key-user").id)
+            bug = _finished(runner, submit(runner, "bug", {}, "key-bug").id)
+            user = _finished(runner, submit(runner, "user", {}, "key-user").id)
     finally:
         runner.close()
     assert bug.status == user.status == "error"

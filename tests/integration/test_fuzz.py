@@ -27,7 +27,7 @@ def client(tmp_path_factory):
     import os
 
     os.environ["HEADLENS_CACHE_DIR"] = str(tmp_path_factory.mktemp("fuzz-cache"))
-    with TestClient(create_app(runner=LocalJobRunner(lambda kind, params, progress: {})),
+    with TestClient(create_app(runner=LocalJobRunner(lambda job, progress: {})),
                     raise_server_exceptions=False) as c:
         yield c
         assert c.get("/health").json()["status"] == "ok"

@@ -6,6 +6,8 @@ quota), 7 lock files cleaned up, 8 DELETE of a shared job, 9 unknown hub ids whi
 """
 from __future__ import annotations
 
+from plain_job import submit
+
 import json
 import os
 import pickle
@@ -474,7 +476,8 @@ def _runner():
 
     started = threading.Event()
 
-    def execute(kind, params, progress):
+    def execute(job, progress):
+        kind, params = job.kind, job.params
         started.set()
         for i in range(2000):
             progress(i / 2000, "working")
@@ -492,10 +495,10 @@ def _until(runner, jid, states):
 def test_delete_cancels_a_shared_job_only_when_the_last_submitter_withdraws():
     runner, started = _runner()
     try:
-        a = runner.submit("count", {"n": 1}, "key-1")  # client A
-        b = runner.submit("count", {"n": 1}, "key-1")  # client B: the same job (deduplicated)
-        queued = runner.submit("count", {"n": 2}, "key-2")
-        queued_too = runner.submit("count", {"n": 2}, "key-2")
+        a = submit(runner, "count", {"n": 1}, "key-1")  # client A
+        b = submit(runner, "count", {"n": 1}, "key-1")  # client B: the same job (deduplicated)
+        queued = submit(runner, "count", {"n": 2}, "key-2")
+        queued_too = submit(runner, "count", {"n": 2}, "key-2")
         assert a.id == b.id and queued.id == queued_too.id
         assert started.wait(HANG_S)
         r = runner.cancel(b.id)  # B withdraws: A's job keeps running
@@ -509,7 +512,7 @@ def test_delete_cancels_a_shared_job_only_when_the_last_submitter_withdraws():
         assert _until(runner, a.id, ("cancelled",)).status == "cancelled"
         assert runner.cancel(a.id).status == "cancelled"  # more DELETEs change nothing
         # after a cancel, the same request starts a new job with one submitter
-        c = runner.submit("count", {"n": 1}, "key-1")
+        c = submit(runner, "count", {"n": 1}, "key-1")
         assert c.id != a.id and runner.cancel(c.id).status in ("queued", "running", "cancelled")
         assert _until(runner, c.id, ("cancelled",)).status == "cancelled"
     finally:
@@ -520,11 +523,11 @@ def test_a_finished_job_is_not_counted_or_cancelled():
     from backend.service.jobs import LocalJobRunner
     from backend.service.limits import Limits
 
-    runner = LocalJobRunner(lambda kind, params, progress: {"ok": True}, limits=Limits())
+    runner = LocalJobRunner(lambda job, progress: {"ok": True}, limits=Limits())
     try:
-        j = runner.submit("quick", {}, "key-q")
+        j = submit(runner, "quick", {}, "key-q")
         assert _until(runner, j.id, ("done",)).status == "done"
-        again = runner.submit("quick", {}, "key-q")
+        again = submit(runner, "quick", {}, "key-q")
         assert again.id == j.id and again.status == "done"
         assert runner.cancel(j.id).status == "done" and runner.get(j.id).result == {"ok": True}
     finally:
@@ -615,11 +618,11 @@ def test_work_estimates_refuse_huge_jobs(monkeypatch):
     from backend.service.limits import Limits
 
     from backend.analysis.kinds import get_kind
-    from backend.service.estimate import estimate
+    from backend.service.timing import estimate
     from backend.tasks.registry import load_task
 
     probe = AblationCurvesParams(prompts=500, ks=list(range(33)), random_seeds=list(range(16)))
-    e = estimate(get_kind("ablation_curves"), probe, "default", load_task("syn-sentiment"))
+    e = estimate(get_kind("ablation_curves"), probe, "default", load_task("syn-sentiment"))[0]
     assert "19 rankings x 32 values of k" in e.how and e.passes > 2000  # the task has 20 queries: 20 prompts
     monkeypatch.setenv("HEADLENS_MAX_WORK", "2000")
     with _client() as c:
@@ -629,7 +632,7 @@ def test_work_estimates_refuse_huge_jobs(monkeypatch):
         assert f"{e.passes:,.0f} prompt passes" in r.json()["detail"]
     monkeypatch.setenv("HEADLENS_MAX_WORK", "10")
     small = estimate(get_kind("ablation_curves"), AblationCurvesParams(prompts=5), "default",
-                     load_task("syn-sentiment"))
+                     load_task("syn-sentiment"))[0]
     with pytest.raises(Exception, match="over this server's limit of 10"):
         Limits.from_env().check_work(small)
     for bad, why in (("lots", "must be a number, not .lots."), ("nan", "must be at least 1"), ("0", "must be at least 1")):

@@ -8,6 +8,8 @@ at most one (one batch, training step or generated token) may run before the sto
 """
 from __future__ import annotations
 
+from plain_job import submit
+
 import sys
 import threading
 import types
@@ -210,7 +212,8 @@ def _runner_with_clock(lm, monkeypatch, limit_s: int) -> tuple[LocalJobRunner, F
                                                                 monotonic=lambda: float(clock.t)))
     clock.limit = limit_s
 
-    def execute(kind, params, progress):
+    def execute(job, progress):
+        kind, params = job.kind, job.params
         return analyze(kind, lm, TASK, params, cache=False, progress=progress).to_json()
 
     return LocalJobRunner(execute, limits=Limits(job_timeout_s=limit_s)), clock
@@ -228,7 +231,7 @@ def _wait(runner, job_id):
 def test_the_local_runner_stops_a_huge_job_at_its_time_limit(lm, monkeypatch):
     runner, clock = _runner_with_clock(lm, monkeypatch, limit_s=5)
     try:
-        st = _wait(runner, runner.submit("site", {**SITE, "m": 2_000}, "k-huge-m").id)
+        st = _wait(runner, submit(runner, "site", {**SITE, "m": 2_000}, "k-huge-m").id)
     finally:
         runner.close()
         clock.close()
@@ -237,19 +240,23 @@ def test_the_local_runner_stops_a_huge_job_at_its_time_limit(lm, monkeypatch):
     assert clock.late <= 1
 
 
-def test_a_job_waiting_for_another_process_on_its_key_stops_at_its_time_limit(monkeypatch, tmp_path):
-    """The runner's wait for a key another process computes (a second service or a CLI on the same cache folder)
-    checked only for a cancel; now it is the same check: the job stops at its time limit, still at progress 0."""
+def test_a_job_waiting_for_another_process_on_its_key_stops_at_its_time_limit(lm, monkeypatch):
+    """The kernel's wait for a key another process computes (a second service or a CLI on the same cache folder)
+    runs the job's check: the job stops at its time limit, still at progress 0, having computed nothing."""
+    from backend.analysis.kernel import LOCKS
     from backend.store.locks import KeyLocks
 
     now = [0.0]
     monkeypatch.setattr(jobs_mod, "time", types.SimpleNamespace(time=lambda: now[0], monotonic=lambda: now[0]))
     ran: list[str] = []
-    runner = LocalJobRunner(lambda kind, params, progress: ran.append(kind) or {}, limits=Limits(job_timeout_s=5),
-                            locks=KeyLocks(tmp_path))
+    monkeypatch.setattr(lm, "info", lambda: ran.append("computed") or {})
+
+    def execute(job, progress):
+        return analyze("model_info", lm, None, {}, key="k-busy", progress=progress).to_json()
+    runner = LocalJobRunner(execute, limits=Limits(job_timeout_s=5))
     try:
-        with KeyLocks(tmp_path).hold("k-busy"):  # another process's lock file on the same key
-            jid = runner.submit("site", {}, "k-busy").id
+        with KeyLocks(LOCKS.directory).hold("k-busy"):  # another process's lock file on the same key
+            jid = submit(runner, "model_info", {}, "k-busy").id
             for _ in range(6000):  # a hang guard only
                 if runner.get(jid).status == "running":
                     break
@@ -262,6 +269,32 @@ def test_a_job_waiting_for_another_process_on_its_key_stops_at_its_time_limit(mo
     assert ran == []  # it never computed
 
 
+def test_the_time_limit_counts_from_the_first_start_giving_way_included(monkeypatch):
+    """A job that gives way and starts again keeps its first start: past the limit from then it stops, however
+    short its last attempt (defect 5 of issue 36: an ablation_curves job gave way 71 times and ran 79 s under a
+    10 s limit)."""
+    from backend.service.execute import Preempted
+
+    now = [0.0]
+    monkeypatch.setattr(jobs_mod, "time", types.SimpleNamespace(time=lambda: now[0], monotonic=lambda: now[0]))
+    attempts: list[float] = []
+
+    def execute(job, progress):
+        attempts.append(now[0])
+        now[0] += 4.0  # each attempt runs 4 s of the clock, then gives way
+        if len(attempts) < 10:
+            raise Preempted()
+        progress(0.5, "step")
+        return {}
+    runner = LocalJobRunner(execute, limits=Limits(job_timeout_s=10))
+    try:
+        st = _wait(runner, submit(runner, "ablation_curves", {}, "k-gives-way").id)
+    finally:
+        runner.close()
+    assert st.status == "error" and st.error_type == "JobTimeLimit" and "from its first start" in st.error
+    assert st.preempted == 3 and attempts == [0.0, 4.0, 8.0]  # the fourth start, at 12 s, stops at its check
+
+
 def test_a_cancel_stops_the_job_inside_its_loop(lm, monkeypatch):
     runner, clock = _runner_with_clock(lm, monkeypatch, limit_s=10**9)
     job: dict[str, str] = {}
@@ -272,7 +305,7 @@ def test_a_cancel_stops_the_job_inside_its_loop(lm, monkeypatch):
             clock.limit = 9  # from here on, passes count as late
     h = lm.model.register_forward_hook(cancel_at_ten)
     try:
-        job["id"] = runner.submit("site", {**SITE, "m": 2_000}, "k-cancel").id
+        job["id"] = submit(runner, "site", {**SITE, "m": 2_000}, "k-cancel").id
         st = _wait(runner, job["id"])
     finally:
         h.remove()
@@ -289,9 +322,10 @@ def test_a_sweep_job_gives_way_inside_its_loop(lm, monkeypatch):
     marks: dict[str, object] = {}
     inner = runner._execute
 
-    def execute(kind, params, progress):
+    def execute(job, progress):
+        kind, params = job.kind, job.params
         try:
-            return inner(kind, params, progress)
+            return inner(job, progress)
         except Preempted:
             marks.setdefault("stopped", clock.t)
             raise
@@ -300,10 +334,10 @@ def test_a_sweep_job_gives_way_inside_its_loop(lm, monkeypatch):
     def interactive_at_ten(module, args, out):
         if clock.t == 10 and "asked" not in marks:
             marks["asked"] = clock.t
-            marks["interactive"] = runner.submit("site", SITE, "k-interactive").id
+            marks["interactive"] = submit(runner, "site", SITE, "k-interactive").id
     h = lm.model.register_forward_hook(interactive_at_ten)
     try:
-        sweep = runner.submit("site", {**SITE, "m": 2_000}, "k-sweep", lane="sweep")
+        sweep = submit(runner, "site", {**SITE, "m": 2_000}, "k-sweep", lane="sweep")
         for _ in range(6000):  # a hang guard only
             if "interactive" in marks:
                 break
@@ -316,7 +350,7 @@ def test_a_sweep_job_gives_way_inside_its_loop(lm, monkeypatch):
         runner.close()
         clock.close()
     assert done.status == "done"
-    assert again.preempted == 1 and again.status == "cancelled"
+    assert again.preempted == 1 and again.status == "cancelled", again.error
     assert marks["stopped"] - marks["asked"] <= 1  # at most one more pass of the sweep job once it had to give way
 
 

@@ -8,6 +8,8 @@ generous hang guard.
 """
 from __future__ import annotations
 
+from plain_job import submit
+
 import threading
 import time
 from typing import Any
@@ -15,7 +17,8 @@ from typing import Any
 import pytest
 
 from backend.service import jobs as J
-from backend.service.jobs import LocalJobRunner, lane_for, remaining_s
+from backend.service.jobs import LocalJobRunner, lane_for
+from backend.service.timing import remaining_seconds as remaining_s
 from backend.service.limits import Limits
 from hang import HANG_S, wait_until  # noqa: E402  (a hang guard, never a timing assertion)
 
@@ -32,7 +35,8 @@ class Harness:
         self.free = threading.Event()  # long jobs end once it is set
         self.runner = LocalJobRunner(self.execute, limits=Limits())
 
-    def execute(self, kind: str, params: dict[str, Any], progress: Any) -> dict[str, Any]:
+    def execute(self, job: Any, progress: Any) -> dict[str, Any]:
+        kind, params = job.kind, job.params
         name = params["name"]
         self.started[name] = self.started.get(name, 0) + 1
         if kind == "one_step":  # one long step, then one progress call
@@ -53,7 +57,7 @@ class Harness:
         return {"name": name}
 
     def submit(self, kind: str, name: str, seconds: float | None, lane: str = "interactive") -> Any:
-        return self.runner.submit(kind, {"name": name}, f"{kind}:{name}", lane=lane, seconds=seconds)
+        return submit(self.runner, kind, {"name": name}, f"{kind}:{name}", lane=lane, seconds=seconds)
 
     def wait(self, job_id: str, states: tuple[str, ...] = ("done",)) -> Any:
         deadline = time.monotonic() + HANG_S
@@ -81,15 +85,6 @@ def test_lane_from_the_estimate():
     assert lane_for("interactive", J.LIVE_MAX_S + 0.1) == "interactive"
     assert lane_for("interactive", None) == "interactive"  # unknown: not live
     assert lane_for("sweep", 0.5) == "sweep"  # a sweep's jobs stay in the sweep lane
-
-
-def test_the_lane_is_the_jobs_own_size_not_the_machines_load():
-    """A toggle estimated 8 s only because the CPU is loaded x8 (lane_seconds: 1 s without the load factor) is
-    live; with no lane_seconds the estimate decides."""
-    h = Harness()
-    assert h.runner.submit("short", {"name": "a"}, "short:a", seconds=8.0, lane_seconds=1.0).lane == "live"
-    assert h.runner.submit("short", {"name": "b"}, "short:b", seconds=8.0).lane == "interactive"
-    h.runner.close()
 
 
 def test_remaining_time_from_progress_else_the_estimate():
@@ -239,45 +234,30 @@ def _service_wait(c: Any, jid: str) -> dict[str, Any]:
 
 
 def test_a_toggle_on_prompts_whose_prefix_is_held_is_estimated_at_its_token_steps(monkeypatch):
-    """Once the Head map's pass (`scores`) has kept the prompts' clean prefix, a last-token toggle's estimate leaves
-    its clean pass out of the seconds (not of the work, which the limit checks), and POST /jobs runs it in the live
-    lane; an every-position toggle keeps its full estimate."""
+    """Once the Head map's pass has kept the prompts' clean prefix, a last-token toggle's estimate leaves its clean
+    pass out of the seconds (not of the work, which the limit checks), and POST /jobs runs it in the live lane; an
+    every-position toggle keeps its full estimate."""
     from starlette.testclient import TestClient
 
     from backend.analysis.primitives.prefix_store import STORE
-    from backend.service import estimate
     from backend.service.app import create_app
 
-    monkeypatch.setattr(estimate, "_SPEEDS", {"x": 1.0})  # no measured speed of another test: the size's
-    monkeypatch.setattr(estimate, "cpu_share", lambda *a, **k: 1.0)  # the machine's load left out (it swings)
     STORE.clear()
     common = {"model": "default", "task": "syn-antonym", "shots": 2, "prompts": 6}
     toggle = {"kind": "ablate", **common, "heads": [[0, 0]], "positions": "last"}
     with TestClient(create_app()) as c:
-        assert _service_wait(c, c.post("/jobs", json={"kind": "model_info"}).json()["id"])["status"] == "done"
         cold = c.post("/jobs/estimate", json=toggle).json()
-        assert _service_wait(c, c.post("/jobs", json={"kind": "scores", **common}).json()["id"])["status"] == "done"
+        assert _service_wait(c, c.post("/jobs", json={"kind": "head_scores", **common}).json()["id"])["status"] == "done"
         warm = c.post("/jobs/estimate", json=toggle).json()
         every = c.post("/jobs/estimate", json={**toggle, "positions": "all"}).json()
         assert cold["held_tokens"] == 0 and warm["held_tokens"] > 0 and every["held_tokens"] == 0, (cold, warm)
         assert warm["tokens"] == cold["tokens"] and warm["passes"] == cold["passes"]  # the work limit's figures
-        assert warm["seconds"] < cold["seconds"], (cold, warm)
+        assert warm["units"] < cold["units"] and warm["seconds"] < cold["seconds"], (cold, warm)
         assert "held in memory" in warm["how"]
+        monkeypatch.setattr(J, "LIVE_MAX_S", max(warm["seconds"], 1e-6))
         job = c.post("/jobs", json=toggle).json()
-        assert warm["seconds"] <= J.LIVE_MAX_S and job["lane"] == "live", (warm, job)
+        assert job["lane"] == "live", (warm, job)
         assert _service_wait(c, job["id"])["status"] == "done"
-        # a loaded CPU stretches the estimate past LIVE_MAX_S (x16 for the load): still live
-        body = {**toggle, "heads": [[1, 1]]}
-        # the factor itself pinned: on a busy machine the speed may be timed by the wall clock, whose factor is 1
-        monkeypatch.setattr(estimate, "load_factor", lambda *a, **k: 1.0)
-        own = c.post("/jobs/estimate", json=body).json()["seconds"]  # the toggle's seconds on an unloaded CPU
-        monkeypatch.setattr(estimate, "load_factor", lambda *a, **k: 16.0)
-        monkeypatch.setattr(J, "LIVE_MAX_S", 4 * own)
-        loaded = c.post("/jobs/estimate", json=body).json()
-        assert loaded["load_factor"] == 16 and loaded["seconds"] > J.LIVE_MAX_S, (loaded, own)
-        job = c.post("/jobs", json={**toggle, "heads": [[1, 1]]}).json()
-        assert job["lane"] == "live", (loaded, job)
-        _service_wait(c, job["id"])
         monkeypatch.setattr(J, "LIVE_MAX_S", 0.0)
         job = c.post("/jobs", json={**toggle, "heads": [[0, 1]], "positions": "all"}).json()
         assert job["lane"] == "interactive"
@@ -305,7 +285,8 @@ def test_a_finer_check_than_the_progress_steps_gives_way_too():
     seen: list[str] = []
     go = threading.Event()
 
-    def execute(kind, params, progress):
+    def execute(job, progress):
+        kind, params = job.kind, job.params
         if kind == "long":
             progress(0.1, "one step")
             go.wait(HANG_S)
@@ -317,11 +298,11 @@ def test_a_finer_check_than_the_progress_steps_gives_way_too():
 
     runner = LocalJobRunner(execute, limits=Limits())
     try:
-        long = runner.submit("long", {"name": "curves"}, "k1", seconds=600.0)
+        long = submit(runner, "long", {"name": "curves"}, "k1", seconds=600.0)
         deadline = time.monotonic() + HANG_S
         while runner.get(long.id).message != "one step" and time.monotonic() < deadline:
             time.sleep(0.002)
-        toggle = runner.submit("short", {"name": "toggle"}, "k2", seconds=1.0)
+        toggle = submit(runner, "short", {"name": "toggle"}, "k2", seconds=1.0)
         go.set()
         while runner.get(toggle.id).status != "done" and time.monotonic() < deadline:
             time.sleep(0.002)

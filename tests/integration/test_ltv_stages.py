@@ -79,19 +79,19 @@ def test_each_stage_is_a_named_part_of_the_cost():
     names = {"key_heads": "key heads", "ov": "OV reconstruction", "propagation": "linear propagation"}
     for stage in STAGES:
         w = kind.params(layer=15, **only(stage)).work(shape, sizes)
-        parts = dict(w.parts)
+        parts = {n: c.tokens for n, c in w.stages}
         assert parts[names[stage]] == pytest.approx(w.tokens - base.tokens) and parts[names[stage]] > 0
         assert all(names[s] not in parts for s in STAGES if s != stage)
     # linear propagation: one token step per perturbation and prompt from the layer on, 2 d_model = 1,024 of them
-    prop = dict(kind.params(layer=15, **only("propagation")).work(shape, sizes).parts)["linear propagation"]
+    prop = kind.params(layer=15, **only("propagation")).work(shape, sizes).stage("linear propagation").tokens
     assert prop == pytest.approx(1024 * 50 * 15 / 30 + 50 * 6 + 50 * 16 / 30)  # + its clean pass, the surrogate
     assert kind.params(layer=15, **only("propagation"), perturbations=256).work(shape, sizes).tokens < \
         kind.params(layer=15, **only("propagation")).work(shape, sizes).tokens
     # a sweep runs the stages at every layer; a joint vector runs none
     sweep = kind.params(layer=[10, 20], **only("propagation")).work(shape, sizes)
-    assert dict(sweep.parts)["linear propagation"] > prop
+    assert sweep.stage("linear propagation").tokens > prop
     joint = kind.params(layer=[10, 20], joint=True, **only(*STAGES)).work(shape, sizes)
-    assert not any(n in dict(joint.parts) for n in names.values())
+    assert not any(n in dict(joint.stages) for n in names.values())
 
 
 def test_stage_labels_from_the_estimates():

@@ -1,7 +1,8 @@
 """Nothing long starts by itself (issue 25, item 2): a page shows what is cached at once, but a job estimated over
-`ui.jobs.AUTO_START_MAX_S` waits for its Run button with its estimate shown; pressing Run starts that request; a
-changed setting asks again. Streamlit's AppTest of the Ablation page, the in-process service, the default model, the
-service's estimate of the ablation curves monkeypatched to 10 minutes."""
+the service's HOLD_OVER_S is `held` by POST /jobs (start `if_short`) and waits for its Run button with its estimate
+shown; pressing Run starts that request (start `always`); a changed setting asks again. Streamlit's AppTest of the
+Ablation page, the in-process service, the default model, the service's estimate of the ablation curves
+monkeypatched to 10 minutes."""
 from __future__ import annotations
 
 import pytest
@@ -11,34 +12,39 @@ from page_checks import assert_clean  # noqa: E402
 from test_pages import ABLATION, MODEL, SMALL, default_task, has_frame, needs_model, page  # noqa: E402
 
 
-def test_the_rule():
-    from ui import jobs
+def test_the_rule(inprocess, monkeypatch):
+    """POST /jobs answers a job estimated over HOLD_OVER_S `held` with its estimate (start `if_short`), queues it
+    with `always`, and never starts anything with `never`."""
+    from backend.service import jobs as J
 
-    over = {"seconds": jobs.AUTO_START_MAX_S + 1, "admitted": True}
-    assert jobs.waits_for_run(over)
-    assert not jobs.waits_for_run({**over, "seconds": jobs.AUTO_START_MAX_S})
-    assert not jobs.waits_for_run({**over, "admitted": False})  # its submission says why it is refused
-    assert not jobs.waits_for_run(None) and not jobs.waits_for_run({"seconds": None})  # unknown: it starts
+    body = {"model": "default", "task": "syn-sentiment", "shots": [0, 2], "prompts": 4}
+    monkeypatch.setattr(J, "HOLD_OVER_S", 0.0)
+    held = inprocess.ask("icl_curve", body, "if_short")
+    assert held["status"] == "held" and held["estimate"]["seconds"] > 0 and held["estimate"]["admitted"]
+    assert inprocess.ask("icl_curve", body, "never")["status"] == "held"
+    assert inprocess.ask("icl_curve", body, "always")["status"] in ("queued", "running", "done")
 
 
 @pytest.fixture
 def long_curves(inprocess, monkeypatch):
-    """The service's estimate of every ablation-curves request says 10 minutes; every submission is recorded."""
+    """The service holds every ablation-curves request asked `if_short` (estimated at 10 minutes); every request
+    that may start a job is recorded."""
     from ui import api
 
-    real_estimate, real_submit = api.estimate, api.submit
+    real_ask = api.ask
     submitted: list[str] = []
 
-    def estimate(kind, params):
-        e = real_estimate(kind, params)
-        return {**e, "seconds": 600.0, "text": "about 10 min"} if kind == "ablation_curves" and e else e
+    def ask(kind, params, start="always"):
+        if kind == "ablation_curves" and start == "if_short":
+            j = real_ask(kind, params, "never")
+            if j["status"] == "held":
+                j["estimate"] = {**j["estimate"], "seconds": 600.0, "low": 600.0, "high": 600.0}
+                return j
+        if start != "never":
+            submitted.append(kind)
+        return real_ask(kind, params, start)
 
-    def submit(kind, params):
-        submitted.append(kind)
-        return real_submit(kind, params)
-
-    monkeypatch.setattr(api, "estimate", estimate)
-    monkeypatch.setattr(api, "submit", submit)
+    monkeypatch.setattr(api, "ask", ask)
     return submitted
 
 

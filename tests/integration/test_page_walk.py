@@ -206,10 +206,11 @@ def test_a_progress_bar_says_its_share_is_the_whole_jobs():
     assert text == "SITE: training: step 154/400 · loss 0.310 · 9% of the job · 41.0 s of about 3 min"
 
 
-def test_an_assumed_estimate_does_not_say_the_model_is_not_loaded():
+def test_an_estimate_says_what_it_rests_on():
     from ui.sections import estimate_text
 
-    e = {"seconds": 600.0, "passes": 100, "seconds_basis": "assumed", "admitted": True}
+    e = {"seconds": 600.0, "passes": 100, "basis": "assumed from the model's size: nothing ran on it here yet",
+         "admitted": True}
     text, _ = estimate_text([e])
-    assert "until it is loaded" not in text and "its speed on this machine is not measured yet" in text
-    assert "measured here" in estimate_text([{**e, "seconds_basis": "measured"}])[0]
+    assert "until it is loaded" not in text and "nothing ran on it here yet" in text and "about 10 min" in text
+    assert "3 earlier runs" in estimate_text([{**e, "basis": "3 earlier runs of head_maps here"}])[0]

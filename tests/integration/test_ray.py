@@ -27,7 +27,7 @@ import pytest
 ray = pytest.importorskip("ray")
 
 from backend.analysis.kinds import register, unregister  # noqa: E402
-from backend.service.execute import job_key, make_executor  # noqa: E402
+from backend.service.execute import make_executor  # noqa: E402
 from backend.service.jobs import LocalJobRunner  # noqa: E402
 from backend.service.limits import Limits  # noqa: E402
 from backend.service.model_pool import ModelPool  # noqa: E402
@@ -37,6 +37,7 @@ from backend.service.sweeps import SweepManager, SweepRequest, plan  # noqa: E40
 from backend.service.task_store import TaskStore  # noqa: E402
 from bench_runs import check_smoke, run_smoke  # noqa: E402
 from hang import HANG_S  # noqa: E402
+from plain_job import submit  # noqa: E402
 from ray_kinds import RCOUNT  # noqa: E402
 
 pytestmark = pytest.mark.ray
@@ -73,6 +74,10 @@ def _rcount():
     register(RCOUNT, replace=True)
     yield
     unregister("rcount")
+
+
+def job_key(kind: str, params: dict[str, Any]) -> str:
+    return f"{kind}:{sorted(params.items())}"
 
 
 def ray_runner(cache: Path, **cfg: Any) -> RayJobRunner:
@@ -180,11 +185,11 @@ def test_identical_concurrent_submissions_run_once_and_progress_comes_back(clust
         key = job_key("rcount", params)
         ids, barrier = [], threading.Barrier(8)
 
-        def submit() -> None:
+        def post() -> None:
             barrier.wait()
-            ids.append(runner.submit("rcount", params, key).id)
+            ids.append(submit(runner, "rcount", params, key).id)
 
-        threads = [threading.Thread(target=submit) for _ in range(8)]
+        threads = [threading.Thread(target=post) for _ in range(8)]
         for th in threads:
             th.start()
         for th in threads:
@@ -198,12 +203,12 @@ def test_identical_concurrent_submissions_run_once_and_progress_comes_back(clust
         assert any(0 < p < 1 for p in seen), seen  # progress reported by the actor
         assert log.read_text().count("start 5 ") == 1
         # after it is done: the same job again, and a new runner on the same cache answers from the cache
-        assert runner.submit("rcount", params, key).id == ids[0]
+        assert submit(runner, "rcount", params, key).id == ids[0]
     finally:
         runner.close()
     other = ray_runner(tmp_path / "ray-cache")
     try:
-        j = other.submit("rcount", params, key)
+        j = submit(other, "rcount", params, key)
         while (j := other.get(j.id)).status in ("queued", "running"):
             time.sleep(0.02)
         assert j.status == "done" and j.cache_hit is True and log.read_text().count("start 5 ") == 1
@@ -218,9 +223,9 @@ def test_cancel_stops_the_ray_task_and_writes_nothing(cluster, tmp_path):
     runner = ray_runner(tmp_path / "ray-cache", max_actors=1)
     try:
         long = {"n": 1, "steps": 400, "delay": 0.05, "log": str(log)}
-        j = runner.submit("rcount", long, job_key("rcount", long))
+        j = submit(runner, "rcount", long, job_key("rcount", long))
         queued = {"n": 2, "log": str(log)}
-        q = runner.submit("rcount", queued, job_key("rcount", queued))
+        q = submit(runner, "rcount", queued, job_key("rcount", queued))
         while (s := runner.get(j.id)).progress <= 0:
             assert s.status in ("queued", "running")
             time.sleep(0.02)
@@ -236,7 +241,7 @@ def test_cancel_stops_the_ray_task_and_writes_nothing(cluster, tmp_path):
         # the actor was stopped cooperatively, not killed: it takes the next job
         pid = runner.actors.describe()[0]["pid"]
         nxt = {"n": 3, "steps": 1}
-        k = runner.submit("rcount", nxt, job_key("rcount", nxt))
+        k = submit(runner, "rcount", nxt, job_key("rcount", nxt))
         while (k := runner.get(k.id)).status in ("queued", "running"):
             time.sleep(0.02)
         assert k.status == "done" and k.result["pid"] == pid
@@ -249,7 +254,7 @@ def test_a_job_whose_worker_always_dies_fails_naming_the_node(cluster, tmp_path)
     runner = ray_runner(tmp_path / "ray-cache", retries=1)
     try:
         bad = {"n": 4, "die": True, "log": str(log)}
-        j = runner.submit("rcount", bad, job_key("rcount", bad))
+        j = submit(runner, "rcount", bad, job_key("rcount", bad))
         while (j := runner.get(j.id)).status in ("queued", "running"):
             time.sleep(0.05)
         assert j.status == "error" and j.error_type == "WorkerLost", j
@@ -257,7 +262,7 @@ def test_a_job_whose_worker_always_dies_fails_naming_the_node(cluster, tmp_path)
         assert log.read_text().count("start 4 ") == 2  # one retry, on a fresh actor
         # an analysis error is reported as such (not retried), and the worker keeps serving
         fail = {"n": 6, "fail": True, "steps": 1}
-        f = runner.submit("rcount", fail, job_key("rcount", fail))
+        f = submit(runner, "rcount", fail, job_key("rcount", fail))
         while (f := runner.get(f.id)).status in ("queued", "running"):
             time.sleep(0.05)
         assert f.status == "error" and f.error_type == "ValueError"  # a bare ValueError: an internal error now
@@ -279,7 +284,7 @@ def test_trained_tensors_come_back_to_the_service(cluster, models, tmp_path):
 
     def run(kind: str, params: dict[str, Any]) -> dict[str, Any]:
         full = {"model": models[1], "task": "antonym", **params}
-        j = runner.submit(kind, full, job_key(kind, full))
+        j = submit(runner, kind, full, job_key(kind, full))
         while (j := runner.get(j.id)).status in ("queued", "running"):
             time.sleep(0.05)
         assert j.status == "done", j.error

@@ -1,4 +1,4 @@
-"""ui/jobs.py against a fake service: cached results skip the queue, one job in flight per slot (a superseded one is
+"""ui/jobs.py against a fake service: one POST /jobs per result (`ask`), cached results skip the queue, one job in flight per slot (a superseded one is
 cancelled before the new one is submitted, a rerun re-attaches instead of re-submitting), Cancel withdraws the job
 and the page then offers Run again, and results carry the time the user waited."""
 from __future__ import annotations
@@ -20,11 +20,14 @@ class FakeService:
         self.polls, self.cached_results = polls, cached or {}
         self.jobs: dict[str, dict] = {}
 
-    def submit(self, kind, params):
+    def ask(self, kind, params, start="always"):
+        self.calls.append(("ask", kind))
+        hit = self.cached_results.get((kind, params.get("x")))
+        if hit is not None:
+            return {"id": "done-1", "status": "done", "result": hit}
         jid = f"j{len(self.jobs) + 1}"
         self.jobs[jid] = {"kind": kind, "params": params, "seen": 0, "status": "queued"}
-        self.calls.append(("submit", kind, jid))
-        return jid
+        return {"id": jid, "status": "queued", "estimate": None}
 
     def job(self, jid):
         j = self.jobs[jid]
@@ -41,9 +44,6 @@ class FakeService:
         self.jobs[jid]["status"] = "cancelled"
         return {}
 
-    def cached(self, kind, params):
-        self.calls.append(("cached", kind))
-        return self.cached_results.get((kind, params.get("x")))
 
 
 @pytest.fixture
@@ -51,7 +51,7 @@ def fake(monkeypatch):
     from ui import api
 
     svc = FakeService()
-    for name in ("submit", "job", "cancel", "cached"):
+    for name in ("ask", "job", "cancel"):
         monkeypatch.setattr(api, name, getattr(svc, name))
     return svc
 
@@ -73,18 +73,18 @@ def test_fetch_waits_remembers_and_reports_the_wait(fake):
     at = AppTest.from_function(script, default_timeout=HANG_S)
     at.run()
     assert not at.exception
-    assert [c[0] for c in fake.calls] == ["cached", "submit"]
+    assert [c[0] for c in fake.calls] == ["ask"]
     shown = [m.value for m in at.markdown if m.value.startswith("value=")]
     assert shown and shown[0].startswith("value=1 waited=")
     at.run()  # a rerun: from the session's memory, no call at all
-    assert [c[0] for c in fake.calls] == ["cached", "submit"]
+    assert [c[0] for c in fake.calls] == ["ask"]
 
 
 def test_a_cached_result_skips_the_queue(fake):
     fake.cached_results[("demo", 1)] = {"value": 1, "seconds": 0.01, "cache_hit": True}
     at = AppTest.from_function(script, default_timeout=HANG_S)
     at.run()
-    assert [c[0] for c in fake.calls] == ["cached"]
+    assert [c[0] for c in fake.calls] == ["ask"] and not fake.jobs  # answered by the one call: no job
     assert any(m.value.startswith("value=1") for m in at.markdown)
 
 
@@ -98,7 +98,7 @@ def test_a_superseded_job_is_cancelled_before_the_new_one_is_submitted(fake):
     at.session_state["x"] = 2  # the settings changed while j9 ran
     at.run()
     assert not at.exception
-    assert [c[:2] for c in fake.calls] == [("cancel", "j9"), ("cached", "demo"), ("submit", "demo")]
+    assert [c[:2] for c in fake.calls] == [("cancel", "j9"), ("ask", "demo")]
     assert any(m.value.startswith("value=2") for m in at.markdown)
 
 
@@ -127,5 +127,5 @@ def test_cancel_withdraws_the_job_and_offers_run_again(fake):
     assert any("was cancelled" in i.value for i in at.info)
     assert not any(m.value.startswith("value=") for m in at.markdown)
     at.button(key="rerun_demo").click().run()
-    assert [c[0] for c in fake.calls] == ["cancel", "cached", "submit"]
+    assert [c[0] for c in fake.calls] == ["cancel", "ask"]
     assert any(m.value.startswith("value=1") for m in at.markdown)

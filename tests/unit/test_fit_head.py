@@ -163,7 +163,7 @@ def test_service_refuses_an_unreadable_task_and_looks_up_cached_results(tmp_path
     with TestClient(app) as c:
         body = {"kind": "scores", "model": "default", "task": "syn-sentiment", "shots": 2, "prompts": 4}
         r = c.post("/jobs/cached", json=body)
-        assert r.status_code == 404 and "not loaded yet" in r.json()["detail"]  # no model resident: nothing known
+        assert r.status_code == 404 and "no cached head_scores result" in r.json()["detail"]  # nothing computed yet
         job = c.post("/jobs", json=body).json()
         j = wait_until(lambda: (j := c.get(f"/jobs/{job['id']}").json())["status"] not in ("queued", "running") and j,
                        "the scores job finishing")

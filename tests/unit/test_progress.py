@@ -10,13 +10,17 @@ import transformers as T
 
 from backend.analysis.kernel import analyze
 from backend.analysis.primitives.cost import OVERHEAD_TOKENS
-from backend.analysis.primitives.stages import spans
+from backend.analysis.primitives.cost import Cost, Shape, Work
+from backend.analysis.primitives.stages import plan_spans
 from backend.model.loading import wrap
 from backend.tasks.base import Task, Template
 from tiny_models import CONFIGS
 
 
 def test_spans_share_the_bar_by_cost():
+    def spans(costs):
+        return plan_spans(Work(tuple((n, Cost(tokens=t)) for n, t in costs.items())), Shape(1, 1, 1))
+
     assert spans({"a": 1, "b": 3}) == {"a": (0.0, 0.25), "b": (0.25, 1.0)}
     assert spans({"a": 0, "b": 0}) == {"a": (0.0, 0.5), "b": (0.5, 1.0)}  # nothing known: equal shares
     assert spans({"cached": 0, "b": 2}) == {"cached": (0.0, 0.0), "b": (0.0, 1.0)}

@@ -21,7 +21,7 @@ __all__ = ["model_info", "task_fit", "head_view", "findings_report", "compare_me
 
 def model_info(lm: LoadedModel, *, cache: bool | Store | None = True,
                progress: Progress | None = None) -> ModelInfoResult:
-    """Load a model (it stays resident) and describe it (kind `model_info`).
+    """Load a model (it stays resident) and describe it (kind `model_info`, cached).
 
     No parameters besides the model.
 

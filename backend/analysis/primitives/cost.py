@@ -1,28 +1,16 @@
-"""What a job costs, as a function of its params: the arithmetic each kind's `work` is written in (no torch here).
+"""What a job costs, as a function of its params (no torch here): the arithmetic each kind's `work` is written in.
 
-A kind's `work` is its **cost plan**: its stages in the order its run takes them (`Work.stages`, each a `Cost`).
-Admission and the estimate read its totals (`service/estimate.py`); the run's progress bar gives each stage the
-share its weight is of the whole (`stages.plan_spans`). One plan, so the bar and the estimate cannot disagree.
+A kind's `work(shape, sizes)` is its **plan**: its stages in the order its run takes them (`Work.stages`, each a
+`Cost`). Admission counts its totals (the work limit) and its `units` (the estimate: `service/timing.py`); the run's
+progress bar gives each stage the share its weight is of the whole (`stages.plan_spans`). One plan for both.
 
-A job's work is counted in **tokens through the whole model** and in **forward calls** (batches): a call has a fixed
-cost (weights read, per-layer overheads, hooks, Python) that dominates on a small model, so seconds are
-`per_pass x calls + per_token x tokens` (`service/estimate.py`, from `pass_speed`). Tokens: a full forward pass of a prompt of T tokens is T,
-a one-token step over a KV cache (a decoding step, a last-token configuration of the sweep engine) is 1, an
-all-position ablation that starts at a later layer the share of the layers it runs. `train` is the part of it that
-runs forward passes of a training (each is followed by a backward pass, about twice its cost). Nothing here
-depends on whether a model is loaded: the model enters as its `Shape` (read from its config, or assumed), the
-prompts as their `Sizes` (tokens of a prompt with k demonstrations, from the task's text and the model's
-tokenizer, or estimated from bytes).
+Counted in tokens through the whole model and forward calls: a full pass of a T-token prompt is T tokens, a
+one-token step over a KV cache 1, an all-position ablation from a later layer on the share of the layers it runs;
+`train` tokens run a backward pass too (about twice a forward). The model enters as its `Shape` (read from its
+config), the prompts as their `Sizes` (from the task and the model's tokenizer, or bytes).
 
     w = passes("ICL", 50, sizes.prompt(8)) + passes("zero-shot", 50, sizes.prompt(0))
-    w.tokens, w.calls, w.how()
-
-Calls: `passes(name, n, t, batch)` runs `n` rows in ceil(n / batch) calls (BATCH by default, the prompts' batch
-size); `repeat` runs that `repeat` times (a configuration per call, e.g. an injection layer); `steps` batches
-one-token rows by STEP_BATCH (the sweep engine's rows); a training step is one call of `batch` rows.
-
-`tests/integration/test_cost_model.py` checks every registry entry against the tokens its run really puts through the
-default model (a hook on every output projection), within 2x.
+    w.tokens, w.calls, w.units(shape), w.how()
 """
 from __future__ import annotations
 
@@ -32,18 +20,15 @@ from typing import Callable, Sequence
 
 BYTES_PER_TOKEN = 4  # rough UTF-8 bytes per BPE token of natural text, when no tokenizer is at hand
 INDUCTION_BATCH, INDUCTION_TOKENS = 4, 50  # induction scores: a batch of [bos] r r, r of 50 tokens
-BATCH, STEP_BATCH = 16, 128  # rows per forward call: the prompts' batch size; the sweep engine's step passes (its
-# batch of 32 prompts, options.SWEEP_BATCH_SIZE, x engine_fast.STEP_ROWS_FACTOR configurations packed per row)
-ALL_POSITION_SHARE = 0.8
-"""The share of a full pass an all-position head ablation of unknown heads costs (it starts at the first layer it
-changes; top heads and random sets usually include an early layer)."""
+BATCH, STEP_BATCH = 16, 128  # rows per call: the prompts' batch; the configuration engine's one-token steps
+ALL_POSITION_SHARE = 0.8  # of a full pass, an all-position ablation of heads not known yet (from its first layer on)
+OVERHEAD_TOKENS = 16  # a call's fixed cost (reading the weights) in tokens (SmolLM2: a 4-row step ~ 20 tokens)
 
 
 @dataclass(frozen=True)
 class Shape:
-    """The model's size as the cost model needs it; `source` says where it came from (config, gguf, assumed).
-    `n_params`: the parameters a token passes through, the decoder layers' (the embedding is a lookup, the
-    unembedding runs for the last token only)."""
+    """The model's size; `source`: config, gguf, loaded or assumed. `n_params`: the decoder layers' parameters (what
+    a token passes through); `logit_tokens`: a row of full-vocabulary logits in tokens (unembedding / decoder)."""
 
     n_layers: int
     n_heads: int
@@ -52,23 +37,19 @@ class Shape:
     n_params: int | None = None
     source: str = "assumed"
     logit_tokens: float = 0.0
-    """A row of full-vocabulary logits in tokens through the whole model: the unembedding's weights over the
-    decoder layers' (0: unknown)."""
 
     @property
     def heads(self) -> int:
         return self.n_layers * self.n_heads
 
 
-ASSUMED = Shape(32, 32, 4096, 8192, 6_500_000_000, "assumed")
-"""A model whose files cannot be read without loading it (a Hugging Face id not downloaded): a 7B-class one."""
+ASSUMED = Shape(32, 32, 4096, 8192, 6_500_000_000, "assumed")  # files not readable (a hub id not fetched): 7B-class
 
 
 @dataclass(frozen=True)
 class Sizes:
-    """Tokens of the job's prompts: `query` (the prompt without demonstrations), `demo` (one more demonstration),
-    `answer` (a gold answer); `queries` and `pool`: the task's held-out queries and demonstration pool (None:
-    unknown); `source`: tokenizer or bytes."""
+    """Tokens of a task's prompts: `query` (no demonstrations), `demo` (one more), `answer` (a gold answer);
+    `queries`, `pool`: its held-out queries and demonstrations (None: unknown); `source`: tokenizer or bytes."""
 
     query: float = 8.0
     demo: float = 8.0
@@ -79,16 +60,14 @@ class Sizes:
     tasks: tuple[str, ...] = ()  # the tasks a kind over several tasks runs (empty: unknown)
 
     def prompt(self, shots: int) -> float:
-        """Tokens of one prompt with `shots` demonstrations."""
         return self.query + max(int(shots), 0) * self.demo
 
     def n(self, prompts: int) -> int:
-        """Prompts of held-out queries a job scores: as many as asked, at most the task's queries."""
+        """Prompts a job scores: as many as asked, at most the task's queries."""
         return min(prompts, self.queries) if self.queries else prompts
 
 
-GENERIC = Sizes()
-"""Prompts of a job without one task (a kind over several tasks): a typical built-in task's."""
+GENERIC = Sizes()  # a job without one task: a typical built-in task's prompts
 
 
 def sizes_of(task: object, count: Callable[[str], int] | None = None, seed: int = 0, k: int = 4) -> Sizes:
@@ -137,9 +116,8 @@ def mean_sizes(many: Sequence[Sizes], names: Sequence[str]) -> Sizes:
 
 @dataclass(frozen=True)
 class Cost:
-    """One stage's cost: tokens through the whole model (`train` of them in training forward passes, each followed
-    by its backward pass), forward `calls` (`train_calls` of them training steps) and `logits`, rows of
-    full-vocabulary logits (a training's counted 3x: forward and backward)."""
+    """One stage: tokens through the model (`train` of them in training passes, each with a backward pass), forward
+    `calls` (`train_calls` training steps) and `logits`, rows of full-vocabulary logits."""
 
     tokens: float = 0.0
     train: float = 0.0
@@ -155,23 +133,15 @@ class Cost:
         return Cost(self.tokens * k, self.train * k, self.calls * k, self.train_calls * k, self.logits * k)
 
     def weight(self, shape: "Shape") -> float:
-        """Its time in tokens through the whole model, as the progress bar weighs it: a token 1, a training
-        token 3 (forward and backward), a call OVERHEAD_TOKENS (reading the weights), a row of logits the
-        unembedding's share of the model (`Shape.logit_tokens`)."""
+        """Its time in tokens: a token 1, a training token 3, a call OVERHEAD_TOKENS, a logits row logit_tokens."""
         return (self.tokens + 2 * self.train + OVERHEAD_TOKENS * (self.calls + 2 * self.train_calls)
                 + self.logits * shape.logit_tokens)
 
 
-OVERHEAD_TOKENS = 16
-"""A forward call's fixed cost in tokens: on a CPU a pass of a few rows is bound by reading the weights, about as
-much as this many more tokens (SmolLM2-135M: a 4-row training step runs at the speed of ~20 tokens)."""
-
-
 @dataclass(frozen=True)
 class Work:
-    """A job's cost plan: its stages in the order it runs them, each a named `Cost`. Its totals are what admission
-    and the estimate count (`service/estimate.py`); its stages' weights are the progress bar's shares
-    (`stages.plan_spans`). Adding two plans keeps the order and merges stages of one name."""
+    """A job's plan: its named stages (`Cost`) in the order it runs them; adding plans keeps the order and merges
+    stages of one name."""
 
     stages: tuple[tuple[str, Cost], ...] = field(default=())
 
@@ -184,17 +154,14 @@ class Work:
     train_calls = property(lambda self: self._total("train_calls"))
     logits = property(lambda self: self._total("logits"))
 
-    @property
-    def parts(self) -> tuple[tuple[str, float], ...]:
-        """(stage, tokens) in order."""
-        return tuple((n, c.tokens) for n, c in self.stages)
-
     def cost(self) -> Cost:
-        """The whole plan as one Cost."""
         return sum((c for _, c in self.stages), Cost())
 
+    def units(self, shape: "Shape") -> float:
+        """Its time in token-equivalents (`Cost.weight`): what the estimate multiplies by seconds per unit."""
+        return float(sum(c.weight(shape) for _, c in self.stages))
+
     def stage(self, name: str) -> Cost:
-        """The stage called `name` (an empty Cost when there is none)."""
         return dict(self.stages).get(name, Cost())
 
     def __add__(self, other: "Work") -> "Work":
@@ -207,12 +174,10 @@ class Work:
 
     def named(self, name: str) -> "Work":
         """The same work as one stage called `name`."""
-        c = self.cost()
-        return Work(((name, c),)) if c != Cost() else NONE
+        return stage(name, self.cost())
 
     def without(self, names: "set[str] | frozenset[str]") -> "Work":
-        """The same plan less the stages called `names` (work a job will skip: e.g. a clean pass whose states are
-        held in memory, a sub-result already cached)."""
+        """Less the stages called `names` (work a job skips: states held in memory, a cached sub-result)."""
         return Work(tuple(s for s in self.stages if s[0] not in names))
 
     def passes(self, per_pass: float) -> float:
@@ -221,7 +186,7 @@ class Work:
 
     def how(self, top: int = 4) -> str:
         """The largest parts, e.g. `training 40,000 tokens, ICL 1,300, zero-shot 150`."""
-        parts = sorted((p for p in self.parts if p[1] >= 0.5), key=lambda p: -p[1])
+        parts = sorted(((n, c.tokens) for n, c in self.stages if c.tokens >= 0.5), key=lambda p: -p[1])
         if not parts:
             return "no forward passes"
         shown = ", ".join(f"{n} {t:,.0f}" for n, t in parts[:top])
@@ -245,8 +210,7 @@ def batches(rows: float, batch: float) -> float:
 
 
 def passes(name: str, n: float, tokens: float, batch: float = BATCH, repeat: float = 1, logits: float = 1) -> Work:
-    """`repeat` x `n` full forward passes of prompts of `tokens` tokens, `batch` rows per call, `logits` rows of
-    logits per prompt (its last token's; 0: a pass that only captures states)."""
+    """`repeat` x `n` full passes of `tokens`-token prompts, `batch` rows a call, `logits` rows of logits each."""
     return stage(name, Cost(repeat * n * tokens, 0.0, repeat * batches(n, batch), 0.0, repeat * n * logits))
 
 
@@ -256,16 +220,14 @@ def stage(name: str, c: Cost) -> Work:
 
 
 def steps(name: str, n: float, batch: float = STEP_BATCH, repeat: float = 1, share: float = 1.0) -> Work:
-    """`repeat` x `n` one-token steps over a KV cache (decoding, last-token configurations), `batch` rows per
-    call, each through the `share` of the model's layers it runs (a step from a later layer on: its tokens and its
-    calls' fixed cost both scale with the layers run), with its row of logits."""
+    """`repeat` x `n` one-token steps over a KV cache, `batch` rows a call, through the `share` of the layers they
+    run (tokens and calls scale with it), each with its row of logits."""
     return stage(name, Cost(float(repeat * n * share), 0.0, repeat * batches(n, batch) * share, 0.0,
                             float(repeat * n)))
 
 
 def training(name: str, n: float, tokens: float, batch: float = 1) -> Work:
-    """`n` training forward passes of prompts of `tokens` tokens (each with its backward pass), `batch` rows per
-    step."""
+    """`n` training passes of `tokens`-token prompts (each with its backward pass), `batch` rows a step."""
     calls = batches(n, batch)
     return stage(name, Cost(n * tokens, n * tokens, calls, calls, 3.0 * n))
 
@@ -277,9 +239,8 @@ def induction(shape: Shape) -> Work:
 
 
 def generation(name: str, n: float, tokens: float, max_new_tokens: int, batch: float = BATCH) -> Work:
-    """Greedy generation of `n` prompts of `tokens` tokens: the prefill, then `max_new_tokens` - 1 decoding steps (a
-    batch decodes until its last row has stopped, and one row that does not stop is the rule, not the exception:
-    measured on zero-shot prompts, where the answer rambles on)."""
+    """Greedy generation: the prefill, then `max_new_tokens` - 1 steps (a batch runs until its last row stops, and
+    one row that does not stop is the rule on zero-shot prompts)."""
     return (passes(name, n, tokens, batch) + steps(name, n, batch, max(max_new_tokens - 1, 0))).named(name)
 
 

@@ -15,7 +15,6 @@ import torch
 
 from ...model.loading import LoadedModel
 from .prefix_store import frozen
-from . import reuse
 
 
 @contextmanager
@@ -68,11 +67,8 @@ def induction_scores(lm: LoadedModel, n: int = 50, batch: int = 4, seed: int = 0
         return _induction_scores(lm, n, batch, seed, bos)
     with _MEMO_LOCK:
         found = _MEMO.get(key)
-    if found is not None:
-        reuse.note(("induction", key))
-    else:
+    if found is None:
         found = _induction_scores(lm, n, batch, seed, bos)
-        reuse.made(("induction", key))
         with _MEMO_LOCK:
             if len(_MEMO) > 64:
                 _MEMO.clear()
