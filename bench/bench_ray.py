@@ -55,10 +55,15 @@ NOOP = Kind("noop", NoopParams, NoopResult, "bench_ray:noop", "no work", api="no
 
 
 def run_jobs(runner: Any, jobs: list[dict[str, Any]], kind: str = "noop") -> float:
-    from plain_job import PlainJob
+    """Admit each job body (as POST /jobs does), submit it to `runner`, and wait for all: their wall seconds."""
+    from backend.service.admit import admit
+    from backend.service.limits import Limits
+    from backend.service.model_pool import ModelPool
+    from backend.service.task_store import TaskStore
 
+    pool, tasks, limits = ModelPool(), TaskStore(), Limits()
     t0 = time.perf_counter()
-    ids = [runner.submit(PlainJob(kind, p, f"{kind}:{sorted(p.items())}")).id for p in jobs]
+    ids = [runner.submit(admit({"kind": kind, **p}, pool, tasks, limits)).id for p in jobs]
     for i in ids:
         while (j := runner.get(i, include_result=False)).status in ("queued", "running"):
             time.sleep(0.002)

@@ -66,13 +66,14 @@ def outside(cache: str) -> list[str]:
                                                  for r in roots)})
 
 
-def read_load(kind: str, params: dict, progress) -> dict:
-    """The fuzz runner: no computation, but a `load` that names a stored tensor is read and checked."""
+def read_load(job, progress) -> dict:
+    """The fuzz executor: no computation, but a `load` that names a stored tensor (of the admitted `job`'s params)
+    is read and checked."""
     from backend.analysis.primitives.saved import inspect
     from backend.store.tensor_store import default_store
 
-    if isinstance(params.get("load"), str):
-        inspect(default_store().get(params["load"]), "tensor")
+    if isinstance(job.params.get("load"), str):
+        inspect(default_store().get(job.params["load"]), "tensor")
     return {}
 
 

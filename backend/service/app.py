@@ -170,8 +170,14 @@ def create_app(runner: JobRunner | None = None, *, pool: ModelPool | None = None
         runner = make_runner(pool, tasks, limits)
     token = token if token is not None else os.environ.get("HEADLENS_TOKEN") or ""
     pulls = pulls or Pulls()
-    tensors = tensors or default_store()  # the kernel's and the admission's store (one per cache folder)
-    tensors.quota_bytes = limits.tensor_quota_bytes
+    given = tensors
+
+    def store() -> TensorStore:
+        """The kernel's and the admission's tensor store: the one given, else the cache folder's at this call (one
+        per folder; looked up each time, as the result cache is, so both always name the same folder)."""
+        s = given or default_store()
+        s.quota_bytes = limits.tensor_quota_bytes
+        return s
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -190,7 +196,7 @@ def create_app(runner: JobRunner | None = None, *, pool: ModelPool | None = None
     app = FastAPI(title="headlens", version=VERSION, lifespan=lifespan, responses=_ERRORS,
                   description="Which attention heads of a language model do in-context learning.")
     app.state.runner, app.state.pool, app.state.tasks, app.state.limits = runner, pool, tasks, limits
-    app.state.pulls, app.state.tensors = pulls, tensors
+    app.state.pulls, app.state.tensor_store = pulls, store
 
     # -- body size, auth and errors ------------------------------------------------------------------
     app.add_middleware(BodyLimit, limits=limits)  # added first: inside the token check, which runs before it
@@ -280,14 +286,14 @@ def create_app(runner: JobRunner | None = None, *, pool: ModelPool | None = None
         else:
             data = await request.body()
         limits.check_tensor_upload(len(data))
-        return TensorInfo(**await run_in_threadpool(_add_tensor, tensors, data))
+        return TensorInfo(**await run_in_threadpool(_add_tensor, store(), data))
 
     @app.get(TENSOR_PATH + "/{tensor_id}", response_class=Response,
              responses={200: {"content": {"application/octet-stream": {}}}, 404: {"model": ErrorResponse}})
     def download_tensor(tensor_id: str) -> Response:
         """The file of a saved tensor (safetensors bytes)."""
         try:
-            data = tensors.get(tensor_id)
+            data = store().get(tensor_id)
         except TensorMissing as e:
             raise NotFound(str(e)) from None
         return Response(data, media_type="application/octet-stream",
@@ -296,14 +302,14 @@ def create_app(runner: JobRunner | None = None, *, pool: ModelPool | None = None
     # -- jobs ---------------------------------------------------------------------------------------------
     def admission(req: JobRequest, **how: Any) -> Admission:
         """The one admission of a job request (admit.py), for every route that takes one."""
-        return admit({"kind": req.kind, **(req.model_extra or {})}, pool, tasks, limits, tensors=tensors, **how)
+        return admit({"kind": req.kind, **(req.model_extra or {})}, pool, tasks, limits, tensors=store(), **how)
 
     @app.post("/jobs", response_model=JobStatus, status_code=202)
     def submit_job(req: JobRequest) -> JobStatus:
         """One call per result: the cached result (`done`, `cache_hit`), else, with `start` `if_short` and a job
         estimated over HOLD_OVER_S (or `never`), `held` with its estimate and no job, else the queued job."""
         a = admission(req, check_work=req.start != "never")
-        found = cached(a, tensors)
+        found = cached(a, store())
         if found is not None:
             return runner.done(a, found.to_json())
         if req.start == "never" or req.start == "if_short" and (a.estimate.seconds or 0) > lanes.HOLD_OVER_S:
@@ -311,7 +317,7 @@ def create_app(runner: JobRunner | None = None, *, pool: ModelPool | None = None
                              params=a.params, created=time.time(), estimate=estimate_json(a))
         job = runner.submit(a)
         for tid in a.tensors:  # kept while the job is queued or running (the uploads' quota skips it)
-            tensors.pin(tid, lambda jid=job.id: _active(runner, jid))
+            store().pin(tid, lambda jid=job.id: _active(runner, jid))
         return job.model_copy(update={"estimate": estimate_json(a)})
 
     def estimate_json(a: Admission) -> dict[str, Any]:
@@ -333,7 +339,7 @@ def create_app(runner: JobRunner | None = None, *, pool: ModelPool | None = None
     def cached_job(req: JobRequest) -> JobStatus:
         """A view of POST /jobs's admission: the job's result when it is cached, else 404; never computes."""
         a = admission(req, storage=False)
-        found = cached(a, tensors)
+        found = cached(a, store())
         if found is None:
             raise NotFound(f"no cached {a.kind} result for this request; submit it with POST /jobs")
         return runner.done(a, found.to_json())

@@ -26,13 +26,11 @@ can replace `LocalJobRunner` without touching the routes.
   generated token, so a job stops within about one of those past its limit, whatever its size. The time limit is
   wall time from the job's first start: the time it spent giving way counts.
 
-Shared jobs and DELETE: a job counts its submitters. The POST that creates it counts 1; each later POST
-that gets the same *active* (queued or running) job back adds 1 (one that gets a finished job back adds
-nothing: there is nothing left to cancel). Each DELETE of an active job withdraws one submitter; the job
-is cancelled only when the count reaches 0, so one client's DELETE cannot end the identical job another
-client is waiting for. A DELETE that leaves others waiting answers the job unchanged with the message
-"withdrawn: N other submitter(s) still wait for this job". Ids are not secrets between clients: k
-DELETEs cancel a job that k POSTs share, whoever sends them.
+Shared jobs and DELETE: a job counts its submitters. The POST that creates it counts 1; each later POST that gets the
+same *active* (queued or running) job back adds 1 (a finished one adds nothing). Each DELETE of an active job withdraws
+one submitter; the job is cancelled only when the count reaches 0, so one client's DELETE cannot end the identical job
+another client is waiting for (it answers "withdrawn: N other submitter(s) still wait for this job"). Ids are not
+secrets between clients: k DELETEs cancel a job that k POSTs share, whoever sends them.
 """
 from __future__ import annotations
 

@@ -62,11 +62,12 @@ class Estimate:
     basis: str = "no cost declared"
     runs: int = 0
     held_tokens: float = 0.0
+    time_notes: str = ""  # what the time leaves out or adds (held states, the model's load): not in `how`, the work
 
     def to_json(self) -> dict[str, Any]:
         r = lambda v: None if v is None else round(v, 3)  # noqa: E731
         return {"passes": round(self.passes, 1), "tokens": round(self.tokens), "train_tokens": round(self.train_tokens),
-                "units": round(self.units), "held_tokens": round(self.held_tokens), "how": self.how,
+                "units": round(self.units), "held_tokens": round(self.held_tokens), "how": self.how + self.time_notes,
                 "seconds": r(self.seconds), "low": r(self.low), "high": r(self.high), "basis": self.basis,
                 "runs": self.runs, "shape": asdict(self.shape), "sizes": asdict(self.sizes)}
 
@@ -233,17 +234,16 @@ def estimate(spec: Any, p: Any, model: str | None, task: Any = None, lm: Any = N
     plan = p.work(shape, sizes)
     held = p.held(lm, task) if lm is not None and hasattr(p, "held") else set()
     timed = plan.without(held) if held else plan
-    how = plan.how() + (f"; {plan.tokens - timed.tokens:,.0f} of them held in memory from an earlier pass"
-                        if held else "")
+    notes = f"; {plan.tokens - timed.tokens:,.0f} of them held in memory from an earlier pass" if held else ""
     units = timed.units(shape)
     r, lo, hi, basis, runs = rate(model if spec.uses_model else None, spec.name, shape.n_params)
     load = load_seconds(model, shape.n_params) if spec.uses_model and model and lm is None and resident is False \
         else 0.0
     if load:
-        how += f"; loading the model first (about {load:.0f} s)"
-    return Estimate(plan.passes(sizes.prompt(p.reference_shots())), plan.tokens, plan.train, units, how, shape, sizes,
-                    units * r + load, units * lo + load, units * hi + load, basis, runs,
-                    plan.tokens - timed.tokens), plan
+        notes += f"; loading the model first (about {load:.0f} s)"
+    return Estimate(plan.passes(sizes.prompt(p.reference_shots())), plan.tokens, plan.train, units, plan.how(), shape,
+                    sizes, units * r + load, units * lo + load, units * hi + load, basis, runs,
+                    plan.tokens - timed.tokens, notes), plan
 
 
 MIN_FRACTION, MIN_ELAPSED_S = 0.05, 2.0

@@ -719,7 +719,7 @@ def test_quota_removes_the_least_recently_used_upload_never_a_pinned_or_trained_
 def test_quota_pins_what_an_admitted_job_reads(svc):
     t, m = file_of(svc, "site")
     tid = svc.c.post("/tensors", content=encode(t, {**m, "task": "pinned"})).json()["id"]
-    assert svc.c.app.state.tensors.pinned(tid) is False
+    assert svc.c.app.state.tensor_store().pinned(tid) is False
     r = svc.c.post("/jobs", json={"kind": "site", **BASE, **SITE, "load": tid, "seed": 31})
-    assert r.status_code == 202 and svc.c.app.state.tensors.pinned(tid)
+    assert r.status_code == 202 and svc.c.app.state.tensor_store().pinned(tid)
     wait(svc.c, r.json()["id"])

@@ -23,7 +23,6 @@ from test_core_invariants import sentiment_task
 from tiny_models import tiny_model
 from hang import HANG_S  # noqa: E402
 
-pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")

@@ -14,7 +14,6 @@ from tiny_models import CONFIGS, tiny_model
 from backend.model.interventions import (Add, Capture, HeadMask, Record, Replace, Skip, intervene, mask_heads,
                                          skip_below)
 
-pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module", params=sorted(CONFIGS))

@@ -25,7 +25,6 @@ WORDS = ["cat", "dog", "red", "blue", "sun", "moon", "tree", "rock", "fish", "bi
 _lms: dict = {}
 
 
-pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture

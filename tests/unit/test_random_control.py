@@ -12,7 +12,6 @@ from backend.model.loading import wrap
 from test_core_invariants import sentiment_task
 from tiny_models import tiny_model
 
-pytestmark = pytest.mark.usefixtures("one_thread")
 COMMON = dict(shots=2, prompts=4, seed=0, top_k=2)
 
 

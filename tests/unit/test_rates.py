@@ -16,7 +16,6 @@ from backend.analysis.primitives import stats as S
 from backend.analysis.primitives.patch import recovered_share, recovered_stderr
 from backend.analysis.results import Metrics
 
-pytestmark = pytest.mark.usefixtures("one_thread")
 RATES = ("accuracy", "label_accuracy", "tr_ratio")
 
 
