@@ -8,7 +8,7 @@ imported on first use, so this module needs no torch and sits below every kind m
 params through `get_kind`).
 
 The name is the kind's one name everywhere: the `kind` of `POST /jobs`, the CLI subcommand (with dashes), the Python
-API function (`backend.<name>`, generated into `backend/analysis/api/`) and the pages' calls. An alias is accepted
+API function (`backend.<name>`, built from the entry by `backend/analysis/api/`) and the pages' calls. An alias is accepted
 wherever the name is, resolved here once (`get_kind`, or `KINDS[alias]`); `GET /capabilities` lists them.
 
 Adding a kind: one module (params, result, function), one entry below, one page section
@@ -273,6 +273,11 @@ def unregister(name: str) -> None:
     full = KINDS.resolve(name)
     if full is not None:
         KINDS.drop(full)
+
+
+def builtin() -> tuple[Kind, ...]:
+    """The product's kinds (the entries above), without those registered at run time."""
+    return _ENTRIES
 
 
 def get_kind(name: str) -> Kind:
