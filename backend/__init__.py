@@ -7,7 +7,7 @@
 
 Every analysis kind of the registry (`backend.analysis.kinds`) is a function here, named by the kind's name (its
 older names, the entry's `aliases`, answer too): `fn(lm, task, *, <the params model's fields>, cache=True,
-progress=None) -> <its result model>`, defined in
+progress=None) -> <its result model>`, built from the registry by
 `backend/analysis/api/` (typed, with docstrings: `help(backend.head_scores)`); `analyze(kind, ...)` runs any kind by
 name. A saved tensor (`load`) is an id, or here a local file, copied into the tensor store (`tensor_path(id)`: the
 file of an id). Imports are lazy, so `import backend` pulls in no torch.
@@ -53,7 +53,7 @@ def __getattr__(name: str) -> Any:
     from .analysis.kinds import by_api
 
     kind = by_api(name)
-    if kind is not None:  # the registry's function (backend/analysis/api/), or a kind registered at run time;
+    if kind is not None:  # a built-in kind's function (backend/analysis/api/), or a kind registered at run time's;
         from .analysis import api  # an alias (an older name) is its kind's function
 
         fn = globals().get(kind.name) or getattr(api, kind.name, None) or api.kind_function(kind)

@@ -1,32 +1,28 @@
-"""Small params of every analysis kind on the default model (shared by tests/integration/test_cost_model.py and
-bench/bit_identical.py): small, and shaped so that the estimate's upper bounds are reached."""
+"""A small request of every built-in analysis kind on the default model, from its registry entry (`Kind.example`):
+shared by tests/integration/test_cost_model.py, tests/integration/test_cost_plan.py and bench/bit_identical.py. A
+kind added to the registry joins them with no edit here."""
 from __future__ import annotations
 
-SMALL = dict(prompts=6, shots=2)
-LTV = dict(epochs=2, patience=2, train_prompts=8, val_prompts=4, batch_size=4)
-SITE = dict(m=4, shots=2, steps=6, val_every=3, val_prompts=4, prompts=6, max_new_tokens=4)
-CASES = {  # kind -> (task, params)
-    "model_info": (None, {}),
-    "maps": ("syn-sentiment", SMALL),
-    "scores": ("syn-sentiment", SMALL),
-    "icl": ("syn-sentiment", {"prompts": 6, "shots": [0, 2, 4]}),
-    "ablation_curves": ("syn-sentiment", {**SMALL, "ks": [0, 2, 4], "random_seeds": [0, 1]}),
-    "ablate": ("syn-sentiment", {**SMALL, "heads": [[1, 2], [3, 0]], "mode": "mean"}),
-    "vectors": ("syn-antonym", SMALL),
-    "steer": ("syn-antonym", {**SMALL, "layer": "all"}),
-    "geometry": ("syn-antonym", SMALL),
-    "perturb": ("syn-sentiment", {**SMALL, "perturbations": ["shuffled_inputs", "random_labels"]}),
-    "fit": ("syn-sentiment", {}),
-    "patching": ("syn-sentiment", SMALL),
-    "findings": (None, {"tasks": ["syn-sentiment"], "sections": ["tsla"], "prompts": 4, "shots": 2, "random_sets": 1}),
-    "head": ("syn-sentiment", {**SMALL, "head": [1, 2]}),
-    "ltv_train": ("syn-antonym", LTV),
-    "ltv": ("syn-antonym", {**LTV, **SMALL, "perturbations": 16, "random_draws": 2, "propagation": True}),
-    "ltv_tasks": (None, {**LTV, **SMALL, "tasks": ["syn-antonym", "syn-successor"]}),
-    "site": ("syn-antonym", {**SITE, "budget": [2], "patching": [1, 4], "icl_shots": [2]}),
-    "site_transfer": (None, {**SITE, "tasks": ["syn-antonym", "syn-successor"]}),
-    "methods": ("syn-antonym", {**SMALL, "site_m": 4, "site_shots": 2, "site_steps": 6}),
-}
+from backend.analysis.kinds import Kind, builtin
+
+
+def case(kind: Kind) -> tuple[str | None, dict]:
+    """(task name or None, params) of `kind`'s example; an AssertionError naming what its entry lacks."""
+    where = f"kind {kind.name!r} (backend/analysis/kinds.py)"
+    assert kind.example is not None, (
+        f"{where} has no example: add example={{'task': 'syn-sentiment', <small params>}} to its entry "
+        "(no 'task' for a kind that reads none): the per-kind tests run it on the default model")
+    params = dict(kind.example)
+    task = params.pop("task", None)
+    assert (task is not None) == kind.uses_task, (
+        f"{where}: its example {'needs' if kind.uses_task else 'takes no'} a 'task' (uses_task={kind.uses_task})")
+    return task, params
+
+
+CASES = {k.key: case(k) for k in builtin() if k.example is not None}
+"""kind -> (task, params), keyed by the name the kind's results are filed under (`Kind.key`: bench/bit_identical.py's
+baselines are keyed by it; the registry takes it as a name or an alias). A kind without an example is left out here
+and named by tests/integration/test_cost_model.py."""
 
 
 class MemoryStore(dict):

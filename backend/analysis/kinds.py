@@ -1,18 +1,18 @@
 """The job-kind registry: every analysis declared once, under one name.
 
-An entry names the kind, the module that holds it (`Kind.at`), a one-line description and the old names it still
-answers to (`aliases`). The module holds, side by side, the kind's params model `<Key>Params` (defaults declared
-once), its result model `<Key>Result` and its function `<key>(ctx: Context, p) -> dict` (`fn=` names another), where
-`key` is the name its cached results are filed under (the name itself, unless the kind was renamed); they are
-imported on first use, so this module needs no torch and sits below every kind module (which may read another kind's
-params through `get_kind`).
+An entry names the kind, the module that holds it (`Kind.at`), a one-line description, the old names it still answers to
+(`aliases`) and a small request (`example`, what the per-kind tests run). The module holds, side by side, the kind's
+params model `<Key>Params` (defaults declared once), its result model `<Key>Result` and its function `<key>(ctx:
+Context, p) -> dict` (`fn=` names another), where `key` is the name its cached results are filed under (the name itself,
+unless the kind was renamed); they are imported on first use, so this module needs no torch and sits below every kind
+module (which may read another kind's params through `get_kind`).
 
 The name is the kind's one name everywhere: the `kind` of `POST /jobs`, the CLI subcommand (with dashes), the Python
-API function (`backend.<name>`, generated into `backend/analysis/api/`) and the pages' calls. An alias is accepted
-wherever the name is, resolved here once (`get_kind`, or `KINDS[alias]`); `GET /capabilities` lists them.
+API function (`backend.<name>`, built from the entry by `backend/analysis/api/`) and the pages' calls. An alias is
+accepted wherever the name is, resolved here once (`get_kind`, or `KINDS[alias]`); `GET /capabilities` lists them.
 
-Adding a kind: one module (params, result, function), one entry below, one page section
-(docs/architecture.md, "Adding a kind").
+Adding a kind: one module (params, result, function), one entry below (with its `example`), one page section
+(docs/architecture.md, "Adding a kind"); the tests take the new kind from here.
 """
 from __future__ import annotations
 
@@ -70,6 +70,11 @@ class Kind:
     3 for ablation_curves: its curves keep every prompt's outcome per set and k (the findings' tests pool them over
     seeds); 2 for findings: its verdicts rest on per-task tests."""
     indexed: bool = False  # list its cached results per model and task, so `Context.cached` finds them by any field
+    example: dict[str, Any] | None = field(default=None, compare=False)
+    """A small request of the kind: its params, and `task` for a kind that reads one (the body of `POST /jobs`
+    without kind and model). The per-kind tests run it on the default model (tests/kind_cases.py: the cost model,
+    the cost plan, bench/bit_identical.py), so keep it small, with each list long enough to reach its plan's largest
+    stage. Required of a built-in kind."""
 
     def __post_init__(self) -> None:
         if self.api and self.api != self.name and self.api not in self.aliases:
@@ -150,63 +155,87 @@ def json_schema(model: type[BaseModel]) -> dict[str, Any]:
     return schema
 
 
+_SMALL = {"prompts": 6, "shots": 2}
+_LTV = {"epochs": 2, "patience": 2, "train_prompts": 8, "val_prompts": 4, "batch_size": 4}
+_SITE = {"m": 4, "shots": 2, "steps": 6, "val_every": 3, "val_prompts": 4, "prompts": 6, "max_new_tokens": 4}
 _ENTRIES: tuple[Kind, ...] = (
     Kind.at("general.model_info", "model_info", uses_task=False,
-            description="load a model (it stays resident) and describe it"),
+            description="load a model (it stays resident) and describe it",
+            example={}),
     Kind.at("tsla.scores", "head_maps", key="maps", aliases=("maps",),
-            description="TR, TL, DLA-TR, DLA-TL and induction head maps with accuracies (no head selection)"),
+            description="TR, TL, DLA-TR, DLA-TL and induction head maps with accuracies (no head selection)",
+            example={"task": "syn-sentiment", **_SMALL}),
     Kind.at("tsla.scores", "head_scores", key="scores", aliases=("scores",),
-            description="TR, TL, DLA-TR, DLA-TL and induction head maps, accuracies, top heads and their overlaps"),
+            description="TR, TL, DLA-TR, DLA-TL and induction head maps, accuracies, top heads and their overlaps",
+            example={"task": "syn-sentiment", **_SMALL}),
     Kind.at("tsla.icl", "icl_curve", key="icl", aliases=("icl",), version=1,
-            description="accuracy, label accuracy and TR ratio against the number of demonstrations"),
+            description="accuracy, label accuracy and TR ratio against the number of demonstrations",
+            example={"task": "syn-sentiment", "prompts": 6, "shots": [0, 2, 4]}),
     Kind.at("tsla.ablation", "ablation_curves", fn="curves", version=3,
-            description="accuracy, label accuracy and TR ratio against the number of top heads ablated, per order"),
+            description="accuracy, label accuracy and TR ratio against the number of top heads ablated, per order",
+            example={"task": "syn-sentiment", **_SMALL, "ks": [0, 2, 4], "random_seeds": [0, 1]}),
     Kind.at("tsla.ablation", "ablate", version=1,
-            description="ablate one head set: metrics and per-prompt predictions before and after"),
+            description="ablate one head set: metrics and per-prompt predictions before and after",
+            example={"task": "syn-sentiment", **_SMALL, "heads": [[1, 2], [3, 0]], "mode": "mean"}),
     Kind.at("tsla.vectors", "task_vectors", key="vectors", aliases=("vectors", "build_vectors"), version=1,
             description="task vectors extracted from ICL prompts: TR / TL / random head sets, function vector, "
-                        "vanilla"),
+                        "vanilla",
+            example={"task": "syn-antonym", **_SMALL}),
     Kind.at("tsla.steering", "steer", version=2,
-            description="inject extracted task vectors into zero-shot prompts, at a layer or every layer"),
+            description="inject extracted task vectors into zero-shot prompts, at a layer or every layer",
+            example={"task": "syn-antonym", **_SMALL, "layer": "all"}),
     Kind.at("tsla.geometry", "geometry", version=2,
             description="hidden-state alignment with the label subspace, logit difference, rotation and PCA per "
-                        "layer"),
+                        "layer",
+            example={"task": "syn-antonym", **_SMALL}),
     Kind.at("tsla.perturbations", "perturbation_report", key="perturb", aliases=("perturb",), version=1,
             description="demonstration perturbations: metrics, TR/TL map differences, effect of ablating the top "
-                        "heads"),
+                        "heads",
+            example={"task": "syn-sentiment", **_SMALL, "perturbations": ["shuffled_inputs", "random_labels"]}),
     Kind.at("tsla.patching", "activation_patching", key="patching", aliases=("patching",), version=1,
             description="activation patching: every head's last-token z from clean ICL prompts into zero-shot or "
-                        "perturbed ones; the share of the gold logit recovered per head, beside the TR / TL maps"),
+                        "perturbed ones; the share of the gold logit recovered per head, beside the TR / TL maps",
+            example={"task": "syn-sentiment", **_SMALL}),
     Kind.at("general.fit", "task_fit", key="fit", aliases=("fit",), needs_fit=False,
             description="does the task fit the model: unknown tokens in inputs and labels, prompt length vs the "
-                        "context window"),
+                        "context window",
+            example={"task": "syn-sentiment"}),
     Kind.at("general.head", "head_view", key="head", aliases=("head",), version=1,
             description="one head on one prompt: attention pattern, per-label DLA, TR / TL / induction ranks, effect "
-                        "when ablated; the model's top next tokens (and per layer)"),
+                        "when ablated; the model's top next tokens (and per layer)",
+            example={"task": "syn-sentiment", **_SMALL, "head": [1, 2]}),
     Kind.at("ltv.ltv_train", "ltv_vector", key="ltv_train", aliases=("ltv_train",),
             description="train one learned task vector (added at a decoder layer's input) through the frozen model, "
-                        "saved as safetensors"),
+                        "saved as safetensors",
+            example={"task": "syn-antonym", **_LTV}),
     Kind.at("ltv.ltv", "ltv_layers", key="ltv", aliases=("ltv", "train_ltv"), indexed=True, version=3,
             description="learned task vectors per layer against zero-shot, ICL, vanilla / function / TR / TL "
                         "vectors, on top of ICL; key heads, OV reconstruction and linear propagation (rotation, "
-                        "stretch)"),
+                        "stretch)",
+            example={"task": "syn-antonym", **_LTV, **_SMALL, "perturbations": 16, "random_draws": 2,
+                     "propagation": True}),
     Kind.at("ltv.ltv_tasks", "ltv_across_tasks", key="ltv_tasks", aliases=("ltv_tasks",), uses_task=False,
             description="learned task vectors of several tasks at one layer: the comparison task by task, their "
-                        "cosine similarity, and sums of two tasks' vectors on composed tasks"),
+                        "cosine similarity, and sums of two tasks' vectors on composed tasks",
+            example={**_LTV, **_SMALL, "tasks": ["syn-antonym", "syn-successor"]}),
     Kind.at("site.site", "site_alphas", key="site", aliases=("site", "train_site"), version=2,
             description="soft head selection (SITE): per-head alphas trained to inject an ICL task embedding into "
                         "zero-shot prompts; alpha map, baselines, top/bottom-k patching, budget curve, correlations "
-                        "with head maps"),
+                        "with head maps",
+            example={"task": "syn-antonym", **_SITE, "budget": [2], "patching": [1, 4], "icl_shots": [2]}),
     Kind.at("site.site_transfer", "site_transfer", uses_task=False,
             description="SITE alphas of each task applied to every task's embedding: a transfer accuracy matrix and "
-                        "head overlaps"),
+                        "head overlaps",
+            example={**_SITE, "tasks": ["syn-antonym", "syn-successor"]}),
     Kind.at("findings.findings", "findings_report", key="findings", aliases=("findings",), uses_task=False,
             version=2,
             description="the three papers' findings on one model (TSLA, LTV, SITE), each with the paper's figure and a "
-                        "verdict: holds / partly / does not hold"),
+                        "verdict: holds / partly / does not hold",
+            example={"tasks": ["syn-sentiment"], "sections": ["tsla"], "prompts": 4, "shots": 2, "random_sets": 1}),
     Kind.at("methods", "compare_methods", key="methods", aliases=("methods",), version=2,
             description="every steering method on one task side by side: extracted vectors (vanilla, FV, TR / TL "
-                        "heads), LTV and SITE, with accuracy, TR ratio, parameter count and training seconds"),
+                        "heads), LTV and SITE, with accuracy, TR ratio, parameter count and training seconds",
+            example={"task": "syn-antonym", **_SMALL, "site_m": 4, "site_shots": 2, "site_steps": 6}),
 )
 """The built-in kinds. Renamed ones (issue 26: one name per analysis, the Python function's where it was clear) keep
 their old kind name as `key` and answer to it and to their old Python function's name."""
@@ -273,6 +302,11 @@ def unregister(name: str) -> None:
     full = KINDS.resolve(name)
     if full is not None:
         KINDS.drop(full)
+
+
+def builtin() -> tuple[Kind, ...]:
+    """The product's kinds (the entries above), without those registered at run time."""
+    return _ENTRIES
 
 
 def get_kind(name: str) -> Kind:

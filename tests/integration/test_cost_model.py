@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import pytest
 
-from backend.analysis.kinds import KINDS
+from backend.analysis.kinds import KINDS, builtin
 
-from kind_cases import CASES, MemoryStore
+from kind_cases import CASES, MemoryStore, case
 
 
 @pytest.fixture(scope="module")
@@ -35,11 +35,16 @@ def counted():
 
 
 def test_every_kind_has_a_case():
-    """CASES is keyed by the names the kinds' cached results are filed under (`Kind.key`: bench/bit_identical.py's
-    baseline uses them), which the registry accepts as names or aliases."""
-    named = {KINDS[c].name for c in CASES if c in KINDS}
-    assert named == set(KINDS) and len(named) == len(CASES), "a kind without a cost case: " + \
-        ", ".join(sorted(set(KINDS) ^ named))
+    """Every built-in kind's entry gives a small request (`Kind.example`) that its params model accepts; CASES is
+    keyed by the names the kinds' cached results are filed under (`Kind.key`: bench/bit_identical.py's baseline
+    uses them), which the registry accepts as names or aliases."""
+    from backend.tasks.registry import load_task
+
+    for k in builtin():
+        task, params = case(k)  # an entry without one: the message says what to add
+        k.params.model_validate(params)
+        assert task is None or load_task(task).examples, k.name
+    assert {KINDS[c].name for c in CASES} == {k.name for k in builtin()}
     assert all(KINDS[c].key == c for c in CASES)
 
 

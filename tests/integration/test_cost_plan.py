@@ -1,9 +1,11 @@
 """One cost plan per kind: the progress bar's spans and the admission estimate come from the same `Params.work`.
 
-Every registered kind is covered: each whose plan has two stages or more (all but `ONE_STAGE`) runs once, cold, on the
-default model; the plan its run weighs must total the estimate's tokens (`service/estimate.py`, from the model's
-files and the task alone), and its spans must be the plan's stages' cumulative shares of the plan's weight; its bar never goes back (the run
-takes the stages in the plan's order)."""
+Every built-in kind is covered, from the registry (its entry's `example`, tests/kind_cases.py): each runs once, cold,
+on the default model. A kind whose plan has two stages or more takes its progress from it (`stages.planned`,
+`stages.planned_over` for a kind over several tasks; ltv orders its plan's steps itself): the plan its run weighs
+must total the estimate's tokens (`service/timing.py`, from the model's files and the task alone), its spans must be
+the plan's stages' cumulative shares of the plan's weight, and its bar never goes back (the run takes the stages in
+the plan's order). A kind whose plan has fewer stages has nothing to share a bar by; its bar still never goes back."""
 from __future__ import annotations
 
 import importlib
@@ -11,33 +13,6 @@ import importlib
 import pytest
 
 from kind_cases import CASES, MemoryStore
-
-PLANNED = ("maps", "scores", "icl", "ablation_curves", "ablate", "vectors", "steer", "patching", "site", "ltv",
-           "perturb", "geometry", "head", "methods", "findings", "ltv_tasks", "site_transfer", "ltv_train")
-"""The kinds whose run takes its progress from its plan (`stages.planned`, `stages.planned_over` for a kind over
-several tasks; ltv orders its plan's steps itself)."""
-ONE_STAGE = {
-    "model_info": "no forward pass: the model's description",
-    "fit": "no forward pass (the tokenizer only): an empty plan",
-}
-"""The kinds whose plan has fewer than two stages: nothing to share a bar by."""
-
-
-def test_every_kind_is_planned_or_single_stage():
-    from backend.analysis.kinds import KINDS, get_kind
-    from backend.service.timing import job_sizes
-    from backend.service.model_shape import model_shape
-    from backend.tasks.registry import load_task
-
-    keys = {spec.key for spec in KINDS.values()}
-    assert keys == set(PLANNED) | set(ONE_STAGE)
-    assert not set(PLANNED) & set(ONE_STAGE)
-    assert set(PLANNED) <= set(CASES)
-    for kind in ONE_STAGE:  # each really has fewer than two stages on its test case
-        spec, (name, params) = get_kind(kind), CASES[kind]
-        p = spec.params.model_validate(params)
-        sizes = job_sizes(spec, p, "default", load_task(name) if name else None)
-        assert len(p.work(model_shape("default"), sizes).stages) < 2, kind
 
 
 @pytest.fixture(scope="module")
@@ -57,7 +32,7 @@ def _shares(named, shape, skip):
     return out
 
 
-@pytest.mark.parametrize("kind", PLANNED)
+@pytest.mark.parametrize("kind", sorted(CASES))
 def test_progress_and_estimate_share_one_plan(kind, lm, monkeypatch):
     from backend.analysis.kernel import analyze
     from backend.analysis.kinds import get_kind
@@ -86,6 +61,14 @@ def test_progress_and_estimate_share_one_plan(kind, lm, monkeypatch):
     STORE.clear()
     bar: list[float] = []
     analyze(kind, lm, task, p, cache=MemoryStore(), progress=lambda f, m="": bar.append(f))
+    assert bar == sorted(bar)  # the run takes the plan's stages in the plan's order: its bar never goes back
+    stages_named = [n for n, _ in admitted_plan.stages]
+    if len(stages_named) < 2:  # nothing to share a bar by (no forward pass, or one)
+        assert not seen or len(seen[0][0].stages if isinstance(seen[0][0], Work) else seen[0][0]) < 2, kind
+        return
+    assert seen, (f"{spec.name}: its plan has {len(stages_named)} stages ({', '.join(stages_named)}) but its run "
+                  "shares no progress bar by them: call `stages.planned(ctx, p)` in its function and report each "
+                  "stage with `ctx.stage(*share[<stage>], ...)`")
     plan, shape, skip, got = seen[0]  # the kind's own run: its spans are taken before any sub-call
     named = plan.stages if isinstance(plan, Work) else [(n, w.cost()) for n, w in plan.items()]
     assert sum(c.tokens for _, c in named) == pytest.approx(est.tokens, rel=1e-9), (kind, est.how)
@@ -96,7 +79,6 @@ def test_progress_and_estimate_share_one_plan(kind, lm, monkeypatch):
     assert list(got) == list(want)
     assert all(got[n] == pytest.approx(want[n], abs=1e-12) for n in want)
     assert got[named[-1][0]][1] == 1.0 and len(named) >= 2
-    assert bar == sorted(bar)  # the run takes the plan's stages in the plan's order: its bar never goes back
 
 
 @pytest.mark.parametrize("kind,sub,stage", [("perturb", "scores", "head scores"), ("geometry", "vectors", "vectors")])

@@ -189,7 +189,7 @@ def test_each_kind_is_one_module():
     from backend.analysis.results import Result
 
     builtin = [k for k in KINDS.values() if k.module.startswith("backend.analysis.")]
-    assert len(builtin) == 20
+    assert len(builtin) >= 20  # the product's kinds, and any added since (no count to edit here)
     for k in builtin:
         assert isinstance(k, Kind) and issubclass(k.params, Params) and issubclass(k.result, Result), k.name
         assert {k.params.__module__, k.result.__module__, k.function().__module__} == {k.module}, k.name
