@@ -145,7 +145,7 @@ def test_the_executor_teaches_a_kind_and_a_cache_hit_does_not(on):
     run = make_executor(pool, tasks)
     body = {"kind": "icl_curve", "model": "default", "task": "syn-sentiment", "prompts": 4, "shots": [0, 2]}
     first = admit(body, pool, tasks, Limits())
-    assert "loading the model first" in first.estimate.how  # not resident: its load is part of the wait
+    assert "loading the model first" in first.estimate.time_notes  # not resident: its load is part of the wait
     __import__(first.spec.module)  # a kind's first run in a process imports its module: not timed
     run(first, lambda *a: None)
     assert T.rate("default", "icl_curve", 1)[4] == 1 and T._rates("default")[T.LOAD]  # the run, and the load
