@@ -99,7 +99,7 @@ def build_null(unembed: torch.Tensor, label_ids: list[list[int]], draws: int, se
     rng = np.random.default_rng(seed)
     pool_ids: list[np.ndarray] = []
     repl = np.zeros((draws, len(labels)), dtype=np.int64)
-    block = np.zeros(len(labels), dtype=np.int64)
+    block, blocks = np.zeros(len(labels), dtype=np.int64), []
     for b in np.unique(lb):
         lo, hi = int(b) * vocab // BANDS, (int(b) + 1) * vocab // BANDS if b < BANDS - 1 else vocab
         cand = np.setdiff1d(np.arange(lo, hi), labels)
@@ -107,9 +107,9 @@ def build_null(unembed: torch.Tensor, label_ids: list[list[int]], draws: int, se
             cand = np.setdiff1d(np.arange(vocab), labels) if vocab > len(labels) else np.arange(vocab)
         pick = rng.choice(cand, size=min(POOL, cand.size), replace=False)
         start = sum(len(x) for x in pool_ids)
+        block[which := np.flatnonzero(lb == b)] = len(blocks)
         pool_ids.append(pick)
-        which = np.flatnonzero(lb == b)
-        block[which] = len(pool_ids) - 1
+        blocks.append((start, start + len(pick)))
         k = len(pick)
         if len(which) <= k:  # distinct rows within the band in each draw: the subspace keeps its dimension
             choice = np.argsort(rng.random((draws, k)), axis=1)[:, : len(which)]
@@ -117,7 +117,6 @@ def build_null(unembed: torch.Tensor, label_ids: list[list[int]], draws: int, se
             choice = rng.integers(0, k, size=(draws, len(which)))
         repl[:, which] = start + choice
     ids = torch.as_tensor(np.concatenate(pool_ids) if pool_ids else np.zeros(0, np.int64), device=dev)
-    blocks = [(sum(len(x) for x in pool_ids[:j]), sum(len(x) for x in pool_ids[:j + 1])) for j in range(len(pool_ids))]
     return TrNull(unembed[ids].float(), torch.as_tensor(repl, device=dev), {int(t): i for i, t in enumerate(labels)},
                   blocks, block)
 
