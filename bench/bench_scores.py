@@ -3,13 +3,16 @@
     python bench/bench_scores.py                  # GPT-2-small shape, CPU fp32, batch 16 x 128 tokens
     python bench/bench_scores.py --shape llama8b  # Llama-3.1-8B shape, bf16 on GPU, batch 32 x 256 tokens
     python bench/bench_scores.py --smoke          # a tiny shape, one rep: does it still run (the CI test)
-    python bench/bench_scores.py --stats --model default --prompts 32            # the maps' statistics' cost
-    HEADLENS_MODELS_DIR=... python bench/bench_scores.py --stats --model smollm2-135m --prompts 32
+    python bench/bench_scores.py --stats --model default --task syn-sentiment    # the maps' statistics' cost
+    HEADLENS_MODELS_DIR=... python bench/bench_scores.py --stats --defaults --model smollm2-135m,gemma3-270m
+    HEADLENS_MODELS_DIR=... python bench/bench_scores.py --stats --grid --model smollm2-135m --prompts 16
 
-`--stats`: the `maps` kind's scoring pass without its statistics (`head_maps` as before) against the same pass with
-them (`null_seed`: TR onto the random label subspaces in the pass; then the SE, bootstrap intervals, TR / TL tests
-with BH, and the top-k stability of TR and TL, as `maps` and `scores` compute them), timed alternately; `--model`:
-a preset's real prompts of `--task` (shots, prompts) instead of a random shape.
+`--stats` (one torch thread unless `--threads`): in CPU seconds (`time.process_time`), the scoring pass as the
+`maps` / `scores` kinds run it (`head_maps` with the TR null, then the SE, bootstrap intervals, TR / TL tests with
+BH, packing, the top-k stability of TR and TL) against a plain pass (the forward passes alone over the same
+batches): `cpu_ratio` is the headline; `pass_cpu_ratio` is `head_maps` without the null; wall-clock ratios beside
+(on a shared CPU they measure the load); `--model`: a preset's real prompts of `--task` instead of a random shape;
+`--defaults`: each model's page default (`ui/model_defaults.py`); `--grid`: every built-in task x 2, 4, 8 shots.
 
 Plain: one forward pass keeping only the last position's logits. Scoring: the same batch through
 `head_maps` (the `maps` kind's pass: hooks capture each layer's last-token z, then TR / TL / DLA of every head
@@ -74,8 +77,12 @@ def main() -> None:
     ap.add_argument("--stats", action="store_true", help="time the scoring pass without and with the statistics")
     ap.add_argument("--model", default=None, help="a preset (e.g. default, smollm2-135m) instead of --shape")
     ap.add_argument("--task", default="syn-sentiment")
-    ap.add_argument("--prompts", type=int, default=32)
+    ap.add_argument("--prompts", type=int, default=None, help="default: 32; the page's with --defaults; 16 --grid")
     ap.add_argument("--shots", type=int, default=4)
+    ap.add_argument("--threads", type=int, default=1, help="--stats: torch threads (the service's default: 1)")
+    ap.add_argument("--defaults", action="store_true", help="--stats: the page defaults of each --model (a,b)")
+    ap.add_argument("--grid", action="store_true", help="--stats: every built-in task of --model x --shots-grid")
+    ap.add_argument("--shots-grid", type=int, nargs="+", default=[2, 4, 8])
     a = ap.parse_args()
     if a.stats:
         return stats_cost(a)
@@ -132,78 +139,97 @@ def main() -> None:
 
 
 def stats_cost(a: argparse.Namespace) -> None:
-    """The scoring pass without and with the maps' statistics, alternately (`--stats`)."""
+    """The scoring pass with its statistics against a plain pass over the same batches, in CPU seconds (`--stats`):
+    one JSON line per setting (`--defaults`: both real models' page defaults; `--grid`: every built-in task of the
+    model x `--shots-grid`)."""
+    from backend.tasks.registry import model_tasks
+
+    torch.set_num_threads(a.threads)
+    if a.model and (a.defaults or a.grid):
+        from ui.model_defaults import DEFAULTS
+
+        runs = [(m, DEFAULTS[m]["task"], DEFAULTS[m]["shots"], a.prompts or DEFAULTS[m]["prompts"])
+                for m in a.model.split(",")] if a.defaults else [
+            (a.model, t.name, s, a.prompts or 16) for t in model_tasks(a.model) for s in a.shots_grid]
+    else:
+        runs = [(a.model, a.task, a.shots, a.prompts or 32)]
+    lms: dict = {}
+    for model, task, shots, prompts in runs:
+        res = stats_run(a, lms, model, task, shots, prompts)
+        print(json.dumps(res), flush=True)
+        if a.json:
+            with open(a.json, "a") as f:
+                f.write(json.dumps(res) + "\n")
+
+
+def stats_run(a: argparse.Namespace, lms: dict, model: str | None, task_name: str, shots: int,
+              prompts: int) -> dict:
+    """One setting: plain (the forward passes alone, `forward_last_logits` over head_maps' batches), pass
+    (`head_maps` without the TR null) and scoring (`head_maps` with it, then everything `maps` and `scores` add:
+    `head_stats`, packing, top-k stability), timed in turn after a warm-up; medians of CPU and wall seconds."""
     from backend import load_model
     from backend.analysis.primitives import map_stats
-    from backend.analysis.primitives.batching import build_prompts, encode
+    from backend.analysis.primitives.batching import build_prompts, encode, map_batches
     from backend.analysis.primitives.selection import n_top
     from backend.analysis.results import pack_array
     from backend.analysis.tsla.scores import head_stats
     from backend.tasks.registry import load_task
 
-    if a.model:
-        lm, task = load_model(a.model), load_task(a.task)
-        enc = encode(lm, build_prompts(lm, task, a.shots, a.prompts, 0).prompts, task.kind)
-        batch = a.batch or 16
+    if model:
+        lm = lms[model] = lms.get(model) or load_model(model)
+        task = load_task(task_name)
+        enc = encode(lm, build_prompts(lm, task, shots, prompts, 0).prompts, task.kind)
     else:
         shape = SHAPES["tiny" if a.smoke else a.shape]
         torch.manual_seed(0)
-        model = T.AutoModelForCausalLM.from_config(shape["cfg"](), attn_implementation="sdpa")
-        lm, batch = wrap(model, _Tok(), f"random-{a.shape}"), a.batch or shape["batch"]
+        m = T.AutoModelForCausalLM.from_config(shape["cfg"](), attn_implementation="sdpa")
+        lm = wrap(m, _Tok(), f"random-{a.shape}")
         g = torch.Generator().manual_seed(0)
-        ids = torch.randint(1, model.config.vocab_size, (a.prompts, a.seq or shape["seq"]), generator=g).tolist()
-        labels = torch.randint(1, model.config.vocab_size, (a.labels,), generator=g).tolist()
+        ids = torch.randint(1, m.config.vocab_size, (prompts, a.seq or shape["seq"]), generator=g).tolist()
+        labels = torch.randint(1, m.config.vocab_size, (a.labels,), generator=g).tolist()
         enc = Encoded([], ids, [labels] * len(ids), [i % a.labels for i in range(len(ids))], "classification")
+    batch = a.batch or 16
     k = n_top(lm.n_layers, lm.n_heads, 5.0, None)
 
-    def without() -> None:
+    def plain() -> None:
+        map_batches(lm, enc.ids, batch, lambda b: forward_last_logits(lm, b))
+
+    def pass_() -> None:
         head_maps(lm, enc, batch_size=batch)
 
-    def with_stats() -> None:
+    def scoring() -> None:
         hm = head_maps(lm, enc, batch_size=batch, null_seed=0)
         head_stats(hm.per_prompt, hm.tr, hm.null_tr, 0)
         {n: pack_array(v) for n, v in hm.per_prompt.items()}
         for name in ("tr", "tl"):
             map_stats.stability(hm.per_prompt[name], k, seed=0)
 
-    without(), with_stats()  # warm-up
-    times: dict[str, list[float]] = {"without": [], "with": []}
-    cpu: dict[str, list[float]] = {"without": [], "with": []}
+    arms = {"plain": plain, "pass": pass_, "scoring": scoring}
+    for f in arms.values():  # warm-up
+        f()
+    wall: dict[str, list[float]] = {n: [] for n in arms}
+    cpu: dict[str, list[float]] = {n: [] for n in arms}
     for _ in range(1 if a.smoke else a.reps):
-        for name, f in (("without", without), ("with", with_stats)):
+        for name, f in arms.items():
             sync(lm.device)
             t, c = time.perf_counter(), time.process_time()
             f()
             sync(lm.device)
-            times[name].append(time.perf_counter() - t)
+            wall[name].append(time.perf_counter() - t)
             cpu[name].append(time.process_time() - c)
     med = statistics.median
-    rest = None
-    if a.model:  # the rest of the `maps` kind, the same with or without statistics: zero-shot pass and induction
-        from backend.analysis.primitives import induction
-        from backend.analysis.primitives.predict import evaluate
-
-        zenc = encode(lm, task.build_prompts(0, len(enc.ids), 0), task.kind)
-        rt = []
-        for _ in range(1 if a.smoke else 3):
-            induction._MEMO.clear()
-            t = time.perf_counter()
-            evaluate(lm, zenc, batch)
-            induction.induction_scores(lm)
-            rt.append(time.perf_counter() - t)
-        rest = med(rt)
-    res = {"model": a.model or ("tiny" if a.smoke else a.shape), "task": a.task if a.model else None, "prompts": len(enc.ids),
-           "shots": a.shots if a.model else None, "batch": batch, "heads": lm.n_layers * lm.n_heads,
-           "without_s": round(med(times["without"]), 3), "with_s": round(med(times["with"]), 3),
-           "ratio": round(med(times["with"]) / med(times["without"]), 3),
-           "pair_ratio": round(med(w / o for o, w in zip(times["without"], times["with"])), 3),
-           "cpu_ratio": round(med(cpu["with"]) / med(cpu["without"]), 3), "reps": len(times["with"]),
-           "rest_of_kind_s": None if rest is None else round(rest, 3),
-           "kind_ratio": None if rest is None else round((med(times["with"]) + rest) / (med(times["without"]) + rest), 3),
-           "torch_threads": torch.get_num_threads(), "load_avg": [round(x, 2) for x in os.getloadavg()]}
-    print(json.dumps(res))
-    if a.json:
-        Path(a.json).write_text(json.dumps(res, indent=1))
+    pc = med(cpu["plain"])
+    return {"model": model or ("tiny" if a.smoke else a.shape), "task": task_name if model else None,
+            "shots": shots if model else None, "prompts": len(enc.ids), "tokens": sum(len(x) for x in enc.ids),
+            "labels": max(len(x) for x in enc.label_ids), "label_sets": len({tuple(x) for x in enc.label_ids}),
+            "heads": lm.n_layers * lm.n_heads, "batch": batch,
+            # the headline: the scoring pass with its statistics / the plain pass, CPU seconds
+            "cpu_ratio": round(med(cpu["scoring"]) / pc, 3), "pass_cpu_ratio": round(med(cpu["pass"]) / pc, 3),
+            **{f"{n}_cpu_s": round(med(v), 3) for n, v in cpu.items()},
+            "wall_ratio": round(med(wall["scoring"]) / med(wall["plain"]), 3),
+            "pair_cpu_ratio": round(med(s / p for p, s in zip(cpu["plain"], cpu["scoring"])), 3),
+            "reps": len(cpu["plain"]), "torch_threads": torch.get_num_threads(),
+            "load_avg": [round(x, 2) for x in os.getloadavg()]}
 
 
 if __name__ == "__main__":

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from backend.analysis.primitives import map_stats as ms
-from backend.analysis.primitives.tr_null import BANDS, band, build_null, n_draws, null_batch, null_tr
+from backend.analysis.primitives.tr_null import BANDS, band, build_null, n_draws, null_rows, null_tr_sum
 from backend.analysis.primitives.tsla import label_space, tsla
 from backend.analysis.results import pack_array
 from backend.analysis.tsla.head_maps import MAP_NAMES, PER_PROMPT, head_maps
@@ -108,8 +108,8 @@ def _synthetic(seed: int, planted: float, prompts: int = 30, heads: int = 40, d:
     lab = labels * prompts
     st = tsla(o, label_space(unembed, lab, gold))
     null = build_null(unembed, lab, 1000, seed)
-    nt = null_tr(o, null, null_batch(null, lab))  # (prompts, heads, R)
-    return st.tr.mean(0).numpy(), nt.mean(0).T.numpy(), null.draws
+    nt = null_tr_sum(o, null, null_rows(null, lab)) / prompts  # (heads, R)
+    return st.tr.mean(0).numpy(), nt.T.numpy(), null.draws
 
 
 def test_tr_null_finds_a_planted_head_and_not_the_random_ones():
@@ -200,11 +200,11 @@ def test_null_tr_is_the_projection_onto_each_drawn_subspace():
     lab = [[10, 20, 700], [10, 10, 300]]
     null = build_null(unembed, lab, 50, seed=2)
     o = torch.randn(2, 3, 12, generator=g)
-    got = null_tr(o, null, null_batch(null, lab))  # (2, 3, 50)
     for i, ids in enumerate(lab):
+        got = null_tr_sum(o[i:i + 1], null, null_rows(null, [ids]))  # (3, 50)
         for r in (0, 17, 49):
             rows = null.rows[null.repl[r, [null.col[t] for t in ids]]]
             want = (projector(rows) @ o[i].double().T).norm(dim=0)
-            np.testing.assert_allclose(got[i, :, r].numpy(), want.numpy(), rtol=1e-4, atol=1e-5)
+            np.testing.assert_allclose(got[:, r].numpy(), want.numpy(), rtol=1e-4, atol=1e-5)
             w = whitening(rows.double() @ rows.double().T)
             np.testing.assert_allclose((w @ w.T).numpy(), gram_pinv(rows).numpy(), rtol=1e-8, atol=1e-10)

@@ -10,10 +10,11 @@ proxy for its frequency), from a pool of POOL rows per band that holds no label 
 band in one draw. Draw r replaces each label token by the same row in every prompt: for a task with one label set
 each draw is one random subspace of the label subspace's dimension, shared by all prompts, as the label subspace is.
 
-Shapes: writes o (batch, heads, d); the pool's rows (M, d), M = POOL x bands in use; draws R.
-Per layer and batch: a = o W_pool^T (batch, heads, M), gathered to (batch, heads, R, n) and
-TR_null = sqrt(a^T G_r^+ a) with G_r = U_r U_r^T (R, n, n), as `tsla.tsla` computes TR, here as ||W_r^T a||
-with W_r W_r^T = G_r^+ (`whitening`).
+Shapes: writes o (batch, heads, d), all layers' heads at once; the pool's rows (M, d), M = POOL x bands in use;
+draws R. Per prompt: a = W_pool o^T (M, heads), one GEMM, and TR_null = sqrt(a_r^T G_r^+ a_r) with a_r a's n rows
+of draw r and G_r = U_r U_r^T (n, n), as `tsla.tsla` computes TR, here as ||W_r^T a_r|| with W_r W_r^T = G_r^+
+(`whitening`): the n sums of W_r^T a_r are n weighted bags of a's rows, one `embedding_bag` over all draws (the
+gather and the n x n products in one kernel: n^2 R heads multiply-adds a prompt, on contiguous rows of heads).
 """
 from __future__ import annotations
 
@@ -21,10 +22,12 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 
 BANDS = 16  # equal bands of token ids: the frequency proxy
 POOL = 128  # random rows per band a label token can be replaced by
 MIN_DRAWS, MAX_DRAWS, DRAWS_PER_HEAD = 1000, 20_000, 10
+CHUNK = 1 << 20  # floats of one chunk of bag sums (4 MB: in cache)
 
 
 def n_draws(n_heads: int) -> int:
@@ -41,17 +44,47 @@ def band(ids: np.ndarray, vocab: int) -> np.ndarray:
 
 
 @dataclass
+class NullRow:
+    """One label tuple's draws: used (m,) the pool rows any draw takes for it; idx (R, n) each draw's rows as
+    positions in `used`; wt (R, n, n) float32, W_r^T with W_r W_r^T = (U_r U_r^T)^+, so TR^2 = ||W_r^T a||^2."""
+
+    used: torch.Tensor
+    idx: torch.Tensor
+    wt: torch.Tensor
+
+
+@dataclass
 class TrNull:
     """Random label subspaces for one prompt set.
 
-    rows: (M, d) float32 pool rows of W_U; gram: (M, M) float64 = rows rows^T; repl: (R, T) pool index of each of the
-    task's T label tokens (columns in `col`) in each draw; pinv: (U_r U_r^T)^+ per label tuple, (R, n, n)."""
+    rows: (M, d) float32 pool rows of W_U, band by band (rows[blocks[j][0]:blocks[j][1]] band j's); gram: (M, M)
+    float64 = rows rows^T, filled block by block as label sets need them (`filled`: (bands, bands) bool); repl:
+    (R, T) pool index of each of the task's T label tokens (columns in `col`, its band's block `block[col]`) in each
+    draw; `seen`: each label tuple's `NullRow` (`null_rows`)."""
 
     rows: torch.Tensor
-    gram: torch.Tensor
     repl: torch.Tensor
     col: dict[int, int]
-    pinv: dict[tuple[int, ...], torch.Tensor] = field(default_factory=dict)
+    blocks: list[tuple[int, int]]
+    block: np.ndarray
+    gram: torch.Tensor = field(init=False)
+    filled: np.ndarray = field(init=False)
+    seen: dict[tuple[int, ...], NullRow] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.gram = torch.empty(len(self.rows), len(self.rows), dtype=torch.float64, device=self.rows.device)
+        self.filled = np.zeros((len(self.blocks),) * 2, dtype=bool)
+
+    def fill(self, cols: list[int]) -> None:
+        """Compute the gram's blocks among the bands of label columns `cols` (each block once, by symmetry)."""
+        bs = sorted({int(self.block[c]) for c in cols})
+        for i, bi in enumerate(bs):
+            for bj in bs[i:]:
+                if not self.filled[bi, bj]:
+                    (a0, a1), (b0, b1) = self.blocks[bi], self.blocks[bj]
+                    blk = self.rows[a0:a1].double() @ self.rows[b0:b1].double().T
+                    self.gram[a0:a1, b0:b1], self.gram[b0:b1, a0:a1] = blk, blk.T
+                    self.filled[bi, bj] = self.filled[bj, bi] = True
 
     @property
     def draws(self) -> int:
@@ -66,6 +99,7 @@ def build_null(unembed: torch.Tensor, label_ids: list[list[int]], draws: int, se
     rng = np.random.default_rng(seed)
     pool_ids: list[np.ndarray] = []
     repl = np.zeros((draws, len(labels)), dtype=np.int64)
+    block, blocks = np.zeros(len(labels), dtype=np.int64), []
     for b in np.unique(lb):
         lo, hi = int(b) * vocab // BANDS, (int(b) + 1) * vocab // BANDS if b < BANDS - 1 else vocab
         cand = np.setdiff1d(np.arange(lo, hi), labels)
@@ -73,8 +107,9 @@ def build_null(unembed: torch.Tensor, label_ids: list[list[int]], draws: int, se
             cand = np.setdiff1d(np.arange(vocab), labels) if vocab > len(labels) else np.arange(vocab)
         pick = rng.choice(cand, size=min(POOL, cand.size), replace=False)
         start = sum(len(x) for x in pool_ids)
+        block[which := np.flatnonzero(lb == b)] = len(blocks)
         pool_ids.append(pick)
-        which = np.flatnonzero(lb == b)
+        blocks.append((start, start + len(pick)))
         k = len(pick)
         if len(which) <= k:  # distinct rows within the band in each draw: the subspace keeps its dimension
             choice = np.argsort(rng.random((draws, k)), axis=1)[:, : len(which)]
@@ -82,66 +117,65 @@ def build_null(unembed: torch.Tensor, label_ids: list[list[int]], draws: int, se
             choice = rng.integers(0, k, size=(draws, len(which)))
         repl[:, which] = start + choice
     ids = torch.as_tensor(np.concatenate(pool_ids) if pool_ids else np.zeros(0, np.int64), device=dev)
-    rows = unembed[ids].float()
-    gram = rows.double() @ rows.double().T
-    return TrNull(rows, gram, torch.as_tensor(repl, device=dev), {int(t): i for i, t in enumerate(labels)})
+    return TrNull(unembed[ids].float(), torch.as_tensor(repl, device=dev), {int(t): i for i, t in enumerate(labels)},
+                  blocks, block)
 
 
-@dataclass
-class NullBatch:
-    """A batch's random label rows: idx (batch, R, n) pool indices (0 where padded); white (batch, R, n, n) float32,
-    W with W W^T = (U_r U_r^T)^+ per row and draw (zero where padded), so TR^2 = ||W^T a||^2; `shared`: every row
-    has the same label set (then only row 0's are used)."""
-
-    idx: torch.Tensor
-    white: torch.Tensor
-    shared: bool = False
+PIVOT = 1e-8  # a Cholesky pivot^2 under this x the gram's largest diagonal: rank-deficient, whitened by eigh
 
 
 def whitening(gram: torch.Tensor) -> torch.Tensor:
-    """W (..., n, n) with W W^T = gram^+ for PSD grams (..., n, n) float64: V diag(1 / sqrt(lambda)) over the
-    eigenvalues above the pseudo-inverse's cutoff (as `torch.linalg.pinv`'s, hermitian)."""
-    lam, vec = torch.linalg.eigh(gram)
-    cut = lam.amax(-1, keepdim=True).clamp_min(0) * gram.shape[-1] * torch.finfo(gram.dtype).eps
-    inv = torch.where(lam > cut, lam.clamp_min(1e-300).rsqrt(), torch.zeros_like(lam))
-    return vec * inv[..., None, :]
+    """W (..., n, n) with W W^T = gram^+ for PSD grams (..., n, n) float64: L^-T of the Cholesky factor gram = L L^T
+    where every pivot^2 exceeds PIVOT x the largest diagonal (full rank); else (a rank-deficient draw: two label
+    tokens with one first token, or two equal rows) V diag(1 / sqrt(lambda)) over the eigenvalues above the
+    pseudo-inverse's cutoff (as `torch.linalg.pinv`'s, hermitian). Both give the same W W^T (to rounding)."""
+    low, info = torch.linalg.cholesky_ex(gram)
+    diag = gram.diagonal(dim1=-2, dim2=-1)
+    ok = (info == 0) & (low.diagonal(dim1=-2, dim2=-1).square().amin(-1) > PIVOT * diag.amax(-1))
+    eye = torch.eye(gram.shape[-1], dtype=gram.dtype, device=gram.device).expand_as(gram)
+    w = torch.linalg.solve_triangular(torch.where(ok[..., None, None], low, eye), eye, upper=False).mT
+    if not bool(ok.all()):
+        lam, vec = torch.linalg.eigh(gram[~ok])
+        cut = lam.amax(-1, keepdim=True).clamp_min(0) * gram.shape[-1] * torch.finfo(gram.dtype).eps
+        w[~ok] = vec * torch.where(lam > cut, lam.clamp_min(1e-300).rsqrt(), torch.zeros_like(lam))[..., None, :]
+    return w
 
 
-def null_batch(null: TrNull, label_ids: list[list[int]]) -> NullBatch:
-    """Each row's label tokens replaced in every draw, and their whitening per row and draw (shared by equal label
-    sets)."""
-    b, n, R = len(label_ids), max(len(x) for x in label_ids), null.draws
-    dev = null.rows.device
-    idx = torch.zeros(b, R, n, dtype=torch.long, device=dev)
-    white = torch.zeros(b, R, n, n, dtype=torch.float32, device=dev)
-    for i, ids in enumerate(label_ids):
-        ix = null.repl[:, [null.col[int(t)] for t in ids]]  # (R, n_i)
-        idx[i, :, : len(ids)] = ix
+def null_rows(null: TrNull, label_ids: list[list[int]]) -> list[NullRow]:
+    """Each row's label tokens replaced in every draw, and their W^T per draw (once per label tuple)."""
+    out = []
+    for ids in label_ids:
         key = tuple(int(t) for t in ids)
-        if key not in null.pinv:
-            null.pinv[key] = whitening(null.gram[ix[:, :, None], ix[:, None, :]]).float()
-        white[i, :, : len(ids), : len(ids)] = null.pinv[key]
-    return NullBatch(idx, white, len({tuple(x) for x in label_ids}) == 1)
+        if key not in null.seen:
+            cols = [null.col[t] for t in key]
+            null.fill(cols)
+            ix = null.repl[:, cols]  # (R, n)
+            mask = torch.zeros(len(null.rows), dtype=torch.bool, device=ix.device)
+            mask[ix.flatten()] = True
+            wt = whitening(null.gram.take(ix[:, :, None] * len(null.rows) + ix[:, None, :])).mT.float().contiguous()
+            null.seen[key] = NullRow(mask.nonzero()[:, 0], (mask.cumsum(0) - 1)[ix], wt)
+        out.append(null.seen[key])
+    return out
 
 
-def null_tr(o: torch.Tensor, null: TrNull, nb: NullBatch) -> torch.Tensor:
-    """TR of writes o (batch, heads, d) onto each draw's random label subspace -> (batch, heads, R) float32:
-    a = o W_pool^T (batch, heads, M) once, then c_k = sum_i W[i, k] a_i and TR = sqrt(sum_k c_k^2), elementwise over
-    (batch, heads, R) per label position (batched n x n products of that size run several times slower); one label
-    set for the whole batch (a classification task) reads the draws' columns with one index per position."""
-    b, H = o.shape[:2]
-    R, n = nb.idx.shape[1:]
-    a = torch.einsum("bhd,md->bhm", o.float(), null.rows)  # (b, H, M)
-    if nb.shared:
-        parts = [a.index_select(2, nb.idx[0, :, i]) for i in range(n)]  # each (b, H, R)
-        w = nb.white[0]  # (R, n, n), broadcast over rows and heads
-    else:
-        parts = [a.gather(2, nb.idx[:, None, :, i].expand(b, H, R)) for i in range(n)]
-        w = nb.white[:, None]  # (b, 1, R, n, n)
-    out = None
-    for k in range(n):
-        c = parts[0] * w[..., 0, k]
-        for i in range(1, n):
-            c.addcmul_(parts[i], w[..., i, k])
-        out = c.mul_(c) if out is None else out.addcmul_(c, c)
-    return out.sqrt_()
+def null_tr_sum(o: torch.Tensor, null: TrNull, rows: list[NullRow]) -> torch.Tensor:
+    """TR of writes o (batch, heads, d) onto each draw's random label subspace, summed over the batch's rows ->
+    (heads, R) float64. Per label tuple (its g rows together): a = W_pool[used] o^T (m, g heads); bag (r, k) sums
+    a's rows idx[r] weighted by W_r^T[k], c (R, n, g heads) = W_r^T a[idx_r]; TR = ||c|| over the n bags; in chunks
+    of draws of CHUNK floats."""
+    H, R = o.shape[1], null.draws
+    out = torch.zeros(R, H, dtype=torch.float64, device=o.device)
+    groups: dict[int, list[int]] = {}
+    for i, row in enumerate(rows):
+        groups.setdefault(id(row), []).append(i)
+    for members in groups.values():
+        row, g, n = rows[members[0]], len(members), rows[members[0]].idx.shape[1]
+        a = null.rows[row.used] @ o[members].flatten(0, 1).float().T  # (m, g H)
+        bags = row.idx[:, None, :].expand(R, n, n)  # bag (r, k): draw r's n rows
+        step = max(1, CHUNK // (n * g * H))
+        for lo in range(0, R, step):
+            hi = min(R, lo + step)
+            c = F.embedding_bag(bags[lo:hi].reshape(-1, n), a, mode="sum",
+                                per_sample_weights=row.wt[lo:hi].reshape(-1, n))  # ((hi - lo) n, g H)
+            out[lo:hi] += c.view(hi - lo, n, g, H).square_().sum(1).sqrt_().sum(1, dtype=torch.float64)
+    return out.T

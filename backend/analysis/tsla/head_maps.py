@@ -20,7 +20,7 @@ from ..primitives.batching import Batch, Encoded, Progress, forward_last_logits,
 from ..primitives.map_stats import normal_interval
 from ..primitives.predict import Outcomes, metrics, predict_rows
 from ..primitives.prefix_store import clean_forward, fits
-from ..primitives.tr_null import build_null, n_draws, null_batch, null_tr
+from ..primitives.tr_null import build_null, n_draws, null_rows, null_tr_sum
 from ..primitives.tsla import apply_final_ln, head_writes, label_space, tsla
 
 MAP_NAMES = ("tr", "tl", "dla_tr", "dla_tl", "flagged")
@@ -149,8 +149,8 @@ def head_maps(lm: LoadedModel, enc: Encoded, batch_size: int = 16, apply_ln: boo
         gold = [enc.gold[r] for r in rows]
         out.record(np.zeros(len(rows), np.int64), np.array(rows), predict_rows(logits, lab, gold))
         ls = label_space(unembed, lab, gold, pinv_cache)
-        nb = null_batch(null, lab) if final and null is not None else None
-        z = z.float()  # (batch, layers, heads, head_dim)
+        nb = null_rows(null, lab) if final and null is not None else None
+        z, writes = z.float(), []  # z (batch, layers, heads, head_dim); writes: each layer's o for the null
         for layer in range(L):
             o = head_writes(z[:, layer], lm.w_o(layer), write_scale[layer])  # (batch, heads, d)
             if apply_ln:
@@ -160,8 +160,9 @@ def head_maps(lm: LoadedModel, enc: Encoded, batch_size: int = 16, apply_ln: boo
                 into[i, layer] += v.sum(0)
                 if i < len(PER_PROMPT):  # a slice's rows (a view's SE) are written again by the whole batch
                     per[i, ridx, layer] = v
-            if nb is not None:
-                null_sums[layer] += null_tr(o, null, nb).sum(0, dtype=torch.float64)
+            writes += [o] if nb is not None else []
+        if nb is not None:  # every layer's heads at once: (batch, layers x heads, d)
+            null_sums.add_(null_tr_sum(torch.stack(writes, 1).flatten(1, 2), null, nb).view(L, H, -1))
 
     def step(batch: Batch) -> None:
         b = len(batch.rows)
