@@ -1,6 +1,6 @@
 """The analysis kernel: one cached call for every kind, and the context an analysis function gets.
 
-    r = analyze("scores", lm, task, shots=8, prompts=50)      # -> ScoresResult (typed)
+    r = analyze("head_scores", lm, task, shots=8, prompts=50)      # -> ScoresResult (typed)
 
 `analyze` is the only place that builds cache keys, takes the per-key lock, reads and writes the result
 store and adds `cache_hit` and `seconds`. The key hashes the kind, the model fingerprint, the task's content
@@ -36,7 +36,7 @@ from ..store.jsonable import to_jsonable
 from ..store.locks import KeyLocks
 from .primitives.stopping import check, checking
 from ..store.tensor_store import TensorSession, TensorStore, is_id, tensor_refs
-from .kinds import Kind, get_kind
+from .kinds import Kind, get_kind, stored_name
 from .params import CONVENTIONS, NOT_IN_KEY, Params
 from .primitives import bos
 from .primitives.fit import require_fit
@@ -120,8 +120,9 @@ class Context:
                     progress=progress, live=self.report, tensors=self.tensors)
         self.multi_token.update(r.multi_token_labels)
         self.absent.extend(a for a in r.absent_inputs if a not in self.absent)
-        if any(a["kind"] == kind for a in self.absent):  # looked up, missed, then computed here: no longer missing
-            self.absent = [a for a in self.absent if a["kind"] != kind
+        stored = stored_name(kind)
+        if any(a["kind"] == stored for a in self.absent):  # looked up, missed, then computed here: no longer missing
+            self.absent = [a for a in self.absent if a["kind"] != stored
                            or find_cached(kind, self.lm, self.task, a["tries"], self.store, self.tensors) is None]
         for w in r.warnings:
             if not is_multi_token_warning(w):
@@ -161,7 +162,7 @@ class Context:
         lookup that changes no number of the result (a progress bar's stage costs), so its miss is not recorded."""
         r = find_cached(kind, self.lm, self.task, tries, self.store, self.tensors)
         if r is None and record:
-            miss = {"kind": kind, "tries": to_jsonable(tries)}
+            miss = {"kind": stored_name(kind), "tries": to_jsonable(tries)}
             if miss not in self.absent:
                 self.absent.append(miss)
         return r

@@ -316,6 +316,12 @@ def get_kind(name: str) -> Kind:
     return KINDS[name]
 
 
+def stored_name(name: str) -> str:
+    """The name a kind's stored records keep (its cache key's `key`, whatever name a caller uses: a recorded miss
+    in a cached result stays the same); an unknown name as it is."""
+    return KINDS[name].key if name in KINDS else name
+
+
 def by_api(name: str) -> Kind | None:
     """The kind whose Python function is `backend.<name>` (its name or an alias), or None."""
     return KINDS.get(name)

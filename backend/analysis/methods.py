@@ -52,9 +52,9 @@ class MethodsParams(Selection, PromptParams):
         w = get_kind("steer").params(vectors=[k for k, _, _ in EXTRACTED], layer=self.layer, shots=self.shots,
                                      prompts=self.prompts, seed=self.seed, **sel).work(shape, sizes).named("steer")
         if self.ltv and "ltv" in KINDS:  # in the run's order: steer, LTV, SITE
-            w = w + get_kind("ltv").params(shots=self.shots, prompts=self.prompts, seed=self.seed, **sel).work(
+            w = w + get_kind("ltv_layers").params(shots=self.shots, prompts=self.prompts, seed=self.seed, **sel).work(
                 shape, sizes).named("LTV")
-        w = w + get_kind("site").params(m=self.site_m, shots=self.site_shots, steps=self.site_steps,
+        w = w + get_kind("site_alphas").params(m=self.site_m, shots=self.site_shots, steps=self.site_steps,
                                         prompts=self.prompts, seed=self.seed).work(shape, sizes).named("SITE")
         return w
 
@@ -113,7 +113,7 @@ def methods(ctx: Context, p: MethodsParams) -> dict[str, Any]:
     # progress by the plan's stages (`work`): a sub-call already cached weighs nothing
     skip = {n for n, kind in (("steer", "steer"), ("SITE", "site"))
             if ctx.cached(kind, [sub[n]], record=False) is not None}
-    if p.ltv and ctx.cached("ltv", _ltv_tries(ctx, p), record=False) is not None:
+    if p.ltv and ctx.cached("ltv_layers", _ltv_tries(ctx, p), record=False) is not None:
         skip.add("LTV")  # (without `ltv`, the plan has no LTV stage)
     share = planned(ctx, p, skip)
     steer = ctx.call("steer", **sub["steer"], batch_size=p.batch_size,
@@ -153,11 +153,11 @@ def methods(ctx: Context, p: MethodsParams) -> dict[str, Any]:
                          "trainable": n_vec * d, "train_seconds": train.train_seconds if train is not None else None,
                          "source": "ltv", "layer": ltv.layer, **best,
                          "note": f"learned task vector at layer {ltv.layer}'s input"
-                         + "".join(f", {k} {v}" for k, v in get_kind("ltv").params.recipe_changes(ltv.params).items())})
+                         + "".join(f", {k} {v}" for k, v in get_kind("ltv_layers").params.recipe_changes(ltv.params).items())})
         except (AttributeError, KeyError, TypeError):
             missing.append("LTV: its cached result has another shape than this view reads")
 
-    site = ctx.call("site", **sub["SITE"], batch_size=p.batch_size, progress=ctx.stage(*share["SITE"], "SITE"))
+    site = ctx.call("site_alphas", **sub["SITE"], batch_size=p.batch_size, progress=ctx.stage(*share["SITE"], "SITE"))
     rows.append({"key": "site", "name": "SITE", "family": "trained", **_m(site.site),
                  "exact_match": site.site.exact_match, "exact_match_ci": site.site.exact_match_ci, "params": L * H + L * H * lm.head_dim, "trainable": L * H,
                  "train_seconds": site.train_seconds, "source": "site",
@@ -194,9 +194,9 @@ def _ltv(ctx: Context, p: MethodsParams, share: dict[str, tuple[float, float]]) 
     layer sweep; these prompts, else the default count; any ICL shots, head-set sizes, mechanism settings or
     recipe, the defaults preferred), or (with `ltv`) computed; None when the kind is absent."""
     base = {"shots": p.shots, "seed": p.seed, "top_pct": p.top_pct, "top_k": p.top_k}
-    r = ctx.cached("ltv", _ltv_tries(ctx, p))
+    r = ctx.cached("ltv_layers", _ltv_tries(ctx, p))
     if r is None and p.ltv and "ltv" in KINDS:
-        fields = get_kind("ltv").params.model_fields
-        r = ctx.call("ltv", progress=ctx.stage(*share["LTV"], "LTV"),
+        fields = get_kind("ltv_layers").params.model_fields
+        r = ctx.call("ltv_layers", progress=ctx.stage(*share["LTV"], "LTV"),
                      **{k: v for k, v in {**base, "prompts": p.prompts}.items() if k in fields})
     return r

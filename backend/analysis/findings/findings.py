@@ -66,7 +66,7 @@ class FindingsParams(BosParams):
         for section in self.sections:
             if section == "tsla":
                 common = {"prompts": self.prompts}
-                calls = {"icl": get_kind("icl").params(shots=[0, self.shots], examples=0, **common),
+                calls = {"icl_curve": get_kind("icl_curve").params(shots=[0, self.shots], examples=0, **common),
                          "ablation_curves": get_kind("ablation_curves").params(
                              orders=["tr", "tl", "random"], ks=[0, k3], random_seeds=list(range(self.random_sets)),
                              shots=self.shots, **common),
@@ -76,20 +76,20 @@ class FindingsParams(BosParams):
                         for kind, q in calls.items():
                             w = w + q.work(shape, sizes).named(f"{kind} on {t} (seed {s})")
             elif section == "site" and self.site_tasks:
-                site = get_kind("site").params(prompts=self.site_prompts, budget=[], correlations=[], icl_shots=[10],
+                site = get_kind("site_alphas").params(prompts=self.site_prompts, budget=[], correlations=[], icl_shots=[10],
                                                compare=["zero_shot", "icl", "fv", "vanilla", "all_ones"])
                 for t in names[:min(self.site_tasks, n_tasks)]:
-                    w = w + site.work(shape, sizes).named(f"site on {t}")
+                    w = w + site.work(shape, sizes).named(f"site_alphas on {t}")
             elif section == "ltv" and self.ltv_tasks:
                 steer = get_kind("steer").params(vectors=["vanilla", "fv", "tr", "tl"], layer="all",
                                                  shots=self.shots, prompts=self.ltv_prompts).work(shape, sizes)
-                ltv = get_kind("ltv").params(shots=self.shots, prompts=self.ltv_prompts, propagation=True,
+                ltv = get_kind("ltv_layers").params(shots=self.shots, prompts=self.ltv_prompts, propagation=True,
                                              perturbations=self.ltv_perturbations).work(shape, sizes)
                 for i, t in enumerate(names[:min(self.ltv_tasks, n_tasks)]):
                     w = w + steer.named(f"steer on {t} (seed 0)") + steer.named(f"steer on {t} (seed 1)")
-                    w = w + ltv.named(f"ltv on {t}")
+                    w = w + ltv.named(f"ltv_layers on {t}")
                     for j in ((1, 2) if self.ltv_sweep and i == 0 else ()):  # L/4 and 3L/4, the first task
-                        w = w + ltv.named(f"ltv on {t} (sweep {j})")
+                        w = w + ltv.named(f"ltv_layers on {t} (sweep {j})")
         return w
 
 
@@ -98,10 +98,10 @@ def stage_of(kind: str, task: Any, params: dict[str, Any], sweeps: int) -> str:
     calls before it); a call the plan does not count (the TSLA `scores` the next kinds read, SITE's transfer) gets a
     name the plan lacks."""
     t = task.name if task is not None else ""
-    if kind in ("icl", "ablation_curves", "geometry", "steer"):
+    if kind in ("icl_curve", "ablation_curves", "geometry", "steer"):
         return f"{kind} on {t} (seed {params.get('seed')})"
-    if kind == "ltv" and "layer" in params:
-        return f"ltv on {t} (sweep {sweeps + 1})"
+    if kind == "ltv_layers" and "layer" in params:
+        return f"ltv_layers on {t} (sweep {sweeps + 1})"
     return f"{kind} on {t}"
 
 
@@ -165,7 +165,7 @@ def findings(ctx: Context, p: FindingsParams) -> dict[str, Any]:
     def run(kind: str, lm_: Any, task: Any, **params: Any) -> Any:
         """A section's analysis, through this job's cache and tensors; the bar advances by its stage's share."""
         stage = stage_of(kind, task, params, at["sweeps"])
-        at["sweeps"] += kind == "ltv" and "layer" in params
+        at["sweeps"] += kind == "ltv_layers" and "layer" in params
         lo, hi = share.get(stage, (at["pos"], at["pos"]))  # not in the plan: counted in the next call's stage
         at["pos"] = hi
         what = f"{kind} on {task.name}" if task is not None else kind

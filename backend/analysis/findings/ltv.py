@@ -59,14 +59,14 @@ def measure(lm: Any, tasks: list, a: Any, log: Callable[[str], None]) -> dict[st
                          "best_seed0": st[0].vectors[v].accuracy[best[v]],
                          "best_seed1": st[1].vectors[v].accuracy[best[v]] if v in st[1].vectors else None,
                          "curve": st[0].vectors[v].accuracy} for v in best}
-        r = analyze("ltv", lm, task, **common)
+        r = analyze("ltv_layers", lm, task, **common)
         e = r.per_layer[0]
         kh, prop = e.key_heads, e.propagation
         per_layer = {mid: _layer_entry(r)}
         if name in sweep_tasks:
             for l in sweep_layers(lm, a.ltv_layers, best.get("vanilla")):
                 if l not in per_layer:
-                    per_layer[l] = _layer_entry(analyze("ltv", lm, task, layer=l, **common))
+                    per_layer[l] = _layer_entry(analyze("ltv_layers", lm, task, layer=l, **common))
                     log(f"{name}: LTV at layer {l}: {per_layer[l]['ltv']:.2f}")
         rows[name] = {
             "kind": task.kind, "prompts": r.prompts, "zero_shot": r.table["zero_shot"].accuracy,

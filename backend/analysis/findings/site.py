@@ -43,7 +43,7 @@ def measure(lm: Any, tasks: list, a: Any, log: Callable[[str], None]) -> dict[st
     ks = patch_ks(lm)
     rows = {}
     for name, task in tasks:
-        r = analyze("site", lm, task, prompts=a.site_prompts, seed=0, patching=ks, budget=[],
+        r = analyze("site_alphas", lm, task, prompts=a.site_prompts, seed=0, patching=ks, budget=[],
                     compare=["zero_shot", "icl", "fv", "vanilla", "all_ones"], icl_shots=[10], correlations=[],
                     **a.site_recipe)
         b = r.baselines

@@ -67,8 +67,8 @@ def measure(lm: Any, tasks: list, a: Any, log: Callable[[str], None]) -> dict[st
         for s in a.seeds:
             common = dict(prompts=a.prompts, seed=s)
             # examples: every prompt's outcome at 0 and k shots (the same queries), for the paired test of the rise
-            icl.append(analyze("icl", lm, task, shots=[0, a.shots], examples=min(a.prompts, EXAMPLES_MAX), **common))
-            sc.append(analyze("scores", lm, task, shots=a.shots, top_k=k3, **common))
+            icl.append(analyze("icl_curve", lm, task, shots=[0, a.shots], examples=min(a.prompts, EXAMPLES_MAX), **common))
+            sc.append(analyze("head_scores", lm, task, shots=a.shots, top_k=k3, **common))
             abl.append(analyze("ablation_curves", lm, task, orders=list(ORDERS), ks=[0, k3, k10],
                                shots=a.shots, random_seeds=list(range(a.random_sets)), **common))
             geo.append(analyze("geometry", lm, task, shots=a.shots, top_pct=10.0, final_norm=False, **common))

@@ -65,7 +65,7 @@ class HeadParams(PromptParams):
 
     def work(self, shape: Shape, sizes: Sizes) -> Work:
         t = len(self.text.encode("utf-8")) / cost.BYTES_PER_TOKEN if self.text else sizes.prompt(self.shots)
-        extra = get_kind("scores").params(shots=self.shots, prompts=self.prompts).work(shape, sizes).named(
+        extra = get_kind("head_scores").params(shots=self.shots, prompts=self.prompts).work(shape, sizes).named(
             "head scores") if self.ranks else cost.induction(shape)
         return passes("forward pass", 1, t) + passes("ablated pass", 1, t) + extra
 
@@ -191,7 +191,7 @@ def head(ctx: Context, p: HeadParams) -> dict[str, Any]:
             ctx.warn(unknown)
     scores = dict(shots=p.shots, prompts=p.prompts, seed=p.seed)
     # progress by the plan's stages (`work`); cached head scores weigh nothing
-    cached = p.ranks and ctx.cached("scores", [scores], record=False) is not None
+    cached = p.ranks and ctx.cached("head_scores", [scores], record=False) is not None
     share = planned(ctx, p, {"head scores"} if cached else ())
     ctx.progress(share["forward pass"][0], "forward pass")
     x = torch.tensor([ids], device=lm.device)
@@ -225,7 +225,7 @@ def head(ctx: Context, p: HeadParams) -> dict[str, Any]:
     rows = list(range(T)) if T <= HEAD_MAX_PATTERN else [T - 1]
     ctx.progress(share["ablated pass"][1], "ranks")
     if p.ranks:  # the task's cached head maps hold the induction map too
-        sc = ctx.call("scores", **scores, batch_size=p.batch_size,
+        sc = ctx.call("head_scores", **scores, batch_size=p.batch_size,
                       progress=ctx.stage(*share["head scores"], "head scores"))
         ind = np.asarray(sc.induction, dtype=float)
         ranks = {"induction": _rank(ind, layer, h), "tr": _rank(sc.tr, layer, h), "tl": _rank(sc.tl, layer, h)}

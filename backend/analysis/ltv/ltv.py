@@ -272,21 +272,21 @@ def _ltv(ctx: Context, p: LtvParams) -> dict[str, Any]:
     # the progress bar: the plan's steps (`ltv_costs.ltv_plan`, the estimate's), cached sub-results weighing 0
     shape, sizes = shape_of(lm), run_sizes(lm, task)
     recipe = {k: getattr(p, k) for k in RECIPE}
-    trained = None if p.load else [ctx.cached("ltv_train", [{"layer": g[0] if len(g) == 1 else g, **recipe}],
+    trained = None if p.load else [ctx.cached("ltv_vector", [{"layer": g[0] if len(g) == 1 else g, **recipe}],
                                               record=False) is not None for g in groups]
     vec_fields = {"types": list(EXTRACTED), "shots": p.shots, "prompts": p.prompts, "seed": p.seed,
                   "top_pct": p.top_pct, "top_k": p.top_k}
     share = plan_spans(dict(ltv_plan(p, shape, sizes, groups, trained,
-                                     ctx.cached("vectors", [vec_fields], record=False) is not None)), shape)
+                                     ctx.cached("task_vectors", [vec_fields], record=False) is not None)), shape)
     if not p.load:
         trainings = []
         for i, g in enumerate(groups):
-            r = ctx.call("ltv_train", layer=g[0] if len(g) == 1 else g, **{k: getattr(p, k) for k in RECIPE},
+            r = ctx.call("ltv_vector", layer=g[0] if len(g) == 1 else g, **{k: getattr(p, k) for k in RECIPE},
                          progress=ctx.stage(*share[f"train {i}"], f"LTV {i + 1}/{len(groups)}"))
             trainings.append(r.model_dump(include=set(LtvTraining.model_fields)))
     positions = check_positions(zero.ids, tuple(trainings[0]["positions"]))
 
-    vec = ctx.call("vectors", types=list(EXTRACTED), shots=p.shots, prompts=p.prompts, seed=p.seed,
+    vec = ctx.call("task_vectors", types=list(EXTRACTED), shots=p.shots, prompts=p.prompts, seed=p.seed,
                    top_pct=p.top_pct, top_k=p.top_k, batch_size=o.BATCH_SIZE,
                    progress=ctx.stage(*share["vectors"], "extracted vectors"))
     if joint:
@@ -322,7 +322,7 @@ def _ltv(ctx: Context, p: LtvParams) -> dict[str, Any]:
                                  "training": tr, "tests": ltv_tests(conditions)}
         if p.stages() and not joint:
             if scores is None and "key_heads" in p.stages():
-                scores = ctx.call("scores", shots=p.shots, prompts=p.prompts, seed=p.seed, top_pct=p.top_pct,
+                scores = ctx.call("head_scores", shots=p.shots, prompts=p.prompts, seed=p.seed, top_pct=p.top_pct,
                                   top_k=p.top_k, batch_size=o.BATCH_SIZE)
             entry.update(_mechanism(ctx, p, zero, g[0], thetas[g[0]], positions, conditions,
                                     float(out.gold_prob[names.index("ltv")].mean()), scores,

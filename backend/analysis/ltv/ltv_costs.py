@@ -72,7 +72,7 @@ def ltv_plan(p: Any, shape: Shape, sizes: Sizes, groups: list[list[int]], traine
     last = tuple(p.positions) == (-1,)
     out = [(f"train {i}", NONE if p.load or (trained and trained[i]) else p.training_work(sizes, shape, min(g)))
            for i, g in enumerate(groups)]
-    vec = get_kind("vectors").params(types=list(EXTRACTED), shots=p.shots, prompts=p.prompts, top_pct=p.top_pct,
+    vec = get_kind("task_vectors").params(types=list(EXTRACTED), shots=p.shots, prompts=p.prompts, top_pct=p.top_pct,
                                      top_k=p.top_k)
     out.append(("vectors", NONE if vectors_cached else vec.work(shape, sizes).named("extracted vectors")))
     refs = passes("references", n, t0, EVAL_BATCH) + passes("references", n, t, EVAL_BATCH)

@@ -52,7 +52,7 @@ class LtvTasksParams(Selection, LtvRecipeParams):
 
     def work(self, shape: Shape, sizes: Sizes) -> Work:
         fields = {k: getattr(self, k) for k in LtvRecipeParams.model_fields}
-        one = get_kind("ltv").params(**fields, layer=self.layer, shots=self.shots, prompts=self.prompts,
+        one = get_kind("ltv_layers").params(**fields, layer=self.layer, shots=self.shots, prompts=self.prompts,
                                      top_pct=self.top_pct, top_k=self.top_k, mechanism=False).work(shape, sizes)
         from ...tasks.synthetic import COMPOSITIONS as compositions
 
@@ -156,10 +156,10 @@ def _ltv_tasks(ctx: Context, p: LtvTasksParams) -> dict[str, Any]:
     store = ctx.store if ctx.store is not None else False
     run = {**fields, "layer": layer, "mechanism": False}
     # progress by the plan's stages (`work`): a task's LTV already cached weighs nothing
-    share = planned_over(ctx, p, tasks, {f"LTV on {name}" for name in ctx.cached_on("ltv", tasks, run)})
+    share = planned_over(ctx, p, tasks, {f"LTV on {name}" for name in ctx.cached_on("ltv_layers", tasks, run)})
     for t in tasks:
         stage = ctx.stage(*share[f"LTV on {t.name}"], t.name)
-        r = analyze("ltv", lm, t, run, cache=store, progress=stage, live=ctx.report, tensors=ctx.tensors)
+        r = analyze("ltv_layers", lm, t, run, cache=store, progress=stage, live=ctx.report, tensors=ctx.tensors)
         for w in r.warnings:
             if "held-out queries" not in w and "demonstration pool" not in w and "an epoch draws" not in w:
                 ctx.warn(f"{t.name}: {w}")

@@ -115,7 +115,7 @@ class SiteParams(SiteRecipeParams):
             elif name == "icl":
                 w = w + sum((gen("icl", 1, sizes.prompt(k)) for k in self.icl_shots), NONE)
             elif name in vectors and name == vectors[0]:  # the vectors kind, then a generation per vector
-                vp = get_kind("vectors").params(types=vectors, shots=self.shots, prompts=min(self.prompts, o.PROMPTS))
+                vp = get_kind("task_vectors").params(types=vectors, shots=self.shots, prompts=min(self.prompts, o.PROMPTS))
                 w = w + (vp.work(shape, sizes) + gen("vectors", len(vectors))).named("vectors")
         if self.patching:  # the clean pass, then a last-token step per top-k and bottom-k set
             w = w + passes("patching", n, t0) + steps("patching", 2 * len(self.patching) * n)
@@ -123,7 +123,7 @@ class SiteParams(SiteRecipeParams):
             w = w + sum(((self.training_work(sizes, m) + self.test_work(sizes)).named(f"budget M={m}")
                          for m in self.budget if m != self.m), NONE)
         if {"tr", "tl", "induction"} & set(self.correlations):
-            w = w + get_kind("scores").params(prompts=min(self.prompts, o.PROMPTS), seed=self.seed).work(
+            w = w + get_kind("head_scores").params(prompts=min(self.prompts, o.PROMPTS), seed=self.seed).work(
                 shape, sizes).named("head scores")
         return w
 
@@ -329,9 +329,9 @@ def _progress(ctx: Context, p: SiteParams) -> dict[str, tuple[float, float]]:
     """The progress bar's spans: the plan's stages (`SiteParams.work`), sub-results already cached weighing 0."""
     skip, fields = set(), {"prompts": min(p.prompts, o.PROMPTS), "seed": p.seed}
     vectors = [v for v in ("fv", "vanilla") if v in p.compare]
-    if vectors and ctx.cached("vectors", [{"types": vectors, **fields}], record=False) is not None:
+    if vectors and ctx.cached("task_vectors", [{"types": vectors, **fields}], record=False) is not None:
         skip.add("vectors")
-    if ctx.cached("scores", [{"shots": o.SHOTS, **fields}], record=False) is not None:
+    if ctx.cached("head_scores", [{"shots": o.SHOTS, **fields}], record=False) is not None:
         skip.add("head scores")
     return planned(ctx, p, skip)
 
@@ -364,7 +364,7 @@ def _baselines(ctx: Context, p: SiteParams, enc: dict[str, Any], t: torch.Tensor
             if name in out:
                 continue
             want = [v for v in ("fv", "vanilla") if v in todo]
-            r = ctx.call("vectors", types=want, shots=shots_used, prompts=min(p.prompts, o.PROMPTS), seed=p.seed,
+            r = ctx.call("task_vectors", types=want, shots=shots_used, prompts=min(p.prompts, o.PROMPTS), seed=p.seed,
                          batch_size=p.batch_size, progress=stage("vectors"), warn_prefix="vectors: ")
             for v in want:
                 if v in out:
@@ -436,7 +436,7 @@ def _budget(ctx: Context, p: SiteParams, ev: dict[str, Any], alpha: torch.Tensor
             acc, em, trr, dec, sec = ev["accuracy"], ev["exact_match"], ev["tr_ratio"], \
                 decisive_shares(alpha.numpy())["decided"], train_s
         else:
-            r = ctx.call("site", m=m, compare=[], patching=[], budget=[], correlations=[], **fields,
+            r = ctx.call("site_alphas", m=m, compare=[], patching=[], budget=[], correlations=[], **fields,
                          progress=ctx.stage(*share[f"budget M={m}"], f"budget M={m}"))
             acc, em, trr, dec, sec = r.site.accuracy, r.site.exact_match, r.site.tr_ratio, r.decisive["decided"], \
                 r.train_seconds

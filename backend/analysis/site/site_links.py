@@ -23,7 +23,7 @@ def ltv_row(ctx: Context, prompts: int, seed: int) -> dict[str, Any] | None:
         return {"label": "LTV", "metrics": m.model_dump(), "params": n_vec * ctx.lm.d_model,
                 "trainable": n_vec * ctx.lm.d_model, "seconds": train.train_seconds if train is not None else None,
                 "note": f"learned task vector at layer {r.layer}'s input (cached `ltv` result, {r.prompts} prompts"
-                        + "".join(f", {k} {v}" for k, v in get_kind("ltv").params.recipe_changes(r.params).items()) + ")"}
+                        + "".join(f", {k} {v}" for k, v in get_kind("ltv_layers").params.recipe_changes(r.params).items()) + ")"}
     except (AttributeError, KeyError, TypeError):
         return None
 
@@ -35,7 +35,7 @@ def cached_ltv(ctx: Context, prompts: int, seed: int, mechanism: bool = False) -
     head-set sizes, the mechanism's settings, the recipe) may be anything: they do not change that row; the
     defaults are preferred."""
     base = {"seed": seed, "load": None, **({"mechanism": True, "key_heads": True} if mechanism else {})}
-    return ctx.cached("ltv", [{**base, "prompts": n, **at} for n in dict.fromkeys((prompts, o.PROMPTS))
+    return ctx.cached("ltv_layers", [{**base, "prompts": n, **at} for n in dict.fromkeys((prompts, o.PROMPTS))
                               for at in ({"layer": None}, {"layer": ctx.lm.n_layers // 2},
                                          {"layer": "all", "joint": False})])
 
@@ -49,7 +49,7 @@ def correlations(ctx: Context, p: Any, alpha: np.ndarray,
     maps = [m for m in p.correlations if m in ("tr", "tl", "induction")]
     if maps:
         # the Head map's maps at these test prompts (at most the default count): the same result the page shows
-        r = ctx.call("scores", shots=o.SHOTS, prompts=min(p.prompts, o.PROMPTS), seed=p.seed, batch_size=p.batch_size,
+        r = ctx.call("head_scores", shots=o.SHOTS, prompts=min(p.prompts, o.PROMPTS), seed=p.seed, batch_size=p.batch_size,
                      progress=ctx.stage(*span, "head scores"))
         for m in maps:
             out[m] = overlap(alpha, np.asarray(getattr(r, m), dtype=float), k)

@@ -97,12 +97,12 @@ def _transfer(ctx: Context, p: SiteTransferParams) -> dict[str, Any]:
     store = ctx.store if ctx.store is not None else False
     recipe = {k: getattr(p, k) for k in RECIPE}
     # progress by the plan's stages (`work`): a task's SITE run already cached weighs nothing
-    share = planned_over(ctx, p, tasks, {f"SITE on {name}" for name in ctx.cached_on("site", tasks, recipe)})
+    share = planned_over(ctx, p, tasks, {f"SITE on {name}" for name in ctx.cached_on("site_alphas", tasks, recipe)})
     for t in tasks:
         stage = ctx.stage(*share[f"SITE on {t.name}"], f"SITE on {t.name}")
         try:  # a full run with these settings (the page's, or the CLI's defaults) trained the same alphas
-            r = lookup("site", lm, t, recipe, cache=store, tensors=ctx.tensors) or \
-                analyze("site", lm, t, fields, cache=store, progress=stage, tensors=ctx.tensors)
+            r = lookup("site_alphas", lm, t, recipe, cache=store, tensors=ctx.tensors) or \
+                analyze("site_alphas", lm, t, fields, cache=store, progress=stage, tensors=ctx.tensors)
         except TaskError as e:
             ctx.warn(f"{t.name}: left out ({e})")
             continue

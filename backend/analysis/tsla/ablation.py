@@ -60,7 +60,7 @@ class AblationCurvesParams(PromptParams):
         rankings = len(ranked) + (len(self.random_seeds) if "random" in self.orders else 0)
         ks = {min(k, shape.heads) for k in self.ks if k > 0}
         # the scores: the rankings, and the top sets the random orders stay out of
-        w = get_kind("scores").params(shots=self.shots, prompts=self.prompts).work(shape, sizes).named("head scores")
+        w = get_kind("head_scores").params(shots=self.shots, prompts=self.prompts).work(shape, sizes).named("head scores")
         return w + _sweep(self, shape, sizes, rankings * len(ks), f"{rankings} rankings x {len(ks)} values of k")
 
 
@@ -185,7 +185,7 @@ def head_orders(ctx: Context, p: AblationCurvesParams,
     control `random_heads` draws everywhere). Rankings come from the cached `scores` of the same prompts."""
     L, H = ctx.lm.n_layers, ctx.lm.n_heads
     out: dict[str, list[list[Head]]] = {}
-    r = ctx.call("scores", shots=p.shots, prompts=p.prompts, seed=p.seed, batch_size=p.batch_size,
+    r = ctx.call("head_scores", shots=p.shots, prompts=p.prompts, seed=p.seed, batch_size=p.batch_size,
                  progress=ctx.stage(*share["head scores"], "head scores"))
     for o in p.orders:
         if o != "random":

@@ -41,7 +41,7 @@ class GeometryParams(Selection, PromptParams):
     pca_layer: Layer | None = Field(None, description="layer of the PCA view; None = the last")
 
     def work(self, shape: Shape, sizes: Sizes) -> Work:
-        built = get_kind("vectors").params(types=["tr", "tl", "random"], shots=self.shots, prompts=self.prompts,
+        built = get_kind("task_vectors").params(types=["tr", "tl", "random"], shots=self.shots, prompts=self.prompts,
                                            top_pct=self.top_pct, top_k=self.top_k).work(shape, sizes).named("vectors")
         n = sizes.n(self.prompts)
         for cond in GEOMETRY_CONDITIONS:  # in the run's order: the ICL prompts, or the zero-shot ones (injected)
@@ -133,8 +133,8 @@ def geometry(ctx: Context, p: GeometryParams) -> dict[str, Any]:
     sub = dict(types=["tr", "tl", "random"], shots=p.shots, prompts=p.prompts, seed=p.seed, top_pct=p.top_pct,
                top_k=p.top_k)
     # progress by the plan's stages (`work`); cached vectors weigh nothing
-    share = planned(ctx, p, {"vectors"} if ctx.cached("vectors", [sub], record=False) is not None else ())
-    vecs = ctx.call("vectors", **sub, batch_size=p.batch_size,
+    share = planned(ctx, p, {"vectors"} if ctx.cached("task_vectors", [sub], record=False) is not None else ())
+    vecs = ctx.call("task_vectors", **sub, batch_size=p.batch_size,
                     progress=ctx.stage(*share["vectors"], "building vectors"))
     built = build_prompts(lm, task, p.shots, p.prompts, p.seed)
     for w in built.warnings:

@@ -62,7 +62,7 @@ class PatchingParams(Selection, PromptParams):
         w = passes("clean prompts", 3 * n, clean) + passes("target prompts", 2 * n, target)
         L = max(shape.n_layers, 1)  # a head's patch: a step from its layer on, (L + 1) / 2L of the model on average
         w = w + steps(f"{shape.heads} head patches", n * (shape.heads + 1), share=(L + 1) / (2 * L))
-        return w + get_kind("scores").params(shots=self.shots, prompts=self.prompts, top_pct=self.top_pct,
+        return w + get_kind("head_scores").params(shots=self.shots, prompts=self.prompts, top_pct=self.top_pct,
                                              top_k=self.top_k).work(shape, sizes).named("head scores")
 
 
@@ -137,7 +137,7 @@ def patching(ctx: Context, p: PatchingParams) -> dict[str, Any]:
     m_clean = evaluate(lm, clean, p.batch_size).metrics
     m_target = evaluate(lm, target, p.batch_size).metrics
     recovered = rec.reshape(L, H)
-    sc = ctx.call("scores", shots=p.shots, prompts=p.prompts, seed=p.seed, top_pct=p.top_pct, top_k=p.top_k,
+    sc = ctx.call("head_scores", shots=p.shots, prompts=p.prompts, seed=p.seed, top_pct=p.top_pct, top_k=p.top_k,
                   batch_size=min(p.batch_size, o.BATCH_SIZE), progress=ctx.stage(*share["head scores"], "head scores"))
     return {"n_layers": L, "n_heads": H, "shots": built.shots, "prompts": built.n, "target": p.target,
             "patch": p.patch, "recovered": recovered, "logit_gain": logit_gain.reshape(L, H),

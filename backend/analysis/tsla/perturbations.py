@@ -39,7 +39,7 @@ class PerturbParams(Selection, PromptParams):
 
     def work(self, shape: Shape, sizes: Sizes) -> Work:
         t = sizes.prompt(self.shots)
-        base = get_kind("scores").params(shots=self.shots, prompts=self.prompts, top_pct=self.top_pct,
+        base = get_kind("head_scores").params(shots=self.shots, prompts=self.prompts, top_pct=self.top_pct,
                                          top_k=self.top_k).work(shape, sizes).named("head scores")
         n = sizes.n(self.prompts)
         ablations = (passes("ablations", n, t)  # the clean pass, then the TR, TL and random sets
@@ -74,8 +74,8 @@ def perturb(ctx: Context, p: PerturbParams) -> dict[str, Any]:
     lm, task = ctx.lm, ctx.task
     scores = dict(shots=p.shots, prompts=p.prompts, seed=p.seed, top_pct=p.top_pct, top_k=p.top_k)
     # progress by the plan's stages (`work`); cached head scores weigh nothing
-    share = planned(ctx, p, {"head scores"} if ctx.cached("scores", [scores], record=False) is not None else ())
-    base = ctx.call("scores", **scores, batch_size=p.batch_size,
+    share = planned(ctx, p, {"head scores"} if ctx.cached("head_scores", [scores], record=False) is not None else ())
+    base = ctx.call("head_scores", **scores, batch_size=p.batch_size,
                     progress=ctx.stage(*share["head scores"], "head scores"))
     k = base.top_k
     # the scores' own random set: `random_heads` from the heads in neither top set (a disjoint control)

@@ -157,7 +157,7 @@ def head_stats(per_prompt: dict[str, Any], tr: Any, null_tr: Any, seed: int) -> 
 
 def scores(ctx: Context, p: ScoresParams) -> dict[str, Any]:
     """The cached `maps` of the same prompts, with top heads, a random set of the same size and overlaps."""
-    m = ctx.call("maps", **p.model_dump(include=set(MapsParams.model_fields)), progress=ctx.stage(0.0, 1.0))
+    m = ctx.call("head_maps", **p.model_dump(include=set(MapsParams.model_fields)), progress=ctx.stage(0.0, 1.0))
     L, H = m.n_layers, m.n_heads
     k = n_top(L, H, p.top_pct, p.top_k)
     top_tr, top_tl = top_heads(m.tr, k=k), top_heads(m.tl, k=k)

@@ -44,7 +44,7 @@ class SteerParams(Selection, PromptParams):
 
     def work(self, shape: Shape, sizes: Sizes) -> Work:
         layers = shape.n_layers if self.layer == "all" else 1
-        built = get_kind("vectors").params(types=self.vectors, heads=self.heads, shots=self.shots, prompts=self.prompts,
+        built = get_kind("task_vectors").params(types=self.vectors, heads=self.heads, shots=self.shots, prompts=self.prompts,
                                            top_pct=self.top_pct, top_k=self.top_k).work(shape, sizes)
         n_vec = len(self.vectors) + bool(self.heads)
         n = sizes.n(self.prompts)
@@ -83,7 +83,7 @@ def steer(ctx: Context, p: SteerParams) -> dict[str, Any]:
     lm, task = ctx.lm, ctx.task
     layers = resolve_layers(lm, p.layer)
     share = planned(ctx, p)  # the plan's stages (`work`): the vectors' stages, ICL reference, zero-shot, steering
-    built = ctx.call("vectors", types=p.vectors, heads=p.heads, shots=p.shots, prompts=p.prompts, seed=p.seed,
+    built = ctx.call("task_vectors", types=p.vectors, heads=p.heads, shots=p.shots, prompts=p.prompts, seed=p.seed,
                      top_pct=p.top_pct, top_k=p.top_k, batch_size=p.batch_size,
                      progress=ctx.stage(0.0, share["ICL reference"][0], "building vectors"))
     for w in built.warnings:

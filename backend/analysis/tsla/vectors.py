@@ -52,7 +52,7 @@ class VectorsParams(Selection, PromptParams):
         every mean taken from them, the function vector (a clean pass of shuffled-input prompts, then a last-token
         step per head from its layer on: (L + 1) / 2L of the model on average) and the zero-shot states."""
         t, types, n = sizes.prompt(self.shots), set(self.types), sizes.n(self.prompts)
-        w = get_kind("scores").params(shots=self.shots, prompts=self.prompts).work(shape, sizes).named("head scores") \
+        w = get_kind("head_scores").params(shots=self.shots, prompts=self.prompts).work(shape, sizes).named("head scores") \
             if types & {"tr", "tl", "random"} else NONE
         if types & {"tr", "tl", "random", "fv", "vanilla"} or self.heads:
             w = w + passes("ICL means", n, t, self.batch_size)
@@ -135,11 +135,11 @@ def vectors(ctx: Context, p: VectorsParams) -> dict[str, Any]:
     # progress by the plan's stages (`stages`: the estimate's `work`); cached head scores weigh nothing
     scores_params = dict(shots=p.shots, prompts=p.prompts, seed=p.seed, top_pct=p.top_pct, top_k=p.top_k)
     need_scores = bool({"tr", "tl", "random"} & set(types))  # random: the scores' own set
-    cached = need_scores and ctx.cached("scores", [scores_params], record=False) is not None
+    cached = need_scores and ctx.cached("head_scores", [scores_params], record=False) is not None
     skip = ({"head scores"} if cached else set()) | ({"FV"} if "fv" not in types else set())
     share = planned(ctx, p, skip)
     if need_scores:
-        r = ctx.call("scores", **scores_params, batch_size=p.batch_size,
+        r = ctx.call("head_scores", **scores_params, batch_size=p.batch_size,
                      progress=ctx.stage(*share["head scores"], "head scores"))
         if "tr" in types:
             sets["tr"] = r.top_tr
