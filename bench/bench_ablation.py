@@ -4,7 +4,7 @@
     python bench/bench_ablation.py --smoke        # 4 prompts, k in 0,1,2: does it still run (the CI test)
 
 Sweep: orders tr, tl, induction and random (3 seeds), k in 0,1,2,4,8,16,32,64 (clipped to the model's
-head count), 50 prompts. "batched" is the `ablation_curves` kind (the sweep engine: configurations mixed in row
+head count), 50 prompts. "batched" is the `ablation_curves` kind (the configuration engine: configurations mixed in row
 batches, each recomputing only what it changes); "per-config" runs one full forward pass of the 50 prompts for
 each configuration in turn (`run_configs(engine="full")`, one configuration at a time). The head maps are computed
 (and cached) before timing, so both sides time ablation only.

@@ -1,4 +1,4 @@
-"""The sweep engine against a TransformerLens-style peer (one hooked pass per configuration, prompts batched).
+"""The configuration engine against a TransformerLens-style peer (one hooked pass per configuration, prompts batched).
 
     python bench/bench_sweep.py [--prompts 8] [--tokens 128] [--reps 1 [--min]] [--only last|all] [--threads N]
                                 [--no-peer-last] [--json out.json]

@@ -5,7 +5,7 @@
 
 Per task: `train_ltv(layer="all")` (one LTV per injection layer, the default recipe, the mechanism at every
 layer), then `ltv_across_tasks` at L/2 (the same cached vectors): the comparison at L/2 against the paper's anchor,
-the layer sweep, key heads, OV reconstruction, linear propagation (rotation, stretch, surrogate), the vectors'
+the layer scan, key heads, OV reconstruction, linear propagation (rotation, stretch, surrogate), the vectors'
 similarity and compositions. Everything comes from the product's API with its defaults; nothing is tuned here.
 """
 from __future__ import annotations
@@ -99,7 +99,7 @@ def main() -> None:
         out.append(f"| {n} | " + " | ".join(pct(t[c].label_accuracy) for c in ("ltv", "vanilla", "fv", "zero_shot"))
                    + " | " + " | ".join(pct(t[c].tr_ratio) for c in ("ltv", "vanilla", "fv", "zero_shot")) + " |")
 
-    out += ["", "## 2. Layer sweep: accuracy % per injection layer (LTV / vanilla / FV)", "",
+    out += ["", "## 2. Layer scan: accuracy % per injection layer (LTV / vanilla / FV)", "",
             "| task | " + " | ".join(f"L{l}" for l in layers) + " |", "|---|" + "---|" * len(layers)]
     for n in names:
         sw = runs[n].sweep

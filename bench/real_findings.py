@@ -98,7 +98,7 @@ def main() -> None:
                     help="labels measured at a reduced scope for the CPU budget: TSLA on the first seed only (none by "
                          "default: every model gets every seed)")
     ap.add_argument("--ltv-tasks", default="present-past",
-                    help="tasks of the LTV layer sweep (every task gets the middle layer)")
+                    help="tasks of the LTV layer scan (every task gets the middle layer)")
     ap.add_argument("--ltv-layers", default="quarters", help="'quarters' (L/4, L/2, 3L/4), 'quarters+vanilla' (and the vanilla "
                                                              "vector's best layer) or a comma list")
     ap.add_argument("--ltv-prompts", type=int, default=30, help="LTV and its steer sweeps: held-out queries")

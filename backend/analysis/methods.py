@@ -8,8 +8,8 @@ method, how many of them are trained, and the training seconds. All on the same 
 held-out query pool, the first `prompts`).
 
 Layers: every vector is compared at one fixed layer (`layer`, default L/2: the input of that decoder layer, as the
-LTV paper compares them); with `sweep`, also at its own best layer (the extracted vectors from a `steer` sweep over
-every layer, the LTV from its cached layer sweep), chosen on the same prompts (an upper bound, said in the note).
+LTV paper compares them); with `sweep`, also at its own best layer (the extracted vectors from a `steer` run over
+every layer, the LTV from its cached layer scan), chosen on the same prompts (an upper bound, said in the note).
 """
 from __future__ import annotations
 
@@ -39,7 +39,7 @@ class MethodsParams(Selection, PromptParams):
     site_steps: Int = Field(o.SITE_STEPS, ge=0, le=100_000, description="SITE: training steps")
     ltv: Bool = Field(False, description="train the LTV when no cached result is found (else it is left out)")
     sweep: Bool = Field(False, description="also each extracted vector's best layer over every layer (a `steer` "
-                                           "sweep) and the LTV's (when its layer sweep is cached); chosen on the "
+                                           "run) and the LTV's (when its layer scan is cached); chosen on the "
                                            "same prompts, so an upper bound")
 
     def writes_tensors(self) -> bool:
@@ -78,7 +78,7 @@ class MethodRow(Model):
     source: str = Field("", description="the analysis kind the numbers come from")
     note: str = ""
     layer: int | None = Field(None, description="the decoder layer whose input the vector is added to (vectors)")
-    best_layer: int | None = Field(None, description="with `sweep`: the layer of the best accuracy over the sweep")
+    best_layer: int | None = Field(None, description="with `sweep`: the layer of the best accuracy over the layers")
     best_accuracy: float | None = Field(None, description="with `sweep`: the accuracy there (chosen on these "
                                                           "prompts: an upper bound)")
 
@@ -148,7 +148,7 @@ def methods(ctx: Context, p: MethodsParams) -> dict[str, Any]:
             best = (best_of(ltv.layers, ltv.sweep["ltv"].accuracy) if p.sweep and len(ltv.layers) > 1
                     and not ltv.joint else {})
             if p.sweep and not best:
-                missing.append("LTV's best layer: no cached layer sweep (run `ltv --layer all`)")
+                missing.append("LTV's best layer: no cached layer scan (run `ltv --layer all`)")
             rows.append({"key": "ltv", "name": "LTV", "family": "trained", **_m(m), "params": n_vec * d,
                          "trainable": n_vec * d, "train_seconds": train.train_seconds if train is not None else None,
                          "source": "ltv", "layer": ltv.layer, **best,
@@ -191,7 +191,7 @@ def _ltv_tries(ctx: Context, p: MethodsParams) -> list[dict[str, Any]]:
 
 def _ltv(ctx: Context, p: MethodsParams, share: dict[str, tuple[float, float]]) -> Any:
     """The LTV result at these settings: cached (its table holds the LTV at L/2: the default layer, L/2 named or the
-    layer sweep; these prompts, else the default count; any ICL shots, head-set sizes, mechanism settings or
+    layer scan; these prompts, else the default count; any ICL shots, head-set sizes, mechanism settings or
     recipe, the defaults preferred), or (with `ltv`) computed; None when the kind is absent."""
     base = {"shots": p.shots, "seed": p.seed, "top_pct": p.top_pct, "top_k": p.top_k}
     r = ctx.cached("ltv_layers", _ltv_tries(ctx, p))

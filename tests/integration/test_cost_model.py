@@ -3,7 +3,7 @@
 The cost model counts tokens through the whole model (`analysis/primitives/cost.py`). Measured here: a pre-hook on
 every layer's output projection adds rows x positions of each call, over the number of layers; so a full pass of T
 tokens counts T, a one-token step over a KV cache 1, a pass that starts at a later layer the share of the layers it
-runs, and layers that only pass their input through (the sweep engine's) nothing. Each kind runs once on small
+runs, and layers that only pass their input through (the configuration engine's) nothing. Each kind runs once on small
 params with an empty store (its sub-calls computed, as on a cold cache); the estimate, from the params, the model's
 files and the task alone (`service/estimate.py`), must lie within 2x of the measurement.
 """

@@ -3,7 +3,7 @@
 It runs on the embedded default model when models/headlens-tiny exists, and otherwise on a tiny random-weight
 Llama with grouped-query attention (GPT-2 tokenizer) saved to a temporary folder and named in the URL, so it
 runs either way. It checks: the page renders with no exception before anything runs; the steering bars carry
-the numbers of the `steer` job; a layer sweep draws one line per vector over every layer; the geometry curves
+the numbers of the `steer` job; a layer scan draws one line per vector over every layer; the geometry curves
 show the five conditions (mean and spread) and the PCA charts exist in 2D and 3D, with arrows and label
 directions; the perturbation panel lists every perturbation, skipped ones with their reason, with difference
 maps centred at 0. The figure builders are also checked on hand-made result dicts.

@@ -1,4 +1,4 @@
-"""The sweep engine: its fast paths (shared prefix for last-token interventions, layer skipping for
+"""The configuration engine: its fast paths (shared prefix for last-token interventions, layer skipping for
 all-position masks) give the full engine's logits on every family, left-padded prompts of different lengths."""
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """Last-token fast paths equal their full-pass references: linear propagation's one-token steps from the injection
-layer, injections evaluated through the sweep engine, last-token steps that start at their first changed layer,
+layer, injections evaluated through the configuration engine, last-token steps that start at their first changed layer,
 and the clean prefix states kept between calls (the Ablation page's live toggle). Tiny random-weight models."""
 from __future__ import annotations
 

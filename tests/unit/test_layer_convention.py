@@ -15,7 +15,7 @@ from backend.analysis.kinds import get_kind
 from backend.analysis.primitives.batching import encode, make_batch
 from backend.analysis.primitives.capture import capture
 from backend.analysis.primitives.inject import Injection, evaluate_injections
-from backend.analysis.primitives.layer_inputs import sweep_at_inputs
+from backend.analysis.primitives.layer_inputs import run_at_inputs
 from backend.model.loading import wrap
 from backend.tasks.base import Task, Template
 from tiny_models import tiny_model
@@ -73,15 +73,15 @@ def test_engine_path_equals_input_injection_at_every_layer(lm_of, arch):
     g = torch.Generator().manual_seed(0)
     vs = [torch.randn(lm.d_model, generator=g) * 4 for _ in range(lm.n_layers)]
     configs = [{}] + [{l: vs[l]} for l in range(lm.n_layers)]
-    got = sweep_at_inputs(lm, enc, configs, batch_size=4)
+    got = run_at_inputs(lm, enc, configs, batch_size=4)
     want = evaluate_injections(lm, enc, [Injection({l: v for l, v in c.items()}) for c in configs], batch_size=4)
     np.testing.assert_allclose(got.gold_prob, want.gold_prob, rtol=1e-4, atol=1e-6)
     assert np.array_equal(got.pred_token, want.pred_token)
     assert not np.allclose(got.gold_prob[1:], got.gold_prob[:1])  # every vector moved something
-    zero = sweep_at_inputs(lm, enc, [{0: torch.zeros(lm.d_model)}], batch_size=4)
+    zero = run_at_inputs(lm, enc, [{0: torch.zeros(lm.d_model)}], batch_size=4)
     np.testing.assert_array_equal(zero.gold_prob[0], got.gold_prob[0])  # a zero vector at the embeddings: none
     with pytest.raises(ValueError, match="out of range"):
-        sweep_at_inputs(lm, enc, [{lm.n_layers: vs[0]}])
+        run_at_inputs(lm, enc, [{lm.n_layers: vs[0]}])
 
 
 def test_one_vanilla_vector_in_steer_ltv_and_site():

@@ -5,7 +5,7 @@ The sections (`tsla`, `site`, `ltv`) run the analysis kinds through this job's c
 TSLA per task and seed (`icl` at 0 and k shots, `scores`, `ablation_curves` of the top TR / TL / random heads at
 k = 3% and 10% of the heads, `geometry`); SITE on the first `site_tasks` tasks (`site` with patching, random-k
 patching, and `site_transfer` when two tasks of a similarity group are among them); LTV on the first `ltv_tasks`
-tasks (`ltv` at L/2 with its mechanism, `steer` sweeps of the extracted vectors on two seeds; `ltv_sweep`: the LTV
+tasks (`ltv` at L/2 with its mechanism, `steer` runs of the extracted vectors over every layer on two seeds; `ltv_sweep`: the LTV
 at L/4 and 3L/4 too, on the first task). `markdown` is the report; `python -m backend report` writes it as one
 self-contained HTML file (`backend/report/findings_html.py`). `bench/real_findings.py` runs the same sections over
 several models.
@@ -47,7 +47,7 @@ class FindingsParams(BosParams):
     site_tasks: Int = Field(1, ge=0, le=16, description="SITE on the first this many tasks")
     site_prompts: Int = Field(20, ge=2, le=500, description="SITE test prompts")
     ltv_tasks: Int = Field(1, ge=0, le=16, description="LTV on the first this many tasks")
-    ltv_prompts: Int = Field(20, ge=2, le=500, description="LTV and its steer sweeps: held-out queries")
+    ltv_prompts: Int = Field(20, ge=2, le=500, description="LTV and its steer runs: held-out queries")
     ltv_perturbations: Int = Field(64, ge=2, le=1024, description="linear propagation: perturbed vectors")
     ltv_sweep: Bool = Field(False, description="the LTV at L/4 and 3L/4 too, on the first task")
 
@@ -89,19 +89,19 @@ class FindingsParams(BosParams):
                     w = w + steer.named(f"steer on {t} (seed 0)") + steer.named(f"steer on {t} (seed 1)")
                     w = w + ltv.named(f"ltv_layers on {t}")
                     for j in ((1, 2) if self.ltv_sweep and i == 0 else ()):  # L/4 and 3L/4, the first task
-                        w = w + ltv.named(f"ltv_layers on {t} (sweep {j})")
+                        w = w + ltv.named(f"ltv_layers on {t} (scan {j})")
         return w
 
 
-def stage_of(kind: str, task: Any, params: dict[str, Any], sweeps: int) -> str:
-    """The plan's stage (`FindingsParams.work`) of a section's call of `kind` (`sweeps`: the task's LTV layer sweep
+def stage_of(kind: str, task: Any, params: dict[str, Any], scans: int) -> str:
+    """The plan's stage (`FindingsParams.work`) of a section's call of `kind` (`scans`: the task's LTV layer scan
     calls before it); a call the plan does not count (the TSLA `scores` the next kinds read, SITE's transfer) gets a
     name the plan lacks."""
     t = task.name if task is not None else ""
     if kind in ("icl_curve", "ablation_curves", "geometry", "steer"):
         return f"{kind} on {t} (seed {params.get('seed')})"
     if kind == "ltv_layers" and "layer" in params:
-        return f"ltv_layers on {t} (sweep {sweeps + 1})"
+        return f"ltv_layers on {t} (scan {scans + 1})"
     return f"{kind} on {t}"
 
 
@@ -160,12 +160,12 @@ def findings(ctx: Context, p: FindingsParams) -> dict[str, Any]:
     sections = list(p.sections)
     # progress by the plan's stages (`work`: one per call, on the tasks' mean prompt sizes, as the estimate's)
     share = planned_over(ctx, p, tasks if p.tasks else model_tasks(lm.name))
-    at = {"pos": 0.0, "sweeps": 0}
+    at = {"pos": 0.0, "scans": 0}
 
     def run(kind: str, lm_: Any, task: Any, **params: Any) -> Any:
         """A section's analysis, through this job's cache and tensors; the bar advances by its stage's share."""
-        stage = stage_of(kind, task, params, at["sweeps"])
-        at["sweeps"] += kind == "ltv_layers" and "layer" in params
+        stage = stage_of(kind, task, params, at["scans"])
+        at["scans"] += kind == "ltv_layers" and "layer" in params
         lo, hi = share.get(stage, (at["pos"], at["pos"]))  # not in the plan: counted in the next call's stage
         at["pos"] = hi
         what = f"{kind} on {task.name}" if task is not None else kind

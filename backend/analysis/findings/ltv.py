@@ -2,7 +2,7 @@
 and the function vector at the middle layer and across layers, its key heads, and its linear propagation.
 
 Per task (seed 0, 50 held-out queries, 8-shot ICL): `ltv` at the middle layer's input with the default recipe and
-its mechanism (`--ltv-perturbations` perturbed vectors for the linear propagation), and a `steer` sweep of the
+its mechanism (`--ltv-perturbations` perturbed vectors for the linear propagation), and a `steer` run over every layer of the
 extracted vectors (vanilla, FV, TR, TL) over every layer, on seed 0 and seed 1 (seed 0 picks each vector's best
 layer; seed 1's held-out queries score it there, so the best-layer figure is not chosen on the prompts it reports).
 On `--ltv-tasks`: the LTV (with its mechanism) at `--ltv-layers` too (default L/4, L/2, 3L/4 and the layer where the
@@ -21,7 +21,7 @@ PAPER = "LTV"
 VECTORS = ("vanilla", "fv", "tr", "tl")
 
 
-def sweep_layers(lm: Any, spec: str, vanilla_best: int | None) -> list[int]:
+def scan_layers(lm: Any, spec: str, vanilla_best: int | None) -> list[int]:
     L = lm.n_layers
     if spec in ("quarters", "quarters+vanilla"):
         layers = {L // 4, L // 2, (3 * L) // 4}
@@ -35,7 +35,7 @@ def sweep_layers(lm: Any, spec: str, vanilla_best: int | None) -> list[int]:
 def plan(a: Any, tasks: list) -> str:
     sub = [t for t in a.ltv_tasks.split(",") if t in dict(tasks)]
     return (f"{len(tasks)} ltv runs at the middle layer (mechanism, {a.ltv_perturbations or 'default'} perturbations) + 2 steer "
-            f"sweeps each; {len(sub)} tasks ({', '.join(sub)}) also at layers '{a.ltv_layers}'")
+            f"runs over every layer each; {len(sub)} tasks ({', '.join(sub)}) also at layers '{a.ltv_layers}'")
 
 
 def _best(layers: list[int], acc: list[float]) -> int:
@@ -48,7 +48,7 @@ def measure(lm: Any, tasks: list, a: Any, log: Callable[[str], None]) -> dict[st
     mid = lm.n_layers // 2
     common = dict(propagation=True, perturbations=a.ltv_perturbations, shots=a.ltv_shots, prompts=a.ltv_prompts,
                   **a.ltv_recipe)
-    sweep_tasks = set(a.ltv_tasks.split(","))
+    scan_tasks = set(a.ltv_tasks.split(","))
     rows = {}
     for name, task in tasks:
         st = {s: analyze("steer", lm, task, vectors=list(VECTORS), layer="all", shots=a.ltv_shots,
@@ -63,8 +63,8 @@ def measure(lm: Any, tasks: list, a: Any, log: Callable[[str], None]) -> dict[st
         e = r.per_layer[0]
         kh, prop = e.key_heads, e.propagation
         per_layer = {mid: _layer_entry(r)}
-        if name in sweep_tasks:
-            for l in sweep_layers(lm, a.ltv_layers, best.get("vanilla")):
+        if name in scan_tasks:
+            for l in scan_layers(lm, a.ltv_layers, best.get("vanilla")):
                 if l not in per_layer:
                     per_layer[l] = _layer_entry(analyze("ltv_layers", lm, task, layer=l, **common))
                     log(f"{name}: LTV at layer {l}: {per_layer[l]['ltv']:.2f}")
@@ -217,7 +217,7 @@ def render(models: dict, a: dict) -> list[str]:
                    f"layer {res['mid']}'s output = layer {res['mid'] + 1}'s input (what `steer` and `site` used as "
                    "\"the middle layer\" before): " + "; ".join(shift) + ". Every kind now uses the input.")
         out.append("")
-        out.append("Extracted vectors along every layer (steer sweep, seed 0, accuracy %): "
+        out.append("Extracted vectors along every layer (steer over every layer, seed 0, accuracy %): "
                    + "; ".join(f"{t} vanilla [" + " ".join(pct(v) for v in x["extracted"]["vanilla"]["curve"]) + "]"
                                for t, x in rows.items() if "vanilla" in x["extracted"]) + ".")
         out += ["", f"#### Tests on `{m}`", ""]

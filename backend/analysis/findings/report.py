@@ -153,7 +153,7 @@ def render(data: dict, sections: list[str], command: str | None = None) -> str:
         sc = m["scope"]
         out += [f"Scope of `{m['label']}` (reduced for the 2-core CPU budget, `--light`): TSLA on seed "
                 f"{', '.join(map(str, sc['seeds']))} only (SITE on {sc['site_tasks']}; LTV on {sc['ltv_main_tasks']} "
-                f"at the middle layer, its layer sweep on {sc['ltv_tasks'] or 'none'}, as for the other models).", ""]
+                f"at the middle layer, its layer scan on {sc['ltv_tasks'] or 'none'}, as for the other models).", ""]
     if data["notes"]:
         out += ["Left out: " + "; ".join(data["notes"]), ""]
     summary = [row for s in sections for row in runners[s].summary(models, a)]

@@ -101,7 +101,7 @@ def _vs_icl(r: Any) -> dict[str, Any] | None:
 
 def _extra_patching(lm: Any, task: Any, r: Any, ks: list[int], prompts: int, store: Any = None) -> dict[str, Any]:
     """Random-k patching (mean of RANDOM_DRAWS draws) and top-k at the trained alphas, from the saved alphas and
-    task embedding; and whether the sweep engine's top-k patching equals the SITE hooks' (max |delta accuracy|)."""
+    task embedding; and whether the configuration engine's top-k patching equals the SITE hooks' (max |delta accuracy|)."""
     import torch
 
     from backend.analysis.primitives.batching import encode

@@ -10,7 +10,7 @@ conditions   zero_shot   the query alone
              vanilla     mean over ICL prompts of (h_ICL - h_zero) at the layer's input, last token
              fv          the function vector (top heads by causal indirect effect)
              tr, tl      the top-TR / top-TL head-set vectors
-             ltv         the trained vector at `positions` (kind `ltv_train`, cached: a sweep and a single layer
+             ltv         the trained vector at `positions` (kind `ltv_train`, cached: a layer scan and a single layer
                          share their trainings)
              ltv+icl     the LTV added to the k-shot prompts
              Extracted vectors come from the cached `vectors` kind and are added at the last token, unscaled.
@@ -65,7 +65,7 @@ class LtvParams(Selection, LtvRecipeParams):
 
     layer: Layer | list[Layer] | Literal["all"] | None = Field(
         None, description="injection layer (a decoder layer's input); None = L/2; `all` or a list: one LTV per "
-                          "layer (the layer sweep), or one joint vector with `joint`")
+                          "layer (the layer scan), or one joint vector with `joint`")
     joint: Bool = Field(False, description="with several layers: one theta per layer trained together")
     shots: Int = Field(o.SHOTS, ge=0, description="demonstrations of the ICL conditions and extracted vectors")
     prompts: Int = Field(o.PROMPTS, ge=1, description="held-out queries scored (zero-shot prompts)")
@@ -106,7 +106,7 @@ class LtvParams(Selection, LtvRecipeParams):
 
 
 class MetricCurve(Model):
-    """accuracy, label_accuracy and TR ratio along the layer sweep (one value per layer of `LtvResult.layers`)."""
+    """accuracy, label_accuracy and TR ratio along the layer scan (one value per layer of `LtvResult.layers`)."""
 
     accuracy: list[float]
     label_accuracy: list[float]
@@ -177,7 +177,7 @@ class LtvLayer(Model):
 class LtvResult(Result, TensorsInline):
     """kind `ltv`: learned task vectors compared with zero-shot, ICL and extracted vectors, and how they work.
 
-    `table` is the comparison at `layer`; `sweep` the same conditions at every layer of `layers`; the extracted
+    `table` is the comparison at `layer`; `sweep` (the layer scan) the same conditions at every layer of `layers`; the extracted
     vectors (vanilla, fv, tr, tl) are added at the last token, the LTV at `positions`. Conditions:
     zero_shot, icl (k-shot prompts), vanilla (mean ICL - zero-shot hidden state at the layer's input), fv
     (function vector), tr / tl (top-TR / top-TL head-set vectors), ltv, ltv+icl (LTV on top of the ICL prompt).
@@ -186,7 +186,7 @@ class LtvResult(Result, TensorsInline):
     n_layers: int
     n_heads: int
     d_model: int
-    layers: list[int] = Field(..., description="the injection layers of the sweep (a joint vector: its layers)")
+    layers: list[int] = Field(..., description="the injection layers of the scan (a joint vector: its layers)")
     layer: int = Field(..., description="the table's layer (L/2 when swept)")
     joint: bool
     positions: list[int]
@@ -298,7 +298,7 @@ def _ltv(ctx: Context, p: LtvParams) -> dict[str, Any]:
 
     # the zero-shot prompts' clean prefixes kept: the comparison and the mechanism's configurations are token steps
     base = evaluate_injections(lm, zero, [Injection()], EVAL_BATCH, keep_prefix=True)
-    # k-shot prompts alone and with each LTV: one sweep (one clean pass; a last-token LTV is one step over it)
+    # k-shot prompts alone and with each LTV: one batch of configurations (one clean pass; a last-token LTV is one step over it)
     with_icl = evaluate_injections(lm, icl, [Injection()] + [ltv_injection(g, tr) for g, tr in zip(groups, trainings)],
                                    EVAL_BATCH, ctx.stage(*share["references"], "k-shot prompts"))
     ref = {"zero_shot": base.summary(0), "icl": with_icl.summary(0)}

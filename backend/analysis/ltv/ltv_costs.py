@@ -11,7 +11,7 @@ from ..primitives import last_token
 from ..primitives.cost import NONE, Shape, Sizes, Work, passes, steps, training
 from .recipe import LtvRecipeParams
 
-EVAL_BATCH = o.SWEEP_BATCH_SIZE
+EVAL_BATCH = o.CONFIG_BATCH_SIZE
 EXTRACTED = ("vanilla", "fv", "tr", "tl")  # the extracted vectors ltv compares
 RECIPE = tuple(LtvRecipeParams.model_fields)  # what ltv_train takes
 
@@ -24,7 +24,7 @@ def groups_of(p: Any, n_layers: int) -> list[list[int]]:
 
 
 def configs(name: str, k: float, n: float, t: float, shape: Shape, layer: int, last: bool) -> Work:
-    """`k` configurations of the sweep engine over `n` prompts of `t` tokens whose clean prefixes are kept: with a
+    """`k` configurations of the configuration engine over `n` prompts of `t` tokens whose clean prefixes are kept: with a
     vector at the last token above the embeddings, one token step each from the output of `layer` - 1 on (the
     share (L - layer + 1) / L of the model), its logits included; elsewhere a full pass each."""
     if last and layer >= 1:

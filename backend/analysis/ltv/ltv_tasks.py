@@ -109,7 +109,7 @@ class LtvTasksResult(Result, TensorsInline):
 
 
 RECIPE = (*LtvRecipeParams.model_fields, "shots", "prompts", "top_pct", "top_k")  # what each task's ltv call takes
-EVAL_BATCH = o.SWEEP_BATCH_SIZE
+EVAL_BATCH = o.CONFIG_BATCH_SIZE
 
 
 def label_spaces(tasks: list[Task]) -> dict[str, str]:

@@ -138,5 +138,5 @@ def _run_full(lm: LoadedModel, ids: Sequence[Sequence[int]], configs: Sequence[R
                 continue
             cs = torch.tensor(cl, device=logits.device)
             ps = torch.tensor([rows[r][1] for r in chunk], device=logits.device)
-            out.emit(logits, cs, ps, "sweep (full passes)")
+            out.emit(logits, cs, ps, "configurations (full passes)")
             done += len(chunk)

@@ -1,7 +1,7 @@
-"""The sweep engine's fast paths (engine="auto"; see `engine.py` for what each recomputes): the clean pass of a
+"""The configuration engine's fast paths (engine="auto"; see `engine.py` for what each recomputes): the clean pass of a
 prompt batch, last-token configurations as one more token over its KV cache (packed side by side, or the cache
 repeated over rows), and all-position configurations from their start layer on the recorded clean residual stream.
-A model they cannot serve raises `Unsupported`, and the rest of the sweep runs on full passes."""
+A model they cannot serve raises `Unsupported`, and the rest of the configurations run on full passes."""
 from __future__ import annotations
 
 import copy
@@ -30,7 +30,7 @@ STORED_BATCH = 128  # prompts per batch when every clean prefix is kept (`prefix
 
 
 class Unsupported(Exception):
-    """The model does something the fast paths do not handle; the rest of the sweep runs on the full engine."""
+    """The model does something the fast paths do not handle; the rest of the configurations run on the full engine."""
 
 
 def run_fast(lm: LoadedModel, ids: Sequence[Sequence[int]], plans: list[Plan], fill: torch.Tensor | None,
@@ -115,7 +115,7 @@ def _fast_batch(lm: LoadedModel, batch: Batch, plans: list[Plan], clean: list[in
             if entries is not None:
                 STORE.put(lm, rows_ids, entries)
     for c in clean:
-        out.emit(logits, torch.full((P,), c, device=dev), ps, "sweep: untouched configurations")
+        out.emit(logits, torch.full((P,), c, device=dev), ps, "untouched configurations")
     # 2. last-token configurations: one new token each over the prefix cache
     if last:
         _last_token(lm, batch, cache, plans, last, fill, bs, out, at_last)
@@ -252,7 +252,7 @@ def _step_passes(lm: LoadedModel, batch: Batch, cache, plans: list[Plan], todo: 
                 o = lm.model(input_ids=tok.expand(P, c), attention_mask=mask4, position_ids=pos.expand(P, c),
                              cache=step, use_cache=step is not None, logits_to_keep=0)
             logits = o.logits.reshape(P * c, -1)
-            out.emit(logits, cs.repeat(P), ps.repeat_interleave(c), "sweep: last-token configurations")
+            out.emit(logits, cs.repeat(P), ps.repeat_interleave(c), "last-token configurations")
         else:  # repeated cache: row p * c + j is prompt p under configuration chunk[j]
             if step is not None:
                 step.batch_repeat_interleave(c)
@@ -262,7 +262,7 @@ def _step_passes(lm: LoadedModel, batch: Batch, cache, plans: list[Plan], todo: 
                                 *_edits(masks, fill, vecs, last_only=False)]):
                 logits = last_logits(lm, tok.repeat_interleave(c, 0), batch.attention_mask.repeat_interleave(c, 0),
                                       pos.repeat_interleave(c, 0), step)
-            out.emit(logits, cs.repeat(P), ps.repeat_interleave(c), "sweep: last-token configurations")
+            out.emit(logits, cs.repeat(P), ps.repeat_interleave(c), "last-token configurations")
         k += c
 
 
@@ -281,4 +281,4 @@ def _from_layer(lm: LoadedModel, batch: Batch, start: int, clean_out: torch.Tens
         logits = last_logits(lm, batch.input_ids.repeat(c, 1), batch.attention_mask.repeat(c, 1),
                               batch.position_ids.repeat(c, 1))
     cs = torch.tensor(chunk, device=dev).repeat_interleave(P)
-    out.emit(logits, cs, ps.repeat(c), f"sweep: configurations from layer {start}")
+    out.emit(logits, cs, ps.repeat(c), f"configurations from layer {start}")

@@ -1,4 +1,4 @@
-"""The sweep engine's configurations and their bookkeeping: `RowConfig` (what a configuration does), `plan_config` (what
+"""The configuration engine's configurations and their bookkeeping: `RowConfig` (what a configuration does), `plan_config` (what
 the engine does with it: nothing, a last-token step, or a pass from its start layer), `Emitter` (each
 (configuration, prompt) pair's logits handed on exactly once), one pass's last-token logits, and halving the batch
 on out-of-memory. The engine: `engine.py` (`run_configs`, full passes) and `engine_fast.py` (the fast paths)."""

@@ -10,7 +10,7 @@ unembedding reads), and zero-ablate heads at the last token with `mask` (layers,
 
 `injected_logits` runs no `inference_mode` of its own, so a trained vector (requires_grad) gets its gradient
 through it; the batch helpers here run under the model lock and inference mode (`map_batches`). Where every
-injection acts at the last token only (above the embeddings), `evaluate_injections` runs them through the sweep
+injection acts at the last token only (above the embeddings), `evaluate_injections` runs them through the configuration
 engine: one token step each over the clean prefix's KV cache (`engine`), equal to full passes within float
 tolerance.
 """
@@ -96,7 +96,7 @@ def evaluate_injections(lm: LoadedModel, enc: Encoded, injections: Sequence[Inje
 
 
 def as_row_configs(lm: LoadedModel, injections: Sequence[Injection]) -> list[RowConfig] | None:
-    """The injections as sweep configurations when each acts at the last prompt token only and above the
+    """The injections as engine configurations when each acts at the last prompt token only and above the
     embeddings: a vector at the input of layer l >= 1 is one at the output of layer l - 1, `final` one at the last
     layer's output, the mask a last-token mask (zero ablation). None when one of them does not fit (a vector at
     the embeddings or at other positions, a per-row mask or vector)."""

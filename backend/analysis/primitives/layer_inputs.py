@@ -6,7 +6,7 @@ layer l, at the last prompt token. Layer 0 is the embeddings; the input of layer
 (the same tensor: Hugging Face's `hidden_states[l]`, TransformerLens' `blocks.l.hook_resid_pre`). The vanilla task
 vector at layer l is the mean ICL-minus-zero-shot difference of that same state (`capture(..., "resid")`).
 
-    sweep_at_inputs(lm, enc, [{}, {4: v}, {0: w}])   # Outcomes (configs, prompts)
+    run_at_inputs(lm, enc, [{}, {4: v}, {0: w}])   # Outcomes (configs, prompts)
 
 Layers >= 1 run through the configuration engine (an addition to layer l - 1's output: one token over the clean prefix's
 KV cache, `inject.as_row_configs`); a configuration with a vector at layer 0 runs as full passes with the hooks'
@@ -29,7 +29,7 @@ from .configs import score_configs
 Vectors = dict[int, torch.Tensor]
 
 
-def sweep_at_inputs(lm: LoadedModel, enc: Encoded, configs: Sequence[Vectors], batch_size: int = 32,
+def run_at_inputs(lm: LoadedModel, enc: Encoded, configs: Sequence[Vectors], batch_size: int = 32,
                     progress: Progress | None = None) -> Outcomes:
     """Accuracy, label accuracy, TR ratio and predictions of every prompt with each configuration's vectors added at
     their layers' inputs (last token), each (configs, prompts). An empty configuration is the plain pass; a zero

@@ -1,7 +1,7 @@
 """Clean prefix states of prompts kept in memory between calls, so a last-token intervention on a prompt set the
 service has already run is one token step per prompt, not a full pass (the Ablation page's live toggle).
 
-Per prompt (its token ids, on one model), an `Entry` holds what the sweep engine's last-token path needs from the
+Per prompt (its token ids, on one model), an `Entry` holds what the configuration engine's last-token path needs from the
 clean pass: the KV cache of the prefix (all tokens but the last), per layer (kv_heads, T - 1, head_dim); the clean
 last-token logits (vocab,); each decoder layer's clean output at the last token (layers, d_model); and, where the
 pass captured it, the last token's z (layers, heads, head_dim) (the mean-ablation fill).

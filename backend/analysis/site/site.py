@@ -406,7 +406,7 @@ def _patching(ctx: Context, p: SiteParams, enc: dict[str, Any], alpha: torch.Ten
         configs.append(RowConfig(mask=1.0 - hard_alpha(lm, order[:k]), positions="last"))
     for k in ks:
         configs.append(RowConfig(mask=1.0 - hard_alpha(lm, order[::-1][:k]), positions="last"))
-    res = score_configs(lm, enc["test"], configs, fill=t, batch_size=o.SWEEP_BATCH_SIZE,
+    res = score_configs(lm, enc["test"], configs, fill=t, batch_size=o.CONFIG_BATCH_SIZE,
                          progress=ctx.stage(*span, "patching"))
     means = res.means()
     n = len(ks)

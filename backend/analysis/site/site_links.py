@@ -30,7 +30,7 @@ def ltv_row(ctx: Context, prompts: int, seed: int) -> dict[str, Any] | None:
 
 def cached_ltv(ctx: Context, prompts: int, seed: int, mechanism: bool = False) -> Any:
     """The `ltv` kind's cached result on this model and task at this seed whose table holds the LTV at L/2 (these
-    prompts, else the default count; the default layer, L/2 named, or the layer sweep, whose table is at L/2), or
+    prompts, else the default count; the default layer, L/2 named, or the layer scan, whose table is at L/2), or
     None; `mechanism`: one with the key heads (its `key_heads` stage run). Its other fields (the ICL shots, the
     head-set sizes, the mechanism's settings, the recipe) may be anything: they do not change that row; the
     defaults are preferred."""

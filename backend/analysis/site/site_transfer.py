@@ -136,7 +136,7 @@ def _transfer(ctx: Context, p: SiteTransferParams) -> dict[str, Any]:
         configs += [RowConfig(mask=torch.zeros(L, H), positions="last"), RowConfig()]
         configs += [RowConfig(mask=1.0 - hard_alpha(lm, ranked_heads(runs[a][0].numpy())[:k]), positions="last")
                     for a in names]
-        res = score_configs(lm, enc, configs, fill=runs[b.name][1], batch_size=o.SWEEP_BATCH_SIZE)
+        res = score_configs(lm, enc, configs, fill=runs[b.name][1], batch_size=o.CONFIG_BATCH_SIZE)
         means = res.means()
         acc[:, j] = means["accuracy"][:n]
         trr[:, j] = means["tr_ratio"][:n]

@@ -3,7 +3,7 @@
 A configuration is a head mask m (layers, heads) applied to z at the output projection's input:
     zero ablation: z'[l, h] = m z[l, h]
     mean ablation: z'[l, h] = m z[l, h] + (1 - m) mean_prompts(z[l, h] at the last token)
-at every position or the last one only. All configurations share one sweep (`primitives.configs`).
+at every position or the last one only. All configurations share one engine run (`primitives.configs`).
 """
 from __future__ import annotations
 
@@ -41,7 +41,7 @@ class AblationCurvesParams(PromptParams):
     mode: o.Mode = "zero"
     positions: o.Positions = "all"
     random_seeds: list[NonNegative] = Field(default_factory=lambda: list(o.RANDOM_SEEDS), min_length=1, max_length=16)
-    batch_size: Int = Field(o.SWEEP_BATCH_SIZE, ge=1, le=1024)
+    batch_size: Int = Field(o.CONFIG_BATCH_SIZE, ge=1, le=1024)
 
     @field_validator("orders")
     @classmethod
@@ -61,14 +61,14 @@ class AblationCurvesParams(PromptParams):
         ks = {min(k, shape.heads) for k in self.ks if k > 0}
         # the scores: the rankings, and the top sets the random orders stay out of
         w = get_kind("head_scores").params(shots=self.shots, prompts=self.prompts).work(shape, sizes).named("head scores")
-        return w + _sweep(self, shape, sizes, rankings * len(ks), f"{rankings} rankings x {len(ks)} values of k")
+        return w + _run(self, shape, sizes, rankings * len(ks), f"{rankings} rankings x {len(ks)} values of k")
 
 
 class AblateParams(PromptParams):
     """kind `ablate`: ablate one head set; metrics and per-prompt rows before and after."""
 
     def work(self, shape: Shape, sizes: Sizes) -> Work:
-        return _sweep(self, shape, sizes, 1, "the head set", self.heads)
+        return _run(self, shape, sizes, 1, "the head set", self.heads)
 
     def held(self, lm: Any, task: Any) -> set[str]:
         """The parts of `work` the resident model `lm` will skip: a last-token toggle on prompts whose clean prefix
@@ -79,11 +79,11 @@ class AblateParams(PromptParams):
     heads: Heads = Field(..., description="[[layer, head], ...]")
     mode: o.Mode = "zero"
     positions: o.Positions = "all"
-    batch_size: Int = Field(o.SWEEP_BATCH_SIZE, ge=1, le=1024)
+    batch_size: Int = Field(o.CONFIG_BATCH_SIZE, ge=1, le=1024)
 
 
 def _held(p: Any, lm: Any, task: Any) -> set[str]:
-    """`_sweep`'s parts a last-token sweep skips on `lm` now (see AblateParams.held); empty for every position."""
+    """`_run`'s parts a last-token run skips on `lm` now (see AblateParams.held); empty for every position."""
     from ..primitives.prefix_store import STORE
 
     if p.positions != "last" or lm is None or task is None:
@@ -97,7 +97,7 @@ def _held(p: Any, lm: Any, task: Any) -> set[str]:
     return {"clean", "mean head outputs"} if STORE.holds(lm, enc.ids, z=True) else {"clean"}
 
 
-def _sweep(p: Any, shape: Shape, sizes: Sizes, configs: int, what: str,
+def _run(p: Any, shape: Shape, sizes: Sizes, configs: int, what: str,
            heads: list[tuple[int, int]] | None = None) -> Work:
     """In the run's order: a mean-ablation pass (mode mean), the clean pass and `configs` head masks over the ICL
     prompts."""

@@ -52,7 +52,7 @@ class PatchingParams(Selection, PromptParams):
                                                     "prompts with perturbed demonstrations")
     patch: Literal["paired", "mean"] = Field("paired", description="paired: clean prompt i's own z into target i; "
                                                                    "mean: the clean prompts' mean z into every one")
-    batch_size: Int = Field(o.SWEEP_BATCH_SIZE, ge=1, le=1024)
+    batch_size: Int = Field(o.CONFIG_BATCH_SIZE, ge=1, le=1024)
 
     def work(self, shape: Shape, sizes: Sizes) -> Work:
         """Clean ICL prompts: captured, run and scored (3 passes); target prompts: run and scored (2 passes);

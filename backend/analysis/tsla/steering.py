@@ -21,7 +21,7 @@ from ..primitives.stages import between, planned
 from ..results import Head, Metrics, Model, Result
 from ..primitives.batching import build_prompts, encode
 from ..primitives.inject import vector_at
-from ..primitives.layer_inputs import sweep_at_inputs
+from ..primitives.layer_inputs import run_at_inputs
 from ..primitives.predict import evaluate
 from ..primitives.rates import curve_intervals
 from ..primitives.configs import resolve_layers
@@ -32,10 +32,10 @@ class SteerParams(Selection, PromptParams):
 
     vectors: list[o.VectorType] = Field(default_factory=lambda: list(o.VECTOR_TYPES), min_length=1)
     layer: Layer | Literal["all"] | None = Field(None, description="decoder layer whose input the vector is added "
-                                                                   "to; None = L/2; `all` sweeps")
+                                                                   "to; None = L/2; `all`: every layer")
     alpha: Float = Field(1.0, ge=-100, le=100)
     heads: Heads | None = Field(None, description="an extra user head set")
-    batch_size: Int = Field(o.SWEEP_BATCH_SIZE, ge=1, le=1024)
+    batch_size: Int = Field(o.CONFIG_BATCH_SIZE, ge=1, le=1024)
 
     @field_validator("vectors")
     @classmethod
@@ -48,7 +48,7 @@ class SteerParams(Selection, PromptParams):
                                            top_pct=self.top_pct, top_k=self.top_k).work(shape, sizes)
         n_vec = len(self.vectors) + bool(self.heads)
         n = sizes.n(self.prompts)
-        L = max(shape.n_layers, 1)  # a step runs from its layer on: (L + 1) / 2L of the model over a sweep
+        L = max(shape.n_layers, 1)  # a step runs from its layer on: (L + 1) / 2L of the model over a layer scan
         share = (L + 1) / (2 * L) if self.layer == "all" else (L - (L // 2 if self.layer is None else self.layer)) / L
         return (built + passes("ICL reference", n, sizes.prompt(self.shots)) + passes("zero-shot", n, sizes.prompt(0))
                 + steps(f"{n_vec} vectors x {layers} layers", n * (1 + n_vec * layers), share=max(share, 1 / L)))
@@ -94,10 +94,10 @@ def steer(ctx: Context, p: SteerParams) -> dict[str, Any]:
     zero = encode(lm, task.build_prompts(0, icl_built.n, p.seed), task.kind)
     icl = evaluate(lm, encode(lm, icl_built.prompts, task.kind), p.batch_size, ctx.stage(*share["ICL reference"], "ICL reference"))
     names = list(built.vectors)
-    # configuration 0 adds a zero vector: bit-identical to the plain zero-shot pass, in the same sweep
+    # configuration 0 adds a zero vector: bit-identical to the plain zero-shot pass, in the same batch
     configs = [{layers[0]: torch.zeros(lm.d_model)}]
     configs += [{l: p.alpha * vector_at(built.vectors[nm].vector, l)} for nm in names for l in layers]
-    res = sweep_at_inputs(lm, zero, configs, batch_size=p.batch_size, progress=ctx.stage(*between(share, "zero-shot"), "steering"))
+    res = run_at_inputs(lm, zero, configs, batch_size=p.batch_size, progress=ctx.stage(*between(share, "zero-shot"), "steering"))
     means = res.means()
     out = {}
     for i, nm in enumerate(names):
