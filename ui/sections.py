@@ -95,6 +95,17 @@ def section(name: str, clicked: bool, job: jobs.Job, waiting: str) -> dict[str, 
     return found
 
 
+def run(job: jobs.Job, text: str, caption: str, key: str, waiting: str = "Press **Run** to compute it.",
+        label: str = "Run", estimate: bool = True) -> dict[str, Any] | None:
+    """A whole Run section: its `run_row` (button `run_<key>`; `estimate`: the job's estimate stated), its result
+    (`section`) and the result's warnings. The page draws the result."""
+    clicked = run_row(text, caption, f"run_{key}", label, estimate=[(job.kind, job.params)] if estimate else None)
+    r = section(key, clicked, job, waiting)
+    if r is not None:
+        jobs.show_warnings(r)
+    return r
+
+
 class LiveChart:
     """A running job's live figure (a training's loss so far), redrawn in one place below what the page drew before
     it started. Each draw of a script run gets its own element key (`<name>_live_<n>`, n counting the draws of
