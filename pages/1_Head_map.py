@@ -30,8 +30,7 @@ partial.clear()
 if scores is None:
     st.stop()
 jobs.show_warnings(scores)
-L, H = int(scores["n_layers"]), int(scores["n_heads"])
-layout.fit_shape(L, H, int(scores["prompts"]))
+L, H = layout.fit_shape(scores, prompts=True)
 selected = heads.current(L, H)
 ctx = figures.subtitle(figures.caption(s.model, s.task_title, scores["shots"], int(scores["top_k"])))
 

@@ -36,14 +36,10 @@ st.caption("Add a task vector built from heads to zero-shot prompts and see whet
 layout.need_task(s)
 fit_result = fit.check(s) or {}
 
-info = jobs.fetch("model_info", {"model": s.model}, "Loading the model", what="Model")
-if info is None:
-    st.stop()
-L, H = int(info["n_layers"]), int(info["n_heads"])
+L, H = layout.fit_shape(layout.needed("model_info", {"model": s.model}, "Loading the model", "Model"))
 ctx = figures.subtitle(figures.caption(s.model, s.task_title, s.shots, s.top_label()))
 
 # -- settings shared by the sections (all in the URL) ------------------------------------------------------------
-layout.fit_shape(L, H)
 
 st.subheader("Vectors", divider="gray")
 selected = heads.current(L, H)

@@ -36,12 +36,8 @@ st.caption("Train a task vector through the frozen model (added to the hidden st
 layout.need_task(s)
 fit.check(s)
 
-info = jobs.fetch("model_info", {"model": s.model}, "Loading the model", what="Model")
-if info is None:
-    st.stop()
-L, H = int(info["n_layers"]), int(info["n_heads"])
+L, H = layout.fit_shape(layout.needed("model_info", {"model": s.model}, "Loading the model", "Model"))
 ctx = figures.subtitle(figures.caption(s.model, s.task_title, s.shots))
-layout.fit_shape(L, H)
 default_layer = state.ltv_default_layer(L)  # the sweep on a shallow model, else the middle layer
 
 # -- settings (all in the URL) -------------------------------------------------------------------------------------

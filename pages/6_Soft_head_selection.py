@@ -38,11 +38,7 @@ layout.need_task(s)
 # the fit-check line every page shows (unknown tokens; the length of SITE's N-shot prompts against the context)
 fit.check(dataclasses.replace(s, shots=int(state.value("site_shots"))))
 
-info = jobs.fetch("model_info", {"model": s.model}, "Loading the model", what="Model")
-if info is None:
-    st.stop()
-L, H = int(info["n_layers"]), int(info["n_heads"])
-layout.fit_shape(L, H)
+L, H = layout.fit_shape(layout.needed("model_info", {"model": s.model}, "Loading the model", "Model"))
 
 # -- settings ------------------------------------------------------------------------------------------------------
 c1, c2, c3 = st.columns(3)

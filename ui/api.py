@@ -148,19 +148,10 @@ def _call(fn: Callable[[], Any], name: str = "") -> Any:
 
 
 # -- service ------------------------------------------------------------------------------------------
-def health() -> dict[str, Any]:
-    return _call(lambda: client().health(), "health")
-
-
 def capabilities() -> dict[str, Any]:
     """{version, device, dtype, loaded_models, tasks, limits, job_kinds, model_root, allow_hub, auth_required,
     presets, allow_pull}."""
     return _call(lambda: client().capabilities(), "capabilities")
-
-
-def tasks() -> list[dict[str, Any]]:
-    """[{id, source, name, kind, n_examples, labels, models, description}, ...]; `id` is what jobs take."""
-    return _call(lambda: client().tasks(), "tasks")
 
 
 def upload_task(filename: str, content: bytes, kind: str | None = None) -> dict[str, Any]:
