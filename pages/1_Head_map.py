@@ -10,7 +10,7 @@ import streamlit as st
 
 from ui import compare, figures, fit, head_view, heads, jobs, layout, map_colors, settings, share, snippets, state
 from ui import metrics as M
-from ui.sections import download, guard, run
+from ui.sections import download, guard, icl_metrics, run
 from ui.tsla import anytime, map_uncertainty as mu, patching_figures as pf
 
 s, caps = layout.page_setup("Head map", ":material/grid_on:")
@@ -36,16 +36,10 @@ ctx = figures.subtitle(figures.caption(s.model, s.task_title, scores["shots"], i
 
 k_shot, zero = scores["icl"], scores.get("zero_shot")
 m = st.columns(5)
-for col, name in zip(m, M.NAMES):
-    col.metric(f"{M.LABEL[name]} ({scores['shots']}-shot)", M.pct(k_shot[name]),
-               delta=None if zero is None else M.points(k_shot[name], zero[name]),
-               help=M.HELP[name] + ("" if zero is None else f" 0-shot: {M.pct(zero[name])} (the arrow: the change "
-                                                            f"from 0 shots)."), border=True)
+icl_metrics(m, scores, "Accuracy", {"layers x heads": f"{L} x {H}", "prompts": scores["prompts"],
+                                    "top-head set": scores["top_k"]})
 m[3].metric("Heads", f"{L} × {H}", help="layers × heads per layer", border=True)
 m[4].metric("Selected", f"{len(selected)}", border=True)
-share.numbers("Accuracy", {f"{M.LABEL[n]} ({scores['shots']}-shot)": k_shot[n] for n in M.NAMES}
-              | ({f"{M.LABEL[n]} (0-shot)": zero[n] for n in M.NAMES} if zero else {})
-              | {"layers x heads": f"{L} x {H}", "prompts": scores["prompts"], "top-head set": scores["top_k"]})
 if zero is not None:
     st.caption(f"TR ratio **{M.pct(zero['tr_ratio'])}** with 0 shots → **{M.pct(k_shot['tr_ratio'])}** with "
                f"{scores['shots']}: the demonstrations make the model answer with a label word. Accuracy "
