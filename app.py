@@ -12,7 +12,7 @@ import streamlit as st
 
 from ui import api, figures, fit, jobs, layout, settings, share, snippets, state
 from ui import metrics as M
-from ui.sections import run_row
+from ui.sections import icl_metrics, run, run_row
 from ui.tsla import anytime
 
 s, caps = layout.page_setup("Home", ":material/search:")
@@ -107,19 +107,9 @@ if scores is not None:
     k_shot, zero = scores["icl"], scores.get("zero_shot")
     k = scores["shots"]
     m = st.columns(4)
-    for col, name in zip(m, M.NAMES):
-        col.metric(f"{M.LABEL[name]} ({k}-shot)", M.pct(k_shot[name]),
-                   delta=None if zero is None else M.points(k_shot[name], zero[name]),
-                   help=M.HELP[name] + (f" 0-shot: {M.pct(zero[name])}." if zero else ""), border=True)
-        if M.ci_of(k_shot, name):
-            col.caption(f"95% interval {M.span(M.ci_of(k_shot, name))}")
+    icl_metrics(m, scores, "Summary", {"prompts": scores["prompts"], "layers x heads": f"{scores['n_layers']} x "
+                                       f"{scores['n_heads']}", "noise": M.noise_sentence(scores["prompts"])})
     m[3].metric("Heads", f"{scores['n_layers']} × {scores['n_heads']}", help="layers × heads per layer", border=True)
-    share.numbers("Summary", {f"{M.LABEL[n]} ({k}-shot)": k_shot[n] for n in M.NAMES}
-                  | ({f"{M.LABEL[n]} (0-shot)": zero[n] for n in M.NAMES} if zero else {})
-                  | {f"{M.LABEL[n]} ({k}-shot) 95% interval": M.span(M.ci_of(k_shot, n)) for n in M.NAMES
-                     if M.ci_of(k_shot, n)}
-                  | {"prompts": scores["prompts"], "layers x heads": f"{scores['n_layers']} x {scores['n_heads']}",
-                     "noise": M.noise_sentence(scores["prompts"])})
     if zero is not None:
         st.markdown(" · ".join(f"{M.LABEL[n]} with **0** shots: **{M.pct(zero[n])}**" for n in M.NAMES)
                     + " (the arrows above: the change from 0 to "
@@ -199,18 +189,14 @@ if s.task.startswith("upload:"):  # the report reproduces the papers' setups: bu
     st.caption("The findings report runs on built-in tasks (the papers' setups), not on an uploaded file: pick a "
                "built-in task in the sidebar for it.")
     report = None
-elif run_row(f"The three papers' findings on `{s.model}`, task `{s.task}` (TSLA, LTV, SITE; small sizes)",
-             "Each finding with the paper's figure beside ours and holds / partly / does not hold, as one HTML file "
-             "that opens with no server: the file to mail after a demo (`python -m backend report` for more tasks).",
-             "findings_run", label="Build report", estimate=[(report_job.kind, report_job.params)]) \
-        or jobs.in_flight(report_job):
-    (report,) = jobs.fetch_many([report_job], start=True)
 else:
-    report = jobs.peek(report_job.kind, report_job.params)
+    report = run(report_job, f"The three papers' findings on `{s.model}`, task `{s.task}` (TSLA, LTV, SITE; small "
+                 "sizes)", "Each finding with the paper's figure beside ours and holds / partly / does not hold, as "
+                 "one HTML file that opens with no server: the file to mail after a demo (`python -m backend report` "
+                 "for more tasks).", "findings", "Press **Build report** to build it.", label="Build report")
 if report is not None:
     from backend.report.findings_html import report_html
 
-    jobs.show_warnings(report)
     st.dataframe([{"paper": r["paper"], "finding": r["finding"], "paper's figure": r["paper_figure"],
                    "on this model": r["ours"]} for r in report["summary"]], hide_index=True, use_container_width=True)
     st.download_button("Download the report (HTML)", report_html(report), mime="text/html",

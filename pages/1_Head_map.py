@@ -10,7 +10,7 @@ import streamlit as st
 
 from ui import compare, figures, fit, head_view, heads, jobs, layout, map_colors, settings, share, snippets, state
 from ui import metrics as M
-from ui.sections import download, guard, run_row, section
+from ui.sections import download, guard, icl_metrics, run
 from ui.tsla import anytime, map_uncertainty as mu, patching_figures as pf
 
 s, caps = layout.page_setup("Head map", ":material/grid_on:")
@@ -30,23 +30,16 @@ partial.clear()
 if scores is None:
     st.stop()
 jobs.show_warnings(scores)
-L, H = int(scores["n_layers"]), int(scores["n_heads"])
-layout.fit_shape(L, H, int(scores["prompts"]))
+L, H = layout.fit_shape(scores, prompts=True)
 selected = heads.current(L, H)
 ctx = figures.subtitle(figures.caption(s.model, s.task_title, scores["shots"], int(scores["top_k"])))
 
 k_shot, zero = scores["icl"], scores.get("zero_shot")
 m = st.columns(5)
-for col, name in zip(m, M.NAMES):
-    col.metric(f"{M.LABEL[name]} ({scores['shots']}-shot)", M.pct(k_shot[name]),
-               delta=None if zero is None else M.points(k_shot[name], zero[name]),
-               help=M.HELP[name] + ("" if zero is None else f" 0-shot: {M.pct(zero[name])} (the arrow: the change "
-                                                            f"from 0 shots)."), border=True)
+icl_metrics(m, scores, "Accuracy", {"layers x heads": f"{L} x {H}", "prompts": scores["prompts"],
+                                    "top-head set": scores["top_k"]})
 m[3].metric("Heads", f"{L} × {H}", help="layers × heads per layer", border=True)
 m[4].metric("Selected", f"{len(selected)}", border=True)
-share.numbers("Accuracy", {f"{M.LABEL[n]} ({scores['shots']}-shot)": k_shot[n] for n in M.NAMES}
-              | ({f"{M.LABEL[n]} (0-shot)": zero[n] for n in M.NAMES} if zero else {})
-              | {"layers x heads": f"{L} x {H}", "prompts": scores["prompts"], "top-head set": scores["top_k"]})
 if zero is not None:
     st.caption(f"TR ratio **{M.pct(zero['tr_ratio'])}** with 0 shots → **{M.pct(k_shot['tr_ratio'])}** with "
                f"{scores['shots']}: the demonstrations make the model answer with a label word. Accuracy "
@@ -167,15 +160,13 @@ if state.bind(st.toggle, "Patch every head from the clean prompts into 0-shot or
                                                        "causal indirect effect."))
     target, patch = state.value("pt_target"), state.value("pt_patch")
     pt_params = s.job(**s.selection(), target=target, patch=patch)
-    clicked = run_row(f"Patch every one of the **{L * H}** heads from the **{scores['shots']}-shot** prompts into "
-                      f"**{pf.TARGETS[target]}** · source: {pf.PATCHES[patch]} · **{scores['prompts']}** prompts",
-                      "One patched pass per head and prompt, each one token over the target's cached prefix. "
-                      "Cached: a link reopens it at once.", "run_patching")
-    pt = section("patching", clicked, jobs.Job("activation_patching", pt_params, "Patching heads", "Activation patching",
-                                               slot="patching"), "Press **Run** to patch every head.")
+    pt = run(jobs.Job("activation_patching", pt_params, "Patching heads", "Activation patching", slot="patching"),
+             f"Patch every one of the **{L * H}** heads from the **{scores['shots']}-shot** prompts into "
+             f"**{pf.TARGETS[target]}** · source: {pf.PATCHES[patch]} · **{scores['prompts']}** prompts",
+             "One patched pass per head and prompt, each one token over the target's cached prefix. "
+             "Cached: a link reopens it at once.", "patching", "Press **Run** to patch every head.", estimate=False)
     if pt is not None:
         with guard("Activation patching"):
-            jobs.show_warnings(pt)
             ov = pt.overlap
             q = st.columns(5)
             q[0].metric("Gold logit, clean", f"{pt['clean_logit']:.3g}", border=True,
@@ -242,14 +233,12 @@ if state.bind(st.toggle, "Compare this map with another run: another task, model
     if b_params == score_params:
         st.info("B is A: pick another task, model or seed for B.", icon=":material/compare_arrows:")
     else:
-        clicked = run_row(f"**{figures.map_spec(cmp_metric)['label']}** of **{label_a}** against **{label_b}**",
-                          "B's head scores on the same shots, prompts and top-head size (cached ones show at once).",
-                          "run_compare")
-        other = section("compare", clicked, jobs.Job("head_scores", b_params, "Scoring B", "Map B", slot="compare"),
-                        "Press **Run** to score B.")
+        other = run(jobs.Job("head_scores", b_params, "Scoring B", "Map B", slot="compare"),
+                    f"**{figures.map_spec(cmp_metric)['label']}** of **{label_a}** against **{label_b}**",
+                    "B's head scores on the same shots, prompts and top-head size (cached ones show at once).",
+                    "compare", "Press **Run** to score B.", estimate=False)
         if other is not None:
             with guard("Side by side"):
-                jobs.show_warnings(other)
                 c = compare.compare_maps(scores[cmp_metric], other[cmp_metric], int(scores["top_k"]))
                 n = st.columns(4)
                 n[0].metric("Spearman ρ (A, B)", "—" if c["spearman"] is None else f"{c['spearman']:.3f}", border=True,

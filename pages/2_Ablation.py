@@ -26,11 +26,8 @@ st.caption("Knock heads out at the output projection's input and watch accuracy 
 layout.need_task(s)
 fit.check(s)
 
-scores = jobs.fetch("head_scores", s.job(**s.selection()), "Scoring heads", what="Head scores")
-if scores is None:
-    st.stop()
-L, H = int(scores["n_layers"]), int(scores["n_heads"])
-layout.fit_shape(L, H)
+scores = layout.needed("head_scores", s.job(**s.selection()), "Scoring heads", "Head scores")
+L, H = layout.fit_shape(scores)
 
 state.bind(st.segmented_control, "Ablation mode", "mode", options=state.options("mode"), required=True,
            format_func=str.capitalize, help=MODE_HELP)

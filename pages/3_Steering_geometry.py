@@ -12,7 +12,7 @@ import pandas as pd
 import streamlit as st
 
 from ui import figures, fit, heads, jobs, layout, settings, share, snippets, state
-from ui.sections import download, guard, run_row, section
+from ui.sections import download, guard, run
 from ui import metrics as M
 from ui.tsla import perturbation_figures as pf
 from ui.tsla import steering_figures as sf
@@ -36,14 +36,10 @@ st.caption("Add a task vector built from heads to zero-shot prompts and see whet
 layout.need_task(s)
 fit_result = fit.check(s) or {}
 
-info = jobs.fetch("model_info", {"model": s.model}, "Loading the model", what="Model")
-if info is None:
-    st.stop()
-L, H = int(info["n_layers"]), int(info["n_heads"])
+L, H = layout.fit_shape(layout.needed("model_info", {"model": s.model}, "Loading the model", "Model"))
 ctx = figures.subtitle(figures.caption(s.model, s.task_title, s.shots, s.top_label()))
 
 # -- settings shared by the sections (all in the URL) ------------------------------------------------------------
-layout.fit_shape(L, H)
 
 st.subheader("Vectors", divider="gray")
 selected = heads.current(L, H)
@@ -97,15 +93,13 @@ else:
     steer_params = s.job(vectors=ask, layer=layer, alpha=alpha, **s.selection(),
                          **({"heads": [list(h) for h in selected]} if "custom" in vectors else {}))
     where = "every layer (a sweep)" if layer == "all" else f"layer {layer}"
-    clicked = run_row(f"**{len(vectors)}** vector type{'s' if len(vectors) != 1 else ''} at {where}, α = {alpha:g} · "
-                      f"**{s.shots}** shots · **{s.prompts}** prompts",
-                      "Zero-shot prompts with α·v added at the last token; compared with zero-shot and ICL.",
-                      "run_steer", estimate=[("steer", steer_params)])
-    steer = section("steer", clicked, jobs.Job("steer", steer_params, "Steering", "Steering"),
-                    "Press **Run** to inject the vectors.")
+    steer = run(jobs.Job("steer", steer_params, "Steering", "Steering"),
+                f"**{len(vectors)}** vector type{'s' if len(vectors) != 1 else ''} at {where}, α = {alpha:g} · "
+                f"**{s.shots}** shots · **{s.prompts}** prompts",
+                "Zero-shot prompts with α·v added at the last token; compared with zero-shot and ICL.", "steer",
+                "Press **Run** to inject the vectors.")
 if steer is not None:
     with guard("Steering"):
-        jobs.show_warnings(steer)
         layers = [int(l) for l in steer["layers"]]
         idx = 0
         if len(layers) > 1:
@@ -168,16 +162,13 @@ with g2:
 pca_layer = L - 1 if state.value("sg_pca_layer") is None else int(state.value("sg_pca_layer"))
 geo_params = s.job(layer=inject, alpha=alpha, **s.selection(), pca_layer=pca_layer,
                    final_norm=bool(state.value("sg_final_norm")))
-clicked = run_row(f"Five conditions: zero-shot; zero-shot + TR, TL and random vectors at layer {inject}, "
-                  f"α = {alpha:g}; ICL",
-                  "Last-token hidden states after every layer, measured against the label subspace"
-                  + (" (the sweep's middle layer: the steered conditions need one layer)." if layer == "all" else "."),
-                  "run_geometry", estimate=[("geometry", geo_params)])
-geo = section("geometry", clicked, jobs.Job("geometry", geo_params, "Geometry", "Geometry"),
-              "Press **Run** to measure the hidden states.")
+geo = run(jobs.Job("geometry", geo_params, "Geometry", "Geometry"),
+          f"Five conditions: zero-shot; zero-shot + TR, TL and random vectors at layer {inject}, α = {alpha:g}; ICL",
+          "Last-token hidden states after every layer, measured against the label subspace"
+          + (" (the sweep's middle layer: the steered conditions need one layer)." if layer == "all" else "."),
+          "geometry", "Press **Run** to measure the hidden states.")
 if geo is not None:
     with guard("Geometry"):
-        jobs.show_warnings(geo)
         share.chart(sf.geometry_curves(geo, title=f"Hidden states per layer (vectors at layer {inject}, "
                                                       f"α = {alpha:g}){ctx}"), "geometry", key="geometry_curves")
         cols = st.columns(3)
@@ -258,14 +249,12 @@ if not chosen:
     st.info("Pick at least one perturbation.", icon=":material/arrow_upward:")
 else:
     pert_params = s.job(perturbations=chosen, **s.selection())
-    clicked = run_row(f"**{len(chosen)}** perturbation{'s' if len(chosen) != 1 else ''} of the demonstrations",
-                      "ICL accuracy, TR ratio and head maps under each, and what ablating the original top heads does.",
-                      "run_perturb", estimate=[("perturbation_report", pert_params)])
-    pert = section("perturb", clicked, jobs.Job("perturbation_report", pert_params, "Perturbations", "Perturbations"),
-                   "Press **Run** to perturb the demonstrations.")
+    pert = run(jobs.Job("perturbation_report", pert_params, "Perturbations", "Perturbations"),
+               f"**{len(chosen)}** perturbation{'s' if len(chosen) != 1 else ''} of the demonstrations",
+               "ICL accuracy, TR ratio and head maps under each, and what ablating the original top heads does.",
+               "perturb", "Press **Run** to perturb the demonstrations.")
 if pert is not None:
     with guard("Perturbations"):
-        jobs.show_warnings(pert)
         rows, skipped = pf.perturbation_table(pert)
         for name, why in skipped:
             jobs.warn(f"**{sf.perturbation_name(name)}** skipped: {why}")

@@ -15,11 +15,8 @@ layout.need_task(s)
 fit.check(s)
 
 score_params = s.job(**s.selection())
-scores = jobs.fetch("head_scores", score_params, "Scoring heads", what="Head scores")
-if scores is None:
-    st.stop()
-L, H, n_prompts = int(scores["n_layers"]), int(scores["n_heads"]), int(scores["prompts"])
-layout.fit_shape(L, H, n_prompts)
+scores = layout.needed("head_scores", score_params, "Scoring heads", "Head scores")
+(L, H), n_prompts = layout.fit_shape(scores, prompts=True), int(scores["prompts"])
 if state.value("head") is None:
     state.put("head", tuple(scores["top_tr"][0]) if scores.get("top_tr") else (0, 0))
 

@@ -14,7 +14,7 @@ import pandas as pd
 import streamlit as st
 
 from ui import figures, fit, jobs, layout, settings, share, snippets, state
-from ui.sections import LiveChart, download, guard, run_row, section
+from ui.sections import LiveChart, download, guard, run
 from ui import api
 from ui.ltv import figures as lf
 from ui.ltv import stages as ls
@@ -36,12 +36,8 @@ st.caption("Train a task vector through the frozen model (added to the hidden st
 layout.need_task(s)
 fit.check(s)
 
-info = jobs.fetch("model_info", {"model": s.model}, "Loading the model", what="Model")
-if info is None:
-    st.stop()
-L, H = int(info["n_layers"]), int(info["n_heads"])
+L, H = layout.fit_shape(layout.needed("model_info", {"model": s.model}, "Loading the model", "Model"))
 ctx = figures.subtitle(figures.caption(s.model, s.task_title, s.shots))
-layout.fit_shape(L, H)
 default_layer = state.ltv_default_layer(L)  # the sweep on a shallow model, else the middle layer
 
 # -- settings (all in the URL) -------------------------------------------------------------------------------------
@@ -123,21 +119,17 @@ def live_drawer(live: LiveChart):
 
 live = LiveChart("ltv")  # drawn below the Run row and the progress bar, so the page does not jump
 where = "every layer (one vector each)" if layer == "all" else f"layer {layer}"
-clicked = run_row(f"Train at **{where}**, positions {state.fmt_ints(state.value('ltv_positions'))} · lr "
-                  f"{float(state.value('ltv_lr')):g} · ≤ {state.value('ltv_epochs')} epochs · batch "
-                  f"{state.value('ltv_batch')} · compared on **{s.prompts}** held-out queries, ICL with **{s.shots}** "
-                  f"shots",
-                  "Zero-shot training prompts come from the demonstration pool, never the scored queries. The loss "
-                  "curve is drawn while it trains; a finished result is cached (a shared link reopens it).",
-                  "run_ltv", estimate=[("ltv_layers", params)])
-res = section("ltv", clicked, jobs.Job("ltv_layers", params, "Learned task vectors", "Learned task vectors",
-                                       on_live=live_drawer(live)),
-              "Press **Run** to train (a few seconds per layer on the default model).")
+res = run(jobs.Job("ltv_layers", params, "Learned task vectors", "Learned task vectors", on_live=live_drawer(live)),
+          f"Train at **{where}**, positions {state.fmt_ints(state.value('ltv_positions'))} · lr "
+          f"{float(state.value('ltv_lr')):g} · ≤ {state.value('ltv_epochs')} epochs · batch "
+          f"{state.value('ltv_batch')} · compared on **{s.prompts}** held-out queries, ICL with **{s.shots}** shots",
+          "Zero-shot training prompts come from the demonstration pool, never the scored queries. The loss "
+          "curve is drawn while it trains; a finished result is cached (a shared link reopens it).",
+          "ltv", "Press **Run** to train (a few seconds per layer on the default model).")
 live.clear()
 
 if res is not None:
     with guard("Learned task vectors"):
-        jobs.show_warnings(res)
         per = res["per_layer"]
         layers = [int(x) for x in res["layers"]]
         show_at = state.value("ltv_show")
@@ -267,18 +259,16 @@ st.subheader("Across tasks", divider="gray")
 one_layer = L // 2 if layer == "all" else int(layer)
 tparams = {**{k: v for k, v in params.items() if k != "task" and k != "mechanism" and k not in ls.STAGES},
            "layer": one_layer}  # the same recipe, every task (no mechanism)
-clicked = run_row(f"Every built-in task of this model at **layer {one_layer}**: the comparison task by task, the "
-                  f"similarity of their vectors, and sums of two tasks' vectors on composed tasks",
-                  "One vector per task (cached: a task trained above is not retrained).", "run_ltv_tasks",
-                  estimate=[("ltv_across_tasks", tparams)])
 live_tasks = LiveChart("ltv_tasks")
-many = section("ltv_tasks", clicked, jobs.Job("ltv_across_tasks", tparams, "Learned task vectors of every task",
-                                              "Across tasks", slot="ltv_tasks", on_live=live_drawer(live_tasks)),
-               "Press **Run** to train a vector for every task.")
+many = run(jobs.Job("ltv_across_tasks", tparams, "Learned task vectors of every task", "Across tasks",
+                    slot="ltv_tasks", on_live=live_drawer(live_tasks)),
+           f"Every built-in task of this model at **layer {one_layer}**: the comparison task by task, the "
+           f"similarity of their vectors, and sums of two tasks' vectors on composed tasks",
+           "One vector per task (cached: a task trained above is not retrained).", "ltv_tasks",
+           "Press **Run** to train a vector for every task.")
 live_tasks.clear()
 if many is not None:
     with guard("Across tasks"):
-        jobs.show_warnings(many)
         rows = [{"task": n, "kind": many["kinds"][n],
                  **{lf.condition_name(c): 100 * many["table"][n][c]["accuracy"] for c in many["conditions"]},
                  "order": many["ordering"][n]} for n in many["tasks"]]

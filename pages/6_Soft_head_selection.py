@@ -16,7 +16,7 @@ import pandas as pd
 import streamlit as st
 
 from ui import figures, fit, heads, jobs, layout, settings, share, snippets, state
-from ui.sections import LiveChart, download, guard, run_row, section
+from ui.sections import LiveChart, download, guard, run
 from ui import metrics as M
 from ui.site import figures as sf
 
@@ -38,11 +38,7 @@ layout.need_task(s)
 # the fit-check line every page shows (unknown tokens; the length of SITE's N-shot prompts against the context)
 fit.check(dataclasses.replace(s, shots=int(state.value("site_shots"))))
 
-info = jobs.fetch("model_info", {"model": s.model}, "Loading the model", what="Model")
-if info is None:
-    st.stop()
-L, H = int(info["n_layers"]), int(info["n_heads"])
-layout.fit_shape(L, H)
+L, H = layout.fit_shape(layout.needed("model_info", {"model": s.model}, "Loading the model", "Model"))
 
 # -- settings ------------------------------------------------------------------------------------------------------
 c1, c2, c3 = st.columns(3)
@@ -62,13 +58,6 @@ recipe = {"m": int(state.value("site_m")), "shots": int(state.value("site_shots"
 params = {"model": s.model, "task": s.task, **recipe}
 
 st.subheader("Train", divider="gray")
-clicked = run_row(f"**M = {recipe['m']}** prompts × **N = {recipe['shots']}** shots · **{recipe['steps']}** steps · "
-                  f"{L} × {H} = **{L * H}** α to learn",
-                  f"Then: SITE against 0-shot, {'- and '.join(map(str, settings.kind_default('site_alphas', 'icl_shots')))}"
-                  "-shot ICL, the function and vanilla task vectors, every α = 1 and LTV (when cached); patching; "
-                  f"the budget curve over M = {', '.join(map(str, settings.kind_default('site_alphas', 'budget')))}.",
-                  "run_site",
-                  estimate=[("site_alphas", params)])
 live = LiveChart("site")
 
 
@@ -81,14 +70,18 @@ def draw_live(data: dict[str, Any]) -> None:
               data, signature=(int(data.get("step") or 0), len(data.get("loss") or [])))
 
 
-res = section("site", clicked, jobs.Job("site_alphas", params, "Soft head selection", "SITE", on_live=draw_live),
-              "Press **Run** to train the α (a shared link with a cached result opens it directly).")
+res = run(jobs.Job("site_alphas", params, "Soft head selection", "SITE", on_live=draw_live),
+          f"**M = {recipe['m']}** prompts × **N = {recipe['shots']}** shots · **{recipe['steps']}** steps · "
+          f"{L} × {H} = **{L * H}** α to learn",
+          f"Then: SITE against 0-shot, {'- and '.join(map(str, settings.kind_default('site_alphas', 'icl_shots')))}"
+          "-shot ICL, the function and vanilla task vectors, every α = 1 and LTV (when cached); patching; "
+          f"the budget curve over M = {', '.join(map(str, settings.kind_default('site_alphas', 'budget')))}.",
+          "site", "Press **Run** to train the α (a shared link with a cached result opens it directly).")
 live.clear()
 if res is None:
     st.stop()
 
 with guard("Soft head selection"):
-    jobs.show_warnings(res)
     base = res.get("baselines") or {}
     site, zero = res["site"], (base.get("zero_shot") or {}).get("metrics")
     icl_k = min(res.params.get("icl_shots") or settings.kind_default("site_alphas", "icl_shots"))  # what ran
@@ -222,14 +215,12 @@ with guard("Soft head selection"):
 # -- transfer ---------------------------------------------------------------------------------------------------------------
 st.subheader("Transfer across tasks", divider="gray")
 tr_params = {"model": s.model, **recipe}
-clicked = run_row("Task A's α with task B's task embedding, on B's test prompts, for every pair of this model's "
-                  "built-in tasks", "A SITE run per task (cached); similar tasks should share heads.", "run_transfer",
-                  estimate=[("site_transfer", tr_params)])
-tr = section("site_transfer", clicked, jobs.Job("site_transfer", tr_params, "Transfer", "Transfer"),
-             "Press **Run** to build the transfer matrix.")
+tr = run(jobs.Job("site_transfer", tr_params, "Transfer", "Transfer"),
+         "Task A's α with task B's task embedding, on B's test prompts, for every pair of this model's built-in tasks",
+         "A SITE run per task (cached); similar tasks should share heads.", "transfer",
+         "Press **Run** to build the transfer matrix.")
 if tr is not None:
     with guard("Transfer"):
-        jobs.show_warnings(tr)
         snippets.show("site_transfer", tr_params, "r.tasks, r.accuracy   # accuracy[a][b]: task a's alpha on task b")
         sm = tr.get("summary") or {}
         k = tr.get("top_k")
@@ -253,15 +244,13 @@ if tr is not None:
 # -- every steering method -------------------------------------------------------------------------------------------------
 st.subheader("Every steering method", divider="gray")
 me_params = s.job(**s.selection(), site_m=recipe["m"], site_shots=recipe["shots"], site_steps=recipe["steps"])
-clicked = run_row(f"The extracted vectors (vanilla, function vector, top-TR / top-TL heads at the middle layer, "
-                  f"{s.shots} shots), LTV (when cached) and SITE on the same zero-shot prompts",
-                  "Accuracy, TR ratio, parameter count and training seconds side by side.", "run_methods",
-                  estimate=[("compare_methods", me_params)])
-me = section("site_methods", clicked, jobs.Job("compare_methods", me_params, "All methods", "All methods"),
-             "Press **Run** to compare every method.")
+me = run(jobs.Job("compare_methods", me_params, "All methods", "All methods"),
+         f"The extracted vectors (vanilla, function vector, top-TR / top-TL heads at the middle layer, "
+         f"{s.shots} shots), LTV (when cached) and SITE on the same zero-shot prompts",
+         "Accuracy, TR ratio, parameter count and training seconds side by side.", "methods",
+         "Press **Run** to compare every method.")
 if me is not None:
     with guard("All methods"):
-        jobs.show_warnings(me)
         snippets.show("compare_methods", me_params, "r.rows   # one row per steering method: accuracy, TR ratio, parameters")
         share.chart(sf.methods_bars(me), "methods", key="site_methods_bars")
         mt = pd.DataFrame([{"method": r["name"], "family": r["family"],

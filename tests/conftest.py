@@ -14,12 +14,13 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("HEADLENS_AUTO_PULL", "0")  # a `launch` in a test never downloads a model in the background
 
 from tiny_models import CONFIGS, GPT2_TOKENIZER, tiny_model  # noqa: E402
-from backend.analysis.kinds import get_kind  # noqa: E402
+from backend.analysis.kinds import KINDS  # noqa: E402
 from ui import settings as ui_settings  # noqa: E402
 
-# a page reads its settings' schemas from the service's capabilities; a test that reads a setting without a page
-# reads the registry's own (the same schemas)
-ui_settings.FALLBACK = lambda kind: get_kind(kind).schema()
+# a page reads the kinds (names, aliases, params schemas) from the service's capabilities; a test that reads a setting
+# or a kind's name without a page reads the registry's own (the same entries)
+ui_settings.FALLBACK = lambda kind: (lambda k: k and {"name": k.name, "aliases": list(k.aliases),
+                                                    "params": k.schema()})(KINDS.get(kind))
 
 try:  # no deadline for any property test: a busy machine makes any example slow (see tests/hang.py)
     from hypothesis import HealthCheck, settings

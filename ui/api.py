@@ -3,7 +3,8 @@
 Pages never import torch or the analyses; they call these functions and get plain dicts back. Every
 failure (service unreachable, a refused request, a failed or cancelled job, a malformed answer) is an
 `ApiError` whose message is fit to show a user as is. A kind is named as the registry names it everywhere (pages,
-service, CLI, Python); an older name (an alias of the registry's) is resolved here to that name (`kind_name`).
+service, CLI, Python); an older name (an alias of the registry's) is resolved here to that name (`kind_name`, from the
+service's capabilities).
 """
 from __future__ import annotations
 
@@ -13,19 +14,10 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from backend.analysis.kinds import KINDS
-
 from .client import ClientError, HeadlensClient, JobCancelled, JobFailed, JobTimeout
+from .settings import kind_name
 
 OnProgress = Callable[[float, str], None]
-
-
-
-def kind_name(kind: str) -> str:
-    """A kind's one name (the registry's, `backend.analysis.kinds`; torch-free) for its name or an older one (an
-    alias); anything else as it is (the service then says it is unknown)."""
-    return KINDS.resolve(kind) or kind
-
 
 JOB_TIMEOUT_S = 3600.0
 
@@ -156,19 +148,10 @@ def _call(fn: Callable[[], Any], name: str = "") -> Any:
 
 
 # -- service ------------------------------------------------------------------------------------------
-def health() -> dict[str, Any]:
-    return _call(lambda: client().health(), "health")
-
-
 def capabilities() -> dict[str, Any]:
     """{version, device, dtype, loaded_models, tasks, limits, job_kinds, model_root, allow_hub, auth_required,
     presets, allow_pull}."""
     return _call(lambda: client().capabilities(), "capabilities")
-
-
-def tasks() -> list[dict[str, Any]]:
-    """[{id, source, name, kind, n_examples, labels, models, description}, ...]; `id` is what jobs take."""
-    return _call(lambda: client().tasks(), "tasks")
 
 
 def upload_task(filename: str, content: bytes, kind: str | None = None) -> dict[str, Any]:

@@ -275,13 +275,22 @@ def page_setup(title: str, icon: str = ":material/search:") -> tuple[state.Setti
     return effective(state.get(), caps), caps
 
 
-def fit_shape(n_layers: int, n_heads: int, n_prompts: int | None = None) -> None:
-    """Set every setting beyond a model of n_layers x n_heads (a result's n_layers, n_heads) or beyond the task's
-    n_prompts prompts back to its default (the model's, `ui.model_defaults`), keeping the selected heads that fit;
-    each with the page's "ignored" warning."""
+def needed(kind: str, params: dict[str, Any], label: str, what: str, **kw: Any) -> Any:
+    """A result the page cannot go on without (`jobs.fetch`); the page stops where there is none (its error, its
+    Run button or its Cancel is shown)."""
+    r = jobs.fetch(kind, params, label, what=what, **kw)
+    if r is None:
+        st.stop()
+    return r
+
+
+def fit_shape(r: dict[str, Any], prompts: bool = False) -> tuple[int, int]:
+    """(layers, heads) of a result that states them (`model_info`, `head_scores`). Every setting beyond a model of
+    that shape, or (`prompts`) beyond the result's prompts, is set back to its default (the model's,
+    `ui.model_defaults`), keeping the selected heads that fit; each with the page's "ignored" warning."""
     from ui.model_defaults import defaults_for
 
-    L, H = n_layers, n_heads
+    L, H, n_prompts = int(r["n_layers"]), int(r["n_heads"]), int(r["prompts"]) if prompts else None
     fits = lambda lh: 0 <= int(lh[0]) < L and 0 <= int(lh[1]) < H  # noqa: E731
     layer = lambda v: v in (None, "all") or 0 <= int(v) < L  # noqa: E731
     ok = {"heads": lambda v: all(map(fits, v)), "head": lambda v: v is None or fits(v), "sg_layer": layer,
@@ -298,6 +307,7 @@ def fit_shape(n_layers: int, n_heads: int, n_prompts: int | None = None) -> None
                   defaults_for(state.get().model).get(name, state.FIELDS[name].default()))
     if bad:
         state.sync_url()  # the page's URL without them (the sidebar's link follows at the next run)
+    return L, H
 
 
 def effective(s: state.Settings, caps: dict[str, Any]) -> state.Settings:

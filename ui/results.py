@@ -31,22 +31,17 @@ class Record(dict):
         return (Record, (dict(self),))
 
 
-def _resolve(schema: dict[str, Any], defs: dict[str, Any]) -> dict[str, Any]:
-    ref = schema.get("$ref", "")
-    return defs.get(ref.rpartition("/")[2], {}) if ref.startswith("#/$defs/") else schema
-
-
-def _fit(value: Any, schema: dict[str, Any], defs: dict[str, Any], where: str) -> Any:
+def _fit(value: Any, schema: dict[str, Any], root: dict[str, Any], where: str) -> Any:
     """`value` with its nested models' defaults filled and their dicts made Records; ResultError on a missing
-    required field."""
-    schema = _resolve(schema, defs)
-    if "anyOf" in schema:  # an optional model (`X | None`), or a choice: the first branch that fits
-        if value is None:
-            return None
+    required field. `root`: the result schema (its `$defs`)."""
+    if value is None:
+        return None
+    schema = settings.plain(schema, root)
+    if "anyOf" in schema:  # a choice: the first branch that fits
         errors = []
         for branch in schema["anyOf"]:
             try:
-                return _fit(value, branch, defs, where)
+                return _fit(value, branch, root, where)
             except ResultError as e:
                 errors.append(e)
         raise errors[0]
@@ -61,24 +56,24 @@ def _fit(value: Any, schema: dict[str, Any], defs: dict[str, Any], where: str) -
                 if k not in out and "default" in p:
                     out[k] = _copy(p["default"])
                 if k in out:
-                    out[k] = _fit(out[k], p, defs, f"{where}.{k}")
+                    out[k] = _fit(out[k], p, root, f"{where}.{k}")
             return out
         extra = schema.get("additionalProperties")
         if isinstance(extra, dict):
-            return Record({k: _fit(v, extra, defs, f"{where}[{k!r}]") for k, v in value.items()})
+            return Record({k: _fit(v, extra, root, f"{where}[{k!r}]") for k, v in value.items()})
         return Record(value)
-    if isinstance(value, list) and isinstance(schema.get("items"), dict) and _models_inside(schema["items"], defs):
-        return [_fit(v, schema["items"], defs, f"{where}[{i}]") for i, v in enumerate(value)]
+    if isinstance(value, list) and isinstance(schema.get("items"), dict) and _models_inside(schema["items"], root):
+        return [_fit(v, schema["items"], root, f"{where}[{i}]") for i, v in enumerate(value)]
     return value
 
 
-def _models_inside(schema: dict[str, Any], defs: dict[str, Any]) -> bool:
+def _models_inside(schema: dict[str, Any], root: dict[str, Any]) -> bool:
     """Whether values of `schema` may hold models (only those are walked: a grid of floats is left as it is)."""
-    schema = _resolve(schema, defs)
+    schema = settings.plain(schema, root)
     if "properties" in schema or isinstance(schema.get("additionalProperties"), dict):
         return True
-    return any(_models_inside(b, defs) for b in schema.get("anyOf", [])) or (
-        isinstance(schema.get("items"), dict) and _models_inside(schema["items"], defs))
+    return any(_models_inside(b, root) for b in schema.get("anyOf", [])) or (
+        isinstance(schema.get("items"), dict) and _models_inside(schema["items"], root))
 
 
 def _copy(v: Any) -> Any:
@@ -92,4 +87,4 @@ def typed(kind: str, data: dict[str, Any]) -> Record:
     schema = settings.result_schema(kind)
     if not schema:
         return Record(data)
-    return _fit(data, schema, schema.get("$defs", {}), kind)
+    return _fit(data, schema, schema, kind)

@@ -12,7 +12,8 @@ from typing import Any, Callable, Iterator
 
 import streamlit as st
 
-from . import jobs
+from . import jobs, share
+from . import metrics as M
 
 
 @contextmanager
@@ -93,6 +94,33 @@ def section(name: str, clicked: bool, job: jobs.Job, waiting: str) -> dict[str, 
     if found is None:
         st.info(waiting, icon=":material/play_arrow:")
     return found
+
+
+def run(job: jobs.Job, text: str, caption: str, key: str, waiting: str = "Press **Run** to compute it.",
+        label: str = "Run", estimate: bool = True) -> dict[str, Any] | None:
+    """A whole Run section: its `run_row` (button `run_<key>`; `estimate`: the job's estimate stated), its result
+    (`section`) and the result's warnings. The page draws the result."""
+    clicked = run_row(text, caption, f"run_{key}", label, estimate=[(job.kind, job.params)] if estimate else None)
+    r = section(key, clicked, job, waiting)
+    if r is not None:
+        jobs.show_warnings(r)
+    return r
+
+
+def icl_metrics(cols: list[Any], scores: dict[str, Any], title: str, more: dict[str, Any]) -> None:
+    """The head scores' k-shot accuracy, label accuracy and TR ratio in the first three of `cols` (the arrow: the
+    change from 0 shots; the 95% interval below); the same numbers and `more` into the page's HTML file (`title`)."""
+    k_shot, zero, k = scores["icl"], scores.get("zero_shot"), scores["shots"]
+    for col, n in zip(cols, M.NAMES):
+        col.metric(f"{M.LABEL[n]} ({k}-shot)", M.pct(k_shot[n]), delta=None if zero is None else
+                   M.points(k_shot[n], zero[n]), border=True, help=M.HELP[n] + (
+                       "" if zero is None else f" 0-shot: {M.pct(zero[n])} (the arrow: the change from 0 shots)."))
+        if M.ci_of(k_shot, n):
+            col.caption(f"95% interval {M.span(M.ci_of(k_shot, n))}")
+    share.numbers(title, {f"{M.LABEL[n]} ({k}-shot)": k_shot[n] for n in M.NAMES}
+                  | ({f"{M.LABEL[n]} (0-shot)": zero[n] for n in M.NAMES} if zero else {})
+                  | {f"{M.LABEL[n]} ({k}-shot) 95% interval": M.span(M.ci_of(k_shot, n)) for n in M.NAMES
+                     if M.ci_of(k_shot, n)} | more)
 
 
 class LiveChart:

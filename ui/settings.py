@@ -1,10 +1,11 @@
 """The pages' settings that are a kind's parameters: their defaults, bounds, options and help, read from the kind's
 params JSON schema, never restated in the UI.
 
-The schemas are the service's (`GET /capabilities` lists each kind's `params` and `result` schemas;
-`layout.page_setup` hands them over with `load` before anything reads a setting), so the UI imports nothing of the
-backend. Outside a page (a test, a script) `FALLBACK` may name where else to read them (tests/conftest.py: the
-registry's own `Kind.schema()`, the same schemas).
+The UI's one reader of the kinds as the service states them (`GET /capabilities` lists each kind's name, aliases,
+`params` and `result` schemas; `layout.page_setup` hands them over with `load` before anything reads a setting):
+a kind's one name (`kind_name`), its params schema here, its result schema for `ui.results`, each field read by
+`plain`. So the UI imports nothing of the backend's registry. Outside a page (a test, a script) `FALLBACK` may name
+where else to read a kind's entry (tests/conftest.py: the registry's own, the same schemas).
 
 `WIDGETS` names every page setting bound to a kind field; `UI_RANGES` states, once, where a widget deliberately
 offers less than the kind accepts; `UI_DEFAULTS` where a page starts elsewhere than the kind's default. The URL's
@@ -41,40 +42,63 @@ UI_DEFAULTS: dict[str, Any] = {
     "sg_perturbations": None,  # None: the perturbations that run (the page decides)
 }
 
-FALLBACK: Callable[[str], dict[str, Any]] | None = None
-"""kind -> its params schema, read when the service's capabilities were not loaded (tests); None in the app."""
+FALLBACK: Callable[[str], dict[str, Any] | None] | None = None
+"""kind -> its capabilities entry (`name`, `aliases`, `params`) or None, read when the service's capabilities were
+not loaded (tests: the registry's); None in the app."""
 _lock = threading.Lock()
-_SCHEMAS: dict[str, dict[str, Any]] = {}  # kind -> params schema, from the service's capabilities
-_RESULTS: dict[str, dict[str, Any]] = {}  # kind -> result schema
+_KINDS: dict[str, dict[str, Any]] = {}  # a kind's name or alias -> its capabilities entry (name, params, result, ...)
 
 
 def load(caps: dict[str, Any]) -> None:
-    """Take the kinds' params and result schemas from the service's capabilities (`GET /capabilities`)."""
-    kinds = [k for k in caps.get("job_kinds", []) if isinstance(k, dict) and "name" in k]
-    if not kinds:
-        return
-    with _lock:
-        for k in kinds:  # by its name and by each older name (alias) it still answers to
-            for name in [k["name"], *(k.get("aliases") or [])]:
-                _SCHEMAS[name] = k.get("params") or {}
-                if k.get("result"):
-                    _RESULTS[name] = k["result"]
+    """Take the kinds' entries (names, aliases, params and result schemas) from the service's capabilities
+    (`GET /capabilities`)."""
+    for k in caps.get("job_kinds") or []:
+        if isinstance(k, dict) and "name" in k:
+            with _lock:
+                _KINDS.update(dict.fromkeys([k["name"], *(k.get("aliases") or [])], k))
+
+
+def entry(kind: str) -> dict[str, Any] | None:
+    """The capabilities' entry of `kind` (its name or an alias): the service's, else FALLBACK's; None if unknown."""
+    if kind not in _KINDS and FALLBACK is not None:
+        found = FALLBACK(kind)
+        if found:
+            load({"job_kinds": [found]})
+    return _KINDS.get(kind)
+
+
+def kind_name(kind: str) -> str:
+    """A kind's one name (the registry's, as the service states it) for its name or an older one (an alias);
+    anything else as it is (the service then says it is unknown)."""
+    info = entry(kind)
+    return info["name"] if info else kind
 
 
 def params_schema(kind: str) -> dict[str, Any]:
-    """The kind's params schema: the service's, else the registry's."""
-    if kind not in _SCHEMAS:
-        if FALLBACK is None:
-            raise LookupError(f"the service states no parameters for the analysis {kind!r} (its capabilities list "
-                              f"{', '.join(_SCHEMAS) or 'no kinds'}): is it an older version than this dashboard?")
-        with _lock:
-            _SCHEMAS.setdefault(kind, FALLBACK(kind))
-    return _SCHEMAS[kind]
+    """The kind's params schema; LookupError when the service states none for it."""
+    e = entry(kind)
+    if e is None:
+        raise LookupError(f"the service states no parameters for the analysis {kind!r} (its capabilities list "
+                          f"{', '.join(_KINDS) or 'no kinds'}): is it an older version than this dashboard?")
+    return e.get("params") or {}
 
 
 def result_schema(kind: str) -> dict[str, Any] | None:
     """The kind's result schema as the service states it; None before `load` (nothing is checked then)."""
-    return _RESULTS.get(kind)
+    return (_KINDS.get(kind) or {}).get("result") or None
+
+
+def plain(prop: dict[str, Any], schema: dict[str, Any] | None = None) -> dict[str, Any]:
+    """A field's schema as it is read: the non-null branch of an optional field (`int | None` is anyOf
+    [{integer...}, {null}]), a `$ref` resolved against `schema`'s `$defs`. The UI's one schema reader."""
+    branches = [b for b in prop.get("anyOf", []) if b.get("type") != "null"]
+    if len(branches) == 1:
+        prop = {**branches[0], **{k: v for k, v in prop.items() if k != "anyOf"}}
+    ref = prop.get("$ref", "")
+    if ref.startswith("#/$defs/"):
+        found = ((schema or {}).get("$defs") or {}).get(ref.rpartition("/")[2], {})
+        prop = {**found, **{k: v for k, v in prop.items() if k != "$ref"}}
+    return prop
 
 
 @dataclass(frozen=True)
@@ -90,12 +114,6 @@ class Spec:
     help: str
     options: tuple[Any, ...] | None
     type: str | None
-
-
-def plain(prop: dict[str, Any]) -> dict[str, Any]:
-    """The non-null branch of an optional field's schema (`int | None` is anyOf [{integer...}, {null}])."""
-    branches = [b for b in prop.get("anyOf", []) if b.get("type") != "null"]
-    return {**branches[0], **{k: v for k, v in prop.items() if k != "anyOf"}} if len(branches) == 1 else prop
 
 
 def field(kind: str, name: str) -> dict[str, Any]:

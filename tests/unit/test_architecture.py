@@ -130,6 +130,19 @@ def test_no_cycles(graph):
     assert not cycles, "cycles: " + "; ".join(" -> ".join(c) for c in cycles)
 
 
+UI_SHARED = {"backend.text", "backend.report.html_export", "backend.report.findings_html",
+             "backend.service.app"}
+"""All the UI imports of the backend (docs/architecture.md): durations in words and the HTML reports (pure
+functions of plain values), and the service itself, in-process (`ui/client.py`); the registry comes through
+`GET /capabilities`."""
+
+
+def test_the_ui_reaches_the_backend_through_the_service_only(graph):
+    bad = sorted(f"{a} -> {b}" for a, deps in graph.items() if floor(a) in (5, 6) for b in deps
+                 if b.startswith("backend") and b not in UI_SHARED)
+    assert not bad, "the UI imports the backend past the service: " + "; ".join(bad)
+
+
 PENDING: set[str] = set()
 """Modules still allowed to take private names from another; empty since the engine's shared names became public."""
 
