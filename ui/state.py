@@ -118,7 +118,7 @@ LTV_MECHANISM = ("key_heads", "ov", "propagation")
 
 def ltv_mechanism_default() -> list[str]:
     """The stages the `ltv` kind runs by default (its boolean fields' defaults: linear propagation is opt-in)."""
-    return [m for m in LTV_MECHANISM if settings.field("ltv", m).get("default")]
+    return [m for m in LTV_MECHANISM if settings.field("ltv_layers", m).get("default")]
 
 
 def ltv_default_layer(n_layers: int) -> int | str:

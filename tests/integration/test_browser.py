@@ -444,7 +444,9 @@ def test_the_whole_attention_pattern_is_drawn_full_size_with_its_tokens(app_url,
     _wait(d, lambda d: len(_css(d, ".hl-tv .hl-tok")) > 3 and _idle(d))
     _wait(d, lambda d: _tick_texts(d, "head_page_att"))  # plotly draws after Streamlit is idle (a race seen once)
     assert "<s>" in _tick_texts(d, "head_page_att"), _tick_texts(d, "head_page_att")  # the bar chart's token labels
-    toggle = [e for e in d.find_elements(By.XPATH, "//label[contains(., 'whole attention pattern')]")][0]
+    label = "//label[contains(., 'whole attention pattern')]"
+    _wait(d, lambda d: d.find_elements(By.XPATH, label))  # drawn below the bar chart, a moment later on a busy machine
+    toggle = d.find_elements(By.XPATH, label)[0]
     toggle.click()
     _wait(d, lambda d: _tick_texts(d, "head_page_pattern") and _idle(d))
     ticks = _tick_texts(d, "head_page_pattern")
