@@ -44,7 +44,7 @@ def main() -> None:
     ap.add_argument("--layer", type=int, default=None)
     ap.add_argument("--prompts", type=int, default=50)
     ap.add_argument("--scale", type=float, default=3.0, help="||theta|| in units of the residual stream's norm")
-    ap.add_argument("--set", action="append", default=[], help="field=value of LtvParams (repeatable)")
+    ap.add_argument("--set", action="append", default=[], help="field=value of LtvLayersParams (repeatable)")
     ap.add_argument("--json", default=None)
     ap.add_argument("--smoke", action="store_true", help="the embedded model, tiny sizes (the CI test)")
     a = ap.parse_args()
@@ -54,7 +54,7 @@ def main() -> None:
     lm = load_model(a.model)
     task = load_task(a.task)
     layer = lm.n_layers // 2 if a.layer is None else a.layer
-    p = ltv_mod.LtvParams(prompts=a.prompts, layer=layer, **{k: value(v) for k, v in (s.split("=", 1) for s in a.set)})
+    p = ltv_mod.LtvLayersParams(prompts=a.prompts, layer=layer, **{k: value(v) for k, v in (s.split("=", 1) for s in a.set)})
     built = build_prompts(lm, task, 0, p.prompts, p.seed)
     zero = encode(lm, task.build_prompts(0, built.n, p.seed), task.kind)
     rms = residual_rms(lm, zero, layer, (-1,))

@@ -2,7 +2,7 @@
 
     HEADLENS_MODELS_DIR=models/pulled python bench/bench_ltv_stages.py --model smollm2-135m --task present-past \
         --layer 15 --shots 8
-    python bench/bench_ltv_stages.py --set perturbations=256 --set key_heads=false   # any LtvParams field
+    python bench/bench_ltv_stages.py --set perturbations=256 --set key_heads=false   # any LtvLayersParams field
     python bench/bench_ltv_stages.py --smoke   # the embedded model, tiny sizes (the CI test)
 
 One `ltv` in a fresh cache folder (nothing cached: the training, the extracted vectors and the head scores all
@@ -59,7 +59,7 @@ def main() -> None:
     ap.add_argument("--task", default=None, help="default: the model's default task")
     ap.add_argument("--layer", type=int, default=None)
     ap.add_argument("--shots", type=int, default=8)
-    ap.add_argument("--set", action="append", default=[], help="field=value of LtvParams (repeatable)")
+    ap.add_argument("--set", action="append", default=[], help="field=value of LtvLayersParams (repeatable)")
     ap.add_argument("--json", default=None)
     ap.add_argument("--smoke", action="store_true", help="the embedded model, tiny sizes (the CI test)")
     a = ap.parse_args()

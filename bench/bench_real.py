@@ -6,7 +6,7 @@
 Sections (each in its own cache folder, results not cached between sections):
   scores   a plain forward pass over N k-shot prompts (batch 16, last-token logits) against the `scores` kind on the
            same prompts (cache off, cold: the maps' hooked pass keeping the prompts' prefixes, the zero-shot prompts,
-           the model's induction pass), alternated, medians; also the hooked scoring pass alone (`head_maps`).
+           the model's induction pass), alternated, medians; also the hooked scoring pass alone (`score_heads`).
   toggle   the Ablation page's live toggle through the kernel after `scores` (its pass keeps the prompts' clean
            prefix): three different last-token head sets, one all-position set, and a last-token set with nothing
            kept (the cold case); N k-shot prompts.
@@ -58,7 +58,7 @@ def section_scores(lm, task, a) -> dict:
     from backend.analysis.kernel import analyze
     from backend.analysis.primitives import induction
     from backend.analysis.primitives.batching import build_prompts, encode, forward_last_logits, map_batches
-    from backend.analysis.tsla.head_maps import head_maps
+    from backend.analysis.tsla.scoring_pass import score_heads
     from backend.analysis.primitives.prefix_store import STORE
 
     def scores_kind():  # cold: no induction scores of this model yet, nothing kept
@@ -68,7 +68,7 @@ def section_scores(lm, task, a) -> dict:
 
     enc = encode(lm, build_prompts(lm, task, a.shots, a.prompts, 0).prompts, task.kind)
     runs = {"plain": lambda: map_batches(lm, enc.ids, 16, lambda b: forward_last_logits(lm, b)),
-            "scoring_pass": lambda: head_maps(lm, enc, 16),
+            "scoring_pass": lambda: score_heads(lm, enc, 16),
             "scores_kind": scores_kind}
     times: dict[str, list[float]] = {k: [] for k in runs}
     for _ in range(a.reps):

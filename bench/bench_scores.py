@@ -8,14 +8,14 @@
     HEADLENS_MODELS_DIR=... python bench/bench_scores.py --stats --grid --model smollm2-135m --prompts 16
 
 `--stats` (one torch thread unless `--threads`): in CPU seconds (`time.process_time`), the scoring pass as the
-`maps` / `scores` kinds run it (`head_maps` with the TR null, then the SE, bootstrap intervals, TR / TL tests with
+`maps` / `scores` kinds run it (`score_heads` with the TR null, then the SE, bootstrap intervals, TR / TL tests with
 BH, packing, the top-k stability of TR and TL) against a plain pass (the forward passes alone over the same
-batches): `cpu_ratio` is the headline; `pass_cpu_ratio` is `head_maps` without the null; wall-clock ratios beside
+batches): `cpu_ratio` is the headline; `pass_cpu_ratio` is `score_heads` without the null; wall-clock ratios beside
 (on a shared CPU they measure the load); `--model`: a preset's real prompts of `--task` instead of a random shape;
 `--defaults`: each model's page default (`ui/model_defaults.py`); `--grid`: every built-in task x 2, 4, 8 shots.
 
 Plain: one forward pass keeping only the last position's logits. Scoring: the same batch through
-`head_maps` (the `maps` kind's pass: hooks capture each layer's last-token z, then TR / TL / DLA of every head
+`score_heads` (the `maps` kind's pass: hooks capture each layer's last-token z, then TR / TL / DLA of every head
 and the predictions). Both are timed alternately, after warm-up; the medians and their ratio are printed (wall clock,
 per pair of runs, and the process's CPU seconds).
 """
@@ -35,7 +35,7 @@ import transformers as T
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from backend.analysis.primitives.batching import Encoded, forward_last_logits, make_batch  # noqa: E402
-from backend.analysis.tsla.head_maps import head_maps  # noqa: E402
+from backend.analysis.tsla.scoring_pass import score_heads  # noqa: E402
 from backend.model.loading import wrap  # noqa: E402
 
 SHAPES = {
@@ -108,7 +108,7 @@ def main() -> None:
             forward_last_logits(lm, b)
 
     def scoring() -> None:
-        head_maps(lm, enc, batch_size=batch)
+        score_heads(lm, enc, batch_size=batch)
 
     for f in (plain, scoring, plain, scoring):  # warm-up
         f()
@@ -164,15 +164,15 @@ def stats_cost(a: argparse.Namespace) -> None:
 
 def stats_run(a: argparse.Namespace, lms: dict, model: str | None, task_name: str, shots: int,
               prompts: int) -> dict:
-    """One setting: plain (the forward passes alone, `forward_last_logits` over head_maps' batches), pass
-    (`head_maps` without the TR null) and scoring (`head_maps` with it, then everything `maps` and `scores` add:
+    """One setting: plain (the forward passes alone, `forward_last_logits` over score_heads' batches), pass
+    (`score_heads` without the TR null) and scoring (`score_heads` with it, then everything `maps` and `scores` add:
     `head_stats`, packing, top-k stability), timed in turn after a warm-up; medians of CPU and wall seconds."""
     from backend import load_model
     from backend.analysis.primitives import map_stats
     from backend.analysis.primitives.batching import build_prompts, encode, map_batches
     from backend.analysis.primitives.selection import n_top
     from backend.analysis.results import pack_array
-    from backend.analysis.tsla.scores import head_stats
+    from backend.analysis.tsla.head_scores import head_stats
     from backend.tasks.registry import load_task
 
     if model:
@@ -195,10 +195,10 @@ def stats_run(a: argparse.Namespace, lms: dict, model: str | None, task_name: st
         map_batches(lm, enc.ids, batch, lambda b: forward_last_logits(lm, b))
 
     def pass_() -> None:
-        head_maps(lm, enc, batch_size=batch)
+        score_heads(lm, enc, batch_size=batch)
 
     def scoring() -> None:
-        hm = head_maps(lm, enc, batch_size=batch, null_seed=0)
+        hm = score_heads(lm, enc, batch_size=batch, null_seed=0)
         head_stats(hm.per_prompt, hm.tr, hm.null_tr, 0)
         {n: pack_array(v) for n, v in hm.per_prompt.items()}
         for name in ("tr", "tl"):

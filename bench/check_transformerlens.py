@@ -88,7 +88,7 @@ def headlens_side(lm, task, a, convention: str) -> dict:
     from backend.analysis.primitives import bos
     from backend.analysis.primitives.batching import Encoded, build_prompts, encode, forward_last_logits, make_batch
     from backend.analysis.primitives.configs import head_mask
-    from backend.analysis.tsla.head_maps import head_maps
+    from backend.analysis.tsla.scoring_pass import score_heads
     from backend.model.hooks import hooked
 
     common = dict(shots=a.shots, prompts=a.prompts, seed=a.seed, prepend_bos=convention)
@@ -96,7 +96,7 @@ def headlens_side(lm, task, a, convention: str) -> dict:
         built = build_prompts(lm, task, a.shots, a.prompts, a.seed)
         enc = encode(lm, built.prompts, task.kind)
     maps = analyze("maps", lm, task, cache=False, **common)
-    per = [head_maps(lm, Encoded([p], [i], [li], [g], enc.kind), batch_size=1)
+    per = [score_heads(lm, Encoded([p], [i], [li], [g], enc.kind), batch_size=1)
            for p, i, li, g in zip(enc.prompts, enc.ids, enc.label_ids, enc.gold)]
     heads = a.ablate or sorted(top_set(np.asarray(maps.tr), a.n_ablate))
     abl = analyze("ablate", lm, task, heads=[list(h) for h in heads], mode="zero", positions="all", cache=False,

@@ -1,4 +1,4 @@
-"""Head map: layer x head maps of TR, TL, DLA-TR, DLA-TL and induction (and the CIE, from kind `patching`) with
+"""Head map: layer x head maps of TR, TL, DLA-TR, DLA-TL and induction (and the CIE, from kind `activation_patching`) with
 their top heads outlined; click heads to select them and to drill into one (its attention pattern, every head of its
 layer, per-label DLA and ablation effect on a prompt); activation patching from the clean prompts into 0-shot or
 perturbed ones beside the TR / TL maps; and the map side by side with another task, model or seed."""

@@ -108,7 +108,7 @@ params = ls.stage_params(params, state.value("ltv_mech"))
 def live_drawer(live: LiveChart):
     """An `on_live` callback drawing the running training's loss curve into `live` (when it grew, ~3 times a second)."""
     def draw(data: dict[str, Any]) -> None:
-        if data.get("kind") != "ltv_train":  # a sub-call's own live data (e.g. the head scores' partial maps)
+        if data.get("kind") != "ltv_vector":  # a sub-call's own live data (e.g. the head scores' partial maps)
             return
         where = ", ".join(str(x) for x in data.get("layers") or [])
         live.draw(lambda d: lf.loss_curve(d, f"Training at layer {where}: epoch {d.get('epoch')}/{d.get('epochs')}, "

@@ -129,7 +129,7 @@ class HeadlensClient:
 
     # -- saved tensors (learned task vectors, SITE alphas) -----------------------------------------------------------
     def upload_tensor(self, data: bytes) -> dict[str, Any]:
-        """Add a saved vector or alpha file (.safetensors bytes, as ltv_train and site write them; checked whole):
+        """Add a saved vector or alpha file (.safetensors bytes, as ltv_vector and site_alphas write them; checked whole):
         {id, kind, model, task, d_model, n_layers, n_heads, shapes, bytes}; the id is what `load` takes. Malformed ->
         ClientError (422); too large -> 413."""
         return self._request("POST", "/tensors", content=data, headers={"content-type": "application/octet-stream"})

@@ -4,7 +4,7 @@ What CircuitsVis, the LLM Transparency Tool and a TransformerLens notebook show:
 the prompt's tokens as a token view (hover a token: what it attends to, and each weight), the head's write
 projected onto each label's unembedding (per-label DLA), its TR / TL / induction ranks, what zero-ablating it does
 on this prompt, and the model's top next tokens (per layer, with the logit lens). Built from the `head` job
-(backend/analysis/general/head.py); no torch here.
+(backend/analysis/general/head_view.py); no torch here.
 """
 from __future__ import annotations
 

@@ -23,7 +23,7 @@ from . import settings
 from .settings import fmt_ints, offsets  # noqa: F401 (the LTV page's positions: state.offsets)
 
 Head = tuple[int, int]
-MAPS = ("tr", "tl", "dla_tr", "dla_tl", "induction", "cie")  # the five of `scores`, and the CIE (kind `patching`)
+MAPS = ("tr", "tl", "dla_tr", "dla_tl", "induction", "cie")  # the five of `scores`, and the CIE (kind `activation_patching`)
 MIN_TOP_HEADS = 4  # the backend's rule for a top-p% set (options.MIN_TOP_HEADS), named in the sidebar's help
 
 
@@ -113,7 +113,7 @@ LTV_SWEEP_MAX_LAYERS = 8
 """The LTV page sweeps every layer by default only on a model this shallow: the sweep trains one vector and runs
 its mechanism per layer (on the embedded model, seconds each; on SmolLM2-135M's 30 layers on a CPU, hours)."""
 LTV_MECHANISM = ("key_heads", "ov", "propagation")
-"""The `ltv` kind's mechanism stages, each a param of its own (`LtvParams.key_heads`, `ov`, `propagation`)."""
+"""The `ltv` kind's mechanism stages, each a param of its own (`LtvLayersParams.key_heads`, `ov`, `propagation`)."""
 
 
 def ltv_mechanism_default() -> list[str]:

@@ -1,6 +1,6 @@
 """The analysis kernel: one cached call for every kind, and the context an analysis function gets.
 
-    r = analyze("head_scores", lm, task, shots=8, prompts=50)      # -> ScoresResult (typed)
+    r = analyze("head_scores", lm, task, shots=8, prompts=50)      # -> HeadScoresResult (typed)
 
 `analyze` is the only place that builds cache keys, takes the per-key lock, reads and writes the result
 store and adds `cache_hit` and `seconds`. The key hashes the kind, the model fingerprint, the task's content
@@ -14,7 +14,7 @@ warning for the labels that span several tokens, wherever they were tokenised (`
 task lists what is cached). A result that looked for another kind's result and found none is recomputed once
 that result is cached, so a cached result always equals a fresh one.
 
-Trained tensors (`ltv_train`, `site`) are files named by the hash of their bytes (`backend/store/tensor_store.py`); an
+Trained tensors (`ltv_vector`, `site_alphas`) are files named by the hash of their bytes (`backend/store/tensor_store.py`); an
 analysis reads and writes them through `ctx.tensors`, one `TensorSession` per call tree. A cached result that refers
 to a tensor (a `tensor` or `tensors` field) is a hit only while that file is there and intact; otherwise it is
 recomputed. A tensor that could not be written (a full or read-only disk) comes back inline with the result

@@ -2,10 +2,11 @@
 
 An entry names the kind, the module that holds it (`Kind.at`), a one-line description, the old names it still answers to
 (`aliases`) and a small request (`example`, what the per-kind tests run). The module holds, side by side, the kind's
-params model `<Key>Params` (defaults declared once), its result model `<Key>Result` and its function `<key>(ctx:
-Context, p) -> dict` (`fn=` names another), where `key` is the name its cached results are filed under (the name itself,
-unless the kind was renamed); they are imported on first use, so this module needs no torch and sits below every kind
-module (which may read another kind's params through `get_kind`).
+params model `<Name>Params` (defaults declared once), its result model `<Name>Result` and its function `<name>(ctx:
+Context, p) -> dict`, all named by the kind's name (`head_scores`: tsla/head_scores.py, HeadScoresParams,
+HeadScoresResult, head_scores). A kind renamed since its results were first cached is filed under its old name
+(`key`), from the one table `STORED_NAMES`. They are imported on first use, so this module needs no torch and sits
+below every kind module (which may read another kind's params through `get_kind`).
 
 The name is the kind's one name everywhere: the `kind` of `POST /jobs`, the CLI subcommand (with dashes), the Python
 API function (`backend.<name>`, built from the entry by `backend/analysis/api/`) and the pages' calls. An alias is
@@ -83,16 +84,14 @@ class Kind:
         object.__setattr__(self, "key", self.key or self.name)
 
     @classmethod
-    def at(cls, module: str, name: str, *, description: str, key: str | None = None, fn: str | None = None,
-           **flags: Any) -> "Kind":
-        """The kind `name` of `backend.analysis.<module>`: its `<Key>Params`, `<Key>Result` and function `fn`
-        (default: `key`, itself `name` by default), e.g. `Kind.at("tsla.scores", "head_scores", key="scores", ...)`
-        -> ScoresParams, ScoresResult, scores."""
+    def at(cls, module: str, name: str, *, description: str, **flags: Any) -> "Kind":
+        """The kind `name` of `backend.analysis.<module>`: its `<Name>Params`, `<Name>Result` and function `<name>`,
+        e.g. `Kind.at("tsla.head_scores", "head_scores", ...)` -> HeadScoresParams, HeadScoresResult, head_scores;
+        its results are filed under `STORED_NAMES.get(name, name)`."""
         where = f"backend.analysis.{module}:"
-        stem = key or name
-        camel = "".join(w.capitalize() for w in stem.split("_"))
-        return cls(name, where + camel + "Params", where + camel + "Result", where + (fn or stem), description,
-                   key=stem, **flags)
+        camel = "".join(w.capitalize() for w in name.split("_"))
+        return cls(name, where + camel + "Params", where + camel + "Result", where + name, description,
+                   key=STORED_NAMES.get(name, name), **flags)
 
     @property
     def names(self) -> tuple[str, ...]:
@@ -155,6 +154,15 @@ def json_schema(model: type[BaseModel]) -> dict[str, Any]:
     return schema
 
 
+STORED_NAMES: dict[str, str] = {
+    "head_maps": "maps", "head_scores": "scores", "icl_curve": "icl", "task_vectors": "vectors",
+    "perturbation_report": "perturb", "activation_patching": "patching", "task_fit": "fit", "head_view": "head",
+    "ltv_vector": "ltv_train", "ltv_layers": "ltv", "ltv_across_tasks": "ltv_tasks", "site_alphas": "site",
+    "findings_report": "findings", "compare_methods": "methods",
+}
+"""The one table of old names: a kind renamed when the names were unified (issue 26) -> the name its cached results,
+index and saved tensors are filed under (its `key`), so none is lost. Each old name is also an alias of its kind."""
+
 _SMALL = {"prompts": 6, "shots": 2}
 _LTV = {"epochs": 2, "patience": 2, "train_prompts": 8, "val_prompts": 4, "batch_size": 4}
 _SITE = {"m": 4, "shots": 2, "steps": 6, "val_every": 3, "val_prompts": 4, "prompts": 6, "max_new_tokens": 4}
@@ -162,22 +170,22 @@ _ENTRIES: tuple[Kind, ...] = (
     Kind.at("general.model_info", "model_info", uses_task=False,
             description="load a model (it stays resident) and describe it",
             example={}),
-    Kind.at("tsla.scores", "head_maps", key="maps", aliases=("maps",),
+    Kind.at("tsla.head_scores", "head_maps", aliases=("maps",),
             description="TR, TL, DLA-TR, DLA-TL and induction head maps with accuracies (no head selection)",
             example={"task": "syn-sentiment", **_SMALL}),
-    Kind.at("tsla.scores", "head_scores", key="scores", aliases=("scores",),
+    Kind.at("tsla.head_scores", "head_scores", aliases=("scores",),
             description="TR, TL, DLA-TR, DLA-TL and induction head maps, accuracies, top heads and their overlaps",
             example={"task": "syn-sentiment", **_SMALL}),
-    Kind.at("tsla.icl", "icl_curve", key="icl", aliases=("icl",), version=1,
+    Kind.at("tsla.icl_curve", "icl_curve", aliases=("icl",), version=1,
             description="accuracy, label accuracy and TR ratio against the number of demonstrations",
             example={"task": "syn-sentiment", "prompts": 6, "shots": [0, 2, 4]}),
-    Kind.at("tsla.ablation", "ablation_curves", fn="curves", version=3,
+    Kind.at("tsla.ablation", "ablation_curves", version=3,
             description="accuracy, label accuracy and TR ratio against the number of top heads ablated, per order",
             example={"task": "syn-sentiment", **_SMALL, "ks": [0, 2, 4], "random_seeds": [0, 1]}),
     Kind.at("tsla.ablation", "ablate", version=1,
             description="ablate one head set: metrics and per-prompt predictions before and after",
             example={"task": "syn-sentiment", **_SMALL, "heads": [[1, 2], [3, 0]], "mode": "mean"}),
-    Kind.at("tsla.vectors", "task_vectors", key="vectors", aliases=("vectors", "build_vectors"), version=1,
+    Kind.at("tsla.task_vectors", "task_vectors", aliases=("vectors", "build_vectors"), version=1,
             description="task vectors extracted from ICL prompts: TR / TL / random head sets, function vector, "
                         "vanilla",
             example={"task": "syn-antonym", **_SMALL}),
@@ -188,37 +196,37 @@ _ENTRIES: tuple[Kind, ...] = (
             description="hidden-state alignment with the label subspace, logit difference, rotation and PCA per "
                         "layer",
             example={"task": "syn-antonym", **_SMALL}),
-    Kind.at("tsla.perturbations", "perturbation_report", key="perturb", aliases=("perturb",), version=1,
+    Kind.at("tsla.perturbation_report", "perturbation_report", aliases=("perturb",), version=1,
             description="demonstration perturbations: metrics, TR/TL map differences, effect of ablating the top "
                         "heads",
             example={"task": "syn-sentiment", **_SMALL, "perturbations": ["shuffled_inputs", "random_labels"]}),
-    Kind.at("tsla.patching", "activation_patching", key="patching", aliases=("patching",), version=1,
+    Kind.at("tsla.activation_patching", "activation_patching", aliases=("patching",), version=1,
             description="activation patching: every head's last-token z from clean ICL prompts into zero-shot or "
                         "perturbed ones; the share of the gold logit recovered per head, beside the TR / TL maps",
             example={"task": "syn-sentiment", **_SMALL}),
-    Kind.at("general.fit", "task_fit", key="fit", aliases=("fit",), needs_fit=False,
+    Kind.at("general.task_fit", "task_fit", aliases=("fit",), needs_fit=False,
             description="does the task fit the model: unknown tokens in inputs and labels, prompt length vs the "
                         "context window",
             example={"task": "syn-sentiment"}),
-    Kind.at("general.head", "head_view", key="head", aliases=("head",), version=1,
+    Kind.at("general.head_view", "head_view", aliases=("head",), version=1,
             description="one head on one prompt: attention pattern, per-label DLA, TR / TL / induction ranks, effect "
                         "when ablated; the model's top next tokens (and per layer)",
             example={"task": "syn-sentiment", **_SMALL, "head": [1, 2]}),
-    Kind.at("ltv.ltv_train", "ltv_vector", key="ltv_train", aliases=("ltv_train",),
+    Kind.at("ltv.ltv_vector", "ltv_vector", aliases=("ltv_train",),
             description="train one learned task vector (added at a decoder layer's input) through the frozen model, "
                         "saved as safetensors",
             example={"task": "syn-antonym", **_LTV}),
-    Kind.at("ltv.ltv", "ltv_layers", key="ltv", aliases=("ltv", "train_ltv"), indexed=True, version=3,
+    Kind.at("ltv.ltv_layers", "ltv_layers", aliases=("ltv", "train_ltv"), indexed=True, version=3,
             description="learned task vectors per layer against zero-shot, ICL, vanilla / function / TR / TL "
                         "vectors, on top of ICL; key heads, OV reconstruction and linear propagation (rotation, "
                         "stretch)",
             example={"task": "syn-antonym", **_LTV, **_SMALL, "perturbations": 16, "random_draws": 2,
                      "propagation": True}),
-    Kind.at("ltv.ltv_tasks", "ltv_across_tasks", key="ltv_tasks", aliases=("ltv_tasks",), uses_task=False,
+    Kind.at("ltv.ltv_across_tasks", "ltv_across_tasks", aliases=("ltv_tasks",), uses_task=False,
             description="learned task vectors of several tasks at one layer: the comparison task by task, their "
                         "cosine similarity, and sums of two tasks' vectors on composed tasks",
             example={**_LTV, **_SMALL, "tasks": ["syn-antonym", "syn-successor"]}),
-    Kind.at("site.site", "site_alphas", key="site", aliases=("site", "train_site"), version=2,
+    Kind.at("site.site_alphas", "site_alphas", aliases=("site", "train_site"), version=2,
             description="soft head selection (SITE): per-head alphas trained to inject an ICL task embedding into "
                         "zero-shot prompts; alpha map, baselines, top/bottom-k patching, budget curve, correlations "
                         "with head maps",
@@ -227,12 +235,12 @@ _ENTRIES: tuple[Kind, ...] = (
             description="SITE alphas of each task applied to every task's embedding: a transfer accuracy matrix and "
                         "head overlaps",
             example={**_SITE, "tasks": ["syn-antonym", "syn-successor"]}),
-    Kind.at("findings.findings", "findings_report", key="findings", aliases=("findings",), uses_task=False,
+    Kind.at("findings.findings_report", "findings_report", aliases=("findings",), uses_task=False,
             version=2,
             description="the three papers' findings on one model (TSLA, LTV, SITE), each with the paper's figure and a "
                         "verdict: holds / partly / does not hold",
             example={"tasks": ["syn-sentiment"], "sections": ["tsla"], "prompts": 4, "shots": 2, "random_sets": 1}),
-    Kind.at("methods", "compare_methods", key="methods", aliases=("methods",), version=2,
+    Kind.at("compare_methods", "compare_methods", aliases=("methods",), version=2,
             description="every steering method on one task side by side: extracted vectors (vanilla, FV, TR / TL "
                         "heads), LTV and SITE, with accuracy, TR ratio, parameter count and training seconds",
             example={"task": "syn-antonym", **_SMALL, "site_m": 4, "site_shots": 2, "site_steps": 6}),

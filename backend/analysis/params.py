@@ -1,6 +1,6 @@
 """What every kind's params model is built from: the base `Params`, the prompt set (`PromptParams`), the size of
 a head set (`Selection`) and the field types. Each kind's own params model lives in its module, beside its result
-model and its function (e.g. `tsla/scores.py: ScoresParams`).
+model and its function (e.g. `tsla/scores.py: HeadScoresParams`).
 
 The service validates a job's fields with them, the CLI builds its flags from them and validates its
 arguments with them, the Python API and the pages fill them. Integers are strict (`true` is not 1), floats

@@ -1,6 +1,6 @@
 """What every kind's result model is built from: the envelope `Result`, `Metrics`, `Overlap` and the array types.
 Each kind's own result model lives in its module, beside its params model and its function (e.g.
-`tsla/scores.py: ScoresResult`); together they are the shapes the service, the UI and notebooks share.
+`tsla/scores.py: HeadScoresResult`); together they are the shapes the service, the UI and notebooks share.
 
 Every result carries the envelope `Result` (model, task, the requested params, warnings, cache_hit,
 seconds). Head maps are `Grid`s: numpy arrays of shape (layers, heads) in Python, nested lists in JSON.

@@ -150,7 +150,7 @@ def admit(body: dict[str, Any], pool: ModelPool, tasks: TaskStore, limits: Limit
         if shape is not None:
             check_shape_fit(p, shape)
         if model_info is not None and task is not None and spec.key != "fit":
-            from ..analysis.primitives.fit import require_fit  # a task the model cannot read (kind `fit` says so)
+            from ..analysis.primitives.fit import require_fit  # a task the model cannot read (kind `task_fit` says so)
 
             require_fit(resident, task)
     except ValueError as e:

@@ -275,7 +275,7 @@ def create_app(runner: JobRunner | None = None, *, pool: ModelPool | None = None
     # -- saved tensors ------------------------------------------------------------------------------------
     @app.post(TENSOR_PATH, response_model=TensorInfo, openapi_extra=_TENSOR_DOC)
     async def upload_tensor(request: Request) -> TensorInfo:
-        """Add a saved vector or alpha file (.safetensors, as ltv_train or site write it; raw bytes or a multipart
+        """Add a saved vector or alpha file (.safetensors, as ltv_vector or site_alphas write it; raw bytes or a multipart
         `file`); checked whole (format, shapes, finite values, ranges); returns its id, which `load` takes."""
         if request.headers.get("content-type", "").startswith("multipart/form-data"):
             form = await request.form()

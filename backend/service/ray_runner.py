@@ -24,7 +24,7 @@ Results: the actor runs `analyze` with a `RecordingStore`: reads go to the servi
 `CacheReader` actor pinned to the service's node, so workers need not share its disk), writes are recorded and
 returned with the result. The service writes them, each under the kernel's per-key lock, after the job has
 succeeded: diskcache stays on one disk with one writer, and a job that dies writes nothing. Trained tensors
-(`ltv_train`, `site`) go the same way (`RecordingTensors`): read from the service's tensor folder through the
+(`ltv_vector`, `site_alphas`) go the same way (`RecordingTensors`): read from the service's tensor folder through the
 reader, sent back with the result, checked (their bytes against their ids, the format's checks) and written by the
 service before the results that refer to them; one that cannot be written comes back inline with a warning, and
 the results that refer to it are not cached. Cache keys and

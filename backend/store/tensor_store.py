@@ -1,6 +1,6 @@
 """Trained tensors by id: the content-addressed folder `<cache dir>/tensors/` (standard library only, no torch).
 
-A saved vector or alpha file (`ltv_train`, `site`; the format: `analysis/primitives/saved.py`) is named by an id the
+A saved vector or alpha file (`ltv_vector`, `site_alphas`; the format: `analysis/primitives/saved.py`) is named by an id the
 service issues: `<kind>-<the first 32 hex digits of the sha256 of the file's bytes>`, stored as `<id>.safetensors`.
 Nothing else names a file here: over HTTP a path is never accepted, and an id's pattern leaves no room for a folder
 or `..`. The CLI and the Python API take a local file by copying it in (`saved.register_file`), so there is one way
@@ -89,7 +89,7 @@ def tensor_refs(value: Any) -> list[str]:
 def missing(tid: object) -> TensorMissing:
     """The one refusal for an id that names no usable file."""
     shown = tid if is_id(tid) else clip(str(tid), 60)
-    return TensorMissing(f"no tensor {shown!r} on this server: train it (ltv_train, site) or upload its file with "
+    return TensorMissing(f"no tensor {shown!r} on this server: train it (ltv_vector, site_alphas) or upload its file with "
                          f"POST /tensors, and use the id that returns")
 
 

@@ -11,7 +11,7 @@ from backend.analysis.kernel import analyze
 from backend.analysis.primitives.batching import encode
 from backend.analysis.primitives.prefix_store import STORE
 from backend.analysis.primitives.stats import stderr
-from backend.analysis.tsla.head_maps import FIRST_ROWS, MAP_NAMES, PER_PROMPT, head_maps, slices
+from backend.analysis.tsla.scoring_pass import FIRST_ROWS, MAP_NAMES, PER_PROMPT, score_heads, slices
 from test_core_invariants import sentiment_task
 from test_pages import MODEL, default_task, needs_model
 from hang import HANG_S  # noqa: E402
@@ -31,10 +31,10 @@ def test_the_anytime_maps_equal_the_plain_ones_exactly(tiny_lm, keep_prefix):
     enc = encoded(tiny_lm)
     assert len({len(x) for x in enc.ids[:16]}) > 1, "the first batch must really pad"
     STORE.clear()
-    plain = head_maps(tiny_lm, enc, batch_size=16, keep_prefix=keep_prefix)
+    plain = score_heads(tiny_lm, enc, batch_size=16, keep_prefix=keep_prefix)
     seen: list[dict] = []
     STORE.clear()
-    anytime = head_maps(tiny_lm, enc, batch_size=16, keep_prefix=keep_prefix, partial=seen.append)
+    anytime = score_heads(tiny_lm, enc, batch_size=16, keep_prefix=keep_prefix, partial=seen.append)
     for name in MAP_NAMES:
         a, b = getattr(plain, name), getattr(anytime, name)
         assert a.dtype == b.dtype and np.array_equal(a, b), f"{name} differs"
@@ -62,7 +62,7 @@ def test_each_view_carries_its_interval_narrowing_as_prompts_finish(tiny_lm):
     final per-prompt rows'), a normal interval around the view's mean; wider after 4 prompts than after all."""
     enc = encoded(tiny_lm)
     seen: list[dict] = []
-    hm = head_maps(tiny_lm, enc, batch_size=16, partial=seen.append)
+    hm = score_heads(tiny_lm, enc, batch_size=16, partial=seen.append)
     order = sorted(range(N), key=lambda i: -len(enc.ids[i]))  # the batches' order (by length)
     for d in seen:
         assert d["interval"] == "normal" and set(d["stats"]) == set(PER_PROMPT)
@@ -96,8 +96,8 @@ def test_with_several_threads_the_views_come_per_batch(gpt2_tokenizer):
     torch.set_num_threads(2)
     try:
         seen: list[dict] = []
-        anytime = head_maps(lm, enc, batch_size=16, partial=seen.append)
-        plain = head_maps(lm, enc, batch_size=16)
+        anytime = score_heads(lm, enc, batch_size=16, partial=seen.append)
+        plain = score_heads(lm, enc, batch_size=16)
     finally:
         torch.set_num_threads(before)
     assert [d["prompts_done"] for d in seen] == [16, N]
@@ -114,11 +114,11 @@ def test_the_first_view_is_the_mean_over_the_first_prompts(tiny_lm):
     """The first slice's maps equal the plain maps of those prompts alone (to float rounding)."""
     enc = encoded(tiny_lm)
     seen: list[dict] = []
-    head_maps(tiny_lm, enc, batch_size=16, partial=seen.append)
+    score_heads(tiny_lm, enc, batch_size=16, partial=seen.append)
     order = sorted(range(N), key=lambda i: -len(enc.ids[i]))[:FIRST_ROWS]
     sub = type(enc)([enc.prompts[i] for i in order], [enc.ids[i] for i in order],
                     [enc.label_ids[i] for i in order], [enc.gold[i] for i in order], enc.kind)
-    alone = head_maps(tiny_lm, sub, batch_size=FIRST_ROWS)
+    alone = score_heads(tiny_lm, sub, batch_size=FIRST_ROWS)
     for name in MAP_NAMES:
         np.testing.assert_allclose(np.asarray(seen[0][name]), getattr(alone, name), rtol=1e-6, atol=1e-9,
                                    err_msg=name)
@@ -196,7 +196,7 @@ def test_the_partial_view_is_marked_with_its_prompt_counts():
         anytime.map_drawer(view, lambda: "induction", " · test")(data)  # the same count: not drawn again
         home = anytime.PartialView("h", min_interval_s=0.0)
         anytime.summary_drawer(home)(data)
-        anytime.summary_drawer(home)({"kind": "ltv_train", "loss": [1.0]})  # another kind's live data: ignored
+        anytime.summary_drawer(home)({"kind": "ltv_vector", "loss": [1.0]})  # another kind's live data: ignored
 
     at = AppTest.from_function(script, default_timeout=HANG_S)
     at.run()

@@ -52,7 +52,7 @@ def test_progress_and_estimate_share_one_plan(kind, lm, monkeypatch):
         return got
 
     monkeypatch.setattr(stages, "plan_spans", record)
-    monkeypatch.setattr(importlib.import_module("backend.analysis.ltv.ltv"), "plan_spans", record)
+    monkeypatch.setattr(importlib.import_module("backend.analysis.ltv.ltv_layers"), "plan_spans", record)
     name, params = CASES[kind]
     spec, task = get_kind(kind), load_task(name) if name else None
     p = spec.params.model_validate(params)

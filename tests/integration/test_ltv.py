@@ -158,8 +158,8 @@ def test_ltv_kind_on_gqa_models(lm_of, arch, tmp_path):
     assert -1 <= e.propagation.rotation <= 1 and e.propagation.stretch > 0
     assert r.rotation == [e.propagation.rotation]
     steps = e.training.epochs_run * math.ceil(12 / e.training.recipe["batch_size"])
-    trained = [d for d in live if d["kind"] == "ltv_train"]  # (the head scores it calls send their partial maps)
-    assert {d["kind"] for d in live} <= {"ltv_train", "maps"}
+    trained = [d for d in live if d["kind"] == "ltv_vector"]  # (the head scores it calls send their partial maps)
+    assert {d["kind"] for d in live} <= {"ltv_vector", "maps"}
     assert trained and len(trained[-1]["loss"]) == steps == len(e.training.loss)
     # the same request is read from the cache, trainings included
     again = analyze("ltv", lm, parity_task(), cache=True, positions=[-1, -2], propagation=True, **FAST)
@@ -302,7 +302,7 @@ def test_composed_synthetic_tasks_answer_in_the_vocabulary():
 
 
 def test_ltv_tasks_table_similarity_and_composition(llama, monkeypatch):
-    import backend.analysis.ltv.ltv_tasks as lt
+    import backend.analysis.ltv.ltv_across_tasks as lt
     from backend.tasks import synthetic
 
     tasks = {"tiny-parity": parity_task(), "tiny-gen": plural_task()}
@@ -346,16 +346,16 @@ def test_cancelled_training_stops_and_stores_nothing(llama):
 
 def test_cli_flags_and_python_api():
     import backend
-    from backend.analysis.ltv.ltv import LtvParams
+    from backend.analysis.ltv.ltv_layers import LtvLayersParams
     from backend.cli import build_parser, negative_lists, read_params
 
     argv = ["ltv", "--task", "syn-size", "--layer", "all", "--positions", "-1,-2", "--lr", "1e-3", "--epochs", "3",
             "--batch-size", "1"]
-    p = read_params(LtvParams, build_parser().parse_args(negative_lists(argv)))
+    p = read_params(LtvLayersParams, build_parser().parse_args(negative_lists(argv)))
     assert (p.layer, p.positions, p.lr, p.epochs, p.batch_size) == ("all", [-1, -2], 1e-3, 3, 1)
-    p = read_params(LtvParams, build_parser().parse_args(["ltv", "--task", "t", "--layer", "2", "--positions", "-1"]))
+    p = read_params(LtvLayersParams, build_parser().parse_args(["ltv", "--task", "t", "--layer", "2", "--positions", "-1"]))
     assert p.layer == 2 and p.positions == [-1] and p.mechanism is True
-    p = read_params(LtvParams, build_parser().parse_args(["ltv", "--task", "t", "--no-mechanism", "--joint"]))
+    p = read_params(LtvLayersParams, build_parser().parse_args(["ltv", "--task", "t", "--no-mechanism", "--joint"]))
     assert p.mechanism is False and p.joint is True
     assert backend.train_ltv.__name__ == "ltv_layers" and callable(backend.ltv_across_tasks)  # train_ltv: an alias
-    assert "batch_size" not in LtvParams.not_in_key  # the training batch size changes the vector: in the key
+    assert "batch_size" not in LtvLayersParams.not_in_key  # the training batch size changes the vector: in the key

@@ -114,7 +114,7 @@ def test_live_loss_of_a_running_job(inprocess, setup):
             break
         time.sleep(0.05)
     assert j["status"] == "done", j.get("error")
-    assert seen is not None and seen["kind"] == "ltv_train" and seen["layers"] == [0]
+    assert seen is not None and seen["kind"] == "ltv_vector" and seen["layers"] == [0]
     assert 0 < len(seen["loss"]) <= seen["steps"] and all(np.isfinite(seen["loss"]))
 
 

@@ -118,7 +118,7 @@ def test_unknown_words_of_a_typed_prompt_are_named():
 
     from transformers import AutoTokenizer
 
-    from backend.analysis.general.head import unknown_words
+    from backend.analysis.general.head_view import unknown_words
 
     folder = Path(__file__).resolve().parents[2] / "models" / "headlens-tiny"
     if not (folder / "tokenizer.json").is_file():

@@ -10,7 +10,7 @@ import torch
 from backend import head_scores
 from backend.model.adapters import UnsupportedArchitecture
 from backend.analysis.primitives.batching import build_prompts, encode
-from backend.analysis.tsla.scores import ScoresResult
+from backend.analysis.tsla.head_scores import HeadScoresResult
 from backend.store.cache import ResultCache
 from backend.model.loading import ModelLoadError, load_model, wrap
 from backend.tasks.base import Prompt, Task, TaskError
@@ -37,7 +37,7 @@ def test_result_shapes_and_fields(lm):
     assert r.icl.accuracy <= r.icl.tr_ratio
     d = r.to_json()
     json.dumps(d, allow_nan=False)  # strict JSON
-    assert ScoresResult.model_validate(d).tr.tolist() == r.tr.tolist()
+    assert HeadScoresResult.model_validate(d).tr.tolist() == r.tr.tolist()
     assert head_scores(lm, sentiment_task(), shots=2, prompts=8, top_k=2, cache=False).top_tr == r.top_tr[:2]
 
 
@@ -87,7 +87,7 @@ def test_a_new_selection_size_reuses_the_cached_maps(lm, tmp_path, monkeypatch):
     def no(*args, **kw):
         raise AssertionError("ran the model for a new selection size")
 
-    monkeypatch.setattr("backend.analysis.tsla.scores.head_maps", no)
+    monkeypatch.setattr("backend.analysis.tsla.head_scores.score_heads", no)
     b = head_scores(lm, task, shots=2, prompts=6, top_k=2, cache=cache)
     assert not b.cache_hit and b.top_tr == a.top_tr[:2] and np.array_equal(a.tr, b.tr)
 

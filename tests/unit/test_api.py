@@ -90,7 +90,7 @@ def test_every_default_passed_keeps_the_cache_key(kind: Kind):
 
 
 def test_a_field_without_a_description_reads_the_one_of_its_name_and_type():
-    """IclParams.prompts declares none: it reads PromptParams'; ablate's `positions` (all / last) never reads LTV's
+    """IclCurveParams.prompts declares none: it reads PromptParams'; ablate's `positions` (all / last) never reads LTV's
     `positions` (a list of offsets), a field of the same name and another type."""
     assert "        prompts: held-out queries (prompts) scored" in backend.icl_curve.__doc__
     positions = next(line for line in backend.ablate.__doc__.splitlines() if line.strip().startswith("positions"))

@@ -7,7 +7,7 @@ import torch
 
 from backend.analysis.primitives.batching import encode, forward_last_logits, make_batch
 from backend.analysis.primitives.tsla import head_writes
-from backend.analysis.tsla.head_maps import head_maps
+from backend.analysis.tsla.scoring_pass import score_heads
 from backend.model.hooks import hooked
 from backend.tasks.base import Task
 from tiny_models import POST_NORM_TYPES
@@ -122,7 +122,7 @@ def test_post_norm_tr_tl_match_a_residual_level_computation(arch, gpt2_tokenizer
 
     lm = wrap(tiny_model(arch), gpt2_tokenizer, f"tiny-{arch}")
     enc = encoded(lm, n=4)
-    maps = head_maps(lm, enc, batch_size=4)
+    maps = score_heads(lm, enc, batch_size=4)
     tr, tl = residual_level_tsla(lm, enc)
     np.testing.assert_allclose(maps.tr, tr, rtol=1e-3, atol=1e-6)
     np.testing.assert_allclose(maps.tl, tl, rtol=1e-3, atol=1e-5)
@@ -163,8 +163,8 @@ def test_prompt_scores_the_same_alone_and_in_a_padded_batch(tiny_lm, padding):
     enc = encoded(tiny_lm, n=6)
     lengths = {len(x) for x in enc.ids}
     assert len(lengths) > 1, "the batch must really pad"
-    alone = head_maps(tiny_lm, enc, batch_size=1, padding=padding)
-    together = head_maps(tiny_lm, enc, batch_size=6, padding=padding)
+    alone = score_heads(tiny_lm, enc, batch_size=1, padding=padding)
+    together = score_heads(tiny_lm, enc, batch_size=6, padding=padding)
     for name in ("tr", "tl", "dla_tr", "dla_tl"):
         a, b = getattr(alone, name), getattr(together, name)
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6, err_msg=f"{name} ({padding} padding)")
@@ -173,8 +173,8 @@ def test_prompt_scores_the_same_alone_and_in_a_padded_batch(tiny_lm, padding):
 
 def test_left_and_right_padding_agree(tiny_lm):
     enc = encoded(tiny_lm, n=6)
-    left = head_maps(tiny_lm, enc, batch_size=6, padding="left")
-    right = head_maps(tiny_lm, enc, batch_size=6, padding="right")
+    left = score_heads(tiny_lm, enc, batch_size=6, padding="left")
+    right = score_heads(tiny_lm, enc, batch_size=6, padding="right")
     np.testing.assert_allclose(left.tr, right.tr, rtol=1e-4, atol=1e-6)
 
 
@@ -186,7 +186,7 @@ def test_bf16_scores_track_fp32(gpt2_tokenizer):
     lm32 = wrap(tiny_model("llama"), gpt2_tokenizer, "tiny-llama")
     lm16 = wrap(tiny_model("llama").to(torch.bfloat16), gpt2_tokenizer, "tiny-llama-bf16")
     enc = encoded(lm32, n=4)
-    a = head_maps(lm32, enc, batch_size=4).tr
-    b = head_maps(lm16, enc, batch_size=4).tr
+    a = score_heads(lm32, enc, batch_size=4).tr
+    b = score_heads(lm16, enc, batch_size=4).tr
     assert np.isfinite(b).all()
     np.testing.assert_allclose(a, b, rtol=0.1, atol=1e-3)

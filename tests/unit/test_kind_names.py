@@ -45,7 +45,7 @@ def test_a_renamed_kind_keeps_its_cache_key():
         assert cache_key(spec, None, None, p) == cache_key(before, None, None, p) and \
             cache_key(spec, None, None, p).startswith(f"{old}:"), new
         assert index_key(spec.key, None, None) == index_key(old, None, None)
-    assert get_kind("head_scores").params.__name__ == "ScoresParams"  # the module's classes keep their names
+    assert get_kind("head_scores").params.__name__ == "HeadScoresParams"  # the module's classes keep their names
     assert all(k.key == k.name for k in KINDS.values() if not k.aliases)
 
 

@@ -12,8 +12,8 @@ from backend.analysis.primitives import map_stats as ms
 from backend.analysis.primitives.tr_null import BANDS, band, build_null, n_draws, null_rows, null_tr_sum
 from backend.analysis.primitives.tsla import label_space, tsla
 from backend.analysis.results import pack_array
-from backend.analysis.tsla.head_maps import MAP_NAMES, PER_PROMPT, head_maps
-from backend.analysis.tsla.scores import MapsResult
+from backend.analysis.tsla.scoring_pass import MAP_NAMES, PER_PROMPT, score_heads
+from backend.analysis.tsla.head_scores import HeadMapsResult
 from test_core_invariants import encoded
 
 
@@ -159,8 +159,8 @@ def test_head_maps_keep_per_prompt_values_and_the_same_means(arch, gpt2_tokenize
 
     lm = wrap(tiny_model(arch), gpt2_tokenizer, f"tiny-{arch}")
     enc = encoded(lm, n=12)
-    plain = head_maps(lm, enc, batch_size=5)
-    tested = head_maps(lm, enc, batch_size=5, null_seed=0)
+    plain = score_heads(lm, enc, batch_size=5)
+    tested = score_heads(lm, enc, batch_size=5, null_seed=0)
     for name in MAP_NAMES:
         assert np.array_equal(getattr(plain, name), getattr(tested, name)), name
     assert plain.null_tr is None and tested.null_tr.shape == (n_draws(lm.n_layers * lm.n_heads), lm.n_layers,
@@ -180,13 +180,13 @@ def test_per_prompt_maps_pack_exactly_and_an_old_result_is_refused():
                   ("tr", "tl", "dla_tr", "dla_tl", "induction", "flagged")},
                   icl=dict(accuracy=1.0, label_accuracy=1.0, tr_ratio=1.0, n=3))
     stats = {k: {"se": x[0], "ci_low": x[1], "ci_high": x[2]} for k in PER_PROMPT}
-    r = MapsResult.model_validate({**fields, "stats": stats, "per_prompt": {"tr": packed}})
+    r = HeadMapsResult.model_validate({**fields, "stats": stats, "per_prompt": {"tr": packed}})
     assert np.array_equal(r.per_prompt["tr"], x)
     assert "per_prompt" not in r.to_json()  # kept in the cache and in Python, not in JSON replies
     with pytest.raises(ValueError):  # cached before the statistics: does not fit, so it is recomputed
-        MapsResult.model_validate(fields)
+        HeadMapsResult.model_validate(fields)
     with pytest.raises(ValueError, match="bytes do not fit"):
-        MapsResult.model_validate({**fields, "stats": stats, "per_prompt": {"tr": {**packed, "shape": [3, 2, 5]}}})
+        HeadMapsResult.model_validate({**fields, "stats": stats, "per_prompt": {"tr": {**packed, "shape": [3, 2, 5]}}})
 
 
 def test_null_tr_is_the_projection_onto_each_drawn_subspace():

@@ -15,7 +15,7 @@ from backend.analysis.kernel import Context, analyze
 from backend.analysis.primitives.batching import encode
 from backend.analysis.primitives.capture import capture
 from backend.analysis.primitives.patch import patch_heads, recovered_share
-from backend.analysis.tsla.vectors import VectorsParams, causal_indirect_effects
+from backend.analysis.tsla.task_vectors import TaskVectorsParams, causal_indirect_effects
 from backend.model.loading import wrap
 from backend.tasks.base import TaskError
 from backend.tasks.perturb import get_perturbation
@@ -84,7 +84,7 @@ def test_mean_patching_into_shuffled_inputs_is_the_function_vectors_cie(lm):
     """The sixth map's quantity: mean clean z patched into shuffled-input prompts, the gain in p(gold), equals
     what the function vector ranks its heads by (vectors.causal_indirect_effects) on the same prompts."""
     task = sentiment_task()
-    p = VectorsParams(shots=3, prompts=5, seed=0, batch_size=4)
+    p = TaskVectorsParams(shots=3, prompts=5, seed=0, batch_size=4)
     clean = encode(lm, task.build_prompts(3, 5, 0, queries="pool"), task.kind)
     z_mean = capture(lm, clean, "z", batch_size=4)
     cie = causal_indirect_effects(Context(lm, task), p, clean, z_mean, lambda f, m="": None)

@@ -14,7 +14,7 @@ from backend.analysis.primitives.batching import encode, forward_last_logits, ma
 from backend.analysis.primitives.capture import capture_means
 from backend.analysis.primitives.configs import RowConfig, score_configs
 from backend.analysis.primitives.tsla import label_space, projector
-from backend.analysis.tsla.vectors import head_set_vector
+from backend.analysis.tsla.task_vectors import head_set_vector
 from backend.model.hooks import hooked
 from backend.model.loading import wrap
 from backend.tasks.base import Task, TaskError

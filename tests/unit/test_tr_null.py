@@ -11,8 +11,8 @@ from backend.analysis.primitives import map_stats as ms
 from backend.analysis.primitives import tr_null
 from backend.analysis.primitives.tr_null import build_null, n_draws, null_rows, null_tr_sum, whitening
 from backend.analysis.primitives.tsla import gram_pinv
-from backend.analysis.tsla.head_maps import head_maps
-from backend.analysis.tsla.scores import head_stats
+from backend.analysis.tsla.scoring_pass import score_heads
+from backend.analysis.tsla.head_scores import head_stats
 from test_core_invariants import encoded
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -96,10 +96,10 @@ def test_a_seeded_null_is_reproducible_and_its_p_floor_is_one_over_draws_plus_on
 
     lm = wrap(tiny_model("llama"), gpt2_tokenizer, "tiny-llama")
     enc = encoded(lm, n=7)
-    a = head_maps(lm, enc, batch_size=3, null_seed=5)
-    b = head_maps(lm, enc, batch_size=4, null_seed=5)  # other batches: the same draws (the writes to rounding)
-    c = head_maps(lm, enc, batch_size=3, null_seed=6)
-    assert np.array_equal(a.null_tr, head_maps(lm, enc, batch_size=3, null_seed=5).null_tr)
+    a = score_heads(lm, enc, batch_size=3, null_seed=5)
+    b = score_heads(lm, enc, batch_size=4, null_seed=5)  # other batches: the same draws (the writes to rounding)
+    c = score_heads(lm, enc, batch_size=3, null_seed=6)
+    assert np.array_equal(a.null_tr, score_heads(lm, enc, batch_size=3, null_seed=5).null_tr)
     np.testing.assert_allclose(a.null_tr, b.null_tr, rtol=1e-5, atol=1e-9)
     assert not np.allclose(a.null_tr, c.null_tr)
     R = n_draws(lm.n_layers * lm.n_heads)

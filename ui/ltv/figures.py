@@ -1,14 +1,14 @@
 """Plotly figures of the Learned task vectors page: pure functions of the `ltv` and `ltv_tasks` job results (plain
 dicts), no Streamlit, no torch.
 
-Result shapes (backend/analysis/ltv/ltv.py: LtvResult, ltv/ltv_tasks.py: LtvTasksResult; Metrics = {accuracy,
+Result shapes (backend/analysis/ltv/ltv_layers.py: LtvLayersResult, ltv/ltv_tasks.py: LtvAcrossTasksResult; Metrics = {accuracy,
 label_accuracy, tr_ratio, n}):
 - ltv: {"layers": [l...], "layer", "conditions": [name...], "table": {cond: Metrics},
         "sweep": {cond: {"accuracy": [per layer], "label_accuracy", "tr_ratio"}}, "rotation": [per layer],
         "stretch": [per layer], "per_layer": [{"layers", "conditions", "training": {"loss", "val_accuracy", ...},
         "key_heads": {"saliency": (L, H), "heads", ...}, "ov": {...}, "propagation": {...}}]}
 - ltv_tasks: {"tasks": [...], "similarity": [[...]], "table": {task: {cond: Metrics}}, "label_spaces", ...}
-- a running training's live data: {"kind": "ltv_train", "layers", "loss": [per step], "val_accuracy": [per epoch],
+- a running training's live data: {"kind": "ltv_vector", "layers", "loss": [per step], "val_accuracy": [per epoch],
   "epoch", "epochs", "step", "steps"}
 """
 from __future__ import annotations

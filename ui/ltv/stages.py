@@ -2,7 +2,7 @@
 
 Each stage is a param of the kind (`key_heads`, `ov`, `propagation`; `mechanism` False when none is picked). What a
 stage costs is the difference of two service estimates (POST /jobs/estimate): the job with that stage alone against
-the job with none, so the figure is the kind's own cost model (`LtvParams.work`), on this model and task.
+the job with none, so the figure is the kind's own cost model (`LtvLayersParams.work`), on this model and task.
 
     stage_params(params, ["key_heads"])      # {..., "mechanism": True, "key_heads": True, "ov": False, ...}
     stage_seconds(estimate, "ltv_layers", params)   # {"key_heads": 12.0, "ov": 4.1, "propagation": 140.0}

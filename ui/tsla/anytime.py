@@ -1,6 +1,6 @@
 """Anytime views of a running `scores` job: its head maps and accuracies so far, marked partial.
 
-The job's `live` data while it scores heads (backend/analysis/tsla/scores.py, `head_maps(partial=...)`):
+The job's `live` data while it scores heads (backend/analysis/tsla/head_scores.py, `head_maps(partial=...)`):
 {"kind": "maps", "prompts_done", "prompts", "tr", "tl", "dla_tr", "dla_tl", "flagged" (layers x heads, the means
 over the prompts done), "icl" (accuracy, label_accuracy, tr_ratio, n over them), "n_layers", "n_heads", "shots",
 "stats" ({tr, tl, dla_tr, dla_tl: {se, ci_low, ci_high}} over the prompts done, the interval normal: mean ± 1.96 SE)

@@ -1,4 +1,4 @@
-"""Figures and tables of a `patching` result (backend/analysis/tsla/patching.py): pure functions of the result dicts.
+"""Figures and tables of a `patching` result (backend/analysis/tsla/activation_patching.py): pure functions of the result dicts.
 
 The recovered-share map beside the TR and TL maps of the same prompts (each with its top heads outlined), and the
 top heads by recovered share with their gains and TR / TL ranks.

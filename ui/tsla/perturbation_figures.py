@@ -1,6 +1,6 @@
 """Plotly figures of the `perturb` results on the Steering & geometry page: ICL under each perturbation, what
 ablating the original top heads does under it, and how the TR / TL maps move. Pure functions of the result dict
-(see backend/analysis/tsla/perturbations.py PerturbResult), no Streamlit, no torch."""
+(see backend/analysis/tsla/perturbation_report.py PerturbationReportResult), no Streamlit, no torch."""
 from __future__ import annotations
 
 from typing import Any

@@ -2,7 +2,7 @@
 job results (plain dicts), no Streamlit, no torch.
 
 Result shapes (see backend/analysis/tsla/: steering.py SteerResult, geometry.py GeometryResult, perturbations.py
-PerturbResult; Metrics is {accuracy, label_accuracy, tr_ratio, n}):
+PerturbationReportResult; Metrics is {accuracy, label_accuracy, tr_ratio, n}):
 - steer: {"layers": [l...], "zero_shot": Metrics, "icl": Metrics,
           "vectors": {name: {"accuracy": [per layer], "label_accuracy": [...], "tr_ratio": [...], "heads", "norm"}}}
 - geometry: {"layers", "inject_layer", "conditions": {cond: {metric: {"mean": [L], "std": [L]}}},

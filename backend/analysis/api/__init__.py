@@ -2,7 +2,7 @@
 import from the registry (`call.kind_function`), so a new kind has its function with nothing more written.
 
     from backend import load_model, load_task, head_scores
-    r = head_scores(load_model("default"), load_task("syn-sentiment"), shots=8, prompts=50)  # -> ScoresResult
+    r = head_scores(load_model("default"), load_task("syn-sentiment"), shots=8, prompts=50)  # -> HeadScoresResult
 
 Each function's keyword parameters are its kind's params model's fields (names, types, defaults), its docstring
 their descriptions, its return annotation the kind's result model; it runs the cached analysis (`kernel.analyze`).

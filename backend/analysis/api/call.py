@@ -69,7 +69,7 @@ def parameters(kind: Kind) -> list[Parameter]:
 @functools.cache
 def shared_descriptions() -> dict[tuple[str, Any], str]:
     """A field's description by name and type, from the first built-in params model that gives one (a field a model declares
-    without one, e.g. IclParams.prompts, reads the shared one)."""
+    without one, e.g. IclCurveParams.prompts, reads the shared one)."""
     out: dict[tuple[str, Any], str] = {}
     for k in builtin():
         for name, f in k.params.model_fields.items():

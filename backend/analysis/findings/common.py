@@ -10,7 +10,7 @@ def pct(x: float | None) -> str:
 
 
 def section_analyze(a: Any) -> Callable[..., Any]:
-    """How a section runs a kind: `a.analyze(kind, lm, task, **params)` when the caller set one (kind `findings`:
+    """How a section runs a kind: `a.analyze(kind, lm, task, **params)` when the caller set one (kind `findings_report`:
     through its own cache, progress and cancel), else the kernel's `analyze` with the default cache."""
     run = getattr(a, "analyze", None)
     if run is not None:

@@ -1,5 +1,5 @@
-"""The cost plan of kind `ltv` (`primitives.cost`): its stages in the order the run takes them, from the params, the
-model's shape and the prompts' sizes. `LtvParams.work` (admission, the estimate) is their sum; the run's progress
+"""The cost plan of kind `ltv_layers` (`primitives.cost`): its stages in the order the run takes them, from the params, the
+model's shape and the prompts' sizes. `LtvLayersParams.work` (admission, the estimate) is their sum; the run's progress
 bar weighs each stage by it (`primitives.stages`), a training or the vectors already cached weighing 0."""
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from .recipe import LtvRecipeParams
 
 EVAL_BATCH = o.CONFIG_BATCH_SIZE
 EXTRACTED = ("vanilla", "fv", "tr", "tl")  # the extracted vectors ltv compares
-RECIPE = tuple(LtvRecipeParams.model_fields)  # what ltv_train takes
+RECIPE = tuple(LtvRecipeParams.model_fields)  # what ltv_vector takes
 
 
 def groups_of(p: Any, n_layers: int) -> list[list[int]]:

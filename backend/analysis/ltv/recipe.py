@@ -1,4 +1,4 @@
-"""The LTV training recipe, shared by the kinds that train a learned task vector (`ltv_train`, `ltv`, `ltv_tasks`):
+"""The LTV training recipe, shared by the kinds that train a learned task vector (`ltv_vector`, `ltv_layers`, `ltv_across_tasks`):
 its params (`LtvRecipeParams`) and what one training returns (`LtvTraining`). No torch here."""
 from __future__ import annotations
 

@@ -56,7 +56,7 @@ EXTRACTION_SEED_OFFSET = 1000
 """Vectors are built from prompts of seed + this, so they are not built from the evaluation prompts."""
 
 FIT_REFUSE_UNKNOWN = 0.5
-"""A task whose inputs' tokens are more than this share unknown to the model's tokenizer is refused (kind `fit`)."""
+"""A task whose inputs' tokens are more than this share unknown to the model's tokenizer is refused (kind `task_fit`)."""
 FIT_WARN_UNKNOWN = 0.05
 """Above this share of unknown tokens (inputs, template), `fit` warns."""
 HEAD_TOP_TOKENS = 10
@@ -64,7 +64,7 @@ HEAD_TOP_TOKENS = 10
 HEAD_MAX_PATTERN = 256
 """Prompts up to this many tokens get a head's whole attention pattern; longer ones the last row only."""
 
-# -- learned task vectors (kinds ltv_train, ltv, ltv_tasks) -----------------------------------------------------
+# -- learned task vectors (kinds ltv_vector, ltv_layers, ltv_across_tasks) -----------------------------------------------------
 LTV_LR = 5e-3
 """The reference implementation's learning rate (its released code); the paper's text says 1e-3 (`LTV_LR_PAPER`)."""
 LTV_LR_PAPER = 1e-3

@@ -291,7 +291,7 @@ def register_file(path: str | os.PathLike[str], store: TensorStore | None = None
         if isinstance(e, SavedTensorError):
             raise
         raise SavedTensorError(f"load: no readable tensor file {shown!r} (give a .safetensors file written by "
-                               f"ltv_train or site, or an id they returned)") from None
+                               f"ltv_vector or site_alphas, or an id they returned)") from None
     tid, _ = inspect(data, clip(full.name))
     try:
         (store or default_store()).put(tid, data)

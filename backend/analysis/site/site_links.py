@@ -1,4 +1,4 @@
-"""What kind `site` reads from other kinds' results: the cached LTV's row among the baselines, and the rank
+"""What kind `site_alphas` reads from other kinds' results: the cached LTV's row among the baselines, and the rank
 correlations of alpha (layers, heads) with the TR / TL / induction maps and the LTV's key-head saliency."""
 from __future__ import annotations
 

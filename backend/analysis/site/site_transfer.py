@@ -1,6 +1,6 @@
 """Kind `site_transfer`: do tasks share heads? Task A's SITE alphas with task B's task embedding, on B's test prompts.
 
-Each task's SITE run comes from the cached `site` kind (a full run with the same recipe when one is cached, else one
+Each task's SITE run comes from the cached `site_alphas` kind (a full run with the same recipe when one is cached, else one
 trained with the analyses off: the training is the same); its alphas and
 task embedding are read back from its safetensors file. accuracy[A][B] is the first-token accuracy of B's zero-shot
 test prompts with z[l, h] <- (1 - alpha_A) z + alpha_A t_B at the last token; the diagonal is SITE itself.

@@ -197,7 +197,7 @@ def head_orders(ctx: Context, p: AblationCurvesParams,
     return out
 
 
-def curves(ctx: Context, p: AblationCurvesParams) -> dict[str, Any]:
+def ablation_curves(ctx: Context, p: AblationCurvesParams) -> dict[str, Any]:
     """Accuracy, label accuracy and TR ratio against k, the number of top heads ablated, per order, each with its
     95% interval; random orders give the mean, std and interval over `random_seeds`, and each ranked order its
     paired test against them per k. Repeated head sets (k = 0 in every order) run once."""

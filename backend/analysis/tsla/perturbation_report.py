@@ -1,4 +1,4 @@
-"""Kind `perturb`: what perturbing the demonstrations does to ICL, to the head maps, and to the effect of
+"""Kind `perturbation_report`: what perturbing the demonstrations does to ICL, to the head maps, and to the effect of
 ablating the original top TR and TL heads.
 
 For each perturbation: ICL metrics; TR and TL maps under it and their differences from the unperturbed maps,
@@ -23,12 +23,12 @@ from ..primitives.cost import Shape, Sizes, Work, passes
 from ..primitives.stages import planned
 from ..results import Grid, Head, Metrics, Model, Result
 from ..primitives.batching import Encoded, build_prompts, encode
-from .head_maps import head_maps
+from .scoring_pass import score_heads
 from ..primitives.configs import RowConfig, head_mask, score_configs
 
 
-class PerturbParams(Selection, PromptParams):
-    """kind `perturb`: ICL metrics, TR/TL maps and ablation effects under demonstration perturbations."""
+class PerturbationReportParams(Selection, PromptParams):
+    """kind `perturbation_report`: ICL metrics, TR/TL maps and ablation effects under demonstration perturbations."""
 
     perturbations: list[o.Perturbation] = Field(default_factory=lambda: list(o.PERTURBATIONS), min_length=1)
 
@@ -61,7 +61,7 @@ class PerturbEntry(Model):
     example: str | None = None
 
 
-class PerturbResult(Result):
+class PerturbationReportResult(Result):
     top_k: int
     shots: int
     prompts: int
@@ -69,7 +69,7 @@ class PerturbResult(Result):
     perturbations: dict[str, PerturbEntry]
 
 
-def perturb(ctx: Context, p: PerturbParams) -> dict[str, Any]:
+def perturbation_report(ctx: Context, p: PerturbationReportParams) -> dict[str, Any]:
     """The unperturbed baseline ("none") plus one entry per perturbation (or `skipped` with the reason)."""
     lm, task = ctx.lm, ctx.task
     scores = dict(shots=p.shots, prompts=p.prompts, seed=p.seed, top_pct=p.top_pct, top_k=p.top_k)
@@ -98,7 +98,7 @@ def perturb(ctx: Context, p: PerturbParams) -> dict[str, Any]:
         except TaskError as e:
             out[name] = {"skipped": str(e)}
             continue
-        maps = head_maps(lm, enc, p.batch_size, progress=ctx.stage(*share[f"{name}: head maps"], f"{name}: head maps"))
+        maps = score_heads(lm, enc, p.batch_size, progress=ctx.stage(*share[f"{name}: head maps"], f"{name}: head maps"))
         out[name] = {"icl": maps.metrics(), "tr": maps.tr, "tl": maps.tl, "tr_diff": maps.tr - base.tr,
                      "tl_diff": maps.tl - base.tl,
                      "ablation": ablations(enc, ctx.stage(*share[f"{name}: ablating"], f"{name}: ablating")),

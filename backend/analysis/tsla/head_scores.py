@@ -1,6 +1,6 @@
 """Kinds `maps` and `scores`: per-head TSLA maps of a task with accuracies; and the same with top heads and overlaps.
 
-Maps have shape (layers, heads) and are means over the prompts (see `head_maps`); the induction map is
+Maps have shape (layers, heads) and are means over the prompts (see `score_heads`); the induction map is
 prefix matching on repeated random tokens. `scores` reads the cached maps and selects: top-head sets hold
 `n_top(top_pct, top_k)` heads, a seeded random set of the same size is the baseline; so a new selection size
 costs no forward pass.
@@ -25,15 +25,15 @@ from ..primitives import map_stats
 from ..primitives.batching import build_prompts, encode
 from ..primitives.stats import sign_flips
 from ..primitives.tr_null import BANDS, POOL
-from .head_maps import PER_PROMPT, head_maps
+from .scoring_pass import PER_PROMPT, score_heads
 from ..primitives.induction import induction_scores
 from ..primitives.predict import evaluate
 from ..primitives.selection import n_top, overlap, random_heads, top_heads
 from ..primitives.stages import planned
 
 
-class MapsParams(PromptParams):
-    """kind `maps`: TR / TL / DLA / induction head maps and accuracies (no head selection)."""
+class HeadMapsParams(PromptParams):
+    """kind `head_maps`: TR / TL / DLA / induction head maps and accuracies (no head selection)."""
 
     apply_ln: Bool = Field(False, description="scale head writes by the final norm's scale")
 
@@ -43,8 +43,8 @@ class MapsParams(PromptParams):
                 + cost.induction(shape))
 
 
-class ScoresParams(Selection, MapsParams):
-    """kind `scores`: the head maps with top heads and overlaps (a new selection size reuses the cached maps)."""
+class HeadScoresParams(Selection, HeadMapsParams):
+    """kind `head_scores`: the head maps with top heads and overlaps (a new selection size reuses the cached maps)."""
 
 
 TR_TEST = (f"one-sided Monte Carlo permutation p of the mean TR against the mean TR onto random label subspaces of "
@@ -69,7 +69,7 @@ class MapStats(Model):
     p_floor: float | None = Field(None, description="the smallest p the test can give: p at it is a bound")
 
 
-class MapsResult(Result):
+class HeadMapsResult(Result):
     """TSLA head maps (layers, heads), means over the prompts, with the prompt-level metrics; `stats`: each mean
     map's standard error, bootstrap interval and (TR, TL) significance; `per_prompt`: the maps prompt by prompt
     (prompts, layers, heads), kept in the cache and in Python, left out of JSON replies."""
@@ -95,7 +95,7 @@ class MapsResult(Result):
                                               description="tr, tl, dla_tr, dla_tl per prompt: (prompts, layers, heads)")
 
 
-class ScoresResult(MapsResult):
+class HeadScoresResult(HeadMapsResult):
     """The head maps with the top heads by TR and TL, a random set of the same size, and overlaps."""
 
     top_k: int = Field(..., description="size of the top-head sets")
@@ -110,7 +110,7 @@ class ScoresResult(MapsResult):
     stable_tl: list[Head] = Field(default_factory=list, description="heads with TL stability >= stable_at")
 
 
-def maps(ctx: Context, p: MapsParams) -> dict[str, Any]:
+def head_maps(ctx: Context, p: HeadMapsParams) -> dict[str, Any]:
     """TR, TL, DLA-TR, DLA-TL, flagged and induction maps; ICL and zero-shot metrics."""
     lm, task = ctx.lm, ctx.task
     built = build_prompts(lm, task, p.shots, p.prompts, p.seed)
@@ -127,7 +127,7 @@ def maps(ctx: Context, p: MapsParams) -> dict[str, Any]:
     if ctx.report is not None:
         def partial(d: dict[str, Any]) -> None:
             ctx.live({**d, "n_layers": lm.n_layers, "n_heads": lm.n_heads, "shots": built.shots})
-    hm = head_maps(lm, enc, p.batch_size, p.apply_ln, ctx.stage(*share["ICL"], "scoring heads"), keep_prefix=True,
+    hm = score_heads(lm, enc, p.batch_size, p.apply_ln, ctx.stage(*share["ICL"], "scoring heads"), keep_prefix=True,
                    partial=partial, null_seed=p.seed)
     zero = None
     if zenc is not None:  # a given prompt set has no zero-shot counterpart
@@ -155,9 +155,9 @@ def head_stats(per_prompt: dict[str, Any], tr: Any, null_tr: Any, seed: int) -> 
     return out
 
 
-def scores(ctx: Context, p: ScoresParams) -> dict[str, Any]:
+def head_scores(ctx: Context, p: HeadScoresParams) -> dict[str, Any]:
     """The cached `maps` of the same prompts, with top heads, a random set of the same size and overlaps."""
-    m = ctx.call("head_maps", **p.model_dump(include=set(MapsParams.model_fields)), progress=ctx.stage(0.0, 1.0))
+    m = ctx.call("head_maps", **p.model_dump(include=set(HeadMapsParams.model_fields)), progress=ctx.stage(0.0, 1.0))
     L, H = m.n_layers, m.n_heads
     k = n_top(L, H, p.top_pct, p.top_k)
     top_tr, top_tl = top_heads(m.tr, k=k), top_heads(m.tl, k=k)

@@ -1,4 +1,4 @@
-"""Kind `patching`: activation patching of every head, from clean ICL prompts into a corrupted prompt set.
+"""Kind `activation_patching`: activation patching of every head, from clean ICL prompts into a corrupted prompt set.
 
 Source: the clean k-shot ICL prompts of the head maps (the same held-out queries, shots and seed as `scores`).
 Target, with the same queries in the same order: the zero-shot prompts, or the k-shot prompts with perturbed
@@ -45,8 +45,8 @@ TARGETS = ("zero_shot", "shuffled_inputs", "random_labels", "flipped_labels")
 Target = Literal[TARGETS]  # type: ignore[valid-type]
 
 
-class PatchingParams(Selection, PromptParams):
-    """kind `patching`: every head's last-token z patched from the clean ICL prompts into a corrupted set."""
+class ActivationPatchingParams(Selection, PromptParams):
+    """kind `activation_patching`: every head's last-token z patched from the clean ICL prompts into a corrupted set."""
 
     target: Target = Field("zero_shot", description="the prompt set patched into: zero-shot prompts, or the k-shot "
                                                     "prompts with perturbed demonstrations")
@@ -66,7 +66,7 @@ class PatchingParams(Selection, PromptParams):
                                              top_k=self.top_k).work(shape, sizes).named("head scores")
 
 
-class PatchingResult(Result):
+class ActivationPatchingResult(Result):
     """Per-head patching maps (layers, heads) with the clean and target runs they start from."""
 
     n_layers: int
@@ -100,7 +100,7 @@ def _target_prompts(task: Any, target: str, shots: int, n: int, seed: int) -> li
     return task.build_prompts(shots, n, seed, perturb=get_perturbation(target))
 
 
-def patching(ctx: Context, p: PatchingParams) -> dict[str, Any]:
+def activation_patching(ctx: Context, p: ActivationPatchingParams) -> dict[str, Any]:
     """Patch every head from the clean ICL prompts into the target set: recovered share, logit and p(gold) gains."""
     lm, task = ctx.lm, ctx.task
     if task.builder is not None:

@@ -1,4 +1,4 @@
-"""Kind `ltv_train`: train one learned task vector (LTV) through the frozen model.
+"""Kind `ltv_vector`: train one learned task vector (LTV) through the frozen model.
 
 theta (d_model,) is added to the hidden state at the INPUT of decoder layer l (default L/2) at `positions`
 (negative offsets, -1 = the last prompt token); with several layers, one theta per layer, trained together.
@@ -45,8 +45,8 @@ from .learn import Recipe, residual_rms, train_injection, training_split
 from ..primitives.saved import require_writable, save_tensors
 
 
-class LtvTrainParams(LtvRecipeParams):
-    """kind `ltv_train`: train one learned task vector (several layers: one theta each, trained together)."""
+class LtvVectorParams(LtvRecipeParams):
+    """kind `ltv_vector`: train one learned task vector (several layers: one theta each, trained together)."""
 
     layer: Layer | list[Layer] | None = Field(None, description="decoder layer whose input theta is added to; "
                                                                 "None = L/2; a list: one theta per layer, jointly")
@@ -60,8 +60,8 @@ class LtvTrainParams(LtvRecipeParams):
         return True
 
 
-class LtvTrainResult(Result, LtvTraining, TensorsInline):
-    """kind `ltv_train`: one trained LTV."""
+class LtvVectorResult(Result, LtvTraining, TensorsInline):
+    """kind `ltv_vector`: one trained LTV."""
 
     d_model: int
     multi_token_labels: list[str] = Field(default_factory=list)
@@ -70,7 +70,7 @@ class LtvTrainResult(Result, LtvTraining, TensorsInline):
 LIVE_EVERY_S = 0.25
 
 
-def ltv_train(ctx: Context, p: LtvTrainParams) -> dict[str, Any]:
+def ltv_vector(ctx: Context, p: LtvVectorParams) -> dict[str, Any]:
     """{"layers", "positions", "theta" (layers, d_model), training history, "tensor" (its id), ...}."""
     lm, task = ctx.lm, ctx.task
     layers = [lm.n_layers // 2] if p.layer is None else [p.layer] if isinstance(p.layer, int) else p.layer
@@ -96,7 +96,7 @@ def ltv_train(ctx: Context, p: LtvTrainParams) -> dict[str, Any]:
         ctx.warn(Note(f"an epoch draws {per_epoch} training prompts, cycling through the {len(train.ids)} there are"))
     total = p.epochs * math.ceil(per_epoch / p.batch_size)
     where = f"layer {layers[0]}" if len(layers) == 1 else f"layers {', '.join(map(str, layers))}"
-    live: dict[str, Any] = {"kind": "ltv_train", "layers": layers, "loss": [], "val_accuracy": [], "epoch": 0,
+    live: dict[str, Any] = {"kind": "ltv_vector", "layers": layers, "loss": [], "val_accuracy": [], "epoch": 0,
                             "epochs": p.epochs, "step": 0, "steps": total}
     last = [0.0]
     training = ctx.stage(*between(share, "LTV training"))

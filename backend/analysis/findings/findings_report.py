@@ -1,4 +1,4 @@
-"""Kind `findings`: the three papers' findings measured on one model, each with the paper's figure beside it and a
+"""Kind `findings_report`: the three papers' findings measured on one model, each with the paper's figure beside it and a
 verdict (holds / partly / does not hold), by the rules of `report.py` (fixed before any result is read).
 
 The sections (`tsla`, `site`, `ltv`) run the analysis kinds through this job's cache, progress and cancel:
@@ -32,8 +32,8 @@ Section = Literal[SECTIONS]  # type: ignore[valid-type]
 DEFAULT_TASKS = 4  # tasks = None: the model's first built-in tasks
 
 
-class FindingsParams(BosParams):
-    """kind `findings`: the papers' findings on one model (sizes small enough for a CPU by default)."""
+class FindingsReportParams(BosParams):
+    """kind `findings_report`: the papers' findings on one model (sizes small enough for a CPU by default)."""
 
     tasks: list[str] | None = Field(None, min_length=1, max_length=16,
                                     description="built-in task names; None = the model's first 4 built-in tasks")
@@ -94,7 +94,7 @@ class FindingsParams(BosParams):
 
 
 def stage_of(kind: str, task: Any, params: dict[str, Any], scans: int) -> str:
-    """The plan's stage (`FindingsParams.work`) of a section's call of `kind` (`scans`: the task's LTV layer scan
+    """The plan's stage (`FindingsReportParams.work`) of a section's call of `kind` (`scans`: the task's LTV layer scan
     calls before it); a call the plan does not count (the TSLA `scores` the next kinds read, SITE's transfer) gets a
     name the plan lacks."""
     t = task.name if task is not None else ""
@@ -136,7 +136,7 @@ class SummaryRow(Model):
     tests: list[TaskTest] = Field(default_factory=list, description="the per-task tests behind the verdict")
 
 
-class FindingsResult(Result):
+class FindingsReportResult(Result):
     """The report on one model: the summary (a row per finding) and the whole report as markdown."""
 
     model: str
@@ -152,7 +152,7 @@ class FindingsResult(Result):
                                                                    "report's figures read them)")
 
 
-def findings(ctx: Context, p: FindingsParams) -> dict[str, Any]:
+def findings_report(ctx: Context, p: FindingsReportParams) -> dict[str, Any]:
     lm = ctx.lm
     tasks = builtin_by_names(p.tasks, "findings") if p.tasks else model_tasks(lm.name)[:DEFAULT_TASKS]
     named = [(t.name, t) for t in tasks]
@@ -211,10 +211,10 @@ def _row(r: dict[str, Any], label: str) -> dict[str, Any]:
     return row
 
 
-def _flags(p: FindingsParams) -> list[str]:
+def _flags(p: FindingsReportParams) -> list[str]:
     """The CLI flags of the fields that differ from their defaults (tasks and sections aside)."""
     out = []
-    for name, f in FindingsParams.model_fields.items():
+    for name, f in FindingsReportParams.model_fields.items():
         v = getattr(p, name)
         if name in ("tasks", "sections") or v == f.get_default(call_default_factory=True):
             continue

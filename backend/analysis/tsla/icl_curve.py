@@ -1,4 +1,4 @@
-"""Kind `icl`: accuracy, label accuracy and TR ratio as functions of the number of demonstrations k."""
+"""Kind `icl_curve`: accuracy, label accuracy and TR ratio as functions of the number of demonstrations k."""
 from __future__ import annotations
 
 from typing import Any
@@ -16,8 +16,8 @@ from ..primitives.batching import build_prompts, encode
 from ..primitives.predict import evaluate
 
 
-class IclParams(BosParams):
-    """kind `icl`: accuracy, label accuracy and TR ratio against the number of demonstrations."""
+class IclCurveParams(BosParams):
+    """kind `icl_curve`: accuracy, label accuracy and TR ratio against the number of demonstrations."""
 
     shots: list[Int] = Field(default_factory=lambda: list(o.ICL_SHOTS), min_length=1, max_length=33)
     prompts: Int = Field(o.ICL_PROMPTS, ge=1)
@@ -48,7 +48,7 @@ class ExampleRow(Model):
     gold_prob: float
 
 
-class IclResult(Result):
+class IclCurveResult(Result):
     shots: list[int] = Field(..., description="demonstrations used per point")
     accuracy: list[float]
     label_accuracy: list[float]
@@ -60,7 +60,7 @@ class IclResult(Result):
     examples: list[list[ExampleRow]] = Field(default_factory=list)
 
 
-def icl(ctx: Context, p: IclParams) -> dict[str, Any]:
+def icl_curve(ctx: Context, p: IclCurveParams) -> dict[str, Any]:
     """Metrics per k (each rate with its 95% Wilson interval) over the same held-out queries; `examples` rows
     (prompt, gold, prediction) per k.
     Where prompts of k shots exceed the context window, fewer are used and a warning says so."""

@@ -1,4 +1,4 @@
-"""Kind `methods`: every steering method on one task and model, side by side.
+"""Kind `compare_methods`: every steering method on one task and model, side by side.
 
 Rows: zero-shot and k-shot ICL (references); the extracted vectors — vanilla task vector, function vector, top-TR
 and top-TL head-set vectors — added at one layer's input at the last token (the cached `steer` result); the
@@ -27,8 +27,8 @@ from .primitives.configs import resolve_layers
 from .primitives.stages import planned
 
 
-class MethodsParams(Selection, PromptParams):
-    """kind `methods`: every steering method on one task and model side by side: the extracted vectors (vanilla,
+class CompareMethodsParams(Selection, PromptParams):
+    """kind `compare_methods`: every steering method on one task and model side by side: the extracted vectors (vanilla,
     function vector, TR / TL head sets, from `steer`), LTV (its cached result) and SITE; accuracy, TR ratio,
     parameter count and training seconds."""
 
@@ -83,8 +83,8 @@ class MethodRow(Model):
                                                           "prompts: an upper bound)")
 
 
-class MethodsResult(Result, TensorsInline):
-    """kind `methods`: every steering method on one task and model, side by side."""
+class CompareMethodsResult(Result, TensorsInline):
+    """kind `compare_methods`: every steering method on one task and model, side by side."""
 
     layer: int
     shots: int
@@ -99,7 +99,7 @@ EXTRACTED = (("vanilla", "vanilla task vector", "mean ICL minus zero-shot hidden
              ("tl", "TL heads", "summed mean writes of the top TL heads"))
 
 
-def methods(ctx: Context, p: MethodsParams) -> dict[str, Any]:
+def compare_methods(ctx: Context, p: CompareMethodsParams) -> dict[str, Any]:
     lm = ctx.lm
     layer = resolve_layers(lm, p.layer)[0]
     L, H, d = lm.n_layers, lm.n_heads, lm.d_model
@@ -183,13 +183,13 @@ def _m(m: Any) -> dict[str, Any]:
             **{f"{r}_ci": getattr(m, f"{r}_ci", None) for r in _RATES}}
 
 
-def _ltv_tries(ctx: Context, p: MethodsParams) -> list[dict[str, Any]]:
+def _ltv_tries(ctx: Context, p: CompareMethodsParams) -> list[dict[str, Any]]:
     """The cached `ltv` results this view reads, in order of preference (see `_ltv`)."""
     return [{"seed": p.seed, "load": None, "prompts": n, **at} for n in dict.fromkeys((p.prompts, o.PROMPTS))
             for at in ({"layer": None}, {"layer": ctx.lm.n_layers // 2}, {"layer": "all", "joint": False})]
 
 
-def _ltv(ctx: Context, p: MethodsParams, share: dict[str, tuple[float, float]]) -> Any:
+def _ltv(ctx: Context, p: CompareMethodsParams, share: dict[str, tuple[float, float]]) -> Any:
     """The LTV result at these settings: cached (its table holds the LTV at L/2: the default layer, L/2 named or the
     layer scan; these prompts, else the default count; any ICL shots, head-set sizes, mechanism settings or
     recipe, the defaults preferred), or (with `ltv`) computed; None when the kind is absent."""

@@ -1,4 +1,4 @@
-"""Kind `ltv_tasks`: learned task vectors of several tasks at one layer.
+"""Kind `ltv_across_tasks`: learned task vectors of several tasks at one layer.
 
 For each task (built-in names; default: the model's built-in tasks whose prompts a vector can learn, for the
 default model its 5 classification and 5 generation tasks) the `ltv` kind's comparison at `layer` (cached, the
@@ -38,8 +38,8 @@ from ..primitives.threads import cpu_threads
 DEFAULT_TASKS = 10  # the model's built-in tasks, when `tasks` is not given (the default model has 10)
 
 
-class LtvTasksParams(Selection, LtvRecipeParams):
-    """kind `ltv_tasks`: LTVs of several tasks at one layer: the comparison task by task (the paper's ordering),
+class LtvAcrossTasksParams(Selection, LtvRecipeParams):
+    """kind `ltv_across_tasks`: LTVs of several tasks at one layer: the comparison task by task (the paper's ordering),
     the cosine similarity of the vectors, and composition (the sum of two tasks' vectors on their composed task)."""
 
     tasks: list[Annotated[str, Field(min_length=1, max_length=200)]] | None = Field(
@@ -83,8 +83,8 @@ class Composition(Model):
     sum: Metrics
 
 
-class LtvTasksResult(Result, TensorsInline):
-    """kind `ltv_tasks`: LTVs of several tasks at one layer."""
+class LtvAcrossTasksResult(Result, TensorsInline):
+    """kind `ltv_across_tasks`: LTVs of several tasks at one layer."""
 
     layer: int
     tasks: list[str]
@@ -140,12 +140,12 @@ def ordering(acc: dict[str, float]) -> str:
     return text
 
 
-def ltv_tasks(ctx: Context, p: LtvTasksParams) -> dict[str, Any]:
+def ltv_across_tasks(ctx: Context, p: LtvAcrossTasksParams) -> dict[str, Any]:
     with cpu_threads(ctx.lm):
         return _ltv_tasks(ctx, p)
 
 
-def _ltv_tasks(ctx: Context, p: LtvTasksParams) -> dict[str, Any]:
+def _ltv_tasks(ctx: Context, p: LtvAcrossTasksParams) -> dict[str, Any]:
     lm = ctx.lm
     tasks = builtin_by_names(p.tasks, "ltv_tasks") if p.tasks else model_tasks(lm.name)
     if len(tasks) < 2:
@@ -211,7 +211,7 @@ def _ltv_tasks(ctx: Context, p: LtvTasksParams) -> dict[str, Any]:
             "tensors": {n: results[n].tensor for n in names}}
 
 
-def _compose(lm: Any, p: LtvTasksParams, layer: int, results: dict[str, Any], thetas: dict[str, torch.Tensor],
+def _compose(lm: Any, p: LtvAcrossTasksParams, layer: int, results: dict[str, Any], thetas: dict[str, torch.Tensor],
              a: str, b: str, task: Task) -> dict[str, Any]:
     """Zero-shot prompts of the composed task with theta_a, theta_b and their sum (at the LTVs' positions)."""
     pos = tuple(results[a].positions)

@@ -1,4 +1,4 @@
-"""Kind `vectors`: task vectors extracted from ICL prompts.
+"""Kind `task_vectors`: task vectors extracted from ICL prompts.
 
 Head-set vector (TR, TL, random or a user set S):  v = mean_prompts sum_{(l,h) in S} o[l,h]  (d_model,), with
 o[l,h] the head's write into the residual stream (z[l,h] @ W_O[l,h]; through the post-attention norm, linearised,
@@ -36,8 +36,8 @@ from ..primitives.stages import planned
 from ..primitives.configs import RowConfig, head_mask, score_configs
 
 
-class VectorsParams(Selection, PromptParams):
-    """kind `vectors`: task vectors extracted from ICL prompts (head sets, function vector, vanilla)."""
+class TaskVectorsParams(Selection, PromptParams):
+    """kind `task_vectors`: task vectors extracted from ICL prompts (head sets, function vector, vanilla)."""
 
     types: list[o.VectorType] = Field(default_factory=lambda: list(o.VECTOR_TYPES), min_length=1)
     heads: Heads | None = Field(None, description="also a vector of this head set")
@@ -71,7 +71,7 @@ class VectorEntry(Model):
     heads: list[Head] = Field(default_factory=list)
 
 
-class VectorsResult(Result):
+class TaskVectorsResult(Result):
     d_model: int
     shots: int
     vectors: dict[str, VectorEntry]
@@ -94,7 +94,7 @@ def extraction(task: Any, seed: int) -> tuple[int, str]:
     return (seed, "pool") if task.builder is None else (seed + EXTRACTION_SEED_OFFSET, "held_out")
 
 
-def causal_indirect_effects(ctx: Context, p: VectorsParams, clean: Encoded, z_clean: torch.Tensor,
+def causal_indirect_effects(ctx: Context, p: TaskVectorsParams, clean: Encoded, z_clean: torch.Tensor,
                             progress: Progress) -> np.ndarray:
     """CIE of every head, (layers, heads): the gain in gold probability on shuffled-input prompts when the
     head's last-token z is patched with its mean over the clean ICL prompts."""
@@ -111,7 +111,7 @@ def causal_indirect_effects(ctx: Context, p: VectorsParams, clean: Encoded, z_cl
     return gain.mean(1).reshape(L, H)
 
 
-def vectors(ctx: Context, p: VectorsParams) -> dict[str, Any]:
+def task_vectors(ctx: Context, p: TaskVectorsParams) -> dict[str, Any]:
     """{"vectors": {type: {"vector", "heads"}}} for the requested types (and "custom" for `heads`)."""
     lm, task = ctx.lm, ctx.task
     if p.heads:

@@ -1,4 +1,4 @@
-"""Kind `ltv`: learned task vectors (LTVs) compared with extracted ones, at one layer or along the layers, and
+"""Kind `ltv_layers`: learned task vectors (LTVs) compared with extracted ones, at one layer or along the layers, and
 how they work.
 
 Injection site: the INPUT of decoder layer l (layer 0: the embeddings; the input of layer l is the output of
@@ -10,16 +10,16 @@ conditions   zero_shot   the query alone
              vanilla     mean over ICL prompts of (h_ICL - h_zero) at the layer's input, last token
              fv          the function vector (top heads by causal indirect effect)
              tr, tl      the top-TR / top-TL head-set vectors
-             ltv         the trained vector at `positions` (kind `ltv_train`, cached: a layer scan and a single layer
+             ltv         the trained vector at `positions` (kind `ltv_vector`, cached: a layer scan and a single layer
                          share their trainings)
              ltv+icl     the LTV added to the k-shot prompts
-             Extracted vectors come from the cached `vectors` kind and are added at the last token, unscaled.
+             Extracted vectors come from the cached `task_vectors` kind and are added at the last token, unscaled.
 mechanism    per single layer, each stage a param (`key_heads` and `ov` on by default, `propagation` opt-in: on
              SmolLM2-135M it cost 90% of the mechanism's CPU time and half the run; `mechanism=False`: none)
              key heads   saliency |a . dp(gold)/da| per head at the last token with the LTV in; the top
                          `key_pct` % of all heads, taken from the layers that see theta (>= its layer), are
                          ablated (zero, last token) against `random_draws` random sets as large from the same
-                         layers (from their other heads, when there are enough); overlaps of the saliency map with the TR, TL and induction maps (kind `scores`)
+                         layers (from their other heads, when there are enough); overlaps of the saliency map with the TR, TL and induction maps (kind `head_scores`)
              ov          sum over later heads of A(last -> theta's positions) W_O W_V theta, injected instead of
                          theta: at the last layer's output (`final`) and at theta's own site (`same_layer`);
                          `direct` is theta itself at the last layer's output (the residual path alone)
@@ -58,8 +58,8 @@ from .ltv_costs import EVAL_BATCH, EXTRACTED, RECIPE, groups_of, ltv_plan, mecha
 from .propagation import head_saliency, linear_propagation, ov_reconstruction
 
 
-class LtvParams(Selection, LtvRecipeParams):
-    """kind `ltv`: train LTVs and compare them, at each injection layer, with zero-shot, k-shot ICL, the vanilla
+class LtvLayersParams(Selection, LtvRecipeParams):
+    """kind `ltv_layers`: train LTVs and compare them, at each injection layer, with zero-shot, k-shot ICL, the vanilla
     task vector, the function vector and the TR / TL head-set vectors; LTV on top of ICL; and how it works
     (key heads, OV reconstruction, linear propagation)."""
 
@@ -82,7 +82,7 @@ class LtvParams(Selection, LtvRecipeParams):
     random_draws: Int = Field(o.LTV_RANDOM_DRAWS, ge=1, le=100, description="random head sets ablated for contrast")
     perturbations: Int | None = Field(None, ge=2, le=16384, description="linear propagation: perturbed vectors "
                                                                         "(default 2 d_model, at most 1024)")
-    load: TensorId("ltv") | None = Field(None, description="a saved LTV, by its id (an ltv_train result's `tensor`, "
+    load: TensorId("ltv") | None = Field(None, description="a saved LTV, by its id (an ltv_vector result's `tensor`, "
                                                            "or POST /tensors), to compare instead of training one")
     tensor_fields = ("load",)
 
@@ -106,7 +106,7 @@ class LtvParams(Selection, LtvRecipeParams):
 
 
 class MetricCurve(Model):
-    """accuracy, label_accuracy and TR ratio along the layer scan (one value per layer of `LtvResult.layers`)."""
+    """accuracy, label_accuracy and TR ratio along the layer scan (one value per layer of `LtvLayersResult.layers`)."""
 
     accuracy: list[float]
     label_accuracy: list[float]
@@ -174,8 +174,8 @@ class LtvLayer(Model):
                                                     "rate -> paired test on the same queries (effect = LTV minus it)")
 
 
-class LtvResult(Result, TensorsInline):
-    """kind `ltv`: learned task vectors compared with zero-shot, ICL and extracted vectors, and how they work.
+class LtvLayersResult(Result, TensorsInline):
+    """kind `ltv_layers`: learned task vectors compared with zero-shot, ICL and extracted vectors, and how they work.
 
     `table` is the comparison at `layer`; `sweep` (the layer scan) the same conditions at every layer of `layers`; the extracted
     vectors (vanilla, fv, tr, tl) are added at the last token, the LTV at `positions`. Conditions:
@@ -206,7 +206,7 @@ class LtvResult(Result, TensorsInline):
 CONDITIONS = ("zero_shot", "icl", "vanilla", "fv", "tr", "tl", "ltv", "ltv+icl")
 
 
-def _layers(lm: Any, p: LtvParams) -> list[int]:
+def _layers(lm: Any, p: LtvLayersParams) -> list[int]:
     if p.layer is None:
         return [lm.n_layers // 2]
     if p.layer == "all":
@@ -214,8 +214,8 @@ def _layers(lm: Any, p: LtvParams) -> list[int]:
     return check_layers(lm, sorted(set([p.layer] if isinstance(p.layer, int) else p.layer)))
 
 
-def _loaded(ctx: Context, p: LtvParams) -> dict[str, Any]:
-    """A saved vector as an `ltv_train`-shaped dict (the file checked: `saved.load_tensors`)."""
+def _loaded(ctx: Context, p: LtvLayersParams) -> dict[str, Any]:
+    """A saved vector as an `ltv_vector`-shaped dict (the file checked: `saved.load_tensors`)."""
     tensors, meta = load_tensors(ctx.tensors, p.load, ctx.lm, "ltv")
     recipe = meta["recipe"]
     theta = tensors["theta"]
@@ -238,13 +238,13 @@ def _extracted_at(vectors: Any, name: str, layer: int) -> torch.Tensor | None:
     return None if entry is None else vector_at(entry.vector, layer)
 
 
-def ltv(ctx: Context, p: LtvParams) -> dict[str, Any]:
-    """The `LtvResult` fields (see the module docstring)."""
+def ltv_layers(ctx: Context, p: LtvLayersParams) -> dict[str, Any]:
+    """The `LtvLayersResult` fields (see the module docstring)."""
     with cpu_threads(ctx.lm):
         return _ltv(ctx, p)
 
 
-def _ltv(ctx: Context, p: LtvParams) -> dict[str, Any]:
+def _ltv(ctx: Context, p: LtvLayersParams) -> dict[str, Any]:
     lm, task = ctx.lm, ctx.task
     L, H, d = lm.n_layers, lm.n_heads, lm.d_model
     if p.load:
@@ -353,7 +353,7 @@ def ltv_tests(conditions: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in tests.items() if v is not None}
 
 
-def _mechanism(ctx: Context, p: LtvParams, zero: Any, layer: int, theta: torch.Tensor, positions: tuple[int, ...],
+def _mechanism(ctx: Context, p: LtvLayersParams, zero: Any, layer: int, theta: torch.Tensor, positions: tuple[int, ...],
                conditions: dict[str, Any], ltv_gold_prob: float, scores: Any, progress: Any, shape: Shape,
                sizes: Sizes) -> dict[str, Any]:
     """The mechanism stages `p.stages()` asks for: key heads (saliency, ablation against random sets, overlaps), OV

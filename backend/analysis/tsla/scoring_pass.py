@@ -90,7 +90,7 @@ def _finite(a: np.ndarray) -> list:
     return np.where(np.isfinite(a), a, None).tolist()
 
 
-def head_maps(lm: LoadedModel, enc: Encoded, batch_size: int = 16, apply_ln: bool = False,
+def score_heads(lm: LoadedModel, enc: Encoded, batch_size: int = 16, apply_ln: bool = False,
               progress: Progress | None = None, padding: str = "left", keep_prefix: bool = False,
               partial: PartialMaps | None = None, null_seed: int | None = None) -> HeadMaps:
     """TSLA maps and outcomes of the encoded prompts. `keep_prefix`: keep the prompts' clean prefix states in

@@ -1,4 +1,4 @@
-"""Kind `head`: one attention head on one prompt, the drill-down a notebook user expects.
+"""Kind `head_view`: one attention head on one prompt, the drill-down a notebook user expects.
 
 For head (l, h) on a prompt (one of the task's, or your own `text`), from one eager forward pass:
     attention  A[l, h]: (tokens, tokens), row i = how destination token i attends to the source tokens
@@ -37,8 +37,8 @@ from ..primitives.configs import head_mask
 from ..primitives.tsla import head_writes, label_space, tsla
 
 
-class HeadParams(PromptParams):
-    """kind `head`: one head on one prompt (a task prompt, or `text`): its attention pattern, its write onto
+class HeadViewParams(PromptParams):
+    """kind `head_view`: one head on one prompt (a task prompt, or `text`): its attention pattern, its write onto
     each label's unembedding, its TR / TL / induction ranks, its effect when zero-ablated; the model's top next
     tokens, optionally per layer (logit lens)."""
 
@@ -88,7 +88,7 @@ class HeadAblation(Model):
                                                                      "token of the unablated `top` list")
 
 
-class HeadResult(Result):
+class HeadViewResult(Result):
     layer: int
     head: int
     prompt_index: int | None = Field(None, description="the task prompt shown (None: your own text)")
@@ -138,7 +138,7 @@ def _top(lm: Any, logits: torch.Tensor, k: int) -> list[dict[str, Any]]:
             for q, t in zip(p, i)]
 
 
-def _prompt(ctx: Context, p: HeadParams) -> dict[str, Any]:
+def _prompt(ctx: Context, p: HeadViewParams) -> dict[str, Any]:
     """The text, gold, query and labels of the prompt to show."""
     lm, task = ctx.lm, ctx.task
     if p.text is not None:
@@ -175,7 +175,7 @@ def unknown_words(tok: Any, text: str) -> str | None:
             "from the task's prompts.")
 
 
-def head(ctx: Context, p: HeadParams) -> dict[str, Any]:
+def head_view(ctx: Context, p: HeadViewParams) -> dict[str, Any]:
     """The head's attention pattern, per-label DLA, TR / TL, ranks and ablation effect on one prompt."""
     lm = ctx.lm
     layer, h = p.head

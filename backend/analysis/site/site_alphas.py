@@ -1,4 +1,4 @@
-"""Kind `site`: soft head selection (SITE) — learned per-head alphas that inject an ICL-derived task embedding
+"""Kind `site_alphas`: soft head selection (SITE) — learned per-head alphas that inject an ICL-derived task embedding
 into zero-shot prompts, and what they say about the heads.
 
 Method (see `soft_select.py`): t[l, h] = the mean last-token z of head (l, h) over M few-shot prompts
@@ -61,8 +61,8 @@ def _unique_ints(v: list[int]) -> list[int]:
     return sorted(set(v))
 
 
-class SiteParams(SiteRecipeParams):
-    """kind `site`: train SITE alphas (or load saved ones) and evaluate them zero-shot with generation; compare
+class SiteAlphasParams(SiteRecipeParams):
+    """kind `site_alphas`: train SITE alphas (or load saved ones) and evaluate them zero-shot with generation; compare
     with zero-shot, k-shot ICL, the function and vanilla task vectors, every alpha = 1 and LTV; patch the top /
     bottom k heads by alpha; the alpha budget curve over M; rank correlations with the TR / TL / induction maps."""
 
@@ -195,8 +195,8 @@ class SiteBudget(Model):
     train_seconds: list[float]
 
 
-class SiteResult(Result, TensorsInline):
-    """kind `site`: soft head selection (SITE) on one task."""
+class SiteAlphasResult(Result, TensorsInline):
+    """kind `site_alphas`: soft head selection (SITE) on one task."""
 
     n_layers: int
     n_heads: int
@@ -255,12 +255,12 @@ def site_tests(site: dict[str, Any], baselines: dict[str, Any]) -> dict[str, Any
     return {k: v for k, v in tests.items() if v is not None}
 
 
-def site(ctx: Context, p: SiteParams) -> dict[str, Any]:
+def site_alphas(ctx: Context, p: SiteAlphasParams) -> dict[str, Any]:
     with cpu_threads(ctx.lm):
         return _site(ctx, p)
 
 
-def _site(ctx: Context, p: SiteParams) -> dict[str, Any]:
+def _site(ctx: Context, p: SiteAlphasParams) -> dict[str, Any]:
     lm, task = ctx.lm, ctx.task
     require_kv_cache(lm)
     if not p.load:
@@ -325,8 +325,8 @@ def _site(ctx: Context, p: SiteParams) -> dict[str, Any]:
 
 
 # -- baselines ---------------------------------------------------------------------------------------------------------
-def _progress(ctx: Context, p: SiteParams) -> dict[str, tuple[float, float]]:
-    """The progress bar's spans: the plan's stages (`SiteParams.work`), sub-results already cached weighing 0."""
+def _progress(ctx: Context, p: SiteAlphasParams) -> dict[str, tuple[float, float]]:
+    """The progress bar's spans: the plan's stages (`SiteAlphasParams.work`), sub-results already cached weighing 0."""
     skip, fields = set(), {"prompts": min(p.prompts, o.PROMPTS), "seed": p.seed}
     vectors = [v for v in ("fv", "vanilla") if v in p.compare]
     if vectors and ctx.cached("task_vectors", [{"types": vectors, **fields}], record=False) is not None:
@@ -336,7 +336,7 @@ def _progress(ctx: Context, p: SiteParams) -> dict[str, tuple[float, float]]:
     return planned(ctx, p, skip)
 
 
-def _baselines(ctx: Context, p: SiteParams, enc: dict[str, Any], t: torch.Tensor, gen: dict[str, Any], n_test: int,
+def _baselines(ctx: Context, p: SiteAlphasParams, enc: dict[str, Any], t: torch.Tensor, gen: dict[str, Any], n_test: int,
                shots_used: int, share: dict[str, tuple[float, float]]) -> dict[str, Any]:
     lm, task = ctx.lm, ctx.task
     L, H, d = lm.n_layers, lm.n_heads, lm.d_model
@@ -395,7 +395,7 @@ def _baselines(ctx: Context, p: SiteParams, enc: dict[str, Any], t: torch.Tensor
 _LABELS = {"fv": "function vector", "vanilla": "vanilla task vector"}
 
 
-def _patching(ctx: Context, p: SiteParams, enc: dict[str, Any], alpha: torch.Tensor, t: torch.Tensor,
+def _patching(ctx: Context, p: SiteAlphasParams, enc: dict[str, Any], alpha: torch.Tensor, t: torch.Tensor,
               span: tuple[float, float] = (0.75, 0.8)) -> dict[str, Any]:
     lm = ctx.lm
     total = lm.n_layers * lm.n_heads
@@ -423,7 +423,7 @@ def _part(span: tuple[float, float], i: int, k: int) -> tuple[float, float]:  # 
     return lo + (hi - lo) * i / max(k, 1), lo + (hi - lo) * (i + 1) / max(k, 1)
 
 
-def _budget(ctx: Context, p: SiteParams, ev: dict[str, Any], alpha: torch.Tensor, train_s: float,
+def _budget(ctx: Context, p: SiteAlphasParams, ev: dict[str, Any], alpha: torch.Tensor, train_s: float,
             share: dict[str, tuple[float, float]]) -> dict[str, Any] | None:
     if p.load:
         ctx.warn("no budget curve for loaded alphas (it trains SITE with each M)")

@@ -1,4 +1,4 @@
-"""Kind `fit`: does a task fit a model? Checked before anything runs.
+"""Kind `task_fit`: does a task fit a model? Checked before anything runs.
 
 Two things make a task unusable on a model, and neither shows in the results:
 - words the tokenizer does not know: a word-level tokenizer (the embedded default model's) maps them to its
@@ -29,8 +29,8 @@ from ..results import Model, Result
 from ..primitives.fit import verdict, vocabulary_fit
 
 
-class FitParams(BosParams):
-    """kind `fit`: does the task fit the model (unknown tokens in inputs and labels, prompt length)?"""
+class TaskFitParams(BosParams):
+    """kind `task_fit`: does the task fit the model (unknown tokens in inputs and labels, prompt length)?"""
 
     shots: Int = Field(o.SHOTS, ge=0, description="demonstrations per prompt (for the prompt length)")
     seed: Int = Field(o.SEED, ge=0)
@@ -46,7 +46,7 @@ class ContextFit(Model):
     shots_that_fit: int = Field(..., description="most demonstrations whose prompts fit (-1: not even zero-shot)")
 
 
-class FitResult(Result):
+class TaskFitResult(Result):
     """Does the task fit the model: unknown-token shares (0..1), prompt length, and a verdict with its reasons."""
 
     verdict: str = Field(..., description="ok | warn | refuse")
@@ -87,7 +87,7 @@ def context_fit(lm: Any, task: Task, shots: int, seed: int) -> dict[str, Any]:
 
 
 def perturbation_fit(lm: Any, task: Task, shots: int, seed: int) -> dict[str, str | None]:
-    """Which demonstration perturbations can run on this model and task: None, or why not (kind `perturb`
+    """Which demonstration perturbations can run on this model and task: None, or why not (kind `perturbation_report`
     skips those with this reason)."""
     from ...tasks.perturb import get_perturbation
     from ..primitives.batching import build_prompts, encode
@@ -103,7 +103,7 @@ def perturbation_fit(lm: Any, task: Task, shots: int, seed: int) -> dict[str, st
     return out
 
 
-def fit(ctx: Context, p: FitParams) -> dict[str, Any]:
+def task_fit(ctx: Context, p: TaskFitParams) -> dict[str, Any]:
     """Unknown-token shares, prompt length against the context window, and a verdict with its reasons."""
     lm, task = ctx.lm, ctx.task
     ctx.progress(0.0, "tokenising the task")
