@@ -204,6 +204,11 @@ _ENTRIES: tuple[Kind, ...] = (
             description="activation patching: every head's last-token z from clean ICL prompts into zero-shot or "
                         "perturbed ones; the share of the gold logit recovered per head, beside the TR / TL maps",
             example={"task": "syn-sentiment", **_SMALL}),
+    Kind.at("tsla.attribution_patching", "attribution_patching",
+            description="attribution patching (AtP): every head's last-token z patch estimated to first order from "
+                        "one backward pass, beside the exact activation_patching map (Spearman, top-k recall, heads "
+                        "missed, cost ratio)",
+            example={"task": "syn-sentiment", **_SMALL}),
     Kind.at("general.task_fit", "task_fit", aliases=("fit",), needs_fit=False,
             description="does the task fit the model: unknown tokens in inputs and labels, prompt length vs the "
                         "context window",

@@ -228,6 +228,30 @@ class Replace(Intervention):
 
 
 @dataclass(eq=False)
+class Tap(Intervention):
+    """The activation at `site` at each row's last prompt token, with a handle on its gradient (attribution
+    patching): value[layer] (b, width) a detached copy, and delta[layer] (b, width) a zero leaf that requires grad,
+    added there (x' = x + delta at the last token: the forward is unchanged). After `backward()` of a scalar of the
+    run, delta[layer].grad = d scalar / d x[layer] at the last token. float32 leaves. `at`: the layers (None: all)."""
+
+    site: Site
+    at: Sequence[int] | None = None
+    last: torch.Tensor | None = None
+    value: dict = field(default_factory=dict)
+    delta: dict = field(default_factory=dict)
+
+    def layers(self, lm: LoadedModel) -> Sequence[int | None]:
+        return _chosen(self.site, self.at, lm)
+
+    def act(self, x: torch.Tensor, layer: int | None) -> torch.Tensor:
+        here = take_last(x, self.last)
+        self.value[layer] = here.detach().float().clone()
+        d = torch.zeros(here.shape, dtype=torch.float32, device=x.device, requires_grad=True)
+        self.delta[layer] = d
+        return replace_last(x, here + d.to(x.dtype), self.last)
+
+
+@dataclass(eq=False)
 class Skip:
     """Decoder layers `at` are not computed: each returns its input, except that the last of them returns
     `output` when given (the recorded clean output of that layer). `skip_below(k, out)`: layers 0 .. k-1."""
