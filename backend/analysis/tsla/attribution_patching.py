@@ -84,6 +84,7 @@ class Agreement(Model):
     """AtP against the exact map of the same prompts."""
 
     exact_map: str = Field(..., description="the activation_patching field compared with")
+    exact: Grid = Field(..., description="that exact map (layers, heads)")
     spearman: float | None = Field(None, description="rank correlation over all heads")
     kendall: float | None = None
     jaccard: float = Field(..., description="of the top-k sets")
@@ -222,7 +223,7 @@ def agreement(atp: np.ndarray, exact: np.ndarray, k: int, field: str, planned: f
     """AtP (layers, heads) against the exact map: rank correlations, top-k recall and the exact top heads missed."""
     ov = overlap(atp, exact, k)
     mine, theirs = set(top_heads(atp, k=k)), top_heads(exact, k=k)
-    return {"exact_map": field, **ov, "recall": len(mine & set(theirs)) / k,
+    return {"exact_map": field, "exact": exact, **ov, "recall": len(mine & set(theirs)) / k,
             "missed": [h for h in theirs if h not in mine], "exact_top": theirs,
             "max_abs_error": float(np.abs(atp - exact).max()), "planned_ratio": planned,
             "cpu_ratio": None if exact_cpu is None else exact_cpu / max(cpu, 1e-9), "exact_cpu_seconds": exact_cpu}
