@@ -88,10 +88,21 @@ def test_atp_of_one_head_matches_a_finite_difference(lm64, metric):
 def test_atp_of_a_run_patched_with_itself_is_zero(lm64):
     clean, _ = _sets(lm64)
     z_c, _, m_c = z_and_grad(lm64, clean, "gold_prob", grad=False, batch_size=2)
-    z_t, g_t, m_t = z_and_grad(lm64, clean, "gold_prob", grad=True, batch_size=2)
-    assert torch.equal(z_c, z_t) and np.array_equal(m_c, m_t)
-    assert g_t.abs().sum() > 0
-    assert np.all(atp_per_prompt(z_c, z_t, g_t) == 0.0)
+    z_f, g_f, m_f = z_and_grad(lm64, clean, "gold_prob", grad=True, batch_size=2, prefix=False)  # one full pass
+    assert torch.equal(z_c, z_f) and np.array_equal(m_c, m_f)
+    assert g_f.abs().sum() > 0
+    assert np.all(atp_per_prompt(z_c, z_f, g_f) == 0.0)
+
+
+def test_the_last_token_over_its_prefix_gives_the_full_pass_gradient(lm64):
+    """The kind's route (the prefix without autograd, the last token over its KV cache with the backward pass)
+    against one full pass with autograd: the same z, metric and gradient."""
+    _, target = _sets(lm64, n=4)
+    z_f, g_f, m_f = z_and_grad(lm64, target, "gold_logit", grad=True, batch_size=3, prefix=False)
+    z_p, g_p, m_p = z_and_grad(lm64, target, "gold_logit", grad=True, batch_size=3)
+    torch.testing.assert_close(z_p, z_f, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(g_p, g_f, rtol=1e-4, atol=1e-6 * float(g_f.abs().max()))
+    np.testing.assert_allclose(m_p, m_f, rtol=1e-5)
 
 
 def test_the_kind_and_its_agreement(gpt2_tokenizer):

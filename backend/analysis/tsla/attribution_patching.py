@@ -9,7 +9,9 @@ order, from one forward pass of the clean prompts and one forward and one backwa
     atp[i, l, h] = (f[i, l, h] - z_t[i, l, h]) . dm_i / dz[l, h] |_{target run}            (prompts, layers, heads)
     atp[l, h]    = mean_i atp[i, l, h]     ~ prob_gain[l, h] (gold_prob) or logit_gain[l, h] (gold_logit)
 with its standard error and a percentile bootstrap interval over prompts. The gradients of all heads come from one
-backward pass (rows are independent, so the batch's summed metric gives each row's own gradient). With the exact
+backward pass (rows are independent, so the batch's summed metric gives each row's own gradient), and that pass is
+one token long: the targets' prefixes run once without autograd and their last token over the prefix's KV cache,
+since a patch of the last token's z changes no earlier position (`z_and_grad`). With the exact
 map (`exact=True`, through the cache): Spearman and Kendall over heads, the top-k recall |top_k(atp) & top_k(exact)|
 / k, the exact top-k heads AtP misses, and the cost ratio (exact / AtP), planned (the cost model's units) and in CPU
 seconds (when both ran in this call).
@@ -69,11 +71,13 @@ class AttributionPatchingParams(Selection, PromptParams):
                 "top_k": self.top_k, "target": self.target, "patch": self.patch, "prepend_bos": self.prepend_bos}
 
     def work(self, shape: Shape, sizes: Sizes) -> Work:
-        """Clean prompts: one pass; target prompts: one pass with its backward; the exact map when asked."""
+        """Clean prompts: one pass; target prompts: one pass of the prefix, then the last token with its backward
+        pass; the exact map when asked."""
         n, clean = sizes.n(self.prompts), sizes.prompt(self.shots)
         target = sizes.prompt(0 if self.target == "zero_shot" else self.shots)
-        w = passes("clean prompts", n, clean, batch=self.batch_size) + training(
-            "target prompts", n, target, batch=self.batch_size)
+        w = passes("clean prompts", n, clean, batch=self.batch_size) + passes(
+            "target prompts", n, target, batch=self.batch_size) + training("target prompts", n, 1,
+                                                                          batch=self.batch_size)
         if not self.exact:
             return w
         exact = get_kind("activation_patching").params(**self.exact_params()).work(shape, sizes)
@@ -130,9 +134,17 @@ def read_metric(logits: torch.Tensor, gold: torch.Tensor, metric: str) -> torch.
 
 
 def z_and_grad(lm: LoadedModel, enc: Encoded, metric: str, *, grad: bool, batch_size: int = 16,
-               progress: Progress | None = None) -> tuple[torch.Tensor, torch.Tensor | None, np.ndarray]:
+               prefix: bool = True, progress: Progress | None = None
+               ) -> tuple[torch.Tensor, torch.Tensor | None, np.ndarray]:
     """Each prompt's last-token z (prompts, layers, heads, head_dim) float32 on the CPU, with grad: dm_i / dz
-    (same shape; m_i the row's metric) from one backward pass per batch, and the metric m (prompts,) float64."""
+    (same shape; m_i the row's metric) from one backward pass per batch, and the metric m (prompts,) float64.
+
+    Without grad: one full pass per batch. With grad and `prefix`: each batch's prefix (every token but the last)
+    runs once without autograd, then the last token alone runs over its KV cache with the backward pass (a patch of
+    the last token's z changes no earlier position, so its gradient needs no other); where the model's layers do
+    not allow that (`last_token.clean_prefixes` is None), or without `prefix`, the whole pass runs with autograd."""
+    from ..primitives.last_token import clean_prefixes, step_logits
+
     L, H, dh = lm.n_layers, lm.n_heads, lm.head_dim
     N = len(enc.ids)
     z = torch.zeros(N, L, H, dh)
@@ -140,16 +152,23 @@ def z_and_grad(lm: LoadedModel, enc: Encoded, metric: str, *, grad: bool, batch_
     m = np.zeros(N)
     gold_all = torch.tensor(gold_ids(enc), device=lm.device)
     order = sorted(range(N), key=lambda i: -len(enc.ids[i]))
-    with lm.lock, torch.set_grad_enabled(grad):
+    with lm.lock:
         for start in range(0, N, batch_size):
             check()
             rows = order[start:start + batch_size]
-            batch = make_batch(lm, enc.ids, rows)
-            tap = Tap("z", last=batch.last)
-            with intervene(lm, [tap]):
-                mm = read_metric(forward_last_logits(lm, batch), gold_all[rows], metric)
-            if grad:
-                mm.sum().backward()  # rows are independent: row b's gradient is d m_b / d z_b
+            pre = clean_prefixes(lm, [enc.ids[r] for r in rows], 0, batch_size=len(rows)) if grad and prefix else None
+            with torch.set_grad_enabled(grad):
+                if pre is not None:
+                    tap = Tap("z")  # the step is the last token alone
+                    logits = step_logits(pre, range(len(rows)), hooks=lambda _n: intervene(lm, [tap]))
+                else:
+                    batch = make_batch(lm, enc.ids, rows)
+                    tap = Tap("z", last=batch.last)
+                    with intervene(lm, [tap]):
+                        logits = forward_last_logits(lm, batch)
+                mm = read_metric(logits, gold_all[rows], metric)
+                if grad:
+                    mm.sum().backward()  # rows are independent: row b's gradient is d m_b / d z_b
             idx = torch.tensor(rows)
             z[idx] = torch.stack([tap.value[l] for l in range(L)], 1).reshape(len(rows), L, H, dh).cpu()
             if g is not None:
