@@ -114,7 +114,8 @@ st.caption("The CIE map to first order: each head's patch (mean clean z into the
            "same prompts and how far they agree.")
 atp_params = s.job(**s.selection(), target="shuffled_inputs", patch="mean")  # the CIE map's setup (`cie_params`)
 atp = run(jobs.Job("attribution_patching", atp_params, "Attribution patching", "AtP map", slot="atp"),
-          f"Estimate all **{L * H}** heads' CIE from **2** forward passes and **1** backward pass per batch · "
+          f"Estimate all **{L * H}** heads' CIE from a pass of the clean and the target prompts and **one** "
+          f"backward pass (the last token's) · "
           f"**{scores['prompts']}** prompts · with the exact CIE map to compare (cached when the *CIE* map was shown)",
           "AtP: Nanda 2022. The exact map runs one patched step per head and prompt.", "atp",
           "Press **Run** to estimate every head's CIE by attribution patching.", estimate=False)
