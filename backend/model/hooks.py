@@ -58,7 +58,7 @@ def hooked(
     capture_hidden: bool = False,
     head_mask: torch.Tensor | None = None,
     head_fill: torch.Tensor | None = None,
-    mask_positions: Positions = "all",
+    mask_scope: Positions = "all",
     inject: dict[int, torch.Tensor] | None = None,
     inject_input: dict[int, torch.Tensor] | None = None,
     inject_positions: Sequence[int] = (-1,),
@@ -72,7 +72,7 @@ def hooked(
     capture_hidden: record each decoder layer's output and the embeddings (`embed`) at the last token.
 
     head_mask: (batch, layers, heads) multipliers on each head's z (1 keeps, 0 ablates), applied at the
-               output projection's input at `mask_positions`; per-row, so one batch can hold many
+               output projection's input at `mask_scope`; per-row, so one batch can hold many
                ablation configurations.
     head_fill: (layers, heads, head_dim) values that ablated heads take instead of 0 (mean ablation):
                z' = m * z + (1 - m) * fill.
@@ -92,7 +92,7 @@ def hooked(
     if inject_input:
         items.append(Add("layer_in", inject_input, at=tuple(inject_positions), last=last))
     if head_mask is not None:
-        items.append(HeadMask(head_mask, head_fill, at=mask_positions, last=last))
+        items.append(HeadMask(head_mask, head_fill, at=mask_scope, last=last))
     if capture_z:
         items.append(Capture("z", last=last, into=trace.z_last))
         if lm.spec.post_attn_norm:

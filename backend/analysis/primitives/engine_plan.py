@@ -23,12 +23,12 @@ class RowConfig:
 
     mask:      (layers, heads) multipliers on each head's z (1 keeps, 0 ablates); with `fill`,
                z' = m z + (1 - m) fill. None: no mask.
-    positions: where the mask acts: "all" positions or the "last" token.
+    scope: where the mask acts: "all" positions or the "last" token.
     inject:    {layer: (d_model,)} added to that decoder layer's output at the last token.
     """
 
     mask: torch.Tensor | None = None
-    positions: Literal["all", "last"] = "all"
+    scope: Literal["all", "last"] = "all"
     inject: dict[int, torch.Tensor] | None = None
 
 
@@ -44,8 +44,8 @@ class Plan:
 
 def plan_config(lm: LoadedModel, i: int, cfg: RowConfig) -> Plan:
     L, H, d = lm.n_layers, lm.n_heads, lm.d_model
-    if cfg.positions not in ("all", "last"):
-        raise ValueError(f"configuration {i}: positions must be 'all' or 'last', not {cfg.positions!r}")
+    if cfg.scope not in ("all", "last"):
+        raise ValueError(f"configuration {i}: scope must be 'all' or 'last', not {cfg.scope!r}")
     mask = None
     if cfg.mask is not None:
         if tuple(cfg.mask.shape) != (L, H):
@@ -72,7 +72,7 @@ def plan_config(lm: LoadedModel, i: int, cfg: RowConfig) -> Plan:
         start = int((mask != 1).any(1).nonzero()[0])
     if inject:
         start = min(start, min(inject) + 1)
-    if mask is None or cfg.positions == "last" or start >= L - 1:
+    if mask is None or cfg.scope == "last" or start >= L - 1:
         # only the last token leaves the last layer: an all-position mask there acts as a last-token one
         return Plan("last", start=start, mask=mask, inject=inject)
     return Plan("all", start=start, mask=mask, inject=inject)

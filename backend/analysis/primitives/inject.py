@@ -71,7 +71,7 @@ def injected_logits(lm: LoadedModel, batch: Batch, inj: Injection) -> torch.Tens
     mask = None if inj.mask is None else (inj.mask if inj.mask.dim() == 3 else inj.mask[None].expand(n, -1, -1))
     with hooked(lm, inject_input=inj.vectors or None, inject_positions=inj.positions,
                 inject={lm.n_layers - 1: inj.final} if inj.final is not None else None,
-                head_mask=mask, mask_positions="last", last=batch.last):
+                head_mask=mask, mask_scope="last", last=batch.last):
         return forward_last_logits(lm, batch)
 
 
@@ -115,7 +115,7 @@ def as_row_configs(lm: LoadedModel, injections: Sequence[Injection]) -> list[Row
             inject[l] = inject[l] + v if l in inject else v
         if inj.mask is not None and inj.mask.dim() != 2:
             return None
-        out.append(RowConfig(mask=inj.mask, positions="last", inject=inject or None))
+        out.append(RowConfig(mask=inj.mask, scope="last", inject=inject or None))
     return out
 
 

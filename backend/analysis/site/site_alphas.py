@@ -403,9 +403,9 @@ def _patching(ctx: Context, p: SiteAlphasParams, enc: dict[str, Any], alpha: tor
     order = ranked_heads(alpha.numpy())
     configs = []
     for k in ks:
-        configs.append(RowConfig(mask=1.0 - hard_alpha(lm, order[:k]), positions="last"))
+        configs.append(RowConfig(mask=1.0 - hard_alpha(lm, order[:k]), scope="last"))
     for k in ks:
-        configs.append(RowConfig(mask=1.0 - hard_alpha(lm, order[::-1][:k]), positions="last"))
+        configs.append(RowConfig(mask=1.0 - hard_alpha(lm, order[::-1][:k]), scope="last"))
     res = score_configs(lm, enc["test"], configs, fill=t, batch_size=o.CONFIG_BATCH_SIZE,
                          progress=ctx.stage(*span, "patching"))
     means = res.means()
