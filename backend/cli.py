@@ -170,7 +170,7 @@ def cmd_tasks(a: argparse.Namespace) -> None:
 def cmd_models(a: argparse.Namespace) -> None:
     """`models list`, `models pull NAME`, `models remove NAME` (backend/weights/presets.py, backend/weights/pull.py)."""
     from .weights import presets
-    from .weights.pull import plan, pull, remove
+    from .weights.pull import pull, pull_summary, remove
 
     if a.models_cmd == "list":
         rows = presets.list_presets()
@@ -188,7 +188,7 @@ def cmd_models(a: argparse.Namespace) -> None:
         gone = remove(a.name)
         print(f"removed {', '.join(map(str, gone))}" if gone else f"{a.name} is not pulled", file=sys.stderr)
         return
-    print(plan(a.name), file=sys.stderr, flush=True)
+    print(pull_summary(a.name), file=sys.stderr, flush=True)
     if a.progress == "json":  # for the service, which runs the pull as a child process and reads these lines
         def report(frac: float, msg: str) -> None:
             print(json.dumps({"progress": round(frac, 4), "message": msg}), flush=True)

@@ -83,7 +83,7 @@ class Cell:
                 "error": self.error}
 
 
-def plan(req: SweepRequest, pool: Any, tasks: Any, limits: Limits) -> list[Cell]:
+def sweep_cells(req: SweepRequest, pool: Any, tasks: Any, limits: Limits) -> list[Cell]:
     """Every job of the sweep, admitted (validated, keyed); a ServiceError naming the bad item otherwise."""
     from ..analysis.kinds import KINDS, get_kind
 
@@ -410,7 +410,7 @@ def add_routes(app: Any, runner: Any, pool: Any, tasks: Any, limits: Limits) -> 
         if not isinstance(body, dict):
             raise BadRequest("invalid sweep: send a JSON object {models, tasks, kinds, seeds, params}")
         req = parse_request(body)
-        cells = await run_in_threadpool(plan, req, pool, tasks, limits)
+        cells = await run_in_threadpool(sweep_cells, req, pool, tasks, limits)
         return manager.start(req, cells)
 
     @app.get("/sweeps", tags=["sweeps"])

@@ -237,14 +237,14 @@ def test_step_passes_run_at_the_measured_thread_count(gpt2_tokenizer, monkeypatc
 
 def test_passes_start_at_their_earliest_layer():
     """Long prompts: one pass per start layer; short ones: start layers merge into fewer, fuller passes."""
-    plans = [F.Plan("all", start=s) for s in (5, 0, 9, 5, 2, 9)]
-    todo = list(range(len(plans)))
-    long = F._chunks(plans, todo, 12, tokens=8 * 512, per=4)
+    routes = [F.Route("all", start=s) for s in (5, 0, 9, 5, 2, 9)]
+    todo = list(range(len(routes)))
+    long = F._chunks(routes, todo, 12, tokens=8 * 512, per=4)
     assert [(s, sorted(c)) for s, c in long] == [(9, [2, 5]), (5, [0, 3]), (2, [4]), (0, [1])]
-    short = F._chunks(plans, todo, 12, tokens=2, per=4)
+    short = F._chunks(routes, todo, 12, tokens=2, per=4)
     assert len(short) < len(long) and all(len(c) <= 4 for _, c in short)
     assert sorted(c for _, cs in short for c in cs) == todo
-    assert all(s == min(plans[c].start for c in cs) for s, cs in short)
+    assert all(s == min(routes[c].start for c in cs) for s, cs in short)
 
 
 def test_each_pair_once_after_out_of_memory(gpt2_tokenizer, monkeypatch):

@@ -31,7 +31,7 @@ def patch_ks(lm: Any) -> list[int]:
     return sorted({min(k, total) for k in (1, 2, 4, 8, 16)} | {max(1, round(total * f)) for f in (0.1, 0.25, 0.5)})
 
 
-def plan(a: Any, tasks: list) -> str:
+def outline(a: Any, tasks: list) -> str:
     t = [n for n in GROUPS if n in dict(tasks)]
     return (f"{len(tasks)} site runs ({a.site_prompts} test prompts, seed 0; patching), random-k "
             f"patching, then site_transfer over {len(t)} built-in tasks ({', '.join(t)})")

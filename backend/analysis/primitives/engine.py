@@ -33,7 +33,7 @@ output projections, that a decoder layer takes the hidden states first and retur
 on the clean pass: anything else falls back to the full engine), and the model forward's `cache=`,
 `attention_mask`, `position_ids` and `logits_to_keep`.
 
-This module: `run_configs` and the full engine; `engine_plan.py`: the configurations and their bookkeeping;
+This module: `run_configs` and the full engine; `engine_rows.py`: the configurations and their bookkeeping;
 `engine_fast.py`: the fast paths.
 """
 from __future__ import annotations
@@ -48,7 +48,7 @@ from .stopping import check
 
 from .batching import make_batch
 from .engine_fast import run_fast, Unsupported
-from .engine_plan import OnLogits, Progress, RowConfig, Emitter, halve, last_logits, plan_config
+from .engine_rows import OnLogits, Progress, RowConfig, Emitter, halve, last_logits, route_config
 
 ENGINES = ("auto", "full")
 
@@ -76,7 +76,7 @@ def run_configs(lm: LoadedModel, ids: Sequence[Sequence[int]], configs: Sequence
     empty = [i for i, x in enumerate(ids) if len(x) == 0]
     if empty:
         raise ValueError(f"prompt {empty[0]} has no tokens")
-    plans = [plan_config(lm, i, c) for i, c in enumerate(configs)]
+    routes = [route_config(lm, i, c) for i, c in enumerate(configs)]
     if fill is not None:
         want = (lm.n_layers, lm.n_heads, lm.head_dim)
         if tuple(fill.shape) != want:
@@ -88,7 +88,7 @@ def run_configs(lm: LoadedModel, ids: Sequence[Sequence[int]], configs: Sequence
             _run_full(lm, ids, configs, fill, batch_size, out, [(c, i) for c in range(C) for i in range(N)])
             return
         try:
-            run_fast(lm, ids, plans, fill, batch_size, out, keep_prefix)
+            run_fast(lm, ids, routes, fill, batch_size, out, keep_prefix)
         except Unsupported:
             rest = (~out.done).nonzero().tolist()
             _run_full(lm, ids, configs, fill, batch_size, out, [(c, i) for c, i in rest])

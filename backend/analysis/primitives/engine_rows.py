@@ -1,4 +1,4 @@
-"""The configuration engine's configurations and their bookkeeping: `RowConfig` (what a configuration does), `plan_config` (what
+"""The configuration engine's configurations and their bookkeeping: `RowConfig` (what a configuration does), `route_config` (what
 the engine does with it: nothing, a last-token step, or a pass from its start layer), `Emitter` (each
 (configuration, prompt) pair's logits handed on exactly once), one pass's last-token logits, and halving the batch
 on out-of-memory. The engine: `engine.py` (`run_configs`, full passes) and `engine_fast.py` (the fast paths)."""
@@ -33,7 +33,7 @@ class RowConfig:
 
 
 @dataclass
-class Plan:
+class Route:
     """What the engine does with one configuration."""
 
     kind: Literal["clean", "last", "all"]
@@ -42,7 +42,7 @@ class Plan:
     inject: dict[int, torch.Tensor] | None = None  # non-zero vectors only, on the model's device
 
 
-def plan_config(lm: LoadedModel, i: int, cfg: RowConfig) -> Plan:
+def route_config(lm: LoadedModel, i: int, cfg: RowConfig) -> Route:
     L, H, d = lm.n_layers, lm.n_heads, lm.d_model
     if cfg.scope not in ("all", "last"):
         raise ValueError(f"configuration {i}: scope must be 'all' or 'last', not {cfg.scope!r}")
@@ -66,7 +66,7 @@ def plan_config(lm: LoadedModel, i: int, cfg: RowConfig) -> Plan:
             inject[layer] = inject[layer] + v if layer in inject else v
     inject = inject or None
     if mask is None and inject is None:
-        return Plan("clean")
+        return Route("clean")
     start = L  # the first decoder layer whose input (or, for a mask, whose own output) differs from the clean run's
     if mask is not None:
         start = int((mask != 1).any(1).nonzero()[0])
@@ -74,8 +74,8 @@ def plan_config(lm: LoadedModel, i: int, cfg: RowConfig) -> Plan:
         start = min(start, min(inject) + 1)
     if mask is None or cfg.scope == "last" or start >= L - 1:
         # only the last token leaves the last layer: an all-position mask there acts as a last-token one
-        return Plan("last", start=start, mask=mask, inject=inject)
-    return Plan("all", start=start, mask=mask, inject=inject)
+        return Route("last", start=start, mask=mask, inject=inject)
+    return Route("all", start=start, mask=mask, inject=inject)
 
 
 class Emitter:
