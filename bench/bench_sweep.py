@@ -84,7 +84,7 @@ def last_sweep(L: int, H: int, d: int, g: torch.Generator) -> list[RowConfig]:
         for i in torch.randperm(L * H, generator=g)[:k].tolist():
             m[i // H, i % H] = 0
         out.append(RowConfig(mask=m, scope="last"))
-    for layer in (0, 2, 4, 6, 8, 10, 11, 5):
+    for layer in (1, 3, 5, 7, 9, 11, 12, 6):  # decoder layers' inputs
         out.append(RowConfig(inject={layer: 4.0 * torch.randn(d, generator=g)}))
     return out
 

@@ -60,12 +60,12 @@ def mixture(lm, seed=0) -> list[RowConfig]:
         RowConfig(mask=mask(*[(l, h) for l in range(L) for h in range(H)])),  # everything ablated
         RowConfig(mask=mask((0, 0), (1, 3)), scope="last"),
         RowConfig(mask=mask((L - 1, 1)), scope="last"),
-        RowConfig(inject={0: vec()}),
-        RowConfig(inject={L - 1: vec()}),
-        RowConfig(inject={0: vec(), L - 1: vec()}),  # several layers at once
-        RowConfig(mask=mask((1, 1)), scope="last", inject={0: vec()}),
-        RowConfig(mask=mask((L - 1, 3)), inject={0: vec()}),  # all-position mask starting after an injection
-        RowConfig(mask=mask((1, 2)), inject={L - 1: vec()}),
+        RowConfig(inject={1: vec()}),
+        RowConfig(inject={L: vec()}),
+        RowConfig(inject={1: vec(), L: vec()}),  # several layers at once
+        RowConfig(mask=mask((1, 1)), scope="last", inject={1: vec()}),
+        RowConfig(mask=mask((L - 1, 3)), inject={1: vec()}),  # all-position mask starting after an injection
+        RowConfig(mask=mask((1, 2)), inject={L: vec()}),
         RowConfig(),  # untouched
     ]
 
@@ -110,7 +110,7 @@ def test_untouched_configurations_are_the_plain_forward_pass(tiny_lm, monkeypatc
     lm, ids = tiny_lm, prompts()
     L, H, d = lm.n_layers, lm.n_heads, lm.d_model
     configs = [RowConfig(), RowConfig(mask=torch.ones(L, H)), RowConfig(mask=torch.ones(L, H), scope="last"),
-               RowConfig(inject={0: torch.zeros(d), L - 1: torch.zeros(d)}),
+               RowConfig(inject={1: torch.zeros(d), L: torch.zeros(d)}),
                RowConfig(mask=torch.zeros(L, H))]  # one real configuration alongside
     fill = torch.randn(L, H, lm.head_dim)
     got = fast(lm, ids, configs, monkeypatch, fill=fill)
@@ -188,7 +188,7 @@ def test_work_done_is_what_the_configurations_change(gpt2_tokenizer, monkeypatch
         return head_mask(lm, heads)
 
     configs = [RowConfig(mask=at((2, 0), (3, 1))), RowConfig(mask=at((L - 1, 0))),
-               RowConfig(mask=at((L - 1, 0)), scope="last"), RowConfig(inject={0: torch.randn(d)}),
+               RowConfig(mask=at((L - 1, 0)), scope="last"), RowConfig(inject={1: torch.randn(d)}),
                RowConfig(mask=torch.zeros(L, H), scope="last"), RowConfig()]
     # no thread probe (`threads.best_threads`) inside the counted run: its passes would add to the count
     monkeypatch.setattr(threads, "best_threads", lambda lm: torch.get_num_threads())
@@ -295,8 +295,9 @@ def test_progress_and_errors(gpt2_tokenizer):
     fr = [f for f, _ in seen]
     assert len(seen) > 3 and fr == sorted(fr) and fr[-1] == 1.0 and all(isinstance(m, str) for _, m in seen)
     sink = lambda *a: None  # noqa: E731
-    for bad, kw in [([RowConfig(mask=torch.ones(L + 1, H))], {}), ([RowConfig(inject={L: torch.ones(d)})], {}),
-                    ([RowConfig(inject={0: torch.ones(d + 1)})], {}), ([RowConfig(scope="first")], {}),
+    for bad, kw in [([RowConfig(mask=torch.ones(L + 1, H))], {}), ([RowConfig(inject={L + 1: torch.ones(d)})], {}),
+                    ([RowConfig(inject={0: torch.ones(d)})], {}),
+                    ([RowConfig(inject={1: torch.ones(d + 1)})], {}), ([RowConfig(scope="first")], {}),
                     ([RowConfig()], {"engine": "fast"}), ([RowConfig()], {"fill": torch.zeros(L, H, 1)})]:
         with pytest.raises(ValueError):
             run_configs(lm, ids, bad, sink, **kw)

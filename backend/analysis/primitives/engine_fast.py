@@ -147,11 +147,14 @@ def record_outputs(lm: LoadedModel, layers: Sequence[int], into: dict[int, torch
 
 
 def _edits(masks: dict[int, torch.Tensor], fill: torch.Tensor | None, inject: dict[int, torch.Tensor],
-           last_only: bool) -> list[Intervention]:
+           last_only: bool, n_layers: int) -> list[Intervention]:
     """masks[l]: multipliers broadcastable to (batch, seq, heads) at layer l's z (`HeadMask`: z' = m z + (1 - m)
-    fill); inject[l]: added to layer l's output at every position, broadcastable to (batch, seq, d_model), or
-    (`last_only`) at the last one, broadcastable to (batch, d_model)."""
-    return [HeadMask(masks, fill), Add("layer_out", inject, at="last" if last_only else "all")]
+    fill); inject[l]: added at the input of layer l (n_layers: the final norm's input) at every position,
+    broadcastable to (batch, seq, d_model), or (`last_only`) at the last one, broadcastable to (batch, d_model)."""
+    at = "last" if last_only else "all"
+    inner = {l: v for l, v in inject.items() if l < n_layers}
+    final = [Add("final_in", {None: inject[n_layers]}, at=at)] if n_layers in inject else []  # type: ignore[dict-item]
+    return [HeadMask(masks, fill), Add("layer_in", inner, at=at), *final]
 
 
 def _stack(lm: LoadedModel, routes: list[Route], chunk: Sequence[int]) -> tuple[dict[int, torch.Tensor],
@@ -248,7 +251,7 @@ def _step_passes(lm: LoadedModel, batch: Batch, cache, routes: list[Route], todo
             masks = {l: m[None] for l, m in masks.items()}  # (1, c, H)
             vecs = {l: v[None] for l, v in vecs.items()}  # (1, c, d)
             with intervene(lm, [skip_below(start, None if rec is None else rec.expand(P, c, rec.shape[-1])),
-                                *_edits(masks, fill, vecs, last_only=False)]):
+                                *_edits(masks, fill, vecs, last_only=False, n_layers=lm.n_layers)]):
                 o = lm.model(input_ids=tok.expand(P, c), attention_mask=mask4, position_ids=pos.expand(P, c),
                              cache=step, use_cache=step is not None, logits_to_keep=0)
             logits = o.logits.reshape(P * c, -1)
@@ -259,7 +262,7 @@ def _step_passes(lm: LoadedModel, batch: Batch, cache, routes: list[Route], todo
             masks = {l: m.repeat(P, 1)[:, None] for l, m in masks.items()}  # (P c, 1, H)
             vecs = {l: v.repeat(P, 1)[:, None] for l, v in vecs.items()}  # (P c, 1, d)
             with intervene(lm, [skip_below(start, None if rec is None else rec.repeat_interleave(c, 0)),
-                                *_edits(masks, fill, vecs, last_only=False)]):
+                                *_edits(masks, fill, vecs, last_only=False, n_layers=lm.n_layers)]):
                 logits = last_logits(lm, tok.repeat_interleave(c, 0), batch.attention_mask.repeat_interleave(c, 0),
                                       pos.repeat_interleave(c, 0), step)
             out.emit(logits, cs.repeat(P), ps.repeat_interleave(c), "last-token configurations")
@@ -277,7 +280,7 @@ def _from_layer(lm: LoadedModel, batch: Batch, start: int, clean_out: torch.Tens
     masks = {l: m.repeat_interleave(P, 0)[:, None] for l, m in masks.items()}  # (c P, 1, H): all positions
     vecs = {l: v.repeat_interleave(P, 0) for l, v in vecs.items()}  # (c P, d), last token
     rec = None if clean_out is None else clean_out.repeat(c, 1, 1)
-    with intervene(lm, [skip_below(start, rec), *_edits(masks, fill, vecs, last_only=True)]):
+    with intervene(lm, [skip_below(start, rec), *_edits(masks, fill, vecs, last_only=True, n_layers=lm.n_layers)]):
         logits = last_logits(lm, batch.input_ids.repeat(c, 1), batch.attention_mask.repeat(c, 1),
                               batch.position_ids.repeat(c, 1))
     cs = torch.tensor(chunk, device=dev).repeat_interleave(P)

@@ -24,7 +24,8 @@ class RowConfig:
     mask:      (layers, heads) multipliers on each head's z (1 keeps, 0 ablates); with `fill`,
                z' = m z + (1 - m) fill. None: no mask.
     scope: where the mask acts: "all" positions or the "last" token.
-    inject:    {layer: (d_model,)} added to that decoder layer's output at the last token.
+    inject:    {layer: (d_model,)} added at the input of decoder layer `layer` at the last token (1..n_layers: the
+               output of layer - 1; n_layers: the final norm's input; the embeddings, 0, are not an engine site).
     """
 
     mask: torch.Tensor | None = None
@@ -39,7 +40,7 @@ class Route:
     kind: Literal["clean", "last", "all"]
     start: int = 0  # first decoder layer that computes anything other than the clean run does
     mask: torch.Tensor | None = None  # non-trivial mask, on the model's device
-    inject: dict[int, torch.Tensor] | None = None  # non-zero vectors only, on the model's device
+    inject: dict[int, torch.Tensor] | None = None  # {input layer: v}, non-zero vectors only, on the model's device
 
 
 def route_config(lm: LoadedModel, i: int, cfg: RowConfig) -> Route:
@@ -57,8 +58,9 @@ def route_config(lm: LoadedModel, i: int, cfg: RowConfig) -> Route:
     inject = {}
     for layer, v in (cfg.inject or {}).items():
         layer = int(layer)
-        if not 0 <= layer < L:
-            raise ValueError(f"configuration {i}: injection at layer {layer}; the model has layers 0..{L - 1}")
+        if not 1 <= layer <= L:
+            raise ValueError(f"configuration {i}: injection at the input of layer {layer}; the engine injects at "
+                             f"the inputs of layers 1..{L} ({L}: the final norm's input)")
         if tuple(v.shape) != (d,):
             raise ValueError(f"configuration {i}: injected vector of shape {tuple(v.shape)}, expected ({d},)")
         v = v.detach().to(device=lm.device, dtype=torch.float32)
@@ -71,7 +73,7 @@ def route_config(lm: LoadedModel, i: int, cfg: RowConfig) -> Route:
     if mask is not None:
         start = int((mask != 1).any(1).nonzero()[0])
     if inject:
-        start = min(start, min(inject) + 1)
+        start = min(start, min(inject))
     if mask is None or cfg.scope == "last" or start >= L - 1:
         # only the last token leaves the last layer: an all-position mask there acts as a last-token one
         return Route("last", start=start, mask=mask, inject=inject)

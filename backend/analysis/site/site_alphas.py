@@ -373,7 +373,7 @@ def _baselines(ctx: Context, p: SiteAlphasParams, enc: dict[str, Any], t: torch.
                     out[v] = {"label": _LABELS[v], "note": "not available for this task"}
                     continue
                 vec = vector_at(r.vectors[v].vector, layer)
-                hooks = lambda b, vec=vec: hooked(lm, inject_input={layer: vec}, inject_positions=(-1,),  # noqa: E731
+                hooks = lambda b, vec=vec: hooked(lm, inject={layer: vec}, inject_positions=(-1,),  # noqa: E731
                                                   last=b.last, prefill_only=True)
                 ev = evaluate_generation(lm, enc["test"], hooks=hooks, **gen)
                 out[v] = {"label": _LABELS[v], "metrics": gen_metrics(ev), "params": d,
