@@ -115,9 +115,10 @@ class ModelPool:
                             f"(HEADLENS_ALLOW_HUB=0); use `default`, a pulled preset or {where}")
         return name
 
-    def require_loadable(self, canonical: str) -> None:
+    def require_loadable(self, canonical: str, precision: str = "float32") -> None:
         """Refuse (a ServiceError) a model, by its canonical name from `check`, that could not be loaded now (see
-        the module docstring); a resident model, and any model of a pool with its own `loader`, pass."""
+        the module docstring), or that would not fit this machine's memory in `precision` (`memory_fit`, 507); a
+        resident model, and any model of a pool with its own `loader`, pass."""
         with self._lock:
             if canonical in self._models:
                 return
@@ -135,6 +136,12 @@ class ModelPool:
                 spec_for(kind)
             except UnsupportedArchitecture as e:
                 raise BadRequest(f"model {clip(canonical, 100)!r} cannot be analysed: {e}") from None
+        from .memory_fit import memory_problem
+        from .model_shape import model_config
+
+        problem = memory_problem(clip(canonical, 100), model_config(canonical), precision)
+        if problem:
+            raise ServiceError(problem, status=507)
 
     def _require_on_hub(self, name: str) -> None:
         from ..model.loading import HUB_PROBE_TTL, cached_on_hub_cache, hub_endpoint
