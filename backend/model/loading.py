@@ -104,6 +104,11 @@ class LoadedModel:
     def dtype(self) -> torch.dtype:
         return self.unembed.dtype
 
+    @property
+    def precision(self) -> str:
+        """The dtype the weights (and so the forward pass) run in, by name: `float32`, `bfloat16`, `float16`."""
+        return dtype_name(self.dtype)
+
     def w_o(self, layer: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         """Per-head slices of W_O for one layer, shape (heads, head_dim, d_model): o_h = z_h @ w_o[h]."""
         w = self.spec.o_proj_matrix(self.o_proj(layer).weight)  # (H*dh, d)
@@ -146,7 +151,7 @@ class LoadedModel:
         return {"name": self.name, "family": self.spec.family, "model_type": self.model.config.model_type,
                 "n_layers": self.n_layers, "n_heads": self.n_heads, "n_kv_heads": self.n_kv_heads,
                 "head_dim": self.head_dim, "d_model": self.d_model, "max_positions": self.max_positions,
-                "device": str(self.device), "dtype": str(self.dtype).replace("torch.", ""),
+                "device": str(self.device), "dtype": self.precision,
                 "fingerprint": self.fingerprint}
 
 
@@ -177,12 +182,15 @@ def _params_digest(model: nn.Module) -> str:
 
 def fingerprint(model: nn.Module, name: str, folder: Path | None = None) -> str:
     """Identity of the weights: name, config, and the weight files' hash (local), the hub revision, or
-    the parameters themselves (in-memory models). Families whose head writes are taken after a post-attention norm
+    the parameters themselves (in-memory models), and the precision the weights run in when it is not float32. Families whose head writes are taken after a post-attention norm
     (`ArchSpec.post_attn_norm`) add that site, so results computed when writes were taken at o_proj are never
     served again; every other fingerprint is unchanged."""
     cfg = model.config.to_dict()
     cfg.pop("_commit_hash", None)
     parts = [name, json.dumps(cfg, sort_keys=True, default=str)]
+    weights_dtype = next((p.dtype for p in model.parameters()), torch.float32)
+    if weights_dtype != torch.float32:  # results computed in bf16 / fp16 are their own; float32's key is unchanged
+        parts.append(f"precision {dtype_name(weights_dtype)}")
     site = spec_for(model.config.model_type).post_attn_norm
     if site:
         parts.append(f"head writes after {site}")
@@ -209,12 +217,32 @@ def _prepare_tokenizer(tok: Any) -> Any:
     return tok
 
 
+class ContiguousLinear(nn.Linear):
+    """`nn.Linear` on a contiguous copy of its input: y (..., out) = x (..., in) @ W.T + b, the same numbers.
+
+    The unembedding of a model in bfloat16 gets the last position of each row, a strided (batch, 1, d) view: torch
+    2.13's CPU bf16 matmul then copies the weight expanded over the batch (SmolLM2: 16 x 576 x 49152 values, 2 s
+    of a 2.6 s pass); on a contiguous input it is one GEMM (7 ms)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return super().forward(x.contiguous())
+
+
+def _contiguous_unembedding(model: nn.Module) -> None:
+    """Outside float32, the output embedding reads its input contiguous (`ContiguousLinear`); float32's is left
+    as it is (its GEMM takes the view as fast, and its numbers stay bit-identical)."""
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    if type(head) is nn.Linear and head.weight.dtype != torch.float32:
+        head.__class__ = ContiguousLinear
+
+
 def wrap(model: nn.Module, tokenizer: Any, name: str, folder: Path | None = None, frozen: bool = True,
          fingerprint: str | None = None) -> LoadedModel:
     """A `LoadedModel` around an already built model and tokenizer (tests, notebooks). `frozen` (the default)
     puts it in eval mode without parameter gradients; a model in training passes False. `fingerprint` overrides
     the one computed from the name, config and weights (a GGUF model's is its file's hash)."""
     spec = spec_for(model.config.model_type)
+    _contiguous_unembedding(model)
     if frozen:
         model.eval()
         for p in model.parameters():
@@ -331,10 +359,33 @@ def default_device() -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
+PRECISIONS: dict[str, torch.dtype] = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+"""The precisions a user picks (sidebar, `--precision`, `load_model(precision=...)`). bfloat16 keeps float32's range
+with 8 bits of mantissa: the forward runs ~3x faster on a CPU with avx512_bf16, and every number moves (see
+bench/RESULTS.md, "bfloat16 against float32")."""
+_DTYPES = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp16": torch.float16, "float16": torch.float16,
+           "fp32": torch.float32, "float32": torch.float32}
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    """`torch.bfloat16` -> `bfloat16`."""
+    return str(dtype).replace("torch.", "")
+
+
+def precision_dtype(precision: str) -> torch.dtype:
+    """The dtype of a precision name (`float32`, `bfloat16`); anything else is a ValueError naming the choices."""
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}, not {clip(str(precision), 40)!r}")
+    return PRECISIONS[precision]
+
+
 def load_model(name_or_path: str = "default", device: str | None = None, dtype: str | torch.dtype | None = None,
-               device_map: str | None = None, trust_remote_code: bool = False) -> LoadedModel:
+               device_map: str | None = None, trust_remote_code: bool = False,
+               precision: str | None = None) -> LoadedModel:
     """Load `default`, a preset, a GGUF file, a local HF folder or a hub id. CUDA + bf16 when present, else
-    CPU + fp32. A GGUF file is converted once into a safetensors folder (backend/weights/gguf_convert.py), which this
+    CPU + fp32; `precision` (`float32`, `bfloat16`: PRECISIONS) picks the weights' dtype by name, and a `dtype`
+    that disagrees with it is an error. A precision other than float32 is part of the model's fingerprint, so its
+    results are cached apart. A GGUF file is converted once into a safetensors folder (backend/weights/gguf_convert.py), which this
     and every later load read.
 
     `device_map="auto"` spreads the model over the visible GPUs with accelerate.
@@ -349,8 +400,17 @@ def load_model(name_or_path: str = "default", device: str | None = None, dtype: 
 
     device = device or default_device()
     if isinstance(dtype, str):
-        dtype = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp16": torch.float16,
-                 "float16": torch.float16, "fp32": torch.float32, "float32": torch.float32}[dtype]
+        if dtype not in _DTYPES:
+            raise ModelLoadError(f"dtype must be one of {', '.join(_DTYPES)}, not {clip(dtype, 40)!r}")
+        dtype = _DTYPES[dtype]
+    if precision is not None:
+        try:
+            chosen = precision_dtype(precision)
+        except ValueError as e:
+            raise ModelLoadError(str(e)) from None
+        if dtype is not None and dtype != chosen:
+            raise ModelLoadError(f"precision {precision!r} and dtype {dtype_name(dtype)!r} disagree; give one")
+        dtype = chosen
     dtype = dtype or (torch.bfloat16 if device.startswith("cuda") else torch.float32)
     try:
         config = AutoConfig.from_pretrained(source, trust_remote_code=trust_remote_code, **local_only)
