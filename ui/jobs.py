@@ -141,6 +141,9 @@ class Job:
     on_live: Callable[[dict[str, Any]], None] | None = field(default=None, compare=False)
     """Called with the running job's `live` data (e.g. a training's loss so far) at every poll that has some."""
 
+    def __post_init__(self) -> None:
+        self.params = state.with_precision(self.params)
+
     @property
     def key(self) -> str:
         return state.result_key(self.kind, self.params)
@@ -246,6 +249,7 @@ def keep(kind: str, params: dict[str, Any], result: dict[str, Any]) -> dict[str,
 
 def peek(kind: str, params: dict[str, Any], *, ask_service: bool = True) -> dict[str, Any] | None:
     """A result without computing: this session's memory, else (with `ask_service`) the service's cache."""
+    params = state.with_precision(params)
     hit = state.remembered(kind, params)
     if hit is not None or not ask_service:
         if hit is not None:
