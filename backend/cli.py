@@ -46,9 +46,10 @@ def _model_args(p: argparse.ArgumentParser) -> None:
                                                        ".gguf file, or a Hugging Face id")
     p.add_argument("--device", default=None, help="cpu, cuda, cuda:1 ... (default: cuda if present)")
     p.add_argument("--dtype", default=None, choices=["fp32", "bf16", "fp16"], help="default: bf16 on GPU, fp32 on CPU")
-    p.add_argument("--precision", default=None, choices=["float32", "bfloat16"],
-                   help="the dtype by name (instead of --dtype): bfloat16 runs ~3x faster on a CPU with avx512_bf16, "
-                        "changes every number, and is cached apart from float32")
+    p.add_argument("--precision", default=None, choices=["float32", "bfloat16", "float32-onednn"],
+                   help="the dtype by name (instead of --dtype): bfloat16 runs ~3x faster on a CPU with avx512_bf16 "
+                        "and changes every number; float32-onednn: float32 through oneDNN (CPU, other last bits); "
+                        "each is cached apart from float32")
     p.add_argument("--device-map", default=None, help="`auto` spreads the model over GPUs (accelerate)")
     p.add_argument("--trust-remote-code", action="store_true", help="allow the model repo's own code (off by default)")
 

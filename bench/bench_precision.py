@@ -14,7 +14,8 @@ padding mask computes it) and the unembedding at the last position. Max |logit d
 
 - `mkl_t1`, `mkl_t2`: float32, torch's default Linear (MKL sgemm), 1 / 2 threads;
 - `onednn_t1`, `onednn_t2`: float32, every decoder Linear through oneDNN with its weight pre-packed
-  (`torch.ops.mkldnn._linear_pointwise`, dense in and out, so hooks and weight reads are unchanged);
+  (`loading.OneDnnLinear`: `torch.ops.mkldnn._linear_pointwise`, dense in and out, so hooks and weight reads are
+  unchanged; the `float32-onednn` precision);
 - `to_mkldnn_t1`: `torch.utils.mkldnn.to_mkldnn` on each decoder layer (MkldnnLinear: weights become mkldnn tensors);
 - `bf16math_t1`, `tf32math_t1`: float32 weights, `torch.backends.mkldnn.matmul.fp32_precision = "bf16"` / `"tf32"`
   (oneDNN's reduced-precision math modes for float32 matmuls: they change the numbers);
@@ -47,35 +48,12 @@ from torch import nn
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from backend.analysis.primitives.batching import built_and_encoded, forward_last_logits, make_batch  # noqa: E402
-from backend.model.loading import LoadedModel, load_model, wrap  # noqa: E402
+from backend.model.loading import LoadedModel, load_model, use_onednn  # noqa: E402
 from backend.tasks.registry import load_task  # noqa: E402
 
 
 def load() -> str:
     return os.getloadavg().__repr__()
-
-
-class OneDnnLinear(nn.Module):
-    """A float32 Linear computed by oneDNN: y (..., out) = x (..., in) @ W.T + b, W pre-packed once.
-
-    The original weight stays as `weight` (dense, for anything that reads it); `packed` is oneDNN's blocked copy."""
-
-    def __init__(self, lin: nn.Linear):
-        super().__init__()
-        self.in_features, self.out_features = lin.in_features, lin.out_features
-        self.weight, self.bias = lin.weight, lin.bias
-        self.packed = torch.ops.mkldnn._reorder_linear_weight(lin.weight.detach(), None)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
-
-
-def swap_linears(root: nn.Module, make: Callable[[nn.Linear], nn.Module]) -> None:
-    for name, child in list(root.named_children()):
-        if isinstance(child, nn.Linear):
-            setattr(root, name, make(child))
-        else:
-            swap_linears(child, make)
 
 
 def flops(lm: LoadedModel, batch) -> float:
@@ -101,8 +79,7 @@ def variant(base: LoadedModel, option: str) -> tuple[LoadedModel, Callable[[], N
         return lm, undo
     model = copy.deepcopy(base.model)
     if kind == "onednn":
-        for layer in _get(model, base.spec.layers):
-            swap_linears(layer, OneDnnLinear)
+        use_onednn(_get(model, base.spec.layers))  # what load_model(precision="float32-onednn") does
     elif kind == "to_mkldnn":
         from torch.utils import mkldnn
 

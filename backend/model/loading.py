@@ -106,8 +106,9 @@ class LoadedModel:
 
     @property
     def precision(self) -> str:
-        """The dtype the weights (and so the forward pass) run in, by name: `float32`, `bfloat16`, `float16`."""
-        return dtype_name(self.dtype)
+        """What the forward pass computes in, by name: `float32`, `bfloat16`, `float16`, or `float32-onednn`
+        (float32 with the decoder's Linears through oneDNN, `OneDnnLinear`)."""
+        return ONEDNN if uses_onednn(self.model) else dtype_name(self.dtype)
 
     def w_o(self, layer: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         """Per-head slices of W_O for one layer, shape (heads, head_dim, d_model): o_h = z_h @ w_o[h]."""
@@ -191,6 +192,8 @@ def fingerprint(model: nn.Module, name: str, folder: Path | None = None) -> str:
     weights_dtype = next((p.dtype for p in model.parameters()), torch.float32)
     if weights_dtype != torch.float32:  # results computed in bf16 / fp16 are their own; float32's key is unchanged
         parts.append(f"precision {dtype_name(weights_dtype)}")
+    elif uses_onednn(model):  # float32 through other kernels: other last bits, other results
+        parts.append(f"precision {ONEDNN}")
     site = spec_for(model.config.model_type).post_attn_norm
     if site:
         parts.append(f"head writes after {site}")
@@ -359,10 +362,46 @@ def default_device() -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
-PRECISIONS: dict[str, torch.dtype] = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+ONEDNN = "float32-onednn"
+PRECISIONS: dict[str, torch.dtype] = {"float32": torch.float32, "bfloat16": torch.bfloat16, ONEDNN: torch.float32}
 """The precisions a user picks (sidebar, `--precision`, `load_model(precision=...)`). bfloat16 keeps float32's range
-with 8 bits of mantissa: the forward runs ~3x faster on a CPU with avx512_bf16, and every number moves (see
-bench/RESULTS.md, "bfloat16 against float32")."""
+with 8 bits of mantissa: the forward runs ~3x faster on a CPU with avx512_bf16, and every number moves.
+`float32-onednn` (CPU only; CLI and API, not the sidebar) is float32 with the decoder's Linears through oneDNN:
+logits within 1e-4 of float32's, maps within 1e-6 of their scale, 1.0-1.1x faster here; not the default because
+its last bits differ, so every cached result would change (bench/RESULTS.md, "The forward at the processor's
+rate")."""
+
+
+class OneDnnLinear(nn.Module):
+    """A float32 Linear computed by oneDNN: y (..., out) = x (..., in) @ W.T + b, W pre-packed once.
+
+    `weight` and `bias` stay the Linear's own parameters (dense: the adapters read W_O from them); `packed` is
+    oneDNN's blocked copy of the weight (not in the state dict)."""
+
+    def __init__(self, lin: nn.Linear):
+        super().__init__()
+        self.in_features, self.out_features = lin.in_features, lin.out_features
+        self.weight, self.bias = lin.weight, lin.bias
+        self.packed = torch.ops.mkldnn._reorder_linear_weight(lin.weight.detach(), None)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
+
+
+def use_onednn(layers: nn.Module) -> int:
+    """Swap every float32 `nn.Linear` under `layers` (the decoder layers) for a `OneDnnLinear`; the count."""
+    n = 0
+    for name, child in list(layers.named_children()):
+        if type(child) is nn.Linear and child.weight.dtype == torch.float32:
+            setattr(layers, name, OneDnnLinear(child))
+            n += 1
+        else:
+            n += use_onednn(child)
+    return n
+
+
+def uses_onednn(model: nn.Module) -> bool:
+    return any(isinstance(m, OneDnnLinear) for m in model.modules())
 _DTYPES = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp16": torch.float16, "float16": torch.float16,
            "fp32": torch.float32, "float32": torch.float32}
 
@@ -411,6 +450,8 @@ def load_model(name_or_path: str = "default", device: str | None = None, dtype: 
         if dtype is not None and dtype != chosen:
             raise ModelLoadError(f"precision {precision!r} and dtype {dtype_name(dtype)!r} disagree; give one")
         dtype = chosen
+        if precision == ONEDNN and (device_map or not str(device).startswith("cpu")):
+            raise ModelLoadError(f"precision {ONEDNN!r} is for the CPU; on {device_map or device} use float32")
     dtype = dtype or (torch.bfloat16 if device.startswith("cuda") else torch.float32)
     try:
         config = AutoConfig.from_pretrained(source, trust_remote_code=trust_remote_code, **local_only)
@@ -431,6 +472,8 @@ def load_model(name_or_path: str = "default", device: str | None = None, dtype: 
                              f"{(str(e).splitlines() or [''])[0][:300]}") from e
     if not device_map:
         model.to(device)
+    if precision == ONEDNN:
+        use_onednn(_get(model, spec_for(config.model_type).layers))
     return wrap(model, tok, name, folder, fingerprint=gguf_fingerprint(gguf_sha, dtype) if gguf_sha else None)
 
 

@@ -170,8 +170,8 @@ class ModelPool:
         """`precision` (float32, bfloat16) when it is not the default, else None; anything else is a 422."""
         if precision is None:
             return None
-        if precision not in ("float32", "bfloat16"):
-            raise BadRequest(f"precision must be float32 or bfloat16, not {clip(str(precision), 40)!r}")
+        if precision not in ("float32", "bfloat16", "float32-onednn"):
+            raise BadRequest(f"precision must be float32, bfloat16 or float32-onednn, not {clip(str(precision), 40)!r}")
         return None if precision == self.precision else precision
 
     def _slot(self, key: str, precision: str | None) -> str:
@@ -210,7 +210,7 @@ class ModelPool:
             return self._loader(key, precision=precision) if precision else self._loader(key)
         from ..model.loading import load_model
 
-        return load_model(key, device=self.device, dtype=precision or self.dtype)
+        return load_model(key, device=self.device, **({"precision": precision} if precision else {"dtype": self.dtype}))
 
     @staticmethod
     def _free(lm: "LoadedModel") -> None:

@@ -7,6 +7,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 from starlette.testclient import TestClient
 
@@ -65,7 +66,7 @@ def test_pool_keeps_one_model_per_precision():
     assert pool.get("org-a/m", "float32") is f32  # the default precision, asked by name: the same model
     assert pool.peek("org-a/m", "bfloat16") is b16 and pool.peek("org-a/m") is f32
     assert loads == [("org-a/m", None), ("org-a/m", "bfloat16")]
-    with pytest.raises(Exception, match="precision must be float32 or bfloat16"):
+    with pytest.raises(Exception, match="precision must be float32, bfloat16 or float32-onednn"):
         pool.get("org-a/m", "int8")
 
 
@@ -76,7 +77,8 @@ def test_bfloat16_job_is_cached_apart_from_float32(tiny_dir):
         b16 = wait(c, c.post("/jobs", json={**body, "precision": "bfloat16"}).json()["id"])
         same = wait(c, c.post("/jobs", json={**body, "precision": "float32"}).json()["id"])
         again = wait(c, c.post("/jobs", json={**body, "precision": "bfloat16"}).json()["id"])
-        loaded = {m["dtype"] for m in c.get("/capabilities").json()["loaded_models"]}
+        loaded = {m["dtype"] for m in c.get("/capabilities").json()["loaded_models"]}  # 2 resident at most
+        onednn = wait(c, c.post("/jobs", json={**body, "precision": "float32-onednn"}).json()["id"])
     assert f32["status"] == b16["status"] == "done", (f32.get("error"), b16.get("error"))
     assert "precision" not in f32["params"] and b16["params"]["precision"] == "bfloat16"
     assert b16["cache_hit"] is False  # not float32's cached result
@@ -86,6 +88,9 @@ def test_bfloat16_job_is_cached_apart_from_float32(tiny_dir):
     assert (again["id"] == b16["id"] or again["cache_hit"]) and again["result"]["tr"] == b16["result"]["tr"]
     assert b16["id"] != f32["id"]
     assert loaded == {"float32", "bfloat16"}
+    assert onednn["status"] == "done" and onednn["cache_hit"] is False and onednn["id"] != f32["id"]
+    f, o = np.asarray(f32["result"]["tr"]), np.asarray(onednn["result"]["tr"])
+    assert np.abs(f - o).max() <= 1e-5 * np.abs(f).max()
 
 
 def test_bad_precision_is_a_422_naming_the_field(tiny_dir):

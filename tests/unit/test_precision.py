@@ -62,10 +62,12 @@ def test_in_memory_models_are_apart_by_dtype(gpt2_tokenizer):
 
 
 def test_bad_precision_is_a_clear_error(folder):
-    with pytest.raises(ModelLoadError, match="precision must be one of float32, bfloat16, not 'fp8'"):
+    with pytest.raises(ModelLoadError, match="precision must be one of float32, bfloat16, float32-onednn, not 'fp8'"):
         load_model(str(folder), device="cpu", precision="fp8")
     with pytest.raises(ModelLoadError, match="disagree"):
         load_model(str(folder), device="cpu", precision="bfloat16", dtype="fp32")
+    with pytest.raises(ModelLoadError, match="for the CPU"):
+        load_model(str(folder), device="meta", precision="float32-onednn")
     with pytest.raises(ValueError, match="float32, bfloat16"):
         precision_dtype("half")
 
@@ -93,3 +95,24 @@ def test_bfloat16_head_maps_agree_with_float32(both):
         assert not np.array_equal(f, b)  # bf16 did run: the numbers moved
     top = {prec: set(np.argsort(-np.asarray(x.tr), axis=None)[:3].tolist()) for prec, x in r.items()}
     assert top["float32"] == top["bfloat16"]
+
+
+def test_float32_onednn_is_float32_close_and_cached_apart(folder, both):
+    """float32 with the decoder's Linears through oneDNN: float32 weights, logits within 1e-4 and the same argmax,
+    TR / TL within 1e-5 of the map's scale, its own fingerprint (other last bits); W_O still reads as float32."""
+    from backend.analysis.primitives.batching import forward_last_logits, make_batch
+    from backend.model.loading import OneDnnLinear
+
+    lm, ref = load_model(str(folder), device="cpu", precision="float32-onednn"), both["float32"]
+    assert lm.precision == "float32-onednn" and lm.dtype == torch.float32
+    assert isinstance(lm.o_proj(0), OneDnnLinear) and torch.equal(lm.w_o(0), ref.w_o(0))
+    assert lm.fingerprint not in (ref.fingerprint, both["bfloat16"].fingerprint)
+    ids = [lm.tokenizer.encode(t) for t in ("the cat sat on the", "one two three four five six", "a b")]
+    with torch.inference_mode():
+        a, b = (forward_last_logits(m, make_batch(m, ids, [0, 1, 2])) for m in (ref, lm))
+    assert (a - b).abs().max() <= 1e-4 and torch.equal(a.argmax(-1), b.argmax(-1))
+    task = load_task("syn-sentiment")
+    r = [backend.head_maps(m, task, shots=2, prompts=8, seed=0, cache=False) for m in (ref, lm)]
+    for m in ("tr", "tl"):
+        f, g = np.asarray(getattr(r[0], m)), np.asarray(getattr(r[1], m))
+        assert np.abs(f - g).max() <= 1e-5 * np.abs(f).max(), m
