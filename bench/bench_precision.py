@@ -28,6 +28,11 @@ agreement: the top-k TR / TL sets' overlap (k: the page's top_k), each map's lar
 float32 map's largest |value|, the share of heads whose bf16 mean lies outside float32's 95% bootstrap interval,
 the significant sets' Jaccard overlap, and the ICL accuracy at both precisions.
 
+`--toggles`: for each precision (float32, float32-onednn, bfloat16) on the first `--model` and `--task`: the Head
+map (CPU-s; it keeps the prompts' clean prefix), then three toggles (`ablate`, positions `last`: one token step per
+prompt over the kept prefix, 1, 2 and 3 of the top TR heads), their median CPU-s and whether the ablated accuracy
+matches float32's.
+
 The load (`uptime`) is printed before and after: on a shared machine CPU seconds are the fair measure.
 """
 from __future__ import annotations
@@ -120,10 +125,14 @@ def main() -> None:
     ap.add_argument("--json", default=None)
     ap.add_argument("--smoke", action="store_true")
     ap.add_argument("--maps", action="store_true", help="bf16 against float32 on head_maps (see the docstring)")
+    ap.add_argument("--toggles", action="store_true",
+                    help="each precision: a Head map (keeping the prompts' prefix), then 3 last-token toggles")
     ap.add_argument("--tasks", default=None, help="--maps: tasks, comma-separated (default: the page's and one more)")
     a = ap.parse_args()
     if a.maps:
         return maps(a)
+    if a.toggles:
+        return toggles(a)
     if a.smoke:
         a.model, a.task, a.prompts, a.reps, a.only, a.shots = "default", "syn-sentiment", 4, 1, "mkl_t1,onednn_t1", 2
     print(f"load before {load()}", flush=True)
@@ -174,6 +183,37 @@ def main() -> None:
         Path(a.json).write_text(json.dumps({"model": a.model, "task": a.task, "shots": a.shots,
                                             "batch": list(batch.input_ids.shape), "gflop": gflop, "rows": rows},
                                            indent=1))
+
+
+def toggles(a: argparse.Namespace) -> None:
+    import numpy as np
+
+    from backend.analysis.kernel import analyze
+
+    torch.set_num_threads(1)
+    print(f"load before {load()}", flush=True)
+    name, task = a.model.split(",")[0], load_task(a.task)
+    heads = None
+    for prec in ("float32", "float32-onednn", "bfloat16"):
+        lm = load_model(name, precision=prec)
+        c = time.process_time()
+        r = analyze("head_maps", lm, task, cache=False, shots=a.shots, prompts=a.prompts, seed=0)
+        maps_s = time.process_time() - c
+        if heads is None:  # float32's top TR heads, the same sets for every precision
+            order = np.argsort(-np.asarray(r.tr), axis=None)[:3]
+            heads = [[int(v) for v in np.unravel_index(i, np.asarray(r.tr).shape)] for i in order]
+        cpu, acc = [], []
+        for k in (1, 2, 3):
+            c = time.process_time()
+            t = analyze("ablate", lm, task, cache=False, shots=a.shots, prompts=a.prompts, seed=0, heads=heads[:k],
+                        positions="last")
+            cpu.append(time.process_time() - c)
+            acc.append(t.after.accuracy)
+        print(json.dumps({"model": name, "task": a.task, "precision": prec, "maps_cpu_s": round(maps_s, 2),
+                          "toggle_cpu_s": round(statistics.median(cpu), 3), "toggles_cpu_s": [round(x, 3) for x in cpu],
+                          "ablated_accuracy": acc}), flush=True)
+        del lm
+    print(f"load after {load()}", flush=True)
 
 
 SECOND_TASK = {"smollm2-135m": "sentiment", "gemma3-270m": "topic", "default": "syn-copy"}

@@ -51,11 +51,12 @@ def model_box(caps: dict[str, Any], on_installed: Callable[[], None] = lambda: N
 
 SHORT = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 BFLOAT16 = ("bfloat16 runs the model in 16-bit floats (float32's range, 8 bits of mantissa): on this CPU "
-            "(avx512_bf16) a forward pass takes about a third of float32's CPU time, and every number moves a "
-            "little. Against float32 (50 prompts, 8 shots): the TR / TL maps differ by at most 0.4-0.9% of their "
-            "largest value on the page defaults (7% for TL on SmolLM2 sentiment), the top-k heads overlap 96-100%, "
-            "the significant sets are the same, accuracy moves by up to 2 points, and up to 2% of heads leave "
-            "float32's 95% bootstrap interval (bench/RESULTS.md). Its results are cached apart from float32's.")
+            "(avx512_bf16) a forward pass takes about a third of float32's CPU time, a Head map 0.3-0.4 of it, and "
+            "every number moves a little. Against float32 on SmolLM2 and Gemma-3-270M (8 shots, 50 prompts, 2 tasks "
+            "each): the TR map differs by at most 0.4% of its largest value and TL by 0.8-6.8%, the top-k heads "
+            "overlap 96-100%, the significant sets agree on 7 of 8 maps, accuracy moves by up to 2 points, and up to "
+            "6% of heads leave float32's (tight) 95% bootstrap interval of TR, so float32 stays the default "
+            "(bench/RESULTS.md). Its results are cached apart from float32's.")
 
 
 def precision_box(caps: dict[str, Any]) -> None:
