@@ -63,7 +63,7 @@ def estimate_line(jobs_: list[tuple[str, dict[str, Any]]]) -> str | None:
     from . import api, state
 
     try:  # a result this session has already needs no estimate
-        asked = [(kind, state.with_precision(params)) for kind, params in jobs_]
+        asked = [(kind, jobs.with_precision(params)) for kind, params in jobs_]
         answers = [(kind, params, *api.checked(kind, params)) for kind, params in asked
                    if state.remembered(kind, params) is None]
     except api.ApiError:

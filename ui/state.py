@@ -60,8 +60,7 @@ def _int_in(lo: int, hi: int) -> Callable[[str], int]:
     return parse
 
 
-PRECISIONS = ("float32", "bfloat16")
-"""The precisions a model can run in (the service's `precision` field)."""
+PRECISIONS = ("float32", "bfloat16")  # the sidebar's choices of the service's `precision` field
 
 
 def _choice(options: Sequence[str]) -> Callable[[str], str]:
@@ -174,8 +173,7 @@ class Field:
 
 FIELDS: dict[str, Field] = {f.name: f for f in (
     Field("model", default_model, _text),
-    # None: the service's default (float32 on CPU); in the URL only when picked (so links and job params stay as
-    # they were), and sent with every job that names a model (`with_precision`)
+    # None: the service's default; in the URL (and a job's params, `jobs.with_precision`) only when picked
     Field("precision", lambda: None, _choice(PRECISIONS), view=True),
     Field("task", lambda: None, _text),
     _kind_field("shots"),  # the service's limits (`bounds`) apply after the parse
@@ -346,15 +344,6 @@ def init(limits: dict[str, Any] | None = None) -> list[str]:
 def get() -> Settings:
     ss = st.session_state
     return Settings(**{name: ss[f"s_{name}"] for name in FIELDS if name in _SETTINGS_FIELDS})
-
-
-def with_precision(params: dict[str, Any]) -> dict[str, Any]:
-    """`params` with the sidebar's precision added when one is picked and the job names a model: its results (and
-    this session's memory of them) are then apart from the default precision's."""
-    picked = value("precision")
-    if not picked or "model" not in params or "precision" in params:
-        return params
-    return {**params, "precision": picked}
 
 
 def value(name: str) -> Any:
