@@ -82,8 +82,10 @@ def make_executor(pool: Any, tasks: Any = None) -> Executor:
         from ..analysis.kernel import analyze
         from .timing import LOAD, record
 
-        resident, t0 = a.spec.uses_model and pool.peek(a.model) is not None, time.perf_counter()
-        lm = pool.get(a.model) if a.spec.uses_model else None
+        precision = getattr(a, "precision", None)  # a precision other than the pool's default
+        at = (precision,) if precision else ()
+        resident, t0 = a.spec.uses_model and pool.peek(a.model, *at) is not None, time.perf_counter()
+        lm = pool.get(a.model, *at) if a.spec.uses_model else None
         if a.spec.uses_model and not resident:  # what loading it took: a later first job's estimate adds it
             record(a.model, LOAD, 1.0, time.perf_counter() - t0)
         warm, t0 = a.spec.module in sys.modules, time.perf_counter()  # a first run imports its kind: not timed

@@ -33,6 +33,10 @@ class JobFields(BaseModel):
                        description="`default`, a local model folder, or a Hugging Face id")
     task: str | None = Field(None, max_length=MAX_TEXT,
                              description="a built-in task name or an `upload:<hash>` id from POST /tasks/upload")
+    precision: Literal["float32", "bfloat16", "float32-onednn"] | None = Field(
+        None, description="the dtype the model runs in (default: the server's, float32 on CPU); bfloat16 is ~3x "
+                          "faster on a CPU with avx512_bf16 and changes every number; float32-onednn (CPU) is "
+                          "float32 through oneDNN's kernels (other last bits); each is cached apart")
 
     @field_validator("model")
     @classmethod
