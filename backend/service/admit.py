@@ -141,9 +141,9 @@ def admit(body: dict[str, Any], pool: ModelPool, tasks: TaskStore, limits: Limit
     precision = None
     if spec.uses_model:
         identity["model"] = pool.check(jf.model)
-        if hasattr(pool, "require_loadable"):  # a pool that loads by other means (tests) may not say
-            pool.require_loadable(identity["model"])
         precision = pool.other_precision(jf.precision) if hasattr(pool, "other_precision") else None
+        if hasattr(pool, "require_loadable"):  # a pool that loads by other means (tests) may not say
+            pool.require_loadable(identity["model"], precision or getattr(pool, "precision", "float32"))
         resident = pool.peek(jf.model, precision) if precision else pool.peek(jf.model)
         model_info = resident.info() if resident is not None else None
     work, plan = estimate(spec, p, identity.get("model"), task, lm=resident,

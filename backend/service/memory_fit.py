@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 WORKING_SHARE, WORKING_BYTES = 0.25, 512 << 20
-BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+BYTES = {"float32": 4, "float32-onednn": 4, "bfloat16": 2, "float16": 2}
 _CGROUP = Path("/sys/fs/cgroup")
 
 
@@ -88,7 +88,7 @@ def memory_problem(name: str, cfg: dict[str, Any] | None, precision: str = "floa
     if need <= free:
         return None
     half = needed_bytes(n, "bfloat16")
-    options = [f"bfloat16 (precision=bfloat16: about {gb(half)})"] if precision == "float32" and half <= free else []
+    options = [f"bfloat16 (precision=bfloat16: about {gb(half)})"] if BYTES[precision] > 2 and half <= free else []
     options += [f"a GPU with at least {gb(need)} of memory, or several GPUs with device_map=\"auto\" (the layers "
                 f"spread over them)", "a machine with more memory"]
     return (f"model {name!r} needs about {gb(need)} of memory in {precision} ({n / 1e9:.2f}B parameters x "

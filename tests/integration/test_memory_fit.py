@@ -31,7 +31,7 @@ def test_llama_8b_is_8_03_billion_and_its_memory_by_precision():
     assert n + 32 * 2 * 4096 + 4096 == 8_030_261_248  # Llama-3.1-8B's published count, with its 65 norms' gains
     assert needed_bytes(n, "float32") == int(n * 4 * 1.25 + (512 << 20))
     assert needed_bytes(n, "bfloat16") * 2 - needed_bytes(n, "float32") == 512 << 20
-    assert BYTES == {"float32": 4, "bfloat16": 2, "float16": 2}
+    assert BYTES == {"float32": 4, "float32-onednn": 4, "bfloat16": 2, "float16": 2}
 
 
 def test_a_config_without_sizes_is_not_judged():
@@ -59,6 +59,10 @@ def test_an_8b_shape_is_refused_at_admission_before_anything_loads(tmp_path, mon
         assert "Nothing was loaded." in msg
         est = c.post("/jobs/estimate", json={"kind": "head_maps", "model": str(folder), "task": "antonym"})
         assert est.status_code == 507 and est.json()["detail"] == msg  # the estimate refuses it the same way
+        r = c.post("/jobs", json={"kind": "head_maps", "model": str(folder), "task": "antonym",
+                                  "precision": "bfloat16"})
+        assert r.status_code == 507 and "needs about 20.6 GB of memory in bfloat16 (8.03B parameters x 2 bytes" \
+            in r.json()["detail"]  # the precision asked for is the one checked
     monkeypatch.setenv("HEADLENS_MEMORY_BYTES", str(24e9))
     msg = memory_problem("m", LLAMA_8B)
     assert msg is not None and "bfloat16 (precision=bfloat16: about 20.6 GB)" in msg
