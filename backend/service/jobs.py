@@ -112,6 +112,7 @@ class _Job:
     preempted: int = 0  # times it gave way (to live or interactive jobs)
     gave_way_interactive: int = 0  # of which to interactive jobs (a sweep job: at most PREEMPT_MAX)
     lost_s: float = 0.0  # running time of the attempts it abandoned (an upper bound on the work giving way cost)
+    ran_on: dict[str, Any] | None = None  # where it ran (the Ray runner reports it: node, and lost attempts)
 
     def snapshot(self, include_result: bool = True) -> JobStatus:
         hit = self.result.get("cache_hit") if self.result else None
@@ -123,7 +124,7 @@ class _Job:
                          error_type=self.error_type, params=self.params, created=self.created, started=self.started,
                          finished=self.finished, remaining_s=remaining, cache_hit=hit if isinstance(hit, bool) else None,
                          live=self.live if self.status in ACTIVE_STATES else None, submitters=self.submitters,
-                         lane=self.lane, preempted=self.preempted)
+                         lane=self.lane, preempted=self.preempted, ran_on=self.ran_on)
 
 
 LANES = ("live", "interactive", "sweep")  # a free worker takes the first lane that has a job
@@ -400,7 +401,11 @@ class LocalJobRunner(JobRunner):
             with self._cond:
                 job.live = to_jsonable(data)
 
-        progress = JobProgress(report, live, check)
+        def where(info: dict[str, Any]) -> None:
+            with self._cond:
+                job.ran_on = to_jsonable(info)
+
+        progress = JobProgress(report, live, check, where, job.lane)
 
         try:
             with checking(check):

@@ -101,7 +101,8 @@ def summarize(cells: list[Cell]) -> dict[str, Any]:
         mine = [r for r in rows if r["model"] == m]
         entry: dict[str, Any] = {"model": m, "tasks": len(mine)}
         for k in dedupe([k for r in mine for k in r if k not in ("model", "task", "jobs", "seeds")]):
-            entry[k] = mine[0][k] if k in ("n_layers", "n_heads") else _mean([r.get(k) for r in mine])
+            entry[k] = (next((r[k] for r in mine if k in r), None) if k in ("n_layers", "n_heads")  # rows of
+                        else _mean([r.get(k) for r in mine]))  # other kinds lack them (a sweep still running)
         depths = pooled.get(m)
         if depths:
             entry["tr_depth_hist"], entry["tl_depth_hist"] = _hist(depths["tr"]), _hist(depths["tl"])
