@@ -254,6 +254,19 @@ class ModelActors:
                 self._actors.remove(a)
             self._cond.notify_all()
 
+    def make_room(self, pending: Actor) -> bool:
+        """Release the least recently used idle actor (not `pending`), so that `pending`, an actor Ray has not
+        started for want of CPUs (its node was lost after it was counted), can be placed; False when none is idle."""
+        with self._cond:
+            idle = sorted((a for a in self._actors if not a.busy and a is not pending), key=lambda a: a.last_used)
+            if not idle:
+                return False
+            log.warning("ray: an actor for %s has not started; releasing the idle actor for %s to make room",
+                        pending.model, idle[0].model)
+            self._kill(idle[0])
+            self._cond.notify_all()
+            return True
+
     def wake(self) -> None:
         """Wake the jobs waiting for an actor (they check the cluster again)."""
         with self._cond:

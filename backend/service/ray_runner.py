@@ -223,7 +223,7 @@ class RayJobRunner(LocalJobRunner):
 
         call = uuid.uuid4().hex
         ref = a.handle.run.remote(call, spec, fields, task)
-        last, told = 0.0, False
+        last, told, since = 0.0, False, time.monotonic()
         try:
             try:
                 while True:
@@ -234,6 +234,11 @@ class RayJobRunner(LocalJobRunner):
                     if ready:
                         break
                     self._check_cluster()
+                    if not told and time.monotonic() - since > max(20.0, 2 * self.cfg.evict_s):
+                        # not started yet: its CPUs may be held by idle actors (the cluster lost a node after this
+                        # one was counted as fitting); free one, once per wait
+                        self.actors.make_room(a)
+                        since = time.monotonic()
                     try:
                         frac, msg, live = ray.get(a.handle.poll.remote(call), timeout=10)
                     except GetTimeoutError:

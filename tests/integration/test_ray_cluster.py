@@ -269,7 +269,7 @@ def test_the_head_host_killed_is_an_error_not_a_hang(cluster):
     final = run_sweep(service, ["default"], on_poll=kill_head, seeds=[1])  # not cached: seed 1
     assert killed, "no job ran"
     took = time.monotonic() - killed["at"]
-    assert final["status"] == "error", final
+    assert final["counts"]["error"] >= 1 and final["counts"]["done"] + final["counts"]["error"] == 8, final
     assert "stopped answering" in final["message"] and cluster["ray"].address in final["message"], final["message"]
     failed = [j for j in final["jobs"] if j["status"] == "error"]
     assert failed and all("head" in j["error"] for j in failed), failed
