@@ -116,9 +116,8 @@ class _Job:
 
     def snapshot(self, include_result: bool = True) -> JobStatus:
         hit = self.result.get("cache_hit") if self.result else None
-        remaining = None
-        if self.status == "running" and self.started is not None:
-            remaining = remaining_seconds(self.progress, time.time() - self.started)
+        running = self.status == "running" and self.started is not None
+        remaining = remaining_seconds(self.progress, time.time() - self.started) if running else None  # type: ignore
         return JobStatus(id=self.id, kind=self.kind, status=self.status, progress=self.progress,  # type: ignore[arg-type]
                          message=self.message, result=self.result if include_result else None, error=self.error,
                          error_type=self.error_type, params=self.params, created=self.created, started=self.started,
@@ -401,11 +400,7 @@ class LocalJobRunner(JobRunner):
             with self._cond:
                 job.live = to_jsonable(data)
 
-        def where(info: dict[str, Any]) -> None:
-            with self._cond:
-                job.ran_on = to_jsonable(info)
-
-        progress = JobProgress(report, live, check, where, job.lane)
+        progress = JobProgress(report, live, check, lambda info: setattr(job, "ran_on", to_jsonable(info)), job.lane)
 
         try:
             with checking(check):

@@ -64,15 +64,10 @@ installed, or a cluster that does not answer within HEADLENS_RAY_CONNECT_TIMEOUT
 | HEADLENS_RAY_NODE_IP | unset | the Ray node the service joins, by its `--node-ip-address` (a machine with several) |
 | HEADLENS_RAY_HEAD_LOST_S | 10 | the head's GCS unreachable this long: the cluster is lost (see below) |
 
-Where each job ran: the job's `ran_on` (node IP, node id, host, pid of its actor; `lost`: the nodes of attempts
-whose worker died, so it was retried), set once its actor reports; a sweep's record counts jobs per node and lists
-the retried ones. `cluster()` is the cluster as the service sees it (nodes, their CPUs and GPUs, the actors).
-
-A lost head: a watch thread connects to the head's GCS port every second; once it has not answered for
-HEADLENS_RAY_HEAD_LOST_S, the cluster is lost (`lost`, a sentence naming the head): running jobs end with that error
-(`ClusterLost`), a sweep's jobs fail with it at once, and the other jobs (toggles, interactive jobs) run on the
-service's own local executor, so the service keeps answering. Ray would end the service's process after 60 s
-without its GCS (gcs_rpc_server_reconnect_timeout_s); `connect` raises that limit for the service's driver.
+A job's `ran_on`: its actor's node IP, node id, host, pid; `lost`: the nodes of attempts whose worker died.
+`cluster()`: the nodes (CPUs, GPUs) and actors. A lost head (its GCS port unanswered for HEADLENS_RAY_HEAD_LOST_S,
+watched every second): running and sweep jobs fail with `ClusterLost`, a sentence naming it; other jobs run on
+the service's own executor. (Ray would end the driver after 60 s without its GCS: `connect` raises that limit.)
 """
 from __future__ import annotations
 

@@ -108,3 +108,21 @@ def summarize(cells: list[Cell]) -> dict[str, Any]:
             entry["tr_depth_hist"], entry["tl_depth_hist"] = _hist(depths["tr"]), _hist(depths["tl"])
         models.append(entry)
     return {"rows": rows, "models": models, "depth_bins": DEPTH_BINS}
+
+
+def placement(cells: list[Any]) -> dict[str, Any]:
+    """Where a sweep's jobs ran: jobs per node (by IP; `service` for a cached result the service answered, `local`
+    for the service's own runner) and the retried jobs (each with the nodes its lost attempts ran on)."""
+    hosts: dict[str, int] = {}
+    retried = []
+    for c in cells:
+        r = c.ran_on or {}
+        if c.status == "done":
+            where = r.get("node_ip") or ("local" if r.get("runner") == "local" else "service" if c.cache_hit or
+                                         c.served or not r else "?")
+            hosts[where] = hosts.get(where, 0) + 1
+        if r.get("lost"):
+            retried.append({"job_id": c.job_id, "model": c.model, "task": c.task, "kind": c.kind, "seed": c.seed,
+                            "lost_on": [x.get("node_ip") or "?" for x in r["lost"]], "ran_on": r.get("node_ip"),
+                            "status": c.status})
+    return {"hosts": hosts, "retried": retried}

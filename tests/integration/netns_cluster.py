@@ -28,14 +28,15 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+
+from hang import HANG_S
 
 RAY_BIN = Path(sys.executable).with_name("ray")
 OBJECT_STORE = 100_000_000
 
 
 def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess:
-    return subprocess.run(["ip", *args], capture_output=True, text=True, check=check, timeout=30)
+    return subprocess.run(["ip", *args], capture_output=True, text=True, check=check, timeout=HANG_S)
 
 
 def why_not() -> str | None:
@@ -49,7 +50,7 @@ def why_not() -> str | None:
     name = f"hlprobe{secrets.token_hex(3)}"
     r = _ip("netns", "add", name, check=False)
     if r.returncode != 0:
-        return f"`ip netns add` failed here ({r.stderr.strip()[:200]}): no network namespaces for the multi-host Ray test"
+        return f"`ip netns add` failed here ({r.stderr.strip()[:200]}): no network namespaces for the multi-host test"
     _ip("netns", "del", name, check=False)
     return None
 
@@ -86,7 +87,8 @@ class Host:
     def argv(self, argv: list[str]) -> list[str]:
         return ["ip", "netns", "exec", self.netns, *argv]
 
-    def run(self, argv: list[str], env: dict[str, str] | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
+    def run(self, argv: list[str], env: dict[str, str] | None = None, timeout: float = HANG_S
+            ) -> subprocess.CompletedProcess:
         return subprocess.run(self.argv(argv), env=env, capture_output=True, text=True, timeout=timeout)
 
     def popen(self, argv: list[str], env: dict[str, str] | None = None, log: Path | None = None) -> subprocess.Popen:
@@ -118,7 +120,7 @@ class Host:
             time.sleep(0.2)
         for p in self.procs:
             try:
-                p.wait(timeout=5)
+                p.wait(timeout=HANG_S)
             except subprocess.TimeoutExpired:
                 pass
         return sorted(set(hit))
@@ -129,7 +131,7 @@ class Host:
 
     def listening(self) -> list[str]:
         """The local addresses of the TCP sockets listening in this namespace (`ss -ltn`)."""
-        r = self.run(["ss", "-Hltn"], timeout=30)
+        r = self.run(["ss", "-Hltn"])
         return [line.split()[3] for line in r.stdout.splitlines() if line.strip()]
 
 
@@ -230,7 +232,7 @@ class RayHosts:
                  "--disable-usage-stats", f"--temp-dir={self.temp_dir(h.name)}", "--block"], env=env,
                 log=self.tmp / f"{h.name}.log")
 
-    def start_node(self, name: str, env: dict[str, str], num_cpus: int = 1, timeout: float = 180) -> None:
+    def start_node(self, name: str, env: dict[str, str], num_cpus: int = 1, timeout: float = HANG_S) -> None:
         h = self.net.hosts[name]
         self.temp_dir(h.name).mkdir(parents=True, exist_ok=True)
         r = h.run([str(RAY_BIN), "start", f"--address={self.address}", f"--node-ip-address={h.ip}",
@@ -239,7 +241,7 @@ class RayHosts:
         if r.returncode != 0:
             raise RuntimeError(f"ray start on {name} ({h.ip}) failed: {(r.stdout + r.stderr)[-1500:]}")
 
-    def wait_head(self, timeout: float = 180) -> None:
+    def wait_head(self, timeout: float = HANG_S) -> None:
         """Until the head's GCS port answers (from the root namespace, through the bridge)."""
         import socket
 
@@ -249,20 +251,9 @@ class RayHosts:
             if any(p.poll() is not None for p in h.procs):
                 raise RuntimeError(f"ray start --head exited: {(self.tmp / f'{h.name}.log').read_text()[-1500:]}")
             try:
-                socket.create_connection((h.ip, self.port), timeout=1).close()
+                socket.create_connection((h.ip, self.port), timeout=0.5).close()
                 return
             except OSError:
                 time.sleep(0.5)
         raise RuntimeError(f"the Ray head at {self.address} did not answer within {timeout:.0f} s")
 
-
-def nodes_alive(host: Host, address: str, env: dict[str, str], python: str = sys.executable) -> list[dict[str, Any]]:
-    """The cluster's nodes as its GCS lists them, asked from `host` (a one-off Python in that namespace)."""
-    import json
-
-    code = ("import json, ray._private.state as s\nfrom ray._raylet import GcsClient\n"
-            f"c = GcsClient(address={address!r})\n"
-            "print(json.dumps([{'ip': n.node_manager_address, 'alive': n.state == 0} "
-            "for n in c.get_all_node_info(timeout=20).values()]))")
-    r = host.run([python, "-c", code], env=env, timeout=60)
-    return json.loads(r.stdout.strip().splitlines()[-1]) if r.returncode == 0 else []

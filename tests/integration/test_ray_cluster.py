@@ -50,7 +50,7 @@ class Service:
     def __init__(self, url: str):
         self.url = url
 
-    def call(self, method: str, path: str, body: Any = None, timeout: float = 30) -> Any:
+    def call(self, method: str, path: str, body: Any = None, timeout: float = HANG_S) -> Any:
         data = json.dumps(body).encode() if body is not None else None
         req = urllib.request.Request(self.url + path, data=data, method=method,
                                      headers={"content-type": "application/json"} if data else {})
@@ -226,7 +226,7 @@ def test_a_sweep_over_three_hosts_survives_a_lost_worker_host(cluster, tiny_llam
     t0 = time.monotonic()
     final = run_sweep(service, models, on_poll=kill_w2)
     wall = time.monotonic() - t0
-    assert killed, f"w2 never ran a job mid-sweep: {final['message']} {final['counts']} {final['placement']} {[j['ran_on'] for j in final['jobs']]}"
+    assert killed, f"w2 never ran a job mid-sweep: {final['message']} {final['counts']} {final['placement']}"
     assert final["status"] == "done" and final["counts"]["done"] == 16 and final["counts"]["error"] == 0, final
     jobs = final["jobs"]
     assert len({j["job_id"] for j in jobs}) == 16
@@ -249,8 +249,6 @@ def test_a_sweep_over_three_hosts_survives_a_lost_worker_host(cluster, tiny_llam
     assert got.keys() == base.keys() and len(got) == 16
     for key in base:
         assert got[key] == base[key], key
-    c = service.get("/cluster")
-    assert w2.ip not in {n["node_ip"] for n in c["nodes"] if n["alive"]} or True  # (Ray may take a while to say)
     print(f"\nsweep: {wall:.1f} s; jobs per host {placement['hosts']}; w2 ({w2.ip}) killed (pids {killed['pids']}) "
           f"while running {len(killed['running_on_w2'])} job(s), after finishing {len(killed['done_on_w2'])}; "
           f"retried: {[(r['kind'], r['task'], r['lost_on'], r['ran_on']) for r in placement['retried']]}; "
