@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import sys
 import time
 import urllib.error
@@ -126,6 +127,7 @@ def cluster(tmp_path_factory):
               f"hosts {', '.join(f'{h.name} {h.ip}' for h in net.hosts.values())}; left over: {left}")
         if log_tail:
             print("service log (tail):\n" + log_tail)
+        shutil.rmtree(tmp, ignore_errors=True)  # the hosts' Ray temp dirs, logs, token and cache
         assert not left, f"namespaces/links left over: {left}"
 
 
