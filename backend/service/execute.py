@@ -65,11 +65,15 @@ def time_limited(progress: Progress, limit_s: float) -> "JobProgress":
 class JobProgress:
     """What a runner hands a job: `progress(fraction, message)`, `live(data)` for data a page draws while the job
     runs (the job's `live` field), and `check()`, which raises a `stopping.Stop` (cancelled, preempted, past the
-    time limit) and which `kernel.analyze` installs for the loops. `progress` and `live` run the check first."""
+    time limit) and which `kernel.analyze` installs for the loops. `progress` and `live` run the check first.
+    `where(info)` records where the job runs (the Ray runner: its node, and the nodes of attempts whose worker
+    died); `lane` is the job's lane (`live`, `interactive`, `sweep`)."""
 
     report: Progress
     live: Callable[[dict[str, Any]], None]
     check: Check | None = None
+    where: Callable[[dict[str, Any]], None] | None = None
+    lane: str = ""
 
     def __call__(self, fraction: float, message: str = "") -> None:
         self.report(fraction, message)

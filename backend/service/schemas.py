@@ -92,6 +92,10 @@ class JobStatus(BaseModel):
                                                             "curve so far of a training)")
     estimate: dict[str, Any] | None = Field(None, description="the admission's estimate (POST /jobs answers): as "
                                                               "POST /jobs/estimate's")
+    ran_on: dict[str, Any] | None = Field(None, description="where the job ran, when the runner says (the Ray "
+                                          "runner): `node_ip`, `node_id`, `host`, `pid`; `lost`: the nodes of earlier "
+                                          "attempts whose worker died (the job was retried); `runner`: `ray` or "
+                                          "`local` (the service's own runner, once the cluster is lost)")
 
 
 class JobEstimate(BaseModel):
