@@ -162,7 +162,7 @@ def local_baseline(models: list[str]) -> dict[tuple, dict[str, Any]]:
     from backend.service.jobs import LocalJobRunner
     from backend.service.limits import Limits
     from backend.service.model_pool import ModelPool
-    from backend.service.sweeps import SweepManager, SweepRequest, plan
+    from backend.service.sweeps import SweepManager, SweepRequest, sweep_cells
     from backend.service.task_store import TaskStore
 
     pool, tasks, limits = ModelPool(), TaskStore(), Limits()
@@ -172,7 +172,7 @@ def local_baseline(models: list[str]) -> dict[tuple, dict[str, Any]]:
     try:
         req = SweepRequest(models=models, tasks=TASKS, kinds=KINDS, seeds=[0], params=PARAMS)
         manager = SweepManager(runner, limits, keep_results=True)
-        sid = manager.start(req, plan(req, pool, tasks, limits))["id"]
+        sid = manager.start(req, sweep_cells(req, pool, tasks, limits))["id"]
         final = manager.wait(sid, timeout=HANG_S)
         assert final["status"] == "done", final["message"]
         return {(r["model"], r["task"], r["kind"]): {k: v for k, v in r["result"].items() if k not in VOLATILE}
