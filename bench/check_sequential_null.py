@@ -1,6 +1,7 @@
 """The sequential TR null against every draw for every head, on the page defaults of real models.
 
     HEADLENS_MODELS_DIR=models/pulled python bench/check_sequential_null.py --model smollm2-135m,gemma3-270m
+    python bench/check_sequential_null.py --smoke     # the embedded model, 12 prompts: does it still run (the CI test)
 
 Per model: its page default (task, shots, prompts: `ui/model_defaults.py`), one scoring pass with the TR null after
 the pass, sequential (`tr_null.sequential_null`: the product's), and one with every draw for every head during the
@@ -26,7 +27,10 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default="smollm2-135m")
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--smoke", action="store_true", help="the embedded model, 2 shots, 12 prompts (seconds)")
     a = ap.parse_args()
+    if a.smoke:
+        a.model = "default"
     torch.set_num_threads(a.threads)
     from backend import load_model
     from backend.analysis.primitives import map_stats
@@ -38,6 +42,8 @@ def main() -> None:
 
     for name in a.model.split(","):
         d = defaults_for(name)
+        if a.smoke:
+            d = dict(d, shots=2, prompts=12)
         lm, task = load_model(name), load_task(d["task"])
         enc = encode(lm, build_prompts(lm, task, d["shots"], d["prompts"], 0).prompts, task.kind)
         runs = {}
