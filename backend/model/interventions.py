@@ -212,6 +212,22 @@ class Add(Intervention):
         return add_at(x, v, self.at, self.last)
 
 
+def injection(lm: LoadedModel, vectors: dict[int, torch.Tensor], positions: Sequence[int] = (-1,),
+              last: torch.Tensor | None = None) -> list[Intervention]:
+    """`Add`s of {layer: v} at the input of decoder layer `layer` (0..n_layers; n_layers: the final norm's input) at
+    `positions` (negative offsets from each row's last prompt token; (-1,): the last token)."""
+    at: Where | tuple[int, ...] = "last" if tuple(positions) == (-1,) else tuple(positions)
+    L = lm.n_layers
+    bad = [l for l in vectors if not 0 <= int(l) <= L]
+    if bad:
+        raise ValueError(f"injection at layer {bad[0]}: a layer's input is 0..{L} ({L}: the final norm's input)")
+    inner = {int(l): v for l, v in vectors.items() if int(l) < L}
+    out: list[Intervention] = [Add("layer_in", inner, at=at, last=last)] if inner else []
+    if L in vectors:
+        out.append(Add("final_in", {None: vectors[L]}, at=at, last=last))  # type: ignore[dict-item]
+    return out
+
+
 @dataclass(eq=False)
 class Replace(Intervention):
     """The activation at `site` of `layer` becomes `value` (the same shape, or one the model accepts there)."""

@@ -7,7 +7,7 @@ token replaced by a source activation (the output projection's input, split by h
     fill (prompts, layers, heads, head_dim): prompt i's own source (paired patching: clean prompt i -> target i)
 
 Configuration 0 is the target untouched; configuration 1 + l * H + h patches head (l, h) alone (a last-token mask
-with the fill: `engine_plan.RowConfig(mask=head_mask(...), positions="last")`, one token over the clean prefix's KV
+with the fill: `engine_rows.RowConfig(mask=head_mask(...), scope="last")`, one token over the clean prefix's KV
 cache in the engine). Read out: the gold answer's first-token logit and its probability. Paired fills run one
 batch of configurations per prompt (the engine's fill is shared by the prompts of a batch).
 """
@@ -38,7 +38,7 @@ class Patched:
 
 def head_configs(lm: LoadedModel) -> list[RowConfig]:
     """Configuration 0 untouched, then one per head (layer-major): that head's last-token z takes the fill."""
-    return [RowConfig()] + [RowConfig(mask=head_mask(lm, [(l, h)]), positions="last")
+    return [RowConfig()] + [RowConfig(mask=head_mask(lm, [(l, h)]), scope="last")
                             for l in range(lm.n_layers) for h in range(lm.n_heads)]
 
 
