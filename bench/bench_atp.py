@@ -2,6 +2,7 @@
 
     nice -n 10 HEADLENS_MODELS_DIR=models/pulled .venv/bin/python bench/bench_atp.py \
         --models smollm2-135m,gemma3-270m --task sentiment --prompts 16 --threads 1
+    python bench/bench_atp.py --smoke     # the embedded model, one setup: does it still run (the CI test)
 
 Each model and setup: the `attribution_patching` kind, cold (no cache), with its exact `activation_patching` map of the
 same params computed in the same call. Setups: `cie` (the Head map's CIE: mean clean z into shuffled-input prompts,
@@ -45,7 +46,10 @@ def main() -> int:
     ap.add_argument("--shots", type=int, default=8)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--json", default="")
+    ap.add_argument("--smoke", action="store_true", help="the embedded model, cie setup, 2 shots, 6 prompts (the CI test)")
     a = ap.parse_args()
+    if a.smoke:
+        a.models, a.task, a.setups, a.shots, a.prompts = "default", "syn-sentiment", "cie", 2, 6
     import torch
 
     torch.set_num_threads(a.threads)
