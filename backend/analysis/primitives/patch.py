@@ -14,11 +14,14 @@ batch of configurations per prompt (the engine's fill is shared by the prompts o
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any, Literal
 
 import numpy as np
 import torch
 
 from ...model.loading import LoadedModel
+from ...tasks.base import TaskError
+from ...tasks.perturb import get_perturbation
 from .batching import Encoded, Progress
 from .configs import RowConfig, head_mask, run_configs
 
@@ -34,6 +37,20 @@ class Patched:
     def per_head(self, which: str = "gold_logit") -> np.ndarray:
         """(layers * heads, prompts) of the patched rows."""
         return getattr(self, which)[1:]
+
+
+TARGETS = ("zero_shot", "shuffled_inputs", "random_labels", "flipped_labels")
+"""Prompt sets to patch into; the perturbations keep the gold answer's token (symbol / number labels rename it)."""
+Target = Literal[TARGETS]  # type: ignore[valid-type]
+
+
+def target_prompts(task: Any, target: str, shots: int, n: int, seed: int) -> list:
+    """The `n` prompts patched into: zero-shot ones, or `shots`-shot ones with the demonstrations perturbed."""
+    if target == "zero_shot":
+        return task.build_prompts(0, n, seed)
+    if shots == 0:
+        raise TaskError(f"{target.replace('_', ' ')} needs demonstrations to perturb: set shots above 0")
+    return task.build_prompts(shots, n, seed, perturb=get_perturbation(target))
 
 
 def head_configs(lm: LoadedModel) -> list[RowConfig]:

@@ -40,13 +40,12 @@ from ..params import Int, PromptParams, Selection
 from ..primitives import options as o
 from ..primitives.batching import Encoded, Progress, build_prompts, encode, forward_last_logits, make_batch
 from ..primitives.cost import Shape, Sizes, Work, passes, training
-from ..primitives.patch import gold_ids
+from ..primitives.patch import Target, gold_ids, target_prompts
 from ..primitives.selection import n_top, overlap, top_heads
 from ..primitives.stages import planned, run_sizes, shape_of
 from ..primitives.stats import bootstrap_ci, stderr
 from ..primitives.stopping import check
 from ..results import Grid, Head, Model, Result
-from .activation_patching import Target, _target_prompts
 
 Metric = Literal["gold_prob", "gold_logit"]
 EXACT_FIELD = {"gold_prob": "prob_gain", "gold_logit": "logit_gain"}
@@ -198,7 +197,7 @@ def attribution_patching(ctx: Context, p: AttributionPatchingParams) -> dict[str
     for w in built.warnings:
         ctx.warn(w)
     clean = encode(lm, built.prompts, task.kind)
-    target = encode(lm, _target_prompts(task, p.target, built.shots, built.n, p.seed), task.kind)
+    target = encode(lm, target_prompts(task, p.target, built.shots, built.n, p.seed), task.kind)
     if gold_ids(clean) != gold_ids(target) or [q.query for q in clean.prompts] != [q.query for q in target.prompts]:
         raise TaskError(f"the {p.target.replace('_', ' ')} prompts do not pair with the clean ones (another query or "
                         f"gold token): nothing to patch")
