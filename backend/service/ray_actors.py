@@ -134,13 +134,26 @@ class Actor:
     info: dict[str, Any] | None = None
     reused: bool = False  # handed out idle (it may have died since its last job: the runner pings it first)
 
-    def where(self, ray: Any, wait: float = 1.0) -> dict[str, Any]:
+    def where(self, ray: Any, wait: float = 1.0, dead: bool = False) -> dict[str, Any]:
+        """The actor's node, host and pid as it said them, else {}; `dead`: for one that died before it said, the
+        node the GCS placed it on (`node_ip`, `node_id` only)."""
         if self.info is None:
             try:
                 self.info = ray.get(self.info_ref, timeout=wait)
             except Exception:
-                return {}
+                return _placed_node(self.handle) if dead else {}
         return self.info
+
+
+def _placed_node(handle: Any) -> dict[str, Any]:
+    """The node the GCS's actor table names for `handle` (it keeps a dead actor's address), or {}."""
+    try:
+        from ray._private.state import state  # no public call gives a dead actor's node without the dashboard
+
+        address = (state.actor_table(handle._actor_id.hex()) or {}).get("Address") or {}
+    except Exception:  # noqa: BLE001 - an older or newer Ray, a lost head: the node stays unknown
+        return {}
+    return {"node_ip": address["IPAddress"], "node_id": address.get("NodeID")} if address.get("IPAddress") else {}
 
 
 class ModelActors:

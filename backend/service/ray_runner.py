@@ -256,7 +256,7 @@ class RayJobRunner(LocalJobRunner):
                 raise RuntimeError(lines[-1][:500] if lines else type(e).__name__) from None
         except RayActorError as e:
             self.actors.discard(a)
-            info = a.where(ray, 0.5)
+            info = a.where(ray, 0.5, dead=True)
             raise _Died(_node_name(info), e, info) from None
         except ClusterLost:
             self.actors.forget(a)  # no Ray call now: the head is gone

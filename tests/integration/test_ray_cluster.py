@@ -233,7 +233,9 @@ def test_a_sweep_over_three_hosts_survives_a_lost_worker_host(cluster, tiny_llam
     jobs = final["jobs"]
     assert len({j["job_id"] for j in jobs}) == 16
     hosts = {j["job_id"]: j["ran_on"]["node_ip"] for j in jobs}
-    lost_on = {x["node_ip"] for j in jobs for x in j["ran_on"]["lost"]}
+    # a retry may land on a new actor that dies before it starts (scheduled on w2 before Ray saw the node go):
+    # that attempt's node is unknown (None, "?" in the record)
+    lost_on = {x["node_ip"] for j in jobs for x in j["ran_on"]["lost"]} - {None}
     assert set(hosts.values()) <= workers and set(hosts.values()) | lost_on == workers, (hosts, lost_on, killed, final["placement"], final["message"])  # all three
     # what w2 was running when it died reran elsewhere (retried, its lost attempt on w2); what it had finished did
     # not run again (its record still names w2, no lost attempt)
@@ -241,7 +243,8 @@ def test_a_sweep_over_three_hosts_survives_a_lost_worker_host(cluster, tiny_llam
     retried = {r["job_id"]: r for r in placement["retried"]}
     assert killed["running_on_w2"] <= set(retried)
     for jid, r in retried.items():
-        assert r["lost_on"] == [w2.ip] and r["ran_on"] in workers - {w2.ip} and r["status"] == "done", r
+        assert r["lost_on"][0] == w2.ip and set(r["lost_on"]) <= {w2.ip, "?"}, (r, killed, placement)
+        assert r["ran_on"] in workers - {w2.ip} and r["status"] == "done", r
     for jid in killed["done_on_w2"]:
         assert hosts[jid] == w2.ip and jid not in retried
     assert "retried after their worker was lost (on " + w2.ip in final["message"]
