@@ -31,6 +31,7 @@ from ..params import Bool, Head, Heads, Int, PromptParams
 from ..primitives import composition as comp
 from ..primitives.batching import build_prompts, encode
 from ..primitives.configs import head_mask
+from ..primitives.notes import Note
 from ..primitives.cost import NONE, Cost, Shape, Sizes, Work, stage
 from ..primitives.selection import top_heads
 from ..primitives.stages import planned
@@ -218,13 +219,17 @@ def composition(ctx: Context, p: CompositionParams) -> dict[str, Any]:
     ctx.progress(lo, "composition: reading the weights")
     layers = _layers(lm, p.fold_norms)
     full = p.full and L * H <= FULL_MAX_HEADS
+    if p.full and not full:
+        ctx.warn(Note(f"the full (L H, L H) matrices are left out: the model has {L * H} heads, over "
+                      f"{FULL_MAX_HEADS}; the scores into the receivers are over every earlier head all the same"))
     cols = [(l, h) for l in range(L) for h in range(H)] if full else heads
     pick = [cols.index(hd) for hd in heads]
     rows = [l * H + h for l, h in heads]
     out: dict[str, Any] = {"q": None, "k": None, "v": None}
     feeders, means, fulls = [], {}, {}
+    senders = [comp.sender_factors(w) for w in layers]
     for i, mode in enumerate(comp.MODES):
-        m = comp.composition_matrix(layers, cols, mode, ctx.check)  # (L H, len(cols))
+        m = comp.composition_matrix(layers, cols, mode, ctx.check, senders)  # (L H, len(cols))
         ctx.progress(lo + (hi - lo) * (i + 1) / 3, f"composition: {mode.upper()}")
         if full:
             fulls[mode] = _nan_list(m)

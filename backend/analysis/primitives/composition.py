@@ -109,11 +109,13 @@ def scores(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
 
 
 def composition_matrix(layers: Sequence[LayerWeights], receivers: Sequence[tuple[int, int]], mode: Mode,
-                       check: Callable[[], None] | None = None) -> torch.Tensor:
+                       check: Callable[[], None] | None = None,
+                       senders: Sequence[torch.Tensor] | None = None) -> torch.Tensor:
     """`mode`-composition of every sender head (l, h) of every layer into each receiver, (layers * heads,
-    len(receivers)) float, rows l * heads + h; NaN where the sender's layer is not before the receiver's."""
+    len(receivers)) float, rows l * heads + h; NaN where the sender's layer is not before the receiver's.
+    `senders`: each layer's `sender_factors`, when computed already (they are the same in every mode)."""
     n_layers, heads = len(layers), layers[0].w_q.shape[0]
-    x = [sender_factors(w) for w in layers]
+    x = list(senders) if senders is not None else [sender_factors(w) for w in layers]
     by_layer: dict[int, list[int]] = {}
     for j, (l, _) in enumerate(receivers):
         by_layer.setdefault(l, []).append(j)
@@ -121,14 +123,14 @@ def composition_matrix(layers: Sequence[LayerWeights], receivers: Sequence[tuple
           for l, js in by_layer.items()}
     out = torch.full((n_layers * heads, len(receivers)), float("nan"), dtype=x[0].dtype)
     for ls in range(n_layers):
-        cols = [j for l, js in by_layer.items() if l > ls for j in js]
-        if not cols:
+        later = [l for l in sorted(by_layer) if l > ls]
+        if not later:
             continue
         if check is not None:
             check()
-        y = torch.cat([ys[l] for l in sorted(by_layer) if l > ls])
-        order = [j for l in sorted(by_layer) if l > ls for j in by_layer[l]]
-        out[ls * heads:(ls + 1) * heads, torch.tensor(order)] = scores(x[ls], y).to(out.dtype)
+        y = torch.cat([ys[l] for l in later])
+        order = torch.tensor([j for l in later for j in by_layer[l]])
+        out[ls * heads:(ls + 1) * heads, order] = scores(x[ls], y).to(out.dtype)
     return out
 
 
