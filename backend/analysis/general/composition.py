@@ -64,6 +64,8 @@ class CompositionParams(PromptParams):
 
     @model_validator(mode="after")
     def _nonnegative(self) -> "CompositionParams":
+        if self.heads is not None and not self.heads:
+            raise ValueError("give at least one receiver head, or none for the task's top heads")
         if self.head is not None and (self.head[0] < 0 or self.head[1] < 0):
             raise ValueError("layer and head indices must be non-negative")
         return self
@@ -123,19 +125,19 @@ class CompositionResult(Result):
     linearised: list[str] = Field(..., description="what was folded in or linearised, in words")
 
 
+def layer_weights(lm: Any, layer: int, fold_norms: bool) -> comp.LayerWeights:
+    """One layer's per-head weights in float32 on the model's device, norms folded in when `fold_norms`
+    (`comp.fold`)."""
+    w_q, w_k, w_v = lm.w_qkv(layer)
+    post = fold_norms and lm.spec.post_attn_norm is not None
+    return comp.fold(w_q, w_k, w_v, lm.w_o(layer).detach(), lm.input_gain(layer) if fold_norms else None,
+                     lm.post_attn_gain(layer) if post else None, lm.qk_norm_gains(layer) if fold_norms else None,
+                     centered=fold_norms and lm.spec.centered)
+
+
 def _layers(lm: Any, fold_norms: bool) -> list[comp.LayerWeights]:
-    """Every layer's per-head weights in float32, norms folded in when `fold_norms` (`comp.fold`)."""
-    out = []
-    for l in range(lm.n_layers):
-        w_q, w_k, w_v = lm.w_qkv(l)
-        g_post = lm.post_attn_gain(l) if fold_norms and lm.spec.post_attn_norm else None
-        out.append(comp.fold(w_q.cpu(), w_k.cpu(), w_v.cpu(), lm.w_o(l).detach().cpu(),
-                             lm.input_gain(l).cpu() if fold_norms else None,
-                             None if g_post is None else g_post.cpu(),
-                             (lambda g: None if g is None else tuple(t.cpu() for t in g))(lm.qk_norm_gains(l))
-                             if fold_norms else None,
-                             centered=fold_norms and lm.spec.centered))
-    return out
+    """Every layer's `layer_weights` (tests and benchmarks; the kind keeps only the receivers' layers)."""
+    return [layer_weights(lm, l, fold_norms) for l in range(lm.n_layers)]
 
 
 def linearised(lm: Any, fold_norms: bool, apply_ln: bool) -> list[str]:
@@ -217,7 +219,6 @@ def composition(ctx: Context, p: CompositionParams) -> dict[str, Any]:
     heads = sorted(roles)
     lo, hi = share["composition"]
     ctx.progress(lo, "composition: reading the weights")
-    layers = _layers(lm, p.fold_norms)
     full = p.full and L * H <= FULL_MAX_HEADS
     if p.full and not full:
         ctx.warn(Note(f"the full (L H, L H) matrices are left out: the model has {L * H} heads, over "
@@ -227,9 +228,17 @@ def composition(ctx: Context, p: CompositionParams) -> dict[str, Any]:
     rows = [l * H + h for l, h in heads]
     out: dict[str, Any] = {"q": None, "k": None, "v": None}
     feeders, means, fulls = [], {}, {}
-    senders = [comp.sender_factors(w) for w in layers]
+    # one layer's weights at a time: every layer's sender factor (heads, head_dim, d) is kept, the weights only at
+    # the receivers' layers
+    layers, senders = {}, []
+    for l in range(L):
+        ctx.check()
+        w = layer_weights(lm, l, p.fold_norms)
+        senders.append(comp.sender_factors(w))
+        if any(c[0] == l for c in cols):
+            layers[l] = w
     for i, mode in enumerate(comp.MODES):
-        m = comp.composition_matrix(layers, cols, mode, ctx.check, senders)  # (L H, len(cols))
+        m = comp.composition_matrix(layers, cols, mode, ctx.check, senders).cpu()  # (L H, len(cols))
         ctx.progress(lo + (hi - lo) * (i + 1) / 3, f"composition: {mode.upper()}")
         if full:
             fulls[mode] = _nan_list(m)

@@ -30,7 +30,7 @@ one (head_dim x d) @ (d x head_dim) product per pair, batched over a sender laye
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Literal, Sequence
+from typing import Callable, Literal, Mapping, Sequence
 
 import torch
 
@@ -108,20 +108,21 @@ def scores(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     return torch.where(den > 0, num / torch.where(den > 0, den, 1.0), torch.zeros_like(num))
 
 
-def composition_matrix(layers: Sequence[LayerWeights], receivers: Sequence[tuple[int, int]], mode: Mode,
-                       check: Callable[[], None] | None = None,
+def composition_matrix(layers: Sequence[LayerWeights] | Mapping[int, LayerWeights],
+                       receivers: Sequence[tuple[int, int]], mode: Mode, check: Callable[[], None] | None = None,
                        senders: Sequence[torch.Tensor] | None = None) -> torch.Tensor:
     """`mode`-composition of every sender head (l, h) of every layer into each receiver, (layers * heads,
-    len(receivers)) float, rows l * heads + h; NaN where the sender's layer is not before the receiver's.
-    `senders`: each layer's `sender_factors`, when computed already (they are the same in every mode)."""
-    n_layers, heads = len(layers), layers[0].w_q.shape[0]
-    x = list(senders) if senders is not None else [sender_factors(w) for w in layers]
+    len(receivers)) float on the weights' device, rows l * heads + h; NaN where the sender's layer is not before the
+    receiver's. `senders`: each layer's `sender_factors`, when computed already (the same in every mode); `layers`
+    is then read at the receivers' layers only (a mapping of those is enough)."""
+    x = list(senders) if senders is not None else [sender_factors(w) for w in layers]  # type: ignore[union-attr]
+    n_layers, heads = len(x), x[0].shape[0]
     by_layer: dict[int, list[int]] = {}
     for j, (l, _) in enumerate(receivers):
         by_layer.setdefault(l, []).append(j)
-    ys = {l: receiver_factors(layers[l], mode)[torch.tensor([receivers[j][1] for j in js])]
+    ys = {l: receiver_factors(layers[l], mode)[[receivers[j][1] for j in js]]
           for l, js in by_layer.items()}
-    out = torch.full((n_layers * heads, len(receivers)), float("nan"), dtype=x[0].dtype)
+    out = torch.full((n_layers * heads, len(receivers)), float("nan"), dtype=x[0].dtype, device=x[0].device)
     for ls in range(n_layers):
         later = [l for l in sorted(by_layer) if l > ls]
         if not later:
@@ -129,7 +130,7 @@ def composition_matrix(layers: Sequence[LayerWeights], receivers: Sequence[tuple
         if check is not None:
             check()
         y = torch.cat([ys[l] for l in later])
-        order = torch.tensor([j for l in later for j in by_layer[l]])
+        order = torch.tensor([j for l in later for j in by_layer[l]], device=out.device)
         out[ls * heads:(ls + 1) * heads, order] = scores(x[ls], y).to(out.dtype)
     return out
 
