@@ -22,7 +22,7 @@ from .service.errors import UsageError  # also raised by service.sweep_cli (one 
 from .service.cli_flags import add_params, parse_value, read_params  # noqa: F401 (parse_value: tests)
 
 COMMANDS: dict[str, Callable[[argparse.Namespace], Any]] = {}
-MODEL_FIELDS = ("model", "device", "dtype", "device_map", "trust_remote_code")
+MODEL_FIELDS = ("model", "device", "dtype", "precision", "device_map", "trust_remote_code")
 
 
 def command(name: str):
@@ -46,6 +46,10 @@ def _model_args(p: argparse.ArgumentParser) -> None:
                                                        ".gguf file, or a Hugging Face id")
     p.add_argument("--device", default=None, help="cpu, cuda, cuda:1 ... (default: cuda if present)")
     p.add_argument("--dtype", default=None, choices=["fp32", "bf16", "fp16"], help="default: bf16 on GPU, fp32 on CPU")
+    p.add_argument("--precision", default=None, choices=["float32", "bfloat16", "float32-onednn"],
+                   help="the dtype by name (instead of --dtype): bfloat16 runs ~3x faster on a CPU with avx512_bf16 "
+                        "and changes every number; float32-onednn: float32 through oneDNN (CPU, other last bits); "
+                        "each is cached apart from float32")
     p.add_argument("--device-map", default=None, help="`auto` spreads the model over GPUs (accelerate)")
     p.add_argument("--trust-remote-code", action="store_true", help="allow the model repo's own code (off by default)")
 
@@ -79,7 +83,7 @@ def load_model_from(a: argparse.Namespace):
 
     # a name the filesystem cannot hold is a one-line ModelLoadError (text.model_name_problem), exit 2
     return load_model(a.model, device=a.device, dtype=a.dtype, device_map=a.device_map,
-                      trust_remote_code=a.trust_remote_code)
+                      trust_remote_code=a.trust_remote_code, precision=getattr(a, "precision", None))
 
 
 def load_task_from(a: argparse.Namespace):
@@ -170,7 +174,7 @@ def cmd_tasks(a: argparse.Namespace) -> None:
 def cmd_models(a: argparse.Namespace) -> None:
     """`models list`, `models pull NAME`, `models remove NAME` (backend/weights/presets.py, backend/weights/pull.py)."""
     from .weights import presets
-    from .weights.pull import plan, pull, remove
+    from .weights.pull import pull, pull_summary, remove
 
     if a.models_cmd == "list":
         rows = presets.list_presets()
@@ -188,7 +192,7 @@ def cmd_models(a: argparse.Namespace) -> None:
         gone = remove(a.name)
         print(f"removed {', '.join(map(str, gone))}" if gone else f"{a.name} is not pulled", file=sys.stderr)
         return
-    print(plan(a.name), file=sys.stderr, flush=True)
+    print(pull_summary(a.name), file=sys.stderr, flush=True)
     if a.progress == "json":  # for the service, which runs the pull as a child process and reads these lines
         def report(frac: float, msg: str) -> None:
             print(json.dumps({"progress": round(frac, 4), "message": msg}), flush=True)

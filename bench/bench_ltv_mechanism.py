@@ -26,7 +26,7 @@ os.environ["HEADLENS_CACHE_DIR"] = tempfile.mkdtemp(prefix="bench-ltv-mech-")
 
 import torch  # noqa: E402
 
-from backend.analysis.ltv import ltv as ltv_mod  # noqa: E402
+from backend.analysis.ltv import ltv_layers as ltv_mod  # noqa: E402
 from backend.analysis.ltv.learn import residual_rms  # noqa: E402
 from backend.analysis.primitives.batching import build_prompts, encode  # noqa: E402
 from backend.analysis.primitives.inject import Injection, evaluate_injections  # noqa: E402

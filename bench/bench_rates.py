@@ -21,7 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from backend.analysis.kernel import analyze  # noqa: E402
 from backend.analysis.primitives import predict  # noqa: E402
-from backend.analysis.tsla import ablation, geometry, patching, steering  # noqa: E402
+from backend.analysis.tsla import ablation, activation_patching as patching, geometry, steering  # noqa: E402
 from backend.model.loading import load_model  # noqa: E402
 from backend.tasks.registry import load_task  # noqa: E402
 

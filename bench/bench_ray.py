@@ -78,14 +78,14 @@ def sweep(runner: Any, models: list[str], seeds: tuple[int, ...] = (0, 1),
           tasks: list[str] = TASKS) -> tuple[float, dict[str, int]]:
     from backend.service.limits import Limits
     from backend.service.model_pool import ModelPool
-    from backend.service.sweeps import SweepManager, SweepRequest, plan
+    from backend.service.sweeps import SweepManager, SweepRequest, sweep_cells
     from backend.service.task_store import TaskStore
 
     req = SweepRequest(models=models, tasks=tasks, kinds=["scores"], seeds=list(seeds),
                        params={"shots": 2, "prompts": 6})
     m = SweepManager(runner, Limits(), poll=0.02)
     t0 = time.perf_counter()
-    sid = m.start(req, plan(req, ModelPool(), TaskStore(), Limits()))["id"]
+    sid = m.start(req, sweep_cells(req, ModelPool(), TaskStore(), Limits()))["id"]
     final = m.wait(sid)
     assert final["status"] == "done" and final["counts"]["error"] == 0, final["counts"]
     return time.perf_counter() - t0, final["counts"]

@@ -83,8 +83,8 @@ def last_sweep(L: int, H: int, d: int, g: torch.Generator) -> list[RowConfig]:
         m = torch.ones(L, H)
         for i in torch.randperm(L * H, generator=g)[:k].tolist():
             m[i // H, i % H] = 0
-        out.append(RowConfig(mask=m, positions="last"))
-    for layer in (0, 2, 4, 6, 8, 10, 11, 5):
+        out.append(RowConfig(mask=m, scope="last"))
+    for layer in (1, 3, 5, 7, 9, 11, 12, 6):  # decoder layers' inputs
         out.append(RowConfig(inject={layer: 4.0 * torch.randn(d, generator=g)}))
     return out
 
@@ -130,7 +130,7 @@ def tl_hooks(cfg: RowConfig, H: int):
             m = cfg.mask[layer]  # (H,)
 
             def hz(z, hook, m=m):  # z (batch, pos, heads, d_head)
-                if cfg.positions == "last":
+                if cfg.scope == "last":
                     z = z.clone()
                     z[:, -1] = z[:, -1] * m[:, None].to(z)
                     return z
@@ -164,7 +164,7 @@ def hf_peer_sweep(lm, tokens: torch.Tensor, configs: list[RowConfig], H: int, la
         for cfg in configs:
             N = tokens.shape[0]
             mask = None if cfg.mask is None else cfg.mask[None].expand(N, -1, -1)
-            with hooked(lm, head_mask=mask, mask_positions=cfg.positions, inject=cfg.inject):
+            with hooked(lm, head_mask=mask, mask_scope=cfg.scope, inject=cfg.inject):
                 o = lm.model(input_ids=tokens, **({"logits_to_keep": 1} if last_only else {}))
             out.append(o.logits[:, -1].float())
     return torch.stack(out)

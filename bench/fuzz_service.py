@@ -58,12 +58,18 @@ def _hook(event: str, args: tuple) -> None:
         _OPENED.append(os.fsdecode(args[0]))
 
 
+SYSTEM_READS = ("/proc/meminfo", "/proc/stat", "/sys/fs/cgroup/")  # the memory check at admission (memory_fit.py)
+
+
 def outside(cache: str) -> list[str]:
-    """Opened paths (`..` resolved, links not followed) outside the cache folder, the repository and Python."""
+    """Opened paths (`..` resolved, links not followed) outside the cache folder, the repository and Python, less
+    the memory readings of admission's memory check (`SYSTEM_READS`)."""
     roots = {f(p) for p in (cache, str(Path(__file__).resolve().parents[1]), sys.prefix, sys.base_prefix, *sys.path)
              if p for f in (os.path.realpath, os.path.abspath)}
     return sorted({p for p in _OPENED if not any(os.path.abspath(p) == r or os.path.abspath(p).startswith(r + os.sep)
-                                                 for r in roots)})
+                                                 for r in roots)
+                   and not any(os.path.abspath(p) == s or (s.endswith("/") and os.path.abspath(p).startswith(s))
+                               for s in SYSTEM_READS)})
 
 
 def read_load(job, progress) -> dict:

@@ -134,7 +134,7 @@ def main() -> None:
     tasks, notes = resolve_tasks(a.tasks.split(","), Path(a.fv_dir))
     if a.plan:
         for s in sections:
-            print(f"{s}: {runners[s].plan(a, section_tasks(a, s, tasks))}")
+            print(f"{s}: {runners[s].outline(a, section_tasks(a, s, tasks))}")
         return
     t0 = time.time()
     import subprocess

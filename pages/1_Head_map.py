@@ -107,6 +107,51 @@ with side:
                "it as a PNG at 2× resolution or an SVG (the sidebar's *Figure files*); its title and file name say "
                "what it was computed on.")
 
+# -- attribution patching beside the exact CIE map ---------------------------------------------------------------
+st.subheader("Attribution patching (AtP)", divider="gray")
+st.caption("The CIE map to first order: each head's patch (mean clean z into the shuffled-input prompts) estimated as "
+           "(z_clean − z_corrupt) · ∂p(gold)/∂z from one backward pass for all heads, beside the exact map of the "
+           "same prompts and how far they agree.")
+atp_params = s.job(**s.selection(), target="shuffled_inputs", patch="mean")  # the CIE map's setup (`cie_params`)
+atp = run(jobs.Job("attribution_patching", atp_params, "Attribution patching", "AtP map", slot="atp"),
+          f"Estimate all **{L * H}** heads' CIE from a pass of the clean and the target prompts and **one** "
+          f"backward pass (the last token's) · "
+          f"**{scores['prompts']}** prompts · with the exact CIE map to compare (cached when the *CIE* map was shown)",
+          "AtP: Nanda 2022. The exact map runs one patched step per head and prompt.", "atp",
+          "Press **Run** to estimate every head's CIE by attribution patching.", estimate=False)
+if atp is not None:
+    with guard("Attribution patching"):
+        ag = atp.get("agreement") or {}
+        q = st.columns(4)
+        tau = "—" if ag.get("kendall") is None else f"{ag['kendall']:.2f}"
+        q[0].metric("Spearman ρ with exact", "—" if ag.get("spearman") is None else f"{ag['spearman']:.2f}",
+                    border=True, help=f"Rank correlation of the AtP estimate with the exact CIE over all heads; "
+                                      f"Kendall τ {tau}.")
+        q[1].metric(f"Top-{atp['top_k']} recall", "—" if not ag else M.pct(ag["recall"]), border=True,
+                    help="The share of the exact map's top heads that are among AtP's top heads.")
+        q[2].metric("Cost ratio (planned)", "—" if not ag else f"{ag['planned_ratio']:.0f}×", border=True,
+                    help="Exact patching's work over AtP's, in the cost model's units (tokens, calls).")
+        q[3].metric("Cost ratio (CPU s)", "—" if ag.get("cpu_ratio") is None else f"{ag['cpu_ratio']:.0f}×",
+                    border=True, help=f"Exact over AtP in CPU seconds (AtP {atp['cpu_seconds']:.2g} s); — when the "
+                                      "exact map came from the cache.")
+        share.numbers("Attribution patching", {"metric": atp["metric"], "Spearman with exact": ag.get("spearman"),
+                                               "top-k recall": ag.get("recall"), "planned cost ratio":
+                                               ag.get("planned_ratio"), "CPU cost ratio": ag.get("cpu_ratio")})
+        row = [("cie", atp["atp"], "AtP estimate of the CIE")]
+        if ag:
+            row.append(("cie", ag["exact"], "Exact CIE"))
+        share.chart(figures.maps_row(row, selected, f"AtP beside the exact CIE{ctx}", shared_scale=True,
+                                     top=[atp.get("top") or [], *([ag.get("exact_top") or []] if len(row) > 1 else [])]),
+                    "atp-cie", key="atp_maps")
+        missed = ", ".join(figures.head_name(h) for h in ag.get("missed") or [])
+        st.caption("One colour scale; outlined: each map's top heads. "
+                   + (f"Exact top heads AtP misses: **{missed}**. " if missed else
+                      "AtP finds every one of the exact top heads. " if ag else "")
+                   + f"AtP's standard errors and 95% bootstrap intervals over prompts: `r.atp_se`, `r.atp_lo`, "
+                   f"`r.atp_hi`. " + jobs.timing(atp) + ".")
+        snippets.show("attribution_patching", atp_params, "r.atp            # numpy (layers, heads)\n"
+                                                          "r.agreement.spearman, .recall, .missed, .planned_ratio")
+
 # -- drill-down: the clicked head ---------------------------------------------------------------------------------
 drill = state.value("head")
 if drill is not None and not (0 <= drill[0] < L and 0 <= drill[1] < H):

@@ -98,6 +98,7 @@ def sweeps_view() -> None:
     sweeps = list_sweeps()
     if sweeps is None:
         return
+    cluster_view()
     st.subheader("Sweeps", divider="gray")
     if not sweeps:
         st.info("No sweeps on this service yet. Start one above, or with `python -m backend sweep` against it.",
@@ -137,6 +138,45 @@ def sweeps_view() -> None:
         st.rerun()  # the whole page: the fragment's timer stops
 
 
+def cluster_view() -> None:
+    """Where the jobs run: the Ray cluster's hosts (IP, head, CPUs, GPUs, what runs there), or a line for the
+    service's own runner; the sentence when the cluster's head is lost."""
+    try:
+        c = api.cluster()
+    except api.ApiError:  # an older service without GET /cluster: nothing to show
+        return
+    if c.get("runner") != "ray":
+        st.caption("Jobs run on the service's own runner (HEADLENS_RUNNER=local).")
+        return
+    if c.get("lost"):
+        st.error(f"Ray cluster lost: {c['lost']}", icon=":material/cloud_off:")
+    nodes = c.get("nodes") or []
+    running: dict[str, list[str]] = {}
+    for a in c.get("actors") or []:
+        running.setdefault(a.get("node_ip") or "?", []).append(
+            SF.short(str(a.get("model")), 30) + (" (busy)" if a.get("busy") else ""))
+    alive = [n for n in nodes if n.get("alive")]
+    with st.expander(f"Ray cluster at `{c.get('address')}` · {len(alive)} host{'s' if len(alive) != 1 else ''} · "
+                     f"{sum(n.get('cpus') or 0 for n in alive):g} CPUs"
+                     + (f" · {sum(n.get('gpus') or 0 for n in alive):g} GPUs" if any(n.get("gpus") for n in alive)
+                        else ""), icon=":material/hub:"):
+        st.dataframe(pd.DataFrame([{"host": n.get("node_ip"), "head": bool(n.get("head")), "alive": n.get("alive"),
+                                    "CPUs": n.get("cpus"), "GPUs": n.get("gpus"),
+                                    "models held": ", ".join(running.get(n.get("node_ip") or "", [])),
+                                    "node id": (n.get("node_id") or "")[:12]} for n in nodes]),
+                     hide_index=True, key="sw_cluster")
+
+
+def host_of(job: dict) -> str:
+    """Where a sweep's job ran: its node's IP, `local` (the service's own runner), `cache`, or empty."""
+    r = job.get("ran_on") or {}
+    if r.get("node_ip"):
+        return r["node_ip"]
+    if r.get("runner") == "local":
+        return "local"
+    return "cache" if job.get("cache_hit") else ""
+
+
 # -- one sweep ----------------------------------------------------------------------------------------------
 def show(sw: dict) -> None:
     """One sweep: its progress (and Cancel), per-model progress, failed jobs, the models x tasks table and the
@@ -159,6 +199,9 @@ def show(sw: dict) -> None:
             except api.ApiError as e:
                 show_error(e, "Cancelling the sweep")
             st.rerun()
+    message = sw.get("message") or ""
+    if message not in ("", "done", "running"):  # why jobs failed (a lost cluster), what was retried
+        (st.error if c["error"] else st.info)(message, icon=":material/error:" if c["error"] else ":material/replay:")
     if running:
         for m in sw["models"]:
             st.progress(m["progress"], text=f"`{SF.short(m['model'], 60)}` · {m['finished']}/{m['total']}"
@@ -168,6 +211,15 @@ def show(sw: dict) -> None:
         with st.expander(f"{len(failed)} failed job{'s' if len(failed) != 1 else ''}", icon=":material/error:"):
             st.dataframe(pd.DataFrame([{k: j[k] for k in ("kind", "model", "task", "seed", "error")} for j in failed]),
                          hide_index=True, key="sw_failed")
+    if any(j.get("ran_on") for j in sw["jobs"]):
+        hosts = (sw.get("placement") or {}).get("hosts") or {}
+        with st.expander("Jobs by host: " + ", ".join(f"{h} {n}" for h, n in sorted(hosts.items())),
+                         icon=":material/dns:"):
+            st.dataframe(pd.DataFrame([{"kind": j["kind"], "model": SF.short(str(j["model"]), 40), "task": j["task"],
+                                        "seed": j["seed"], "status": j["status"], "host": host_of(j),
+                                        "retried after losing": ", ".join(x.get("node_ip") or "?" for x in
+                                                                          (j.get("ran_on") or {}).get("lost") or [])}
+                                       for j in sw["jobs"]]), hide_index=True, key="sw_hosts")
     summary = sw.get("summary") or {}
     if not summary.get("rows"):
         st.info("Results appear here as the jobs finish.", icon=":material/hourglass_top:")

@@ -90,8 +90,8 @@ def ray_cluster():
 def _shared_ray(request):
     """A test marked `ray` runs with the shared cluster up (a test that starts Ray only when it is not running
     joins it instead)."""
-    if request.node.get_closest_marker("ray") is not None:
-        request.getfixturevalue("ray_cluster")
+    if request.node.get_closest_marker("ray") is not None and request.node.get_closest_marker("netns") is None:
+        request.getfixturevalue("ray_cluster")  # (a `netns` test brings its own cluster, in other hosts)
 
 
 @pytest.fixture(autouse=True)

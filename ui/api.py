@@ -248,6 +248,11 @@ def submit_sweep(models: list[str], tasks: list[str], kinds: list[str], seeds: l
     return _call(lambda: client().submit_sweep(models, tasks, kinds, seeds, params, name))
 
 
+def cluster() -> dict[str, Any]:
+    """{runner, address, lost, nodes: [{node_ip, node_id, alive, cpus, gpus, head}], actors, retried}."""
+    return _call(lambda: client().cluster())
+
+
 def sweeps() -> list[dict[str, Any]]:
     """The service's sweeps, newest first (no jobs)."""
     return _call(lambda: client().sweeps())

@@ -213,6 +213,10 @@ class HeadlensClient:
                 "params": params or {}, **({"name": name} if name else {})}
         return self._request("POST", "/sweeps", json=body)
 
+    def cluster(self) -> dict[str, Any]:
+        """The cluster the service's jobs run on (GET /cluster): runner, address, lost, nodes, actors."""
+        return self._request("GET", "/cluster")
+
     def sweeps(self) -> list[dict[str, Any]]:
         """Running and finished sweeps, newest first (no jobs)."""
         return self._request("GET", "/sweeps")

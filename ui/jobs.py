@@ -129,6 +129,15 @@ def timing(result: dict[str, Any]) -> str:
     return src + (f" · shown {waited:.1f} s after the request" if waited is not None else " · kept in this session")
 
 
+def with_precision(params: dict[str, Any]) -> dict[str, Any]:
+    """`params` with the sidebar's precision added when one is picked and the job names a model: its results (and
+    this session's memory of them) are then apart from the default precision's."""
+    picked = state.value("precision")
+    if not picked or "model" not in params or "precision" in params:
+        return params
+    return {**params, "precision": picked}
+
+
 @dataclass
 class Job:
     """One request of a page: a kind (its registry name or an alias), its params, and the progress bar's label."""
@@ -140,6 +149,9 @@ class Job:
     slot: str | None = None
     on_live: Callable[[dict[str, Any]], None] | None = field(default=None, compare=False)
     """Called with the running job's `live` data (e.g. a training's loss so far) at every poll that has some."""
+
+    def __post_init__(self) -> None:
+        self.params = with_precision(self.params)
 
     @property
     def key(self) -> str:
@@ -246,6 +258,7 @@ def keep(kind: str, params: dict[str, Any], result: dict[str, Any]) -> dict[str,
 
 def peek(kind: str, params: dict[str, Any], *, ask_service: bool = True) -> dict[str, Any] | None:
     """A result without computing: this session's memory, else (with `ask_service`) the service's cache."""
+    params = with_precision(params)
     hit = state.remembered(kind, params)
     if hit is not None or not ask_service:
         if hit is not None:

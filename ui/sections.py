@@ -63,7 +63,8 @@ def estimate_line(jobs_: list[tuple[str, dict[str, Any]]]) -> str | None:
     from . import api, state
 
     try:  # a result this session has already needs no estimate
-        answers = [(kind, params, *api.checked(kind, params)) for kind, params in jobs_
+        asked = [(kind, jobs.with_precision(params)) for kind, params in jobs_]
+        answers = [(kind, params, *api.checked(kind, params)) for kind, params in asked
                    if state.remembered(kind, params) is None]
     except api.ApiError:
         return None  # the page's own calls report an unreachable service

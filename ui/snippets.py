@@ -25,7 +25,8 @@ def python(kind: str, params: dict[str, Any], then: str = "", task_file: str | N
     (lines using the result `r`). An uploaded task is loaded from its file (`task_file`, its name)."""
     fn = api.kind_name(kind)  # the kind's one name: its Python function's too
     model, task = params.get("model", "default"), params.get("task")
-    args = ", ".join(f"{k}={_value(v)}" for k, v in params.items() if k not in ("model", "task"))
+    args = ", ".join(f"{k}={_value(v)}" for k, v in params.items() if k not in ("model", "task", "precision"))
+    at = f", precision={params['precision']!r}" if params.get("precision") else ""
     if task is None:
         imports, load, call = f"load_model, {fn}", "", f"r = {fn}(lm{', ' + args if args else ''})"
     elif str(task).startswith("upload:"):
@@ -35,7 +36,7 @@ def python(kind: str, params: dict[str, Any], then: str = "", task_file: str | N
     else:
         imports, load = f"load_model, load_task, {fn}", f"task = load_task({task!r})\n"
         call = f"r = {fn}(lm, task{', ' + args if args else ''})"
-    return (f"from backend import {imports}\n\nlm = load_model({model!r})\n{load}{call}"
+    return (f"from backend import {imports}\n\nlm = load_model({model!r}{at})\n{load}{call}"
             + (f"\n{then.strip()}" if then.strip() else ""))
 
 

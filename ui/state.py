@@ -60,6 +60,9 @@ def _int_in(lo: int, hi: int) -> Callable[[str], int]:
     return parse
 
 
+PRECISIONS = ("float32", "bfloat16")  # the sidebar's choices of the service's `precision` field
+
+
 def _choice(options: Sequence[str]) -> Callable[[str], str]:
     def parse(s: str) -> str:
         if s not in options:
@@ -170,6 +173,8 @@ class Field:
 
 FIELDS: dict[str, Field] = {f.name: f for f in (
     Field("model", default_model, _text),
+    # None: the service's default; in the URL (and a job's params, `jobs.with_precision`) only when picked
+    Field("precision", lambda: None, _choice(PRECISIONS), view=True),
     Field("task", lambda: None, _text),
     _kind_field("shots"),  # the service's limits (`bounds`) apply after the parse
     _kind_field("prompts"),

@@ -170,10 +170,10 @@ _ENTRIES: tuple[Kind, ...] = (
     Kind.at("general.model_info", "model_info", uses_task=False,
             description="load a model (it stays resident) and describe it",
             example={}),
-    Kind.at("tsla.head_scores", "head_maps", aliases=("maps",),
+    Kind.at("tsla.head_scores", "head_maps", aliases=("maps",), version=1,
             description="TR, TL, DLA-TR, DLA-TL and induction head maps with accuracies (no head selection)",
             example={"task": "syn-sentiment", **_SMALL}),
-    Kind.at("tsla.head_scores", "head_scores", aliases=("scores",),
+    Kind.at("tsla.head_scores", "head_scores", aliases=("scores",), version=1,
             description="TR, TL, DLA-TR, DLA-TL and induction head maps, accuracies, top heads and their overlaps",
             example={"task": "syn-sentiment", **_SMALL}),
     Kind.at("tsla.icl_curve", "icl_curve", aliases=("icl",), version=1,
@@ -203,6 +203,11 @@ _ENTRIES: tuple[Kind, ...] = (
     Kind.at("tsla.activation_patching", "activation_patching", aliases=("patching",), version=1,
             description="activation patching: every head's last-token z from clean ICL prompts into zero-shot or "
                         "perturbed ones; the share of the gold logit recovered per head, beside the TR / TL maps",
+            example={"task": "syn-sentiment", **_SMALL}),
+    Kind.at("tsla.attribution_patching", "attribution_patching",
+            description="attribution patching (AtP): every head's last-token z patch estimated to first order from "
+                        "one backward pass, beside the exact activation_patching map (Spearman, top-k recall, heads "
+                        "missed, cost ratio)",
             example={"task": "syn-sentiment", **_SMALL}),
     Kind.at("general.task_fit", "task_fit", aliases=("fit",), needs_fit=False,
             description="does the task fit the model: unknown tokens in inputs and labels, prompt length vs the "

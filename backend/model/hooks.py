@@ -14,7 +14,7 @@ from typing import Iterator, Literal, Sequence
 
 import torch
 
-from .interventions import (Add, Capture, HeadMask, Intervention, Record, WriteScale, add_at, intervene,
+from .interventions import (Capture, HeadMask, Intervention, Record, WriteScale, add_at, injection, intervene,
                             replace_last, take_last)
 from .loading import LoadedModel
 
@@ -58,9 +58,8 @@ def hooked(
     capture_hidden: bool = False,
     head_mask: torch.Tensor | None = None,
     head_fill: torch.Tensor | None = None,
-    mask_positions: Positions = "all",
+    mask_scope: Positions = "all",
     inject: dict[int, torch.Tensor] | None = None,
-    inject_input: dict[int, torch.Tensor] | None = None,
     inject_positions: Sequence[int] = (-1,),
     last: torch.Tensor | None = None,
     prefill_only: bool = False,
@@ -72,14 +71,13 @@ def hooked(
     capture_hidden: record each decoder layer's output and the embeddings (`embed`) at the last token.
 
     head_mask: (batch, layers, heads) multipliers on each head's z (1 keeps, 0 ablates), applied at the
-               output projection's input at `mask_positions`; per-row, so one batch can hold many
+               output projection's input at `mask_scope`; per-row, so one batch can hold many
                ablation configurations.
     head_fill: (layers, heads, head_dim) values that ablated heads take instead of 0 (mean ablation):
                z' = m * z + (1 - m) * fill.
-    inject:    {layer: vector (d_model,) or (batch, d_model)} added to that decoder layer's output at
-               the last token.
-    inject_input: {layer: vector (d_model,) or (batch, d_model)} added to that decoder layer's *input*
-               (layer 0: the embeddings) at each position of `inject_positions`.
+    inject:    {layer: vector (d_model,) or (batch, d_model)} added at the INPUT of decoder layer `layer`
+               (0: the embeddings; l: the output of layer l - 1; n_layers: the final norm's input, the last layer's
+               output) at each position of `inject_positions`. "At layer l" is a layer's input everywhere.
     inject_positions: negative offsets from each row's last prompt token (-1 = the last token).
     last:      (batch,) index of each row's last prompt token; None means position -1 (left padding).
     prefill_only: interventions act on the first forward pass only (the prompt's prefill); later passes
@@ -89,16 +87,14 @@ def hooked(
     items: list[Intervention] = []
     if capture_hidden:
         items.append(Record("layer_in", lambda _, x: setattr(trace, "embed", take_last(x, last).clone()), at=[0]))
-    if inject_input:
-        items.append(Add("layer_in", inject_input, at=tuple(inject_positions), last=last))
+    if inject:
+        items += injection(lm, inject, inject_positions, last)
     if head_mask is not None:
-        items.append(HeadMask(head_mask, head_fill, at=mask_positions, last=last))
+        items.append(HeadMask(head_mask, head_fill, at=mask_scope, last=last))
     if capture_z:
         items.append(Capture("z", last=last, into=trace.z_last))
         if lm.spec.post_attn_norm:
             items.append(WriteScale(trace.write_scale, last))
-    if inject:
-        items.append(Add("layer_out", inject, at="last", last=last))
     if capture_hidden:
         items.append(Capture("layer_out", last=last, into=trace.hidden))
     if capture_resid_final:

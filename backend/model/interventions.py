@@ -212,6 +212,22 @@ class Add(Intervention):
         return add_at(x, v, self.at, self.last)
 
 
+def injection(lm: LoadedModel, vectors: dict[int, torch.Tensor], positions: Sequence[int] = (-1,),
+              last: torch.Tensor | None = None) -> list[Intervention]:
+    """`Add`s of {layer: v} at the input of decoder layer `layer` (0..n_layers; n_layers: the final norm's input) at
+    `positions` (negative offsets from each row's last prompt token; (-1,): the last token)."""
+    at: Where | tuple[int, ...] = "last" if tuple(positions) == (-1,) else tuple(positions)
+    L = lm.n_layers
+    bad = [l for l in vectors if not 0 <= int(l) <= L]
+    if bad:
+        raise ValueError(f"injection at layer {bad[0]}: a layer's input is 0..{L} ({L}: the final norm's input)")
+    inner = {int(l): v for l, v in vectors.items() if int(l) < L}
+    out: list[Intervention] = [Add("layer_in", inner, at=at, last=last)] if inner else []
+    if L in vectors:
+        out.append(Add("final_in", {None: vectors[L]}, at=at, last=last))  # type: ignore[dict-item]
+    return out
+
+
 @dataclass(eq=False)
 class Replace(Intervention):
     """The activation at `site` of `layer` becomes `value` (the same shape, or one the model accepts there)."""
@@ -225,6 +241,30 @@ class Replace(Intervention):
 
     def act(self, x: torch.Tensor, layer: int | None) -> torch.Tensor:
         return self.value
+
+
+@dataclass(eq=False)
+class Tap(Intervention):
+    """The activation at `site` at each row's last prompt token, with a handle on its gradient (attribution
+    patching): value[layer] (b, width) a detached copy, and delta[layer] (b, width) a zero leaf that requires grad,
+    added there (x' = x + delta at the last token: the forward is unchanged). After `backward()` of a scalar of the
+    run, delta[layer].grad = d scalar / d x[layer] at the last token. float32 leaves. `at`: the layers (None: all)."""
+
+    site: Site
+    at: Sequence[int] | None = None
+    last: torch.Tensor | None = None
+    value: dict = field(default_factory=dict)
+    delta: dict = field(default_factory=dict)
+
+    def layers(self, lm: LoadedModel) -> Sequence[int | None]:
+        return _chosen(self.site, self.at, lm)
+
+    def act(self, x: torch.Tensor, layer: int | None) -> torch.Tensor:
+        here = take_last(x, self.last)
+        self.value[layer] = here.detach().float().clone()
+        d = torch.zeros(here.shape, dtype=torch.float32, device=x.device, requires_grad=True)
+        self.delta[layer] = d
+        return replace_last(x, here + d.to(x.dtype), self.last)
 
 
 @dataclass(eq=False)

@@ -18,6 +18,8 @@ import torch
 from torch import nn
 
 from .adapters import ArchSpec, Site, UnsupportedArchitecture, config_attr, spec_for
+from .precision import (DTYPES, ONEDNN, PRECISIONS, ContiguousLinear, OneDnnLinear,  # noqa: F401 (re-exported)
+                        contiguous_unembedding, dtype_name, precision_dtype, use_onednn, uses_onednn)
 from ..weights.model_sources import ModelLoadError  # defined without torch, so the CLI can catch it before torch loads
 from ..text import clip, model_name_problem
 
@@ -104,6 +106,12 @@ class LoadedModel:
     def dtype(self) -> torch.dtype:
         return self.unembed.dtype
 
+    @property
+    def precision(self) -> str:
+        """What the forward pass computes in, by name: `float32`, `bfloat16`, `float16`, or `float32-onednn`
+        (float32 with the decoder's Linears through oneDNN, `OneDnnLinear`)."""
+        return ONEDNN if uses_onednn(self.model) else dtype_name(self.dtype)
+
     def w_o(self, layer: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         """Per-head slices of W_O for one layer, shape (heads, head_dim, d_model): o_h = z_h @ w_o[h]."""
         w = self.spec.o_proj_matrix(self.o_proj(layer).weight)  # (H*dh, d)
@@ -174,7 +182,7 @@ class LoadedModel:
         return {"name": self.name, "family": self.spec.family, "model_type": self.model.config.model_type,
                 "n_layers": self.n_layers, "n_heads": self.n_heads, "n_kv_heads": self.n_kv_heads,
                 "head_dim": self.head_dim, "d_model": self.d_model, "max_positions": self.max_positions,
-                "device": str(self.device), "dtype": str(self.dtype).replace("torch.", ""),
+                "device": str(self.device), "dtype": self.precision,
                 "fingerprint": self.fingerprint}
 
 
@@ -205,12 +213,17 @@ def _params_digest(model: nn.Module) -> str:
 
 def fingerprint(model: nn.Module, name: str, folder: Path | None = None) -> str:
     """Identity of the weights: name, config, and the weight files' hash (local), the hub revision, or
-    the parameters themselves (in-memory models). Families whose head writes are taken after a post-attention norm
+    the parameters themselves (in-memory models), and the precision the weights run in when it is not float32. Families whose head writes are taken after a post-attention norm
     (`ArchSpec.post_attn_norm`) add that site, so results computed when writes were taken at o_proj are never
     served again; every other fingerprint is unchanged."""
     cfg = model.config.to_dict()
     cfg.pop("_commit_hash", None)
     parts = [name, json.dumps(cfg, sort_keys=True, default=str)]
+    weights_dtype = next((p.dtype for p in model.parameters()), torch.float32)
+    if weights_dtype != torch.float32:  # results computed in bf16 / fp16 are their own; float32's key is unchanged
+        parts.append(f"precision {dtype_name(weights_dtype)}")
+    elif uses_onednn(model):  # float32 through other kernels: other last bits, other results
+        parts.append(f"precision {ONEDNN}")
     site = spec_for(model.config.model_type).post_attn_norm
     if site:
         parts.append(f"head writes after {site}")
@@ -243,6 +256,7 @@ def wrap(model: nn.Module, tokenizer: Any, name: str, folder: Path | None = None
     puts it in eval mode without parameter gradients; a model in training passes False. `fingerprint` overrides
     the one computed from the name, config and weights (a GGUF model's is its file's hash)."""
     spec = spec_for(model.config.model_type)
+    contiguous_unembedding(model)
     if frozen:
         model.eval()
         for p in model.parameters():
@@ -360,9 +374,12 @@ def default_device() -> str:
 
 
 def load_model(name_or_path: str = "default", device: str | None = None, dtype: str | torch.dtype | None = None,
-               device_map: str | None = None, trust_remote_code: bool = False) -> LoadedModel:
+               device_map: str | None = None, trust_remote_code: bool = False,
+               precision: str | None = None) -> LoadedModel:
     """Load `default`, a preset, a GGUF file, a local HF folder or a hub id. CUDA + bf16 when present, else
-    CPU + fp32. A GGUF file is converted once into a safetensors folder (backend/weights/gguf_convert.py), which this
+    CPU + fp32; `precision` (`float32`, `bfloat16`: PRECISIONS) picks the weights' dtype by name, and a `dtype`
+    that disagrees with it is an error. A precision other than float32 is part of the model's fingerprint, so its
+    results are cached apart. A GGUF file is converted once into a safetensors folder (backend/weights/gguf_convert.py), which this
     and every later load read.
 
     `device_map="auto"` spreads the model over the visible GPUs with accelerate.
@@ -377,8 +394,19 @@ def load_model(name_or_path: str = "default", device: str | None = None, dtype: 
 
     device = device or default_device()
     if isinstance(dtype, str):
-        dtype = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp16": torch.float16,
-                 "float16": torch.float16, "fp32": torch.float32, "float32": torch.float32}[dtype]
+        if dtype not in DTYPES:
+            raise ModelLoadError(f"dtype must be one of {', '.join(DTYPES)}, not {clip(dtype, 40)!r}")
+        dtype = DTYPES[dtype]
+    if precision is not None:
+        try:
+            chosen = precision_dtype(precision)
+        except ValueError as e:
+            raise ModelLoadError(str(e)) from None
+        if dtype is not None and dtype != chosen:
+            raise ModelLoadError(f"precision {precision!r} and dtype {dtype_name(dtype)!r} disagree; give one")
+        dtype = chosen
+        if precision == ONEDNN and (device_map or not str(device).startswith("cpu")):
+            raise ModelLoadError(f"precision {ONEDNN!r} is for the CPU; on {device_map or device} use float32")
     dtype = dtype or (torch.bfloat16 if device.startswith("cuda") else torch.float32)
     try:
         config = AutoConfig.from_pretrained(source, trust_remote_code=trust_remote_code, **local_only)
@@ -399,6 +427,8 @@ def load_model(name_or_path: str = "default", device: str | None = None, dtype: 
                              f"{(str(e).splitlines() or [''])[0][:300]}") from e
     if not device_map:
         model.to(device)
+    if precision == ONEDNN:
+        use_onednn(_get(model, spec_for(config.model_type).layers))
     return wrap(model, tok, name, folder, fingerprint=gguf_fingerprint(gguf_sha, dtype) if gguf_sha else None)
 
 

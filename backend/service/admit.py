@@ -63,6 +63,7 @@ class Admission:
     tensors: tuple[str, ...] = ()
     keyed: bool = True
     ref: Any = None  # the model's name and fingerprint (`kernel.ModelRef`) when known
+    precision: str | None = None  # a precision other than the server's default (`ModelPool.precision`), or None
 
     @property
     def kind(self) -> str:
@@ -74,13 +75,13 @@ class Admission:
             from ..analysis.kernel import ModelRef
 
             self.ref = ModelRef(lm.name, lm.fingerprint)
-            self.key, self.keyed = job_key(self.spec, self.p, self.ref, self.model, self.task)
+            self.key, self.keyed = job_key(self.spec, self.p, self.ref, self.model, self.task, self.precision)
         return self.key
 
     @property
     def fields(self) -> dict[str, Any]:
         """The kind's own fields (the params without model and task)."""
-        return {k: v for k, v in self.params.items() if k not in ("model", "task")}
+        return {k: v for k, v in self.params.items() if k not in ("model", "task", "precision")}
 
 
 def describe_validation(e: ValidationError | RequestValidationError, allowed: list[str] | None = None) -> str:
@@ -117,9 +118,9 @@ def admit(body: dict[str, Any], pool: ModelPool, tasks: TaskStore, limits: Limit
         spec = get_kind(str(kind))
     except KeyError:
         raise BadRequest(f"unknown job kind {clip(str(kind), 60)!r}; kinds: {', '.join(KINDS)}") from None
-    allowed = ["kind", *(["model"] if spec.uses_model else []), *(["task"] if spec.uses_task else []),
+    allowed = ["kind", *(["model", "precision"] if spec.uses_model else []), *(["task"] if spec.uses_task else []),
                *spec.params.model_fields]
-    shared = {k: body[k] for k in ("model", "task") if k in body and k in allowed}
+    shared = {k: body[k] for k in ("model", "task", "precision") if k in body and k in allowed}
     fields = {k: v for k, v in body.items() if k not in ("kind", *shared)}
     try:
         jf = JobFields.model_validate(shared)
@@ -137,11 +138,13 @@ def admit(body: dict[str, Any], pool: ModelPool, tasks: TaskStore, limits: Limit
     check_task_names(spec.name, p)
     limits.check_job(p, task)
     model_info = resident = None
+    precision = None
     if spec.uses_model:
         identity["model"] = pool.check(jf.model)
+        precision = pool.other_precision(jf.precision) if hasattr(pool, "other_precision") else None
         if hasattr(pool, "require_loadable"):  # a pool that loads by other means (tests) may not say
-            pool.require_loadable(identity["model"])
-        resident = pool.peek(jf.model)
+            pool.require_loadable(identity["model"], precision or getattr(pool, "precision", "float32"))
+        resident = pool.peek(jf.model, precision) if precision else pool.peek(jf.model)
         model_info = resident.info() if resident is not None else None
     work, plan = estimate(spec, p, identity.get("model"), task, lm=resident,
                           resident=resident is not None if hasattr(pool, "peek") and spec.uses_model else None)
@@ -172,21 +175,26 @@ def admit(body: dict[str, Any], pool: ModelPool, tasks: TaskStore, limits: Limit
                                       f"fix the cache folder") from None
     if check_work:  # from the params, the model's files and the task: the same whether it is loaded or not
         limits.check_work(work)
-    params = {**({"model": jf.model} if spec.uses_model else {}), **({"task": jf.task} if spec.uses_task else {}),
-              **p.model_dump(mode="json")}
+    params = {**({"model": jf.model} if spec.uses_model else {}), **({"precision": precision} if precision else {}),
+              **({"task": jf.task} if spec.uses_task else {}), **p.model_dump(mode="json")}
     model = identity.get("model")
-    ref = pool.identity(model) if model is not None and hasattr(pool, "identity") else None
-    key, keyed = job_key(spec, p, ref, model, task)
-    return Admission(spec, p, params, key, work, plan, model, task, reads, keyed, ref)
+    ref = None
+    if model is not None and hasattr(pool, "identity"):
+        ref = pool.identity(model, precision) if precision else pool.identity(model)
+    key, keyed = job_key(spec, p, ref, model, task, precision)
+    return Admission(spec, p, params, key, work, plan, model, task, reads, keyed, ref, precision)
 
 
-def job_key(spec: "Kind", p: "Params", ref: Any, model: str | None, task: "Task | None") -> tuple[str, bool]:
+def job_key(spec: "Kind", p: "Params", ref: Any, model: str | None, task: "Task | None",
+            precision: str | None = None) -> tuple[str, bool]:
     """(the job's cache key, whether it is final): `kernel.cache_key` on the model's identity `ref`; a model never
-    loaded here is keyed by its canonical name until the kernel keys it with its fingerprint."""
+    loaded here is keyed by its canonical name (and a precision other than the server's) until the kernel keys it
+    with its fingerprint (which holds the precision, `loading.fingerprint`)."""
     from ..analysis.kernel import ModelRef, cache_key
 
     if spec.uses_model and ref is None:
-        return cache_key(spec, ModelRef(model or "", f"unloaded:{model}"), task, p), False
+        stand_in = f"unloaded:{model}" + (f"@{precision}" if precision else "")
+        return cache_key(spec, ModelRef(model or "", stand_in), task, p), False
     return cache_key(spec, ref, task, p), spec.cached
 
 

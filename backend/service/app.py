@@ -228,6 +228,15 @@ def create_app(runner: JobRunner | None = None, *, pool: ModelPool | None = None
     def health() -> Health:
         return Health(version=VERSION)
 
+    @app.get("/cluster", tags=["sweeps"])
+    def cluster() -> dict[str, Any]:
+        """The cluster the jobs run on: `runner` (`local` or `ray`); for Ray its address, `lost` (the sentence, once
+        its head stopped answering), its nodes (IP, id, alive, CPUs, GPUs, head) and the model actors (what runs
+        where)."""
+        describe = getattr(runner, "cluster", None)
+        return describe() if callable(describe) else {"runner": "local", "address": None, "lost": None, "nodes": [],
+                                                      "actors": [], "retried": 0}
+
     @app.get("/capabilities", response_model=Capabilities)
     def capabilities() -> Capabilities:
         device, dtype = pool.device_info()

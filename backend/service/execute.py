@@ -65,11 +65,15 @@ def time_limited(progress: Progress, limit_s: float) -> "JobProgress":
 class JobProgress:
     """What a runner hands a job: `progress(fraction, message)`, `live(data)` for data a page draws while the job
     runs (the job's `live` field), and `check()`, which raises a `stopping.Stop` (cancelled, preempted, past the
-    time limit) and which `kernel.analyze` installs for the loops. `progress` and `live` run the check first."""
+    time limit) and which `kernel.analyze` installs for the loops. `progress` and `live` run the check first.
+    `where(info)` records where the job runs (the Ray runner: its node, and the nodes of attempts whose worker
+    died); `lane` is the job's lane (`live`, `interactive`, `sweep`)."""
 
     report: Progress
     live: Callable[[dict[str, Any]], None]
     check: Check | None = None
+    where: Callable[[dict[str, Any]], None] | None = None
+    lane: str = ""
 
     def __call__(self, fraction: float, message: str = "") -> None:
         self.report(fraction, message)
@@ -82,8 +86,10 @@ def make_executor(pool: Any, tasks: Any = None) -> Executor:
         from ..analysis.kernel import analyze
         from .timing import LOAD, record
 
-        resident, t0 = a.spec.uses_model and pool.peek(a.model) is not None, time.perf_counter()
-        lm = pool.get(a.model) if a.spec.uses_model else None
+        precision = getattr(a, "precision", None)  # a precision other than the pool's default
+        at = (precision,) if precision else ()
+        resident, t0 = a.spec.uses_model and pool.peek(a.model, *at) is not None, time.perf_counter()
+        lm = pool.get(a.model, *at) if a.spec.uses_model else None
         if a.spec.uses_model and not resident:  # what loading it took: a later first job's estimate adds it
             record(a.model, LOAD, 1.0, time.perf_counter() - t0)
         warm, t0 = a.spec.module in sys.modules, time.perf_counter()  # a first run imports its kind: not timed

@@ -112,18 +112,18 @@ class _Job:
     preempted: int = 0  # times it gave way (to live or interactive jobs)
     gave_way_interactive: int = 0  # of which to interactive jobs (a sweep job: at most PREEMPT_MAX)
     lost_s: float = 0.0  # running time of the attempts it abandoned (an upper bound on the work giving way cost)
+    ran_on: dict[str, Any] | None = None  # where it ran (the Ray runner reports it: node, and lost attempts)
 
     def snapshot(self, include_result: bool = True) -> JobStatus:
         hit = self.result.get("cache_hit") if self.result else None
-        remaining = None
-        if self.status == "running" and self.started is not None:
-            remaining = remaining_seconds(self.progress, time.time() - self.started)
+        running = self.status == "running" and self.started is not None
+        remaining = remaining_seconds(self.progress, time.time() - self.started) if running else None  # type: ignore
         return JobStatus(id=self.id, kind=self.kind, status=self.status, progress=self.progress,  # type: ignore[arg-type]
                          message=self.message, result=self.result if include_result else None, error=self.error,
                          error_type=self.error_type, params=self.params, created=self.created, started=self.started,
                          finished=self.finished, remaining_s=remaining, cache_hit=hit if isinstance(hit, bool) else None,
                          live=self.live if self.status in ACTIVE_STATES else None, submitters=self.submitters,
-                         lane=self.lane, preempted=self.preempted)
+                         lane=self.lane, preempted=self.preempted, ran_on=self.ran_on)
 
 
 LANES = ("live", "interactive", "sweep")  # a free worker takes the first lane that has a job
@@ -400,7 +400,7 @@ class LocalJobRunner(JobRunner):
             with self._cond:
                 job.live = to_jsonable(data)
 
-        progress = JobProgress(report, live, check)
+        progress = JobProgress(report, live, check, lambda info: setattr(job, "ran_on", to_jsonable(info)), job.lane)
 
         try:
             with checking(check):

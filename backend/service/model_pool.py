@@ -6,7 +6,8 @@ Which names a request may use (what each means: backend/weights/model_sources.py
 - a local folder or a .gguf file (or a folder holding one): anywhere, or only under `HEADLENS_MODEL_ROOT` when
   that is set (a relative name is looked up under the root first); a path outside the root is a 403;
 - a Hugging Face id, unless `HEADLENS_ALLOW_HUB=0` (403).
-`HEADLENS_DEVICE` (cpu, cuda, cuda:1 ...) and `HEADLENS_DTYPE` (fp32, bf16, fp16) pick where models load.
+`HEADLENS_DEVICE` (cpu, cuda, cuda:1 ...) and `HEADLENS_DTYPE` (fp32, bf16, fp16) pick where models load; a request's
+`precision` (float32, bfloat16) loads the model in that dtype instead, resident beside the default one.
 A name longer than MAX_NAME_CHARS (1024) characters, with a path part over MAX_PART_BYTES (255) bytes, or
 with control characters is a 422 naming the field `model`, before the filesystem sees it.
 
@@ -115,9 +116,10 @@ class ModelPool:
                             f"(HEADLENS_ALLOW_HUB=0); use `default`, a pulled preset or {where}")
         return name
 
-    def require_loadable(self, canonical: str) -> None:
+    def require_loadable(self, canonical: str, precision: str = "float32") -> None:
         """Refuse (a ServiceError) a model, by its canonical name from `check`, that could not be loaded now (see
-        the module docstring); a resident model, and any model of a pool with its own `loader`, pass."""
+        the module docstring), or that would not fit this machine's memory in `precision` (`memory_fit`, 507); a
+        resident model, and any model of a pool with its own `loader`, pass."""
         with self._lock:
             if canonical in self._models:
                 return
@@ -135,6 +137,12 @@ class ModelPool:
                 spec_for(kind)
             except UnsupportedArchitecture as e:
                 raise BadRequest(f"model {clip(canonical, 100)!r} cannot be analysed: {e}") from None
+        from .memory_fit import memory_problem
+        from .model_shape import model_config
+
+        problem = memory_problem(clip(canonical, 100), model_config(canonical), precision)
+        if problem:
+            raise ServiceError(problem, status=507)
 
     def _require_on_hub(self, name: str) -> None:
         from ..model.loading import HUB_PROBE_TTL, cached_on_hub_cache, hub_endpoint
@@ -159,10 +167,31 @@ class ModelPool:
             raise Forbidden(f"model path {clip(name)!r} is outside the server's model folder (HEADLENS_MODEL_ROOT); "
                             f"local models must live under it (a name relative to it works)")
 
+    # -- precisions -------------------------------------------------------------------------------
+    @property
+    def precision(self) -> str:
+        """The precision models load in by default, by name (`float32` on CPU, `bfloat16` on CUDA, or HEADLENS_DTYPE)."""
+        return PRECISION_NAMES.get(self.device_info()[1], self.device_info()[1])
+
+    def other_precision(self, precision: str | None) -> str | None:
+        """`precision` (float32, bfloat16) when it is not the default, else None; anything else is a 422."""
+        if precision is None:
+            return None
+        if precision not in ("float32", "bfloat16", "float32-onednn"):
+            raise BadRequest(f"precision must be float32, bfloat16 or float32-onednn, not {clip(str(precision), 40)!r}")
+        return None if precision == self.precision else precision
+
+    def _slot(self, key: str, precision: str | None) -> str:
+        """Where a model is resident: its canonical name, with ` @ <precision>` for a precision not the default."""
+        other = self.other_precision(precision)
+        return f"{key} @ {other}" if other else key
+
     # -- resident models --------------------------------------------------------------------------
-    def get(self, name: str) -> "LoadedModel":
-        """The loaded model for `name`, loading it (and evicting the least recently used) when needed."""
-        key = self.check(name)
+    def get(self, name: str, precision: str | None = None) -> "LoadedModel":
+        """The loaded model for `name` (in `precision`, default the pool's), loading it (and evicting the least
+        recently used) when needed."""
+        name = self.check(name)
+        key = self._slot(name, precision)
         with self._lock:
             if key in self._models:
                 self._models.move_to_end(key)
@@ -172,8 +201,8 @@ class ModelPool:
                 if key in self._models:  # loaded by the request this one waited for
                     self._models.move_to_end(key)
                     return self._models[key]
-            lm = self._load(key)
-            self._remember(key, lm)
+            lm = self._load(name, self.other_precision(precision))
+            self._remember(name, lm, self.other_precision(precision))
             with self._lock:
                 self._models[key] = lm
                 old = []
@@ -183,12 +212,12 @@ class ModelPool:
                 self._free(m)
             return lm
 
-    def _load(self, key: str) -> "LoadedModel":
+    def _load(self, key: str, precision: str | None = None) -> "LoadedModel":
         if self._loader is not None:
-            return self._loader(key)
+            return self._loader(key, precision=precision) if precision else self._loader(key)
         from ..model.loading import load_model
 
-        return load_model(key, device=self.device, dtype=self.dtype)
+        return load_model(key, device=self.device, **({"precision": precision} if precision else {"dtype": self.dtype}))
 
     @staticmethod
     def _free(lm: "LoadedModel") -> None:
@@ -204,33 +233,36 @@ class ModelPool:
         except Exception:
             pass
 
-    def identity(self, canonical: str) -> "ModelRef | None":
-        """The model's name and fingerprint without loading it: the resident model's, else those recorded when the
-        same files were last loaded with this cache folder (under their `model_signature`), else None."""
+    def identity(self, canonical: str, precision: str | None = None) -> "ModelRef | None":
+        """The model's name and fingerprint (in `precision`) without loading it: the resident model's, else those
+        recorded when the same files were last loaded in that precision with this cache folder (under their
+        `model_signature`), else None."""
         from ..analysis.kernel import ModelRef
 
+        other = self.other_precision(precision)
         with self._lock:
-            lm = self._models.get(canonical)
+            lm = self._models.get(self._slot(canonical, other))
         if lm is not None:
             return ModelRef(lm.name, lm.fingerprint)
-        sig = model_signature(canonical, self.dtype)
+        sig = model_signature(canonical, other or self.dtype)
         got = _store().get(sig) if sig and self._loader is None else None
         ok = isinstance(got, dict) and all(isinstance(got.get(k), str) and 0 < len(got[k]) < 4096
                                            for k in ("name", "fingerprint"))
         return ModelRef(got["name"], got["fingerprint"]) if ok else None
 
-    def _remember(self, canonical: str, lm: "LoadedModel") -> None:
-        sig = model_signature(canonical, self.dtype) if self._loader is None else None
+    def _remember(self, canonical: str, lm: "LoadedModel", precision: str | None = None) -> None:
+        sig = model_signature(canonical, precision or self.dtype) if self._loader is None else None
         if sig:
             try:
                 _store().put(sig, {"name": lm.name, "fingerprint": lm.fingerprint})
             except Exception:  # noqa: BLE001 - an unwritable cache: the next start loads the model to know it
                 pass
 
-    def peek(self, name: str) -> "LoadedModel | None":
-        """The resident model for `name`, or None; never loads, never reorders."""
+    def peek(self, name: str, precision: str | None = None) -> "LoadedModel | None":
+        """The resident model for `name` (in `precision`, default the pool's), or None; never loads, never
+        reorders."""
         try:
-            key = self.check(name)
+            key = self._slot(self.check(name), precision)
         except Exception:
             return None
         with self._lock:
@@ -256,6 +288,10 @@ class ModelPool:
         device = self.device or default_device()
         dtype = self.dtype or ("bf16" if device.startswith("cuda") else "fp32")
         return device, dtype
+
+
+PRECISION_NAMES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
+"""HEADLENS_DTYPE's short names by the precision names requests use."""
 
 
 def _store() -> Any:

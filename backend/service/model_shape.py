@@ -122,6 +122,11 @@ def model_shape(canonical: str | None) -> Shape:
     return _memo("shape", canonical, _shape, ASSUMED)
 
 
+def model_config(canonical: str | None) -> dict[str, Any] | None:
+    """Its config.json as read from its files (None when it has none on this disk yet)."""
+    return _memo("config", canonical, _config)
+
+
 def model_type(canonical: str | None) -> str | None:
     """The `model_type` its config.json declares (the adapter table's key), read without loading; None when it has
     no config.json on this disk yet (a GGUF file not converted: its header was checked by `model_sources`)."""

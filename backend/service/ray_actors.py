@@ -15,7 +15,7 @@ from typing import Any, Callable
 from ..errors import BadInput
 from .errors import ServiceError
 from .execute import Cancelled
-from .ray_cluster import RayConfig
+from .ray_cluster import ClusterLost, RayConfig
 from .ray_worker import ModelWorker
 
 log = logging.getLogger(__name__)
@@ -147,8 +147,8 @@ class ModelActors:
     """Model-pinned actors: acquire one for a model (making, reusing or releasing actors), release it after."""
 
     def __init__(self, ray: Any, cfg: RayConfig, reader: Any, dtype: str | None = None,
-                 env: dict[str, str] | None = None):
-        self.ray, self.cfg, self.reader, self.dtype = ray, cfg, reader, dtype
+                 env: dict[str, str] | None = None, lost: Callable[[], str | None] = lambda: None):
+        self.ray, self.cfg, self.reader, self.dtype, self.lost = ray, cfg, reader, dtype, lost
         self.env = env or {}
         self._actors: list[Actor] = []
         self._cond = threading.Condition()
@@ -159,10 +159,25 @@ class ModelActors:
 
     # -- capacity ---------------------------------------------------------------------------------------------
     def _cluster(self) -> tuple[float, float, float]:
-        """(total CPUs, total GPUs, GPUs of the largest node) of the cluster now (nodes may join or leave)."""
-        total = self.ray.cluster_resources()
-        per_node = [n.get("Resources", {}).get("GPU", 0.0) for n in self.ray.nodes() if n.get("Alive")]
-        return float(total.get("CPU", 0.0)), float(total.get("GPU", 0.0)), float(max(per_node, default=0.0))
+        """(total CPUs, total GPUs, GPUs of the largest node) of the cluster now (nodes may join or leave).
+        ClusterLost when the head is lost meanwhile (these calls would wait for it)."""
+        got: list[Any] = []
+
+        def ask() -> None:
+            total = self.ray.cluster_resources()
+            per_node = [n.get("Resources", {}).get("GPU", 0.0) for n in self.ray.nodes() if n.get("Alive")]
+            got.append((float(total.get("CPU", 0.0)), float(total.get("GPU", 0.0)),
+                        float(max(per_node, default=0.0))))
+
+        t = threading.Thread(target=ask, name="headlens-ray-resources", daemon=True)
+        t.start()
+        while t.is_alive():
+            t.join(0.5)
+            if self.lost():
+                raise ClusterLost(self.lost() or "")
+        if not got:
+            raise ServiceError("could not read the Ray cluster's resources", status=503)
+        return got[0]
 
     def placement_for(self, model: str | None) -> Placement:
         if model not in self._places:
@@ -186,6 +201,8 @@ class ModelActors:
             while True:
                 if self._closed:
                     raise ServiceError("the job runner is shut down", status=503)
+                if self.lost():
+                    raise ClusterLost(self.lost() or "")
                 idle = [a for a in self._actors if a.model == model and not a.busy]
                 if idle:
                     a = max(idle, key=lambda a: a.last_used)
@@ -228,6 +245,31 @@ class ModelActors:
     def release(self, a: Actor) -> None:
         with self._cond:
             a.busy, a.last_used = False, time.monotonic()
+            self._cond.notify_all()
+
+    def forget(self, a: Actor) -> None:
+        """Drop `a` from the pool without a Ray call (the cluster is lost)."""
+        with self._cond:
+            if a in self._actors:
+                self._actors.remove(a)
+            self._cond.notify_all()
+
+    def make_room(self, pending: Actor) -> bool:
+        """Release the least recently used idle actor (not `pending`), so that `pending`, an actor Ray has not
+        started for want of CPUs (its node was lost after it was counted), can be placed; False when none is idle."""
+        with self._cond:
+            idle = sorted((a for a in self._actors if not a.busy and a is not pending), key=lambda a: a.last_used)
+            if not idle:
+                return False
+            log.warning("ray: an actor for %s has not started; releasing the idle actor for %s to make room",
+                        pending.model, idle[0].model)
+            self._kill(idle[0])
+            self._cond.notify_all()
+            return True
+
+    def wake(self) -> None:
+        """Wake the jobs waiting for an actor (they check the cluster again)."""
+        with self._cond:
             self._cond.notify_all()
 
     def discard(self, a: Actor) -> None:
@@ -277,7 +319,7 @@ class ModelActors:
         while True:
             time.sleep(min(5.0, max(0.5, self.cfg.idle_s / 4)))
             with self._cond:
-                if self._closed:
+                if self._closed or self.lost():  # no Ray calls once the head is lost: they would wait for it
                     return
                 now = time.monotonic()
                 for a in [a for a in self._actors if not a.busy and now - a.last_used > self.cfg.idle_s]:
@@ -296,9 +338,12 @@ class ModelActors:
         return [{"model": a.model, "num_gpus": a.place.num_gpus, "num_cpus": a.place.num_cpus,
                  "device_map": a.place.device_map, "busy": a.busy, **a.where(self.ray, 0.5)} for a in actors]
 
-    def close(self) -> None:
+    def close(self, kill: bool = True) -> None:
         with self._cond:
             self._closed = True
             for a in list(self._actors):
-                self._kill(a)
+                if kill:
+                    self._kill(a)
+                else:
+                    self._actors.remove(a)
             self._cond.notify_all()

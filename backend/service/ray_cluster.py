@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import BadInput
+from .errors import ServiceError
 from .limits import env_number
 
 log = logging.getLogger(__name__)
@@ -21,6 +22,15 @@ log = logging.getLogger(__name__)
 
 class RunnerUnavailable(BadInput):
     """The configured runner cannot start (Ray missing, cluster unreachable, a bad setting): one line."""
+
+
+RECONNECT_S = 30 * 86400  # the driver's patience with a lost GCS (Ray's default, 60 s, would end the service)
+
+
+class ClusterLost(ServiceError):
+    """The Ray cluster's head stopped answering: jobs on the cluster cannot run (or finish) now."""
+
+    status = 503
 
 
 def _env_num(name: str, default: float, minimum: float = 0) -> float:
@@ -44,6 +54,8 @@ class RayConfig:
     cancel_grace_s: float = 20.0
     poll_s: float = 0.2
     pythonpath: tuple[str, ...] = ()
+    node_ip: str | None = None  # this host's Ray node (its --node-ip-address), when the machine has several
+    head_lost_s: float = 10.0  # the head's GCS unreachable this long: the cluster is lost
 
     @classmethod
     def from_env(cls) -> "RayConfig":
@@ -60,7 +72,8 @@ class RayConfig:
                    num_cpus=int(_env_num("HEADLENS_RAY_NUM_CPUS", 1, 1)) if n else None,
                    connect_timeout_s=_env_num("HEADLENS_RAY_CONNECT_TIMEOUT_S", d.connect_timeout_s, 1),
                    cancel_grace_s=_env_num("HEADLENS_RAY_CANCEL_GRACE_S", d.cancel_grace_s, 0),
-                   pythonpath=extra)
+                   pythonpath=extra, node_ip=(os.environ.get("HEADLENS_RAY_NODE_IP") or "").strip() or None,
+                   head_lost_s=_env_num("HEADLENS_RAY_HEAD_LOST_S", d.head_lost_s, 1))
 
 
 def connect(cfg: RayConfig) -> tuple[Any, bool]:
@@ -100,6 +113,13 @@ def _connect(cfg: RayConfig, address: str | None) -> tuple[Any, bool]:
         _probe_gcs(address, cfg.connect_timeout_s)
     kw: dict[str, Any] = {"include_dashboard": False, "logging_level": "warning", "log_to_driver": False,
                           "ignore_reinit_error": True, "address": address}
+    if cfg.node_ip and address != "local":
+        kw["_node_ip_address"] = cfg.node_ip  # which of this machine's Ray nodes the service's driver joins
+    if address != "local":
+        # Ray ends a driver (std::_Exit) whose GCS has been unreachable for gcs_rpc_server_reconnect_timeout_s
+        # (60 s): a lost head would take the service down. The runner notices a lost head itself (HEADLENS_RAY_
+        # HEAD_LOST_S) and answers with an error; the service stays up. Read by Ray's core worker at ray.init.
+        os.environ.setdefault("RAY_gcs_rpc_server_reconnect_timeout_s", str(RECONNECT_S))
     if address == "local" and cfg.num_cpus:
         kw["num_cpus"] = cfg.num_cpus
     where = (f"the Ray cluster at RAY_ADDRESS={address}" if cfg.address else

@@ -61,6 +61,13 @@ installed, or a cluster that does not answer within HEADLENS_RAY_CONNECT_TIMEOUT
 | HEADLENS_RAY_CONNECT_TIMEOUT_S | 30 | give up connecting after this long |
 | HEADLENS_RAY_CANCEL_GRACE_S | 20 | a cancelled job's actor is killed when it has not stopped by then |
 | HEADLENS_RAY_PYTHONPATH | unset | extra folders on the workers' Python path (the repository is always on it) |
+| HEADLENS_RAY_NODE_IP | unset | the Ray node the service joins, by its `--node-ip-address` (a machine with several) |
+| HEADLENS_RAY_HEAD_LOST_S | 10 | the head's GCS unreachable this long: the cluster is lost (see below) |
+
+A job's `ran_on`: its actor's node IP, node id, host, pid; `lost`: the nodes of attempts whose worker died.
+`cluster()`: the nodes (CPUs, GPUs) and actors. A lost head (its GCS port unanswered for HEADLENS_RAY_HEAD_LOST_S,
+watched every second): running and sweep jobs fail with `ClusterLost`, a sentence naming it; other jobs run on
+the service's own executor. (Ray would end the driver after 60 s without its GCS: `connect` raises that limit.)
 """
 from __future__ import annotations
 
@@ -68,6 +75,9 @@ import base64
 import json
 import logging
 import os
+import socket
+import threading
+import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
@@ -78,7 +88,7 @@ from .execute import Cancelled, JobProgress, Progress, outputs_present_in
 from .jobs import LocalJobRunner
 from .limits import Limits
 from .ray_actors import Actor, ModelActors, model_signature
-from .ray_cluster import RayConfig, RunnerUnavailable, connect
+from .ray_cluster import ClusterLost, RayConfig, RunnerUnavailable, connect
 from .ray_worker import CacheReader
 from ..store.paths import REPO_ROOT, cache_dir
 from ..store.tensor_store import TensorStore, TensorWriteError
@@ -128,7 +138,15 @@ class RayJobRunner(LocalJobRunner):
         self.reader = self.ray.remote(CacheReader).options(
             num_cpus=0, max_concurrency=16, max_restarts=-1, runtime_env={"env_vars": env},
             scheduling_strategy=NodeAffinitySchedulingStrategy(here, soft=False)).remote(str(self.cache_directory))
-        self.actors = ModelActors(self.ray, self.cfg, self.reader, dtype=getattr(pool, "dtype", None), env=env)
+        self.actors = ModelActors(self.ray, self.cfg, self.reader, dtype=getattr(pool, "dtype", None), env=env,
+                                  lost=lambda: self.lost)
+        self.lost: str | None = None  # set once the head is lost: the sentence every Ray job then fails with
+        self._local: Any = None  # the service's own executor, for non-sweep jobs once the cluster is lost
+        self._nodes: list[dict[str, Any]] = []
+        self._gcs = self.ray.get_runtime_context().gcs_address
+        self._closing = threading.Event()
+        self._watch = threading.Thread(target=self._watch_head, name="headlens-ray-head", daemon=True)
+        self._watch.start()
         super().__init__(self._execute_on_ray, limits=limits, workers=self.cfg.max_actors,
                          outputs_present=outputs_present_in(self.tensors))  # a done job whose tensors are gone reruns
 
@@ -138,6 +156,8 @@ class RayJobRunner(LocalJobRunner):
 
         from ..analysis.kinds import get_kind
 
+        if self.lost:
+            return self._without_cluster(job, progress)
         kind = job.kind
         spec = getattr(job, "spec", None) or get_kind(kind)
         fields = dict(job.params)
@@ -150,14 +170,20 @@ class RayJobRunner(LocalJobRunner):
             if hit is not None:
                 return hit.to_json()
         lost: list[str] = []
+        lost_on: list[dict[str, Any]] = []
+        where = getattr(progress, "where", None) or (lambda info: None)
         for attempt in range(self.cfg.retries + 1):
             progress(0.0, f"waiting for a Ray worker for {model or kind}" + (f" (retry {attempt})" if attempt else ""))
+            self._check_cluster()
             a = self._acquire_live(canon, progress)
             try:
-                out = self._run_on(a, spec, fields, task, progress)
+                out = self._run_on(a, spec, fields, task, progress,
+                                   lambda info: where({"runner": "ray", **_place(info), "lost": list(lost_on)}))
             except _Died as e:
                 log.warning("ray: worker for %s died on %s (attempt %d): %s", model, e.node, attempt + 1, e.cause)
                 lost.append(e.node)
+                lost_on.append(_place(e.info))
+                where({"runner": "ray", "lost": list(lost_on)})
                 if attempt < self.cfg.retries:
                     self.retried += 1
                 continue
@@ -182,7 +208,8 @@ class RayJobRunner(LocalJobRunner):
             self.actors.discard(a)
         return self.actors.acquire(canon, cancelled=lambda: _cancelled(progress, 0.0))
 
-    def _run_on(self, a: Actor, spec: Any, fields: dict[str, Any], task: Any, progress: Progress) -> dict[str, Any]:
+    def _run_on(self, a: Actor, spec: Any, fields: dict[str, Any], task: Any, progress: Progress,
+                where: Any = None) -> dict[str, Any]:
         """Run the job on actor `a`, feeding `progress`; raises _Died when the actor dies (it is discarded),
         Cancelled when the job is cancelled, whatever `progress` raises (a time limit), or the analysis' error; the
         actor's task is then stopped (released, or killed if it hangs on)."""
@@ -191,13 +218,22 @@ class RayJobRunner(LocalJobRunner):
 
         call = uuid.uuid4().hex
         ref = a.handle.run.remote(call, spec, fields, task)
-        last = 0.0
+        last, told, since = 0.0, False, time.monotonic()
         try:
             try:
                 while True:
                     ready, _ = ray.wait([ref], timeout=self.cfg.poll_s)
+                    if not told and where is not None and (info := a.where(ray, 0.01)):
+                        where(info)  # the node it runs on, once the actor has said
+                        told = True
                     if ready:
                         break
+                    self._check_cluster()
+                    if not told and time.monotonic() - since > max(20.0, 2 * self.cfg.evict_s):
+                        # not started yet: its CPUs may be held by idle actors (the cluster lost a node after this
+                        # one was counted as fitting); free one, once per wait
+                        self.actors.make_room(a)
+                        since = time.monotonic()
                     try:
                         frac, msg, live = ray.get(a.handle.poll.remote(call), timeout=10)
                     except GetTimeoutError:
@@ -208,7 +244,10 @@ class RayJobRunner(LocalJobRunner):
                     progress(last, msg)  # raises Cancelled once the job is cancelled
                     if live is not None and isinstance(progress, JobProgress):
                         progress.live(live)
-                return ray.get(ref)
+                out = ray.get(ref)
+                if not told and where is not None:
+                    where(a.where(ray, 5.0))
+                return out
             except RayTaskError as e:  # the analysis raised: its own exception, as the local runner would see it
                 cause = getattr(e, "cause", None)
                 if isinstance(cause, BaseException) and not isinstance(cause, RayActorError):
@@ -217,7 +256,11 @@ class RayJobRunner(LocalJobRunner):
                 raise RuntimeError(lines[-1][:500] if lines else type(e).__name__) from None
         except RayActorError as e:
             self.actors.discard(a)
-            raise _Died(_node_name(a.where(ray, 0.5)), e) from None
+            info = a.where(ray, 0.5)
+            raise _Died(_node_name(info), e, info) from None
+        except ClusterLost:
+            self.actors.forget(a)  # no Ray call now: the head is gone
+            raise
         except BaseException:  # Cancelled or the time limit from `progress`, or the analysis' own error:
             self._stop(a, ref, call)  # a finished task just releases the actor; a running one is stopped
             raise
@@ -294,7 +337,11 @@ class RayJobRunner(LocalJobRunner):
 
     # -- shutdown (the actors: self.actors.describe()) ----------------------------------------------------------
     def close(self, timeout: float = 5.0) -> None:
+        self._closing.set()
         super().close(timeout)
+        if self.lost:  # every Ray call would wait for the head: leave Ray's processes to the process's exit
+            self.actors.close(kill=False)
+            return
         self.actors.close()
         try:
             self.ray.kill(self.reader)
@@ -303,11 +350,74 @@ class RayJobRunner(LocalJobRunner):
         if self._owns_ray:
             self.ray.shutdown()
 
+    # -- the cluster: its head, its nodes -----------------------------------------------------------------------
+    def _check_cluster(self) -> None:
+        if self.lost:
+            raise ClusterLost(self.lost)
+
+    def _watch_head(self) -> None:
+        """Connect to the head's GCS port every second; unanswered for HEADLENS_RAY_HEAD_LOST_S: the cluster is lost."""
+        if not self._gcs:
+            return
+        host, _, port = str(self._gcs).rpartition(":")
+        since: float | None = None
+        while not self._closing.wait(1.0):
+            try:
+                socket.create_connection((host, int(port)), timeout=1.0).close()
+                since = None
+            except OSError as e:
+                since = since or time.monotonic()
+                if time.monotonic() - since >= self.cfg.head_lost_s:
+                    self.lost = (f"the Ray cluster's head at {self._gcs} stopped answering {time.strftime('%H:%M:%S')}"
+                                 f" ({type(e).__name__}: {e}); jobs on the cluster failed. Restart the head (`ray "
+                                 f"start --head`) and then this service; meanwhile the service's own runner "
+                                 f"answers interactive jobs")
+                    log.error("ray: %s", self.lost)
+                    self.actors.wake()
+                    return
+
+    def _without_cluster(self, job: Any, progress: Progress) -> dict[str, Any]:
+        """A job once the cluster is lost: a sweep's fails with the sentence; any other runs on the service's own
+        executor (the local runner's), so toggles keep their answers."""
+        if getattr(progress, "lane", "") == "sweep":
+            raise ClusterLost(self.lost or "the Ray cluster is lost")
+        if self._local is None:
+            from .execute import make_executor
+
+            self._local = make_executor(self.pool, self.tasks)
+        where = getattr(progress, "where", None)
+        if where is not None:
+            where({"runner": "local", "host": socket.gethostname(), "pid": os.getpid()})
+        return self._local(job, progress)
+
+    def cluster(self) -> dict[str, Any]:
+        """The cluster as this service sees it: its address, whether it is lost, its nodes (IP, id, alive, CPUs,
+        GPUs) and the model actors (what runs where). The nodes are read within a few seconds, else the last ones."""
+        if not self.lost:
+            got: list[Any] = []
+            t = threading.Thread(target=lambda: got.append(self.ray.nodes()), daemon=True)
+            t.start()
+            t.join(3.0)
+            if got:
+                self._nodes = [{"node_ip": n.get("NodeManagerAddress"), "node_id": n.get("NodeID"),
+                                "alive": bool(n.get("Alive")), "cpus": n.get("Resources", {}).get("CPU", 0.0),
+                                "gpus": n.get("Resources", {}).get("GPU", 0.0),
+                                "head": "node:__internal_head__" in n.get("Resources", {})} for n in got[0]]
+        actors = [] if self.lost else self.actors.describe()
+        return {"runner": "ray", "address": self._gcs, "lost": self.lost, "nodes": self._nodes,
+                "actors": [{k: a.get(k) for k in ("model", "busy", "node_ip", "node_id", "pid", "num_cpus", "num_gpus")}
+                           for a in actors], "retried": self.retried}
+
 
 class _Died(Exception):
-    def __init__(self, node: str, cause: BaseException):
+    def __init__(self, node: str, cause: BaseException, info: dict[str, Any] | None = None):
         super().__init__(node)
-        self.node, self.cause = node, cause
+        self.node, self.cause, self.info = node, cause, info or {}
+
+
+def _place(info: dict[str, Any]) -> dict[str, Any]:
+    """What a job's `ran_on` keeps of an actor's info."""
+    return {k: info.get(k) for k in ("node_ip", "node_id", "host", "pid")}
 
 
 def _node_name(info: dict[str, Any]) -> str:

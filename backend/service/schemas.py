@@ -33,6 +33,10 @@ class JobFields(BaseModel):
                        description="`default`, a local model folder, or a Hugging Face id")
     task: str | None = Field(None, max_length=MAX_TEXT,
                              description="a built-in task name or an `upload:<hash>` id from POST /tasks/upload")
+    precision: Literal["float32", "bfloat16", "float32-onednn"] | None = Field(
+        None, description="the dtype the model runs in (default: the server's, float32 on CPU); bfloat16 is ~3x "
+                          "faster on a CPU with avx512_bf16 and changes every number; float32-onednn (CPU) is "
+                          "float32 through oneDNN's kernels (other last bits); each is cached apart")
 
     @field_validator("model")
     @classmethod
@@ -88,6 +92,10 @@ class JobStatus(BaseModel):
                                                             "curve so far of a training)")
     estimate: dict[str, Any] | None = Field(None, description="the admission's estimate (POST /jobs answers): as "
                                                               "POST /jobs/estimate's")
+    ran_on: dict[str, Any] | None = Field(None, description="where the job ran, when the runner says (the Ray "
+                                          "runner): `node_ip`, `node_id`, `host`, `pid`; `lost`: the nodes of earlier "
+                                          "attempts whose worker died (the job was retried); `runner`: `ray` or "
+                                          "`local` (the service's own runner, once the cluster is lost)")
 
 
 class JobEstimate(BaseModel):

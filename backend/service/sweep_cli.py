@@ -125,7 +125,7 @@ def run(a: argparse.Namespace, emit: Callable[[Any, str | None], None]) -> None:
     from .limits import Limits
     from .model_pool import ModelPool
     from .ray_runner import make_runner
-    from .sweeps import SweepManager, plan
+    from .sweeps import SweepManager, sweep_cells
     from .task_store import TaskStore
 
     req = request_from(a)
@@ -133,7 +133,7 @@ def run(a: argparse.Namespace, emit: Callable[[Any, str | None], None]) -> None:
     pool = ModelPool(max_models=limits.max_models)
     tasks = TaskStore(memory_items=limits.upload_cache, quota_bytes=limits.upload_quota_bytes)  # as create_app
     try:
-        cells = plan(req, pool, tasks, limits)
+        cells = sweep_cells(req, pool, tasks, limits)
     except ServiceError as e:
         raise UsageError(e.message) from None
     runner = make_runner(pool, tasks, limits)

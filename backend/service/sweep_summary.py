@@ -101,9 +101,28 @@ def summarize(cells: list[Cell]) -> dict[str, Any]:
         mine = [r for r in rows if r["model"] == m]
         entry: dict[str, Any] = {"model": m, "tasks": len(mine)}
         for k in dedupe([k for r in mine for k in r if k not in ("model", "task", "jobs", "seeds")]):
-            entry[k] = mine[0][k] if k in ("n_layers", "n_heads") else _mean([r.get(k) for r in mine])
+            entry[k] = (next((r[k] for r in mine if k in r), None) if k in ("n_layers", "n_heads")  # rows of
+                        else _mean([r.get(k) for r in mine]))  # other kinds lack them (a sweep still running)
         depths = pooled.get(m)
         if depths:
             entry["tr_depth_hist"], entry["tl_depth_hist"] = _hist(depths["tr"]), _hist(depths["tl"])
         models.append(entry)
     return {"rows": rows, "models": models, "depth_bins": DEPTH_BINS}
+
+
+def placement(cells: list[Any]) -> dict[str, Any]:
+    """Where a sweep's jobs ran: jobs per node (by IP; `service` for a cached result the service answered, `local`
+    for the service's own runner) and the retried jobs (each with the nodes its lost attempts ran on)."""
+    hosts: dict[str, int] = {}
+    retried = []
+    for c in cells:
+        r = c.ran_on or {}
+        if c.status == "done":
+            where = r.get("node_ip") or ("local" if r.get("runner") == "local" else "service" if c.cache_hit or
+                                         c.served or not r else "?")
+            hosts[where] = hosts.get(where, 0) + 1
+        if r.get("lost"):
+            retried.append({"job_id": c.job_id, "model": c.model, "task": c.task, "kind": c.kind, "seed": c.seed,
+                            "lost_on": [x.get("node_ip") or "?" for x in r["lost"]], "ran_on": r.get("node_ip"),
+                            "status": c.status})
+    return {"hosts": hosts, "retried": retried}

@@ -34,7 +34,7 @@ from pydantic import BaseModel, ConfigDict, Field, Strict, ValidationError
 from .admit import Admission, admit, describe_validation
 from .errors import BadRequest, NotFound, ServiceError, clip
 from .limits import Limits
-from .sweep_summary import compact, dedupe, summarize
+from .sweep_summary import compact, dedupe, placement, summarize
 
 log = logging.getLogger(__name__)
 
@@ -76,14 +76,15 @@ class Cell:
     error: str | None = None
     summary: dict[str, Any] | None = None
     result: dict[str, Any] | None = None
+    ran_on: dict[str, Any] | None = None  # the job's `ran_on`: its node (Ray), and the nodes of lost attempts
 
     def to_json(self) -> dict[str, Any]:
         return {"model": self.model, "task": self.task, "kind": self.kind, "seed": self.seed, "job_id": self.job_id,
                 "status": self.status, "progress": round(self.progress, 4), "cache_hit": self.cache_hit,
-                "error": self.error}
+                "error": self.error, "ran_on": self.ran_on}
 
 
-def plan(req: SweepRequest, pool: Any, tasks: Any, limits: Limits) -> list[Cell]:
+def sweep_cells(req: SweepRequest, pool: Any, tasks: Any, limits: Limits) -> list[Cell]:
     """Every job of the sweep, admitted (validated, keyed); a ServiceError naming the bad item otherwise."""
     from ..analysis.kinds import KINDS, get_kind
 
@@ -219,10 +220,12 @@ class _Sweep:
                "created": self.created, "finished": self.finished, "counts": self.counts(),
                "progress": round(sum(1.0 if c.status in FINISHED else c.progress for c in self.cells) / n, 4),
                "models": list(per_model.values()), "request": self.request.model_dump()}
+        out["placement"] = placement(self.cells)
         if detail:
             out["jobs"] = [c.to_json() for c in self.cells]
             out["summary"] = self.summary()
         return out
+
 
 
 class SweepManager:
@@ -334,6 +337,7 @@ class SweepManager:
                         continue
                     with self._lock:
                         c.status, c.progress = j.status, j.progress
+                        c.ran_on = getattr(j, "ran_on", None) or c.ran_on
                     if j.status in FINISHED:
                         self._finish(sw, c, j)
                         active.remove(c)
@@ -341,7 +345,15 @@ class SweepManager:
             with self._lock:
                 errors = sum(c.status == "error" for c in sw.cells)
                 gone = sum(c.status == "cancelled" for c in sw.cells)  # cancelled by a DELETE /jobs/{id} elsewhere
-                said = [f"{errors} job{'s' if errors != 1 else ''} failed"] if errors else []
+                why = list(dict.fromkeys(c.error for c in sw.cells if c.status == "error" and c.error))
+                said = [f"{errors} job{'s' if errors != 1 else ''} failed" + (f": {clip(why[0], 400)}" if why else "")
+                        + (f" (and {len(why) - 1} other error{'s' if len(why) > 2 else ''})" if len(why) > 1 else "")
+                        ] if errors else []
+                retried = [c for c in sw.cells if (c.ran_on or {}).get("lost")]
+                if retried:
+                    nodes = sorted({x.get("node_ip") or "?" for c in retried for x in c.ran_on["lost"]})
+                    said.append(f"{len(retried)} job{'s' if len(retried) != 1 else ''} retried after their worker was "
+                                f"lost (on {', '.join(nodes)})")
                 if gone:  # the sweep did not get every result it was asked for: not "done"
                     said.append(f"{gone} job{'s were' if gone != 1 else ' was'} cancelled outside this sweep "
                                 f"(DELETE /jobs/{{id}}); run the sweep again for the missing results")
@@ -410,7 +422,7 @@ def add_routes(app: Any, runner: Any, pool: Any, tasks: Any, limits: Limits) -> 
         if not isinstance(body, dict):
             raise BadRequest("invalid sweep: send a JSON object {models, tasks, kinds, seeds, params}")
         req = parse_request(body)
-        cells = await run_in_threadpool(plan, req, pool, tasks, limits)
+        cells = await run_in_threadpool(sweep_cells, req, pool, tasks, limits)
         return manager.start(req, cells)
 
     @app.get("/sweeps", tags=["sweeps"])

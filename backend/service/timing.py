@@ -8,7 +8,7 @@
 Wall seconds of real jobs already carry the machine's load as it was when they ran, and every finished job (any
 lane) updates its kind. A kind never run on a model borrows the median of the rates of the kinds that ran there
 (the range spans them); a model nothing ran on borrows the rate of the nearest-sized model that ran, scaled by
-its parameters, else a rate from its size (FALLBACK_FLOPS), each with a RANGE_UNKNOWN range.
+its parameters when one within SCALE_SPAN of its size ran, else a rate from its size (FALLBACK_FLOPS), each with a RANGE_UNKNOWN range.
 
 Kept in `timings.json` in the cache folder (a restart keeps them), read as untrusted (`store.safe_json`: a regular
 file, bounded size and depth, every value range-checked) and merged under a file lock when written, so services
@@ -35,7 +35,10 @@ LOAD = "(loading)"  # the pseudo-kind of a model's load times (seconds per 1 uni
 LOAD_PRIOR_S, LOAD_BYTES_PER_S = 3.0, 2e8  # a model never loaded here: this, plus its float32 weights at this rate
 MAX_KEYS = 400
 FILE = "timings.json"
-FALLBACK_FLOPS = 5e10  # a CPU's effective FLOP/s, for a model nothing ran on yet (SmolLM2-135M here: ~8e10)
+FALLBACK_FLOPS = 1e11  # a CPU's effective FLOP/s per unit, for a model nothing ran on yet: SmolLM2-135M's first Head
+# map read 3.8x its real time at 5e10 on a quiet machine, so a first estimate now sits near 2x quiet, 1x with both cores busy
+SCALE_SPAN = 8.0  # a model borrows another's rate (scaled by parameters) only within this factor of its size: a tiny
+# model's rate is its Python overhead, which scaled up to 135M read 100x too high
 MIN_RATE = 2e-6  # seconds per unit at least (a tiny model's Python and per-layer overheads)
 RANGE_UNKNOWN = 3.0
 LIMITS = {"t": (1e9, 1e11), "units": (1e-3, 1e15), "seconds": (1e-4, 1e7), "n_params": (0, 1e13)}
@@ -175,7 +178,8 @@ def rate(model: str | None, kind: str, n_params: float | None) -> tuple[float, f
 
 def _size_prior(model: str | None, n_params: float) -> float:
     """A model nothing ran on: the nearest-sized model's median rate scaled by parameters (a pass costs about
-    2 x parameters FLOP per token), else 2 x parameters / FALLBACK_FLOPS; at least MIN_RATE."""
+    2 x parameters FLOP per token) when it is within SCALE_SPAN in size, else 2 x parameters / FALLBACK_FLOPS; at
+    least MIN_RATE."""
     with _LOCK:
         by_model: dict[str, list[tuple[float, float]]] = {}
         for k, v in _TABLE.items():
@@ -184,7 +188,8 @@ def _size_prior(model: str | None, n_params: float) -> float:
                 by_model.setdefault(m, []).extend((s / u, e_n) for _, u, s, e_n in v)
     if n_params > 0 and by_model:
         near = min(by_model.values(), key=lambda rs: abs(math.log(rs[-1][1] / n_params)))
-        return max(statistics.median(r for r, _ in near) * n_params / near[-1][1], MIN_RATE)
+        if abs(math.log(near[-1][1] / n_params)) <= math.log(SCALE_SPAN):
+            return max(statistics.median(r for r, _ in near) * n_params / near[-1][1], MIN_RATE)
     return max(2 * n_params / FALLBACK_FLOPS, MIN_RATE)
 
 

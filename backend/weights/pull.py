@@ -44,7 +44,7 @@ class PullError(UserError, RuntimeError):
     """A pull that could not finish, with the reason and what to do; nothing was kept."""
 
 
-def plan(name: str) -> str:
+def pull_summary(name: str) -> str:
     """What a pull of `name` downloads and writes, in words (shown before it starts)."""
     p = presets.get(name)
     pkgs = ", ".join(f"{w.package}=={w.version}" for w in p.wheels)

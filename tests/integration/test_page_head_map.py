@@ -134,6 +134,25 @@ def test_patching_section_shows_the_recovered_share_beside_tr_and_tl(inprocess, 
 
 
 @needs_model
+def test_attribution_patching_beside_the_exact_cie(inprocess, task_name):
+    """The AtP section: its map and the exact CIE of the same prompts on one scale, and their agreement."""
+    at = page(HEAD_MAP, task=task_name, **{**SMALL, "model": MODEL})
+    at.run()
+    assert any("by attribution patching" in i.value for i in at.info)
+    at.button(key="run_atp").click().run()
+    assert_clean(at)
+    params = {**BASE, "task": task_name, "top_pct": 3.0, "target": "shuffled_inputs", "patch": "mean"}
+    r = inprocess.run("attribution_patching", params)
+    exact = inprocess.run("patching", params)
+    heat = _heat(figure(at, "atp_maps"))
+    assert len(heat) == 2
+    np.testing.assert_allclose(vals(heat[0]["z"]), r["atp"])
+    np.testing.assert_allclose(vals(heat[1]["z"]), exact["prob_gain"])
+    assert metric(at, "Spearman ρ with exact") == f"{r['agreement']['spearman']:.2f}"
+    assert any("attribution_patching(" in c.value for c in at.code)
+
+
+@needs_model
 def test_side_by_side_shows_difference_and_rank_correlation(inprocess, task_name):
     from ui import compare
 

@@ -33,7 +33,7 @@ from backend.service.limits import Limits  # noqa: E402
 from backend.service.model_pool import ModelPool  # noqa: E402
 from backend.service.ray_cluster import RayConfig  # noqa: E402
 from backend.service.ray_runner import RayJobRunner  # noqa: E402
-from backend.service.sweeps import SweepManager, SweepRequest, plan  # noqa: E402
+from backend.service.sweeps import SweepManager, SweepRequest, sweep_cells  # noqa: E402
 from backend.service.task_store import TaskStore  # noqa: E402
 from bench_runs import check_smoke, run_smoke  # noqa: E402
 from hang import HANG_S  # noqa: E402
@@ -92,7 +92,7 @@ def sweep(runner: Any, models: list[str]) -> dict[tuple, dict[str, Any]]:
     req = SweepRequest(models=models, tasks=TASKS, kinds=["scores"], seeds=SEEDS, params=PARAMS)
     limits = Limits()
     manager = SweepManager(runner, limits, keep_results=True)
-    sid = manager.start(req, plan(req, ModelPool(), TaskStore(), limits))["id"]
+    sid = manager.start(req, sweep_cells(req, ModelPool(), TaskStore(), limits))["id"]
     final = manager.wait(sid, timeout=HANG_S)
     assert final["status"] == "done" and final["counts"]["error"] == 0, [j for j in final["jobs"] if j["error"]]
     return {(r["model"], r["task"], r["kind"], r["seed"]): {k: v for k, v in r["result"].items() if k not in VOLATILE}

@@ -205,7 +205,7 @@ def test_out_of_memory_halves_the_batch(lm, monkeypatch):
             raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
         return real(lm_, batch)
 
-    monkeypatch.setattr("backend.analysis.tsla.head_maps.forward_last_logits", flaky)
+    monkeypatch.setattr("backend.analysis.tsla.scoring_pass.forward_last_logits", flaky)
     got = head_scores(lm, task, shots=2, prompts=8, cache=False, batch_size=8)
     assert seen[:3] == [8, 4, 2] and max(seen[3:]) <= 2
     np.testing.assert_allclose(got.tr, ref.tr, rtol=1e-4, atol=1e-7)
@@ -213,7 +213,7 @@ def test_out_of_memory_halves_the_batch(lm, monkeypatch):
     def always(lm_, batch):
         raise torch.OutOfMemoryError("CUDA out of memory")
 
-    monkeypatch.setattr("backend.analysis.tsla.head_maps.forward_last_logits", always)
+    monkeypatch.setattr("backend.analysis.tsla.scoring_pass.forward_last_logits", always)
     with pytest.raises(MemoryError, match="even at batch size 1"):
         head_scores(lm, task, shots=2, prompts=2, cache=False)
 

@@ -45,7 +45,7 @@ def test_patching_curves_equal_the_soft_injection_with_hard_alphas(gpt2_tokenize
             assert curve.accuracy[i] == pytest.approx(float((logits.argmax(-1) == gold).float().mean()))
     # the sweep the kind runs (the engine's last-token path over the clean prefix) against full passes through the
     # SITE hooks: the same gold probabilities, not just the same (here often zero) accuracies
-    res = score_configs(lm, enc, [RowConfig(mask=1.0 - S.hard_alpha(lm, order[:k]), positions="last") for k in ks],
+    res = score_configs(lm, enc, [RowConfig(mask=1.0 - S.hard_alpha(lm, order[:k]), scope="last") for k in ks],
                          fill=t.float(), batch_size=4)
     for i, k in enumerate(ks):
         p = torch.softmax(S.soft_logits(lm, enc, S.hard_alpha(lm, order[:k]), t.float()), -1)

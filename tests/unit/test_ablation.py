@@ -25,7 +25,7 @@ def test_batched_configurations_equal_single_runs(lm, mode, positions):
     task = sentiment_task()
     enc = encode(lm, task.build_prompts(2, 6, 0), task.kind)
     fill = capture_means(lm, enc, "z") if mode == "mean" else None
-    configs = [RowConfig(mask=head_mask(lm, hs), positions=positions)
+    configs = [RowConfig(mask=head_mask(lm, hs), scope=positions)
                for hs in ([], [(0, 1)], [(0, 1), (1, 3)], [(1, 0), (1, 1), (1, 2)])]
     together = score_configs(lm, enc, configs, fill=fill, batch_size=7)  # batches mix configurations
     for c, cf in enumerate(configs):
@@ -55,7 +55,7 @@ def test_mean_ablation_of_one_prompt_with_its_own_mean_is_a_no_op_at_the_last_to
     enc = encode(lm, task.build_prompts(2, 1, 0), task.kind)
     fill = capture_means(lm, enc, "z")
     base = score_configs(lm, enc, [RowConfig()])
-    meaned = score_configs(lm, enc, [RowConfig(mask=torch.zeros(lm.n_layers, lm.n_heads), positions="last")],
+    meaned = score_configs(lm, enc, [RowConfig(mask=torch.zeros(lm.n_layers, lm.n_heads), scope="last")],
                             fill=fill)
     np.testing.assert_allclose(meaned.gold_prob, base.gold_prob, rtol=1e-4)
 

@@ -148,7 +148,7 @@ PENDING: set[str] = set()
 
 
 def test_no_module_takes_a_private_name_from_another():
-    """A name used across files is public (no leading underscore): `from .engine_plan import _halve` would make a
+    """A name used across files is public (no leading underscore): `from .engine_rows import _halve` would make a
     module's inside part of another's."""
     known = modules()
     bad = [use for m, p in known.items() if m not in PENDING for use in private_uses(m, p, known)]

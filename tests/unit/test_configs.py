@@ -58,14 +58,14 @@ def mixture(lm, seed=0) -> list[RowConfig]:
         RowConfig(mask=mask((1, 0), value=0.5)),  # a partial multiplier
         RowConfig(mask=mask((L - 2, 1), (L - 1, 0))),  # from the last layer but one
         RowConfig(mask=mask(*[(l, h) for l in range(L) for h in range(H)])),  # everything ablated
-        RowConfig(mask=mask((0, 0), (1, 3)), positions="last"),
-        RowConfig(mask=mask((L - 1, 1)), positions="last"),
-        RowConfig(inject={0: vec()}),
-        RowConfig(inject={L - 1: vec()}),
-        RowConfig(inject={0: vec(), L - 1: vec()}),  # several layers at once
-        RowConfig(mask=mask((1, 1)), positions="last", inject={0: vec()}),
-        RowConfig(mask=mask((L - 1, 3)), inject={0: vec()}),  # all-position mask starting after an injection
-        RowConfig(mask=mask((1, 2)), inject={L - 1: vec()}),
+        RowConfig(mask=mask((0, 0), (1, 3)), scope="last"),
+        RowConfig(mask=mask((L - 1, 1)), scope="last"),
+        RowConfig(inject={1: vec()}),
+        RowConfig(inject={L: vec()}),
+        RowConfig(inject={1: vec(), L: vec()}),  # several layers at once
+        RowConfig(mask=mask((1, 1)), scope="last", inject={1: vec()}),
+        RowConfig(mask=mask((L - 1, 3)), inject={1: vec()}),  # all-position mask starting after an injection
+        RowConfig(mask=mask((1, 2)), inject={L: vec()}),
         RowConfig(),  # untouched
     ]
 
@@ -109,8 +109,8 @@ def test_untouched_configurations_are_the_plain_forward_pass(tiny_lm, monkeypatc
 
     lm, ids = tiny_lm, prompts()
     L, H, d = lm.n_layers, lm.n_heads, lm.d_model
-    configs = [RowConfig(), RowConfig(mask=torch.ones(L, H)), RowConfig(mask=torch.ones(L, H), positions="last"),
-               RowConfig(inject={0: torch.zeros(d), L - 1: torch.zeros(d)}),
+    configs = [RowConfig(), RowConfig(mask=torch.ones(L, H)), RowConfig(mask=torch.ones(L, H), scope="last"),
+               RowConfig(inject={1: torch.zeros(d), L: torch.zeros(d)}),
                RowConfig(mask=torch.zeros(L, H))]  # one real configuration alongside
     fill = torch.randn(L, H, lm.head_dim)
     got = fast(lm, ids, configs, monkeypatch, fill=fill)
@@ -188,8 +188,8 @@ def test_work_done_is_what_the_configurations_change(gpt2_tokenizer, monkeypatch
         return head_mask(lm, heads)
 
     configs = [RowConfig(mask=at((2, 0), (3, 1))), RowConfig(mask=at((L - 1, 0))),
-               RowConfig(mask=at((L - 1, 0)), positions="last"), RowConfig(inject={0: torch.randn(d)}),
-               RowConfig(mask=torch.zeros(L, H), positions="last"), RowConfig()]
+               RowConfig(mask=at((L - 1, 0)), scope="last"), RowConfig(inject={1: torch.randn(d)}),
+               RowConfig(mask=torch.zeros(L, H), scope="last"), RowConfig()]
     # no thread probe (`threads.best_threads`) inside the counted run: its passes would add to the count
     monkeypatch.setattr(threads, "best_threads", lambda lm: torch.get_num_threads())
     tokens = {l: 0 for l in range(L)}
@@ -237,14 +237,14 @@ def test_step_passes_run_at_the_measured_thread_count(gpt2_tokenizer, monkeypatc
 
 def test_passes_start_at_their_earliest_layer():
     """Long prompts: one pass per start layer; short ones: start layers merge into fewer, fuller passes."""
-    plans = [F.Plan("all", start=s) for s in (5, 0, 9, 5, 2, 9)]
-    todo = list(range(len(plans)))
-    long = F._chunks(plans, todo, 12, tokens=8 * 512, per=4)
+    routes = [F.Route("all", start=s) for s in (5, 0, 9, 5, 2, 9)]
+    todo = list(range(len(routes)))
+    long = F._chunks(routes, todo, 12, tokens=8 * 512, per=4)
     assert [(s, sorted(c)) for s, c in long] == [(9, [2, 5]), (5, [0, 3]), (2, [4]), (0, [1])]
-    short = F._chunks(plans, todo, 12, tokens=2, per=4)
+    short = F._chunks(routes, todo, 12, tokens=2, per=4)
     assert len(short) < len(long) and all(len(c) <= 4 for _, c in short)
     assert sorted(c for _, cs in short for c in cs) == todo
-    assert all(s == min(plans[c].start for c in cs) for s, cs in short)
+    assert all(s == min(routes[c].start for c in cs) for s, cs in short)
 
 
 def test_each_pair_once_after_out_of_memory(gpt2_tokenizer, monkeypatch):
@@ -295,8 +295,9 @@ def test_progress_and_errors(gpt2_tokenizer):
     fr = [f for f, _ in seen]
     assert len(seen) > 3 and fr == sorted(fr) and fr[-1] == 1.0 and all(isinstance(m, str) for _, m in seen)
     sink = lambda *a: None  # noqa: E731
-    for bad, kw in [([RowConfig(mask=torch.ones(L + 1, H))], {}), ([RowConfig(inject={L: torch.ones(d)})], {}),
-                    ([RowConfig(inject={0: torch.ones(d + 1)})], {}), ([RowConfig(positions="first")], {}),
+    for bad, kw in [([RowConfig(mask=torch.ones(L + 1, H))], {}), ([RowConfig(inject={L + 1: torch.ones(d)})], {}),
+                    ([RowConfig(inject={0: torch.ones(d)})], {}),
+                    ([RowConfig(inject={1: torch.ones(d + 1)})], {}), ([RowConfig(scope="first")], {}),
                     ([RowConfig()], {"engine": "fast"}), ([RowConfig()], {"fill": torch.zeros(L, H, 1)})]:
         with pytest.raises(ValueError):
             run_configs(lm, ids, bad, sink, **kw)

@@ -133,8 +133,8 @@ def test_last_token_steps_start_at_their_first_changed_layer(gpt2_tokenizer, mon
     def at(*heads):
         return head_mask(lm, heads)
 
-    configs = [RowConfig(mask=at((2, 0)), positions="last"), RowConfig(inject={0: torch.randn(d)}),  # from 2, 1
-               RowConfig(inject={L - 1: torch.randn(d)}), RowConfig(mask=at((0, 1), (3, 0)), positions="last")]
+    configs = [RowConfig(mask=at((2, 0)), scope="last"), RowConfig(inject={1: torch.randn(d)}),  # from 2, 1
+               RowConfig(inject={L: torch.randn(d)}), RowConfig(mask=at((0, 1), (3, 0)), scope="last")]
     starts = [2, 1, L, 0]
     monkeypatch.setattr(S, "STEP_ROWS_FACTOR", 1)  # one configuration per step (batch_size 3 = 3 prompts)
     # no thread probe (`threads.best_threads`) inside the counted run: its passes would add to the count

@@ -128,5 +128,5 @@ def test_methods_at_a_fixed_layer_and_at_each_vectors_best_layer():
 
 def test_kinds_whose_site_moved_have_a_new_key():
     assert all(get_kind(k).version >= 1 for k in ("vectors", "steer", "geometry", "site", "methods"))
-    assert get_kind("scores").version == 0  # (ltv: 1 for its random sets, 2 for its paired tests, 3 for its opt-in
-    # linear propagation; not the layers)
+    assert get_kind("scores").version == 1  # the sequential TR null, not the layers (ltv: 1 for its random sets, 2
+    # for its paired tests, 3 for its opt-in linear propagation; not the layers either)

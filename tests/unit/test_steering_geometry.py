@@ -81,38 +81,53 @@ def test_zero_vector_leaves_logits_bit_identical(lm):
                 assert torch.equal(forward_last_logits(lm, b), plain)
 
 
+def _inputs(lm, b, inject=None):
+    """Each decoder layer's input and the final norm's (index n_layers) at the last token, with `inject` applied."""
+    from backend.model.interventions import Capture, injection, intervene
+
+    inputs, final = Capture("layer_in", last=b.last), Capture("final_in", last=b.last)
+    with intervene(lm, [*injection(lm, inject or {}, last=b.last), inputs, final]):
+        forward_last_logits(lm, b)
+    return [inputs.got[l] for l in range(lm.n_layers)] + [final.got[None]]
+
+
 def test_injection_adds_exactly_at_the_last_token(lm):
+    """`inject={l: v}`: the input of layer l at the last token moves by exactly v, its other positions not at all."""
+    from backend.model.interventions import Record, injection, intervene, replace_last, take_last
+
     task = sentiment_task()
     enc = encode(lm, task.build_prompts(0, 3, 0), task.kind)
     b = make_batch(lm, enc.ids, list(range(3)))
     v = torch.randn(lm.d_model)
+    seen = {}
     with torch.inference_mode():
-        with hooked(lm, capture_hidden=True) as base:
-            forward_last_logits(lm, b)
-        with hooked(lm, capture_hidden=True, inject={0: v}) as steered:
-            forward_last_logits(lm, b)
-    torch.testing.assert_close(steered.hidden[0], base.hidden[0] + v)
-    assert not torch.allclose(steered.hidden[1], base.hidden[1])
+        for name, inj in (("base", {}), ("steered", {1: v})):
+            with intervene(lm, [*injection(lm, inj, last=b.last),
+                                Record("layer_in", lambda _, x, n=name: seen.__setitem__(n, x.clone()), at=[1])]):
+                forward_last_logits(lm, b)
+    delta = seen["steered"] - seen["base"]  # (batch, seq, d_model)
+    torch.testing.assert_close(take_last(delta, b.last), v.expand(3, -1))
+    others = replace_last(delta, torch.zeros(3, lm.d_model), b.last)
+    assert torch.equal(others, torch.zeros_like(others))
 
 
 def test_injection_reaches_the_model_at_every_layer(lm):
-    """Issue 9 asked whether a steering sweep's flat accuracy meant the vector never arrived: at every layer l the
-    layer's output moves by exactly v, earlier layers do not move, and the final state differs per layer."""
+    """Issue 9 asked whether a steering sweep's flat accuracy meant the vector never arrived: at every layer l
+    (0: the embeddings .. n_layers: the final norm's input) the layer's input moves by exactly v, earlier inputs do
+    not move, and the final state differs per layer."""
     task = sentiment_task()
     enc = encode(lm, task.build_prompts(0, 3, 0), task.kind)
     b = make_batch(lm, enc.ids, list(range(3)))
     v = torch.randn(lm.d_model) * 3
     finals = []
     with torch.inference_mode():
-        with hooked(lm, capture_hidden=True) as base:
-            forward_last_logits(lm, b)
-        for layer in range(lm.n_layers):
-            with hooked(lm, capture_hidden=True, inject={layer: v}) as st:
-                forward_last_logits(lm, b)
-            torch.testing.assert_close(st.hidden[layer], base.hidden[layer] + v)
+        base = _inputs(lm, b)
+        for layer in range(lm.n_layers + 1):
+            st = _inputs(lm, b, {layer: v})
+            torch.testing.assert_close(st[layer], base[layer] + v)
             for earlier in range(layer):
-                assert torch.equal(st.hidden[earlier], base.hidden[earlier])
-            finals.append(st.hidden[-1])
+                assert torch.equal(st[earlier], base[earlier])
+            finals.append(st[-1])
     assert not torch.allclose(finals[0], finals[-1])
 
 
@@ -120,9 +135,9 @@ def test_batched_injections_equal_single_runs(lm):
     task = sentiment_task()
     enc = encode(lm, task.build_prompts(0, 4, 0), task.kind)
     g = torch.Generator().manual_seed(0)
-    configs = [RowConfig(inject={0: torch.zeros(lm.d_model)}),
-               RowConfig(inject={1: torch.randn(lm.d_model, generator=g) * 5}),
-               RowConfig(inject={0: torch.randn(lm.d_model, generator=g) * 5})]
+    configs = [RowConfig(inject={1: torch.zeros(lm.d_model)}),
+               RowConfig(inject={2: torch.randn(lm.d_model, generator=g) * 5}),
+               RowConfig(inject={1: torch.randn(lm.d_model, generator=g) * 5})]
     together = score_configs(lm, enc, configs, batch_size=5)
     for c, cfg in enumerate(configs):
         alone = score_configs(lm, enc, [cfg], batch_size=1)

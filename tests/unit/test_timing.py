@@ -78,6 +78,8 @@ def test_a_kind_never_run_borrows_the_other_kinds_and_a_new_model_the_nearest_si
     big = T.rate("big", "head_maps", 4e8)  # nothing ran on it: m (1e8) is nearest; 4x its parameters
     assert big[0] == pytest.approx(4 * statistics.median([2e-3, 6e-3])) and "assumed" in big[3]
     assert big[1] == pytest.approx(big[0] / T.RANGE_UNKNOWN) and big[2] == pytest.approx(big[0] * T.RANGE_UNKNOWN)
+    # a model far from every one that ran (tiny: 1e5, m: 1e8; 1.35e9 is 13.5x m) takes the rate from its size
+    assert T.rate("huge", "head_maps", 1.35e9)[0] == pytest.approx(2 * 1.35e9 / T.FALLBACK_FLOPS)
 
 
 def test_with_nothing_run_the_rate_comes_from_the_size(on):

@@ -99,7 +99,7 @@ def test_a_seeded_null_is_reproducible_and_its_p_floor_is_one_over_draws_plus_on
     a = score_heads(lm, enc, batch_size=3, null_seed=5)
     b = score_heads(lm, enc, batch_size=4, null_seed=5)  # other batches: the same draws (the writes to rounding)
     c = score_heads(lm, enc, batch_size=3, null_seed=6)
-    assert np.array_equal(a.null_tr, score_heads(lm, enc, batch_size=3, null_seed=5).null_tr)
+    assert np.array_equal(a.null_tr, score_heads(lm, enc, batch_size=3, null_seed=5).null_tr, equal_nan=True)
     np.testing.assert_allclose(a.null_tr, b.null_tr, rtol=1e-5, atol=1e-9)
     assert not np.allclose(a.null_tr, c.null_tr)
     R = n_draws(lm.n_layers * lm.n_heads)
@@ -107,5 +107,38 @@ def test_a_seeded_null_is_reproducible_and_its_p_floor_is_one_over_draws_plus_on
     assert a.null_tr.shape[0] == R and stats["p_floor"] == 1 / (R + 1)
     p = ms.tr_p(a.tr, a.null_tr)
     assert p.min() >= 1 / (R + 1) and p.max() <= 1
-    # a head whose mean TR beats every draw sits at the floor
-    assert ms.tr_p(a.null_tr.max(0) + 1, a.null_tr).min() == 1 / (R + 1)
+    # a head whose mean TR beats every draw it took sits at the floor of its draws (R; FIRST_DRAWS when it stopped)
+    beyond = ms.tr_p(np.nanmax(a.null_tr, 0) + 1, a.null_tr)
+    np.testing.assert_array_equal(beyond, 1 / (1 + np.isfinite(a.null_tr).sum(0)))
+
+
+def test_the_sequential_null_stops_only_heads_far_from_significance(gpt2_tokenizer):
+    """Issue 34: a head stops after FIRST_DRAWS draws only when its p from them is >= STOP_P; every other head has
+    all R draws, each equal to the full null's bit for bit (the same seeded draws); a stopped head's first draws
+    equal the full null's too, and its p is (1 + exceedances) / (1 + FIRST_DRAWS)."""
+    from backend.model.loading import wrap
+    from tiny_models import tiny_model
+
+    lm = wrap(tiny_model("llama"), gpt2_tokenizer, "tiny-llama")
+    enc = encoded(lm, n=6)
+    H = lm.n_layers * lm.n_heads
+    null = build_null(lm.unembed, enc.label_ids, n_draws(H), seed=2)
+    g = torch.Generator().manual_seed(0)
+    writes = torch.randn(len(enc.ids), H, lm.d_model, generator=g)
+    rows = null_rows(null, enc.label_ids)
+    full = null_tr_sum(writes, null, rows).T / len(enc.ids)  # (R, heads)
+    observed = full.mean(0).clone()
+    observed[:3] = full.max(0).values[:3] + 1.0  # three heads beyond every draw: they must not stop
+    seq = tr_null.sequential_null(writes, rows, observed, null)
+    F = tr_null.FIRST_DRAWS
+    assert torch.equal(seq[:F], full[:F])
+    kept = torch.isfinite(seq).all(0)
+    stopped = ~kept
+    assert kept[:3].all() and stopped.any()  # heads at their null's mean stop (p about 0.5)
+    assert torch.equal(seq[:, kept], full[:, kept]) and torch.isnan(seq[F:, stopped]).all()
+    p = ms.tr_p(observed.numpy(), seq.numpy())
+    e = (full[:F, stopped] >= observed[stopped] - 1e-12 * observed[stopped].abs().clamp_min(1)).sum(0).numpy()
+    np.testing.assert_allclose(p[stopped.numpy()], (1 + e) / (1 + F), rtol=1e-12)
+    assert (p[stopped.numpy()] >= tr_null.STOP_P).all()
+    np.testing.assert_allclose(p[kept.numpy()], ms.tr_p(observed.numpy(), full.numpy())[kept.numpy()], rtol=1e-12)
+    assert (p[:3] == 1 / (1 + null.draws)).all()

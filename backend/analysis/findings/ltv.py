@@ -32,7 +32,7 @@ def scan_layers(lm: Any, spec: str, vanilla_best: int | None) -> list[int]:
     return sorted(l for l in layers if 0 <= l < L)
 
 
-def plan(a: Any, tasks: list) -> str:
+def outline(a: Any, tasks: list) -> str:
     sub = [t for t in a.ltv_tasks.split(",") if t in dict(tasks)]
     return (f"{len(tasks)} ltv runs at the middle layer (mechanism, {a.ltv_perturbations or 'default'} perturbations) + 2 steer "
             f"runs over every layer each; {len(sub)} tasks ({', '.join(sub)}) also at layers '{a.ltv_layers}'")

@@ -1,5 +1,5 @@
 """The three papers' findings on one or more models, as data and as markdown: the sections (`tsla`, `site`,
-`ltv`, each a module here with `plan`, `measure`, `summary` and `render`), the rules that decide "holds / partly /
+`ltv`, each a module here with `outline`, `measure`, `summary` and `render`), the rules that decide "holds / partly /
 does not hold" (fixed before any result is read), and the report's text. `bench/real_findings.py` writes
 `bench/REAL_FINDINGS.md` from it; kind `findings_report` and `python -m backend report` measure one model and write HTML.
 Every number comes from the analysis kinds, through the kernel's cache.

@@ -31,7 +31,7 @@ def patch_ks(lm: Any) -> list[int]:
     return sorted({min(k, total) for k in (1, 2, 4, 8, 16)} | {max(1, round(total * f)) for f in (0.1, 0.25, 0.5)})
 
 
-def plan(a: Any, tasks: list) -> str:
+def outline(a: Any, tasks: list) -> str:
     t = [n for n in GROUPS if n in dict(tasks)]
     return (f"{len(tasks)} site runs ({a.site_prompts} test prompts, seed 0; patching), random-k "
             f"patching, then site_transfer over {len(t)} built-in tasks ({', '.join(t)})")
@@ -120,19 +120,19 @@ def _extra_patching(lm: Any, task: Any, r: Any, ks: list[int], prompts: int, sto
     for k in ks:
         for d in range(RANDOM_DRAWS):
             rset = random_heads(L, H, k, seed=0, exclude=order[:k], draw=d)  # disjoint from the top k by alpha
-            configs.append(RowConfig(mask=1.0 - hard_alpha(lm, rset), positions="last"))
+            configs.append(RowConfig(mask=1.0 - hard_alpha(lm, rset), scope="last"))
     for k in ks:
         soft = torch.zeros(L, H)
         for l, h in order[:k]:
             soft[l, h] = alpha[l, h]
-        configs.append(RowConfig(mask=1.0 - soft, positions="last"))
+        configs.append(RowConfig(mask=1.0 - soft, scope="last"))
     # k = the heads SITE switched on (alpha > 0.5): those, as many of the lowest, as many random ones
     on = int((alpha > 0.5).sum())
     sets = [order[:on], order[::-1][:on]] + [random_heads(L, H, on, seed=1, exclude=order[:on], draw=d)
                                               for d in range(RANDOM_DRAWS)]
-    configs += [RowConfig(mask=1.0 - hard_alpha(lm, s), positions="last") for s in sets]
+    configs += [RowConfig(mask=1.0 - hard_alpha(lm, s), scope="last") for s in sets]
     k10 = max(1, round(L * H * 0.1))  # the test's k: top / bottom at alpha = 1, per prompt
-    configs += [RowConfig(mask=1.0 - hard_alpha(lm, s), positions="last") for s in (order[:k10], order[::-1][:k10])]
+    configs += [RowConfig(mask=1.0 - hard_alpha(lm, s), scope="last") for s in (order[:k10], order[::-1][:k10])]
     res = score_configs(lm, enc, configs, fill=t.float(), batch_size=32)
     acc = res.means()["accuracy"][:-2]
     n = len(ks)

@@ -28,7 +28,7 @@ def ks(lm: Any) -> tuple[int, int]:
     return n_top(lm.n_layers, lm.n_heads, 3.0), n_top(lm.n_layers, lm.n_heads, 10.0)
 
 
-def plan(a: Any, tasks: list) -> str:
+def outline(a: Any, tasks: list) -> str:
     n = len(tasks) * len(a.seeds)
     return (f"{len(tasks)} tasks x {len(a.seeds)} seeds = {n} x (icl [0, {a.shots}], scores, ablation_curves "
             f"(tr, tl, {a.random_sets} random sets; k = 3%, 10%; all positions), geometry), {a.prompts} prompts each")

@@ -73,7 +73,7 @@ def ov_reconstruction(lm: LoadedModel, enc: Encoded, layer: int, theta: torch.Te
 
     def step(batch: Batch) -> None:
         inputs: dict[int, torch.Tensor] = {}
-        with hooked(lm, inject_input={layer: theta}, inject_positions=pos, last=batch.last,
+        with hooked(lm, inject={layer: theta}, inject_positions=pos, last=batch.last,
                     capture_z=lm.spec.post_attn_norm is not None) as trace, \
                 intervene(lm, [Record("layer_in", inputs.__setitem__, at=later)]):  # after the injection
             out = lm.model(input_ids=batch.input_ids, attention_mask=batch.attention_mask,

@@ -48,7 +48,7 @@ def capture_sites(lm: LoadedModel, enc: Encoded, sites: Sequence[Site], *, reduc
     states = any(s in ("hidden", "resid") for s in sites)
 
     def step(batch: Batch) -> None:
-        with hooked(lm, capture_z=heads, capture_hidden=states, inject_input=inject, inject_positions=(-1,),
+        with hooked(lm, capture_z=heads, capture_hidden=states, inject=inject, inject_positions=(-1,),
                     last=batch.last) as tr:
             forward_last_logits(lm, batch)
         for site in sites:

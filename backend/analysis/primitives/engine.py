@@ -8,7 +8,7 @@ engine="full" runs every pair as a full forward pass (configurations mixed in ro
 `hooks.hooked`): the reference, and the fallback. engine="auto" splits the configurations:
 
 * untouched (no mask entry != 1, no non-zero vector): the clean logits, computed once per prompt batch;
-* last-token (a mask at positions="last" and/or injections only): every earlier position's keys and values are
+* last-token (a mask at scope="last" and/or injections only): every earlier position's keys and values are
   the clean run's. The clean pass of a prompt batch keeps its KV cache; the cache is cut back to the prefix
   (all tokens but the last) and each configuration is one more token over it. "Packed" step passes put many
   configurations side by side on the sequence axis of one row per prompt (same position id, a 4D mask lets
@@ -33,7 +33,7 @@ output projections, that a decoder layer takes the hidden states first and retur
 on the clean pass: anything else falls back to the full engine), and the model forward's `cache=`,
 `attention_mask`, `position_ids` and `logits_to_keep`.
 
-This module: `run_configs` and the full engine; `engine_plan.py`: the configurations and their bookkeeping;
+This module: `run_configs` and the full engine; `engine_rows.py`: the configurations and their bookkeeping;
 `engine_fast.py`: the fast paths.
 """
 from __future__ import annotations
@@ -48,7 +48,7 @@ from .stopping import check
 
 from .batching import make_batch
 from .engine_fast import run_fast, Unsupported
-from .engine_plan import OnLogits, Progress, RowConfig, Emitter, halve, last_logits, plan_config
+from .engine_rows import OnLogits, Progress, RowConfig, Emitter, halve, last_logits, route_config
 
 ENGINES = ("auto", "full")
 
@@ -76,7 +76,7 @@ def run_configs(lm: LoadedModel, ids: Sequence[Sequence[int]], configs: Sequence
     empty = [i for i, x in enumerate(ids) if len(x) == 0]
     if empty:
         raise ValueError(f"prompt {empty[0]} has no tokens")
-    plans = [plan_config(lm, i, c) for i, c in enumerate(configs)]
+    routes = [route_config(lm, i, c) for i, c in enumerate(configs)]
     if fill is not None:
         want = (lm.n_layers, lm.n_heads, lm.head_dim)
         if tuple(fill.shape) != want:
@@ -88,7 +88,7 @@ def run_configs(lm: LoadedModel, ids: Sequence[Sequence[int]], configs: Sequence
             _run_full(lm, ids, configs, fill, batch_size, out, [(c, i) for c in range(C) for i in range(N)])
             return
         try:
-            run_fast(lm, ids, plans, fill, batch_size, out, keep_prefix)
+            run_fast(lm, ids, routes, fill, batch_size, out, keep_prefix)
         except Unsupported:
             rest = (~out.done).nonzero().tolist()
             _run_full(lm, ids, configs, fill, batch_size, out, [(c, i) for c, i in rest])
@@ -103,7 +103,7 @@ def _run_full(lm: LoadedModel, ids: Sequence[Sequence[int]], configs: Sequence[R
     groups: dict[str, list[tuple[int, int]]] = {"all": [], "last": []}
     for c, i in pairs:
         cfg = configs[c]
-        groups["last" if cfg.mask is not None and cfg.positions == "last" else "all"].append((c, i))
+        groups["last" if cfg.mask is not None and cfg.scope == "last" else "all"].append((c, i))
     for pos, rows in groups.items():
         if not rows:
             continue
@@ -130,7 +130,7 @@ def _run_full(lm: LoadedModel, ids: Sequence[Sequence[int]], configs: Sequence[R
                 cl = [rows[r][0] for r in chunk]
                 head_mask = torch.stack([masks[c] for c in cl]) if has_mask else None
                 inject = {l: torch.stack([vec(c, l) for c in cl]) for l in layers} or None
-                with hooked(lm, head_mask=head_mask, head_fill=fill if has_mask else None, mask_positions=pos,
+                with hooked(lm, head_mask=head_mask, head_fill=fill if has_mask else None, mask_scope=pos,
                             inject=inject, last=batch.last):
                     logits = last_logits(lm, batch.input_ids, batch.attention_mask, batch.position_ids)
             except (torch.OutOfMemoryError, RuntimeError) as e:

@@ -16,7 +16,7 @@ from .stopping import check
 
 from .batching import Batch, make_batch
 from .prefix_store import STORE, batch_prefix, entries_of, fits
-from .engine_plan import Emitter, halve, last_logits, Plan
+from .engine_rows import Emitter, halve, last_logits, Route
 from .threads import cpu_threads
 
 # A step pass (one new token per configuration) holds up to STEP_ROWS_FACTOR * batch_size (configuration,
@@ -33,11 +33,11 @@ class Unsupported(Exception):
     """The model does something the fast paths do not handle; the rest of the configurations run on the full engine."""
 
 
-def run_fast(lm: LoadedModel, ids: Sequence[Sequence[int]], plans: list[Plan], fill: torch.Tensor | None,
+def run_fast(lm: LoadedModel, ids: Sequence[Sequence[int]], routes: list[Route], fill: torch.Tensor | None,
              batch_size: int, out: Emitter, keep_prefix: bool = False) -> None:
-    clean = [c for c, p in enumerate(plans) if p.kind == "clean"]
-    last = [c for c, p in enumerate(plans) if p.kind == "last"]
-    every = [c for c, p in enumerate(plans) if p.kind == "all"]
+    clean = [c for c, p in enumerate(routes) if p.kind == "clean"]
+    last = [c for c, p in enumerate(routes) if p.kind == "last"]
+    every = [c for c, p in enumerate(routes) if p.kind == "all"]
     order = sorted(range(len(ids)), key=lambda i: -len(ids[i]))
     done, bs = 0, batch_size
     if not every and STORE.get(lm, ids) is not None:  # no clean pass at all: the prompts in fewer, fuller steps
@@ -46,7 +46,7 @@ def run_fast(lm: LoadedModel, ids: Sequence[Sequence[int]], plans: list[Plan], f
         check()  # once per batch of prompts (`stopping`); the steps within a batch check too
         prompts = order[done:done + bs]
         try:
-            _fast_batch(lm, make_batch(lm, ids, prompts), plans, clean, last, every, fill, bs, out,
+            _fast_batch(lm, make_batch(lm, ids, prompts), routes, clean, last, every, fill, bs, out,
                         [ids[i] for i in prompts], keep_prefix)
         except (torch.OutOfMemoryError, RuntimeError) as e:
             bs = halve(lm, e, bs)
@@ -54,17 +54,17 @@ def run_fast(lm: LoadedModel, ids: Sequence[Sequence[int]], plans: list[Plan], f
         done += len(prompts)
 
 
-def _chunks(plans: list[Plan], todo: list[int], n_layers: int, tokens: int, per: int) -> list[tuple[int, list[int]]]:
+def _chunks(routes: list[Route], todo: list[int], n_layers: int, tokens: int, per: int) -> list[tuple[int, list[int]]]:
     """All-position configurations in passes of at most `per`, each pass starting at its earliest start layer.
 
     Configurations sorted by start layer are cut into runs that minimise the modelled cost
     sum over passes of (layers run) * (PASS_OVERHEAD_TOKENS + tokens * configurations): one pass per start
     layer when prompts are long, fewer, fuller passes (recomputing a few clean layers) when they are short."""
-    items = sorted(todo, key=lambda c: -plans[c].start)
+    items = sorted(todo, key=lambda c: -routes[c].start)
     n = len(items)
     best, cut = [0.0] + [float("inf")] * n, [0] * (n + 1)
     for j in range(1, n + 1):
-        layers = n_layers - plans[items[j - 1]].start
+        layers = n_layers - routes[items[j - 1]].start
         for i in range(max(1, j - per + 1), j + 1):
             cost = best[i - 1] + layers * (PASS_OVERHEAD_TOKENS + tokens * (j - i + 1))
             if cost < best[j]:
@@ -72,12 +72,12 @@ def _chunks(plans: list[Plan], todo: list[int], n_layers: int, tokens: int, per:
     out, j = [], n
     while j > 0:
         i = cut[j]
-        out.append((plans[items[j - 1]].start, items[i - 1:j]))
+        out.append((routes[items[j - 1]].start, items[i - 1:j]))
         j = i - 1
     return out[::-1]
 
 
-def _fast_batch(lm: LoadedModel, batch: Batch, plans: list[Plan], clean: list[int], last: list[int],
+def _fast_batch(lm: LoadedModel, batch: Batch, routes: list[Route], clean: list[int], last: list[int],
                 every: list[int], fill: torch.Tensor | None, bs: int, out: Emitter,
                 rows_ids: Sequence[Sequence[int]] = (), keep: bool = False) -> None:
     from transformers import DynamicCache
@@ -89,11 +89,11 @@ def _fast_batch(lm: LoadedModel, batch: Batch, plans: list[Plan], clean: list[in
     clean = out.pending(clean, prompts) if clean else []
     last = out.pending(last, prompts) if last else []
     every = out.pending(every, prompts) if every else []
-    passes = _chunks(plans, every, lm.n_layers, P * W, max(1, bs // P))
+    passes = _chunks(routes, every, lm.n_layers, P * W, max(1, bs // P))
     need = sorted({s - 1 for s, _ in passes if s > 0})
     if not (clean or last or need):  # only passes from layer 0 left: no clean pass needed
         for s, chunk in passes:
-            _from_layer(lm, batch, s, None, plans, chunk, fill, out)
+            _from_layer(lm, batch, s, None, routes, chunk, fill, out)
         return
     recorded: dict[int, torch.Tensor] = {}
     stored = STORE.get(lm, rows_ids) if rows_ids and not need and batch.last is None else None
@@ -118,13 +118,13 @@ def _fast_batch(lm: LoadedModel, batch: Batch, plans: list[Plan], clean: list[in
         out.emit(logits, torch.full((P,), c, device=dev), ps, "untouched configurations")
     # 2. last-token configurations: one new token each over the prefix cache
     if last:
-        _last_token(lm, batch, cache, plans, last, fill, bs, out, at_last)
+        _last_token(lm, batch, cache, routes, last, fill, bs, out, at_last)
     del cache, at_last
     # 3. all-position masks: from the first changed layer on, latest first
     for k, (s, chunk) in enumerate(passes):
         check()
         later = {t - 1 for t, _ in passes[k + 1:]}
-        _from_layer(lm, batch, s, recorded.get(s - 1), plans, chunk, fill, out)
+        _from_layer(lm, batch, s, recorded.get(s - 1), routes, chunk, fill, out)
         if s - 1 not in later:
             recorded.pop(s - 1, None)
 
@@ -147,27 +147,30 @@ def record_outputs(lm: LoadedModel, layers: Sequence[int], into: dict[int, torch
 
 
 def _edits(masks: dict[int, torch.Tensor], fill: torch.Tensor | None, inject: dict[int, torch.Tensor],
-           last_only: bool) -> list[Intervention]:
+           last_only: bool, n_layers: int) -> list[Intervention]:
     """masks[l]: multipliers broadcastable to (batch, seq, heads) at layer l's z (`HeadMask`: z' = m z + (1 - m)
-    fill); inject[l]: added to layer l's output at every position, broadcastable to (batch, seq, d_model), or
-    (`last_only`) at the last one, broadcastable to (batch, d_model)."""
-    return [HeadMask(masks, fill), Add("layer_out", inject, at="last" if last_only else "all")]
+    fill); inject[l]: added at the input of layer l (n_layers: the final norm's input) at every position,
+    broadcastable to (batch, seq, d_model), or (`last_only`) at the last one, broadcastable to (batch, d_model)."""
+    at = "last" if last_only else "all"
+    inner = {l: v for l, v in inject.items() if l < n_layers}
+    final = [Add("final_in", {None: inject[n_layers]}, at=at)] if n_layers in inject else []  # type: ignore[dict-item]
+    return [HeadMask(masks, fill), Add("layer_in", inner, at=at), *final]
 
 
-def _stack(lm: LoadedModel, plans: list[Plan], chunk: Sequence[int]) -> tuple[dict[int, torch.Tensor],
+def _stack(lm: LoadedModel, routes: list[Route], chunk: Sequence[int]) -> tuple[dict[int, torch.Tensor],
                                                                                  dict[int, torch.Tensor]]:
     """Per layer, the chunk's masks (c, heads) and vectors (c, d_model), only where some configuration acts."""
     L, H, d, dev = lm.n_layers, lm.n_heads, lm.d_model, lm.device
     masks, vecs = {}, {}
-    ml = [plans[c].mask for c in chunk]
+    ml = [routes[c].mask for c in chunk]
     if any(m is not None for m in ml):
         ones = torch.ones(L, H, device=dev)
         full = torch.stack([ones if m is None else m for m in ml])  # (c, L, H)
         for layer in (full != 1).any(2).any(0).nonzero().flatten().tolist():
             masks[layer] = full[:, layer]
     zero = torch.zeros(d, device=dev)
-    for layer in sorted({l for c in chunk for l in (plans[c].inject or {})}):
-        vecs[layer] = torch.stack([(plans[c].inject or {}).get(layer, zero) for c in chunk])
+    for layer in sorted({l for c in chunk for l in (routes[c].inject or {})}):
+        vecs[layer] = torch.stack([(routes[c].inject or {}).get(layer, zero) for c in chunk])
     return masks, vecs
 
 
@@ -205,7 +208,7 @@ def packed_mask(lm: LoadedModel, batch: Batch, cache, c: int) -> torch.Tensor | 
     return m
 
 
-def _last_token(lm: LoadedModel, batch: Batch, cache, plans: list[Plan], todo: list[int],
+def _last_token(lm: LoadedModel, batch: Batch, cache, routes: list[Route], todo: list[int],
                 fill: torch.Tensor | None, bs: int, out: Emitter, at_last: dict[int, torch.Tensor]) -> None:
     """Each configuration as one new token (the prompt's last) over the clean prefix cache. Configurations go in
     order of their start layer s; a step runs layers >= s of its chunk's earliest s only (layer s - 1 returns its
@@ -216,10 +219,10 @@ def _last_token(lm: LoadedModel, batch: Batch, cache, plans: list[Plan], todo: l
     16 configurations x 4 prompts at load 15). So they run at the thread count the model's small passes run
     fastest with (`threads.cpu_threads`, measured and cached); the clean pass keeps torch's setting."""
     with cpu_threads(lm):
-        _step_passes(lm, batch, cache, plans, todo, fill, bs, out, at_last)
+        _step_passes(lm, batch, cache, routes, todo, fill, bs, out, at_last)
 
 
-def _step_passes(lm: LoadedModel, batch: Batch, cache, plans: list[Plan], todo: list[int], fill: torch.Tensor | None,
+def _step_passes(lm: LoadedModel, batch: Batch, cache, routes: list[Route], todo: list[int], fill: torch.Tensor | None,
                  bs: int, out: Emitter, at_last: dict[int, torch.Tensor]) -> None:
     """`_last_token`'s step passes, at the current thread count."""
     P, W = batch.input_ids.shape
@@ -227,7 +230,7 @@ def _step_passes(lm: LoadedModel, batch: Batch, cache, plans: list[Plan], todo: 
     ps = torch.tensor(batch.rows, device=dev)
     tok, pos = batch.input_ids[:, -1:], batch.position_ids[:, -1:]
     per = max(1, STEP_ROWS_FACTOR * bs // P)
-    todo = sorted(todo, key=lambda c: plans[c].start)
+    todo = sorted(todo, key=lambda c: routes[c].start)
     k = 0
     while k < len(todo):
         check()  # once per step of configurations
@@ -237,10 +240,10 @@ def _step_passes(lm: LoadedModel, batch: Batch, cache, plans: list[Plan], todo: 
         if mask4 is None and c * P > bs and c > 1:  # the repeated cache holds at most bs rows
             per = max(1, bs // P)
             continue
-        masks, vecs = _stack(lm, plans, chunk)
+        masks, vecs = _stack(lm, routes, chunk)
         step = None if cache is None else shallow_cache(cache)
         cs = torch.tensor(chunk, device=dev)
-        start = min(plans[i].start for i in chunk)
+        start = min(routes[i].start for i in chunk)
         rec = at_last.get(start - 1) if start > 0 else None
         if rec is None:
             start = 0
@@ -248,7 +251,7 @@ def _step_passes(lm: LoadedModel, batch: Batch, cache, plans: list[Plan], todo: 
             masks = {l: m[None] for l, m in masks.items()}  # (1, c, H)
             vecs = {l: v[None] for l, v in vecs.items()}  # (1, c, d)
             with intervene(lm, [skip_below(start, None if rec is None else rec.expand(P, c, rec.shape[-1])),
-                                *_edits(masks, fill, vecs, last_only=False)]):
+                                *_edits(masks, fill, vecs, last_only=False, n_layers=lm.n_layers)]):
                 o = lm.model(input_ids=tok.expand(P, c), attention_mask=mask4, position_ids=pos.expand(P, c),
                              cache=step, use_cache=step is not None, logits_to_keep=0)
             logits = o.logits.reshape(P * c, -1)
@@ -259,25 +262,25 @@ def _step_passes(lm: LoadedModel, batch: Batch, cache, plans: list[Plan], todo: 
             masks = {l: m.repeat(P, 1)[:, None] for l, m in masks.items()}  # (P c, 1, H)
             vecs = {l: v.repeat(P, 1)[:, None] for l, v in vecs.items()}  # (P c, 1, d)
             with intervene(lm, [skip_below(start, None if rec is None else rec.repeat_interleave(c, 0)),
-                                *_edits(masks, fill, vecs, last_only=False)]):
+                                *_edits(masks, fill, vecs, last_only=False, n_layers=lm.n_layers)]):
                 logits = last_logits(lm, tok.repeat_interleave(c, 0), batch.attention_mask.repeat_interleave(c, 0),
                                       pos.repeat_interleave(c, 0), step)
             out.emit(logits, cs.repeat(P), ps.repeat_interleave(c), "last-token configurations")
         k += c
 
 
-def _from_layer(lm: LoadedModel, batch: Batch, start: int, clean_out: torch.Tensor | None, plans: list[Plan],
+def _from_layer(lm: LoadedModel, batch: Batch, start: int, clean_out: torch.Tensor | None, routes: list[Route],
                 chunk: list[int], fill: torch.Tensor | None, out: Emitter) -> None:
     """One pass of all-position configurations (none changes a layer before `start`) from that layer on."""
     P, W = batch.input_ids.shape
     dev = batch.input_ids.device
     ps = torch.tensor(batch.rows, device=dev)
     c = len(chunk)
-    masks, vecs = _stack(lm, plans, chunk)  # row j * P + p is prompt p under configuration chunk[j]
+    masks, vecs = _stack(lm, routes, chunk)  # row j * P + p is prompt p under configuration chunk[j]
     masks = {l: m.repeat_interleave(P, 0)[:, None] for l, m in masks.items()}  # (c P, 1, H): all positions
     vecs = {l: v.repeat_interleave(P, 0) for l, v in vecs.items()}  # (c P, d), last token
     rec = None if clean_out is None else clean_out.repeat(c, 1, 1)
-    with intervene(lm, [skip_below(start, rec), *_edits(masks, fill, vecs, last_only=True)]):
+    with intervene(lm, [skip_below(start, rec), *_edits(masks, fill, vecs, last_only=True, n_layers=lm.n_layers)]):
         logits = last_logits(lm, batch.input_ids.repeat(c, 1), batch.attention_mask.repeat(c, 1),
                               batch.position_ids.repeat(c, 1))
     cs = torch.tensor(chunk, device=dev).repeat_interleave(P)

@@ -69,9 +69,12 @@ def injected_logits(lm: LoadedModel, batch: Batch, inj: Injection) -> torch.Tens
     """Last-token logits (batch, vocab), float32, with `inj` applied (gradients flow to its tensors)."""
     n = len(batch.rows)
     mask = None if inj.mask is None else (inj.mask if inj.mask.dim() == 3 else inj.mask[None].expand(n, -1, -1))
-    with hooked(lm, inject_input=inj.vectors or None, inject_positions=inj.positions,
-                inject={lm.n_layers - 1: inj.final} if inj.final is not None else None,
-                head_mask=mask, mask_positions="last", last=batch.last):
+    vectors = dict(inj.vectors or {})
+    if inj.final is not None:  # at the final norm's input; added at every position of `positions`, read at the last
+        L = lm.n_layers
+        vectors[L] = vectors[L] + inj.final if L in vectors else inj.final
+    with hooked(lm, inject=vectors or None, inject_positions=inj.positions, head_mask=mask, mask_scope="last",
+                last=batch.last):
         return forward_last_logits(lm, batch)
 
 
@@ -97,17 +100,17 @@ def evaluate_injections(lm: LoadedModel, enc: Encoded, injections: Sequence[Inje
 
 def as_row_configs(lm: LoadedModel, injections: Sequence[Injection]) -> list[RowConfig] | None:
     """The injections as engine configurations when each acts at the last prompt token only and above the
-    embeddings: a vector at the input of layer l >= 1 is one at the output of layer l - 1, `final` one at the last
-    layer's output, the mask a last-token mask (zero ablation). None when one of them does not fit (a vector at
+    embeddings: a vector at the input of layer l >= 1 stays there, `final` goes to the final norm's input (the input
+    of layer n_layers), the mask is a last-token mask (zero ablation). None when one of them does not fit (a vector at
     the embeddings or at other positions, a per-row mask or vector)."""
     out = []
     for inj in injections:
         inject: dict[int, torch.Tensor] = {}
         if inj.vectors and (tuple(inj.positions) != (-1,) or min(inj.vectors) < 1):
             return None
-        extra = [(int(l) - 1, v) for l, v in inj.vectors.items()]
+        extra = [(int(l), v) for l, v in inj.vectors.items()]
         if inj.final is not None:
-            extra.append((lm.n_layers - 1, inj.final))
+            extra.append((lm.n_layers, inj.final))
         for l, v in extra:
             if v.dim() != 1:
                 return None
@@ -115,7 +118,7 @@ def as_row_configs(lm: LoadedModel, injections: Sequence[Injection]) -> list[Row
             inject[l] = inject[l] + v if l in inject else v
         if inj.mask is not None and inj.mask.dim() != 2:
             return None
-        out.append(RowConfig(mask=inj.mask, positions="last", inject=inject or None))
+        out.append(RowConfig(mask=inj.mask, scope="last", inject=inject or None))
     return out
 
 
@@ -130,7 +133,7 @@ def final_states(lm: LoadedModel, ids: Sequence[Sequence[int]], rows: Sequence[i
     def step(batch: Batch) -> None:
         idx = torch.tensor(batch.rows)
         inj = {l: v[idx].to(lm.device) for l, v in vectors.items()}
-        with hooked(lm, inject_input=inj or None, inject_positions=tuple(positions), capture_resid_final=True,
+        with hooked(lm, inject=inj or None, inject_positions=tuple(positions), capture_resid_final=True,
                     last=batch.last) as tr:
             forward_last_logits(lm, batch)
         out[idx] = tr.resid_final.float().cpu()

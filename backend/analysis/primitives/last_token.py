@@ -34,7 +34,7 @@ from ...model.loading import LoadedModel
 from .stopping import check
 from .batching import Batch, Progress, make_batch
 from .engine_fast import packed_mask, record_outputs, shallow_cache, Unsupported
-from .engine_plan import halve
+from .engine_rows import halve
 
 STEP_ROWS = 2048  # (vector, prompt) rows per step pass at most ...
 MAX_PACK = 64  # ... and at most this many vectors side by side in one packed row

@@ -83,8 +83,14 @@ def stability(x: np.ndarray, k: int, groups: np.ndarray | None = None, n_boot: i
 
 def tr_p(tr_mean: np.ndarray, null_means: np.ndarray) -> np.ndarray:
     """One-sided Monte Carlo p of each head's mean TR (layers, heads) against its mean TR onto R random label
-    subspaces of the same size, null_means (R, layers, heads): (1 + #{null >= observed}) / (1 + R)."""
-    return permutation_p(tr_mean, null_means, "greater")
+    subspaces of the same size, null_means (R, layers, heads): (1 + #{null >= observed}) / (1 + R_h), R_h the head's
+    draws (NaN: a draw a head did not take, `tr_null.sequential_null`)."""
+    null = np.asarray(null_means, dtype=float)
+    taken = np.isfinite(null)
+    if taken.all():
+        return permutation_p(tr_mean, null, "greater")
+    p = permutation_p(tr_mean, np.where(taken, null, -np.inf), "greater")  # a draw not taken never exceeds
+    return p * (1 + null.shape[0]) / (1 + taken.sum(0))
 
 
 def tl_p(tl: np.ndarray, seed: int = 0) -> np.ndarray:

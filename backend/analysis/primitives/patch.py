@@ -7,18 +7,21 @@ token replaced by a source activation (the output projection's input, split by h
     fill (prompts, layers, heads, head_dim): prompt i's own source (paired patching: clean prompt i -> target i)
 
 Configuration 0 is the target untouched; configuration 1 + l * H + h patches head (l, h) alone (a last-token mask
-with the fill: `engine_plan.RowConfig(mask=head_mask(...), positions="last")`, one token over the clean prefix's KV
+with the fill: `engine_rows.RowConfig(mask=head_mask(...), scope="last")`, one token over the clean prefix's KV
 cache in the engine). Read out: the gold answer's first-token logit and its probability. Paired fills run one
 batch of configurations per prompt (the engine's fill is shared by the prompts of a batch).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any, Literal
 
 import numpy as np
 import torch
 
 from ...model.loading import LoadedModel
+from ...tasks.base import TaskError
+from ...tasks.perturb import get_perturbation
 from .batching import Encoded, Progress
 from .configs import RowConfig, head_mask, run_configs
 
@@ -36,9 +39,23 @@ class Patched:
         return getattr(self, which)[1:]
 
 
+TARGETS = ("zero_shot", "shuffled_inputs", "random_labels", "flipped_labels")
+"""Prompt sets to patch into; the perturbations keep the gold answer's token (symbol / number labels rename it)."""
+Target = Literal[TARGETS]  # type: ignore[valid-type]
+
+
+def target_prompts(task: Any, target: str, shots: int, n: int, seed: int) -> list:
+    """The `n` prompts patched into: zero-shot ones, or `shots`-shot ones with the demonstrations perturbed."""
+    if target == "zero_shot":
+        return task.build_prompts(0, n, seed)
+    if shots == 0:
+        raise TaskError(f"{target.replace('_', ' ')} needs demonstrations to perturb: set shots above 0")
+    return task.build_prompts(shots, n, seed, perturb=get_perturbation(target))
+
+
 def head_configs(lm: LoadedModel) -> list[RowConfig]:
     """Configuration 0 untouched, then one per head (layer-major): that head's last-token z takes the fill."""
-    return [RowConfig()] + [RowConfig(mask=head_mask(lm, [(l, h)]), positions="last")
+    return [RowConfig()] + [RowConfig(mask=head_mask(lm, [(l, h)]), scope="last")
                             for l in range(lm.n_layers) for h in range(lm.n_heads)]
 
 

@@ -373,7 +373,7 @@ def _baselines(ctx: Context, p: SiteAlphasParams, enc: dict[str, Any], t: torch.
                     out[v] = {"label": _LABELS[v], "note": "not available for this task"}
                     continue
                 vec = vector_at(r.vectors[v].vector, layer)
-                hooks = lambda b, vec=vec: hooked(lm, inject_input={layer: vec}, inject_positions=(-1,),  # noqa: E731
+                hooks = lambda b, vec=vec: hooked(lm, inject={layer: vec}, inject_positions=(-1,),  # noqa: E731
                                                   last=b.last, prefill_only=True)
                 ev = evaluate_generation(lm, enc["test"], hooks=hooks, **gen)
                 out[v] = {"label": _LABELS[v], "metrics": gen_metrics(ev), "params": d,
@@ -403,9 +403,9 @@ def _patching(ctx: Context, p: SiteAlphasParams, enc: dict[str, Any], alpha: tor
     order = ranked_heads(alpha.numpy())
     configs = []
     for k in ks:
-        configs.append(RowConfig(mask=1.0 - hard_alpha(lm, order[:k]), positions="last"))
+        configs.append(RowConfig(mask=1.0 - hard_alpha(lm, order[:k]), scope="last"))
     for k in ks:
-        configs.append(RowConfig(mask=1.0 - hard_alpha(lm, order[::-1][:k]), positions="last"))
+        configs.append(RowConfig(mask=1.0 - hard_alpha(lm, order[::-1][:k]), scope="last"))
     res = score_configs(lm, enc["test"], configs, fill=t, batch_size=o.CONFIG_BATCH_SIZE,
                          progress=ctx.stage(*span, "patching"))
     means = res.means()

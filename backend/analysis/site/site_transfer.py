@@ -132,9 +132,9 @@ def _transfer(ctx: Context, p: SiteTransferParams) -> dict[str, Any]:
         data = site_data(lm, b, m=1, shots=0, val_prompts=1, test_prompts=p.prompts, seed=p.seed)
         enc = encode(lm, data.test, b.kind)
         L, H = lm.n_layers, lm.n_heads
-        configs = [RowConfig(mask=1.0 - runs[a][0], positions="last") for a in names]
-        configs += [RowConfig(mask=torch.zeros(L, H), positions="last"), RowConfig()]
-        configs += [RowConfig(mask=1.0 - hard_alpha(lm, ranked_heads(runs[a][0].numpy())[:k]), positions="last")
+        configs = [RowConfig(mask=1.0 - runs[a][0], scope="last") for a in names]
+        configs += [RowConfig(mask=torch.zeros(L, H), scope="last"), RowConfig()]
+        configs += [RowConfig(mask=1.0 - hard_alpha(lm, ranked_heads(runs[a][0].numpy())[:k]), scope="last")
                     for a in names]
         res = score_configs(lm, enc, configs, fill=runs[b.name][1], batch_size=o.CONFIG_BATCH_SIZE)
         means = res.means()

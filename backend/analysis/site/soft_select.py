@@ -135,7 +135,7 @@ def soft_hooks(lm: LoadedModel, alpha: torch.Tensor, t: torch.Tensor, rows: int,
     m = 1.0 - alpha.to(lm.device, torch.float32)
     if m.dim() == 2:
         m = m.unsqueeze(0).expand(rows, *m.shape)
-    return hooked(lm, head_mask=m, head_fill=t.to(lm.device, torch.float32), mask_positions="last", last=last,
+    return hooked(lm, head_mask=m, head_fill=t.to(lm.device, torch.float32), mask_scope="last", last=last,
                   prefill_only=True)
 
 

@@ -226,7 +226,7 @@ def ablation_curves(ctx: Context, p: AblationCurvesParams) -> dict[str, Any]:
                     masks.append(m)
                 row.append(index[b])
             where[name].append(row)
-    res = score_configs(lm, enc, [RowConfig(mask=m, positions=p.positions) for m in masks], fill=fill,
+    res = score_configs(lm, enc, [RowConfig(mask=m, scope=p.positions) for m in masks], fill=fill,
                          batch_size=p.batch_size, progress=ctx.stage(*between(share, "clean"), "ablating"))
     means = res.means()
     out = {}
@@ -261,7 +261,7 @@ def ablate(ctx: Context, p: AblateParams) -> dict[str, Any]:
     share = planned(ctx, p)  # the plan's stages (`work`): mean head outputs, clean pass, the head set
     enc, fill = _prompts(ctx, p, p.mode, ctx.stage(*share.get("mean head outputs", (0.0, 0.0)), "mean head outputs"))
     # the prompts' clean prefix stays in memory: the next toggle of a last-token ablation is one token step each
-    res = score_configs(lm, enc, [RowConfig(), RowConfig(mask=after, positions=p.positions)], fill=fill,
+    res = score_configs(lm, enc, [RowConfig(), RowConfig(mask=after, scope=p.positions)], fill=fill,
                          batch_size=p.batch_size, progress=ctx.stage(*between(share, "clean"), "ablating"), keep_prefix=True)
     rows = []
     for i, pr in enumerate(enc.prompts):

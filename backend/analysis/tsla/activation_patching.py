@@ -26,7 +26,6 @@ from pydantic import Field
 
 from ..primitives import options as o
 from ...tasks.base import TaskError
-from ...tasks.perturb import get_perturbation
 from ..kernel import Context
 from ..kinds import get_kind
 from ..params import Int, PromptParams, Selection
@@ -35,14 +34,11 @@ from ..primitives.stages import planned
 from ..results import Grid, Head, Metrics, Overlap, Result
 from ..primitives.batching import build_prompts, encode
 from ..primitives.capture import capture
-from ..primitives.patch import gold_ids, patch_heads, recovered_share, recovered_stderr
+from ..primitives.patch import Target, gold_ids, patch_heads, recovered_share, recovered_stderr, target_prompts
 from ..primitives.stats import stderr
 from ..primitives.predict import evaluate
 from ..primitives.selection import n_top, overlap, top_heads
 
-TARGETS = ("zero_shot", "shuffled_inputs", "random_labels", "flipped_labels")
-"""Prompt sets to patch into; the perturbations keep the gold answer's token (symbol / number labels rename it)."""
-Target = Literal[TARGETS]  # type: ignore[valid-type]
 
 
 class ActivationPatchingParams(Selection, PromptParams):
@@ -92,13 +88,6 @@ class ActivationPatchingResult(Result):
     overlap: dict[str, Overlap] = Field(default_factory=dict, description="recovered vs the tr and tl maps")
 
 
-def _target_prompts(task: Any, target: str, shots: int, n: int, seed: int) -> list:
-    if target == "zero_shot":
-        return task.build_prompts(0, n, seed)
-    if shots == 0:
-        raise TaskError(f"{target.replace('_', ' ')} needs demonstrations to perturb: set shots above 0")
-    return task.build_prompts(shots, n, seed, perturb=get_perturbation(target))
-
 
 def activation_patching(ctx: Context, p: ActivationPatchingParams) -> dict[str, Any]:
     """Patch every head from the clean ICL prompts into the target set: recovered share, logit and p(gold) gains."""
@@ -111,7 +100,7 @@ def activation_patching(ctx: Context, p: ActivationPatchingParams) -> dict[str, 
         ctx.warn(w)
     share = planned(ctx, p)  # the plan's stages (`work`): clean prompts, target prompts, head patches, head scores
     clean = encode(lm, built.prompts, task.kind)
-    target = encode(lm, _target_prompts(task, p.target, built.shots, built.n, p.seed), task.kind)
+    target = encode(lm, target_prompts(task, p.target, built.shots, built.n, p.seed), task.kind)
     if gold_ids(clean) != gold_ids(target) or [q.query for q in clean.prompts] != [q.query for q in target.prompts]:
         raise TaskError(f"the {p.target.replace('_', ' ')} prompts do not pair with the clean ones (another query or "
                         f"gold token): nothing to patch")

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 from pydantic import Field
 
 from ..kernel import Context
@@ -24,7 +25,7 @@ from ..results import Grid, Head, Metrics, Model, Overlap, PromptMaps, Result, p
 from ..primitives import map_stats
 from ..primitives.batching import build_prompts, encode
 from ..primitives.stats import sign_flips
-from ..primitives.tr_null import BANDS, POOL
+from ..primitives.tr_null import BANDS, FIRST_DRAWS, POOL, STOP_P
 from .scoring_pass import PER_PROMPT, score_heads
 from ..primitives.induction import induction_scores
 from ..primitives.predict import evaluate
@@ -50,6 +51,8 @@ class HeadScoresParams(Selection, HeadMapsParams):
 TR_TEST = (f"one-sided Monte Carlo permutation p of the mean TR against the mean TR onto random label subspaces of "
            f"the same size (each label token replaced by a random vocabulary row of its token-id band, {BANDS} bands, "
            f"{POOL} rows each, no label token), Benjamini-Hochberg across heads")
+SEQUENTIAL = (f"; sequential: a head whose p from the first {FIRST_DRAWS} draws is at least {STOP_P} stops there "
+              f"(it cannot reach q <= 0.05; its p carries those draws' Monte Carlo error)")
 TL_TEST = "one-sided sign-flip permutation p of mean TL > 0 over the prompts, Benjamini-Hochberg across heads"
 
 
@@ -67,6 +70,8 @@ class MapStats(Model):
     test: str | None = None
     draws: int | None = Field(None, description="the test's null draws (TR: random subspaces; TL: sign vectors)")
     p_floor: float | None = Field(None, description="the smallest p the test can give: p at it is a bound")
+    stopped: int | None = Field(None, description="TR: heads whose null stopped at its first draws, their p already "
+                                "above the stopping p (a sequential Monte Carlo test: `tr_null.FIRST_DRAWS`)")
 
 
 class HeadMapsResult(Result):
@@ -148,8 +153,10 @@ def head_stats(per_prompt: dict[str, Any], tr: Any, null_tr: Any, seed: int) -> 
     """Each per-prompt map's SE and bootstrap interval (seeded), and TR's and TL's tests (`map_stats`)."""
     out = {k: map_stats.uncertainty(per_prompt[k], seed=seed) for k in PER_PROMPT}
     n, flips = len(per_prompt["tl"]), sign_flips(len(per_prompt["tl"]))
-    out["tr"].update(map_stats.significance(map_stats.tr_p(tr, null_tr), n), test=TR_TEST, draws=len(null_tr),
-                     p_floor=1 / (1 + len(null_tr)))
+    stopped = int((~np.isfinite(null_tr)).any(0).sum())
+    out["tr"].update(map_stats.significance(map_stats.tr_p(tr, null_tr), n),
+                     test=TR_TEST + (SEQUENTIAL if stopped else ""), draws=len(null_tr), p_floor=1 / (1 + len(null_tr)),
+                     stopped=stopped)
     out["tl"].update(map_stats.significance(map_stats.tl_p(per_prompt["tl"], seed), n), test=TL_TEST, draws=flips[0],
                      p_floor=flips[1])
     return out

@@ -20,7 +20,7 @@ from ..primitives.batching import Batch, Encoded, Progress, forward_last_logits,
 from ..primitives.map_stats import normal_interval
 from ..primitives.predict import Outcomes, metrics, predict_rows
 from ..primitives.prefix_store import clean_forward, fits
-from ..primitives.tr_null import build_null, n_draws, null_rows, null_tr_sum
+from ..primitives.tr_null import build_null, n_draws, null_rows, null_tr_sum, sequential_null
 from ..primitives.tsla import apply_final_ln, head_writes, label_space, tsla
 
 MAP_NAMES = ("tr", "tl", "dla_tr", "dla_tl", "flagged")
@@ -34,7 +34,8 @@ class HeadMaps:
     where TR was zero and TL set to 0); the per-prompt outcomes of the pass; `per_prompt`: each of PER_PROMPT's
     maps prompt by prompt, (prompts, layers, heads) float64 in prompt order (their means are the maps up to the
     order of the float sums); `null_tr`: (draws, layers, heads) mean TR over the prompts onto each draw's random label
-    subspace (`tr_null`), None without `null_seed`."""
+    subspace (`tr_null`; NaN for the draws a head did not need, `tr_null.sequential_null`), None without
+    `null_seed`."""
 
     tr: np.ndarray
     tl: np.ndarray
@@ -51,6 +52,7 @@ class HeadMaps:
 
 PartialMaps = Callable[[dict[str, Any]], None]
 """Called with the maps so far (`partial_maps`) as prompts finish: an anytime view of a long scoring pass."""
+WRITES_BYTES = 512 << 20  # every prompt's last-token head writes, kept for the null after the pass, at most this
 FIRST_ROWS = 4  # an anytime pass's first view: after this many prompts (one CPU thread only; `slices`)
 
 
@@ -115,7 +117,13 @@ def score_heads(lm: LoadedModel, enc: Encoded, batch_size: int = 16, apply_ln: b
     n = len(enc.ids)
     per = torch.zeros(len(PER_PROMPT), n, L, H, dtype=torch.float64, device=dev)
     null = None if null_seed is None else build_null(unembed, enc.label_ids, n_draws(L * H), null_seed)
-    null_sums = None if null is None else torch.zeros(L, H, null.draws, dtype=torch.float64, device=dev)
+    # the null after the pass, sequentially (`tr_null.sequential_null`), from every prompt's saved writes when they
+    # fit WRITES_BYTES; else every draw during the pass, batch by batch
+    saved = None
+    if null is not None and n * L * H * lm.d_model * 4 <= WRITES_BYTES:
+        saved = torch.empty(n, L * H, lm.d_model, dtype=torch.float32, device=dev)
+    null_sums = None if null is None or saved is not None else \
+        torch.zeros(L, H, null.draws, dtype=torch.float64, device=dev)
 
     keep = keep_prefix and padding == "left" and fits(lm, sum(len(x) for x in enc.ids))
     # on one CPU thread (the service's default) a slice costs what its rows cost in the batch; with several threads
@@ -149,7 +157,8 @@ def score_heads(lm: LoadedModel, enc: Encoded, batch_size: int = 16, apply_ln: b
         gold = [enc.gold[r] for r in rows]
         out.record(np.zeros(len(rows), np.int64), np.array(rows), predict_rows(logits, lab, gold))
         ls = label_space(unembed, lab, gold, pinv_cache)
-        nb = null_rows(null, lab) if final and null is not None else None
+        nb = null_rows(null, lab) if final and null_sums is not None else None
+        keep_writes = final and saved is not None
         z, writes = z.float(), []  # z (batch, layers, heads, head_dim); writes: each layer's o for the null
         for layer in range(L):
             o = head_writes(z[:, layer], lm.w_o(layer), write_scale[layer])  # (batch, heads, d)
@@ -160,7 +169,9 @@ def score_heads(lm: LoadedModel, enc: Encoded, batch_size: int = 16, apply_ln: b
                 into[i, layer] += v.sum(0)
                 if i < len(PER_PROMPT):  # a slice's rows (a view's SE) are written again by the whole batch
                     per[i, ridx, layer] = v
-            writes += [o] if nb is not None else []
+            writes += [o] if nb is not None or keep_writes else []
+        if keep_writes:
+            saved[ridx] = torch.stack(writes, 1).flatten(1, 2)
         if nb is not None:  # every layer's heads at once: (batch, layers x heads, d)
             null_sums.add_(null_tr_sum(torch.stack(writes, 1).flatten(1, 2), null, nb).view(L, H, -1))
 
@@ -193,4 +204,7 @@ def score_heads(lm: LoadedModel, enc: Encoded, batch_size: int = 16, apply_ln: b
     means = (sums / len(enc.ids)).cpu().numpy()
     kept = dict(zip(PER_PROMPT, per.cpu().numpy()))
     nulls = None if null_sums is None else (null_sums / len(enc.ids)).permute(2, 0, 1).cpu().numpy()
+    if saved is not None and null is not None:
+        observed = (sums[0] / n).flatten()
+        nulls = sequential_null(saved, null_rows(null, enc.label_ids), observed, null).view(-1, L, H).cpu().numpy()
     return HeadMaps(*means, outcomes=out, per_prompt=kept, null_tr=nulls)

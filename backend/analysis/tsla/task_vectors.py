@@ -104,7 +104,7 @@ def causal_indirect_effects(ctx: Context, p: TaskVectorsParams, clean: Encoded, 
         "shuffled_inputs"), queries="pool")
     enc = encode(lm, corrupt, task.kind)
     L, H = lm.n_layers, lm.n_heads
-    configs = [RowConfig()] + [RowConfig(mask=head_mask(lm, [(l, h)]), positions="last")
+    configs = [RowConfig()] + [RowConfig(mask=head_mask(lm, [(l, h)]), scope="last")
                                for l in range(L) for h in range(H)]
     res = score_configs(lm, enc, configs, fill=z_clean, batch_size=p.batch_size * 2, progress=progress)
     gain = res.gold_prob[1:] - res.gold_prob[0][None]

@@ -1,4 +1,4 @@
-"""The configuration engine's configurations and their bookkeeping: `RowConfig` (what a configuration does), `plan_config` (what
+"""The configuration engine's configurations and their bookkeeping: `RowConfig` (what a configuration does), `route_config` (what
 the engine does with it: nothing, a last-token step, or a pass from its start layer), `Emitter` (each
 (configuration, prompt) pair's logits handed on exactly once), one pass's last-token logits, and halving the batch
 on out-of-memory. The engine: `engine.py` (`run_configs`, full passes) and `engine_fast.py` (the fast paths)."""
@@ -23,29 +23,30 @@ class RowConfig:
 
     mask:      (layers, heads) multipliers on each head's z (1 keeps, 0 ablates); with `fill`,
                z' = m z + (1 - m) fill. None: no mask.
-    positions: where the mask acts: "all" positions or the "last" token.
-    inject:    {layer: (d_model,)} added to that decoder layer's output at the last token.
+    scope: where the mask acts: "all" positions or the "last" token.
+    inject:    {layer: (d_model,)} added at the input of decoder layer `layer` at the last token (1..n_layers: the
+               output of layer - 1; n_layers: the final norm's input; the embeddings, 0, are not an engine site).
     """
 
     mask: torch.Tensor | None = None
-    positions: Literal["all", "last"] = "all"
+    scope: Literal["all", "last"] = "all"
     inject: dict[int, torch.Tensor] | None = None
 
 
 @dataclass
-class Plan:
+class Route:
     """What the engine does with one configuration."""
 
     kind: Literal["clean", "last", "all"]
     start: int = 0  # first decoder layer that computes anything other than the clean run does
     mask: torch.Tensor | None = None  # non-trivial mask, on the model's device
-    inject: dict[int, torch.Tensor] | None = None  # non-zero vectors only, on the model's device
+    inject: dict[int, torch.Tensor] | None = None  # {input layer: v}, non-zero vectors only, on the model's device
 
 
-def plan_config(lm: LoadedModel, i: int, cfg: RowConfig) -> Plan:
+def route_config(lm: LoadedModel, i: int, cfg: RowConfig) -> Route:
     L, H, d = lm.n_layers, lm.n_heads, lm.d_model
-    if cfg.positions not in ("all", "last"):
-        raise ValueError(f"configuration {i}: positions must be 'all' or 'last', not {cfg.positions!r}")
+    if cfg.scope not in ("all", "last"):
+        raise ValueError(f"configuration {i}: scope must be 'all' or 'last', not {cfg.scope!r}")
     mask = None
     if cfg.mask is not None:
         if tuple(cfg.mask.shape) != (L, H):
@@ -57,8 +58,9 @@ def plan_config(lm: LoadedModel, i: int, cfg: RowConfig) -> Plan:
     inject = {}
     for layer, v in (cfg.inject or {}).items():
         layer = int(layer)
-        if not 0 <= layer < L:
-            raise ValueError(f"configuration {i}: injection at layer {layer}; the model has layers 0..{L - 1}")
+        if not 1 <= layer <= L:
+            raise ValueError(f"configuration {i}: injection at the input of layer {layer}; the engine injects at "
+                             f"the inputs of layers 1..{L} ({L}: the final norm's input)")
         if tuple(v.shape) != (d,):
             raise ValueError(f"configuration {i}: injected vector of shape {tuple(v.shape)}, expected ({d},)")
         v = v.detach().to(device=lm.device, dtype=torch.float32)
@@ -66,16 +68,16 @@ def plan_config(lm: LoadedModel, i: int, cfg: RowConfig) -> Plan:
             inject[layer] = inject[layer] + v if layer in inject else v
     inject = inject or None
     if mask is None and inject is None:
-        return Plan("clean")
+        return Route("clean")
     start = L  # the first decoder layer whose input (or, for a mask, whose own output) differs from the clean run's
     if mask is not None:
         start = int((mask != 1).any(1).nonzero()[0])
     if inject:
-        start = min(start, min(inject) + 1)
-    if mask is None or cfg.positions == "last" or start >= L - 1:
+        start = min(start, min(inject))
+    if mask is None or cfg.scope == "last" or start >= L - 1:
         # only the last token leaves the last layer: an all-position mask there acts as a last-token one
-        return Plan("last", start=start, mask=mask, inject=inject)
-    return Plan("all", start=start, mask=mask, inject=inject)
+        return Route("last", start=start, mask=mask, inject=inject)
+    return Route("all", start=start, mask=mask, inject=inject)
 
 
 class Emitter:
