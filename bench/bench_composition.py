@@ -2,7 +2,7 @@
 heads.
 
     HEADLENS_MODELS_DIR=models/pulled python bench/bench_composition.py --model smollm2-135m,gemma3-270m
-    python bench/bench_composition.py --model default --task syn-sentiment --prompts 6 --shots 2   # seconds
+    python bench/bench_composition.py --smoke     # the embedded model, 2 shots, 6 prompts: does it still run (CI)
 
 Per model: `head_scores` (the receivers' source, cold) and then `composition` on the same in-memory cache (its own
 time: weights only, the cached head scores read back), each timed (wall and process CPU seconds); then the full
@@ -35,7 +35,10 @@ def main() -> None:
     ap.add_argument("--prompts", type=int, default=16)
     ap.add_argument("--top-k", type=int, default=3)
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
+    ap.add_argument("--smoke", action="store_true", help="the embedded model, syn-sentiment, 2 shots, 6 prompts")
     args = ap.parse_args()
+    if args.smoke:
+        args.model, args.task, args.shots, args.prompts = "default", "syn-sentiment", 2, 6
     import torch
 
     if args.threads:
