@@ -217,6 +217,10 @@ _ENTRIES: tuple[Kind, ...] = (
             description="one head on one prompt: attention pattern, per-label DLA, TR / TL / induction ranks, effect "
                         "when ablated; the model's top next tokens (and per layer)",
             example={"task": "syn-sentiment", **_SMALL, "head": [1, 2]}),
+    Kind.at("general.composition", "composition",
+            description="Q-, K- and V-composition scores between heads from the weights (into the top TR / TL / "
+                        "induction heads, or given ones), and one head's OV circuit on the task's labels",
+            example={"task": "syn-sentiment", **_SMALL, "top_k": 2}),
     Kind.at("ltv.ltv_vector", "ltv_vector", aliases=("ltv_train",),
             description="train one learned task vector (added at a decoder layer's input) through the frozen model, "
                         "saved as safetensors",

@@ -47,6 +47,11 @@ class ArchSpec:
     notes: str = ""
     input_norm: str = "input_layernorm"  # dotted path from a decoder layer to the norm before attention
     v_proj: str = "self_attn.v_proj"  # dotted path from a decoder layer to the value projection (see `qkv`)
+    q_proj: str = "self_attn.q_proj"  # the query and key projections (`qkv` "separate" only; else `v_proj` holds all)
+    k_proj: str = "self_attn.k_proj"
+    qk_norms: tuple[str, str] | None = None
+    """Dotted paths from a decoder layer to the per-head norms of the queries and keys (Qwen3, Gemma 3: an RMSNorm
+    over head_dim after the projection), read where the layer has them; None: the family has none."""
     qkv: QkvLayout = "separate"
     post_attn_norm: str | None = None
     """Dotted path from a decoder layer to a norm applied to the attention output before the residual add, or None
@@ -98,6 +103,29 @@ class ArchSpec:
             return out.reshape(*out.shape[:-1], n_kv_heads, 3 * head_dim)[..., 2 * head_dim:]
         return out.reshape(*out.shape[:-1], n_kv_heads, head_dim)
 
+    def read_matrix(self, weight: torch.Tensor) -> torch.Tensor:
+        """A q / k / v projection's weight as (d_model, out), whatever the stored layout (x @ it = the output)."""
+        return weight.t() if self.layout == "out_in" else weight
+
+    def qkv_matrices(self, q: torch.Tensor | None, k: torch.Tensor | None, v: torch.Tensor, n_heads: int,
+                     n_kv_heads: int, head_dim: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Per-head W_Q (n_heads, d_model, head_dim), W_K and W_V (n_kv_heads, d_model, head_dim), so that a head's
+        query is x @ W_Q[h] (x the normed residual, biases and rotary aside), from the stored weights of `q_proj`,
+        `k_proj` and `v_proj` ("separate"), or of `v_proj` alone, which holds all three (q and k: None)."""
+        def heads(m: torch.Tensor, n: int) -> torch.Tensor:  # (d, n * dh) -> (n, d, dh)
+            return m.reshape(m.shape[0], n, head_dim).permute(1, 0, 2)
+
+        if self.qkv == "separate":
+            assert q is not None and k is not None
+            return (heads(self.read_matrix(q), n_heads), heads(self.read_matrix(k), n_kv_heads),
+                    heads(self.read_matrix(v), n_kv_heads))
+        m = self.read_matrix(v)  # (d, 3 * H * dh)
+        if self.qkv == "fused":  # q | k | v, each n_heads * head_dim wide
+            w = n_heads * head_dim
+            return heads(m[:, :w], n_heads), heads(m[:, w:2 * w], n_heads), heads(m[:, 2 * w:], n_heads)
+        per = m.reshape(m.shape[0], n_kv_heads, 3, head_dim)  # per head: q | k | v
+        return tuple(per[:, :, i].permute(1, 0, 2) for i in range(3))  # type: ignore[return-value]
+
 
 ARCHS: tuple[ArchSpec, ...] = (
     ArchSpec("GPT-2", ("gpt2",), "transformer.h", "attn.c_proj", "transformer.ln_f", layout="in_out",
@@ -109,10 +137,12 @@ ARCHS: tuple[ArchSpec, ...] = (
     ArchSpec("Llama", ("llama",), "model.layers", "self_attn.o_proj", "model.norm", gguf_archs=("llama",)),
     ArchSpec("Mistral", ("mistral",), "model.layers", "self_attn.o_proj", "model.norm", gguf_archs=("mistral",)),
     ArchSpec("Qwen2", ("qwen2",), "model.layers", "self_attn.o_proj", "model.norm", gguf_archs=("qwen2",)),
-    ArchSpec("Qwen3", ("qwen3",), "model.layers", "self_attn.o_proj", "model.norm", gguf_archs=("qwen3",)),
+    ArchSpec("Qwen3", ("qwen3",), "model.layers", "self_attn.o_proj", "model.norm", gguf_archs=("qwen3",),
+             qk_norms=("self_attn.q_norm", "self_attn.k_norm")),
     ArchSpec("Gemma", ("gemma",), "model.layers", "self_attn.o_proj", "model.norm", norm="rmsnorm_plus1"),
     ArchSpec("Gemma 2 / 3 (text)", ("gemma2", "gemma3_text"), "model.layers", "self_attn.o_proj", "model.norm",
              norm="rmsnorm_plus1", post_attn_norm="post_attention_layernorm", gguf_archs=("gemma2", "gemma3"),
+             qk_norms=("self_attn.q_norm", "self_attn.k_norm"),  # Gemma 3 only: read where the layer has them
              notes="a post-attention RMSNorm rescales the summed head writes before the residual add; "
                    "per-head writes are taken after it, linearised at each position: g * o_h / rms(sum_h o_h)"),
 )

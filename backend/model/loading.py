@@ -117,6 +117,34 @@ class LoadedModel:
         w = self.spec.o_proj_matrix(self.o_proj(layer).weight)  # (H*dh, d)
         return w.to(dtype).reshape(self.n_heads, self.head_dim, self.d_model)
 
+    def w_qkv(self, layer: int, dtype: torch.dtype = torch.float32) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Per-head W_Q (heads, d_model, head_dim), W_K and W_V (kv_heads, d_model, head_dim) of one layer: head h's
+        query is x @ W_Q[h] for x the input norm's output (biases and rotary aside); query head h reads kv head
+        h // (heads // kv_heads)."""
+        block = self.layers[layer]
+        sep = self.spec.qkv == "separate"
+        q, k = ((_get(block, self.spec.q_proj).weight, _get(block, self.spec.k_proj).weight) if sep else (None, None))
+        mats = self.spec.qkv_matrices(q, k, _get(block, self.spec.v_proj).weight, self.n_heads, self.n_kv_heads,
+                                      self.head_dim)
+        return tuple(m.detach().to(dtype) for m in mats)  # type: ignore[return-value]
+
+    def input_gain(self, layer: int) -> torch.Tensor:
+        """Effective elementwise gain of the norm before attention of `layer`, (d_model,) float32."""
+        return self._gain(self.input_norm(layer))
+
+    def qk_norm_gains(self, layer: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """The gains (head_dim,) float32 of the per-head query and key norms of `layer` (Qwen3, Gemma 3), or None
+        where the layer has none."""
+        paths = self.spec.qk_norms
+        block = self.layers[layer]
+        try:
+            norms = [_get(block, path) for path in paths] if paths else None
+        except AttributeError:  # a family entry whose older members lack them (Gemma 2 beside Gemma 3)
+            return None
+        if norms is None:
+            return None
+        return tuple(self.spec.gain(getattr(n, "weight", None), self.head_dim, self.device) for n in norms)  # type: ignore[return-value]
+
     def o_bias(self, layer: int) -> torch.Tensor | None:
         return getattr(self.o_proj(layer), "bias", None)
 
