@@ -75,19 +75,23 @@ class HeadlensClient:
         token = token if token is not None else os.environ.get("HEADLENS_TOKEN") or None
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         if self.base_url == INPROCESS:
-            from starlette.testclient import TestClient
+            from starlette import testclient
 
-            self._http: httpx.Client = TestClient(inprocess_app(), base_url="http://inprocess",
-                                                  raise_server_exceptions=False, headers=headers)
-            self._http.timeout = httpx.Timeout(timeout)
+            # Starlette's TestClient is built on whichever of httpx / httpx2 it found (httpx2 once
+            # huggingface_hub pulls it in): its timeout and errors are that module's, not ours.
+            self._http: Any = testclient.TestClient(inprocess_app(), base_url="http://inprocess",
+                                                    raise_server_exceptions=False, headers=headers)
+            self._http.timeout = timeout
+            self._transport_errors = (httpx.TransportError, testclient.httpx.TransportError)
         else:
             self._http = httpx.Client(base_url=self.base_url, headers=headers, timeout=timeout)
+            self._transport_errors = (httpx.TransportError,)
 
     # -- plumbing -------------------------------------------------------------------------------------
     def _request(self, method: str, path: str, raw: bool = False, **kw: Any) -> Any:
         try:
             r = self._http.request(method, path, **kw)
-        except httpx.TransportError as e:
+        except self._transport_errors as e:
             raise ClientError(f"cannot reach the headlens service at {self.base_url} ({type(e).__name__}: {e}); "
                               f"start it with `python -m backend serve` or set HEADLENS_BACKEND_URL") from None
         if r.status_code >= 400:
