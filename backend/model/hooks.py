@@ -35,6 +35,7 @@ class Trace:
     hidden:      per layer, the decoder layer's output at the last token, (batch, d_model).
     embed:       the input of decoder layer 0 (the embeddings) at the last token, (batch, d_model), captured with
                  `hidden` (before any injection there); with `hidden[:-1]`, the input of every decoder layer.
+    Everything is on the model's device (`lm.device`, the unembedding's), also for a model spread over devices.
     """
 
     z_last: list[torch.Tensor | None] = field(default_factory=list)
@@ -84,20 +85,23 @@ def hooked(
                in the context (decoding steps over the KV cache) run untouched. Captures follow the same rule.
     """
     trace = Trace(z_last=[None] * lm.n_layers, hidden=[None] * lm.n_layers, write_scale=[None] * lm.n_layers)
+    dev = lm.device  # the one device of the trace (a device map's layers capture on their own: gathered here)
     items: list[Intervention] = []
     if capture_hidden:
-        items.append(Record("layer_in", lambda _, x: setattr(trace, "embed", take_last(x, last).clone()), at=[0]))
+        items.append(Record("layer_in", lambda _, x: setattr(trace, "embed", take_last(x, last).clone().to(dev)),
+                            at=[0]))
     if inject:
         items += injection(lm, inject, inject_positions, last)
     if head_mask is not None:
         items.append(HeadMask(head_mask, head_fill, at=mask_scope, last=last))
     if capture_z:
-        items.append(Capture("z", last=last, into=trace.z_last))
+        items.append(Capture("z", last=last, into=trace.z_last, device=dev))
         if lm.spec.post_attn_norm:
-            items.append(WriteScale(trace.write_scale, last))
+            items.append(WriteScale(trace.write_scale, last, device=dev))
     if capture_hidden:
-        items.append(Capture("layer_out", last=last, into=trace.hidden))
+        items.append(Capture("layer_out", last=last, into=trace.hidden, device=dev))
     if capture_resid_final:
-        items.append(Record("final_in", lambda _, x: setattr(trace, "resid_final", take_last(x, last).clone())))
+        items.append(Record("final_in", lambda _, x: setattr(trace, "resid_final",
+                                                             take_last(x, last).clone().to(dev))))
     with intervene(lm, items, prefill_only=prefill_only):
         yield trace

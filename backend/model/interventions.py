@@ -16,6 +16,14 @@ This is the only module that registers a hook on a model (tests/unit/test_interv
 
 Positions: batches are left-padded, so each row's last prompt token is at -1; with right padding, `last` (b,) gives
 each row's index of it (`take_last`, `replace_last`, `add_at`).
+
+Devices: a model spread over several devices (`device_map="auto"`: accelerate puts each decoder layer, the embeddings,
+the final norm and the head on a device of their own and moves each block's inputs there) has no one device. Every
+hook works on its module's device (`module_device`: accelerate's execution device where the module has a hook, else
+its weights'): a pre-hook moves its input there first, as accelerate will, and every tensor an intervention brings
+(a head mask and its fill, an added vector, a replacement, a skipped layer's output, `last`) is moved to the
+activation's device when it acts, whatever device the analysis made it on. Captures stay on their module's device;
+`Skip` keeps the forward a hook library installed on the layer (accelerate's) and puts it back on exit.
 """
 from __future__ import annotations
 
@@ -60,7 +68,7 @@ def add_at(x: torch.Tensor, v: torch.Tensor, offsets: Sequence[int], last: torch
 
 def replace_last(x: torch.Tensor, new: torch.Tensor, last: torch.Tensor | None) -> torch.Tensor:
     """x with each row's last prompt token replaced by `new`, without editing x: (b, s, d), (b, d)."""
-    new = new.to(x.dtype)
+    new = new.to(device=x.device, dtype=x.dtype)
     if last is None:
         return torch.cat([x[:, :-1], new.unsqueeze(1)], dim=1)
     sel = torch.nn.functional.one_hot(last.to(x.device), x.shape[1]).bool()[..., None]  # (b, s, 1)
@@ -71,8 +79,8 @@ def mask_heads(z: torch.Tensor, m: torch.Tensor, fill: torch.Tensor | None) -> t
     """The head-mask formula, z' = m z + (1 - m) fill per head (fill None: z' = m z).
 
     z (..., H, dh); m (..., H) broadcastable to z's leading axes (1 keeps a head, 0 ablates it); fill (H, dh)."""
-    mm = m.to(z.dtype)[..., None]
-    return mm * z if fill is None else mm * z + (1 - mm) * fill.to(z.dtype)
+    mm = m.to(device=z.device, dtype=z.dtype)[..., None]
+    return mm * z if fill is None else mm * z + (1 - mm) * fill.to(device=z.device, dtype=z.dtype)
 
 
 # -- the interventions ---------------------------------------------------------------------------------------------
@@ -114,13 +122,15 @@ class Record(Intervention):
 @dataclass(eq=False)
 class Capture(Intervention):
     """Keep a copy of the activation at `site` at each row's last prompt token, (b, ...), in `got[layer]` (layer None
-    for "final_in"), or into `into` (a list or dict indexed by layer) when given. `at`: the layers (None: all)."""
+    for "final_in"), or into `into` (a list or dict indexed by layer) when given. `at`: the layers (None: all).
+    `device`: where the copies go (None: the module's device; a model spread over devices gathers them on one)."""
 
     site: Site
     at: Sequence[int] | None = None
     last: torch.Tensor | None = None
     into: Any = None
     got: dict = field(default_factory=dict)
+    device: torch.device | None = None
 
     def __post_init__(self) -> None:
         if self.into is None:
@@ -130,18 +140,19 @@ class Capture(Intervention):
         return _chosen(self.site, self.at, lm)
 
     def act(self, x: torch.Tensor, layer: int | None) -> None:
-        self.into[layer] = take_last(x, self.last).clone()
+        self.into[layer] = _on(take_last(x, self.last).clone(), self.device)
 
 
 @dataclass(eq=False)
 class WriteScale(Intervention):
     """The post-attention norm (Gemma 2 / 3) linearised at the last token, into[layer] = g / rms(x) (b, d) float32,
     x the norm's input (the summed head writes plus the bias): a head's write is (z_h @ W_O[h]) * scale. Every layer
-    (the family must have the norm)."""
+    (the family must have the norm). `device`: where the scales go (None: the module's device)."""
 
     into: Any
     last: torch.Tensor | None = None
     site: Site = "post_attn_in"
+    device: torch.device | None = None
     norms: dict = field(default_factory=dict)  # layer -> (gain g (d,) float32, eps), read by `layers`
 
     def layers(self, lm: LoadedModel) -> Sequence[int | None]:
@@ -153,7 +164,7 @@ class WriteScale(Intervention):
     def act(self, x: torch.Tensor, layer: int | None) -> None:
         gain, eps = self.norms[layer]
         x = take_last(x, self.last).float()
-        self.into[layer] = gain.to(x.device) * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
+        self.into[layer] = _on(gain.to(x.device) * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps), self.device)
 
 
 @dataclass(eq=False)
@@ -240,7 +251,7 @@ class Replace(Intervention):
         return [self.layer]
 
     def act(self, x: torch.Tensor, layer: int | None) -> torch.Tensor:
-        return self.value
+        return self.value.to(x.device)
 
 
 @dataclass(eq=False)
@@ -306,6 +317,26 @@ def _through(*args: Any, **kwargs: Any) -> Any:
     return _input(args, kwargs)
 
 
+def module_device(module: torch.nn.Module) -> torch.device | None:
+    """Where `module` computes: accelerate's execution device when a hook of a device map (`hf_device_map`) is on it,
+    else the device of its first weight or buffer; None for a module that holds neither (its input decides)."""
+    hook = getattr(module, "_hf_hook", None)
+    dev = getattr(hook, "execution_device", None)
+    if isinstance(dev, dict):  # a hook of several modules: its entry for the module's own weights
+        dev = next(iter(dev.values()), None)
+    if dev is not None:
+        return torch.device(f"cuda:{dev}" if isinstance(dev, int) else dev)
+    for t in module.parameters():
+        return t.device
+    for t in module.buffers():
+        return t.device
+    return None
+
+
+def _on(x: torch.Tensor, device: torch.device | None) -> torch.Tensor:
+    return x if device is None or x.device == device else x.to(device)
+
+
 @contextmanager
 def intervene(lm: LoadedModel, items: Sequence[Intervention | Skip], *, prefill_only: bool = False
               ) -> Iterator[Applied]:
@@ -327,13 +358,17 @@ def intervene(lm: LoadedModel, items: Sequence[Intervention | Skip], *, prefill_
     def count(module: torch.nn.Module, args: tuple, kwargs: dict) -> None:
         state.passes += 1
 
-    def pre(it: Intervention, layer: int | None) -> Callable:
+    def pre(it: Intervention, layer: int | None, device: torch.device | None) -> Callable:
         act = it.act
 
         def hook(module: torch.nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict] | None:
             if prefill_only and state.passes > 1:
                 return None
-            new = act(args[0] if args else kwargs["hidden_states"], layer)
+            x = args[0] if args else kwargs["hidden_states"]
+            moved = _on(x, device)  # the previous block's device under a device map: the module's, as accelerate will
+            new = act(moved, layer)
+            if new is None:
+                new = None if moved is x else moved
             return None if new is None else _with_input(args, kwargs, new)
         return hook
 
@@ -362,15 +397,17 @@ def intervene(lm: LoadedModel, items: Sequence[Intervention | Skip], *, prefill_
             if it.site == "layer_out":
                 handles.append(module.register_forward_hook(post(it, layer)))
             else:
-                handles.append(module.register_forward_pre_hook(pre(it, layer), with_kwargs=True))
+                handles.append(module.register_forward_pre_hook(pre(it, layer, module_device(module)),
+                                                                with_kwargs=True))
         for it in items:
             if isinstance(it, Skip):
                 at = list(it.at)
                 for i in at:
                     layer_module = lm.layers[i]
-                    skipped.append(layer_module)
+                    if all(m is not layer_module for m, _ in skipped):  # its own forward: accelerate's, if any
+                        skipped.append((layer_module, layer_module.__dict__.get("forward")))
                     if it.output is not None and i == at[-1]:
-                        out = it.output
+                        out = _on(it.output, module_device(layer_module))
                         layer_module.forward = lambda *a, _o=out, **k: _o
                     else:
                         layer_module.forward = _through
@@ -378,8 +415,11 @@ def intervene(lm: LoadedModel, items: Sequence[Intervention | Skip], *, prefill_
     finally:
         for h in handles:
             h.remove()
-        for module in skipped:
-            module.__dict__.pop("forward", None)
+        for module, forward in reversed(skipped):
+            if forward is None:
+                module.__dict__.pop("forward", None)
+            else:
+                module.forward = forward
 
 
 _CHECKED: "weakref.WeakSet[torch.nn.Module]" = weakref.WeakSet()
