@@ -266,6 +266,25 @@ def test_a_toggle_on_prompts_whose_prefix_is_held_is_estimated_at_its_token_step
     STORE.clear()
 
 
+def test_an_ablation_curve_after_its_head_map_is_estimated_without_the_head_scores():
+    """Issue 35: the curve reads its rankings from the cached head scores of the same prompts (the Head map's), so
+    once they are cached its estimate leaves that stage out of the seconds (not of the work); other prompts keep it."""
+    from starlette.testclient import TestClient
+
+    from backend.service.app import create_app
+
+    common = {"model": "default", "task": "syn-antonym", "shots": 2, "prompts": 5, "seed": 3}
+    curve = {"kind": "ablation_curves", **common, "orders": ["tr"], "ks": [0, 2]}  # every position: no prefix held
+    with TestClient(create_app()) as c:
+        cold = c.post("/jobs/estimate", json=curve).json()
+        assert _service_wait(c, c.post("/jobs", json={"kind": "head_maps", **common}).json()["id"])["status"] == "done"
+        warm = c.post("/jobs/estimate", json=curve).json()
+        other = c.post("/jobs/estimate", json={**curve, "seed": 4}).json()
+    assert cold["held_tokens"] == 0 and other["held_tokens"] == 0 and warm["held_tokens"] > 0, (cold, warm)
+    assert warm["tokens"] == cold["tokens"] and warm["units"] < cold["units"], (cold, warm)
+    assert "held in memory" in warm["how"]
+
+
 def test_a_job_asked_to_give_way_goes_on_when_the_toggle_is_cancelled_first():
     h = Harness()
     try:

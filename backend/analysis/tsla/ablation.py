@@ -63,6 +63,15 @@ class AblationCurvesParams(PromptParams):
         w = get_kind("head_scores").params(shots=self.shots, prompts=self.prompts).work(shape, sizes).named("head scores")
         return w + _run(self, shape, sizes, rankings * len(ks), f"{rankings} rankings x {len(ks)} values of k")
 
+    def held(self, lm: Any, task: Any) -> set[str]:
+        """The parts of `work` the resident model `lm` will skip: the head scores when the same prompts' are cached
+        (the Head map's: `head_orders` reads them, nothing is computed), and at the last token the clean prefix an
+        earlier pass kept (`AblateParams.held`)."""
+        got = _held(self, lm, task)
+        if lm is not None and task is not None and _scores_cached(self, lm, task):
+            got.add("head scores")
+        return got
+
 
 class AblateParams(PromptParams):
     """kind `ablate`: ablate one head set; metrics and per-prompt rows before and after."""
@@ -80,6 +89,18 @@ class AblateParams(PromptParams):
     mode: o.Mode = "zero"
     positions: o.Positions = "all"
     batch_size: Int = Field(o.CONFIG_BATCH_SIZE, ge=1, le=1024)
+
+
+def _scores_cached(p: Any, lm: Any, task: Any) -> bool:
+    """Whether `head_orders`' call of head_scores on these prompts (or the head_maps it reads) is cached; never
+    computes."""
+    from ..kernel import lookup
+
+    same = {"shots": p.shots, "prompts": p.prompts, "seed": p.seed, "batch_size": p.batch_size}
+    try:
+        return any(lookup(kind, lm, task, **same) is not None for kind in ("head_scores", "head_maps"))
+    except Exception:  # a store that cannot be read, a task that cannot be keyed: counted as computed
+        return False
 
 
 def _held(p: Any, lm: Any, task: Any) -> set[str]:
