@@ -81,7 +81,9 @@ class JobProgress:
 
 def make_executor(pool: Any, tasks: Any = None) -> Executor:
     """An executor of admitted jobs (`admit.Admission`) with models from `pool`: the kernel gets the admission's
-    params, key and plan; a computed result's wall seconds (the model's load left out) go to `timing.record`."""
+    params, key and plan; a computed result's wall seconds (the model's load left out) go to `timing.record`. A model
+    loaded for the job has its CPU thread count probed then (`threads.best_threads`, cached 10 minutes; nothing on a
+    GPU), with the load's time, so the first toggle after a load is not the one that pays it."""
     def execute(a: Any, progress: Progress) -> dict[str, Any]:
         from ..analysis.kernel import analyze
         from .timing import LOAD, record
@@ -91,6 +93,11 @@ def make_executor(pool: Any, tasks: Any = None) -> Executor:
         resident, t0 = a.spec.uses_model and pool.peek(a.model, *at) is not None, time.perf_counter()
         lm = pool.get(a.model, *at) if a.spec.uses_model else None
         if a.spec.uses_model and not resident:  # what loading it took: a later first job's estimate adds it
+            from ..analysis.primitives.threads import best_threads
+            from ..model.loading import LoadedModel
+
+            if isinstance(lm, LoadedModel):  # the CPU's thread probe, with the load: a first toggle does not pay it
+                best_threads(lm)
             record(a.model, LOAD, 1.0, time.perf_counter() - t0)
         warm, t0 = a.spec.module in sys.modules, time.perf_counter()  # a first run imports its kind: not timed
         key = a.keyed_by(lm) if lm is not None and hasattr(a, "keyed_by") else a.key  # its model's fingerprint now
