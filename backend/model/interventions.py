@@ -321,7 +321,8 @@ def module_device(module: torch.nn.Module) -> torch.device | None:
     """Where `module` computes: accelerate's execution device when a hook of a device map (`hf_device_map`) is on it,
     else the device of its first weight or buffer; None for a module that holds neither (its input decides)."""
     hook = getattr(module, "_hf_hook", None)
-    dev = getattr(hook, "execution_device", None)
+    chain = getattr(hook, "hooks", None) or [hook]  # accelerate's SequentialHook holds several
+    dev = next((d for h in chain if (d := getattr(h, "execution_device", None)) is not None), None)
     if isinstance(dev, dict):  # a hook of several modules: its entry for the module's own weights
         dev = next(iter(dev.values()), None)
     if dev is not None:

@@ -141,3 +141,14 @@ def test_skip_keeps_accelerate_s_forward_and_moves_its_output(spread):
     assert got[2].device == META
     assert [l.__dict__.get("forward") for l in lm.layers] == wrapped
     assert _forward(lm, batch).device == META  # layer 1's hook moves the CPU input again
+
+
+def test_module_device_reads_accelerate_s_hooks_before_the_weights():
+    """An offloaded block keeps its weights on `meta` and computes on its execution device; a GPU index means cuda:N;
+    a SequentialHook's first hook with a device decides; a module without hook, weights or buffers has none."""
+    lin = torch.nn.Linear(2, 2, device="meta")
+    lin._hf_hook = hooks.AlignDevicesHook(execution_device="cpu", offload=True)  # as add_hook_to_module sets it
+    assert module_device(lin) == CPU
+    lin._hf_hook = hooks.SequentialHook(hooks.ModelHook(), hooks.AlignDevicesHook(execution_device=1))
+    assert module_device(lin) == torch.device("cuda:1")
+    assert module_device(torch.nn.Linear(2, 2, device="meta")) == META and module_device(torch.nn.ReLU()) is None
