@@ -143,6 +143,15 @@ class RecordingStore:
         self.puts[key] = value
 
 
+def not_on_this_host(info: dict[str, Any], why: str) -> str:
+    """The sentence of a worker host that cannot load a model the service's host has: headlens never pulls a model
+    on a worker host; the models folder must be one every host shares (or a copy at the same path)."""
+    where = f"{info.get('node_ip') or '?'} ({info.get('host') or '?'})"
+    return (f"Ray host {where} cannot load the model: {why}. headlens does not pull or copy models onto worker "
+            f"hosts: put HEADLENS_MODELS_DIR ({os.environ.get('HEADLENS_MODELS_DIR') or 'models/pulled/'}) and any "
+            f"model folder on a folder every host shares, at the same path, or copy them there")
+
+
 class ModelWorker:
     """The actor: holds one model (loaded on first use) and runs analyses on it, one job at a time.
 
@@ -170,9 +179,13 @@ class ModelWorker:
 
     def _model_obj(self) -> Any:
         if self._lm is None and self._model is not None:
-            from ..model.loading import load_model
+            from ..model.loading import ModelLoadError, load_model
 
-            self._lm = load_model(self._model, device=self._device, dtype=self._dtype, device_map=self._device_map)
+            try:
+                self._lm = load_model(self._model, device=self._device, dtype=self._dtype,
+                                      device_map=self._device_map)
+            except ModelLoadError as e:  # the service's host has the model (admission checked): this one has not
+                raise ModelLoadError(not_on_this_host(self.info(), str(e))) from None
         return self._lm
 
     def poll(self, call: str) -> tuple[float | None, str, Any]:
