@@ -87,13 +87,15 @@ class SitePatchingParams(PromptParams):
         return 0 if self.target == "zero_shot" else self.shots
 
     def work(self, shape: Shape, sizes: Sizes) -> Work:
-        """Clean and target prompts: one pass each; each cell one pass of a target prompt from its layer on
+        """Clean and target prompts: one pass each (per view); each cell one pass of a target prompt from its layer on
         ((L - l) / L of the model), cells batched `batch_size` rows a call."""
         n, L = sizes.n(self.prompts), max(shape.n_layers, 1)
         layers = sorted(set(self.layers)) if self.layers is not None else list(range(L))
         share = sum(max(L - l, 1) for l in layers) / (L * max(len(layers), 1))
         target = sizes.prompt(self.target_shots())
-        w = passes("clean prompts", n, sizes.prompt(self.shots)) + passes("target prompts", n, target)
+        twice = 2 if self.view == "both" else 1  # both views: the clean and target passes run for each site
+        w = (passes("clean prompts", n, sizes.prompt(self.shots), repeat=twice)
+             + passes("target prompts", n, target, repeat=twice))
         if self.view != "heads":
             c = n * len(layers) * self.columns(shape, sizes)
             w = w + passes("position patches", c, target * share, batch=self.batch_size)
@@ -111,7 +113,7 @@ class SitePatchingResult(Result):
     shots: int
     prompts: int
     target: str
-    site: str
+    site: str = Field(..., description="the position map's site (z for the heads map alone)")
     layers: list[int] = Field(..., description="the maps' rows: the layers patched")
     columns: list[str] = Field(default_factory=list, description="the position map's columns: roles or offsets")
     tokens: list[float] = Field(default_factory=list, description="per column, the mean tokens patched per prompt")
@@ -367,7 +369,8 @@ def site_patching(ctx: Context, p: SitePatchingParams) -> dict[str, Any]:
         ctx.warn(f"the clean and the {p.target.replace('_', ' ')} prompts give the same mean gold logit (gap "
                  f"{gap:.2g}): there is nothing to recover, so the recovered share is 0 everywhere")
     res: dict[str, Any] = {
-        "n_layers": L, "n_heads": H, "shots": built.shots, "prompts": built.n, "target": p.target, "site": p.site,
+        "n_layers": L, "n_heads": H, "shots": built.shots, "prompts": built.n, "target": p.target,
+        "site": "z" if p.view == "heads" else p.site,
         "layers": layers, "clean_logit": float(base.source_logit.mean()), "target_logit": float(base.target_logit.mean()),
         "gap": gap, "clean_prob": float(base.source_prob.mean()), "target_prob": float(base.target_prob.mean()),
         "multi_token_labels": sorted(set(clean.multi_token) | set(target.multi_token))}
