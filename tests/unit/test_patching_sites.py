@@ -205,3 +205,18 @@ def test_a_patch_of_the_wrong_shape_is_refused(gpt2_tokenizer):
         lm.model(input_ids=ids)
     with pytest.raises(BadInput, match="out of range"):
         SP.patch_sites(lm, [[1, 2]], [[1, 2]], [3], "layer_in", [9], [])
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_the_heads_map_at_the_last_token_is_activation_patching(gpt2_tokenizer, arch):
+    """One head's z at the last token, clean prompt i into target i: what `activation_patching` (paired) computes on
+    the configuration engine's last-token steps, here through full passes from the head's layer on."""
+    lm, task = _lm(arch, gpt2_tokenizer), _task()
+    common = dict(cache=False, shots=2, prompts=5, target="random_labels")
+    r = analyze("site_patching", lm, task, view="heads", position="last", **common)
+    ap = analyze("activation_patching", lm, task, patch="paired", top_k=2, **common)
+    np.testing.assert_allclose(r.head_logit_gain, ap.logit_gain, atol=1e-4, rtol=0)
+    np.testing.assert_allclose(r.head_prob_gain, ap.prob_gain, atol=1e-5, rtol=0)
+    np.testing.assert_allclose(r.head_logit_gain_se, ap.logit_gain_se, atol=1e-4, rtol=0)
+    assert r.clean_logit == pytest.approx(ap.clean_logit, abs=1e-4) and r.gap == pytest.approx(ap.gap, abs=1e-4)
+    assert np.abs(r.head_logit_gain).max() > 1e-3
