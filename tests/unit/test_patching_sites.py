@@ -209,14 +209,25 @@ def test_a_patch_of_the_wrong_shape_is_refused(gpt2_tokenizer):
 
 @pytest.mark.parametrize("arch", ARCHS)
 def test_the_heads_map_at_the_last_token_is_activation_patching(gpt2_tokenizer, arch):
-    """One head's z at the last token, clean prompt i into target i: what `activation_patching` (paired) computes on
-    the configuration engine's last-token steps, here through full passes from the head's layer on."""
+    """One head's z at the last token, clean prompt i into target i, through full passes from the head's layer on
+    (`patch_sites`), equals `activation_patching` (paired) on the configuration engine's last-token steps, which is
+    what the kind runs for a heads map at the last token; at another position it runs the full passes."""
     lm, task = _lm(arch, gpt2_tokenizer), _task()
     common = dict(cache=False, shots=2, prompts=5, target="random_labels")
-    r = analyze("site_patching", lm, task, view="heads", position="last", **common)
     ap = analyze("activation_patching", lm, task, patch="paired", top_k=2, **common)
-    np.testing.assert_allclose(r.head_logit_gain, ap.logit_gain, atol=1e-4, rtol=0)
-    np.testing.assert_allclose(r.head_prob_gain, ap.prob_gain, atol=1e-5, rtol=0)
+    clean, corrupt = _encoded(lm, task, shots=2, n=5)
+    plan = _plan(lm, clean, corrupt, task, ["last"])[1:]
+    full = SP.patch_sites(lm, clean.ids, corrupt.ids, gold_ids(corrupt), "z", list(range(lm.n_layers)), plan,
+                          batch_size=8)[0]
+    gain = (full.logit - full.target_logit).mean(-1)
+    np.testing.assert_allclose(gain, ap.logit_gain, atol=1e-4, rtol=0)
+    np.testing.assert_allclose((full.prob - full.target_prob).mean(-1), ap.prob_gain, atol=1e-5, rtol=0)
+    assert np.abs(gain).max() > 1e-3
+    r = analyze("site_patching", lm, task, view="heads", position="last", **common)
+    np.testing.assert_allclose(r.head_logit_gain, gain, atol=1e-4, rtol=0)
     np.testing.assert_allclose(r.head_logit_gain_se, ap.logit_gain_se, atol=1e-4, rtol=0)
     assert r.clean_logit == pytest.approx(ap.clean_logit, abs=1e-4) and r.gap == pytest.approx(ap.gap, abs=1e-4)
-    assert np.abs(r.head_logit_gain).max() > 1e-3
+    sub = analyze("site_patching", lm, task, view="heads", position="-1", layers=[1], **common)
+    np.testing.assert_allclose(sub.head_recovered, r.head_recovered[1:], atol=1e-6)
+    other = analyze("site_patching", lm, task, view="heads", position="query", **common)  # full passes
+    assert other.head_tokens == 1.0 and other.head_recovered.shape == (lm.n_layers, lm.n_heads)

@@ -42,8 +42,9 @@ from ..kernel import Context
 from ..params import Int, Layer, PromptParams
 from ..primitives import roles as R
 from ..primitives.batching import Encoded, Progress, build_prompts, encode, make_batch
-from ..primitives.cost import Shape, Sizes, Work, passes
-from ..primitives.patch import Target, gold_ids, recovered_share, recovered_stderr, target_prompts
+from ..primitives.cost import NONE, Shape, Sizes, Work, passes, steps
+from ..primitives.capture import capture
+from ..primitives.patch import Target, gold_ids, patch_heads, recovered_share, recovered_stderr, target_prompts
 from ..primitives.stages import planned
 from ..primitives.stats import stderr
 from ..primitives.stopping import check
@@ -83,25 +84,33 @@ class SitePatchingParams(PromptParams):
             return max(1, min(self.max_positions, int(sizes.prompt(self.target_shots()))))
         return self.target_shots() + 3  # each label, the separators, the query, the last token
 
+    def last_token_heads(self) -> bool:
+        """Whether the heads map is at the last token: then it runs on the configuration engine's one-token steps."""
+        return self.position in ("last", "-1")
+
     def target_shots(self) -> int:
         return 0 if self.target == "zero_shot" else self.shots
 
     def work(self, shape: Shape, sizes: Sizes) -> Work:
-        """Clean and target prompts: one pass each (per view); each cell one pass of a target prompt from its layer on
-        ((L - l) / L of the model), cells batched `batch_size` rows a call."""
+        """Per view, the clean and the target prompts: one pass each; the position map: each cell one pass of a
+        target prompt from its layer on ((L - l) / L of the model), `batch_size` rows a call; the heads map: the same
+        per head, or at the last token the configuration engine's (z captured and the clean prompts scored: 2 passes;
+        the target's prefix: 1; one token step per head and prompt, from its layer on)."""
         n, L = sizes.n(self.prompts), max(shape.n_layers, 1)
         layers = sorted(set(self.layers)) if self.layers is not None else list(range(L))
         share = sum(max(L - l, 1) for l in layers) / (L * max(len(layers), 1))
-        target = sizes.prompt(self.target_shots())
-        twice = 2 if self.view == "both" else 1  # both views: the clean and target passes run for each site
-        w = (passes("clean prompts", n, sizes.prompt(self.shots), repeat=twice)
-             + passes("target prompts", n, target, repeat=twice))
+        clean, target = sizes.prompt(self.shots), sizes.prompt(self.target_shots())
+        w = NONE
         if self.view != "heads":
-            c = n * len(layers) * self.columns(shape, sizes)
-            w = w + passes("position patches", c, target * share, batch=self.batch_size)
-        if self.view != "positions":
-            c = n * len(layers) * shape.n_heads
-            w = w + passes("head patches", c, target * share, batch=self.batch_size)
+            w = passes("clean prompts", n, clean) + passes("target prompts", n, target)
+            w = w + passes("position patches", n * len(layers) * self.columns(shape, sizes), target * share,
+                           batch=self.batch_size)
+        if self.view != "positions" and self.last_token_heads():
+            w = (w + passes("clean prompts", 2 * n, clean) + passes("target prompts", n, target)
+                 + steps("head patches", n * (shape.heads + 1), share=(L + 1) / (2 * L)))
+        elif self.view != "positions":
+            w = (w + passes("clean prompts", n, clean) + passes("target prompts", n, target)
+                 + passes("head patches", n * len(layers) * shape.n_heads, target * share, batch=self.batch_size))
         return w
 
 
@@ -308,6 +317,21 @@ def _maps(runs: Runs, rows: int, cols: int) -> dict[str, np.ndarray]:
             "prob_gain_se": stderr((prob - runs.target_prob[None]).T).reshape(rows, cols)}
 
 
+def _last_token_heads(lm: LoadedModel, clean: Encoded, target: Encoded, layers: Sequence[int], batch_size: int,
+                      progress: Progress) -> Runs:
+    """The heads map at the last token on the configuration engine (`patch.patch_heads`, paired: one token step per
+    head and prompt over the target's cached prefix, as `activation_patching`): the same numbers as full passes
+    (tests/unit/test_patching_sites.py), for every head of the model, then the rows of `layers`."""
+    L, H, N = lm.n_layers, lm.n_heads, len(target.ids)
+    z = capture(lm, clean, "z", reduce="rows", batch_size=batch_size, progress=lambda f, m="": progress(0.2 * f, m))
+    base = patch_heads(lm, clean, None, batch_size=batch_size)
+    runs = patch_heads(lm, target, z.to(lm.device), batch_size=batch_size,
+                       progress=lambda f, m="": progress(0.2 + 0.8 * f, m))
+    rows = list(layers)
+    return Runs(base.gold_logit[0], base.gold_prob[0], runs.gold_logit[0], runs.gold_prob[0],
+                runs.per_head().reshape(L, H, N)[rows], runs.per_head("gold_prob").reshape(L, H, N)[rows])
+
+
 def site_patching(ctx: Context, p: SitePatchingParams) -> dict[str, Any]:
     """The site's layer x position map and / or z's layer x head map at `position`, clean into target."""
     lm, task = ctx.lm, ctx.task
@@ -347,22 +371,21 @@ def site_patching(ctx: Context, p: SitePatchingParams) -> dict[str, Any]:
                 ctx.warn(f"positions {', '.join(gone)} are left out: some prompts lack them")
         cols = columns_of(names, rt, rc)
         plan.append(Cells(cols, [(c, None) for c in range(len(names))]))
-    if p.view != "positions":
+    if p.view != "positions" and not p.last_token_heads():
         head_col = columns_of([p.position], rt, rc)
         plan.append(Cells(head_col, [(0, h) for h in range(H)]))
     lo, hi = share["clean prompts"][0], 1.0
-    if p.view == "positions":
-        runs = patch_sites(lm, clean.ids, target.ids, gold_ids(target), SITES[p.site], layers, plan,
-                           batch_size=p.batch_size, progress=ctx.stage(lo, hi, "patching"))
-    elif p.view == "heads":
-        runs = patch_sites(lm, clean.ids, target.ids, gold_ids(target), "z", layers, plan,
-                           batch_size=p.batch_size, progress=ctx.stage(lo, hi, "patching heads"))
-    else:  # two sites: the position map's, then z's heads (the clean and target passes run for each)
-        mid = share["head patches"][0]
-        runs = patch_sites(lm, clean.ids, target.ids, gold_ids(target), SITES[p.site], layers, plan[:1],
-                           batch_size=p.batch_size, progress=ctx.stage(lo, mid, "patching positions"))
-        runs += patch_sites(lm, clean.ids, target.ids, gold_ids(target), "z", layers, plan[1:],
-                            batch_size=p.batch_size, progress=ctx.stage(mid, hi, "patching heads"))
+    mid = share["head patches"][0] if p.view == "both" else hi
+    runs: list[Runs] = []
+    if p.view != "heads":
+        runs += patch_sites(lm, clean.ids, target.ids, gold_ids(target), SITES[p.site], layers, plan[:1],
+                            batch_size=p.batch_size, progress=ctx.stage(lo, mid, "patching positions"))
+    hlo = lo if p.view == "heads" else mid
+    if p.view != "positions" and p.last_token_heads():
+        runs.append(_last_token_heads(lm, clean, target, layers, p.batch_size, ctx.stage(hlo, hi, "patching heads")))
+    elif p.view != "positions":
+        runs += patch_sites(lm, clean.ids, target.ids, gold_ids(target), "z", layers, plan[-1:],
+                            batch_size=p.batch_size, progress=ctx.stage(hlo, hi, "patching heads"))
     base = runs[0]
     gap = float(np.mean(base.source_logit - base.target_logit))
     if abs(gap) < 1e-6:
@@ -381,5 +404,5 @@ def site_patching(ctx: Context, p: SitePatchingParams) -> dict[str, Any]:
         k = 1
     if p.view != "positions":
         res.update({f"head_{n}": v for n, v in _maps(runs[k], len(layers), H).items()}, position=p.position,
-                   head_tokens=float(np.mean([len(x) for x in plan[-1].columns[0]])))
+                   head_tokens=1.0 if p.last_token_heads() else float(np.mean([len(x) for x in plan[-1].columns[0]])))
     return res
