@@ -1,5 +1,5 @@
 """The Head map's site-patching section (kind `site_patching`): Streamlit's AppTest of the page, the in-process
-service, the default model. Before Run it computes nothing; after Run its layer x position and layer x head maps
+service, the default model. Closed, it draws nothing; open, before Run it computes nothing; after Run its layer x position and layer x head maps
 show the service's recovered shares (the hover their standard errors), and its Copy as Python names
 `site_patching`."""
 from __future__ import annotations
@@ -17,6 +17,9 @@ def test_head_map_site_patching_section(inprocess, task_name):  # noqa: F811 - t
     at = page(HEAD_MAP, model=MODEL, task=task_name, **SMALL)
     at.run()
     assert_clean(at)
+    assert not any("layer × position and layer × head" in i.value for i in at.info)  # closed: nothing of it drawn
+    at.toggle(key="w_sp").set_value(True).run()
+    assert any("layer × position and layer × head" in i.value for i in at.info)
     assert not [el for el in at.get("plotly_chart") if el.proto.id.endswith("sp_positions")]  # nothing before Run
     at.selectbox(key="w_sp_site").set_value("mlp_out").run()
     at.button(key="run_site_patching").click().run()

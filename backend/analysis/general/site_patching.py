@@ -32,7 +32,7 @@ from typing import Any, ClassVar, Literal, Sequence
 
 import numpy as np
 import torch
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from ...errors import BadInput
 from ...model.interventions import Patch, Record, intervene, skip_below
@@ -77,6 +77,11 @@ class SitePatchingParams(PromptParams):
     layers: list[Layer] | None = Field(None, max_length=256, description="the layers patched (default: all)")
     batch_size: Int = Field(16, ge=1, le=1024, description="rows per forward pass: prompts x cells (speed only)")
     not_in_key: ClassVar[frozenset[str]] = frozenset({"batch_size"})
+
+    @field_validator("position")
+    @classmethod
+    def _position(cls, v: str) -> str:
+        return R.check_name(v)  # a name no prompt could have is refused at admission
 
     def columns(self, shape: Shape, sizes: Sizes) -> int:
         """The map's columns (an upper bound before the prompts are tokenised)."""

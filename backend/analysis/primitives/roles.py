@@ -25,13 +25,16 @@ import re
 from dataclasses import dataclass
 from typing import Sequence
 
+from ...errors import BadInput
+
 PRIORITY = ("label", "query", "input", "separator")
 ROLES = ("last", "query", "separator", "label", "input")
 """Roles a position may be named by, besides `label:j` / `input:j` (one demonstration's) and `-n` (an offset)."""
 
 
-class RoleError(ValueError):
-    """A position role that does not exist in a prompt, or a prompt whose roles cannot be read."""
+class RoleError(BadInput):
+    """A position role that does not exist in a prompt, or a prompt whose roles cannot be read (a BadInput: the
+    user's choice of position, answered in one sentence)."""
 
 
 @dataclass(frozen=True)
