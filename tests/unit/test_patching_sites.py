@@ -231,3 +231,13 @@ def test_the_heads_map_at_the_last_token_is_activation_patching(gpt2_tokenizer, 
     np.testing.assert_allclose(sub.head_recovered, r.head_recovered[1:], atol=1e-6)
     other = analyze("site_patching", lm, task, view="heads", position="query", **common)  # full passes
     assert other.head_tokens == 1.0 and other.head_recovered.shape == (lm.n_layers, lm.n_heads)
+
+
+def test_corrupted_prompts_equal_to_their_clean_ones_are_warned_about(gpt2_tokenizer):
+    lm = _lm("llama", gpt2_tokenizer)
+    task = Task("tiny-two", "classification", [(w, "yes" if i % 2 else "no") for i, w in enumerate(WORDS)],
+                Template("Q: {input} = {output} ;\n"))
+    r = analyze("site_patching", lm, task, cache=False, shots=1, prompts=6, target="random_labels", layers=[0])
+    clean = task.build_prompts(1, 6, 0)
+    same = sum(a.text == b.text for a, b in zip(clean, target_prompts(task, "random_labels", 1, 6, 0)))
+    assert same > 0 and any(f"{same} of 6 random labels prompts are their clean prompt" in w for w in r.warnings)

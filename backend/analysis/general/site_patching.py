@@ -359,6 +359,11 @@ def site_patching(ctx: Context, p: SitePatchingParams) -> dict[str, Any]:
     if gold_ids(clean) != gold_ids(target) or [q.query for q in clean.prompts] != [q.query for q in target.prompts]:
         raise TaskError(f"the {p.target.replace('_', ' ')} prompts do not pair with the clean ones (another query or "
                         f"gold token): nothing to patch")
+    same = sum(a == b for a, b in zip(clean.ids, target.ids))
+    if same:
+        ctx.warn(f"{same} of {built.n} {p.target.replace('_', ' ')} prompts are their clean prompt token for token "
+                 f"(e.g. random labels that drew the true ones): they have nothing to recover, and a standard error "
+                 f"over few differing prompts is small by construction")
     try:
         rc, rt = prompt_roles(lm, clean, task.template.text), prompt_roles(lm, target, task.template.text)
     except R.RoleError as e:
