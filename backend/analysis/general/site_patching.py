@@ -166,8 +166,8 @@ class Cells:
 
 @dataclass
 class Runs:
-    """Gold-token logits and probabilities (float64): `source`, `target` (prompts,); `patched` (layers, cells,
-    prompts)."""
+    """Gold-token logits and probabilities (float64): `source_*`, `target_*` (prompts,) the unpatched runs;
+    `logit`, `prob` (layers, cells, prompts) the patched ones."""
 
     source_logit: np.ndarray
     source_prob: np.ndarray
