@@ -152,6 +152,73 @@ if atp is not None:
         snippets.show("attribution_patching", atp_params, "r.atp            # numpy (layers, heads)\n"
                                                           "r.agreement.spearman, .recall, .missed, .planned_ratio")
 
+# -- patching at any site and position ----------------------------------------------------------------------------
+st.subheader("Patching at any site and position", divider="gray")
+st.caption("Exact activation patching beyond single heads at the last token: a site's clean activation at each layer "
+           "and position (named by role, since prompts differ in length) patched into the corrupted prompts, and "
+           "each head's z at one chosen position. Each cell: the share of the clean-minus-corrupted gold logit it "
+           "recovers, ± its standard error over prompts.")
+if st.toggle("Patch a site at every layer and position role", key="w_sp",
+             help="Opens the section (closed, the page asks the service for nothing of it)."):
+    sp1, sp2, sp3 = st.columns(3, vertical_alignment="bottom")
+    with sp1:
+        sp_site = st.selectbox("Site", ["resid_pre", "attn_out", "mlp_out", "z"], key="w_sp_site",
+                               help="resid_pre: the layer's input (0: the embeddings); attn_out / mlp_out: what "
+                                    "its attention / MLP adds to the residual stream (Gemma 2 / 3: after their "
+                                    "post-norms); z: every head's input to the output projection.")
+    with sp2:
+        sp_target = st.selectbox("Patched into", ["random_labels", "zero_shot", "shuffled_inputs", "flipped_labels"],
+                                 format_func=lambda t: t.replace("_", " "), key="w_sp_target",
+                                 help="The corrupted prompts: the same queries with random or flipped demonstration "
+                                      "labels, shuffled inputs, or no demonstrations.")
+    with sp3:
+        sp_pos = st.selectbox("Heads map at", ["last", "query", "separator", "label"], key="w_sp_position",
+                              help="The position of the layer × head map: the last token, the query's tokens, the "
+                                   "separators, or every demonstration's label tokens.")
+    sp_params = s.job(target=sp_target, site=sp_site, view="both", position=sp_pos)
+    sp = run(jobs.Job("site_patching", sp_params, "Patching sites and positions", "Site patching",
+                      slot="site_patching"),
+             f"Patch **{sp_site}** at every layer and position role, and each head's z at **{sp_pos}**, from the "
+             f"clean prompts into the **{sp_target.replace('_', ' ')}** ones · **{s.prompts}** prompts",
+             "One pass of a corrupted prompt per cell, from the patched layer on.", "site_patching",
+             "Press **Run** for the layer × position and layer × head maps.")
+    if sp is not None:
+        with guard("Site patching"):
+            import plotly.graph_objects as go
+
+            rows = [f"L{l}" for l in sp["layers"]]
+
+            def sp_heat(z, se, x, title, xtitle):
+                z, se = np.asarray(z, dtype=float), np.asarray(se, dtype=float)
+                text = [[f"{a:.3f} ± {b:.3f}" for a, b in zip(zr, sr)] for zr, sr in zip(z, se)]
+                fig = go.Figure(go.Heatmap(z=z, x=x, y=rows, customdata=text, colorscale="RdBu", zmid=0, xgap=1,
+                                           ygap=1, hovertemplate="%{y} %{x}: %{customdata}<extra></extra>"))
+                fig.update_layout(title=title, yaxis_autorange="reversed", xaxis_title=xtitle, yaxis_title="layer")
+                return figures.style_figure(fig, 460)
+
+            q = st.columns(3)
+            q[0].metric("Clean gold logit", f"{sp['clean_logit']:.3f}", border=True)
+            q[1].metric("Corrupted gold logit", f"{sp['target_logit']:.3f}", border=True)
+            q[2].metric("Gap to recover", f"{sp['gap']:.3f}", border=True,
+                        help="Clean minus corrupted mean gold logit: what a patch can recover (recovered 1 = all "
+                             "of it).")
+            left, right = st.columns(2)
+            left.plotly_chart(sp_heat(sp["recovered"], sp["recovered_se"], sp["columns"],
+                                      f"{sp['site']}: layer × position, recovered share{ctx}", "position (role)"),
+                              key="sp_positions")
+            right.plotly_chart(sp_heat(sp["head_recovered"], sp["head_recovered_se"], [f"H{h}" for h in range(H)],
+                                       f"z at {sp['position']}: layer × head, recovered share{ctx}", "head"),
+                               key="sp_heads")
+            share.numbers("Site patching", {"site": sp["site"], "target": sp["target"], "gap": sp["gap"],
+                                            "heads map position": sp["position"]})
+            st.caption("Positions are paired from the end of each role between a clean prompt and its corrupted one; "
+                       "tokens patched per prompt: " + ", ".join(f"{c} {t:g}" for c, t in zip(sp["columns"],
+                                                                                         sp["tokens"]))
+                       + f"; heads map {sp['head_tokens']:g}. Hover: recovered ± SE. " + jobs.timing(sp) + ".")
+        snippets.show("site_patching", sp_params, "r.recovered, r.recovered_se   # numpy (layers, positions); "
+                                                  "r.columns\nr.head_recovered, r.head_recovered_se   # numpy "
+                                                  "(layers, heads)")
+
 # -- drill-down: the clicked head ---------------------------------------------------------------------------------
 drill = state.value("head")
 if drill is not None and not (0 <= drill[0] < L and 0 <= drill[1] < H):

@@ -209,6 +209,11 @@ _ENTRIES: tuple[Kind, ...] = (
                         "one backward pass, beside the exact activation_patching map (Spearman, top-k recall, heads "
                         "missed, cost ratio)",
             example={"task": "syn-sentiment", **_SMALL}),
+    Kind.at("general.site_patching", "site_patching",
+            description="exact activation patching at any site (resid_pre, attn_out, mlp_out, z) and position (by "
+                        "role: labels, separators, query, last token; or by offset), clean ICL prompts into "
+                        "corrupted ones: a layer x position map and a layer x head map, with standard errors",
+            example={"task": "syn-sentiment", **_SMALL, "view": "both"}),
     Kind.at("general.task_fit", "task_fit", aliases=("fit",), needs_fit=False,
             description="does the task fit the model: unknown tokens in inputs and labels, prompt length vs the "
                         "context window",

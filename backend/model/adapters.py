@@ -25,12 +25,16 @@ QkvLayout = Literal["separate", "fused", "per_head"]
 """Where the value vectors come from: a v_proj of its own; one projection whose output is q | k | v (GPT-2's
 c_attn); or one whose output is, per head, q | k | v of head_dim each (GPT-NeoX's query_key_value)."""
 NormKind = Literal["layernorm", "rmsnorm", "rmsnorm_plus1"]  # rmsnorm_plus1: Gemma's x/rms * (1 + w)
-Site = Literal["z", "layer_in", "layer_out", "post_attn_in", "final_in"]
+Site = Literal["z", "layer_in", "layer_out", "post_attn_in", "attn_out", "mlp_out", "final_in"]
 """Where an intervention acts (`backend/model/interventions.py`): z, the output projection's input (batch, seq,
 heads * head_dim), per layer; a decoder layer's input or output (batch, seq, d_model); the post-attention norm's input
-(Gemma 2 / 3: the summed head writes plus the bias, (batch, seq, d_model)); the final norm's input (batch, seq,
-d_model)."""
-PER_LAYER: frozenset[str] = frozenset({"z", "layer_in", "layer_out", "post_attn_in"})
+(Gemma 2 / 3: the summed head writes plus the bias, (batch, seq, d_model)); the attention block's and the MLP block's
+write into the residual stream, what each adds to it (`attn_out`, `mlp_out`: (batch, seq, d_model), after the
+post-attention / post-feedforward norm where the family has one), so that a layer's input + attn_out + mlp_out is its
+output; the final norm's input (batch, seq, d_model)."""
+PER_LAYER: frozenset[str] = frozenset({"z", "layer_in", "layer_out", "post_attn_in", "attn_out", "mlp_out"})
+OUTPUT_SITES: frozenset[str] = frozenset({"layer_out", "attn_out", "mlp_out"})
+"""Sites that are a module's output (a forward hook); the others are a module's input (a forward pre-hook)."""
 
 
 @dataclass(frozen=True)
@@ -57,6 +61,12 @@ class ArchSpec:
     """Dotted path from a decoder layer to a norm applied to the attention output before the residual add, or None
     (pre-norm families: o_proj's output is added as is). Its gain follows `norm` (Gemma: 1 + w)."""
     gguf_archs: tuple[str, ...] = ()  # GGUF `general.architecture` names transformers converts to this family
+    attn_out: str = ""
+    """Dotted path from a decoder layer to the module whose output the residual stream adds for attention (site
+    "attn_out"): the post-attention norm where the family has one, else (""), the output projection `o_proj`."""
+    mlp_out: str = "mlp"
+    """Dotted path from a decoder layer to the module whose output the residual stream adds for the MLP (site
+    "mlp_out"): the MLP, or the norm after it (Gemma 2 / 3's post-feedforward norm)."""
 
     def site_path(self, site: Site, layer: int | None = None) -> str:
         """Dotted path from the CausalLM to the module whose input (or, for "layer_out", output) is `site` of
@@ -64,7 +74,8 @@ class ArchSpec:
         if site == "final_in":
             return self.final_norm
         if site not in PER_LAYER:
-            raise ValueError(f"unknown site {site!r}; the sites are z, layer_in, layer_out, post_attn_in, final_in")
+            raise ValueError(f"unknown site {site!r}; the sites are z, layer_in, layer_out, post_attn_in, attn_out, "
+                             f"mlp_out, final_in")
         if layer is None:
             raise ValueError(f"site {site!r} needs a layer")
         base = f"{self.layers}.{layer}"
@@ -74,6 +85,10 @@ class ArchSpec:
             if self.post_attn_norm is None:
                 raise ValueError(f"{self.family} has no post-attention norm")
             return f"{base}.{self.post_attn_norm}"
+        if site == "attn_out":
+            return f"{base}.{self.attn_out or self.o_proj}"
+        if site == "mlp_out":
+            return f"{base}.{self.mlp_out}"
         return base
 
     @property
@@ -143,6 +158,7 @@ ARCHS: tuple[ArchSpec, ...] = (
     ArchSpec("Gemma 2 / 3 (text)", ("gemma2", "gemma3_text"), "model.layers", "self_attn.o_proj", "model.norm",
              norm="rmsnorm_plus1", post_attn_norm="post_attention_layernorm", gguf_archs=("gemma2", "gemma3"),
              qk_norms=("self_attn.q_norm", "self_attn.k_norm"),  # Gemma 3 only: read where the layer has them
+             attn_out="post_attention_layernorm", mlp_out="post_feedforward_layernorm",
              notes="a post-attention RMSNorm rescales the summed head writes before the residual add; "
                    "per-head writes are taken after it, linearised at each position: g * o_h / rms(sum_h o_h)"),
 )

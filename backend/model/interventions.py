@@ -5,7 +5,8 @@
 
 Sites (`adapters.Site`, resolved through the model's `ArchSpec`): "z" (the output projection's input, (b, s, H*dh)),
 "layer_in" / "layer_out" (a decoder layer's input / output, (b, s, d)), "post_attn_in" (the post-attention norm's
-input, Gemma 2 / 3) and "final_in" (the final norm's input, (b, s, d)). An intervention reads or rewrites the
+input, Gemma 2 / 3), "attn_out" / "mlp_out" (what the attention / MLP block adds to the residual stream, after the
+post-norms where the family has them, (b, s, d)) and "final_in" (the final norm's input, (b, s, d)). An intervention reads or rewrites the
 activation at its site (`act(x, layer) -> new x or None`); `Skip` instead replaces decoder layers' forward.
 
 `intervene` installs them in list order (on one module, the earlier acts first), checks their layers, and removes
@@ -35,7 +36,7 @@ from typing import Any, Callable, Iterator, Literal, Mapping, Sequence
 
 import torch
 
-from .adapters import PER_LAYER, Site
+from .adapters import OUTPUT_SITES, PER_LAYER, Site
 from .loading import LoadedModel
 
 Where = Literal["all", "last"]
@@ -255,6 +256,35 @@ class Replace(Intervention):
 
 
 @dataclass(eq=False)
+class Patch(Intervention):
+    """At `site` of `layer`, x' = where(mask, source, x): the chosen positions (and, at z, heads) take `source`'s
+    values, the rest stay (exact activation patching). source (b, s, width), the activation's own shape; mask (b, s)
+    bool (whole positions) or (b, s, k) bool with width = k * group (k groups of width // k channels each: at z,
+    k = heads)."""
+
+    site: Site
+    layer: int
+    source: torch.Tensor
+    mask: torch.Tensor
+
+    def layers(self, lm: LoadedModel) -> Sequence[int | None]:
+        return [self.layer]
+
+    def act(self, x: torch.Tensor, layer: int | None) -> torch.Tensor:
+        if tuple(self.source.shape) != tuple(x.shape):
+            raise ValueError(f"patch source of shape {tuple(self.source.shape)} at {self.site} of layer {layer}, "
+                             f"where the activation is {tuple(x.shape)}")
+        m = self.mask.to(x.device)
+        if m.dim() == 2:
+            m = m[..., None]
+        elif m.shape[-1] != x.shape[-1]:
+            if x.shape[-1] % m.shape[-1]:
+                raise ValueError(f"a patch mask of {m.shape[-1]} groups does not divide width {x.shape[-1]}")
+            m = m.repeat_interleave(x.shape[-1] // m.shape[-1], dim=-1)
+        return torch.where(m, self.source.to(device=x.device, dtype=x.dtype), x)
+
+
+@dataclass(eq=False)
 class Tap(Intervention):
     """The activation at `site` at each row's last prompt token, with a handle on its gradient (attribution
     patching): value[layer] (b, width) a detached copy, and delta[layer] (b, width) a zero leaf that requires grad,
@@ -395,7 +425,7 @@ def intervene(lm: LoadedModel, items: Sequence[Intervention | Skip], *, prefill_
             handles.append(lm.layers[0].register_forward_pre_hook(count, with_kwargs=True))
         for it, layer in sites:
             module = lm.site_module(it.site, layer)
-            if it.site == "layer_out":
+            if it.site in OUTPUT_SITES:
                 handles.append(module.register_forward_hook(post(it, layer)))
             else:
                 handles.append(module.register_forward_pre_hook(pre(it, layer, module_device(module)),

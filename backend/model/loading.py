@@ -73,7 +73,7 @@ class LoadedModel:
         return _get(self.model, self.spec.layers)
 
     def site_module(self, site: Site, layer: int | None = None) -> nn.Module:
-        """The module whose input (output, for "layer_out") is `site` (`adapters.Site`) of `layer`."""
+        """The module whose input (output, for "layer_out", "attn_out", "mlp_out") is `site` (`adapters.Site`) of `layer`."""
         return _get(self.model, self.spec.site_path(site, layer))
 
     def o_proj(self, layer: int) -> nn.Module:
