@@ -38,6 +38,7 @@ import torch
 
 from .adapters import OUTPUT_SITES, PER_LAYER, Site
 from .loading import LoadedModel
+from .placement import module_device, on_device as _on
 
 Where = Literal["all", "last"]
 
@@ -345,27 +346,6 @@ def _with_input(args: tuple, kwargs: dict, x: torch.Tensor) -> tuple[tuple, dict
 
 def _through(*args: Any, **kwargs: Any) -> Any:
     return _input(args, kwargs)
-
-
-def module_device(module: torch.nn.Module) -> torch.device | None:
-    """Where `module` computes: accelerate's execution device when a hook of a device map (`hf_device_map`) is on it,
-    else the device of its first weight or buffer; None for a module that holds neither (its input decides)."""
-    hook = getattr(module, "_hf_hook", None)
-    chain = getattr(hook, "hooks", None) or [hook]  # accelerate's SequentialHook holds several
-    dev = next((d for h in chain if (d := getattr(h, "execution_device", None)) is not None), None)
-    if isinstance(dev, dict):  # a hook of several modules: its entry for the module's own weights
-        dev = next(iter(dev.values()), None)
-    if dev is not None:
-        return torch.device(f"cuda:{dev}" if isinstance(dev, int) else dev)
-    for t in module.parameters():
-        return t.device
-    for t in module.buffers():
-        return t.device
-    return None
-
-
-def _on(x: torch.Tensor, device: torch.device | None) -> torch.Tensor:
-    return x if device is None or x.device == device else x.to(device)
 
 
 @contextmanager

@@ -14,9 +14,9 @@ import torch
 import transformers as T
 
 from backend.model.hooks import hooked
-from backend.model.interventions import (Add, Capture, HeadMask, Record, Replace, Skip, Tap, injection, intervene,
-                                         module_device)
+from backend.model.interventions import (Add, Capture, HeadMask, Record, Replace, Skip, Tap, injection, intervene)
 from backend.model.loading import wrap
+from backend.model.placement import module_device
 
 hooks = pytest.importorskip("accelerate.hooks")
 CPU, META = torch.device("cpu"), torch.device("meta")
