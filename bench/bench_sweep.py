@@ -15,7 +15,7 @@ Two sweeps of 16 configurations each:
 Each is run by
   peer:      TransformerLens 4.x `TransformerBridge` around a copy of the same HF model: one `run_with_hooks`
              per configuration on the batched prompts, hooks on `blocks.{l}.attn.hook_z` (masks) and
-             `blocks.{l}.hook_resid_post` (injections), TransformerLens's default all-position logits;
+             `blocks.{l-1}.hook_resid_post` (injections at the input of layer l), TransformerLens's default all-position logits;
   peer-last: the same, asking the bridge for the last position's logits only (`logits_to_keep=1`);
   full:      `run_configs(engine="full")`, every (configuration, prompt) row a full pass, rows batched;
   auto:      `run_configs(engine="auto")`.
@@ -141,7 +141,8 @@ def tl_hooks(cfg: RowConfig, H: int):
             resid = resid.clone()
             resid[:, -1] = resid[:, -1] + v.to(resid)
             return resid
-        hooks.append((f"blocks.{layer}.hook_resid_post", hr))
+        # "at layer l" is the input of decoder layer l: the output of block l - 1 (block 0's input for l = 0)
+        hooks.append((f"blocks.{layer - 1}.hook_resid_post" if layer else "blocks.0.hook_resid_pre", hr))
     return hooks
 
 
