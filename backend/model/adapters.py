@@ -25,15 +25,18 @@ QkvLayout = Literal["separate", "fused", "per_head"]
 """Where the value vectors come from: a v_proj of its own; one projection whose output is q | k | v (GPT-2's
 c_attn); or one whose output is, per head, q | k | v of head_dim each (GPT-NeoX's query_key_value)."""
 NormKind = Literal["layernorm", "rmsnorm", "rmsnorm_plus1"]  # rmsnorm_plus1: Gemma's x/rms * (1 + w)
-Site = Literal["z", "layer_in", "layer_out", "post_attn_in", "attn_out", "mlp_out", "final_in"]
+Site = Literal["z", "layer_in", "layer_out", "post_attn_in", "attn_out", "mlp_out", "final_in", "q", "k", "v"]
 """Where an intervention acts (`backend/model/interventions.py`): z, the output projection's input (batch, seq,
 heads * head_dim), per layer; a decoder layer's input or output (batch, seq, d_model); the post-attention norm's input
 (Gemma 2 / 3: the summed head writes plus the bias, (batch, seq, d_model)); the attention block's and the MLP block's
 write into the residual stream, what each adds to it (`attn_out`, `mlp_out`: (batch, seq, d_model), after the
 post-attention / post-feedforward norm where the family has one), so that a layer's input + attn_out + mlp_out is its
-output; the final norm's input (batch, seq, d_model)."""
-PER_LAYER: frozenset[str] = frozenset({"z", "layer_in", "layer_out", "post_attn_in", "attn_out", "mlp_out"})
-OUTPUT_SITES: frozenset[str] = frozenset({"layer_out", "attn_out", "mlp_out"})
+output; the final norm's input (batch, seq, d_model); the query, key and value projections' outputs, per layer
+("q", "k", "v": (batch, seq, width), before rotary and any per-head q / k norm; a family that keeps q, k and v in one
+projection has all three sites on its one output, and `ArchSpec.qkv_columns` says which columns are a head's)."""
+PER_LAYER: frozenset[str] = frozenset({"z", "layer_in", "layer_out", "post_attn_in", "attn_out", "mlp_out",
+                                       "q", "k", "v"})
+OUTPUT_SITES: frozenset[str] = frozenset({"layer_out", "attn_out", "mlp_out", "q", "k", "v"})
 """Sites that are a module's output (a forward hook); the others are a module's input (a forward pre-hook)."""
 
 
@@ -75,7 +78,7 @@ class ArchSpec:
             return self.final_norm
         if site not in PER_LAYER:
             raise ValueError(f"unknown site {site!r}; the sites are z, layer_in, layer_out, post_attn_in, attn_out, "
-                             f"mlp_out, final_in")
+                             f"mlp_out, final_in, q, k, v")
         if layer is None:
             raise ValueError(f"site {site!r} needs a layer")
         base = f"{self.layers}.{layer}"
@@ -89,7 +92,22 @@ class ArchSpec:
             return f"{base}.{self.attn_out or self.o_proj}"
         if site == "mlp_out":
             return f"{base}.{self.mlp_out}"
+        if site in ("q", "k", "v"):
+            own = {"q": self.q_proj, "k": self.k_proj, "v": self.v_proj}[site]
+            return f"{base}.{own if self.qkv == 'separate' else self.v_proj}"
         return base
+
+    def qkv_columns(self, site: str, head: int, n_heads: int, n_kv_heads: int, head_dim: int) -> slice:
+        """The columns of site "q", "k" or "v"'s output that hold one head's query, key or value: `head` a query
+        head for "q", a kv head for "k" and "v" (query head h reads kv head h // (n_heads // n_kv_heads))."""
+        i = "qkv".index(site)
+        if self.qkv == "separate":
+            return slice(head * head_dim, (head + 1) * head_dim)
+        if self.qkv == "fused":  # q | k | v, each n_heads * head_dim wide
+            start = i * n_heads * head_dim + head * head_dim
+        else:  # per head: q | k | v, each head_dim wide
+            start = head * 3 * head_dim + i * head_dim
+        return slice(start, start + head_dim)
 
     @property
     def centered(self) -> bool:
