@@ -87,7 +87,9 @@ def shape_from_config(cfg: dict[str, Any], source: str = "config") -> Shape | No
     vocab = cfg.get("vocab_size")
     logit = vocab * d / params if isinstance(vocab, int) and vocab > 0 else 0.0  # a row of logits, in tokens
     positions = cfg.get("max_position_embeddings") or cfg.get("n_positions")
-    return Shape(layers, heads, d, positions if isinstance(positions, int) else None, params, source, logit)
+    kv = cfg.get("num_key_value_heads")
+    return Shape(layers, heads, d, positions if isinstance(positions, int) else None, params, source, logit,
+                 kv if isinstance(kv, int) and not isinstance(kv, bool) and kv > 0 else None)
 
 
 def _gguf_shape(path: Path) -> Shape | None:
@@ -100,7 +102,9 @@ def _gguf_shape(path: Path) -> Shape | None:
     if not all(isinstance(x, int) and x > 0 for x in (layers, heads, d)):
         return None
     ff = get("feed_forward_length") if isinstance(get("feed_forward_length"), int) else 4 * d
-    return Shape(layers, heads, d, get("context_length"), layers * (4 * d * d + 3 * d * ff), "gguf")
+    kv = get("attention.head_count_kv")
+    return Shape(layers, heads, d, get("context_length"), layers * (4 * d * d + 3 * d * ff), "gguf",
+                 n_kv_heads=kv if isinstance(kv, int) and kv > 0 else None)
 
 
 def _shape(canonical: str) -> Shape | None:

@@ -28,7 +28,8 @@ OVERHEAD_TOKENS = 16  # a call's fixed cost (reading the weights) in tokens (Smo
 @dataclass(frozen=True)
 class Shape:
     """The model's size; `source`: config, gguf, loaded or assumed. `n_params`: the decoder layers' parameters (what
-    a token passes through); `logit_tokens`: a row of full-vocabulary logits in tokens (unembedding / decoder)."""
+    a token passes through); `logit_tokens`: a row of full-vocabulary logits in tokens (unembedding / decoder);
+    `n_kv_heads`: key / value heads per layer (grouped-query attention), None where not read (`kv_heads`)."""
 
     n_layers: int
     n_heads: int
@@ -37,10 +38,16 @@ class Shape:
     n_params: int | None = None
     source: str = "assumed"
     logit_tokens: float = 0.0
+    n_kv_heads: int | None = None
 
     @property
     def heads(self) -> int:
         return self.n_layers * self.n_heads
+
+    @property
+    def kv_heads(self) -> int:
+        """Key / value heads per layer: `n_kv_heads`, or as many as query heads where unknown (an upper bound)."""
+        return self.n_kv_heads or self.n_heads
 
 
 ASSUMED = Shape(32, 32, 4096, 8192, 6_500_000_000, "assumed")  # files not readable (a hub id not fetched): 7B-class

@@ -58,7 +58,7 @@ def shape_of(lm: Any) -> Shape:
     """The loaded model's `Shape` (the decoder's and the unembedding's parameters counted)."""
     decoder = sum(p.numel() for layer in lm.layers for p in layer.parameters())
     return Shape(lm.n_layers, lm.n_heads, lm.d_model, lm.max_positions, decoder, "loaded",
-                 lm.unembed.numel() / max(decoder, 1))
+                 lm.unembed.numel() / max(decoder, 1), lm.n_kv_heads)
 
 
 def run_sizes(lm: Any, task: Any) -> Sizes:
