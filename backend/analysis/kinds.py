@@ -214,6 +214,11 @@ _ENTRIES: tuple[Kind, ...] = (
                         "role: labels, separators, query, last token; or by offset), clean ICL prompts into "
                         "corrupted ones: a layer x position map and a layer x head map, with standard errors",
             example={"task": "syn-sentiment", **_SMALL, "view": "both"}),
+    Kind.at("general.path_patching", "path_patching",
+            description="path patching (Wang et al.): one sender head's exact paths, clean ICL prompts into "
+                        "corrupted ones, into later heads' queries, keys and values, the MLPs and the logits (the "
+                        "heads it feeds: a layer x head map per channel, or a given receiver set), with intervals",
+            example={"task": "syn-sentiment", **_SMALL, "sender": [1, 2]}),
     Kind.at("general.task_fit", "task_fit", aliases=("fit",), needs_fit=False,
             description="does the task fit the model: unknown tokens in inputs and labels, prompt length vs the "
                         "context window",
