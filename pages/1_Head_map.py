@@ -8,7 +8,8 @@ import numpy as np
 import pandas as pd
 import streamlit as st
 
-from ui import compare, figures, fit, head_view, heads, jobs, layout, map_colors, settings, share, snippets, state
+from ui import (compare, figures, fit, head_view, heads, jobs, layout, map_colors, path_patching, settings, share,
+                snippets, state)
 from ui import metrics as M
 from ui.sections import download, guard, icl_metrics, run
 from ui.tsla import anytime, map_uncertainty as mu, patching_figures as pf
@@ -218,6 +219,8 @@ if st.toggle("Patch a site at every layer and position role", key="w_sp",
         snippets.show("site_patching", sp_params, "r.recovered, r.recovered_se   # numpy (layers, positions); "
                                                   "r.columns\nr.head_recovered, r.head_recovered_se   # numpy "
                                                   "(layers, heads)")
+
+path_patching.section(s, scores, L, H, ctx)  # a top head's paths into the top TL heads' q / k / v (ui/path_patching.py)
 
 # -- drill-down: the clicked head ---------------------------------------------------------------------------------
 drill = state.value("head")
